@@ -1,0 +1,177 @@
+"""Data: reading raw examples, splitting by group without leaks, encoding and batching."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from .errors import WorkbookError
+from .task import Task
+
+SPLITS = ("train", "validation", "test")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Read one JSON object per line; a malformed line is reported with its file and number."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkbookError(f"data file {path} does not exist",
+                            "check the path, or regenerate the samples with "
+                            "`python data_samples/make_samples.py`")
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkbookError(f"{path}:{number}: malformed JSON line ({exc.msg})",
+                                    f"fix or remove line {number} of {path}") from exc
+            if not isinstance(row, dict):
+                raise WorkbookError(f"{path}:{number}: expected a JSON object, got "
+                                    f"{type(row).__name__}",
+                                    f"write line {number} as an object {{...}}")
+            rows.append(row)
+    if not rows:
+        raise WorkbookError(f"data file {path} holds no examples", "point the task at a file "
+                            "with at least one JSON line")
+    return rows
+
+
+def load_examples(task: Task) -> list[dict]:
+    """The task's raw examples, checked for ids and group keys."""
+    examples = list(task.load_examples())
+    if not examples:
+        raise WorkbookError(f"task {task.name!r} returned no examples",
+                            "make load_examples return the raw examples")
+    for key, what in ((task.id_key, "id"), (task.group_key, "group key")):
+        missing = [i for i, ex in enumerate(examples) if ex.get(key) in (None, "")]
+        if missing:
+            raise WorkbookError(
+                f"{len(missing)} of {len(examples)} examples have no {what} {key!r} "
+                f"(positions {missing[:5]}{'...' if len(missing) > 5 else ''})",
+                f"give every example a {key!r} field"
+                + (" (the unit of leakage: conversation, patient, document, period)"
+                   if key == task.group_key else ""),
+            )
+    ids = [ex[task.id_key] for ex in examples]
+    if len(set(map(str, ids))) != len(ids):
+        seen: set[str] = set()
+        dupes = [i for i in map(str, ids) if i in seen or seen.add(i)]
+        raise WorkbookError(f"example ids are not unique (e.g. {dupes[:3]})",
+                            "give every example its own id")
+    return examples
+
+
+def split_examples(task: Task, examples: list[dict]) -> dict[str, list[dict]]:
+    """Assign each example to train / validation / test with the task's rule."""
+    splits: dict[str, list[dict]] = {name: [] for name in SPLITS}
+    for ex in examples:
+        name = task.split(ex)
+        if name not in splits:
+            raise WorkbookError(f"task split rule returned {name!r} for example "
+                                f"{ex[task.id_key]!r}", f"return one of {SPLITS}")
+        splits[name].append(ex)
+    for name in ("train", "validation"):
+        if not splits[name]:
+            raise WorkbookError(f"the {name} split of task {task.name!r} is empty",
+                                "add examples or groups, or change split_fractions")
+    return splits
+
+
+@dataclass
+class Item:
+    """One encoded example and the id of the raw example it came from."""
+
+    id: Any
+    tensors: dict[str, Tensor]
+
+
+def encode_examples(task: Task, examples: list[dict]) -> list[Item]:
+    """Encode raw examples; a failing encode names the example."""
+    items = []
+    for ex in examples:
+        try:
+            tensors = task.encode(ex)
+        except Exception as exc:
+            raise WorkbookError(f"encode failed on example {ex.get(task.id_key)!r}: {exc!r}",
+                                "fix the task's encode for this example") from exc
+        items.append(Item(ex[task.id_key], tensors))
+    return items
+
+
+@dataclass
+class Batch:
+    """A collated micro-batch: tensors for the model and loss, plus the example ids."""
+
+    ids: list[Any]
+    tensors: dict[str, Tensor]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(self.ids, {k: v.to(device, non_blocking=True) for k, v in
+                                self.tensors.items()})
+
+
+class ItemDataset(Dataset):
+    """A map-style dataset over encoded items, for torch's DataLoader."""
+
+    def __init__(self, items: list[Item]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Item:
+        return self.items[index]
+
+
+def collate_items(task: Task, items: list[Item]) -> Batch:
+    """Collate items with the task's collate and keep their ids."""
+    return Batch([it.id for it in items], task.collate([it.tensors for it in items]))
+
+
+def micro_batches(task: Task, items: list[Item], size: int) -> Iterator[Batch]:
+    """Items in order, `size` at a time (the last one may be smaller)."""
+    for start in range(0, len(items), size):
+        yield collate_items(task, items[start:start + size])
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled order of one pass: a pure function of (seed, epoch), so resume can redo it."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    return torch.randperm(n, generator=generator).tolist()
+
+
+def plan_epoch(order: list[int], micro_batch: int, accumulation: int,
+               drop_partial: bool) -> list[list[list[int]]]:
+    """Split one pass into updates (groups) of micro-batches of example indices.
+
+    The last micro-batch and the last group may be partial; with `drop_partial` the examples
+    that do not fill a whole update are left out of this pass.
+    """
+    per_update = micro_batch * accumulation
+    if drop_partial:
+        order = order[: len(order) // per_update * per_update]
+    groups = []
+    for start in range(0, len(order), per_update):
+        chunk = order[start:start + per_update]
+        groups.append([chunk[i:i + micro_batch] for i in range(0, len(chunk), micro_batch)])
+    return groups
+
+
+def loader(task: Task, items: list[Item], batches: list[list[int]],
+           workers: int = 0) -> DataLoader:
+    """A DataLoader that yields the given micro-batches (lists of item indices) in order."""
+    return DataLoader(ItemDataset(items), batch_sampler=batches, num_workers=workers,
+                      collate_fn=partial(collate_items, task))

@@ -1,0 +1,81 @@
+"""Sample generation task: instruction -> response with a tiny byte-level decoder.
+
+Only response tokens contribute to the loss unless `prompt_in_loss=True`. Groups are
+conversations: the three turns of a conversation share a word, so they must share a split.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
+
+from .. import tokenizer as tok
+from ..data import read_jsonl
+from ..task import IGNORE_INDEX, Task
+from . import DATA_DIR
+from .models import TinyDecoder
+
+
+def encode(example: dict, max_length: int, prompt_in_loss: bool) -> dict[str, Tensor]:
+    """<s> prompt \\n response </s>, cut to `max_length` inputs; labels are the next tokens."""
+    prompt = tok.encode(example["instruction"] + "\n")
+    seq = [tok.BOS, *prompt, *tok.encode(example["response"]), tok.EOS][: max_length + 1]
+    inputs, targets = torch.tensor(seq[:-1]), torch.tensor(seq[1:])
+    prompt_mask = torch.arange(len(targets)) < len(prompt)  # target i is seq[i + 1]
+    labels = targets if prompt_in_loss else targets.masked_fill(prompt_mask, IGNORE_INDEX)
+    return {"input_ids": inputs, "labels": labels, "prompt_mask": prompt_mask}
+
+
+def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Right-pad to the longest: inputs with <pad>, labels with -100, mask 0 on padding."""
+    def pad(key: str, value: int) -> Tensor:
+        return pad_sequence([it[key] for it in items], batch_first=True, padding_value=value)
+    ones = [torch.ones_like(it["input_ids"]) for it in items]
+    return {"input_ids": pad("input_ids", tok.PAD),
+            "attention_mask": pad_sequence(ones, batch_first=True, padding_value=0),
+            "labels": pad("labels", IGNORE_INDEX), "prompt_mask": pad("prompt_mask", 0)}
+
+
+@torch.no_grad()
+def generate(model: nn.Module, example: dict, max_new: int = 32) -> str:
+    """Greedy decoding of the response to an example's instruction."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    ids = [tok.BOS, *tok.encode(example["instruction"] + "\n")]
+    out: list[int] = []
+    for _ in range(max_new):
+        logits = model(torch.tensor([ids + out], device=device))
+        nxt = int(logits[0, -1].argmax())
+        if nxt == tok.EOS:
+            break
+        out.append(nxt)
+    model.train(was_training)
+    return tok.decode(out)
+
+
+def make_task(max_length: int = 64, prompt_in_loss: bool = False, d_model: int = 64,
+              layers: int = 2, dropout: float = 0.0, data_file: str = "") -> Task:
+    """The generation sample; options change truncation, loss coverage and model size."""
+    path = data_file or DATA_DIR / "generation.jsonl"
+    return Task(
+        name="sample-generation",
+        kind="generation",
+        load_examples=partial(read_jsonl, path),
+        encode=partial(encode, max_length=max_length, prompt_in_loss=prompt_in_loss),
+        collate=collate,
+        build_model=partial(TinyDecoder, tok.VOCAB_SIZE, d_model, layers, 4,
+                            max(max_length, 64), dropout),
+        decode=partial(tok.decode, keep_special=True),
+        group_key="conversation",
+        prompt_field="instruction",
+        response_field="response",
+        prompt_in_loss=prompt_in_loss,
+        generate=generate,
+    )
+
+
+task = make_task

@@ -1,0 +1,196 @@
+"""The task contract: what a user's training task supplies to the pilot, and how it is loaded.
+
+A task is named by an import path `package.module:attribute`. The attribute is a `Task`, or a
+callable returning one (called with the options given to `load_task`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .errors import WorkbookError
+
+IGNORE_INDEX = -100  # shared by torch.nn.functional.cross_entropy and Hugging Face labels
+KINDS = ("generation", "classification")
+
+
+def logits_of(outputs: Any) -> Tensor:
+    """The logits of a model's output: a tensor, or an object with `.logits` (Hugging Face)."""
+    return outputs.logits if hasattr(outputs, "logits") else outputs
+
+
+def token_cross_entropy(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Summed cross-entropy over positions whose label is not -100, and how many there are."""
+    labels = batch["labels"]
+    loss = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+        ignore_index=IGNORE_INDEX, reduction="sum",
+    )
+    return loss, (labels != IGNORE_INDEX).sum()
+
+
+def target_accuracy(logits: Tensor, batch: dict[str, Tensor]) -> dict[str, tuple[float, float]]:
+    """Accuracy over contributing targets as (correct, total), so any batching sums exactly."""
+    labels = batch["labels"]
+    keep = labels != IGNORE_INDEX
+    correct = (logits.argmax(-1) == labels) & keep
+    return {"accuracy": (float(correct.sum()), float(keep.sum()))}
+
+
+def adamw(params: Any, lr: float) -> torch.optim.Optimizer:
+    """The default optimizer: AdamW with PyTorch's defaults besides the learning rate."""
+    return torch.optim.AdamW(params, lr=lr)
+
+
+def split_by_group_hash(group: str, fractions: Sequence[float]) -> str:
+    """A stable split name for a group key: the same group lands in the same split everywhere."""
+    import hashlib
+
+    digest = hashlib.sha256(str(group).encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    edge = 0.0
+    for name, fraction in zip(("train", "validation", "test"), fractions):
+        edge += fraction
+        if u < edge:
+            return name
+    return "test"
+
+
+@dataclass
+class Task:
+    """A training task as the pilot sees it. Required fields first; the rest have defaults.
+
+    Raw examples are dicts carrying `id_key` and `group_key` (the unit of leakage). `encode` turns
+    one into tensors for one example (including `labels`, -100 where nothing is learned, and
+    optionally `prompt_mask`); `collate` pads a list of them into a batch dict with an attention
+    mask; `loss` returns (summed loss, number of contributing targets) so the loop normalises over
+    the whole effective batch.
+    """
+
+    name: str
+    kind: str  # "generation" or "classification"
+    load_examples: Callable[[], list[dict]]
+    encode: Callable[[dict], dict[str, Tensor]]
+    collate: Callable[[list[dict[str, Tensor]]], dict[str, Tensor]]
+    build_model: Callable[[], nn.Module]
+    decode: Callable[[Sequence[int]], str]
+    loss: Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, Tensor]] = token_cross_entropy
+    metrics: Callable[[Tensor, dict[str, Tensor]], dict[str, tuple[float, float]]] = (
+        target_accuracy
+    )
+    build_optimizer: Callable[[Any, float], torch.optim.Optimizer] = adamw
+    id_key: str = "id"
+    group_key: str = "group"
+    model_inputs: tuple[str, ...] = ("input_ids", "attention_mask")
+    split_of: Callable[[dict], str] | None = None  # default: hash of the group key
+    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    label_names: list[str] | None = None  # classification: id -> class name
+    label_field: str | None = None  # classification: raw field holding the class name
+    prompt_field: str | None = None  # generation: raw field of the instruction
+    response_field: str | None = None  # generation: raw field of the response
+    prompt_in_loss: bool = False  # generation: do prompt tokens contribute to the loss?
+    generate: Callable[[nn.Module, dict], str] | None = None  # greedy decoding, for display
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def split(self, example: dict) -> str:
+        """Which split ("train", "validation", "test") an example belongs to."""
+        if self.split_of is not None:
+            return self.split_of(example)
+        return split_by_group_hash(example[self.group_key], self.split_fractions)
+
+    def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        """Call the model on the batch's model inputs and return logits."""
+        inputs = {k: batch[k] for k in self.model_inputs if k in batch}
+        return logits_of(model(**inputs))
+
+    def expected_initial_loss(self, num_outputs: int) -> float:
+        """Loss of an untrained model that spreads probability evenly: ln(number of outputs)."""
+        return math.log(num_outputs)
+
+
+_CALLABLES = ("load_examples", "encode", "collate", "build_model", "decode", "loss", "metrics",
+              "build_optimizer")
+
+
+def validate_task(task: Any, path: str = "task") -> Task:
+    """Check every capability at once and raise one error that lists all that are wrong."""
+    if not isinstance(task, Task):
+        raise WorkbookError(
+            f"{path} is a {type(task).__name__}, not a workbook.Task",
+            "make the attribute a workbook.Task(...) or a function returning one "
+            "(see README 'Bring your own task')",
+        )
+    problems = []
+    for name in _CALLABLES:
+        if not callable(getattr(task, name)):
+            problems.append(f"`{name}` must be callable, got {type(getattr(task, name)).__name__}")
+    if task.kind not in KINDS:
+        problems.append(f"`kind` must be one of {KINDS}, got {task.kind!r}")
+    if task.kind == "classification" and not task.label_names:
+        problems.append("`label_names` (class id -> name) is required for classification")
+    if task.kind == "classification" and not task.label_field:
+        problems.append("`label_field` (raw field with the class name) is required for "
+                        "classification")
+    if task.kind == "generation" and not task.prompt_in_loss and not task.prompt_field:
+        problems.append("`prompt_field` is required when prompt tokens are excluded from the loss")
+    fr = task.split_fractions
+    if len(fr) != 3 or any(f < 0 for f in fr) or not math.isclose(sum(fr), 1.0):
+        problems.append(f"`split_fractions` must be three non-negative shares summing to 1, "
+                        f"got {fr}")
+    if not task.model_inputs:
+        problems.append("`model_inputs` must name at least one batch key passed to the model")
+    if problems:
+        raise WorkbookError(
+            f"{path} ({task.name!r}) is not a complete task:\n    - " + "\n    - ".join(problems),
+            "supply each capability named above (README 'Bring your own task' lists them)",
+        )
+    return task
+
+
+def load_task(path: str, **options: Any) -> Task:
+    """Import `package.module:attribute` and return the validated Task it names."""
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+        raise WorkbookError(
+            f"task path {path!r} is not of the form 'package.module:attribute'",
+            "name the module and the attribute, e.g. 'workbook.samples.generation:task'",
+        )
+    module_name, attr = path.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise WorkbookError(
+            f"task module {module_name!r} cannot be imported ({exc})",
+            "check the spelling, and that the module's folder is on PYTHONPATH or installed",
+        ) from exc
+    if not hasattr(module, attr):
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise WorkbookError(
+            f"module {module_name!r} has no attribute {attr!r}",
+            f"use one of its attributes: {', '.join(public[:12])}",
+        )
+    obj = getattr(module, attr)
+    if not isinstance(obj, Task) and callable(obj):
+        accepted = set(inspect.signature(obj).parameters)
+        unknown = sorted(set(options) - accepted)
+        if unknown:
+            raise WorkbookError(
+                f"task options {unknown} are not accepted by {path}",
+                f"use only {sorted(accepted)}",
+            )
+        obj = obj(**options)
+    elif options:
+        raise WorkbookError(
+            f"{path} is a ready Task and takes no options (got {sorted(options)})",
+            "point the task path at a function returning a Task to pass options",
+        )
+    task = validate_task(obj, path)
+    task.options = dict(options)
+    return task
+
