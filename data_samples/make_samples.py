@@ -21,9 +21,12 @@ def word(rng: random.Random) -> str:
 
 def generation(conversations: int = 1450, seed: int = 7) -> list[dict]:
     rng = random.Random(seed)
-    rows = []
+    rows, used = [], set()
     for c in range(conversations):
         w = word(rng)
+        while w in used:  # one word per conversation, so no input repeats across groups
+            w = word(rng)
+        used.add(w)
         turns = [("upper", w.upper()), ("reverse", w[::-1]), ("repeat", f"{w} {w}")]
         rng.shuffle(turns)
         for t, (op, response) in enumerate(turns):
@@ -47,15 +50,19 @@ def classification(n: int = 2400, authors: int = 240, seed: int = 11) -> list[di
     rng = random.Random(seed)
     common = [name for name in TOPICS if name != "recall"]
     start = datetime(2024, 1, 1)
-    rows = []
+    rows, used = [], set()
     for i in range(n):
         label = "recall" if rng.random() < 0.04 else rng.choice(common)
-        words = rng.sample(TOPICS[label], 2) + rng.sample(FILLER, rng.randint(3, 6))
-        rng.shuffle(words)
+        text = ""
+        while not text or text in used:  # unique texts: a repeat could cross splits
+            words = rng.sample(TOPICS[label], 2) + rng.sample(FILLER, rng.randint(3, 6))
+            rng.shuffle(words)
+            text = " ".join(words)
+        used.add(text)
         stamp = start + timedelta(minutes=rng.randint(0, 60 * 24 * 365))
         rows.append({"id": f"c{i:05d}", "author": f"author{rng.randrange(authors):03d}",
                      "timestamp": stamp.isoformat(timespec="minutes"),
-                     "text": " ".join(words), "label": label})
+                     "text": text, "label": label})
     return rows
 
 

@@ -184,7 +184,12 @@ def load_task(path: str, **options: Any) -> Task:
                 f"task options {unknown} are not accepted by {path}",
                 f"use only {sorted(accepted)}",
             )
-        obj = obj(**options)
+        try:
+            obj = obj(**options)
+        except Exception as exc:
+            raise WorkbookError(f"calling {path}({', '.join(options)}) failed: {exc!r}",
+                                "point at a Task, or a function returning one, and check its "
+                                "options") from exc
     elif options:
         raise WorkbookError(
             f"{path} is a ready Task and takes no options (got {sorted(options)})",

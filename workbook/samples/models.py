@@ -61,6 +61,10 @@ class ConvClassifier(nn.Module):
         self.head = nn.Linear(d_model, classes)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        h = F.relu(self.conv(self.embed(input_ids).transpose(1, 2))).transpose(1, 2)
-        h = h.masked_fill(attention_mask.unsqueeze(-1) == 0, float("-inf")).amax(1)
+        mask = attention_mask.unsqueeze(-1)
+        # zero the padding so the window at the last real byte sees what conv padding sees:
+        # the output of an example must not depend on how long its batch neighbours are
+        e = self.embed(input_ids) * mask
+        h = F.relu(self.conv(e.transpose(1, 2))).transpose(1, 2)
+        h = h.masked_fill(mask == 0, float("-inf")).amax(1)
         return self.head(self.drop(h))

@@ -1,0 +1,36 @@
+"""Shared fixtures: the two sample tasks, their splits and encoded items (built once)."""
+
+import pytest
+import torch
+
+from workbook import encode_examples, load_examples, load_task, split_examples
+
+torch.set_num_threads(1)
+
+GENERATION = "workbook.samples.generation:task"
+CLASSIFICATION = "workbook.samples.classification:task"
+
+
+@pytest.fixture(scope="session")
+def gen_task():
+    return load_task(GENERATION)
+
+
+@pytest.fixture(scope="session")
+def cls_task():
+    return load_task(CLASSIFICATION)
+
+
+def _items(task):
+    splits = split_examples(task, load_examples(task))
+    return {name: encode_examples(task, rows) for name, rows in splits.items()}
+
+
+@pytest.fixture(scope="session")
+def gen_items(gen_task):
+    return _items(gen_task)
+
+
+@pytest.fixture(scope="session")
+def cls_items(cls_task):
+    return _items(cls_task)

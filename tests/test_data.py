@@ -1,0 +1,71 @@
+import dataclasses
+
+import pytest
+
+from workbook import WorkbookError, load_examples, read_jsonl, split_examples
+from workbook.data import epoch_order, plan_epoch
+
+
+def test_malformed_jsonl_line_reports_file_and_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"id": 1}\n\n{"id": 2,\n')
+    with pytest.raises(WorkbookError, match=r"d\.jsonl:3: malformed JSON"):
+        read_jsonl(path)
+
+
+def test_non_object_line_and_empty_file_and_missing_file(tmp_path):
+    (tmp_path / "a.jsonl").write_text('[1, 2]\n')
+    with pytest.raises(WorkbookError, match="a.jsonl:1: expected a JSON object"):
+        read_jsonl(tmp_path / "a.jsonl")
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(WorkbookError, match="holds no examples"):
+        read_jsonl(tmp_path / "e.jsonl")
+    with pytest.raises(WorkbookError, match="does not exist"):
+        read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_missing_group_key_names_the_field(gen_task):
+    rows = [{"id": 1, "conversation": "a"}, {"id": 2}, {"id": 3, "conversation": ""}]
+    task = dataclasses.replace(gen_task, load_examples=lambda: rows)
+    with pytest.raises(WorkbookError, match="2 of 3 examples have no group key 'conversation'"):
+        load_examples(task)
+
+
+def test_duplicate_ids_and_empty_dataset(gen_task):
+    with pytest.raises(WorkbookError, match="not unique"):
+        load_examples(dataclasses.replace(gen_task, load_examples=lambda: [
+            {"id": 1, "conversation": "a"}, {"id": 1, "conversation": "b"}]))
+    with pytest.raises(WorkbookError, match="returned no examples"):
+        load_examples(dataclasses.replace(gen_task, load_examples=lambda: []))
+
+
+def test_empty_split_is_an_error(gen_task):
+    rows = [{"id": i, "conversation": "only-one"} for i in range(5)]
+    task = dataclasses.replace(gen_task, load_examples=lambda: rows)
+    with pytest.raises(WorkbookError, match="split of task .* is empty"):
+        split_examples(task, load_examples(task))
+
+
+def test_group_split_keeps_groups_together_and_has_enough_training_examples(gen_task):
+    splits = split_examples(gen_task, load_examples(gen_task))
+    owner = {}
+    for name, rows in splits.items():
+        for row in rows:
+            assert owner.setdefault(row["conversation"], name) == name
+    # the worked example: 2 x 8 = 16 per update, 200 updates in one pass needs 3,200
+    assert len(splits["train"]) >= 3200
+
+
+def test_plan_epoch_partial_groups():
+    groups = plan_epoch(list(range(37)), micro_batch=2, accumulation=8, drop_partial=False)
+    assert [sum(map(len, g)) for g in groups] == [16, 16, 5]
+    assert [len(mb) for mb in groups[-1]] == [2, 2, 1]
+    dropped = plan_epoch(list(range(37)), 2, 8, drop_partial=True)
+    assert len(dropped) == 2 and sorted(i for g in dropped for mb in g for i in mb) == \
+        list(range(32))
+
+
+def test_epoch_order_is_a_pure_function_of_seed_and_epoch():
+    assert epoch_order(50, 3, 1) == epoch_order(50, 3, 1)
+    assert epoch_order(50, 3, 1) != epoch_order(50, 3, 2)
+    assert sorted(epoch_order(50, 3, 1)) == list(range(50))

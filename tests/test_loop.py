@@ -1,0 +1,108 @@
+import dataclasses
+
+import pytest
+import torch
+
+from workbook import TrainConfig, WorkbookError, evaluate, train
+from workbook.data import micro_batches
+from workbook.loop import accumulate, resolve_device
+
+
+def _update_gradients(task, items, micro_batch, accumulate_fn=accumulate):
+    torch.manual_seed(0)
+    model = task.build_model().eval()  # no dropout: the same examples must give the same update
+    loss, n = accumulate_fn(task, model, micro_batches(task, items, micro_batch), "cpu")
+    return loss, n, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def _per_micro_batch_mean(task, model, batches, device):
+    """The classic bug: mean per micro-batch, then divide by the number of micro-batches."""
+    batches = list(batches)
+    for batch in batches:
+        summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
+        (summed / count / len(batches)).backward()
+    return 0.0, 0
+
+
+@pytest.mark.parametrize("fixture", ["gen", "cls"])
+def test_one_update_has_the_same_gradient_for_1x16_2x8_16x1(fixture, request):
+    task = request.getfixturevalue(f"{fixture}_task")
+    items = request.getfixturevalue(f"{fixture}_items")["train"][:16]
+    lengths = {it.tensors["input_ids"].numel() for it in items}
+    assert len(lengths) > 1, "the check needs sequences of different lengths"
+    reference = _update_gradients(task, items, 16)
+    for micro in (2, 1):
+        loss, n, grads = _update_gradients(task, items, micro)
+        assert n == reference[1] and loss == pytest.approx(reference[0], rel=1e-5)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, reference[2][name], rtol=1e-4, atol=1e-6)
+
+
+def test_per_micro_batch_normalisation_is_caught(gen_task, gen_items):
+    items = gen_items["train"][:16]
+    _, _, right = _update_gradients(gen_task, items, 16)
+    _, _, wrong = _update_gradients(gen_task, items, 2, _per_micro_batch_mean)
+    worst = max(float((wrong[k] - right[k]).abs().max() / right[k].abs().max().clamp(min=1e-12))
+                for k in right)
+    assert worst > 1e-2
+
+
+def test_train_records_every_update_and_learns(cls_task, cls_items):
+    cfg = TrainConfig(micro_batch=4, accumulation=2, updates=30, lr=3e-3, eval_every=10,
+                      device="cpu")
+    result = train(cls_task, cls_items["train"], cfg, val_items=cls_items["validation"])
+    steps = result.steps
+    assert [s.step for s in steps] == list(range(1, 31))
+    assert all(s.examples == 8 and s.micro_batches == 2 and len(s.example_ids) == 8
+               for s in steps)
+    assert [e.step for e in result.evals] == [10, 20, 30]
+    assert steps[-1].loss < steps[0].loss * 0.5
+    assert result.evals[-1].metrics["accuracy"] > 0.5
+
+
+def test_partial_final_group_is_counted_with_its_real_size(cls_task, cls_items):
+    items = cls_items["train"][:20]
+    cfg = TrainConfig(micro_batch=4, accumulation=2, updates=3, device="cpu")
+    steps = train(cls_task, items, cfg).steps
+    assert [s.examples for s in steps] == [8, 8, 4]
+    assert [s.epoch for s in steps] == [0, 0, 0]
+    assert len({i for s in steps for i in s.example_ids}) == 20
+
+
+def test_evaluation_does_not_depend_on_eval_batch(gen_task, gen_items):
+    torch.manual_seed(0)
+    model = gen_task.build_model()
+    items = gen_items["validation"][:37]
+    a = evaluate(gen_task, model, items, 5, torch.device("cpu"))
+    b = evaluate(gen_task, model, items, 37, torch.device("cpu"))
+    assert a.targets == b.targets and a.loss == pytest.approx(b.loss, rel=1e-5)
+    assert a.metrics["accuracy"] == pytest.approx(b.metrics["accuracy"])
+    assert model.training, "evaluate restores training mode"
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"micro_batch": 0}, "micro_batch must be a positive integer"),
+    ({"accumulation": -1}, "accumulation must be a positive integer"),
+    ({"lr": 0.0}, "lr must be positive"),
+    ({"micro_batch": 10_000}, "larger than the"),
+    ({"device": "tpu"}, "unknown device"),
+])
+def test_bad_configuration_is_refused(change, words, cls_task, cls_items):
+    cfg = dataclasses.replace(TrainConfig(updates=1, device="cpu"), **change)
+    with pytest.raises(WorkbookError, match=words):
+        train(cls_task, cls_items["train"], cfg)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cuda_without_a_gpu_is_an_error_not_a_fallback():
+    with pytest.raises(WorkbookError, match="no CUDA GPU"):
+        resolve_device("cuda")
+    assert resolve_device("auto").type == "cpu"
+
+
+def test_update_without_targets_is_an_error(gen_task, gen_items):
+    task = dataclasses.replace(gen_task, loss=lambda logits, batch: (logits.sum() * 0,
+                                                                     torch.tensor(0)))
+    with pytest.raises(WorkbookError, match="no contributing targets"):
+        train(task, gen_items["train"][:4], TrainConfig(micro_batch=2, accumulation=1,
+                                                         updates=1, device="cpu"))

@@ -1,0 +1,49 @@
+"""Command line: `python -m workbook pilot [--task MOD:ATTR] [--out DIR] [--smoke] [--only 01,02]`."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+
+from .errors import WorkbookError
+
+
+def _option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--option {text!r} is not KEY=VALUE")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbook", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    pilot = sub.add_parser("pilot", help="run the pilot notebooks into a new run folder")
+    pilot.add_argument("--task", default="workbook.samples.generation:task",
+                       help="the task as package.module:attribute")
+    pilot.add_argument("--option", type=_option, action="append", default=[],
+                       metavar="KEY=VALUE", help="an option for a task factory (repeatable)")
+    pilot.add_argument("--out", help="a new folder for this run (default: runs/<time>-<task>)")
+    pilot.add_argument("--smoke", action="store_true", help="small sizes, for CI")
+    pilot.add_argument("--only", help="comma list of notebook numbers, e.g. 01,02")
+    pilot.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    args = parser.parse_args(argv)
+    from .pilot import run_pilot
+
+    try:
+        run, index = run_pilot(args.task, args.out, args.smoke, args.only, dict(args.option),
+                               args.device)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(index[["notebook", "verdict", "seconds"]].to_string(index=False))
+    print(f"run folder: {run}")
+    return 0 if (index.verdict == "pass").all() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Notebook 01: what the loss really receives - coverage, padding, prompt, label ids, splits."""
+
+from __future__ import annotations
+
+import html
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from . import tokenizer as tok
+from .data import Item, SPLITS, collate_items, encode_examples, load_examples, split_examples
+from .records import Flag
+from .task import IGNORE_INDEX, Task
+
+
+@dataclass
+class Inspection:
+    """Everything notebook 01 shows: tables, figures and the flags that decide the verdict."""
+
+    task: Task
+    splits: dict[str, list[dict]]
+    items: dict[str, list[Item]]
+    split_table: pd.DataFrame
+    coverage: pd.DataFrame
+    figures: dict[str, float | int]
+    flags: list[Flag] = field(default_factory=list)
+    classes: pd.DataFrame | None = None
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.flags else "pass"
+
+    def figure_table(self) -> pd.DataFrame:
+        return pd.Series(self.figures, dtype=object, name="value").to_frame()
+
+    def flag_table(self) -> pd.DataFrame:
+        cols = ["check", "count", "message", "fix", "examples"]
+        return pd.DataFrame([{c: getattr(f, c) for c in cols} for f in self.flags], columns=cols)
+
+
+def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
+    """One row per position (generation) or per example (classification) of a collated batch."""
+    batch = collate_items(task, items).tensors
+    labels, ids = batch["labels"], batch["input_ids"]
+    mask = batch.get("attention_mask", torch.ones_like(ids))
+    if labels.dim() == 1:  # one label per example
+        return pd.DataFrame([{
+            "example": items[b].id, "input": tok.decode(ids[b][mask[b].bool()]),
+            "length": int(mask[b].sum()), "label_id": int(labels[b]),
+            "class": task.decode([int(labels[b])]), "contributes": int(labels[b]) != IGNORE_INDEX,
+        } for b in range(len(items))])
+    prompt = batch.get("prompt_mask", torch.zeros_like(labels)).bool()
+    rows = []
+    for b in range(len(items)):
+        for t in range(ids.shape[1]):
+            label = int(labels[b, t])
+            rows.append({
+                "example": items[b].id, "position": t, "input_id": int(ids[b, t]),
+                "input": task.decode([int(ids[b, t])]), "label_id": label,
+                "target": task.decode([label]) if label != IGNORE_INDEX else "",
+                "padding": not bool(mask[b, t]), "prompt": bool(prompt[b, t]),
+                "contributes": label != IGNORE_INDEX,
+            })
+    return pd.DataFrame(rows)
+
+
+def render_tokens(view: pd.DataFrame) -> str:
+    """HTML of a per-position view: green = contributes to the loss, grey = prompt, struck = pad.
+
+    A red box marks a position that contributes although it is padding or an excluded prompt.
+    """
+    lines = []
+    for example, rows in view.groupby("example", sort=False):
+        spans = []
+        for r in rows.itertuples():
+            style = ["padding:1px 2px", "margin:1px", "font-family:monospace"]
+            if r.contributes:
+                style.append("background:#c8f0c8")
+            elif r.prompt:
+                style.append("background:#e6e6e6")
+            if r.padding:
+                style.append("text-decoration:line-through;color:#999")
+            if r.contributes and (r.padding or r.prompt):
+                style.append("outline:2px solid #d00")
+            title = f"pos {r.position}: in {r.input_id} -> label {r.label_id}"
+            spans.append(f'<span style="{";".join(style)}" title="{title}">'
+                         f"{html.escape(r.target or r.input)}</span>")
+        lines.append(f"<div><b>{html.escape(str(example))}</b> {''.join(spans)}</div>")
+    legend = ("<div style='font-size:small'>shown: the target of each position; green = "
+              "counted by the loss, grey = prompt, struck = padding, red box = counted but "
+              "should not be</div>")
+    return legend + "".join(lines)
+
+
+def loss_coverage(task: Task, items: list[Item], batch_size: int = 64) -> pd.DataFrame:
+    """Per example: real positions, contributing targets, and those on padding or the prompt."""
+    rows = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        batch = collate_items(task, chunk).tensors
+        labels = batch["labels"]
+        contributes = labels != IGNORE_INDEX
+        if labels.dim() == 1:
+            for it, c in zip(chunk, contributes):
+                rows.append({"example": it.id, "positions": 1, "targets": int(c),
+                             "on_padding": 0, "on_prompt": 0})
+            continue
+        mask = batch.get("attention_mask", torch.ones_like(labels)).bool()
+        prompt = batch.get("prompt_mask", torch.zeros_like(labels)).bool()
+        for b, it in enumerate(chunk):
+            rows.append({
+                "example": it.id, "positions": int(mask[b].sum()),
+                "targets": int(contributes[b].sum()),
+                "on_padding": int((contributes[b] & ~mask[b]).sum()),
+                "on_prompt": 0 if task.prompt_in_loss else int((contributes[b] & prompt[b]).sum()),
+            })
+    return pd.DataFrame(rows)
+
+
+def coverage_flags(coverage: pd.DataFrame) -> list[Flag]:
+    """Flags for examples without targets and targets counted on padding or the prompt."""
+    flags = []
+    zero = coverage[coverage.targets == 0]
+    if len(zero):
+        flags.append(Flag("zero targets", f"{len(zero)} examples contribute nothing to the loss "
+                          "(often truncation cut the whole response)", len(zero),
+                          "raise max_length, or drop these examples deliberately and record it",
+                          zero.example.head(5).tolist()))
+    for column, what, fix in (
+        ("on_padding", "padding positions", "pad labels with -100 (the ignore index)"),
+        ("on_prompt", "prompt positions although the task excludes the prompt",
+         "set the labels of prompt tokens to -100, or declare prompt_in_loss=True"),
+    ):
+        bad = coverage[coverage[column] > 0]
+        if len(bad):
+            flags.append(Flag(f"loss on {column[3:]}", f"{int(bad[column].sum())} targets on "
+                              f"{what}, in {len(bad)} examples", int(bad[column].sum()), fix,
+                              bad.example.head(5).tolist()))
+    return flags
+
+
+def loss_probe(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Flag]:
+    """Call the task's loss on real logits, then scramble the logits where nothing should count
+    (label -100 or padding): the loss and its target count must not change."""
+    batch = collate_items(task, items).tensors
+    with torch.no_grad():
+        logits = task.forward(model, batch).float()
+        try:
+            loss, count = task.loss(logits, batch)
+        except Exception as exc:  # e.g. a label id beyond the output layer
+            return [Flag("loss fails", f"the task's loss raised {exc!r} on a probe batch", 1,
+                         "see the label flags; the loss must accept every batch",
+                         [it.id for it in items])]
+        labels = batch["labels"]
+        ignored = labels == IGNORE_INDEX
+        if labels.dim() > 1 and "attention_mask" in batch:
+            ignored = ignored | (batch["attention_mask"] == 0)
+        scrambled = logits + 50 * torch.randn_like(logits) * ignored.unsqueeze(-1)
+        loss2, count2 = task.loss(scrambled, batch)
+    flags = []
+    expected = int((labels != IGNORE_INDEX).sum())
+    if int(count) != expected:
+        flags.append(Flag("loss target count", f"loss reports {int(count)} targets, labels "
+                          f"have {expected} not equal to -100", abs(int(count) - expected),
+                          "return (summed loss, number of labels != -100) from the task's loss"))
+    if not torch.isclose(loss, loss2, rtol=1e-5, atol=1e-5) or int(count2) != int(count):
+        flags.append(Flag("loss reads ignored positions", f"the loss changed from {float(loss):.4f}"
+                          f" to {float(loss2):.4f} when only ignored/padded positions changed", 1,
+                          "compute the loss only where labels != -100 (ignore_index=-100)",
+                          [it.id for it in items]))
+    flags += padding_probe(task, model, items, logits)
+    return flags
+
+
+def padding_probe(task: Task, model: torch.nn.Module, items: list[Item],
+                  batched: torch.Tensor) -> list[Flag]:
+    """An example's outputs must not depend on the padding its batch neighbours add."""
+    changed = []
+    with torch.no_grad():
+        for b, it in enumerate(items):
+            alone = task.forward(model, collate_items(task, [it]).tensors).float()[0]
+            mine = batched[b][: alone.shape[0]] if alone.dim() > 1 else batched[b]
+            if not torch.allclose(alone, mine, rtol=1e-4, atol=1e-4):
+                changed.append(it.id)
+    if not changed:
+        return []
+    return [Flag("padding changes outputs", f"{len(changed)} examples get other outputs when "
+                 "batched with longer ones", len(changed),
+                 "pass the attention mask to the model and mask padding in attention/pooling",
+                 changed[:5])]
+
+
+def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list[Item]],
+                num_outputs: int) -> tuple[pd.DataFrame | None, list[Flag]]:
+    """Class histogram per split, the id <-> name round trip, and ids the model cannot output."""
+    flags, bad_ids, mismatched = [], [], []
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for name in SPLITS:
+        for ex, it in zip(splits[name], items[name]):
+            labels = it.tensors["labels"].reshape(-1)
+            real = labels[labels != IGNORE_INDEX]
+            if ((real < 0) | (real >= num_outputs)).any():
+                bad_ids.append(it.id)
+            if task.kind == "classification":
+                counts[name][task.decode(real.tolist())] += 1
+                if task.decode(real.tolist()) != str(ex[task.label_field]):
+                    mismatched.append((it.id, ex[task.label_field], task.decode(real.tolist())))
+    if bad_ids:
+        flags.append(Flag("label ids out of range", f"{len(bad_ids)} examples have label ids "
+                          f"outside 0..{num_outputs - 1}, which the model cannot output",
+                          len(bad_ids), "fix the label map or the model's output size",
+                          bad_ids[:5]))
+    if mismatched:
+        flags.append(Flag("label map round trip", f"{len(mismatched)} examples decode to another "
+                          f"class than their raw label (e.g. {mismatched[0][1]!r} -> "
+                          f"{mismatched[0][2]!r}): the map is shifted or wrong", len(mismatched),
+                          "make encode and decode use the same class name <-> id map",
+                          [m[0] for m in mismatched[:5]]))
+    if task.kind != "classification":
+        return None, flags
+    table = pd.DataFrame(counts).reindex(columns=list(SPLITS)).fillna(0).astype(int)
+    table.index.name = "class"
+    order = [n for n in (task.label_names or []) if n in table.index]
+    table = table.reindex(order + [n for n in table.index if n not in order])
+    return table, flags
+
+
+def split_audit(task: Task, splits: dict[str, list[dict]],
+                items: dict[str, list[Item]]) -> tuple[pd.DataFrame, list[Flag]]:
+    """Per split: examples and groups; flags for a group or an identical input in two splits."""
+    group_splits: dict[str, set] = defaultdict(set)
+    input_splits: dict[tuple, set] = defaultdict(set)
+    rows = []
+    for name in SPLITS:
+        groups = {str(ex[task.group_key]) for ex in splits[name]}
+        for g in groups:
+            group_splits[g].add(name)
+        for ex, it in zip(splits[name], items[name]):
+            key = tuple(tuple(it.tensors[k].reshape(-1).tolist()) for k in task.model_inputs
+                        if k in it.tensors)
+            input_splits[key].add((name, ex[task.id_key]))
+        rows.append({"split": name, "examples": len(splits[name]), "groups": len(groups)})
+    table = pd.DataFrame(rows)
+    table["share"] = (table.examples / table.examples.sum()).round(3)
+    flags = []
+    crossing = sorted(g for g, s in group_splits.items() if len(s) > 1)
+    if crossing:
+        flags.append(Flag("group crosses splits", f"{len(crossing)} groups of "
+                          f"{task.group_key!r} appear in more than one split: validation "
+                          "leaks training data", len(crossing),
+                          "split by the group key (the default rule), not by example",
+                          crossing[:5]))
+    dupes = [sorted(map(str, s)) for s in input_splits.values() if len({n for n, _ in s}) > 1]
+    if dupes:
+        flags.append(Flag("duplicate input crosses splits", f"{len(dupes)} identical inputs "
+                          "sit in two splits", len(dupes),
+                          "remove duplicates before splitting or give them one group", dupes[:5]))
+    return table, flags
+
+
+def num_outputs_of(task: Task, model: torch.nn.Module, items: list[Item]) -> int:
+    """Size of the model's output layer, read from one forward pass."""
+    with torch.no_grad():
+        return int(task.forward(model, collate_items(task, items).tensors).shape[-1])
+
+
+def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
+    """Run every notebook-01 check on the task; the verdict fails on any flag."""
+    splits = split_examples(task, load_examples(task))
+    items = {name: encode_examples(task, splits[name]) for name in SPLITS}
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    train = items["train"]
+    by_length = sorted(train, key=lambda it: it.tensors["input_ids"].numel())
+    probe = by_length[: probe_size // 2] + by_length[-(probe_size - probe_size // 2):]
+    outputs = num_outputs_of(task, model, probe)
+    coverage = pd.concat([loss_coverage(task, items[n]).assign(split=n) for n in SPLITS],
+                         ignore_index=True)
+    split_table, split_flags = split_audit(task, splits, items)
+    classes, label_flags = label_audit(task, splits, items, outputs)
+    flags = coverage_flags(coverage) + loss_probe(task, model, probe) + label_flags + split_flags
+    positions = int(coverage.positions.sum())
+    figures = {
+        "examples": len(coverage), "num_outputs": outputs,
+        "expected_initial_loss": round(task.expected_initial_loss(outputs), 4),
+        "contributing_share": round(int(coverage.targets.sum()) / max(positions, 1), 4),
+        "targets_per_example_mean": round(float(coverage.targets.mean()), 3),
+        "zero_target_examples": int((coverage.targets == 0).sum()),
+        "targets_on_padding": int(coverage.on_padding.sum()),
+        "targets_on_prompt": int(coverage.on_prompt.sum()),
+        "groups_crossing_splits": next((f.count for f in flags if f.check ==
+                                        "group crosses splits"), 0),
+        "flags": len(flags),
+    }
+    return Inspection(task, splits, items, split_table, coverage, figures, flags, classes)
+
+
+def example_display(task: Task, items: list[Item]):
+    """What the loss receives for these examples: coloured tokens (generation) or a table."""
+    from IPython.display import HTML
+
+    view = batch_view(task, items)
+    return HTML(render_tokens(view)) if "position" in view else view
+
+
+def browser(task: Task, items: list[Item]):
+    """An ipywidgets slider over examples; the same view as `example_display`, one at a time."""
+    import ipywidgets as widgets
+
+    return widgets.interact(lambda index: example_display(task, [items[index]]),
+                            index=widgets.IntSlider(0, 0, len(items) - 1, description="example"))
+
+
+def save(ins: Inspection, out_dir) -> None:
+    """Write the tables and `summary.json` of notebook 01 into its run folder."""
+    from .runs import save_table, write_json, write_summary
+
+    save_table(ins.split_table, out_dir, "splits")
+    save_table(ins.coverage, out_dir, "coverage")
+    if ins.classes is not None:
+        save_table(ins.classes.reset_index(), out_dir, "classes")
+    write_json(out_dir / "flags.json", ins.flag_table().to_dict(orient="records"))
+    write_summary(out_dir, ins.verdict, ins.figures, task=ins.task.name,
+                  flags=[f.check for f in ins.flags])

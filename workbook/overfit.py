@@ -1,0 +1,116 @@
+"""Notebook 02: overfit a tiny subset. It proves the mechanics, never generalisation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from .data import Item, collate_items, encode_examples, load_examples, split_examples
+from .loop import TrainConfig, evaluate, resolve_device, seed_everything, train
+from .records import to_frame
+from .task import IGNORE_INDEX, Task
+
+
+@dataclass
+class OverfitResult:
+    """The loss curve, the verdict checks, and what the trained model gives back per example."""
+
+    steps: pd.DataFrame
+    checks: pd.DataFrame
+    reproduction: pd.DataFrame
+    figures: dict
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if bool(self.checks.passed.all()) else "fail"
+
+
+@torch.no_grad()
+def exact_targets(task: Task, model: torch.nn.Module, items: list[Item],
+                  device: torch.device) -> list[bool]:
+    """Per example: does the argmax reproduce every contributing target id? With teacher
+    forcing this is the same as greedy decoding reproducing the whole target sequence."""
+    model.eval()
+    batch = collate_items(task, items).to(device).tensors
+    labels = batch["labels"]
+    wrong = (task.forward(model, batch).argmax(-1) != labels) & (labels != IGNORE_INDEX)
+    model.train()
+    return [not bool(w.any()) for w in wrong.reshape(len(items), -1)]
+
+
+def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
+            loss_threshold: float = 0.05, init_tolerance: float = 0.25, seed: int = 0,
+            device: str = "cpu", progress: bool = False) -> OverfitResult:
+    """Train on the first `examples` training examples until memorised and check the mechanics:
+    initial loss near ln(outputs), finite at every step, below the threshold, exact ids back."""
+    train_split = split_examples(task, load_examples(task))["train"]
+    raw = train_split[:examples]
+    items = encode_examples(task, raw)
+    cfg = TrainConfig(micro_batch=len(items), accumulation=1, updates=updates, lr=lr, seed=seed,
+                      device=device, grad_clip=1.0, progress=progress).validate(len(train_split))
+    dev = resolve_device(device)
+    seed_everything(seed)
+    model = task.build_model().to(dev)
+    initial = evaluate(task, model, items, len(items), dev)
+    with torch.no_grad():
+        outputs = int(task.forward(model.eval(), collate_items(task, items[:1]).to(dev)
+                                   .tensors).shape[-1])
+    expected = task.expected_initial_loss(outputs)
+    result = train(task, items, cfg, model=model)
+    final = evaluate(task, result.model, items, len(items), dev, updates)
+    steps = to_frame(result.steps).drop(columns=["example_ids"])
+    exact = exact_targets(task, result.model, items, dev)
+    rows = []
+    for ex, it, ok in zip(raw, items, exact):
+        row = {"example": it.id, "exact_ids": ok}
+        if task.kind == "generation" and task.generate is not None:
+            row["target"] = ex[task.response_field]
+            row["greedy"] = task.generate(result.model, ex)
+            row["greedy_exact"] = row["greedy"] == row["target"]
+        elif task.kind == "classification":
+            row["target"] = str(ex[task.label_field])
+            with torch.no_grad():
+                batch = collate_items(task, [it]).to(dev).tensors
+                row["predicted"] = task.decode([int(task.forward(result.model.eval(), batch)
+                                                    .argmax(-1)[0])])
+            result.model.train()
+        rows.append(row)
+    reproduction = pd.DataFrame(rows)
+    finite = bool(steps.loss.map(math.isfinite).all() and steps.grad_norm.map(math.isfinite).all())
+    init_gap = abs(initial.loss - expected) / expected
+    checks = pd.DataFrame([
+        {"check": "initial loss near ln(outputs)", "value": round(initial.loss, 4),
+         "expected": f"{expected:.4f} +/- {init_tolerance:.0%}",
+         "passed": init_gap <= init_tolerance},
+        {"check": "loss finite at every step", "value": finite, "expected": True,
+         "passed": finite},
+        {"check": "final loss below threshold", "value": round(final.loss, 4),
+         "expected": f"< {loss_threshold}", "passed": final.loss < loss_threshold},
+        {"check": "exact target ids reproduced", "value": f"{sum(exact)}/{len(exact)}",
+         "expected": f"{len(exact)}/{len(exact)}", "passed": all(exact)},
+    ])
+    if "greedy_exact" in reproduction:
+        greedy = int(reproduction.greedy_exact.sum())
+        checks.loc[len(checks)] = {"check": "greedy decoding gives the responses back",
+                                   "value": f"{greedy}/{len(items)}",
+                                   "expected": f"{len(items)}/{len(items)}",
+                                   "passed": greedy == len(items)}
+    figures = {"examples": len(items), "updates": updates, "lr": lr,
+               "initial_loss": round(initial.loss, 4), "expected_initial_loss": round(expected, 4),
+               "final_loss": round(final.loss, 4), "exact_examples": sum(exact),
+               "finite": finite, "loss_threshold": loss_threshold}
+    return OverfitResult(steps, checks, reproduction, figures)
+
+
+def save(result: OverfitResult, out_dir, task: Task) -> None:
+    """Write the curve, checks, reproduction table and `summary.json` of notebook 02."""
+    from .runs import save_table, write_summary
+
+    save_table(result.steps, out_dir, "steps")
+    save_table(result.checks, out_dir, "checks")
+    save_table(result.reproduction, out_dir, "reproduction")
+    write_summary(out_dir, result.verdict, result.figures, task=task.name,
+                  failed=result.checks.loc[~result.checks.passed, "check"].tolist())

@@ -1,0 +1,62 @@
+"""Notebook parameters: papermill silently ignores unknown names, so each notebook checks its
+own namespace here and fails with a clear message on a typo or a wrong type."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from .errors import WorkbookError
+
+COMMON = {
+    "task": "workbook.samples.generation:task",  # package.module:attribute of the task
+    "task_options": {},  # keyword arguments for a task factory
+    "out_dir": "",  # where this notebook writes; "" = a new folder under runs/
+    "device": "cpu",  # "cpu", "cuda" or "auto"
+    "seed": 0,
+}
+
+NOTEBOOKS: dict[str, dict[str, Any]] = {
+    "01_inspect_examples": {**COMMON, "show_examples": 4, "probe_size": 8},
+    "02_overfit": {**COMMON, "examples": 8, "updates": 150, "lr": 3e-3,
+                   "loss_threshold": 0.05, "init_tolerance": 0.25},
+}
+
+# Names IPython itself puts in a notebook's namespace.
+_IPYTHON = {"In", "Out", "get_ipython", "exit", "quit", "open"}
+_LITERALS = (str, int, float, bool, list, dict, tuple, type(None))
+
+
+def check(namespace: dict[str, Any], notebook: str) -> dict[str, Any]:
+    """Return the notebook's parameters from `namespace`, after checking names and types."""
+    if notebook not in NOTEBOOKS:
+        raise WorkbookError(f"unknown notebook {notebook!r}", f"use one of {sorted(NOTEBOOKS)}")
+    spec = NOTEBOOKS[notebook]
+    given = {k: v for k, v in namespace.items()
+             if not k.startswith("_") and k not in _IPYTHON and isinstance(v, _LITERALS)}
+    return validate(given, notebook, spec)
+
+
+def validate(given: dict[str, Any], notebook: str,
+             spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check parameter names and types against a notebook's defaults; fill in the rest."""
+    spec = spec if spec is not None else NOTEBOOKS[notebook]
+    problems = []
+    for name in sorted(set(given) - set(spec)):
+        close = difflib.get_close_matches(name, spec, n=1)
+        problems.append(f"unknown parameter {name!r}"
+                        + (f" (did you mean {close[0]!r}?)" if close else ""))
+    for name, value in given.items():
+        if name not in spec:
+            continue
+        want = type(spec[name])
+        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            problems.append(f"parameter {name!r} must be {want.__name__}, got "
+                            f"{type(value).__name__} {value!r}")
+    if problems:
+        raise WorkbookError(f"notebook {notebook}: " + "; ".join(problems),
+                            f"use only these parameters: {', '.join(sorted(spec))}")
+    return {**spec, **{k: v for k, v in given.items()}}

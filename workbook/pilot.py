@@ -1,0 +1,91 @@
+"""The pilot command: execute the notebooks in order with papermill into a new run folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .errors import WorkbookError
+from .params import NOTEBOOKS, validate
+from .runs import claim_dir, new_run_dir, write_json
+from .task import load_task
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+KERNEL = "workbook"
+
+# Small sizes for CI and a first look (`--smoke`); they override the notebooks' defaults.
+SMOKE: dict[str, dict[str, Any]] = {
+    "01_inspect_examples": {"show_examples": 2, "probe_size": 4},
+    "02_overfit": {"examples": 4, "updates": 80},
+}
+
+
+def ensure_kernel() -> str:
+    """Register this interpreter as the `workbook` Jupyter kernel when it is not yet known."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL)
+        if Path(spec.argv[0]).resolve() == Path(sys.executable).resolve():
+            return KERNEL
+    except NoSuchKernel:
+        pass
+    from ipykernel.kernelspec import install
+
+    install(kernel_name=KERNEL, display_name="Python (workbook)", prefix=sys.prefix)
+    return KERNEL
+
+
+def select(only: str | None) -> list[str]:
+    """Notebook stems to run, in order; `only` is a comma list of numbers like "01,02"."""
+    stems = sorted(NOTEBOOKS)
+    if not only:
+        return stems
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    unknown = [w for w in wanted if not any(s.startswith(w + "_") for s in stems)]
+    if unknown:
+        raise WorkbookError(f"--only names unknown notebooks {unknown}",
+                            f"use numbers from {[s.split('_')[0] for s in stems]}")
+    return [s for s in stems if s.split("_")[0] in wanted]
+
+
+def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str | None = None,
+              task_options: dict | None = None, device: str = "cpu",
+              progress: bool = True) -> tuple[Path, pd.DataFrame]:
+    """Run the selected notebooks for `task`; returns the run folder and its index table."""
+    import papermill as pm
+
+    stems = select(only)
+    load_task(task, **(task_options or {}))  # fail now, not inside the first notebook
+    run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
+    plans = {}
+    for stem in stems:  # check every notebook's parameters before running any
+        params = {"task": task, "task_options": task_options or {}, "device": device,
+                  "out_dir": str((run / stem).resolve()), **(SMOKE[stem] if smoke else {})}
+        plans[stem] = validate(params, stem)
+    kernel = ensure_kernel()
+    rows = []
+    for stem in stems:
+        start = time.perf_counter()
+        row = {"notebook": stem, "verdict": "error", "summary": f"{stem}/summary.json",
+               "executed": f"{stem}.ipynb", "error": ""}
+        try:
+            pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", run / f"{stem}.ipynb",
+                                parameters=plans[stem], kernel_name=kernel,
+                                progress_bar=progress, cwd=str(NOTEBOOK_DIR))
+            row["verdict"] = json.loads((run / stem / "summary.json").read_text())["verdict"]
+        except Exception as exc:  # a failing notebook is recorded and the others still run
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        rows.append(row)
+        print(f"{stem}: {row['verdict']} ({row['seconds']} s) {row['error']}", flush=True)
+    index = pd.DataFrame(rows)
+    write_json(run / "index.json", {"task": task, "task_options": task_options or {},
+                                    "smoke": smoke, "notebooks": rows})
+    index.to_csv(run / "index.csv", index=False)
+    return run, index

@@ -1,0 +1,52 @@
+"""Figures for the notebooks; each returns a matplotlib Figure and saves it when asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+
+def _done(fig, save: Path | None):
+    fig.tight_layout()
+    if save is not None:
+        fig.savefig(save, dpi=100)
+    plt.close(fig)
+    return fig
+
+
+def loss_curve(steps: pd.DataFrame, *, threshold: float | None = None,
+               expected_initial: float | None = None, title: str = "training loss",
+               save: Path | None = None):
+    """Loss per update, with the threshold and the expected initial loss as reference lines."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(steps.step, steps.loss, label="loss per update")
+    if threshold is not None:
+        ax.axhline(threshold, color="green", ls="--", lw=1, label=f"threshold {threshold}")
+    if expected_initial is not None:
+        ax.axhline(expected_initial, color="grey", ls=":", lw=1,
+                   label=f"ln(outputs) = {expected_initial:.2f}")
+    ax.set(xlabel="update", ylabel="loss", title=title, yscale="log")
+    ax.legend(fontsize="small")
+    return _done(fig, save)
+
+
+def coverage_histogram(coverage: pd.DataFrame, save: Path | None = None):
+    """How many targets each example contributes to the loss, per split."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for split, rows in coverage.groupby("split", sort=False):
+        ax.hist(rows.targets, bins=range(0, int(coverage.targets.max()) + 2), alpha=0.5,
+                label=split, density=True)
+    ax.set(xlabel="contributing targets per example", ylabel="share of examples",
+           title="loss coverage")
+    ax.legend(fontsize="small")
+    return _done(fig, save)
+
+
+def class_histogram(classes: pd.DataFrame, save: Path | None = None):
+    """Share of each class per split (a rare class must appear in every split)."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    (classes / classes.sum()).plot.bar(ax=ax)
+    ax.set(ylabel="share of split", title="classes per split")
+    return _done(fig, save)
