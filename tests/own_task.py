@@ -28,8 +28,8 @@ data = Points()
 task = wb.Task(
     name="my-points",
     kind="classification",
-    load_examples=lambda: [{"id": i, "patient": data.patient[i], "label": ["no", "yes"][int(data.y[i])]}
-                           for i in range(len(data))],
+    load_examples=lambda: [{"id": i, "patient": data.patient[i],
+                            "label": ["no", "yes"][int(data.y[i])]} for i in range(len(data))],
     encode=lambda ex: data[ex["id"]],
     collate=torch.utils.data.default_collate,
     build_model=lambda: nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)),

@@ -1,4 +1,4 @@
-"""Command line: `python -m workbook pilot [--task MOD:ATTR] [--out DIR] [--smoke] [--only 01,02]`."""
+"""Command line: `python -m workbook pilot [--task MOD:ATTR] [--out DIR] [--smoke] [--only 01]`."""
 
 from __future__ import annotations
 

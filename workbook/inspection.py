@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from . import tokenizer as tok
-from .data import Item, SPLITS, collate_items, encode_examples, load_examples, split_examples
+from .data import SPLITS, Item, collate_items, encode_examples, load_examples, split_examples
 from .records import Flag
 from .task import IGNORE_INDEX, Task
 
@@ -103,7 +103,7 @@ def loss_coverage(task: Task, items: list[Item], batch_size: int = 64) -> pd.Dat
         labels = batch["labels"]
         contributes = labels != IGNORE_INDEX
         if labels.dim() == 1:
-            for it, c in zip(chunk, contributes):
+            for it, c in zip(chunk, contributes, strict=True):
                 rows.append({"example": it.id, "positions": 1, "targets": int(c),
                              "on_padding": 0, "on_prompt": 0})
             continue
@@ -198,7 +198,7 @@ def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list
     flags, bad_ids, mismatched = [], [], []
     counts: dict[str, Counter] = defaultdict(Counter)
     for name in SPLITS:
-        for ex, it in zip(splits[name], items[name]):
+        for ex, it in zip(splits[name], items[name], strict=True):
             labels = it.tensors["labels"].reshape(-1)
             real = labels[labels != IGNORE_INDEX]
             if ((real < 0) | (real >= num_outputs)).any():
@@ -237,7 +237,7 @@ def split_audit(task: Task, splits: dict[str, list[dict]],
         groups = {str(ex[task.group_key]) for ex in splits[name]}
         for g in groups:
             group_splits[g].add(name)
-        for ex, it in zip(splits[name], items[name]):
+        for ex, it in zip(splits[name], items[name], strict=True):
             key = tuple(tuple(it.tensors[k].reshape(-1).tolist()) for k in task.model_inputs
                         if k in it.tensors)
             input_splits[key].add((name, ex[task.id_key]))

@@ -64,7 +64,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
     steps = to_frame(result.steps).drop(columns=["example_ids"])
     exact = exact_targets(task, result.model, items, dev)
     rows = []
-    for ex, it, ok in zip(raw, items, exact):
+    for ex, it, ok in zip(raw, items, exact, strict=True):
         row = {"example": it.id, "exact_ids": ok}
         if task.kind == "generation" and task.generate is not None:
             row["target"] = ex[task.response_field]

@@ -11,7 +11,7 @@ from .errors import WorkbookError
 COMMON = {
     "task": "workbook.samples.generation:task",  # package.module:attribute of the task
     "task_options": {},  # keyword arguments for a task factory
-    "out_dir": "",  # where this notebook writes; "" = a new folder under runs/
+    "out_dir": "",  # where this notebook writes (empty: a new folder under runs/)
     "device": "cpu",  # "cpu", "cuda" or "auto"
     "seed": 0,
 }

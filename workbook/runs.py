@@ -29,8 +29,9 @@ def claim_dir(path: str | Path) -> Path:
     return path
 
 
-def new_run_dir(label: str, root: str | Path = RUNS_ROOT) -> Path:
+def new_run_dir(label: str, root: str | Path | None = None) -> Path:
     """A fresh folder `root/<timestamp>-<label>`; a suffix keeps it unique within a second."""
+    root = RUNS_ROOT if root is None else root
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "run"
     for n in range(1000):

@@ -56,7 +56,7 @@ def split_by_group_hash(group: str, fractions: Sequence[float]) -> str:
     digest = hashlib.sha256(str(group).encode()).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64
     edge = 0.0
-    for name, fraction in zip(("train", "validation", "test"), fractions):
+    for name, fraction in zip(("train", "validation", "test"), fractions, strict=True):
         edge += fraction
         if u < edge:
             return name

@@ -1,0 +1,43 @@
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from workbook import WorkbookError
+from workbook.params import NOTEBOOKS, check, validate
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def test_typo_gets_a_suggestion():
+    with pytest.raises(WorkbookError, match="unknown parameter 'updatse' .*did you mean 'updates'"):
+        validate({"updatse": 3}, "02_overfit")
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(WorkbookError, match="'examples' must be int, got str"):
+        validate({"examples": "8"}, "02_overfit")
+    with pytest.raises(WorkbookError, match="'examples' must be int, got bool"):
+        validate({"examples": True}, "02_overfit")
+
+
+def test_int_is_accepted_for_float_and_defaults_fill_in():
+    params = validate({"lr": 1}, "02_overfit")
+    assert params["lr"] == 1 and params["updates"] == NOTEBOOKS["02_overfit"]["updates"]
+
+
+def test_check_reads_a_notebook_namespace_and_skips_ipython_names():
+    namespace = {"In": [], "Out": {}, "_": None, "task": "a:b", "examples": 3, "json": json}
+    assert check(namespace, "02_overfit")["examples"] == 3
+    with pytest.raises(WorkbookError, match="unknown parameter 'exampels'"):
+        check({**namespace, "exampels": 3}, "02_overfit")
+
+
+@pytest.mark.parametrize("stem", sorted(NOTEBOOKS))
+def test_notebook_parameters_cell_matches_the_spec(stem):
+    nb = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    tree = ast.parse("".join(cell["source"]))
+    values = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body}
+    assert values == NOTEBOOKS[stem], "parameters cell and workbook.params disagree"

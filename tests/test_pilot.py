@@ -1,0 +1,59 @@
+"""Notebook regression: papermill runs the notebooks in smoke mode; tests read summary.json."""
+
+import json
+
+import papermill as pm
+import pytest
+
+from workbook import WorkbookError
+from workbook.cli import main
+from workbook.pilot import NOTEBOOK_DIR, ensure_kernel, run_pilot, select
+
+from .conftest import CLASSIFICATION, GENERATION
+
+
+def summary(run, stem):
+    return json.loads((run / stem / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("task", [GENERATION, CLASSIFICATION])
+def test_pilot_smoke_passes_01_and_02(task, tmp_path):
+    run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="01,02",
+                           progress=False)
+    assert index.verdict.tolist() == ["pass", "pass"], index.error.tolist()
+    inspect, fit = summary(run, "01_inspect_examples"), summary(run, "02_overfit")
+    assert inspect["figures"]["flags"] == 0 and inspect["figures"]["zero_target_examples"] == 0
+    assert fit["figures"]["exact_examples"] == fit["figures"]["examples"] == 4
+    assert fit["figures"]["final_loss"] < fit["figures"]["loss_threshold"]
+    assert (run / "02_overfit.ipynb").exists() and json.loads((run / "index.json").read_text())[
+        "notebooks"][0]["verdict"] == "pass"
+
+
+def test_pilot_reports_a_planted_bug_as_a_failing_verdict(tmp_path):
+    run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="01",
+                           task_options={"max_length": 10}, progress=False)
+    assert index.verdict.tolist() == ["fail"]
+    assert "zero targets" in summary(run, "01_inspect_examples")["flags"]
+
+
+def test_pilot_never_reuses_a_run_folder(tmp_path):
+    (tmp_path / "old.txt").write_text("keep me")
+    with pytest.raises(WorkbookError, match="already holds a run"):
+        run_pilot(GENERATION, out=str(tmp_path), smoke=True)
+    assert (tmp_path / "old.txt").read_text() == "keep me"
+
+
+def test_bad_task_and_bad_selection_fail_before_anything_runs(tmp_path):
+    with pytest.raises(WorkbookError, match="cannot be imported"):
+        run_pilot("nope_module:task", out=str(tmp_path / "r"))
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(WorkbookError, match="unknown notebooks"):
+        select("01,09")
+    assert main(["pilot", "--task", "nope_module:task", "--out", str(tmp_path / "r2")]) == 2
+
+
+def test_a_typo_in_a_papermill_parameter_stops_the_notebook(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError, match="did you mean 'updates'"):
+        pm.execute_notebook(NOTEBOOK_DIR / "02_overfit.ipynb", tmp_path / "out.ipynb",
+                            parameters={"updatse": 3, "out_dir": str(tmp_path / "o")},
+                            kernel_name=ensure_kernel(), progress_bar=False)
