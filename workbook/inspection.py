@@ -60,7 +60,8 @@ def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
                 "example": items[b].id, "position": t, "input_id": int(ids[b, t]),
                 "input": task.decode([int(ids[b, t])]), "label_id": label,
                 "target": task.decode([label]) if label != IGNORE_INDEX else "",
-                "padding": not bool(mask[b, t]), "prompt": bool(prompt[b, t]),
+                "attention_mask": int(mask[b, t]), "padding": not bool(mask[b, t]),
+                "prompt": bool(prompt[b, t]),
                 "contributes": label != IGNORE_INDEX,
             })
     return pd.DataFrame(rows)
