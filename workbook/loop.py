@@ -34,6 +34,8 @@ class TrainConfig:
     drop_partial: bool = False  # leave out the examples that do not fill a whole update
     grad_clip: float = 1.0  # max gradient norm (0: no clipping, norm still recorded)
     workers: int = 0  # DataLoader worker processes
+    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
+    activation_checkpointing: bool = False  # recompute the task's blocks in backward
     progress: bool = False  # show a tqdm bar
 
     def validate(self, n_train: int | None = None) -> "TrainConfig":
@@ -56,7 +58,7 @@ class TrainConfig:
             raise WorkbookError(f"with drop_partial, one update needs "
                                 f"{self.micro_batch * self.accumulation} examples but there are "
                                 f"{n_train}", "lower micro_batch x accumulation or keep partial")
-        resolve_device(self.device)
+        check_precision(self.precision, resolve_device(self.device))
         return self
 
 
@@ -90,49 +92,169 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def accumulate(task: Task, model: nn.Module, batches: Iterable[Batch],
-               device: torch.device) -> tuple[float, int]:
-    """Forward and backward every micro-batch of one update with summed losses, then divide the
-    gradients by the number of targets of the WHOLE update, so 1 x 16, 2 x 8 and 16 x 1 agree.
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-    Returns (mean loss over the update's targets, number of targets).
-    """
-    loss_sum = torch.zeros((), device=device)
-    targets = torch.zeros((), device=device, dtype=torch.long)
-    for batch in batches:
-        batch = batch.to(device)
-        summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
-        summed.backward()
-        loss_sum += summed.detach()
-        targets += count
-    n = int(targets)
-    if n == 0:
-        raise WorkbookError("an update had no contributing targets (every label is -100)",
-                            "check truncation and label masking with notebook 01")
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if grads:
-        torch._foreach_mul_(grads, 1.0 / n)
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """Refuse a precision the device cannot run, instead of silently falling back."""
+    if precision not in PRECISIONS:
+        raise WorkbookError(f"unknown precision {precision!r}", f"use one of {list(PRECISIONS)}")
+    if precision == "fp16" and device.type != "cuda":
+        raise WorkbookError("fp16 mixed precision needs CUDA (its GradScaler keeps small "
+                            "gradients from vanishing); this run is on the CPU",
+                            "use precision='bf16' or 'fp32' on the CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise WorkbookError("this GPU does not support bf16", "use precision='fp16' or 'fp32'")
+
+
+def _repeated_block(module: nn.Module) -> bool:
+    return getattr(module, "_workbook_block", False)
+
+
+def apply_activation_checkpointing(task: Task, model: nn.Module) -> int:
+    """Wrap the task's blocks (default: every element of an nn.ModuleList) with PyTorch's
+    non-reentrant activation checkpointing. Returns how many blocks were wrapped."""
+    from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as cw
+
+    check = task.checkpoint_blocks
+    if check is None:
+        for lst in model.modules():
+            if isinstance(lst, nn.ModuleList):
+                for block in lst:
+                    block._workbook_block = True
+        check = _repeated_block
+    wrapped = [m for m in model.modules() if check(m)]
+    if not wrapped:
+        raise WorkbookError(f"activation checkpointing found no blocks in {type(model).__name__}",
+                            "set Task.checkpoint_blocks to a function that picks the blocks")
+    cw.apply_activation_checkpointing(model, check_fn=check)
+    return len(wrapped)
+
+
+@dataclass
+class Stepper:
+    """One update's machinery, shared by the loop, the gates and the memory prediction."""
+
+    task: Task
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    device: torch.device
+    precision: str = "fp32"
+    grad_clip: float = 1.0
+    scaler: torch.amp.GradScaler | None = None
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits, summed loss, number of targets) of one micro-batch, in the chosen precision."""
+        dtype = PRECISIONS[self.precision]
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            logits = self.task.forward(self.model, batch.tensors)
+        return (logits, *self.task.loss(logits, batch.tensors))
+
+    def backward(self, loss_sum: torch.Tensor) -> None:
+        (self.scaler.scale(loss_sum) if self.scaler is not None else loss_sum).backward()
+
+    def normalise(self, targets: int) -> None:
+        """Divide the accumulated gradients by the targets of the whole update (after unscaling
+        them once, when a GradScaler is in use)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, 1.0 / targets)
+
+    def accumulate(self, batches: Iterable[Batch],
+                   targets: int | None = None) -> tuple[torch.Tensor, int]:
+        """Forward and backward every micro-batch of one update with summed losses, then
+        normalise by the number of targets of the WHOLE update, so 1 x 16, 2 x 8 and 16 x 1
+        agree. Returns (summed loss, targets). `targets` may be given (fake-tensor prediction).
+        """
+        loss_sum = torch.zeros((), device=self.device)
+        counted = torch.zeros((), device=self.device, dtype=torch.long)
+        for batch in batches:
+            _, summed, count = self.forward_loss(batch.to(self.device))
+            self.backward(summed)
+            loss_sum += summed.detach().float()
+            counted += count
+        n = int(counted) if targets is None else targets
+        if n == 0:
+            raise WorkbookError("an update had no contributing targets (every label is -100)",
+                                "check truncation and label masking with notebook 01")
+        self.normalise(n)
+        return loss_sum, n
+
+    def step(self) -> torch.Tensor:
+        """Clip, step (through the scaler when present), advance the schedule, clear grads."""
+        norm = nn.utils.clip_grad_norm_(self.params, self.grad_clip or float("inf"))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+
+def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) -> Stepper:
+    """Model (built with the config's seed unless given), optimizer, schedule and scaler."""
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision, device)
+    if model is None:
+        seed_everything(cfg.seed)
+        with device:  # built in place: no copy, and fake tensors need no conversion
+            model = task.build_model()
+    if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
+        model = model.to(device)
+    if cfg.activation_checkpointing:
+        apply_activation_checkpointing(task, model)
+    model.train()
+    optimizer = task.build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr)
+    warmup = max(cfg.warmup_updates, 0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    return Stepper(task, model, optimizer, scheduler, device, cfg.precision, cfg.grad_clip,
+                   scaler)
+
+
+def accumulate(task: Task, model: nn.Module, batches: Iterable[Batch],
+               device: torch.device | str) -> tuple[float, int]:
+    """One update's gradients for `model` (fp32, no optimizer): (mean loss, targets)."""
+    device = torch.device(device)
+    stepper = Stepper(task, model, torch.optim.SGD(model.parameters(), lr=0.0), None, device)
+    loss_sum, n = stepper.accumulate(batches)
     return float(loss_sum) / n, n
 
 
 @torch.no_grad()
 def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
-             device: torch.device, step: int = 0) -> EvalRecord:
-    """Loss and metrics over exactly these items in eval mode; independent of `eval_batch`."""
+             device: torch.device, step: int = 0, precision: str = "fp32",
+             seen: list | None = None) -> EvalRecord:
+    """Loss and metrics over exactly these items in eval mode; independent of `eval_batch`
+    (sums of numerators and denominators, never means of batch means). Ids go to `seen`."""
     was_training = model.training
     model.eval()
+    dtype = PRECISIONS[precision]
     loss_sum, targets, sums = 0.0, 0, {}
     try:
         for batch in micro_batches(task, items, eval_batch):
             batch = batch.to(device)
-            logits = task.forward(model, batch.tensors)
-            summed, count = task.loss(logits, batch.tensors)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = task.forward(model, batch.tensors)
+            summed, count = task.loss(logits.float(), batch.tensors)
             loss_sum += float(summed)
             targets += int(count)
             for name, (num, den) in task.metrics(logits, batch.tensors).items():
                 total = sums.setdefault(name, [0.0, 0.0])
                 total[0] += num
                 total[1] += den
+            if seen is not None:
+                seen.extend(batch.ids)
     finally:
         model.train(was_training)
     metrics = {name: num / den if den else float("nan") for name, (num, den) in sums.items()}
@@ -156,28 +278,18 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
           on_update: Callable[[StepRecord], None] | None = None) -> TrainResult:
     """Train for `cfg.updates` updates and return the model with one record per update."""
     cfg.validate(len(items))
-    device = resolve_device(cfg.device)
-    seed_everything(cfg.seed)
-    model = (model if model is not None else task.build_model()).to(device)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = task.build_optimizer(params, cfg.lr)
-    warmup = max(cfg.warmup_updates, 0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-    result = TrainResult(model, optimizer, config=asdict(cfg))
+    stepper = build_stepper(task, cfg, model)
+    result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
     stream = _updates(task, items, cfg)
     bar = tqdm(total=cfg.updates, disable=not cfg.progress, desc=f"train {task.name}")
     for step in range(1, cfg.updates + 1):
         start = time.perf_counter()
         epoch, batches = next(stream)
         data_s = time.perf_counter() - start
-        lr = optimizer.param_groups[0]["lr"]
-        loss, targets = accumulate(task, model, batches, device)
-        norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        lr = stepper.optimizer.param_groups[0]["lr"]
+        loss_sum, targets = stepper.accumulate(batches)
+        norm = stepper.step()
+        loss = float(loss_sum) / targets
         ids = [i for b in batches for i in b.ids]
         record = StepRecord(step, epoch, len(batches), len(ids), targets, loss, lr,
                             float(norm), time.perf_counter() - start, data_s, ids)
@@ -185,7 +297,8 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
         if on_update is not None:
             on_update(record)
         if val_items and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.updates):
-            result.evals.append(evaluate(task, model, val_items, cfg.eval_batch, device, step))
+            result.evals.append(evaluate(task, stepper.model, val_items, cfg.eval_batch,
+                                         stepper.device, step, cfg.precision))
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
     bar.close()

@@ -97,6 +97,7 @@ class Task:
     response_field: str | None = None  # generation: raw field of the response
     prompt_in_loss: bool = False  # generation: do prompt tokens contribute to the loss?
     generate: Callable[[nn.Module, dict], str] | None = None  # greedy decoding, for display
+    checkpoint_blocks: Callable[[nn.Module], bool] | None = None  # default: ModuleList items
     options: dict[str, Any] = field(default_factory=dict)
 
     def split(self, example: dict) -> str:

@@ -1,0 +1,471 @@
+"""Notebook 03: every phase of the campaign passes a gate - one row each with its inputs, memory
+counters, time, verdict and the remediation when it fails."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from . import checkpoint as ckpt
+from .data import Item, collate_items, encode_examples, load_examples, split_examples
+from .errors import WorkbookError
+from .loop import TrainConfig, build_stepper, evaluate, resolve_device, train
+from .memory import GIB, MemoryReading, measure, state_tensors, storage_bytes
+from .predict import Plan, plan_batches
+from .records import to_frame
+from .task import IGNORE_INDEX, Task
+from .workload import TRAINING_PHASES, Workload, targets_of
+
+PHASES = ("data", *TRAINING_PHASES, "checkpoint save", "export", "resume")
+REMEDIATION = {
+    "data": "fix the dataset or the transform (encode/collate)",
+    "forward + loss": "check a reduced batch and its values",
+    "backward": "check the graph, the precision and the loss normalisation",
+    "update (first)": "check the optimizer (every trainable parameter in it) and accumulation",
+    "update (later)": "check the optimizer and accumulation",
+    "validation": "separate the evaluation settings (eval mode, no_grad) from training",
+    "checkpoint save": "make room (disk, permissions, memory) before the campaign",
+    "export": "make room (disk, permissions, memory) before the campaign",
+    "resume": "fix the checkpoint (all state saved and restored) before any series",
+}
+INPUT_BOUND_CAUSES = ("data not next to the process (network or slow disk)",
+                      "expensive online preprocessing (do it once, offline)",
+                      "a synchronisation that blocks prefetching (e.g. reading a metric "
+                      "from the device every step)")
+
+
+@dataclass
+class GateSettings:
+    """The planned settings the gates run at."""
+
+    micro_batch: int = 2
+    accumulation: int = 8
+    eval_batch: int = 16
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+    device: str = "cpu"
+    lr: float = 1e-3
+    seed: int = 0
+    device_memory_gib: float = 0.0  # the rental GPU's memory; 0 = no limit stated
+    headroom: float = 0.2  # share of device memory kept free
+    input_bound_threshold: float = 0.3  # data-wait share of an update above which data warns
+    input_updates: int = 4  # updates timed for the input pipeline
+    init_tolerance: float = 0.5  # relative gap allowed between initial loss and ln(outputs)
+    resume_tolerance: float = 0.0  # max |difference| after resume (0: bit-exact, the CPU rule)
+
+    def plan(self) -> Plan:
+        return Plan(self.micro_batch, self.accumulation, None, self.eval_batch, None,
+                    self.precision, self.activation_checkpointing)
+
+    def train_config(self, updates: int = 1) -> TrainConfig:
+        return TrainConfig(micro_batch=self.micro_batch, accumulation=self.accumulation,
+                           updates=updates, lr=self.lr, seed=self.seed, device=self.device,
+                           precision=self.precision,
+                           activation_checkpointing=self.activation_checkpointing)
+
+
+@dataclass
+class GateRow:
+    """One phase: its inputs, memory counters (bytes), time and verdict."""
+
+    phase: str
+    micro_batch: int
+    seq_len: int
+    eval_batch: int
+    precision: str
+    device: str
+    counter: str = ""
+    baseline_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    reserved_bytes: int | None = None
+    alloc_retries: int | None = None
+    ooms: int | None = None
+    rss_peak_bytes: int | None = None
+    time_s: float = 0.0
+    verdict: str = "fail"  # "pass", "warn" (does not fail the run) or "fail"
+    detail: str = ""
+    remediation: str = ""
+
+
+@dataclass
+class GateReport:
+    rows: list[GateRow]
+    pipeline: pd.DataFrame  # per update: data wait vs compute
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if all(r.verdict != "fail" for r in self.rows) else "fail"
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame([asdict(r) for r in self.rows])
+
+
+def _first_nonfinite_module(model: torch.nn.Module, run: Callable[[], Any]) -> str | None:
+    """Re-run a forward with hooks and name the first module whose output is not finite."""
+    found: list[str] = []
+
+    def hook(name):
+        def check(_module, _inputs, output):
+            if not found and isinstance(output, torch.Tensor) and output.is_floating_point() \
+                    and not torch.isfinite(output).all():
+                found.append(name or type(model).__name__)
+        return check
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()]
+    try:
+        with torch.no_grad():
+            run()
+    except Exception:  # the original error is already reported
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return found[0] if found else None
+
+
+class GateRun:
+    """Runs the phases in order on one model and optimizer, measuring each."""
+
+    def __init__(self, task: Task, settings: GateSettings, train_items: list[Item],
+                 val_items: list[Item], out_dir: Path,
+                 save: Callable[..., Path] = ckpt.save_checkpoint,
+                 load: Callable[..., dict] = ckpt.load_checkpoint):
+        self.task, self.s, self.out_dir = task, settings, Path(out_dir)
+        self.train_items, self.val_items = train_items, val_items
+        self.save, self.load = save, load
+        self.device = resolve_device(settings.device)
+        self.rows: list[GateRow] = []
+        self.live = 0  # CPU: bytes alive in the workload between phases (start of next phase)
+
+    def row(self, phase: str, **kw: Any) -> GateRow:
+        seq = self.batch.tensors["input_ids"].shape[-1]
+        return GateRow(phase, self.s.micro_batch, int(seq), self.s.eval_batch, self.s.precision,
+                       str(self.device), remediation=REMEDIATION[phase], **kw)
+
+    def phase(self, name: str, work: Callable[[], Any], check: Callable[[Any], tuple[str, str]],
+              chained: bool = True) -> GateRow:
+        """Measure `work`, judge it with `check`; an exception (OOM included) fails the row."""
+        row = self.row(name)
+        start = time.perf_counter()
+        holder = None
+        try:
+            with measure(self.device) as holder:
+                result = work()
+            row.verdict, row.detail = check(result)
+        except Exception as exc:
+            oom = isinstance(exc, torch.OutOfMemoryError)
+            row.verdict = "fail"
+            row.detail = ("out of memory: " if oom else f"{type(exc).__name__}: ") + \
+                str(exc).strip().splitlines()[0][:300]
+        reading: MemoryReading | None = holder.reading if holder is not None else None
+        row.time_s = time.perf_counter() - start
+        if reading is not None:
+            if reading.counter == "cpu-profiler":  # relative to the workload alive at the start
+                base = self.live if chained else 0
+                reading = replace(reading, baseline_bytes=base,
+                                  peak_allocated_bytes=base + reading.peak_allocated_bytes,
+                                  allocated_bytes=base + reading.allocated_bytes)
+                if chained:
+                    self.live = reading.allocated_bytes
+            for key, value in asdict(reading).items():
+                setattr(row, key, value)
+        self.fit(row)
+        self.rows.append(row)
+        return row
+
+    def fit(self, row: GateRow) -> None:
+        """With a stated device memory, a phase whose peak plus headroom does not fit fails."""
+        limit = self.s.device_memory_gib * GIB
+        peak = row.peak_reserved_bytes or row.peak_allocated_bytes
+        if not limit or peak is None or row.verdict == "fail":
+            return
+        need = peak * (1 + self.s.headroom)
+        if need > limit:
+            row.verdict = "fail"
+            row.detail += (f"; needs {need / GIB:.2f} GiB with {self.s.headroom:.0%} headroom, "
+                           f"the device has {self.s.device_memory_gib} GiB")
+            row.remediation = ("lower the micro-batch (raise accumulation), activation "
+                               "checkpointing, mixed precision - see notebook 05")
+
+    # --- the phases -------------------------------------------------------------------------
+    def data(self, pipeline: pd.DataFrame) -> None:
+        def work():
+            batch = collate_items(self.task, self.batch_items)
+            return batch.to(self.device)
+
+        def check(batch):
+            problems, t = [], batch.tensors
+            ids, labels = t.get("input_ids"), t.get("labels")
+            if labels is None:
+                return "fail", "the batch has no 'labels'"
+            for key, value in t.items():
+                if value.shape[0] != len(batch):
+                    problems.append(f"{key} has batch dimension {value.shape[0]}, not "
+                                    f"{len(batch)}")
+            if ids is not None and ids.is_floating_point():
+                problems.append(f"input_ids are {ids.dtype}, not integer ids")
+            if labels.is_floating_point():
+                problems.append(f"labels are {labels.dtype}, not class/token ids")
+            mask = t.get("attention_mask")
+            if mask is not None and ids is not None and mask.shape != ids.shape:
+                problems.append(f"attention_mask {tuple(mask.shape)} != input_ids "
+                                f"{tuple(ids.shape)}")
+            if labels.dim() > 1 and ids is not None and labels.shape != ids.shape:
+                problems.append(f"labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}")
+            if int((labels != IGNORE_INDEX).sum()) == 0:
+                problems.append("no contributing targets in the batch")
+            longest = max(it.tensors["input_ids"].numel() for it in self.train_items)
+            longest_val = max(it.tensors["input_ids"].numel() for it in self.val_items)
+            wait = pipeline.data_s.sum() / max(pipeline.time_s.sum(), 1e-12)
+            detail = (f"dtypes {', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in t.items())}; "
+                      f"longest input {longest} (train), {longest_val} (validation); "
+                      f"data wait {wait:.0%} of update time")
+            if problems:
+                return "fail", "; ".join(problems)
+            if wait > self.s.input_bound_threshold:
+                return "warn", (detail + f" - input-bound (> {self.s.input_bound_threshold:.0%})"
+                                "; usual causes: " + "; ".join(INPUT_BOUND_CAUSES))
+            return "pass", detail
+        self.phase("data", work, check, chained=False)
+
+    def forward(self) -> None:
+        def check(_):
+            logits, count = self.work.state["logits"], int(self.work.state["count"])
+            loss = float(self.work.state["loss_sum"].detach()) / max(count, 1)
+            if logits.shape[0] != self.s.micro_batch:
+                return "fail", f"logits batch dimension {logits.shape[0]} != {self.s.micro_batch}"
+            if not math.isfinite(loss):
+                where = _first_nonfinite_module(
+                    self.work.stepper.model,
+                    lambda: self.task.forward(self.work.stepper.model, self.batch.tensors))
+                return "fail", (f"loss is {loss} (NaN/inf produced in forward"
+                                + (f", first by module '{where}')" if where else ")"))
+            expected = self.task.expected_initial_loss(logits.shape[-1])
+            detail = (f"logits {tuple(logits.shape)}, loss {loss:.4f} over {count} targets, "
+                      f"expected ~ln({logits.shape[-1]}) = {expected:.4f}")
+            if abs(loss - expected) > self.s.init_tolerance * expected:
+                return "fail", detail + " - far from the untrained value"
+            return "pass", detail
+        self.phase("forward + loss", self.work.forward, check)
+
+    def backward(self) -> None:
+        def check(_):
+            named = [(n, p) for n, p in self.work.stepper.model.named_parameters()
+                     if p.requires_grad]
+            missing = [n for n, p in named if p.grad is None]
+            bad = [n for n, p in named if p.grad is not None and not torch.isfinite(p.grad).all()]
+            if bad:
+                return "fail", f"non-finite gradients in {bad[:5]}"
+            if missing:
+                return "fail", f"{len(missing)} trainable parameters got no gradient: {missing[:5]}"
+            return "pass", (f"{len(named)} trainable tensors, all with finite gradients; loss "
+                            f"normalised by {self.work.targets} targets")
+        self.phase("backward", self.work.backward, check)
+
+    def update(self, name: str, work: Callable[[], None], expected_step: int) -> None:
+        model, optimizer = self.work.stepper.model, self.work.stepper.optimizer
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+
+        def check(_):
+            after = dict(model.named_parameters())
+            trainable = [n for n, p in after.items() if p.requires_grad]
+            unchanged = [n for n in trainable if torch.equal(before[n], after[n])]
+            frozen_moved = [n for n, p in after.items()
+                            if not p.requires_grad and not torch.equal(before[n], p)]
+            left_out = [n for n, p in after.items() if p.requires_grad and
+                        id(p) not in in_optimizer]
+            steps = {int(st["step"]) for st in optimizer.state.values() if "step" in st}
+            lr = optimizer.param_groups[0]["lr"]
+            problems = []
+            if left_out:
+                problems.append(f"trainable parameters not in the optimizer: {left_out[:5]}")
+            if unchanged:
+                problems.append(f"{len(unchanged)} trainable tensors did not change: "
+                                f"{unchanged[:5]}")
+            if frozen_moved:
+                problems.append(f"frozen parameters changed: {frozen_moved[:5]}")
+            if steps and steps != {expected_step}:
+                problems.append(f"optimizer step counter {sorted(steps)}, expected "
+                                f"{expected_step}")
+            if not math.isclose(lr, self.s.lr, rel_tol=1e-9):
+                problems.append(f"lr {lr} is not the scheduled {self.s.lr}")
+            norm = float(self.work.state["grad_norm"])
+            if not math.isfinite(norm):
+                problems.append(f"gradient norm {norm}")
+            if problems:
+                return "fail", "; ".join(problems)
+            return "pass", (f"{len(trainable)} tensors changed, step counter {expected_step}, "
+                            f"lr {lr:g}, grad norm {norm:.3g}")
+        self.phase(name, work, check)
+
+    def validation(self) -> None:
+        model = self.work.stepper.model
+        probe = self.val_items[: max(2, min(4, len(self.val_items)))]
+
+        def check(_):
+            problems = []
+            batch = collate_items(self.task, probe).to(self.device).tensors
+            model.eval()
+            try:
+                with torch.no_grad():
+                    first = self.task.forward(model, batch)
+                    second = self.task.forward(model, batch)
+                    alone = self.task.forward(model, collate_items(self.task, probe[:1])
+                                              .to(self.device).tensors)
+            finally:
+                model.train()
+            if not torch.equal(first, second):
+                problems.append("two passes on the same input disagree: dropout (or another "
+                                "random layer) still active in eval mode")
+            mine = first[0][: alone.shape[1]] if alone.dim() > 2 else first[0]
+            if not torch.allclose(alone[0], mine, rtol=1e-4, atol=1e-5):
+                problems.append("an example's output depends on its batch companions: "
+                                "batch-norm in training behaviour during evaluation")
+            seen: list = []
+            grads_before = [p.grad for p in model.parameters()]
+            evaluate(self.task, model, self.val_items, self.s.eval_batch, self.device,
+                     precision=self.s.precision, seen=seen)
+            if any(p.grad is not g for p, g in zip(model.parameters(), grads_before,
+                                                   strict=True)):
+                problems.append("evaluation created or changed gradients")
+            counts = pd.Series([str(i) for i in seen]).value_counts()
+            wanted = {str(it.id) for it in self.val_items}
+            if set(counts.index) != wanted or (counts != 1).any():
+                problems.append(f"validation predicted {len(seen)} times for {len(wanted)} "
+                                f"examples (missing {len(wanted - set(counts.index))}, "
+                                f"repeated {int((counts > 1).sum())})")
+            longest = max(it.tensors["input_ids"].numel() for it in self.val_items)
+            detail = (f"eval batch {self.s.eval_batch}, longest eval length {longest}; "
+                      f"{len(self.val_items)} examples each predicted once")
+            return ("fail", "; ".join(problems)) if problems else ("pass", detail)
+        self.phase("validation", self.work.validation, check)
+        self.work.state.pop("eval_logits", None)
+
+    def save_and_export(self) -> Path:
+        path = self.out_dir / "gate-checkpoint"
+        stepper = self.work.stepper
+
+        def save():
+            counters = {"step": 2, "examples": self.s.micro_batch * (1 + self.s.accumulation)}
+            self.rng_at_save = ckpt.rng_state()
+            return self.save(path, stepper.model, stepper.optimizer, stepper.scheduler,
+                             stepper.scaler, counters, {"task": self.task.name})
+
+        def saved(p):
+            size = ckpt.checkpoint_bytes(p)
+            return "pass", f"{size / 2**20:.2f} MiB in {p.name}/ (weights, optimizer, rng)"
+        self.phase("checkpoint save", save, saved, chained=False)
+        export = self.out_dir / "export.safetensors"
+
+        def do_export():
+            from safetensors.torch import save_model
+            if export.exists():
+                raise WorkbookError(f"{export} exists", "export into a new run folder")
+            save_model(stepper.model, str(export))
+            return export
+        self.phase("export", do_export,
+                   lambda p: ("pass", f"{p.stat().st_size / 2**20:.2f} MiB weights only"),
+                   chained=False)
+        return path
+
+    def resume(self, path: Path) -> None:
+        stepper = self.work.stepper
+
+        def work():
+            fresh = build_stepper(self.task, self.s.train_config())
+            info = self.load(path, fresh.model, fresh.optimizer, fresh.scheduler, fresh.scaler)
+            return fresh, info
+
+        def check(result):
+            fresh, info = result
+            problems = []
+            for (n, a), b in zip(stepper.model.state_dict().items(),
+                                 fresh.model.state_dict().values(), strict=True):
+                if not torch.equal(a, b):
+                    problems.append(f"weight {n} differs after loading")
+            sa, sb = stepper.optimizer.state_dict(), fresh.optimizer.state_dict()
+            for key, state in sa["state"].items():
+                other = sb["state"].get(key, {})
+                for name, value in state.items():
+                    if not (isinstance(value, torch.Tensor) and name in other and
+                            torch.equal(value, other[name])):
+                        problems.append(f"optimizer state {key}.{name} not restored")
+                        break
+            if info["counters"].get("step") != 2:
+                problems.append(f"counters {info['counters']} not restored")
+            # the next update, from the same random state, must match the uninterrupted run
+            ckpt.set_rng_state(self.rng_at_save)
+            stepper.accumulate(self.work.group)
+            stepper.step()
+            ckpt.set_rng_state(self.rng_at_save)
+            fresh.accumulate(self.work.group)
+            fresh.step()
+            diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in
+                       zip(stepper.model.parameters(), fresh.model.parameters(), strict=True))
+            if diff > self.s.resume_tolerance:
+                problems.append(f"the next update differs from the uninterrupted run by "
+                                f"{diff:.3g} (allowed {self.s.resume_tolerance:g})")
+            if problems:
+                return "fail", "; ".join(problems[:4])
+            return "pass", f"state and counters restored; next update max |diff| = {diff:g}"
+        self.phase("resume", work, check, chained=False)
+
+    def run(self) -> GateReport:
+        s = self.s
+        self.batch_items = sorted(self.train_items, key=lambda it: it.tensors["input_ids"]
+                                  .numel(), reverse=True)[: s.micro_batch]
+        pipeline = to_frame(train(self.task, self.train_items, s.train_config(s.input_updates))
+                            .steps).drop(columns=["example_ids"])
+        pipeline["data_share"] = pipeline.data_s / pipeline.time_s
+        batch, group, eval_batch = plan_batches(self.task, self.train_items, self.val_items,
+                                                s.plan())
+        self.batch = batch
+        self.data(pipeline)
+        stepper = build_stepper(self.task, s.train_config())
+        batches = [b.to(self.device) for b in (batch, *group, eval_batch)]
+        self.work = Workload(stepper, batches[0], batches[1:-1], batches[-1], targets_of(batch),
+                             sum(targets_of(b) for b in group))
+        self.live = storage_bytes(state_tensors(stepper.model, stepper.optimizer,
+                                                self.work.tensors()))
+        self.forward()
+        if self.rows[-1].verdict != "fail":
+            self.backward()
+            self.update("update (first)", self.work.update_first, 1)
+            self.update("update (later)", self.work.update_later, 2)
+        else:
+            for name in ("backward", "update (first)", "update (later)"):
+                self.rows.append(self.row(name, verdict="fail",
+                                          detail="not run: forward + loss failed"))
+        self.validation()
+        path = self.save_and_export()
+        if path.exists():
+            self.resume(path)
+        else:
+            self.rows.append(self.row("resume", verdict="fail",
+                                      detail="not run: no checkpoint was saved"))
+        return GateReport(self.rows, pipeline)
+
+
+def run_gates(task: Task, settings: GateSettings, out_dir: str | Path,
+              train_limit: int | None = None, **hooks: Any) -> GateReport:
+    """Load the task's splits and pass every phase through its gate."""
+    splits = split_examples(task, load_examples(task))
+    train_rows = splits["train"][:train_limit] if train_limit else splits["train"]
+    run = GateRun(task, settings, encode_examples(task, train_rows),
+                  encode_examples(task, splits["validation"]), Path(out_dir), **hooks)
+    report = run.run()
+    table = report.table()
+    report.figures = {"gates": len(table), "failed": table.phase[table.verdict == "fail"]
+                      .tolist(), "warned": table.phase[table.verdict == "warn"].tolist(),
+                      "peak_allocated_bytes": int(table.peak_allocated_bytes.max()),
+                      "peak_phase": table.phase[table.peak_allocated_bytes.idxmax()]}
+    return report

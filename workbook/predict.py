@@ -1,0 +1,125 @@
+"""Device-free memory prediction: run the training phases on fake tensors (shapes and dtypes,
+no storage) under PyTorch's MemTracker, which attributes every byte to parameters, buffers,
+gradients, optimizer state, activations or temporaries. Sizes micro-batch 16 at length 4096 on
+a laptop."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from .data import Batch, Item
+from .errors import WorkbookError
+from .loop import TrainConfig, build_stepper
+from .task import Task
+from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
+
+CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
+
+
+class PhaseTracker(MemTracker):
+    """MemTracker whose peak can be restarted at each phase (the stock peak only grows)."""
+
+    def begin(self) -> None:
+        self.phase_peak = self._total()
+        self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+
+    def _total(self) -> int:
+        return sum(s.get("Total", 0) for s in self._curr_mem_snap.values())
+
+    def _update_peak_stats(self, peak_state) -> None:
+        super()._update_peak_stats(peak_state)
+        total = self._total()
+        if total > self.phase_peak:
+            self.phase_peak = total
+            self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        # a second forward of the root module is the next micro-batch or step: start its
+        # module statistics afresh (the stock tracker refuses iterations)
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            name = self._mod_tracker.get_known_fqn(module)
+            if set(self._mod_tracker.parents) - {name} == {"Global"}:
+                self.reset_mod_stats()
+        super()._pre_fw_hook(module, inputs)
+
+    def breakdown(self) -> dict[str, int]:
+        out = dict.fromkeys(CATEGORIES, 0)
+        for snap in self.phase_snapshot.values():
+            for key in CATEGORIES:
+                out[key] += int(snap.get(key, 0))
+        return out
+
+
+@dataclass
+class Plan:
+    """A configuration to size: the shape of an update and of evaluation."""
+
+    micro_batch: int
+    accumulation: int = 2
+    length: int | None = None  # positions per sequence (None: the data's longest)
+    eval_batch: int | None = None  # default: the micro-batch
+    eval_length: int | None = None  # default: `length`
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+
+    def label(self) -> str:
+        return (f"mb{self.micro_batch} x acc{self.accumulation} len{self.length or 'data'} "
+                f"{self.precision}{' +ckpt' if self.activation_checkpointing else ''}")
+
+
+def plan_batches(task: Task, train: list[Item], val: list[Item],
+                 plan: Plan) -> tuple[Batch, list[Batch], Batch]:
+    """Real batches of the planned shapes: the phase batch, one update's group, an eval batch."""
+    batch = shaped_batch(task, train, plan.micro_batch, plan.length)
+    group = [shaped_batch(task, train[i:] + train[:i], plan.micro_batch, plan.length)
+             for i in range(plan.accumulation)]
+    eval_batch = shaped_batch(task, val, plan.eval_batch or plan.micro_batch,
+                              plan.eval_length or plan.length)
+    return batch, group, eval_batch
+
+
+def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: float = 1e-3,
+            device: str = "cpu", seed: int = 0) -> pd.DataFrame:
+    """Predicted peak bytes per training phase for `plan`, with the breakdown at each peak."""
+    batch, group, eval_batch = plan_batches(task, train, val, plan)
+    targets, group_targets = targets_of(batch), sum(targets_of(b) for b in group)
+    cfg = TrainConfig(micro_batch=plan.micro_batch, accumulation=plan.accumulation, lr=lr,
+                      seed=seed, device=device, precision=plan.precision,
+                      activation_checkpointing=plan.activation_checkpointing)
+    rows = []
+    with FakeTensorMode(allow_non_fake_inputs=False) as fake:
+        def to_fake(b: Batch) -> Batch:
+            return Batch(b.ids, {k: fake.from_tensor(v.to(device)) for k, v in
+                                 b.tensors.items()})
+        stepper = build_stepper(task, cfg)
+        work = Workload(stepper, to_fake(batch), [to_fake(b) for b in group],
+                        to_fake(eval_batch), targets, group_targets)
+        tracker = PhaseTracker()
+        tracker.track_external(stepper.model, stepper.optimizer, *work.tensors())
+        with tracker:
+            for phase in TRAINING_PHASES:
+                tracker.begin()
+                try:
+                    work.run(phase)
+                except Exception as exc:
+                    raise WorkbookError(f"predicting {phase} for {plan.label()} failed: {exc!r}",
+                                        "check that the model accepts this length (e.g. a "
+                                        "larger max_length task option) and runs on fake "
+                                        "tensors (plain modules)") from exc
+                rows.append({"phase": phase, "predicted_peak_bytes": tracker.phase_peak,
+                             **{f"{k.lower()}_bytes": v for k, v in
+                                tracker.breakdown().items()}})
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "config", plan.label())
+    return frame
+
+
+def model_size_rule(model: torch.nn.Module) -> int:
+    """The "4 x model size" rule of thumb: weights, gradients and two Adam states."""
+    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())

@@ -1,0 +1,101 @@
+"""The work of each training phase, written once: the gates run it on real tensors and measure
+it, the prediction runs it on fake tensors (no memory allocated) and tracks it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .data import Batch, Item, collate_items
+from .loop import PRECISIONS, Stepper
+from .task import IGNORE_INDEX, Task
+
+TRAINING_PHASES = ("forward + loss", "backward", "update (first)", "update (later)", "validation")
+
+
+def targets_of(batch: Batch) -> int:
+    """Contributing targets of a (real) batch, counted from its labels."""
+    return int((batch.tensors["labels"] != IGNORE_INDEX).sum())
+
+
+def longest(items: list[Item], n: int) -> list[Item]:
+    """The n longest items (cycled when there are fewer): the worst case for memory."""
+    ranked = sorted(items, key=lambda it: it.tensors["input_ids"].numel(), reverse=True)
+    return [ranked[i % len(ranked)] for i in range(n)]
+
+
+def shaped_batch(task: Task, items: list[Item], micro_batch: int,
+                 length: int | None = None) -> Batch:
+    """A micro-batch of the longest items, stretched to `length` positions when asked (tiling
+    every tensor whose second dimension is the sequence), to size configurations beyond the data.
+    """
+    batch = collate_items(task, longest(items, micro_batch))
+    seq = batch.tensors["input_ids"].shape[1] if batch.tensors["input_ids"].dim() > 1 else None
+    if length is None or seq is None or length == seq:
+        return batch
+    tensors = {}
+    for key, t in batch.tensors.items():
+        if t.dim() >= 2 and t.shape[1] == seq:
+            reps = [1] * t.dim()
+            reps[1] = math.ceil(length / seq)
+            t = t.repeat(*reps)[:, :length]
+        tensors[key] = t
+    return Batch(batch.ids, tensors)
+
+
+@dataclass
+class Workload:
+    """One micro-batch, one update's micro-batches and one eval batch, and the phases over them.
+    Each phase leaves in `state` what the next needs (the loss graph, the logits)."""
+
+    stepper: Stepper
+    batch: Batch
+    group: list[Batch]
+    eval_batch: Batch
+    targets: int
+    group_targets: int
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every batch tensor, alive for the whole run."""
+        batches = [self.batch, *self.group, self.eval_batch]
+        return [t for b in batches for t in b.tensors.values()]
+
+    def forward(self) -> None:
+        logits, loss_sum, count = self.stepper.forward_loss(self.batch)
+        self.state.update(logits=logits.detach(), loss_sum=loss_sum, count=count)
+
+    def backward(self) -> None:
+        loss_sum = self.state.pop("loss_sum")
+        self.state.pop("logits")
+        self.stepper.backward(loss_sum)
+        self.state["loss"] = loss_sum.detach()
+        del loss_sum
+        self.stepper.normalise(self.targets)
+
+    def update_first(self) -> None:
+        self.state["grad_norm"] = self.stepper.step()
+
+    def update_later(self) -> None:
+        loss_sum, _ = self.stepper.accumulate(self.group, self.group_targets)
+        self.state["later_loss"] = loss_sum
+        self.state["grad_norm"] = self.stepper.step()
+
+    def validation(self) -> None:
+        model, dtype = self.stepper.model, PRECISIONS[self.stepper.precision]
+        model.eval()
+        try:
+            with torch.no_grad(), torch.autocast(self.stepper.device.type, dtype=dtype,
+                                                 enabled=dtype is not None):
+                self.state["eval_logits"] = self.stepper.task.forward(model,
+                                                                      self.eval_batch.tensors)
+        finally:
+            model.train()
+
+    def run(self, phase: str) -> None:
+        {"forward + loss": self.forward, "backward": self.backward,
+         "update (first)": self.update_first, "update (later)": self.update_later,
+         "validation": self.validation}[phase]()
