@@ -9,7 +9,7 @@ import torch
 from workbook import load_task
 from workbook.inspection import batch_view, inspect_task, render_tokens
 from workbook.samples import classification, generation
-from workbook.samples.models import EncoderClassifier
+from workbook.samples.models import TrigramClassifier
 
 
 def checks(task):
@@ -98,7 +98,7 @@ def test_duplicate_input_across_splits_is_flagged(cls_task):
 
 
 def test_model_whose_output_depends_on_padding_is_flagged(cls_task):
-    class LeakyPool(EncoderClassifier):
+    class LeakyPool(TrigramClassifier):
         def forward(self, input_ids, attention_mask):  # mean over padding too
             return self.head(self.embed(input_ids).mean(1))
     task = dataclasses.replace(cls_task, build_model=partial(LeakyPool, 259, 5))

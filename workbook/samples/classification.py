@@ -18,7 +18,7 @@ from ..data import read_jsonl
 from ..errors import WorkbookError
 from ..task import Task
 from . import DATA_DIR
-from .models import EncoderClassifier
+from .models import TrigramClassifier
 
 
 def read_label_map(path) -> dict[str, int]:
@@ -50,9 +50,8 @@ def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 
 def make_task(max_length: int = 128, d_model: int = 64, dropout: float = 0.1,
-              context: int = 512, data_file: str = "", label_file: str = "") -> Task:
-    """The classification sample; options change truncation, model size, the longest text the
-    model accepts (`context`) and the files."""
+              data_file: str = "", label_file: str = "") -> Task:
+    """The classification sample; options change truncation, model size and the files."""
     label_map = read_label_map(label_file or DATA_DIR / "classification_labels.json")
     names = [name for name, _ in sorted(label_map.items(), key=lambda kv: kv[1])]
     return Task(
@@ -61,8 +60,8 @@ def make_task(max_length: int = 128, d_model: int = 64, dropout: float = 0.1,
         load_examples=partial(read_jsonl, data_file or DATA_DIR / "classification.jsonl"),
         encode=partial(encode, label_map=label_map, max_length=max_length),
         collate=collate,
-        build_model=partial(EncoderClassifier, tok.VOCAB_SIZE, len(names), d_model, 1, 4,
-                            max(max_length, context), dropout),
+        build_model=partial(TrigramClassifier, tok.VOCAB_SIZE, len(names), d_model,
+                            dropout=dropout),
         decode=lambda ids: ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{i}?>"
                                      for i in ids),
         group_key="author",

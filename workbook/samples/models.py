@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block with self-attention."""
+    """Pre-norm transformer block with causal self-attention."""
 
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
@@ -21,14 +21,11 @@ class Block(nn.Module):
                                  nn.Linear(4 * d_model, d_model))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """Causal self-attention when `key_mask` is None, else attention over unmasked keys."""
+    def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        mask = None if key_mask is None else key_mask.bool()[:, None, None, :]
         att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2), attn_mask=mask,
-                                             is_causal=key_mask is None)
+                                             v.transpose(1, 2), is_causal=True)
         x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, t, d)))
         return x + self.drop(self.mlp(self.norm2(x)))
 
@@ -53,26 +50,23 @@ class TinyDecoder(nn.Module):
         return self.head(self.norm(x))
 
 
-class EncoderClassifier(nn.Module):
-    """Text classifier: a small bidirectional transformer over bytes, masked mean-pooling and a
-    linear head. Padding is masked in attention and pooling, so batching never changes a result.
-    """
+class TrigramClassifier(nn.Module):
+    """Text classifier in the fastText manner: each byte position is hashed with its neighbours
+    into a trigram bucket, embedded, passed through a small MLP, max-pooled over the real
+    positions (is a keyword anywhere?) and classified. Padding never changes a result."""
 
-    def __init__(self, vocab: int, classes: int, d_model: int = 64, layers: int = 1,
-                 heads: int = 4, max_len: int = 256, dropout: float = 0.1):
+    def __init__(self, vocab: int, classes: int, d_model: int = 64, buckets: int = 4096,
+                 dropout: float = 0.1):
         super().__init__()
-        self.embed = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(max_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, dropout) for _ in range(layers))
-        self.norm = nn.LayerNorm(d_model)
+        self.buckets = buckets
+        self.embed = nn.Embedding(buckets, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU())
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(d_model, classes)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.embed(input_ids) + self.pos(positions)
-        for block in self.blocks:
-            x = block(x, attention_mask)
-        mask = attention_mask.unsqueeze(-1).to(x.dtype)
-        pooled = (self.norm(x) * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return self.head(self.drop(pooled))
+        ids = input_ids.masked_fill(attention_mask == 0, 0)
+        prev, nxt = F.pad(ids[:, :-1], (1, 0)), F.pad(ids[:, 1:], (0, 1))
+        h = self.mlp(self.embed((prev * 65599 + ids * 257 + nxt) % self.buckets))
+        h = h.masked_fill(attention_mask.unsqueeze(-1) == 0, float("-inf")).amax(1)
+        return self.head(self.drop(h))
