@@ -26,7 +26,7 @@ pilot: $(STAMP)
 	$(BIN)/python -m workbook pilot $(PILOT_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check workbook tests notebooks benchmarks data_samples
+	$(BIN)/ruff check workbook tests notebooks benchmarks data_samples tools
 
 test: lint
 	$(BIN)/python -m pytest tests notebooks --nbval --nbval-kernel-name workbook \

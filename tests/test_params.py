@@ -41,3 +41,17 @@ def test_notebook_parameters_cell_matches_the_spec(stem):
     tree = ast.parse("".join(cell["source"]))
     values = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body}
     assert values == NOTEBOOKS[stem], "parameters cell and workbook.params disagree"
+
+
+def test_committed_notebooks_match_their_source(tmp_path):
+    """tools/build_notebooks.py is the notebooks' source; committed copies carry outputs."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(NOTEBOOK_DIR.parent / "tools" / "build_notebooks.py"),
+                    str(tmp_path)], check=True)
+    for built in sorted(tmp_path.glob("*.ipynb")):
+        fresh = json.loads(built.read_text())
+        committed = json.loads((NOTEBOOK_DIR / built.name).read_text())
+        assert [("".join(c["source"]), c["cell_type"]) for c in fresh["cells"]] == \
+            [("".join(c["source"]), c["cell_type"]) for c in committed["cells"]], built.name

@@ -50,6 +50,10 @@ def test_bad_task_and_bad_selection_fail_before_anything_runs(tmp_path):
     with pytest.raises(WorkbookError, match="unknown notebooks"):
         select("01,09")
     assert main(["pilot", "--task", "nope_module:task", "--out", str(tmp_path / "r2")]) == 2
+    with pytest.raises(WorkbookError, match="did you mean 'device_memory_gib'"):
+        run_pilot(GENERATION, out=str(tmp_path / "r3"), params={"device_memory_gb": 24})
+    assert main(["pilot", "-p", "updates='many'", "--only", "02", "--out",
+                 str(tmp_path / "r4")]) == 2
 
 
 def test_a_typo_in_a_papermill_parameter_stops_the_notebook(tmp_path):
@@ -57,3 +61,22 @@ def test_a_typo_in_a_papermill_parameter_stops_the_notebook(tmp_path):
         pm.execute_notebook(NOTEBOOK_DIR / "02_overfit.ipynb", tmp_path / "out.ipynb",
                             parameters={"updatse": 3, "out_dir": str(tmp_path / "o")},
                             kernel_name=ensure_kernel(), progress_bar=False)
+
+
+@pytest.mark.parametrize("task", [GENERATION, CLASSIFICATION])
+def test_pilot_smoke_phase_gates(task, tmp_path):
+    run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="03",
+                           progress=False)
+    assert index.verdict.tolist() == ["pass"], index.error.tolist()
+    fig = summary(run, "03_phase_gates")["figures"]
+    assert fig["gates"] == 9 and fig["failed"] == []
+    assert fig["prediction_max_abs_error_pct"] < 2.0
+    assert fig["plan_peak_bytes"] > 0 and fig["overheads"] == "assumed"
+    assert (run / "03_phase_gates" / "gates.csv").exists()
+
+
+def test_phase_gates_fail_when_the_plan_does_not_fit(tmp_path):
+    run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="03",
+                           progress=False, params={"device_memory_gib": 0.5})
+    assert index.verdict.tolist() == ["fail"]
+    assert summary(run, "03_phase_gates")["figures"]["plan_fits"] is False

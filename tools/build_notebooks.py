@@ -1,16 +1,30 @@
+"""The notebooks' source: `python tools/build_notebooks.py` writes notebooks/NN_*.ipynb
+without outputs; then execute them (see README) so the committed copies carry outputs."""
+
+import sys
+from pathlib import Path
+
 import nbformat as nbf
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+
 def nb(cells):
     n = new_notebook(cells=cells)
-    n.metadata["kernelspec"] = {"name": "workbook", "display_name": "Python (workbook)", "language": "python"}
+    n.metadata["kernelspec"] = {"name": "workbook", "display_name": "Python (workbook)",
+                                "language": "python"}
     n.metadata["language_info"] = {"name": "python"}
     return n
 
-def params(src):
-    c = new_code_cell(src); c.metadata["tags"] = ["parameters"]; return c
 
-md = new_markdown_cell; code = new_code_cell
+def params(src):
+    """The papermill parameters cell: plain literals only."""
+    c = new_code_cell(src)
+    c.metadata["tags"] = ["parameters"]
+    return c
+
+
+md = new_markdown_cell
+code = new_code_cell
 
 nb01 = nb([
 md("""# 01 - Inspect examples: what does the loss really receive?
@@ -125,5 +139,131 @@ code("""wb.plots.loss_curve(res.steps, threshold=p["loss_threshold"],
 code("""wb.overfit.save(res, out, t)
 print(f"verdict: {res.verdict}")"""),
 ])
-nbf.write(nb01, "/work/main/notebooks/01_inspect_examples.ipynb")
-nbf.write(nb02, "/work/main/notebooks/02_overfit.ipynb")
+
+nb03 = nb([
+md("""# 03 - Phase gates: every operation of the campaign, one row each
+
+Sizing a rental from the weights alone is the classic mistake. The first optimizer update
+allocates the optimizer state, so it can need more than the steps before it; evaluation at
+longer sequences can make the largest peak; saving or exporting a checkpoint needs memory, disk
+and time too. So the pilot passes **every phase** through a gate and keeps one row per phase:
+the inputs (micro-batch, sequence length, precision, eval batch, device), the memory counters,
+the measured time and a verdict with the remediation when it fails.
+
+| phase | checks |
+|---|---|
+| data | ids, targets, lengths, masks, dtypes and shapes; the longest input; data-wait share |
+| forward + loss | dimensions, a finite loss near its untrained value (the module that made a NaN) |
+| backward | every trainable parameter gets a finite gradient |
+| update (first), update (later) | the targeted parameters change, frozen ones do not, the step counter advances, the LR is as scheduled |
+| validation | eval mode really on (two passes agree, a batch's companions do not matter), no gradients, each example predicted once |
+| checkpoint save, export | time, size, memory while saving |
+| resume | a fresh model and optimizer loaded from the checkpoint hold the same state, and the next update equals the uninterrupted run's |
+
+**Memory counters.** On CUDA the caching allocator keeps two counters: *allocated* (bytes in
+live tensors) and *reserved* (bytes it holds from the driver, allocated ones included). They are
+separate columns and are never added: reserved already contains allocated. Peaks are reset and
+the device synchronised around each phase. On the CPU there is no allocator cache; the
+*live-tensor peak* is rebuilt from PyTorch's profiler allocation events, and the process
+resident-set high-water mark (RSS) is recorded beside it as a **different quantity** (it also
+holds the interpreter, libraries and freed-but-kept pages), never as a proxy.
+
+**Prediction.** The same phases run again on *fake tensors* (shapes, no storage) under
+PyTorch's `MemTracker`, which predicts each phase's peak and its breakdown (parameters,
+gradients, optimizer state, activations, temporaries) for a configuration far larger than this
+machine - micro-batch 16 at length 4096 on a laptop."""),
+params("""task = "workbook.samples.generation:task"  # package.module:attribute of your task
+task_options = {}  # keyword arguments for a task factory (e.g. {"context": 4096})
+out_dir = ""  # where this notebook writes (empty: a new folder under runs/)
+device = "cpu"  # "cpu", "cuda" or "auto"
+seed = 0
+micro_batch = 2  # the gates run at these pilot settings
+accumulation = 8
+eval_batch = 16
+length = 0  # positions per training sequence (0 = the data's longest; longer ones are tiled)
+precision = "fp32"  # "fp32", "bf16" or "fp16" (CUDA)
+activation_checkpointing = False
+lr = 1e-3
+device_memory_gib = 0.0  # the rental GPU's memory; 0 = no limit stated
+headroom = 0.2  # share kept free on top of every peak
+input_bound_threshold = 0.3  # data-wait share of an update above which the data gate warns
+train_limit = 0  # use only the first N training examples (0 = all)
+plan_micro_batch = 16  # the configuration to size for the rental (predicted, not run)
+plan_accumulation = 2
+plan_length = 1024  # positions per sequence (0 = the data's longest)
+plan_eval_batch = 32
+plan_precision = "bf16"
+plan_activation_checkpointing = False
+cuda_context_gib = 1.0  # assumed CUDA context + library workspaces when no GPU measured it
+allocator_cache_share = 0.1  # assumed reserved/allocated - 1 when no GPU measured it"""),
+code("""import workbook as wb
+
+p = wb.params.check(globals(), "03_phase_gates")
+t = wb.load_task(p["task"], **p["task_options"])
+out = wb.runs.notebook_dir(p["out_dir"], "03_phase_gates")
+settings = wb.gates.GateSettings.from_params(p)
+print(f"task {t.name!r}; writing to {out}")"""),
+md("""## The gates
+The full table (times, counters and details vary from run to run):"""),
+code("""# NBVAL_IGNORE_OUTPUT
+report = wb.gates.run_gates(t, settings, out, train_limit=p["train_limit"] or None)
+report.table()[["phase", "counter", "baseline_bytes", "peak_allocated_bytes",
+                "peak_reserved_bytes", "rss_peak_bytes", "time_s", "verdict", "detail"]]"""),
+md("""Inputs and verdict per phase (memory in MiB; on the CPU `peak_reserved` stays empty, since
+there is no allocator cache to report):"""),
+code("""# NBVAL_IGNORE_OUTPUT
+wb.gates.display_table(report)"""),
+code("""report.table()[["phase", "verdict", "remediation"]]"""),
+code("""wb.plots.gate_memory(report.table(), save=out / "gates.png")"""),
+md("""### Input pipeline
+Per update, the share of time spent waiting for data rather than computing. The data gate warns
+above the threshold and names the usual causes: data not next to the process, expensive online
+preprocessing, a synchronisation that blocks prefetching."""),
+code("""# NBVAL_IGNORE_OUTPUT
+report.pipeline"""),
+md("""## Prediction against measurement, at the pilot settings
+The fake-tensor prediction of each training phase beside the measured live-tensor peak."""),
+code("""# NBVAL_IGNORE_OUTPUT
+measured_plan = wb.predict.predict(t, report.train_items, report.val_items, settings.plan(),
+                                   device=str(wb.loop.resolve_device(p["device"])))
+check = wb.predict.compare(measured_plan, report.table())
+check"""),
+md("""## Sizing the rental configuration, without allocating it
+The planned configuration is predicted on fake tensors. The breakdown is taken at each phase's
+peak. For the device, the prediction is not enough: the CUDA caching allocator keeps a cache
+(reserved minus allocated) and the CUDA context and libraries (cuBLAS, cuDNN workspaces) take
+memory outside the allocator. With a GPU at hand both are measured; otherwise the stated
+assumptions are used, and the table says so."""),
+code("""plan = wb.predict.Plan.from_params(p)
+planned = wb.predict.predict(t, report.train_items, report.val_items, plan,
+                             device=str(wb.loop.resolve_device(p["device"])))
+planned.assign(**{c.replace("_bytes", "_mib"): (planned[c] / 2**20).round(2)
+                  for c in planned.columns if c.endswith("_bytes")}).filter(regex="phase|_mib")"""),
+code("""overheads = wb.predict.Overheads.of(wb.loop.resolve_device(p["device"]), report.table(),
+                                   p["cuda_context_gib"], p["allocator_cache_share"])
+fit = wb.predict.fit_table(planned, p["device_memory_gib"], p["headroom"], overheads)
+fit"""),
+md("""The rule of thumb "4 x model size" (weights, gradients, two Adam states) against the
+prediction: it sees no activations and no temporaries."""),
+code("""rule = wb.predict.model_size_rule(t.build_model())
+planned[["phase", "predicted_peak_bytes"]].assign(
+    four_x_model_bytes=rule,
+    rule_error_pct=(100 * (rule - planned.predicted_peak_bytes) / planned.predicted_peak_bytes)
+    .round(1))"""),
+code("""fits = None if not p["device_memory_gib"] else bool(fit.fits.all())
+wb.runs.save_table(fit, out, "plan_fit")
+verdict = wb.gates.save(report, out, t, {
+    "prediction_max_abs_error_pct": float(check.error_pct.abs().max()),
+    "plan": plan.label(), "plan_peak_bytes": int(planned.predicted_peak_bytes.max()),
+    "plan_required_bytes": int(fit.required_bytes.max()), "plan_fits": fits,
+    "overheads": "measured" if overheads.measured else "assumed"}, fits=fits)
+print(f"verdict: {verdict}")"""),
+])
+
+if __name__ == "__main__":
+    root = Path(__file__).resolve().parents[1]
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else root / "notebooks"
+    target.mkdir(parents=True, exist_ok=True)
+    for name, book in (("01_inspect_examples", nb01), ("02_overfit", nb02),
+                       ("03_phase_gates", nb03)):
+        nbf.write(book, target / f"{name}.ipynb")

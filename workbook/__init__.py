@@ -3,12 +3,13 @@
 Notebooks import this package and call its top modules (one per notebook capability).
 """
 
-from . import inspection, overfit, params, plots, runs
+from . import checkpoint, gates, inspection, loop, memory, overfit, params, plots, predict, runs
 from .data import encode_examples, load_examples, read_jsonl, split_examples
 from .errors import WorkbookError
 from .loop import TrainConfig, evaluate, train
 from .task import IGNORE_INDEX, Task, load_task
 
-__all__ = ["IGNORE_INDEX", "Task", "TrainConfig", "WorkbookError", "encode_examples",
-           "evaluate", "inspection", "load_examples", "load_task", "overfit", "params", "plots",
-           "read_jsonl", "runs", "split_examples", "train"]
+__all__ = ["IGNORE_INDEX", "Task", "TrainConfig", "WorkbookError", "checkpoint",
+           "encode_examples", "evaluate", "gates", "inspection", "load_examples", "load_task",
+           "loop", "memory", "overfit", "params", "plots", "predict", "read_jsonl", "runs",
+           "split_examples", "train"]

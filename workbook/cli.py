@@ -12,7 +12,7 @@ from .errors import WorkbookError
 def _option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--option {text!r} is not KEY=VALUE")
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     try:
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError):
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="the task as package.module:attribute")
     pilot.add_argument("--option", type=_option, action="append", default=[],
                        metavar="KEY=VALUE", help="an option for a task factory (repeatable)")
+    pilot.add_argument("-p", "--param", type=_option, action="append", default=[],
+                       metavar="NAME=VALUE", help="a notebook parameter, for every notebook "
+                       "that has it (repeatable), e.g. -p device_memory_gib=24")
     pilot.add_argument("--out", help="a new folder for this run (default: runs/<time>-<task>)")
     pilot.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     pilot.add_argument("--only", help="comma list of notebook numbers, e.g. 01,02")
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run, index = run_pilot(args.task, args.out, args.smoke, args.only, dict(args.option),
-                               args.device)
+                               args.device, params=dict(args.param))
     except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -47,6 +47,7 @@ class GateSettings:
     micro_batch: int = 2
     accumulation: int = 8
     eval_batch: int = 16
+    length: int = 0  # positions per sequence in the measured batches (0: the data's longest)
     precision: str = "fp32"
     activation_checkpointing: bool = False
     device: str = "cpu"
@@ -59,9 +60,14 @@ class GateSettings:
     init_tolerance: float = 0.5  # relative gap allowed between initial loss and ln(outputs)
     resume_tolerance: float = 0.0  # max |difference| after resume (0: bit-exact, the CPU rule)
 
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "GateSettings":
+        """The settings named in a notebook's parameters (other keys are ignored)."""
+        return cls(**{k: params[k] for k in cls.__dataclass_fields__ if k in params})
+
     def plan(self) -> Plan:
-        return Plan(self.micro_batch, self.accumulation, None, self.eval_batch, None,
-                    self.precision, self.activation_checkpointing)
+        return Plan(self.micro_batch, self.accumulation, self.length or None, self.eval_batch,
+                    None, self.precision, self.activation_checkpointing)
 
     def train_config(self, updates: int = 1) -> TrainConfig:
         return TrainConfig(micro_batch=self.micro_batch, accumulation=self.accumulation,
@@ -100,6 +106,8 @@ class GateReport:
     rows: list[GateRow]
     pipeline: pd.DataFrame  # per update: data wait vs compute
     figures: dict[str, Any] = field(default_factory=dict)
+    train_items: list[Item] = field(default_factory=list, repr=False)
+    val_items: list[Item] = field(default_factory=list, repr=False)
 
     @property
     def verdict(self) -> str:
@@ -227,7 +235,8 @@ class GateRun:
             wait = pipeline.data_s.sum() / max(pipeline.time_s.sum(), 1e-12)
             detail = (f"dtypes {', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in t.items())}; "
                       f"longest input {longest} (train), {longest_val} (validation); "
-                      f"data wait {wait:.0%} of update time")
+                      + (f"data wait {wait:.0%} of update time" if len(pipeline) else
+                         "input pipeline not timed: the training step failed"))
             if problems:
                 return "fail", "; ".join(problems)
             if wait > self.s.input_bound_threshold:
@@ -309,25 +318,26 @@ class GateRun:
 
     def validation(self) -> None:
         model = self.work.stepper.model
-        probe = self.val_items[: max(2, min(4, len(self.val_items)))]
+        probe = self.val_items[:4]
 
         def check(_):
             problems = []
-            batch = collate_items(self.task, probe).to(self.device).tensors
+
+            def logits(items):
+                batch = collate_items(self.task, items).to(self.device).tensors
+                return self.task.forward(model, batch)
             model.eval()
             try:
                 with torch.no_grad():
-                    first = self.task.forward(model, batch)
-                    second = self.task.forward(model, batch)
-                    alone = self.task.forward(model, collate_items(self.task, probe[:1])
-                                              .to(self.device).tensors)
+                    first, second = logits(probe[:2]), logits(probe[:2])
+                    other = logits(probe[:1] + probe[2:])  # the same example, other companions
             finally:
                 model.train()
             if not torch.equal(first, second):
                 problems.append("two passes on the same input disagree: dropout (or another "
                                 "random layer) still active in eval mode")
-            mine = first[0][: alone.shape[1]] if alone.dim() > 2 else first[0]
-            if not torch.allclose(alone[0], mine, rtol=1e-4, atol=1e-5):
+            n = min(first.shape[1], other.shape[1]) if first.dim() > 2 else None
+            if not torch.allclose(first[0][:n], other[0][:n], rtol=1e-4, atol=1e-5):
                 problems.append("an example's output depends on its batch companions: "
                                 "batch-norm in training behaviour during evaluation")
             seen: list = []
@@ -423,9 +433,14 @@ class GateRun:
         s = self.s
         self.batch_items = sorted(self.train_items, key=lambda it: it.tensors["input_ids"]
                                   .numel(), reverse=True)[: s.micro_batch]
-        pipeline = to_frame(train(self.task, self.train_items, s.train_config(s.input_updates))
-                            .steps).drop(columns=["example_ids"])
-        pipeline["data_share"] = pipeline.data_s / pipeline.time_s
+        try:
+            pipeline = to_frame(train(self.task, self.train_items,
+                                      s.train_config(s.input_updates)).steps)
+            pipeline = pipeline[["step", "examples", "data_s", "time_s"]]
+            pipeline["data_share"] = pipeline.data_s / pipeline.time_s
+        except Exception:  # the forward gate reports what is wrong with the training step
+            pipeline = pd.DataFrame(columns=["step", "examples", "data_s", "time_s",
+                                             "data_share"])
         batch, group, eval_batch = plan_batches(self.task, self.train_items, self.val_items,
                                                 s.plan())
         self.batch = batch
@@ -437,14 +452,16 @@ class GateRun:
         self.live = storage_bytes(state_tensors(stepper.model, stepper.optimizer,
                                                 self.work.tensors()))
         self.forward()
-        if self.rows[-1].verdict != "fail":
+        loss = self.work.state.get("loss_sum")
+        if loss is not None and bool(torch.isfinite(loss.detach())):
             self.backward()
             self.update("update (first)", self.work.update_first, 1)
             self.update("update (later)", self.work.update_later, 2)
         else:
             for name in ("backward", "update (first)", "update (later)"):
                 self.rows.append(self.row(name, verdict="fail",
-                                          detail="not run: forward + loss failed"))
+                                          detail="not run: forward + loss gave no finite "
+                                                 "loss"))
         self.validation()
         path = self.save_and_export()
         if path.exists():
@@ -452,7 +469,8 @@ class GateRun:
         else:
             self.rows.append(self.row("resume", verdict="fail",
                                       detail="not run: no checkpoint was saved"))
-        return GateReport(self.rows, pipeline)
+        return GateReport(self.rows, pipeline, train_items=self.train_items,
+                          val_items=self.val_items)
 
 
 def run_gates(task: Task, settings: GateSettings, out_dir: str | Path,
@@ -469,3 +487,26 @@ def run_gates(task: Task, settings: GateSettings, out_dir: str | Path,
                       "peak_allocated_bytes": int(table.peak_allocated_bytes.max()),
                       "peak_phase": table.phase[table.peak_allocated_bytes.idxmax()]}
     return report
+
+
+def display_table(report: GateReport) -> pd.DataFrame:
+    """The gate table for people: MiB instead of bytes, the columns that do not vary."""
+    t = report.table()
+    out = t[["phase", "micro_batch", "seq_len", "eval_batch", "precision", "device"]].copy()
+    for col in ("baseline_bytes", "peak_allocated_bytes", "peak_reserved_bytes"):
+        out[col.replace("_bytes", "_mib")] = (t[col].astype(float) / 2**20).round(3)
+    out["verdict"] = t.verdict
+    return out
+
+
+def save(report: GateReport, out_dir: Path, task: Task, extra: dict | None = None,
+         fits: bool | None = None) -> str:
+    """Write the gate table, the input-pipeline timings and `summary.json` of notebook 03.
+    The verdict fails when a gate fails or the planned configuration does not fit."""
+    from .runs import save_table, write_summary
+
+    verdict = "fail" if fits is False else report.verdict
+    save_table(report.table(), out_dir, "gates")
+    save_table(report.pipeline, out_dir, "input_pipeline")
+    write_summary(out_dir, verdict, {**report.figures, **(extra or {})}, task=task.name)
+    return verdict

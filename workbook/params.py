@@ -20,6 +20,14 @@ NOTEBOOKS: dict[str, dict[str, Any]] = {
     "01_inspect_examples": {**COMMON, "show_examples": 4, "probe_size": 8},
     "02_overfit": {**COMMON, "examples": 8, "updates": 150, "lr": 3e-3,
                    "loss_threshold": 0.05, "init_tolerance": 0.25},
+    "03_phase_gates": {**COMMON, "micro_batch": 2, "accumulation": 8, "eval_batch": 16,
+                       "length": 0, "precision": "fp32", "activation_checkpointing": False,
+                       "lr": 1e-3,
+                       "device_memory_gib": 0.0, "headroom": 0.2, "input_bound_threshold": 0.3,
+                       "train_limit": 0, "plan_micro_batch": 16, "plan_accumulation": 2,
+                       "plan_length": 1024, "plan_eval_batch": 32, "plan_precision": "bf16",
+                       "plan_activation_checkpointing": False, "cuda_context_gib": 1.0,
+                       "allocator_cache_share": 0.1},
 }
 
 # Names IPython itself puts in a notebook's namespace.

@@ -22,6 +22,8 @@ KERNEL = "workbook"
 SMOKE: dict[str, dict[str, Any]] = {
     "01_inspect_examples": {"show_examples": 2, "probe_size": 4},
     "02_overfit": {"examples": 4, "updates": 80},
+    "03_phase_gates": {"accumulation": 2, "eval_batch": 8, "train_limit": 300,
+                       "plan_micro_batch": 4, "plan_length": 256},
 }
 
 
@@ -55,19 +57,23 @@ def select(only: str | None) -> list[str]:
 
 
 def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str | None = None,
-              task_options: dict | None = None, device: str = "cpu",
-              progress: bool = True) -> tuple[Path, pd.DataFrame]:
-    """Run the selected notebooks for `task`; returns the run folder and its index table."""
+              task_options: dict | None = None, device: str = "cpu", progress: bool = True,
+              params: dict[str, Any] | None = None) -> tuple[Path, pd.DataFrame]:
+    """Run the selected notebooks for `task`; returns the run folder and its index table.
+    `params` go to every notebook that has a parameter of that name."""
     import papermill as pm
 
     stems = select(only)
     load_task(task, **(task_options or {}))  # fail now, not inside the first notebook
+    known = {k: v for stem in stems for k, v in NOTEBOOKS[stem].items()}
+    validate({k: v for k, v in (params or {}).items()}, "the selected notebooks", known)
     run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
     plans = {}
     for stem in stems:  # check every notebook's parameters before running any
-        params = {"task": task, "task_options": task_options or {}, "device": device,
-                  "out_dir": str((run / stem).resolve()), **(SMOKE[stem] if smoke else {})}
-        plans[stem] = validate(params, stem)
+        given = {"task": task, "task_options": task_options or {}, "device": device,
+                 "out_dir": str((run / stem).resolve()), **(SMOKE[stem] if smoke else {}),
+                 **{k: v for k, v in (params or {}).items() if k in NOTEBOOKS[stem]}}
+        plans[stem] = validate(given, stem)
     kernel = ensure_kernel()
     rows = []
     for stem in stems:

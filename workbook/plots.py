@@ -50,3 +50,24 @@ def class_histogram(classes: pd.DataFrame, save: Path | None = None):
     (classes / classes.sum()).plot.bar(ax=ax)
     ax.set(ylabel="share of split", title="classes per split")
     return _done(fig, save)
+
+
+def gate_memory(table: pd.DataFrame, save: Path | None = None):
+    """Peak memory per phase, allocated and reserved side by side (never stacked: reserved
+    already contains allocated), and time per phase."""
+    fig, (mem, tim) = plt.subplots(1, 2, figsize=(10, 3.4))
+    x = range(len(table))
+    mib = 2**20
+    mem.bar([i - 0.2 for i in x], table.peak_allocated_bytes.astype(float) / mib, 0.4,
+            label="peak allocated (live tensors)")
+    if table.peak_reserved_bytes.notna().any():
+        mem.bar([i + 0.2 for i in x], table.peak_reserved_bytes.astype(float) / mib, 0.4,
+                label="peak reserved (allocator)")
+    mem.set_xticks(list(x), table.phase, rotation=45, ha="right")
+    mem.set(ylabel="MiB", title="memory per phase")
+    mem.legend(fontsize="small")
+    colors = table.verdict.map({"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red"})
+    tim.bar(list(x), table.time_s, color=colors)
+    tim.set_xticks(list(x), table.phase, rotation=45, ha="right")
+    tim.set(ylabel="seconds", title="time per phase (colour = verdict)")
+    return _done(fig, save)

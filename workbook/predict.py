@@ -16,6 +16,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from .data import Batch, Item
 from .errors import WorkbookError
 from .loop import TrainConfig, build_stepper
+from .memory import cuda_overheads
 from .task import Task
 from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
 
@@ -68,6 +69,14 @@ class Plan:
     precision: str = "fp32"
     activation_checkpointing: bool = False
 
+    @classmethod
+    def from_params(cls, params: dict, prefix: str = "plan_") -> "Plan":
+        """A plan from notebook parameters named `plan_<field>`; length 0 means the data's."""
+        given = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+        plan = cls(**{k: v for k, v in given.items() if k in cls.__dataclass_fields__})
+        plan.length = plan.length or None
+        return plan
+
     def label(self) -> str:
         return (f"mb{self.micro_batch} x acc{self.accumulation} len{self.length or 'data'} "
                 f"{self.precision}{' +ckpt' if self.activation_checkpointing else ''}")
@@ -84,10 +93,30 @@ def plan_batches(task: Task, train: list[Item], val: list[Item],
     return batch, group, eval_batch
 
 
+def accepts_length(task: Task, batch: Batch) -> None:
+    """Fake tensors carry no values, so an index beyond a position table goes unnoticed there:
+    check one real example of the planned length first."""
+    one = Batch(batch.ids[:1], {k: v[:1] for k, v in batch.tensors.items()})
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    try:
+        with torch.no_grad():
+            task.forward(model, one.tensors)
+    except Exception as exc:
+        length = one.tensors["input_ids"].shape[-1]
+        raise WorkbookError(f"the model of {task.name!r} does not accept length {length} "
+                            f"({type(exc).__name__}: {str(exc)[:120]})",
+                            f"build the task for longer inputs (the samples take the option "
+                            f"context={length})") from exc
+
+
 def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: float = 1e-3,
             device: str = "cpu", seed: int = 0) -> pd.DataFrame:
     """Predicted peak bytes per training phase for `plan`, with the breakdown at each peak."""
     batch, group, eval_batch = plan_batches(task, train, val, plan)
+    if plan.length or plan.eval_length:
+        accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
+                       else batch)
     targets, group_targets = targets_of(batch), sum(targets_of(b) for b in group)
     cfg = TrainConfig(micro_batch=plan.micro_batch, accumulation=plan.accumulation, lr=lr,
                       seed=seed, device=device, precision=plan.precision,
@@ -109,9 +138,8 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
                     work.run(phase)
                 except Exception as exc:
                     raise WorkbookError(f"predicting {phase} for {plan.label()} failed: {exc!r}",
-                                        "check that the model accepts this length (e.g. a "
-                                        "larger max_length task option) and runs on fake "
-                                        "tensors (plain modules)") from exc
+                                        "build the model from plain modules that run on fake "
+                                        "tensors") from exc
                 rows.append({"phase": phase, "predicted_peak_bytes": tracker.phase_peak,
                              **{f"{k.lower()}_bytes": v for k, v in
                                 tracker.breakdown().items()}})
@@ -123,3 +151,46 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
 def model_size_rule(model: torch.nn.Module) -> int:
     """The "4 x model size" rule of thumb: weights, gradients and two Adam states."""
     return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@dataclass
+class Overheads:
+    """What a tensor prediction does not see on CUDA, measured on a GPU or assumed."""
+
+    context_bytes: int  # CUDA context and library workspaces (cuBLAS, cuDNN)
+    cache_share: float  # caching allocator: reserved / allocated - 1
+    measured: bool
+
+    @classmethod
+    def of(cls, device: torch.device, gates: pd.DataFrame, context_gib: float,
+           cache_share: float) -> "Overheads":
+        """Measured on CUDA (context from the driver, cache from the gates' reserved against
+        allocated peaks); the stated assumptions elsewhere."""
+        measured = cuda_overheads(device)
+        if measured is None or gates.peak_reserved_bytes.isna().all():
+            return cls(int(context_gib * 2**30), cache_share, False)
+        share = float((gates.peak_reserved_bytes / gates.peak_allocated_bytes).max() - 1)
+        return cls(measured["context_and_workspaces_bytes"], max(share, 0.0), True)
+
+
+def fit_table(predicted: pd.DataFrame, device_memory_gib: float, headroom: float,
+              overheads: Overheads) -> pd.DataFrame:
+    """Per phase: what the device must hold (prediction + allocator cache + context, plus
+    headroom) and whether it fits the stated device memory."""
+    out = predicted[["config", "phase", "predicted_peak_bytes"]].copy()
+    need = out.predicted_peak_bytes * (1 + overheads.cache_share) + overheads.context_bytes
+    out["required_bytes"] = (need * (1 + headroom)).round().astype("int64")
+    out["device_bytes"] = int(device_memory_gib * 2**30)
+    out["fits"] = out.required_bytes <= out.device_bytes if device_memory_gib else None
+    out["overheads"] = "measured" if overheads.measured else "assumed"
+    return out
+
+
+def compare(predicted: pd.DataFrame, gates: pd.DataFrame) -> pd.DataFrame:
+    """Predicted against measured peak per training phase, with the error in percent."""
+    measured = gates.set_index("phase").peak_allocated_bytes
+    out = predicted[["phase", "predicted_peak_bytes"]].copy()
+    out["measured_peak_bytes"] = out.phase.map(measured).astype("int64")
+    out["error_pct"] = (100 * (out.predicted_peak_bytes - out.measured_peak_bytes)
+                        / out.measured_peak_bytes).round(3)
+    return out

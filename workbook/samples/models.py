@@ -68,5 +68,7 @@ class TrigramClassifier(nn.Module):
         ids = input_ids.masked_fill(attention_mask == 0, 0)
         prev, nxt = F.pad(ids[:, :-1], (1, 0)), F.pad(ids[:, 1:], (0, 1))
         h = self.mlp(self.embed((prev * 65599 + ids * 257 + nxt) % self.buckets))
-        h = h.masked_fill(attention_mask.unsqueeze(-1) == 0, float("-inf")).amax(1)
+        # max (not amax): its backward scatters into the winner positions, while amax's backward
+        # builds a mask and sums it in int64 inside one kernel, unseen by the memory tracker
+        h = h.masked_fill(attention_mask.unsqueeze(-1) == 0, float("-inf")).max(1).values
         return self.head(self.drop(h))

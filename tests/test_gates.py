@@ -1,0 +1,158 @@
+"""Notebook 03's gates: the samples pass every gate; each planted bug fails the right one."""
+
+import dataclasses
+import os
+import time
+from functools import partial
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workbook.gates import PHASES, GateRun, GateSettings
+from workbook.samples import generation
+from workbook.samples.models import TinyDecoder, TrigramClassifier
+
+SMALL = GateSettings(micro_batch=2, accumulation=2, eval_batch=8, input_updates=2)
+
+
+def gates(task, items, tmp_path, settings=SMALL, n_train=200, **hooks):
+    report = GateRun(task, settings, items["train"][:n_train], items["validation"][:40],
+                     tmp_path / "gates", **hooks).run()
+    return report, {r.phase: r for r in report.rows}
+
+
+@pytest.mark.parametrize("fixture", ["gen", "cls"])
+def test_samples_pass_every_gate_without_false_alarm(fixture, request, tmp_path):
+    task = request.getfixturevalue(f"{fixture}_task")
+    report, rows = gates(task, request.getfixturevalue(f"{fixture}_items"), tmp_path)
+    assert [r.phase for r in report.rows] == list(PHASES)
+    assert all(r.verdict == "pass" for r in report.rows), report.table()[["phase", "detail"]]
+    assert rows["update (first)"].peak_allocated_bytes > rows["forward + loss"].baseline_bytes
+    assert rows["resume"].detail.endswith("max |diff| = 0")
+    for r in report.rows:  # allocated and reserved are kept apart; CPU has no reserved counter
+        assert r.peak_reserved_bytes is None and r.counter == "cpu-profiler"
+
+
+def test_nan_in_forward_fails_forward_and_names_the_module(gen_task, gen_items, tmp_path):
+    class NaNDecoder(TinyDecoder):
+        def __init__(self):
+            super().__init__(259)
+            self.norm.register_forward_hook(lambda m, i, o: o * float("nan"))
+    task = dataclasses.replace(gen_task, build_model=NaNDecoder)
+    _, rows = gates(task, gen_items, tmp_path)
+    assert rows["forward + loss"].verdict == "fail"
+    assert "NaN" in rows["forward + loss"].detail and "'norm'" in rows["forward + loss"].detail
+    assert rows["backward"].detail.startswith("not run")
+
+
+def test_a_forward_that_raises_is_a_failing_row_not_a_crash(gen_task, gen_items, tmp_path):
+    def broken(**_):
+        raise ValueError("shape mismatch in my model")
+    task = dataclasses.replace(gen_task, build_model=lambda: _Raiser(broken))
+    report, rows = gates(task, gen_items, tmp_path)
+    assert "ValueError: shape mismatch" in rows["forward + loss"].detail
+    assert report.verdict == "fail"
+
+
+class _Raiser(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn, self.lin = fn, torch.nn.Linear(1, 1)
+
+    def forward(self, **kw):
+        return self.fn(**kw)
+
+
+def test_layer_left_out_of_the_optimizer_fails_the_update(gen_task, gen_items, tmp_path):
+    def forgetful(params, lr):
+        params = list(params)
+        return torch.optim.AdamW(params[:-2], lr=lr)  # the output head is forgotten
+    _, rows = gates(dataclasses.replace(gen_task, build_optimizer=forgetful), gen_items,
+                    tmp_path)
+    assert rows["backward"].verdict == "pass"
+    assert rows["update (first)"].verdict == "fail"
+    assert "not in the optimizer" in rows["update (first)"].detail
+
+
+def test_dropout_left_on_in_evaluation_fails_validation(cls_task, cls_items, tmp_path):
+    class AlwaysDropout(TrigramClassifier):
+        def forward(self, input_ids, attention_mask):
+            return F.dropout(super().forward(input_ids, attention_mask), 0.5, training=True)
+    task = dataclasses.replace(cls_task, build_model=partial(AlwaysDropout, 259, 5))
+    _, rows = gates(task, cls_items, tmp_path)
+    assert rows["validation"].verdict == "fail" and "dropout" in rows["validation"].detail
+
+
+def test_batch_norm_in_training_behaviour_fails_validation(cls_task, cls_items, tmp_path):
+    class StuckBatchNorm(TrigramClassifier):
+        def __init__(self):
+            super().__init__(259, 5)
+            self.bn = torch.nn.BatchNorm1d(5)
+
+        def train(self, mode=True):  # the bug: eval() never reaches the batch norm
+            super().train(mode)
+            self.bn.train()
+            return self
+
+        def forward(self, input_ids, attention_mask):
+            return self.bn(super().forward(input_ids, attention_mask))
+    task = dataclasses.replace(cls_task, build_model=StuckBatchNorm)
+    _, rows = gates(task, cls_items, tmp_path)
+    assert rows["validation"].verdict == "fail"
+    assert "batch-norm" in rows["validation"].detail
+
+
+def test_checkpoint_without_optimizer_state_fails_resume(gen_task, gen_items, tmp_path):
+    from workbook.checkpoint import save_checkpoint
+
+    def save_weights_only(path, model, optimizer, *rest):
+        return save_checkpoint(path, model, None, *rest)
+    _, rows = gates(gen_task, gen_items, tmp_path, save=save_weights_only)
+    assert rows["checkpoint save"].verdict == "pass"
+    assert rows["resume"].verdict == "fail" and "no optimizer state" in rows["resume"].detail
+
+
+def test_slow_data_loader_warns_on_the_data_gate(cls_task, cls_items, tmp_path):
+    def slow_collate(items):
+        time.sleep(0.02)
+        return cls_task.collate(items)
+    report, rows = gates(dataclasses.replace(cls_task, collate=slow_collate), cls_items,
+                         tmp_path)
+    assert rows["data"].verdict == "warn" and "input-bound" in rows["data"].detail
+    assert report.verdict == "pass", "a warning does not fail the run"
+
+
+def test_save_without_space_fails_the_save_gate_with_a_clear_message(gen_task, gen_items,
+                                                                    tmp_path, monkeypatch):
+    import workbook.checkpoint as ckpt
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, os.strerror(28))
+    monkeypatch.setattr(ckpt, "save_model", full_disk)
+    _, rows = gates(gen_task, gen_items, tmp_path)
+    assert rows["checkpoint save"].verdict == "fail"
+    assert "No space left on device" in rows["checkpoint save"].detail
+    assert rows["resume"].detail.startswith("not run")
+    assert not list((tmp_path / "gates").glob(".*partial*")), "no half-written checkpoint left"
+
+
+def test_stated_device_memory_fails_a_phase_that_does_not_fit(gen_task, gen_items, tmp_path):
+    tiny = dataclasses.replace(SMALL, device_memory_gib=0.001)  # about 1 MiB
+    report, rows = gates(gen_task, gen_items, tmp_path, settings=tiny)
+    assert rows["update (later)"].verdict == "fail" and "GiB" in rows["update (later)"].detail
+    assert report.verdict == "fail"
+
+
+def test_nothing_in_the_run_folder_is_overwritten(gen_task, gen_items, tmp_path):
+    (tmp_path / "gates").mkdir()
+    (tmp_path / "gates" / "export.safetensors").write_text("earlier run")
+    _, rows = gates(gen_task, gen_items, tmp_path)
+    assert rows["export"].verdict == "fail"
+    assert (tmp_path / "gates" / "export.safetensors").read_text() == "earlier run"
+
+
+def test_generation_prompt_option_still_passes(gen_items, tmp_path):
+    task = generation.make_task(prompt_in_loss=True)
+    report, _ = gates(task, gen_items, tmp_path)
+    assert report.verdict == "pass"

@@ -1,0 +1,61 @@
+"""Device-free prediction against the measured CPU live-tensor peaks of the gates."""
+
+import pytest
+import torch
+
+from workbook.gates import GateRun, GateSettings
+from workbook.predict import Plan, model_size_rule, predict
+from workbook.workload import TRAINING_PHASES, shaped_batch
+
+
+@pytest.mark.parametrize("fixture, settings", [
+    ("gen", GateSettings(micro_batch=4, accumulation=2)),
+    ("gen", GateSettings(micro_batch=4, accumulation=2, activation_checkpointing=True)),
+    ("gen", GateSettings(micro_batch=2, accumulation=2, precision="bf16")),
+    ("cls", GateSettings(micro_batch=8, accumulation=2)),
+])
+def test_prediction_within_two_percent_of_measured_cpu_peaks(fixture, settings, request,
+                                                             tmp_path):
+    task = request.getfixturevalue(f"{fixture}_task")
+    items = request.getfixturevalue(f"{fixture}_items")
+    train, val = items["train"][:300], items["validation"][:60]
+    measured = GateRun(task, settings, train, val, tmp_path).run().table().set_index("phase")
+    predicted = predict(task, train, val, settings.plan()).set_index("phase")
+    for phase in TRAINING_PHASES:
+        m = measured.loc[phase, "peak_allocated_bytes"]
+        p = predicted.loc[phase, "predicted_peak_bytes"]
+        assert abs(p - m) / m < 0.02, (phase, p, m)
+
+
+def test_prediction_sizes_a_configuration_larger_than_the_data(gen_task, gen_items):
+    train, val = gen_items["train"][:50], gen_items["validation"][:20]
+    small = predict(gen_task, train, val, Plan(micro_batch=2, length=64)).set_index("phase")
+    big = predict(gen_task, train, val, Plan(micro_batch=16, length=1024)).set_index("phase")
+    ratio = big.predicted_peak_bytes / small.predicted_peak_bytes
+    assert (ratio.loc[["forward + loss", "backward"]] > 20).all()
+    assert big.loc["update (first)", "optstate_bytes"] >= 2 * big.loc["update (first)",
+                                                                        "parameter_bytes"]
+    rule = model_size_rule(gen_task.build_model())
+    assert rule < big.predicted_peak_bytes.max() / 5, "the 4x rule misses the activations"
+
+
+def test_shaped_batch_tiles_sequences_to_the_planned_length(gen_task, gen_items):
+    batch = shaped_batch(gen_task, gen_items["train"][:10], 3, 100)
+    assert all(t.shape[:2] == (3, 100) for t in batch.tensors.values())
+
+
+def test_a_length_beyond_the_model_is_a_clear_error(gen_task, gen_items):
+    from workbook import WorkbookError
+
+    with pytest.raises(WorkbookError, match="context=5000"):
+        predict(gen_task, gen_items["train"][:10], gen_items["validation"][:5],
+                Plan(micro_batch=1, length=5000))
+
+
+def test_prediction_allocates_nothing_real(gen_task, gen_items):
+    from workbook.memory import measure
+
+    with measure(torch.device("cpu")) as m:
+        predict(gen_task, gen_items["train"][:10], gen_items["validation"][:5],
+                Plan(micro_batch=64, length=1024))
+    assert m.reading.peak_allocated_bytes < 50 * 2**20  # a real run would need gigabytes
