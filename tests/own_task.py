@@ -13,7 +13,7 @@ class Points(Dataset):
     def __init__(self, n=256):
         g = torch.Generator().manual_seed(0)
         self.y = torch.randint(0, 2, (n,), generator=g)
-        self.x = torch.randn(n, 4, generator=g) + 2.0 * self.y[:, None]
+        self.x = torch.randn(n, 4, generator=g) + (2.0 * self.y[:, None] - 1.0)
         self.patient = [f"p{i // 4}" for i in range(n)]
 
     def __len__(self):

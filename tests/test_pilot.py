@@ -80,3 +80,30 @@ def test_phase_gates_fail_when_the_plan_does_not_fit(tmp_path):
                            progress=False, params={"device_memory_gib": 0.5})
     assert index.verdict.tolist() == ["fail"]
     assert summary(run, "03_phase_gates")["figures"]["plan_fits"] is False
+
+
+def test_the_readme_own_task_runs_through_the_pilot(tmp_path):
+    run, index = run_pilot("tests.own_task:task", out=str(tmp_path / "run"), smoke=True,
+                           progress=False)
+    assert index.verdict.tolist() == ["pass"] * len(index), index.error.tolist()
+    assert summary(run, "05_memory_variants")["figures"]["not_applicable"] == [
+        "max_length=20", "checkpointing", "fp16+scaler", "micro-batch/2+checkpointing",
+        "bf16+checkpointing"]
+
+
+@pytest.mark.parametrize("task", [GENERATION, CLASSIFICATION])
+def test_pilot_smoke_accounting_and_variants(task, tmp_path):
+    run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="04,05",
+                           progress=False)
+    assert index.verdict.tolist() == ["pass", "pass"], index.error.tolist()
+    acc = summary(run, "04_batch_accounting")["figures"]
+    assert acc["worked_example_updates"] == 200 and acc["examples_per_update"] == 16
+    assert acc["reconciled"] and acc["normalisation_ok"] and acc["wrong_normalisation_caught"]
+    var = summary(run, "05_memory_variants")["figures"]
+    if task == GENERATION:
+        assert var["not_applicable"] == ["fp16+scaler"] and var["measured"] == 7
+        assert var["changes_experiment"] == ["max_length=20"]
+    else:  # no repeated blocks to checkpoint; truncation keeps every label
+        assert var["not_applicable"] == ["checkpointing", "fp16+scaler",
+                                         "micro-batch/2+checkpointing", "bf16+checkpointing"]
+        assert var["changes_experiment"] == []

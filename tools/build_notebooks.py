@@ -117,7 +117,7 @@ examples = 8  # size of the subset to memorise
 updates = 150  # optimizer updates (the whole subset is one micro-batch)
 lr = 3e-3  # learning rate for the overfit run only
 loss_threshold = 0.05  # final loss on the subset must fall below this
-init_tolerance = 0.25  # allowed relative gap between initial loss and ln(outputs)"""),
+init_tolerance = 0.5  # allowed relative gap between initial loss and ln(outputs)"""),
 code("""import workbook as wb
 
 p = wb.params.check(globals(), "02_overfit")
@@ -180,17 +180,17 @@ seed = 0
 micro_batch = 2  # the gates run at these pilot settings
 accumulation = 8
 eval_batch = 16
-length = 0  # positions per training sequence (0 = the data's longest; longer ones are tiled)
+length = 0  # positions per training sequence (0: the data's longest; longer ones are tiled)
 precision = "fp32"  # "fp32", "bf16" or "fp16" (CUDA)
 activation_checkpointing = False
 lr = 1e-3
-device_memory_gib = 0.0  # the rental GPU's memory; 0 = no limit stated
+device_memory_gib = 0.0  # the rental GPU's memory; 0: no limit stated
 headroom = 0.2  # share kept free on top of every peak
 input_bound_threshold = 0.3  # data-wait share of an update above which the data gate warns
-train_limit = 0  # use only the first N training examples (0 = all)
+train_limit = 0  # use only the first N training examples (0: all)
 plan_micro_batch = 16  # the configuration to size for the rental (predicted, not run)
 plan_accumulation = 2
-plan_length = 1024  # positions per sequence (0 = the data's longest)
+plan_length = 1024  # positions per sequence (0: the data's longest)
 plan_eval_batch = 32
 plan_precision = "bf16"
 plan_activation_checkpointing = False
@@ -260,10 +260,182 @@ verdict = wb.gates.save(report, out, t, {
 print(f"verdict: {verdict}")"""),
 ])
 
+nb04 = nb([
+md("""# 04 - Batch accounting: how many examples one update sees
+
+A **micro-batch** is processed in one forward/backward pass. **Accumulation** adds the gradients
+of several passes before one optimizer update. **Data replicas** (data parallelism) each process
+their own micro-batches, so they multiply the examples of an update; model parallelism splits one
+model over devices and does not. On one GPU with micro-batch 2 and accumulation 8, an update
+sees 16 examples; 3,200 examples in one pass without partial batches make 200 updates. These
+sums predict neither duration nor quality.
+
+Holding the number of updates fixed while changing the batch changes how many examples are
+learned; holding epochs fixed changes the number of updates. Choose what a comparison holds
+fixed, and record the rest. Two well-known bugs live here: accumulation normalised per
+micro-batch instead of per target token (1 x 32 then trains differently from 32 x 1), and a final
+partial accumulation group scaled by the configured count instead of its real size. The loop
+divides the summed loss by the targets of the whole update, so neither can happen; this notebook
+checks it on your task."""),
+params("""task = "workbook.samples.generation:task"  # package.module:attribute of your task
+task_options = {}  # keyword arguments for a task factory
+out_dir = ""  # where this notebook writes (empty: a new folder under runs/)
+device = "cpu"  # the counting runs on the CPU; kept for a uniform interface
+seed = 0
+micro_batch = 2  # examples per forward/backward pass (per replica)
+accumulation = 8  # passes per optimizer update
+replicas = 1  # data-parallel replicas
+drop_partial = False  # drop the examples that do not fill a whole update
+hold = "epochs"  # what the budget holds fixed: "updates", "examples" or "epochs"
+budget = 1.0  # how many of them
+reconcile_updates = 30  # updates of the real loop compared with the calculator
+reconcile_examples = 45  # on this many examples, so the updates cross passes and meet partial ones
+check_examples = 16  # examples of the normalisation check (1 x N, 2 x N/2, N x 1)
+partial_examples = 13  # a second check on a final partial group
+tolerance = 1e-4  # allowed relative gradient deviation"""),
+code("""import pandas as pd
+
+import workbook as wb
+
+p = wb.params.check(globals(), "04_batch_accounting")
+t = wb.load_task(p["task"], **p["task_options"])
+out = wb.runs.notebook_dir(p["out_dir"], "04_batch_accounting")
+splits = wb.split_examples(t, wb.load_examples(t))
+items = wb.encode_examples(t, splits["train"])
+targets_per_example = sum(int((it.tensors["labels"] != -100).sum()) for it in items) / len(items)
+print(f"task {t.name!r}: {len(items)} training examples, {targets_per_example:.2f} targets each "
+      f"on average; writing to {out}")"""),
+md("""## The calculator"""),
+code("""account = wb.accounting.BatchAccount(p["micro_batch"], p["accumulation"], p["replicas"],
+                                     len(items), p["drop_partial"])
+account.table().T.rename(columns={0: "value"})"""),
+code("""account.budget(p["hold"], p["budget"], targets_per_example)"""),
+md("""The same budget held fixed, for other accumulations (so other effective batches): holding
+updates changes the examples learned; holding examples or epochs changes the updates."""),
+code("""budget = account.compare(p["hold"], p["budget"], (p["accumulation"] // 2 or 1, p["accumulation"],
+                                                 p["accumulation"] * 2), targets_per_example)
+budget"""),
+md("""The worked example, always: 2 x 8 on one GPU over 3,200 examples."""),
+code("""worked = wb.accounting.BatchAccount(2, 8, 1, 3200)
+worked.budget("epochs", 1)"""),
+md("""## Reconciliation with the real loop
+The loop runs a small budget; its counters (optimizer steps, examples, partial updates, targets)
+must equal the calculator's. Any mismatch fails the notebook."""),
+code("""# NBVAL_IGNORE_OUTPUT
+cfg = wb.TrainConfig(micro_batch=p["micro_batch"], accumulation=p["accumulation"],
+                     updates=p["reconcile_updates"], drop_partial=p["drop_partial"],
+                     seed=p["seed"], device=p["device"], progress=True)
+loop_account = wb.accounting.BatchAccount(p["micro_batch"], p["accumulation"], 1,
+                                          min(len(items), p["reconcile_examples"]),
+                                          p["drop_partial"])
+steps = wb.train(t, items[: loop_account.examples], cfg).steps"""),
+code("""reconciled = wb.accounting.reconcile(loop_account, steps, items)
+reconciled"""),
+md("""## Normalisation on your task
+The gradient of one update over the same examples, split 1 x N, 2 x N/2, ..., N x 1. With the
+loop's normalisation every split agrees with the first (float tolerance); the classic wrong one -
+a mean per micro-batch, divided by the number of micro-batches - does not, as soon as the
+micro-batches hold different numbers of targets. The second table uses a final partial group."""),
+code("""check = pd.concat([
+    wb.accounting.normalisation_check(t, items[: p["check_examples"]],
+                                      (p["check_examples"], 2, 1), p["tolerance"]),
+    wb.accounting.normalisation_check(t, items[: p["partial_examples"]],
+                                      (p["partial_examples"], 2, 4), p["tolerance"]),
+], keys=["equal split", "partial group"]).reset_index(level=0, names="case")
+check.assign(max_relative_deviation=check.max_relative_deviation.map(lambda d: f"{d:.1e}"))"""),
+md("""## Batch-norm statistics
+Batch norm computes its statistics over what one pass sees: the per-device micro-batch (or a
+ghost batch), never the effective batch. Accumulation does not change that."""),
+code("""bn = wb.accounting.batch_norm_statistics(t, items, p["micro_batch"], p["accumulation"])
+if bn.empty:
+    print("this task's model has no batch norm; a demonstration on the classification sample:")
+    demo = {norm: wb.accounting.batch_norm_statistics(
+        wb.load_task("workbook.samples.classification:task", batch_norm=norm, virtual_batch=2),
+        wb.encode_examples(wb.load_task("workbook.samples.classification:task"),
+                           wb.load_examples(wb.load_task("workbook.samples.classification:task"))[:64]),
+        4, 4).head(1) for norm in ("batch", "ghost")}
+    bn = pd.concat(demo, names=["norm"]).reset_index(level=0)
+bn"""),
+code("""loop_ok = bool(reconciled.match.all())
+norm_ok = bool(check[~check.normalisation.str.contains("wrong")].within_tolerance.all())
+wrong_caught = bool(not check[check.normalisation.str.contains("wrong")].iloc[1:]
+                    .within_tolerance.all())
+wb.runs.save_table(account.table(), out, "account")
+wb.runs.save_table(budget, out, "budget")
+wb.runs.save_table(reconciled, out, "reconciliation")
+wb.runs.save_table(check, out, "normalisation")
+verdict = "pass" if loop_ok and norm_ok else "fail"
+wb.runs.write_summary(out, verdict, {
+    "examples_per_update": account.examples_per_update, "updates_per_pass": account.updates_per_pass,
+    "worked_example_updates": worked.budget("epochs", 1)["updates"],
+    "reconciled": loop_ok, "normalisation_ok": norm_ok, "wrong_normalisation_caught": wrong_caught,
+    "max_deviation": float(check[~check.normalisation.str.contains("wrong")]
+                           .max_relative_deviation.max())}, task=t.name)
+print(f"verdict: {verdict}")"""),
+])
+
+nb05 = nb([
+md("""# 05 - Memory variants: change the memory, not the question
+
+When the pilot runs out of memory, find the phase and the input responsible (notebook 03), then
+pick a lever - and record it as a **variant** of the control, measured like the control:
+
+- a smaller **micro-batch** with accumulation raised keeps the effective batch; it shrinks the
+  activations, but accumulation frees neither the weights nor the optimizer state;
+- a shorter **max length** also shrinks the activations - and may cut what the task needs: when
+  truncation removes target tokens, it is *not the same experiment*, and the row says so with the
+  number of examples and targets affected;
+- **activation checkpointing** keeps fewer intermediate results and recomputes them in backward
+  (PyTorch's non-reentrant `torch.utils.checkpoint`): memory for time;
+- **mixed precision** runs some operations in bf16 (or fp16 with a `GradScaler` on CUDA, updated
+  once per optimizer step and unscaled once before clipping).
+
+Each row: peak memory per phase, time per update, a quality proxy (validation loss after the same
+updates on the same data order, always on the control's validation examples) and flags. The
+device-free prediction gives each variant at the planned rental size."""),
+params("""task = "workbook.samples.generation:task"  # package.module:attribute of your task
+task_options = {}  # keyword arguments for a task factory (the max-length variant sets max_length)
+out_dir = ""  # where this notebook writes (empty: a new folder under runs/)
+device = "cpu"  # "cpu", "cuda" or "auto"
+seed = 0
+micro_batch = 4  # the control
+accumulation = 4
+eval_batch = 16
+length = 0  # positions of the measured batches (0: the data's longest)
+short_length = 20  # max_length of the truncation variant
+updates = 20  # updates per variant for time and the quality proxy
+lr = 1e-3
+train_limit = 0  # use only the first N training examples (0: all)
+val_limit = 64  # validation examples for the quality proxy
+plan_micro_batch = 16  # the rental size each variant is predicted at
+plan_accumulation = 2
+plan_length = 1024
+plan_eval_batch = 32"""),
+code("""import workbook as wb
+
+p = wb.params.check(globals(), "05_memory_variants")
+out = wb.runs.notebook_dir(p["out_dir"], "05_memory_variants")
+control = wb.variants.Variant("control", p["micro_batch"], p["accumulation"])
+study = wb.variants.VariantStudy(p["task"], p["task_options"], p["updates"], p["lr"], p["seed"],
+                                 p["device"], p["eval_batch"], p["length"], p["train_limit"],
+                                 p["val_limit"], wb.predict.Plan.from_params(p))
+variants = wb.variants.default_variants(control, p["short_length"])
+print(f"{len(variants)} variants of {study.control_task.name!r}; writing to {out}")"""),
+code("""# NBVAL_IGNORE_OUTPUT
+table = study.run(variants)
+wb.variants.display_table(table)"""),
+md("""What each variant is and what it changed (the flags do not depend on timing):"""),
+code("""table[["id", "effective_batch", "status", "flags", "reason"]]"""),
+code("""wb.plots.variant_tradeoff(table, save=out / "variants.png")"""),
+code("""verdict = wb.variants.save(table, out, study.control_task)
+print(f"verdict: {verdict}")"""),
+])
+
 if __name__ == "__main__":
     root = Path(__file__).resolve().parents[1]
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else root / "notebooks"
     target.mkdir(parents=True, exist_ok=True)
     for name, book in (("01_inspect_examples", nb01), ("02_overfit", nb02),
-                       ("03_phase_gates", nb03)):
+                       ("03_phase_gates", nb03), ("04_batch_accounting", nb04),
+                       ("05_memory_variants", nb05)):
         nbf.write(book, target / f"{name}.ipynb")

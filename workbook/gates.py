@@ -154,7 +154,7 @@ class GateRun:
         self.live = 0  # CPU: bytes alive in the workload between phases (start of next phase)
 
     def row(self, phase: str, **kw: Any) -> GateRow:
-        seq = self.batch.tensors["input_ids"].shape[-1]
+        seq = self.task.main_input(self.batch.tensors).shape[-1]
         return GateRow(phase, self.s.micro_batch, int(seq), self.s.eval_batch, self.s.precision,
                        str(self.device), remediation=REMEDIATION[phase], **kw)
 
@@ -211,14 +211,14 @@ class GateRun:
 
         def check(batch):
             problems, t = [], batch.tensors
-            ids, labels = t.get("input_ids"), t.get("labels")
+            ids, labels = self.task.main_input(t), t.get("labels")
             if labels is None:
                 return "fail", "the batch has no 'labels'"
             for key, value in t.items():
                 if value.shape[0] != len(batch):
                     problems.append(f"{key} has batch dimension {value.shape[0]}, not "
                                     f"{len(batch)}")
-            if ids is not None and ids.is_floating_point():
+            if "input_ids" in t and ids.is_floating_point():
                 problems.append(f"input_ids are {ids.dtype}, not integer ids")
             if labels.is_floating_point():
                 problems.append(f"labels are {labels.dtype}, not class/token ids")
@@ -230,8 +230,8 @@ class GateRun:
                 problems.append(f"labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}")
             if int((labels != IGNORE_INDEX).sum()) == 0:
                 problems.append("no contributing targets in the batch")
-            longest = max(it.tensors["input_ids"].numel() for it in self.train_items)
-            longest_val = max(it.tensors["input_ids"].numel() for it in self.val_items)
+            longest = max(self.task.length(it.tensors) for it in self.train_items)
+            longest_val = max(self.task.length(it.tensors) for it in self.val_items)
             wait = pipeline.data_s.sum() / max(pipeline.time_s.sum(), 1e-12)
             detail = (f"dtypes {', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in t.items())}; "
                       f"longest input {longest} (train), {longest_val} (validation); "
@@ -353,7 +353,7 @@ class GateRun:
                 problems.append(f"validation predicted {len(seen)} times for {len(wanted)} "
                                 f"examples (missing {len(wanted - set(counts.index))}, "
                                 f"repeated {int((counts > 1).sum())})")
-            longest = max(it.tensors["input_ids"].numel() for it in self.val_items)
+            longest = max(self.task.length(it.tensors) for it in self.val_items)
             detail = (f"eval batch {self.s.eval_batch}, longest eval length {longest}; "
                       f"{len(self.val_items)} examples each predicted once")
             return ("fail", "; ".join(problems)) if problems else ("pass", detail)
@@ -429,22 +429,28 @@ class GateRun:
             return "pass", f"state and counters restored; next update max |diff| = {diff:g}"
         self.phase("resume", work, check, chained=False)
 
-    def run(self) -> GateReport:
-        s = self.s
-        self.batch_items = sorted(self.train_items, key=lambda it: it.tensors["input_ids"]
-                                  .numel(), reverse=True)[: s.micro_batch]
+    def input_pipeline(self) -> pd.DataFrame:
+        """Time a few real updates: per update, the wait for data against the whole update."""
+        columns = ["step", "examples", "data_s", "time_s", "data_share"]
         try:
-            pipeline = to_frame(train(self.task, self.train_items,
-                                      s.train_config(s.input_updates)).steps)
-            pipeline = pipeline[["step", "examples", "data_s", "time_s"]]
-            pipeline["data_share"] = pipeline.data_s / pipeline.time_s
+            steps = to_frame(train(self.task, self.train_items,
+                                   self.s.train_config(self.s.input_updates)).steps)
         except Exception:  # the forward gate reports what is wrong with the training step
-            pipeline = pd.DataFrame(columns=["step", "examples", "data_s", "time_s",
-                                             "data_share"])
+            return pd.DataFrame(columns=columns)
+        return steps.assign(data_share=steps.data_s / steps.time_s)[columns]
+
+    def run(self, training_only: bool = False) -> GateReport:
+        """All gates; or, with `training_only`, just the training phases (memory variants)."""
+        s = self.s
+        self.batch_items = sorted(self.train_items, key=lambda it: self.task.length(it.tensors),
+                                  reverse=True)[: s.micro_batch]
         batch, group, eval_batch = plan_batches(self.task, self.train_items, self.val_items,
                                                 s.plan())
         self.batch = batch
-        self.data(pipeline)
+        pipeline = pd.DataFrame()
+        if not training_only:
+            pipeline = self.input_pipeline()
+            self.data(pipeline)
         stepper = build_stepper(self.task, s.train_config())
         batches = [b.to(self.device) for b in (batch, *group, eval_batch)]
         self.work = Workload(stepper, batches[0], batches[1:-1], batches[-1], targets_of(batch),
@@ -463,12 +469,13 @@ class GateRun:
                                           detail="not run: forward + loss gave no finite "
                                                  "loss"))
         self.validation()
-        path = self.save_and_export()
-        if path.exists():
-            self.resume(path)
-        else:
-            self.rows.append(self.row("resume", verdict="fail",
-                                      detail="not run: no checkpoint was saved"))
+        if not training_only:
+            path = self.save_and_export()
+            if path.exists():
+                self.resume(path)
+            else:
+                self.rows.append(self.row("resume", verdict="fail",
+                                          detail="not run: no checkpoint was saved"))
         return GateReport(self.rows, pipeline, train_items=self.train_items,
                           val_items=self.val_items)
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from . import tokenizer as tok
 from .data import SPLITS, Item, collate_items, encode_examples, load_examples, split_examples
 from .records import Flag
 from .task import IGNORE_INDEX, Task
@@ -43,11 +42,11 @@ class Inspection:
 def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
     """One row per position (generation) or per example (classification) of a collated batch."""
     batch = collate_items(task, items).tensors
-    labels, ids = batch["labels"], batch["input_ids"]
-    mask = batch.get("attention_mask", torch.ones_like(ids))
+    labels, ids = batch["labels"], task.main_input(batch)
+    mask = batch.get("attention_mask", torch.ones(ids.shape[:2], dtype=torch.long))
     if labels.dim() == 1:  # one label per example
         return pd.DataFrame([{
-            "example": items[b].id, "input": tok.decode(ids[b][mask[b].bool()]),
+            "example": items[b].id, "input": task.show_input(ids[b][mask[b].bool()]),
             "length": int(mask[b].sum()), "label_id": int(labels[b]),
             "class": task.decode([int(labels[b])]), "contributes": int(labels[b]) != IGNORE_INDEX,
         } for b in range(len(items))])
@@ -274,7 +273,7 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
     torch.manual_seed(0)
     model = task.build_model().eval()
     train = items["train"]
-    by_length = sorted(train, key=lambda it: it.tensors["input_ids"].numel())
+    by_length = sorted(train, key=lambda it: task.length(it.tensors))
     probe = by_length[: probe_size // 2] + by_length[-(probe_size - probe_size // 2):]
     outputs = num_outputs_of(task, model, probe)
     coverage = pd.concat([loss_coverage(task, items[n]).assign(split=n) for n in SPLITS],

@@ -42,7 +42,7 @@ def exact_targets(task: Task, model: torch.nn.Module, items: list[Item],
 
 
 def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
-            loss_threshold: float = 0.05, init_tolerance: float = 0.25, seed: int = 0,
+            loss_threshold: float = 0.05, init_tolerance: float = 0.5, seed: int = 0,
             device: str = "cpu", progress: bool = False) -> OverfitResult:
     """Train on the first `examples` training examples until memorised and check the mechanics:
     initial loss near ln(outputs), finite at every step, below the threshold, exact ids back."""

@@ -19,7 +19,7 @@ COMMON = {
 NOTEBOOKS: dict[str, dict[str, Any]] = {
     "01_inspect_examples": {**COMMON, "show_examples": 4, "probe_size": 8},
     "02_overfit": {**COMMON, "examples": 8, "updates": 150, "lr": 3e-3,
-                   "loss_threshold": 0.05, "init_tolerance": 0.25},
+                   "loss_threshold": 0.05, "init_tolerance": 0.5},
     "03_phase_gates": {**COMMON, "micro_batch": 2, "accumulation": 8, "eval_batch": 16,
                        "length": 0, "precision": "fp32", "activation_checkpointing": False,
                        "lr": 1e-3,
@@ -28,6 +28,15 @@ NOTEBOOKS: dict[str, dict[str, Any]] = {
                        "plan_length": 1024, "plan_eval_batch": 32, "plan_precision": "bf16",
                        "plan_activation_checkpointing": False, "cuda_context_gib": 1.0,
                        "allocator_cache_share": 0.1},
+    "04_batch_accounting": {**COMMON, "micro_batch": 2, "accumulation": 8, "replicas": 1,
+                            "drop_partial": False, "hold": "epochs", "budget": 1.0,
+                            "reconcile_updates": 30, "reconcile_examples": 45,
+                            "check_examples": 16,
+                            "partial_examples": 13, "tolerance": 1e-4},
+    "05_memory_variants": {**COMMON, "micro_batch": 4, "accumulation": 4, "eval_batch": 16,
+                           "length": 0, "short_length": 20, "updates": 20, "lr": 1e-3,
+                           "train_limit": 0, "val_limit": 64, "plan_micro_batch": 16,
+                           "plan_accumulation": 2, "plan_length": 1024, "plan_eval_batch": 32},
 }
 
 # Names IPython itself puts in a notebook's namespace.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,10 @@ SMOKE: dict[str, dict[str, Any]] = {
     "02_overfit": {"examples": 4, "updates": 80},
     "03_phase_gates": {"accumulation": 2, "eval_batch": 8, "train_limit": 300,
                        "plan_micro_batch": 4, "plan_length": 256},
+    "04_batch_accounting": {"reconcile_updates": 8, "reconcile_examples": 21,
+                            "check_examples": 8, "partial_examples": 5},
+    "05_memory_variants": {"updates": 3, "train_limit": 200, "val_limit": 16,
+                           "plan_micro_batch": 4, "plan_length": 128, "plan_eval_batch": 8},
 }
 
 
@@ -83,10 +88,12 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
         try:
             pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", run / f"{stem}.ipynb",
                                 parameters=plans[stem], kernel_name=kernel,
-                                progress_bar=progress, cwd=str(NOTEBOOK_DIR))
+                                progress_bar=progress, cwd=os.getcwd())
             row["verdict"] = json.loads((run / stem / "summary.json").read_text())["verdict"]
-        except Exception as exc:  # a failing notebook is recorded and the others still run
-            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}"
+        except pm.PapermillExecutionError as exc:  # recorded; the other notebooks still run
+            row["error"] = f"{exc.ename}: {exc.evalue}"[:500]
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:500]
         row["seconds"] = round(time.perf_counter() - start, 1)
         rows.append(row)
         print(f"{stem}: {row['verdict']} ({row['seconds']} s) {row['error']}", flush=True)

@@ -71,3 +71,19 @@ def gate_memory(table: pd.DataFrame, save: Path | None = None):
     tim.set_xticks(list(x), table.phase, rotation=45, ha="right")
     tim.set(ylabel="seconds", title="time per phase (colour = verdict)")
     return _done(fig, save)
+
+
+def variant_tradeoff(table: pd.DataFrame, save: Path | None = None):
+    """Peak memory against time per update for each measured variant, the control marked."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    rows = table[table.status == "measured"]
+    ax.scatter(rows.time_per_update_s, rows.peak_bytes / 2**20, color="tab:blue")
+    for r in rows.itertuples():
+        ax.annotate(r.id, (r.time_per_update_s, r.peak_bytes / 2**20), fontsize="small",
+                    xytext=(4, 2), textcoords="offset points")
+    control = rows.iloc[0]
+    ax.scatter([control.time_per_update_s], [control.peak_bytes / 2**20], s=160,
+               facecolors="none", edgecolors="red", label="control")
+    ax.set(xlabel="time per update (s)", ylabel="peak memory (MiB)", title="memory variants")
+    ax.legend(fontsize="small")
+    return _done(fig, save)

@@ -103,7 +103,7 @@ def accepts_length(task: Task, batch: Batch) -> None:
         with torch.no_grad():
             task.forward(model, one.tensors)
     except Exception as exc:
-        length = one.tensors["input_ids"].shape[-1]
+        length = task.main_input(one.tensors).shape[-1]
         raise WorkbookError(f"the model of {task.name!r} does not accept length {length} "
                             f"({type(exc).__name__}: {str(exc)[:120]})",
                             f"build the task for longer inputs (the samples take the option "

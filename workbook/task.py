@@ -97,6 +97,7 @@ class Task:
     response_field: str | None = None  # generation: raw field of the response
     prompt_in_loss: bool = False  # generation: do prompt tokens contribute to the loss?
     generate: Callable[[nn.Module, dict], str] | None = None  # greedy decoding, for display
+    decode_input: Callable[[Sequence[int]], str] | None = None  # input ids -> text, for display
     checkpoint_blocks: Callable[[nn.Module], bool] | None = None  # default: ModuleList items
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -106,10 +107,29 @@ class Task:
             return self.split_of(example)
         return split_by_group_hash(example[self.group_key], self.split_fractions)
 
+    def main_input(self, tensors: dict[str, Tensor]) -> Tensor:
+        """The first model input present (token ids for the samples): it sets the length."""
+        return next(tensors[k] for k in self.model_inputs if k in tensors)
+
+    def length(self, tensors: dict[str, Tensor]) -> int:
+        """Positions of one encoded example (elements of its main input)."""
+        return self.main_input(tensors).numel()
+
     def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        """Call the model on the batch's model inputs and return logits."""
+        """Call the model on the batch's model inputs and return logits: one input goes in as a
+        positional argument (plain modules, nn.Sequential), several as keyword arguments."""
         inputs = {k: batch[k] for k in self.model_inputs if k in batch}
+        if len(inputs) == 1:
+            return logits_of(model(*inputs.values()))
         return logits_of(model(**inputs))
+
+    def show_input(self, tensor: Tensor) -> str:
+        """One example's main input for people: decoded text when the task says how."""
+        if self.decode_input is not None:
+            return self.decode_input(tensor.tolist())
+        values = tensor.reshape(-1).tolist()
+        shown = ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values[:8])
+        return f"[{shown}{', ...' if len(values) > 8 else ''}]"
 
     def expected_initial_loss(self, num_outputs: int) -> float:
         """Loss of an untrained model that spreads probability evenly: ln(number of outputs)."""

@@ -21,9 +21,9 @@ def targets_of(batch: Batch) -> int:
     return int((batch.tensors["labels"] != IGNORE_INDEX).sum())
 
 
-def longest(items: list[Item], n: int) -> list[Item]:
+def longest(task: Task, items: list[Item], n: int) -> list[Item]:
     """The n longest items (cycled when there are fewer): the worst case for memory."""
-    ranked = sorted(items, key=lambda it: it.tensors["input_ids"].numel(), reverse=True)
+    ranked = sorted(items, key=lambda it: task.length(it.tensors), reverse=True)
     return [ranked[i % len(ranked)] for i in range(n)]
 
 
@@ -31,9 +31,11 @@ def shaped_batch(task: Task, items: list[Item], micro_batch: int,
                  length: int | None = None) -> Batch:
     """A micro-batch of the longest items, stretched to `length` positions when asked (tiling
     every tensor whose second dimension is the sequence), to size configurations beyond the data.
-    """
-    batch = collate_items(task, longest(items, micro_batch))
-    seq = batch.tensors["input_ids"].shape[1] if batch.tensors["input_ids"].dim() > 1 else None
+    Tasks without an attention mask have no sequence: `length` does not apply to them."""
+    batch = collate_items(task, longest(task, items, micro_batch))
+    main, mask = task.main_input(batch.tensors), batch.tensors.get("attention_mask")
+    # a sequence task pads and masks; anything else (fixed features) has no length to stretch
+    seq = main.shape[1] if mask is not None and mask.shape == main.shape[:2] else None
     if length is None or seq is None or length == seq:
         return batch
     tensors = {}

@@ -10,12 +10,13 @@ import json
 from functools import partial
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from .. import tokenizer as tok
 from ..data import read_jsonl
 from ..errors import WorkbookError
+from ..ghost_batch_norm import GhostBatchNorm
 from ..task import Task
 from . import DATA_DIR
 from .models import TrigramClassifier
@@ -49,9 +50,23 @@ def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
             "labels": torch.stack([it["labels"] for it in items])}
 
 
+def build_model(classes: int, d_model: int, dropout: float, batch_norm: str,
+                virtual_batch: int) -> TrigramClassifier:
+    """The classifier, with no norm, batch norm or ghost batch norm on the pooled features."""
+    norms = {"none": lambda: None, "batch": lambda: nn.BatchNorm1d(d_model),
+             "ghost": lambda: GhostBatchNorm(d_model, virtual_batch)}
+    return TrigramClassifier(tok.VOCAB_SIZE, classes, d_model, dropout=dropout,
+                             norm=norms[batch_norm]())
+
+
 def make_task(max_length: int = 128, d_model: int = 64, dropout: float = 0.1,
-              data_file: str = "", label_file: str = "") -> Task:
-    """The classification sample; options change truncation, model size and the files."""
+              batch_norm: str = "none", virtual_batch: int = 4, data_file: str = "",
+              label_file: str = "") -> Task:
+    """The classification sample; options change truncation, model size, normalisation
+    ("none", "batch" or "ghost" with `virtual_batch` examples per statistic) and the files."""
+    if batch_norm not in ("none", "batch", "ghost"):
+        raise WorkbookError(f"batch_norm {batch_norm!r} is not known",
+                            "use 'none', 'batch' or 'ghost'")
     label_map = read_label_map(label_file or DATA_DIR / "classification_labels.json")
     names = [name for name, _ in sorted(label_map.items(), key=lambda kv: kv[1])]
     return Task(
@@ -60,10 +75,11 @@ def make_task(max_length: int = 128, d_model: int = 64, dropout: float = 0.1,
         load_examples=partial(read_jsonl, data_file or DATA_DIR / "classification.jsonl"),
         encode=partial(encode, label_map=label_map, max_length=max_length),
         collate=collate,
-        build_model=partial(TrigramClassifier, tok.VOCAB_SIZE, len(names), d_model,
-                            dropout=dropout),
+        build_model=partial(build_model, len(names), d_model, dropout, batch_norm,
+                            virtual_batch),
         decode=lambda ids: ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{i}?>"
                                      for i in ids),
+        decode_input=tok.decode,
         group_key="author",
         label_names=names,
         label_field="label",

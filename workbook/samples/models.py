@@ -56,11 +56,12 @@ class TrigramClassifier(nn.Module):
     positions (is a keyword anywhere?) and classified. Padding never changes a result."""
 
     def __init__(self, vocab: int, classes: int, d_model: int = 64, buckets: int = 4096,
-                 dropout: float = 0.1):
+                 dropout: float = 0.1, norm: nn.Module | None = None):
         super().__init__()
         self.buckets = buckets
         self.embed = nn.Embedding(buckets, d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU())
+        self.norm = norm if norm is not None else nn.Identity()  # over the pooled features
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(d_model, classes)
 
@@ -71,4 +72,4 @@ class TrigramClassifier(nn.Module):
         # max (not amax): its backward scatters into the winner positions, while amax's backward
         # builds a mask and sums it in int64 inside one kernel, unseen by the memory tracker
         h = h.masked_fill(attention_mask.unsqueeze(-1) == 0, float("-inf")).max(1).values
-        return self.head(self.drop(h))
+        return self.head(self.drop(self.norm(h)))

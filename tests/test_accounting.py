@@ -1,0 +1,121 @@
+import pytest
+import torch
+
+from workbook import TrainConfig, WorkbookError, load_task, train
+from workbook.accounting import BatchAccount, batch_norm_statistics, normalisation_check, reconcile
+from workbook.ghost_batch_norm import GhostBatchNorm
+
+
+def test_the_worked_example():
+    account = BatchAccount(micro_batch=2, accumulation=8, replicas=1, examples=3200)
+    assert account.examples_per_update == 16
+    assert account.updates_per_pass == 200 and account.partial_update() is None
+    assert account.budget("epochs", 1)["updates"] == 200
+    assert account.budget("updates", 200) == {
+        "held": "updates", "updates": 200, "examples": 3200, "epochs": 1.0, "targets": 3200,
+        "partial_updates": 0, "examples_per_update": 16}
+
+
+def test_replicas_multiply_and_partial_batches_are_counted():
+    account = BatchAccount(micro_batch=2, accumulation=8, replicas=4, examples=3210)
+    assert account.examples_per_update == 64
+    assert account.full_updates_per_pass == 50 and account.leftover == 10
+    assert account.updates_per_pass == 51
+    assert account.partial_update() == {"examples": 10, "micro_batches_per_replica": 2,
+                                        "last_micro_batch": 1}
+    dropped = BatchAccount(2, 8, 4, 3210, drop_partial=True)
+    assert dropped.updates_per_pass == 50 and dropped.examples_per_pass == 3200
+
+
+def test_budgets_holding_each_quantity():
+    account = BatchAccount(2, 8, 1, 100)  # 6 full updates + 4 left over per pass
+    assert account.budget("updates", 14)["examples"] == 200 + 0  # two passes exactly
+    assert account.budget("updates", 14)["partial_updates"] == 2
+    assert account.budget("examples", 50)["updates"] == 4
+    by_epochs = account.budget("epochs", 2, targets_per_example=8.5)
+    assert by_epochs["updates"] == 14 and by_epochs["targets"] == 1700
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"micro_batch": 0, "accumulation": 8}, "micro_batch must be a positive integer"),
+    ({"micro_batch": 2, "accumulation": -1}, "accumulation must be a positive integer"),
+])
+def test_bad_shapes_are_refused(kwargs, words):
+    with pytest.raises(WorkbookError, match=words):
+        BatchAccount(**kwargs)
+    with pytest.raises(WorkbookError, match="cannot hold"):
+        BatchAccount(2, 2, 1, 10).budget("seconds", 3)
+    with pytest.raises(WorkbookError, match="needs 32 examples"):
+        BatchAccount(4, 8, 1, 10, drop_partial=True).budget("updates", 3)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_reconciliation_with_the_real_loop(cls_task, cls_items, drop):
+    items = cls_items["train"][:45]  # 45 = 2 x 16 + 13: a partial update per pass
+    cfg = TrainConfig(micro_batch=4, accumulation=4, updates=7, drop_partial=drop, device="cpu")
+    steps = train(cls_task, items, cfg).steps
+    table = reconcile(BatchAccount(4, 4, 1, len(items), drop_partial=drop), steps, items)
+    assert table.match.all(), table
+    assert table.set_index("counter").loc["partial updates", "loop"] == (0 if drop else 2)
+
+
+def test_reconciliation_catches_a_miscount(cls_task, cls_items):
+    items = cls_items["train"][:45]
+    steps = train(cls_task, items, TrainConfig(micro_batch=4, accumulation=4, updates=3,
+                                               device="cpu")).steps
+    steps[1].examples -= 1  # a loop that miscounts one example
+    assert not reconcile(BatchAccount(4, 4, 1, 45), steps, items).match.all()
+
+
+def test_normalisation_check_passes_for_the_loop_and_fails_for_the_planted_bug(gen_task,
+                                                                               gen_items):
+    items = gen_items["train"][:13]  # different lengths and a final partial micro-batch
+    table = normalisation_check(gen_task, items, splits=(13, 2, 1, 4))
+    loop = table[~table.normalisation.str.contains("wrong")]
+    wrong = table[table.normalisation.str.contains("wrong")]
+    assert loop.within_tolerance.all()
+    assert set(loop.last_micro_batch) == {13, 1}
+    assert not wrong.iloc[1:].within_tolerance.any()
+
+
+def test_ghost_batch_norm_equals_batch_norm_when_sizes_match():
+    torch.manual_seed(0)
+    x = torch.randn(8, 3)
+    ghost, plain = GhostBatchNorm(3, 8), torch.nn.BatchNorm1d(3)
+    torch.testing.assert_close(ghost(x), plain(x))
+    torch.testing.assert_close(ghost.running_mean, plain.running_mean)
+    ghost.eval()
+    plain.eval()
+    torch.testing.assert_close(ghost(x), plain(x))
+
+
+def test_ghost_batch_norm_against_a_reference_by_hand():
+    torch.manual_seed(0)
+    x = torch.randn(10, 2) * 3 + 1
+    ghost = GhostBatchNorm(2, 4, affine=False, momentum=0.5)
+    assert ghost.chunk_sizes(10) == [4, 4, 2] and ghost.chunk_sizes(9) == [4, 5]
+    out = ghost(x)
+    expected, running = [], torch.zeros(2)
+    for chunk in x.split([4, 4, 2]):
+        mean, var = chunk.mean(0), chunk.var(0, unbiased=False)
+        expected.append((chunk - mean) / torch.sqrt(var + ghost.eps))
+        running = 0.5 * running + 0.5 * mean
+    torch.testing.assert_close(out, torch.cat(expected))
+    torch.testing.assert_close(ghost.running_mean, running)
+    small = GhostBatchNorm(2, 8, affine=False)(x[:3])  # smaller: one chunk of what there is
+    torch.testing.assert_close(small, (x[:3] - x[:3].mean(0)) /
+                               torch.sqrt(x[:3].var(0, unbiased=False) + 1e-5))
+    with pytest.raises(ValueError, match="at least 2"):
+        GhostBatchNorm(2, 1)
+
+
+def test_batch_norm_sees_the_micro_batch_not_the_effective_batch(cls_items):
+    for norm, per_stat in (("batch", 4), ("ghost", 2)):
+        task = load_task("workbook.samples.classification:task", batch_norm=norm,
+                         virtual_batch=2)
+        table = batch_norm_statistics(task, cls_items["train"], micro_batch=4, accumulation=4)
+        assert len(table) == 4, "one pass per micro-batch"
+        assert set(table.values_per_statistic) == {per_stat}
+        assert set(table.effective_batch) == {16}
+    plain = load_task("workbook.samples.classification:task")
+    assert batch_norm_statistics(plain, cls_items["train"], 4, 4).empty

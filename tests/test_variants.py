@@ -1,0 +1,77 @@
+"""Notebook 05's variants: recorded rows, honest flags, not-applicable rows, bad input."""
+
+import pytest
+
+from workbook import WorkbookError
+from workbook.predict import Plan
+from workbook.variants import Variant, VariantStudy, default_variants
+
+from .conftest import CLASSIFICATION, GENERATION
+
+
+@pytest.fixture(scope="module")
+def gen_table():
+    study = VariantStudy(GENERATION, {}, updates=3, train_limit=120, val_limit=16,
+                         plan=Plan(8, 2, 256, 8))
+    return study.run(default_variants(Variant("control", 4, 2), 20)).set_index("id")
+
+
+def test_every_variant_keeps_its_row(gen_table):
+    assert list(gen_table.index) == ["control", "micro-batch/2", "max_length=20",
+                                     "checkpointing", "bf16", "fp16+scaler",
+                                     "micro-batch/2+checkpointing", "bf16+checkpointing"]
+    assert (gen_table.effective_batch == 8).all()
+
+
+def test_fp16_on_cpu_is_not_applicable_not_a_silent_fallback(gen_table):
+    row = gen_table.loc["fp16+scaler"]
+    assert row.status == "not applicable" and "needs CUDA" in row.reason
+
+
+def test_truncation_that_removes_targets_changes_the_experiment(gen_table):
+    flags = gen_table.loc["max_length=20", "flags"]
+    assert "changes the experiment" in flags and "targets from" in flags
+    assert gen_table.loc["control", "flags"] == ""
+
+
+def test_smaller_micro_batch_keeps_the_update_and_notes_what_it_does_not_free(gen_table):
+    row = gen_table.loc["micro-batch/2"]
+    assert "does not free weights or optimizer state" in row["flags"]
+    assert row.examples_seen == gen_table.loc["control", "examples_seen"]
+    # the same examples, the same normalisation: the same model after the same updates
+    assert row.val_loss == pytest.approx(gen_table.loc["control", "val_loss"], abs=1e-5)
+
+
+def test_checkpointing_lowers_the_planned_activation_peak(gen_table):
+    assert gen_table.loc["checkpointing", "plan_peak_bytes"] < \
+        gen_table.loc["control", "plan_peak_bytes"]
+    assert gen_table.loc["max_length=20", "plan_peak_bytes"] < \
+        gen_table.loc["control", "plan_peak_bytes"]
+
+
+def test_classification_variants_run(tmp_path):
+    study = VariantStudy(CLASSIFICATION, {}, updates=2, train_limit=80, val_limit=8)
+    table = study.run([Variant("control", 4, 2), Variant("bf16", 4, 2, precision="bf16"),
+                       Variant("bigger batch", 8, 2)]).set_index("id")
+    assert (table.status == "measured").all()
+    assert "effective batch changed" in table.loc["bigger batch", "flags"]
+
+
+def test_truncating_a_classification_text_is_noted():
+    study = VariantStudy(CLASSIFICATION, {}, updates=1, train_limit=40, val_limit=8)
+    table = study.run([Variant("control", 4, 1), Variant("cut", 4, 1, max_length=12)])
+    assert "shortens the input of" in table["flags"][1]
+    assert "changes the experiment" not in table["flags"][1]
+
+
+def test_max_length_shorter_than_every_prompt_is_an_error():
+    study = VariantStudy(GENERATION, {}, updates=1, train_limit=30, val_limit=4)
+    with pytest.raises(WorkbookError, match="shorter than every prompt"):
+        study.run([Variant("control", 2, 1), Variant("cut", 2, 1, max_length=3)])
+
+
+def test_a_task_without_max_length_gets_a_not_applicable_row():
+    study = VariantStudy("tests.own_task:task", {}, updates=1, val_limit=8)
+    table = study.run([Variant("control", 4, 1), Variant("cut", 4, 1, max_length=8)])
+    assert table.status.tolist() == ["measured", "not applicable"]
+    assert "max_length" in table.reason[1]

@@ -1,0 +1,218 @@
+"""Notebook 04: how many examples one update sees and how many updates a budget buys.
+
+A micro-batch is one forward/backward pass; accumulation combines passes into one update; data
+replicas multiply the examples of an update (model parallelism does not). These sums predict
+neither duration nor quality: they keep comparisons honest."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Iterable
+
+import pandas as pd
+import torch
+
+from .data import Item, micro_batches
+from .errors import WorkbookError
+from .loop import Stepper
+from .records import StepRecord
+from .task import IGNORE_INDEX, Task
+
+HOLD = ("updates", "examples", "epochs")
+
+
+@dataclass(frozen=True)
+class BatchAccount:
+    """The shape of one update over a data set of `examples` (per pass)."""
+
+    micro_batch: int
+    accumulation: int
+    replicas: int = 1  # data-parallel copies, each with its own micro-batches
+    examples: int = 0  # examples in one pass over the training data
+    drop_partial: bool = False  # leave out the examples that do not fill a whole update
+
+    def __post_init__(self):
+        for name in ("micro_batch", "accumulation", "replicas"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
+                                    f"set {name} to 1 or more")
+        if self.examples < 0:
+            raise WorkbookError(f"examples must be 0 or more, got {self.examples}",
+                                "give the size of one pass over the training data")
+
+    @property
+    def examples_per_update(self) -> int:
+        return self.micro_batch * self.accumulation * self.replicas
+
+    @property
+    def full_updates_per_pass(self) -> int:
+        return self.examples // self.examples_per_update
+
+    @property
+    def leftover(self) -> int:
+        """Examples of a pass that do not fill a whole update."""
+        return self.examples % self.examples_per_update
+
+    @property
+    def updates_per_pass(self) -> int:
+        return self.full_updates_per_pass + (1 if self.leftover and not self.drop_partial else 0)
+
+    @property
+    def examples_per_pass(self) -> int:
+        return self.examples - (self.leftover if self.drop_partial else 0)
+
+    def partial_update(self) -> dict[str, int] | None:
+        """The last update of a pass when it is partial: its examples and micro-batches
+        (per replica the examples are shared out as evenly as the sampler can)."""
+        if not self.leftover or self.drop_partial:
+            return None
+        per_replica = math.ceil(self.leftover / self.replicas)
+        return {"examples": self.leftover,
+                "micro_batches_per_replica": math.ceil(per_replica / self.micro_batch),
+                "last_micro_batch": per_replica - (math.ceil(per_replica / self.micro_batch)
+                                                   - 1) * self.micro_batch}
+
+    def examples_in(self, updates: int) -> tuple[int, int]:
+        """(examples seen, partial updates) in the first `updates` updates, pass after pass."""
+        if not self.updates_per_pass:
+            raise WorkbookError(f"one update needs {self.examples_per_update} examples but a "
+                                f"pass has {self.examples}", "lower micro-batch x accumulation "
+                                "x replicas, or keep partial updates")
+        passes, rest = divmod(updates, self.updates_per_pass)
+        seen = passes * self.examples_per_pass + min(rest * self.examples_per_update,
+                                                     self.examples_per_pass)
+        partial = passes * (1 if self.partial_update() else 0)
+        return seen, partial
+
+    def budget(self, hold: str, value: float, targets_per_example: float = 1.0) -> dict:
+        """Hold one quantity fixed (updates, examples or epochs) and derive the others."""
+        if hold not in HOLD:
+            raise WorkbookError(f"cannot hold {hold!r} fixed", f"hold one of {HOLD}")
+        if value <= 0:
+            raise WorkbookError(f"the budget must be positive, got {value}", "give a budget")
+        if hold == "updates":
+            updates = int(value)
+        elif hold == "examples":
+            updates = math.ceil(value / self.examples_per_update)
+        else:
+            updates = math.ceil(value * self.updates_per_pass)
+        examples, partial = self.examples_in(updates)
+        return {"held": hold, "updates": updates, "examples": examples,
+                "epochs": round(examples / self.examples_per_pass, 4),
+                "targets": round(examples * targets_per_example), "partial_updates": partial,
+                "examples_per_update": self.examples_per_update}
+
+    def compare(self, hold: str, value: float, accumulations: Iterable[int],
+                targets_per_example: float = 1.0) -> pd.DataFrame:
+        """The same budget held fixed for other accumulations: what else changes."""
+        rows = [replace(self, accumulation=a).budget(hold, value, targets_per_example)
+                for a in accumulations]
+        return pd.DataFrame(rows).assign(accumulation=list(accumulations))
+
+    def table(self) -> pd.DataFrame:
+        """The calculator as a one-row table."""
+        row = {**asdict(self), "examples_per_update": self.examples_per_update,
+               "updates_per_pass": self.updates_per_pass,
+               "updates_per_pass_without_partial": self.full_updates_per_pass,
+               "updates_per_pass_with_partial": self.full_updates_per_pass + bool(self.leftover),
+               "leftover_examples": self.leftover}
+        return pd.DataFrame([row])
+
+
+def reconcile(account: BatchAccount, steps: list[StepRecord], items: list[Item]) -> pd.DataFrame:
+    """The loop's counters against the calculator: optimizer steps, examples, partial updates,
+    and targets against the targets of the very examples the loop reports consuming."""
+    targets_of = {it.id: int((it.tensors["labels"] != IGNORE_INDEX).sum()) for it in items}
+    examples, partial = account.examples_in(len(steps))
+    consumed = [i for s in steps for i in s.example_ids]
+    rows = [
+        ("optimizer steps", len(steps), len(steps)),
+        ("examples", sum(s.examples for s in steps), examples),
+        ("partial updates", sum(s.examples < account.examples_per_update for s in steps),
+         partial),
+        ("examples per full update", max(s.examples for s in steps),
+         min(account.examples_per_update, account.examples)),
+        ("targets", sum(s.targets for s in steps), sum(targets_of[i] for i in consumed)),
+        ("distinct examples in the first pass", len(set(consumed[:account.examples_per_pass])),
+         min(account.examples_per_pass, len(consumed))),
+    ]
+    frame = pd.DataFrame(rows, columns=["counter", "loop", "expected"])
+    frame["match"] = frame.loop == frame.expected
+    return frame
+
+
+def update_gradients(task: Task, model: torch.nn.Module, items: list[Item], micro_batch: int,
+                     mean_per_micro_batch: bool = False) -> dict[str, torch.Tensor]:
+    """The gradient of one update over `items` split into micro-batches, through the loop's own
+    accumulation - or, with `mean_per_micro_batch`, the classic wrong normalisation (a mean per
+    micro-batch divided by the number of micro-batches), to show what the check catches."""
+    model.zero_grad(set_to_none=True)
+    batches = list(micro_batches(task, items, micro_batch))
+    if mean_per_micro_batch:
+        for batch in batches:
+            summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
+            (summed / count / len(batches)).backward()
+    else:
+        Stepper(task, model, torch.optim.SGD(model.parameters(), lr=0.0), None,
+                torch.device("cpu")).accumulate(batches)
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()
+            if p.grad is not None}
+
+
+def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (16, 2, 1),
+                        tolerance: float = 1e-4, seed: int = 0) -> pd.DataFrame:
+    """One update over the same examples as 1 x N, k x N/k, ..., N x 1 micro-batches (the first
+    split is the reference), with the loop's normalisation and with the wrong one. Dropout and
+    batch-norm are in eval behaviour: they legitimately change with the micro-batch."""
+    torch.manual_seed(seed)
+    model = task.build_model().eval()
+    rows, reference = [], None
+    for wrong in (False, True):
+        for micro in splits:
+            grads = update_gradients(task, model, items, micro, mean_per_micro_batch=wrong)
+            if reference is None:
+                reference = grads
+            dev = max(float((grads[n] - reference[n]).abs().max() /
+                            reference[n].abs().max().clamp(min=1e-12)) for n in reference)
+            accumulation = math.ceil(len(items) / micro)
+            rows.append({"normalisation": "per micro-batch mean (wrong)" if wrong else
+                         "targets of the whole update (loop)",
+                         "micro_batch x accumulation": f"{micro} x {accumulation}",
+                         "last_micro_batch": len(items) - (accumulation - 1) * micro,
+                         "max_relative_deviation": dev, "within_tolerance": dev <= tolerance})
+    return pd.DataFrame(rows)
+
+
+def batch_norm_statistics(task: Task, items: list[Item], micro_batch: int,
+                          accumulation: int) -> pd.DataFrame:
+    """Run one update and record, for every batch-norm layer, how many examples each of its
+    statistics was computed over: the micro-batch (or a ghost batch), never the effective batch."""
+    torch.manual_seed(0)
+    model = task.build_model().train()
+    seen: list[dict] = []
+
+    def record(name):
+        def hook(module, inputs):
+            x = inputs[0]
+            per_stat = x.shape[0] * (x[0, 0].numel() if x.dim() > 2 else 1)
+            virtual = getattr(module, "virtual_batch_size", None)
+            groups = math.ceil(x.shape[0] / virtual) if virtual else 1
+            seen.append({"layer": name, "kind": type(module).__name__,
+                         "examples_in_pass": x.shape[0], "statistics_per_pass": groups,
+                         "values_per_statistic": per_stat // groups,
+                         "effective_batch": micro_batch * accumulation})
+        return hook
+    handles = [m.register_forward_pre_hook(record(n)) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    try:
+        if handles:
+            stepper = Stepper(task, model, torch.optim.SGD(model.parameters(), lr=0.0), None,
+                              torch.device("cpu"))
+            stepper.accumulate(list(micro_batches(task, items[: micro_batch * accumulation],
+                                                  micro_batch)))
+    finally:
+        for h in handles:
+            h.remove()
+    return pd.DataFrame(seen)

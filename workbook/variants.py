@@ -1,0 +1,222 @@
+"""Notebook 05: memory levers as recorded variants of a control - micro-batch, max length,
+activation checkpointing, mixed precision - each measured, and flagged when it changes the
+experiment rather than only its cost."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+
+from .data import Item, encode_examples, load_examples, split_examples
+from .errors import WorkbookError
+from .gates import GateRun, GateSettings
+from .loop import (
+    TrainConfig,
+    apply_activation_checkpointing,
+    check_precision,
+    evaluate,
+    resolve_device,
+    train,
+)
+from .predict import Plan, predict
+from .task import IGNORE_INDEX, Task, load_task
+from .workload import TRAINING_PHASES
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration to compare with the control; `max_length` None keeps the control's."""
+
+    id: str
+    micro_batch: int
+    accumulation: int
+    max_length: int | None = None
+    activation_checkpointing: bool = False
+    precision: str = "fp32"
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.accumulation
+
+
+def default_variants(control: Variant, short_length: int) -> list[Variant]:
+    """The control, each lever alone, and two combinations. Halving the micro-batch doubles
+    accumulation, so the effective batch stays."""
+    half = max(control.micro_batch // 2, 1)
+    small = replace(control, id="micro-batch/2", micro_batch=half,
+                    accumulation=control.effective_batch // half)
+    return [
+        control, small,
+        replace(control, id=f"max_length={short_length}", max_length=short_length),
+        replace(control, id="checkpointing", activation_checkpointing=True),
+        replace(control, id="bf16", precision="bf16"),
+        replace(control, id="fp16+scaler", precision="fp16"),
+        replace(small, id="micro-batch/2+checkpointing", activation_checkpointing=True),
+        replace(control, id="bf16+checkpointing", precision="bf16",
+                activation_checkpointing=True),
+    ]
+
+
+def _targets(items: list[Item]) -> dict:
+    return {it.id: int((it.tensors["labels"] != IGNORE_INDEX).sum()) for it in items}
+
+
+@dataclass
+class VariantStudy:
+    """Everything shared by the variants: the task path, the data, the measurement sizes."""
+
+    task_path: str
+    task_options: dict
+    updates: int = 20  # updates timed and trained for the quality proxy
+    lr: float = 1e-3
+    seed: int = 0
+    device: str = "cpu"
+    eval_batch: int = 16
+    length: int = 0  # positions of the measured batches (0: the data's longest)
+    train_limit: int = 0
+    val_limit: int = 64
+    plan: Plan | None = None  # the rental size to predict each variant at
+
+    def __post_init__(self):
+        self.control_task = load_task(self.task_path, **self.task_options)
+        self.splits = split_examples(self.control_task, load_examples(self.control_task))
+        if self.train_limit:
+            self.splits["train"] = self.splits["train"][: self.train_limit]
+        self.splits["validation"] = self.splits["validation"][: self.val_limit]
+        self.control_val = encode_examples(self.control_task, self.splits["validation"])
+        control_train = encode_examples(self.control_task, self.splits["train"])
+        self.control_targets = _targets(control_train)
+        self.control_lengths = {it.id: self.control_task.length(it.tensors)
+                                for it in control_train}
+
+    def task_for(self, variant: Variant) -> Task:
+        if variant.max_length is None:
+            return self.control_task
+        return load_task(self.task_path, **{**self.task_options,
+                                            "max_length": variant.max_length})
+
+    def measure(self, variant: Variant, control: Variant) -> dict:
+        """One recorded row: memory per phase, time per update, quality proxy and flags."""
+        row = {**asdict(variant), "effective_batch": variant.effective_batch,
+               "status": "measured", "reason": "", "flags": []}
+        try:
+            check_precision(variant.precision, resolve_device(self.device))
+            task = self.task_for(variant)
+            if variant.activation_checkpointing:  # does the model have blocks to wrap?
+                apply_activation_checkpointing(task, task.build_model())
+        except WorkbookError as exc:  # recorded, never a silent fallback
+            return {**row, "status": "not applicable", "reason": exc.problem}
+        train_items = encode_examples(task, self.splits["train"])
+        targets = _targets(train_items)
+        shortened = sum(task.length(it.tensors) < self.control_lengths[it.id]
+                        for it in train_items)
+        lost = {i: self.control_targets[i] - n for i, n in targets.items()
+                if n < self.control_targets[i]}
+        if lost and all(n == 0 for n in targets.values()):
+            raise WorkbookError(f"max_length {variant.max_length} leaves no target in any "
+                                "example (shorter than every prompt)",
+                                "choose a max_length longer than the prompts")
+        flags = row["flags"]
+        if lost:
+            flags.append(f"changes the experiment: truncation removes {sum(lost.values())} "
+                         f"targets from {len(lost)} examples "
+                         f"({sum(n == 0 for n in targets.values())} left with none)")
+        elif shortened:
+            flags.append(f"truncation shortens the input of {shortened} examples (their "
+                         "labels stay: check that the evidence does too)")
+        if variant.effective_batch != control.effective_batch:
+            flags.append(f"effective batch changed: {variant.effective_batch} instead of "
+                         f"{control.effective_batch}")
+        if variant.accumulation > control.accumulation:
+            flags.append("accumulation does not free weights or optimizer state: only the "
+                         "activations of a smaller micro-batch")
+        settings = GateSettings(micro_batch=variant.micro_batch,
+                                accumulation=min(variant.accumulation, 2),
+                                eval_batch=self.eval_batch,
+                                length=min(self.length, variant.max_length or self.length),
+                                precision=variant.precision,
+                                activation_checkpointing=variant.activation_checkpointing,
+                                device=self.device, lr=self.lr, seed=self.seed)
+        val_items = encode_examples(task, self.splits["validation"])
+        with tempfile.TemporaryDirectory() as tmp:
+            gates = GateRun(task, settings, train_items, val_items, Path(tmp)).run(
+                training_only=True).table().set_index("phase")
+        for phase in TRAINING_PHASES:
+            row[f"peak_{phase}"] = gates.loc[phase, "peak_allocated_bytes"]
+        row["peak_bytes"] = int(gates.peak_allocated_bytes.max())
+        failed = gates.index[gates.verdict == "fail"].tolist()
+        if failed:
+            flags.append(f"gates failed: {failed}")
+        cfg = TrainConfig(micro_batch=variant.micro_batch, accumulation=variant.accumulation,
+                          updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
+                          precision=variant.precision,
+                          activation_checkpointing=variant.activation_checkpointing)
+        result = train(task, train_items, cfg)
+        times = [s.time_s for s in result.steps[1:]] or [result.steps[0].time_s]
+        row["time_per_update_s"] = statistics.median(times)
+        # quality on the CONTROL's validation examples, so truncation cannot flatter itself
+        row["val_loss"] = evaluate(task, result.model, self.control_val, self.eval_batch,
+                                   resolve_device(self.device)).loss
+        row["examples_seen"] = sum(s.examples for s in result.steps)
+        if self.plan is not None:
+            scale = variant.micro_batch / control.micro_batch
+            length = self.plan.length
+            if variant.max_length and length:
+                length = min(length, variant.max_length)
+            plan = replace(self.plan, micro_batch=max(1, round(self.plan.micro_batch * scale)),
+                           length=length, precision=variant.precision,
+                           activation_checkpointing=variant.activation_checkpointing)
+            predicted = predict(task, train_items, val_items, plan, self.lr, self.device)
+            row["plan"] = plan.label()
+            row["plan_peak_bytes"] = int(predicted.predicted_peak_bytes.max())
+        return row
+
+    def run(self, variants: list[Variant]) -> pd.DataFrame:
+        """Measure every variant; ratios are relative to the first (the control)."""
+        control = variants[0]
+        rows = [self.measure(v, control) for v in variants]
+        table = pd.DataFrame(rows)
+        base = table.iloc[0]
+        for col, ref in (("memory_ratio", "peak_bytes"), ("time_ratio", "time_per_update_s")):
+            table[col] = (table[ref] / base[ref]).round(3)
+        table["val_loss_delta"] = (table.val_loss - base.val_loss).round(6)
+        table["flags"] = table["flags"].map(lambda f: "; ".join(f))
+        return table
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Variants for people: MiB, ratios, flags."""
+    cols = ["id", "micro_batch", "accumulation", "effective_batch", "max_length", "precision",
+            "activation_checkpointing", "status", "memory_ratio", "time_ratio",
+            "val_loss_delta", "flags", "reason"]
+    out = table[[c for c in cols if c in table]].copy()
+    out.insert(8, "peak_mib", (table.peak_bytes / 2**20).round(2))
+    if "plan_peak_bytes" in table:
+        out["plan_peak_mib"] = (table.plan_peak_bytes / 2**20).round(1)
+    return out
+
+
+def save(table: pd.DataFrame, out_dir: Path, task: Task) -> str:
+    """Variant rows and `summary.json`: the verdict fails only when a measured variant failed a
+    gate (a variant that changes the experiment is flagged, not failed)."""
+    from .runs import save_table, write_summary
+
+    save_table(table, out_dir, "variants")
+    measured = table[table.status == "measured"]
+    failed = measured[measured["flags"].str.contains("gates failed")]
+    ckpt = measured[measured.id == "checkpointing"]
+    figures = {"variants": len(table), "measured": len(measured),
+               "not_applicable": table.id[table.status != "measured"].tolist(),
+               "changes_experiment": measured.id[measured["flags"].str.contains(
+                   "changes the experiment")].tolist(),
+               "checkpointing_memory_ratio": float(ckpt.memory_ratio.iloc[0]) if len(ckpt)
+               else None,
+               "checkpointing_time_ratio": float(ckpt.time_ratio.iloc[0]) if len(ckpt)
+               else None}
+    verdict = "fail" if len(failed) else "pass"
+    write_summary(out_dir, verdict, figures, task=task.name)
+    return verdict
