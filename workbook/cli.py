@@ -34,7 +34,23 @@ def main(argv: list[str] | None = None) -> int:
     pilot.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     pilot.add_argument("--only", help="comma list of notebook numbers, e.g. 01,02")
     pilot.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    trial = sub.add_parser("trial", help="run one more trial of an existing study (the "
+                           "repro command of notebook 06)")
+    trial.add_argument("--study", required=True, help="the study folder (holds plan.json)")
+    trial.add_argument("--lr", type=float, required=True)
+    trial.add_argument("--seed", type=int, default=0)
+    trial.add_argument("--repeats", type=int, help="the id of the trial this one repeats")
     args = parser.parse_args(argv)
+    if args.command == "trial":
+        from .study import Study
+
+        try:
+            tid = Study(args.study).run_trial(args.lr, args.seed, args.repeats)
+        except WorkbookError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"trial {tid}")
+        return 0
     from .pilot import run_pilot
 
     try:

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .data import Batch, Item, epoch_order, loader, micro_batches, plan_epoch
+from .data import Batch, Item, collate_items, epoch_order, loader, plan_epoch
 from .errors import WorkbookError
 from .records import EvalRecord, StepRecord
-from .task import Task
+from .task import IGNORE_INDEX, Task
 
 
 @dataclass
@@ -71,6 +71,7 @@ class TrainResult:
     steps: list[StepRecord] = field(default_factory=list)
     evals: list[EvalRecord] = field(default_factory=list)
     config: dict = field(default_factory=dict)
+    stop_reason: str = ""  # why the run stopped before its budget ("" when it did not)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -231,19 +232,31 @@ def accumulate(task: Task, model: nn.Module, batches: Iterable[Batch],
     return float(loss_sum) / n, n
 
 
+def _padded(items: list[Item], size: int) -> list[Item]:
+    """Fill a final partial evaluation batch with copies whose labels are all -100: the shapes
+    stay those of a full batch and the copies weigh zero in every sum."""
+    filler = Item(None, {k: (torch.full_like(v, IGNORE_INDEX) if k == "labels" else v)
+                         for k, v in items[-1].tensors.items()})
+    return items + [filler] * (size - len(items))
+
+
 @torch.no_grad()
 def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
              device: torch.device, step: int = 0, precision: str = "fp32",
              seen: list | None = None) -> EvalRecord:
-    """Loss and metrics over exactly these items in eval mode; independent of `eval_batch`
-    (sums of numerators and denominators, never means of batch means). Ids go to `seen`."""
+    """Loss and metrics over exactly these items in eval mode, identical for any `eval_batch`:
+    sums of numerators and denominators, never means of batch means, and a final partial batch
+    padded with zero-weight copies. Classification also counts correct predictions per class.
+    The ids evaluated go to `seen`."""
     was_training = model.training
     model.eval()
     dtype = PRECISIONS[precision]
     loss_sum, targets, sums = 0.0, 0, {}
+    per_class = {}
     try:
-        for batch in micro_batches(task, items, eval_batch):
-            batch = batch.to(device)
+        for start in range(0, len(items), eval_batch):
+            chunk = _padded(items[start:start + eval_batch], eval_batch)
+            batch = collate_items(task, chunk).to(device)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 logits = task.forward(model, batch.tensors)
             summed, count = task.loss(logits.float(), batch.tensors)
@@ -253,12 +266,22 @@ def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
                 total = sums.setdefault(name, [0.0, 0.0])
                 total[0] += num
                 total[1] += den
+            if task.kind == "classification":
+                labels = batch.tensors["labels"]
+                hits = logits.argmax(-1) == labels
+                for cls in labels[labels != IGNORE_INDEX].unique().tolist():
+                    name = task.decode([cls])
+                    mine = labels == cls
+                    counts = per_class.setdefault(name, [0, 0])
+                    counts[0] += int((hits & mine).sum())
+                    counts[1] += int(mine.sum())
             if seen is not None:
-                seen.extend(batch.ids)
+                seen.extend(i for i in batch.ids if i is not None)
     finally:
         model.train(was_training)
     metrics = {name: num / den if den else float("nan") for name, (num, den) in sums.items()}
-    return EvalRecord(step, len(items), targets, loss_sum / max(targets, 1), metrics)
+    return EvalRecord(step, len(items), targets, loss_sum / max(targets, 1), metrics,
+                      dict(sorted(per_class.items())))
 
 
 def _updates(task: Task, items: list[Item], cfg: TrainConfig):
@@ -275,8 +298,11 @@ def _updates(task: Task, items: list[Item], cfg: TrainConfig):
 
 def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module | None = None,
           val_items: list[Item] | None = None,
-          on_update: Callable[[StepRecord], None] | None = None) -> TrainResult:
-    """Train for `cfg.updates` updates and return the model with one record per update."""
+          on_update: Callable[[StepRecord], str | None] | None = None,
+          on_eval: Callable[[EvalRecord, Stepper], None] | None = None) -> TrainResult:
+    """Train for `cfg.updates` updates and return the model with one record per update.
+    `on_update` may return a reason to stop early (divergence); `on_eval` sees every
+    evaluation with the model and optimizer (checkpoints)."""
     cfg.validate(len(items))
     stepper = build_stepper(task, cfg, model)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
@@ -294,12 +320,17 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
         record = StepRecord(step, epoch, len(batches), len(ids), targets, loss, lr,
                             float(norm), time.perf_counter() - start, data_s, ids)
         result.steps.append(record)
-        if on_update is not None:
-            on_update(record)
-        if val_items and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.updates):
-            result.evals.append(evaluate(task, stepper.model, val_items, cfg.eval_batch,
-                                         stepper.device, step, cfg.precision))
+        reason = on_update(record) if on_update is not None else None
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if reason:
+            result.stop_reason = reason
+            break
+        if val_items and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.updates):
+            record = evaluate(task, stepper.model, val_items, cfg.eval_batch, stepper.device,
+                              step, cfg.precision)
+            result.evals.append(record)
+            if on_eval is not None:
+                on_eval(record, stepper)
     bar.close()
     return result

@@ -34,6 +34,7 @@ class EvalRecord:
     targets: int
     loss: float
     metrics: dict[str, float] = field(default_factory=dict)
+    per_class: dict[str, list[int]] = field(default_factory=dict)  # class -> [correct, total]
 
 
 @dataclass
@@ -54,5 +55,6 @@ def to_frame(records: list[Any]) -> pd.DataFrame:
         row = asdict(record)
         for name, value in row.pop("metrics", {}).items():
             row[f"metric.{name}"] = value
+        row.pop("per_class", None)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -1,0 +1,353 @@
+"""Notebook 06: a learning-rate comparison as a tracked study. The plan is written before the
+first trial and cannot change afterwards; every trial keeps its row in the ledger, diverged ones
+included; evaluation runs at fixed step intervals; each trial keeps its top-N checkpoints and
+the best is chosen afterwards."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shlex
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from . import checkpoint as ckpt
+from .data import SPLITS, Item, collate_items, encode_examples, load_examples, split_examples
+from .errors import WorkbookError
+from .ledger import Ledger
+from .loop import Stepper, TrainConfig, evaluate, resolve_device, train
+from .records import EvalRecord, StepRecord
+from .runs import write_json
+from .task import Task, load_task
+
+PLAN = "plan.json"
+
+
+@dataclass
+class StudyPlan:
+    """Everything fixed before the first trial: the trials, the budget, evaluation, stopping."""
+
+    name: str
+    task: str
+    task_options: dict = field(default_factory=dict)
+    lrs: list[float] = field(default_factory=lambda: [1e-4, 5e-5, 2e-4])  # control first
+    seeds: list[int] = field(default_factory=lambda: [0])
+    updates: int = 200
+    micro_batch: int = 2
+    accumulation: int = 8
+    eval_every: int = 50  # updates, never seconds
+    eval_batch: int = 32  # at least the micro-batch
+    eval_sample: int = 0  # validation examples evaluated periodically (0: all)
+    metric: str = "loss"  # "loss" or a metric of the task, e.g. "accuracy"
+    top_n: int = 2  # best checkpoints kept per trial, plus the last
+    divergence_multiple: float = 3.0  # stop when the loss exceeds this x the first update's
+    prediction_examples: int = 4  # validation examples whose predictions are kept
+    device: str = "cpu"
+    notes: str = ""
+
+    @property
+    def mode(self) -> str:
+        return "min" if self.metric == "loss" else "max"
+
+    def validate(self, task: Task, val: list[Item]) -> "StudyPlan":
+        problems = []
+        if not self.lrs:
+            problems.append("the learning-rate list is empty")
+        if any(not isinstance(lr, (int, float)) or not lr > 0 for lr in self.lrs):
+            problems.append(f"every learning rate must be positive, got {self.lrs}")
+        if not self.seeds:
+            problems.append("the seed list is empty")
+        if not 0 < self.eval_every <= self.updates:
+            problems.append(f"eval_every {self.eval_every} must be between 1 and the budget "
+                            f"of {self.updates} updates")
+        if self.eval_batch < self.micro_batch:
+            problems.append(f"eval_batch {self.eval_batch} is below the micro-batch "
+                            f"{self.micro_batch} (evaluation keeps no activations: it can be "
+                            "larger)")
+        if self.top_n < 1:
+            problems.append("top_n must be at least 1")
+        if self.metric != "loss":
+            produced = evaluate(task, task.build_model(), val[:2], 2, torch.device("cpu"))
+            if self.metric not in produced.metrics:
+                problems.append(f"metric {self.metric!r} is not produced by the task (it gives "
+                                f"{['loss', *produced.metrics]})")
+        if problems:
+            raise WorkbookError("study plan: " + "; ".join(problems),
+                                "fix the study parameters before the first trial")
+        return self
+
+    def trials(self) -> list[dict]:
+        return [{"lr": lr, "seed": seed} for lr in self.lrs for seed in self.seeds]
+
+    def better(self, a: float, b: float | None) -> bool:
+        return b is None or (a < b if self.mode == "min" else a > b)
+
+
+def eval_sample(task: Task, val: list[Item], raw: list[dict], size: int, seed: int = 0
+                ) -> tuple[list[Item], pd.DataFrame]:
+    """A fixed random sample of the validation set, and its skew against the full set
+    (class shares, lengths)."""
+    if not size or size >= len(val):
+        return val, pd.DataFrame()
+    picked = sorted(random.Random(seed).sample(range(len(val)), size))
+    sample = [val[i] for i in picked]
+    rows = []
+    lengths = pd.Series([task.length(it.tensors) for it in val])
+    rows.append({"property": "mean length", "full": round(lengths.mean(), 3),
+                 "sample": round(lengths[picked].mean(), 3)})
+    if task.kind == "classification":
+        full = pd.Series([str(r[task.label_field]) for r in raw]).value_counts(normalize=True)
+        part = pd.Series([str(raw[i][task.label_field]) for i in picked]).value_counts(
+            normalize=True)
+        for name in full.index:
+            rows.append({"property": f"share of {name}", "full": round(full[name], 4),
+                         "sample": round(part.get(name, 0.0), 4)})
+    skew = pd.DataFrame(rows)
+    skew["difference"] = (skew["sample"] - skew["full"]).round(4)
+    return sample, skew
+
+
+def periodicity(steps: list[int], values: list[float], period_updates: int,
+                threshold: float = 0.6) -> dict:
+    """Does the validation curve repeat every pass? The changes between evaluations are
+    correlated with the changes one period later; a strong correlation suggests training data
+    that is not shuffled or evaluation data that overlaps training."""
+    if len(steps) < 3:
+        return {"tested": False, "reason": "fewer than 3 evaluations"}
+    interval = steps[1] - steps[0]
+    lag = round(period_updates / interval) if interval else 0
+    diffs = pd.Series(values).diff().dropna().reset_index(drop=True)
+    if lag < 1 or len(diffs) < 2 * lag + 2:
+        return {"tested": False, "reason": f"needs at least two passes of evaluations "
+                f"({2 * lag + 3} at this interval), has {len(steps)}"}
+    corr = float(diffs.autocorr(lag))
+    return {"tested": True, "lag_evaluations": lag, "autocorrelation": round(corr, 3),
+            "periodic": bool(corr > threshold)}
+
+
+class Study:
+    """A study folder: `plan.json`, `ledger.sqlite`, and `trials/<id>/` for each trial."""
+
+    def __init__(self, folder: str | Path, plan: StudyPlan | None = None):
+        self.folder = Path(folder)
+        path = self.folder / PLAN
+        if path.exists():
+            stored = StudyPlan(**json.loads(path.read_text()))
+            if plan is not None and asdict(plan) != asdict(stored):
+                changed = sorted(k for k, v in asdict(plan).items() if asdict(stored)[k] != v)
+                raise WorkbookError(f"study {stored.name!r} in {self.folder} was planned before "
+                                    f"its first trial; the plan cannot change ({changed})",
+                                    "start a new study (a new out_dir) for a new plan")
+            self.plan = stored
+        elif plan is None:
+            raise WorkbookError(f"{self.folder} holds no study (no {PLAN})",
+                                "create the study with its plan first (notebook 06)")
+        else:
+            self.plan = plan
+        self.task = load_task(self.plan.task, **self.plan.task_options)
+        splits = split_examples(self.task, load_examples(self.task))
+        self.raw = {name: splits[name] for name in SPLITS}
+        self.train_items = encode_examples(self.task, splits["train"])
+        self.val_items = encode_examples(self.task, splits["validation"])
+        self.plan.validate(self.task, self.val_items)
+        self.sample, self.skew = eval_sample(self.task, self.val_items, splits["validation"],
+                                             self.plan.eval_sample)
+        self.sampled = len(self.sample) < len(self.val_items)
+        if not path.exists():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_json(path, asdict(self.plan))  # written before any trial starts
+        self.ledger = Ledger(self.folder / "ledger.sqlite")
+        self.ledger.add_study(self.plan.name, str(path), self.plan.notes)
+        self._clean_partials()
+
+    def _clean_partials(self) -> None:
+        """Half-written checkpoint folders of interrupted trials are never kept (they were never
+        recorded in the ledger, so nothing points at them)."""
+        trials = self.ledger.frame("trials")
+        for tid in trials.id[trials.status == "interrupted"]:
+            for partial in (self.folder / "trials" / str(tid)).glob(".*.partial-*"):
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def repro(self, lr: float, seed: int, repeats: int | None = None) -> str:
+        cmd = [sys.executable, "-m", "workbook", "trial", "--study", str(self.folder.resolve()),
+               "--lr", repr(lr), "--seed", str(seed)]
+        return shlex.join(cmd + (["--repeats", str(repeats)] if repeats else []))
+
+    def run_all(self, progress: bool = False) -> list[int]:
+        """Run every planned trial not yet run; a diverged or failed one does not stop the rest."""
+        done = {(json.loads(p)["lr"], json.loads(p)["seed"])
+                for p in self.ledger.frame("trials").params}
+        return [self.run_trial(t["lr"], t["seed"], progress=progress)
+                for t in self.plan.trials() if (t["lr"], t["seed"]) not in done]
+
+    def run_trial(self, lr: float, seed: int, repeats: int | None = None,
+                  progress: bool = False) -> int:
+        """One trial, recorded from its first step; returns its id."""
+        if not lr > 0:
+            raise WorkbookError(f"learning rate {lr} is not positive", "give a positive lr")
+        plan, ledger = self.plan, self.ledger
+        tid = ledger.start_trial(plan.name, {"lr": lr, "seed": seed},
+                                 self.repro(lr, seed, repeats), repeats)
+        folder = self.folder / "trials" / str(tid)
+        folder.mkdir(parents=True)
+        cfg = TrainConfig(micro_batch=plan.micro_batch, accumulation=plan.accumulation,
+                          updates=plan.updates, lr=lr, seed=seed, device=plan.device,
+                          eval_every=plan.eval_every, eval_batch=plan.eval_batch,
+                          progress=progress)
+        pending: list[dict] = []
+        first: list[float] = []
+        kept: list[tuple[float, int, Path]] = []  # (metric, step, path) of checkpoints on disk
+        best: list = [None, None, None]  # metric, step, path
+
+        def on_update(record: StepRecord) -> str | None:
+            pending.append({k: getattr(record, k) for k in
+                            ("step", "loss", "lr", "examples", "targets", "time_s")})
+            if not first:
+                first.append(record.loss)
+            if not math.isfinite(record.loss):
+                return f"non-finite loss ({record.loss}) at update {record.step}"
+            if record.loss > plan.divergence_multiple * first[0]:
+                return (f"loss {record.loss:.3g} above {plan.divergence_multiple} x the first "
+                        f"update's {first[0]:.3g}")
+            return None
+
+        def on_eval(record: EvalRecord, stepper: Stepper) -> None:
+            ledger.add_steps(tid, pending)
+            pending.clear()
+            scope = "sample" if self.sampled else "full"
+            ledger.add_eval(tid, record.step, scope, record.loss, record.metrics,
+                            record.per_class)
+            self._save_predictions(stepper.model, folder, record.step)
+            value = record.loss if plan.metric == "loss" else record.metrics[plan.metric]
+            if not math.isfinite(value):
+                return
+            path = folder / f"step-{record.step:06d}"
+            ckpt.save_checkpoint(path, stepper.model, stepper.optimizer, stepper.scheduler,
+                                 stepper.scaler, {"step": record.step, "trial": tid},
+                                 {"study": plan.name, "lr": lr, "seed": seed})
+            ledger.add_checkpoint(tid, record.step, str(path.relative_to(self.folder)), value)
+            kept.append((value, record.step, path))
+            if plan.better(value, best[0]):
+                best[:] = [value, record.step, path]
+                ledger.set_best(tid, record.step, value, str(path.relative_to(self.folder)))
+            self._prune(tid, kept, record.step)
+
+        try:
+            result = train(self.task, self.train_items, cfg, val_items=self.sample,
+                           on_update=on_update, on_eval=on_eval)
+        except Exception as exc:  # recorded, and the study goes on
+            ledger.add_steps(tid, pending)
+            ledger.end_trial(tid, "failed", f"{type(exc).__name__}: {exc}"[:500],
+                             pending[-1]["step"] if pending else None)
+            return tid
+        ledger.add_steps(tid, pending)
+        last = result.steps[-1].step if result.steps else None
+        if result.stop_reason:
+            ledger.end_trial(tid, "diverged", result.stop_reason, last)
+        else:
+            ledger.end_trial(tid, "finished", "", last)
+        if best[2] is not None and self.sampled:
+            self._full_evaluation(tid, best[2], int(best[1]))
+        return tid
+
+    def _prune(self, tid: int, kept: list, latest: int) -> None:
+        """Keep the top-N checkpoints of this trial by the metric, and the latest; remove the
+        rest - only files this trial recorded, inside this trial's folder."""
+        plan = self.plan
+        ranked = sorted(kept, key=lambda k: k[0], reverse=plan.mode == "max")
+        keep = {k[1] for k in ranked[: plan.top_n]} | {latest}
+        mine = self.folder / "trials" / str(tid)
+        for entry in list(kept):
+            value, step, path = entry
+            if step not in keep and path.parent == mine:
+                shutil.rmtree(path)
+                self.ledger.drop_checkpoint(tid, step)
+                kept.remove(entry)
+
+    def _save_predictions(self, model: torch.nn.Module, folder: Path, step: int) -> None:
+        """Predictions for a fixed selection of validation examples, for later reading."""
+        raw = self.raw["validation"][: self.plan.prediction_examples]
+        items = self.val_items[: self.plan.prediction_examples]
+        rows = []
+        model.eval()
+        with torch.no_grad():
+            for ex, it in zip(raw, items, strict=True):
+                if self.task.generate is not None:
+                    prediction = self.task.generate(model, ex)
+                else:
+                    batch = collate_items(self.task, [it]).to(resolve_device(self.plan.device))
+                    prediction = self.task.decode(self.task.forward(model, batch.tensors)
+                                                  .argmax(-1).reshape(-1).tolist())
+                rows.append({"step": step, "example": ex[self.task.id_key],
+                             "prediction": prediction})
+        model.train()
+        with (folder / "predictions.jsonl").open("a") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def _full_evaluation(self, tid: int, path: Path, step: int) -> None:
+        """The best checkpoint of a trial evaluated on the whole validation set."""
+        model = self.task.build_model()
+        ckpt.load_checkpoint(path, model, restore_rng=False)
+        device = resolve_device(self.plan.device)
+        record = evaluate(self.task, model.to(device), self.val_items, self.plan.eval_batch,
+                          device, step)
+        self.ledger.add_eval(tid, step, "full-best", record.loss, record.metrics,
+                             record.per_class)
+
+    # --- reading the study --------------------------------------------------------------
+    def trial_table(self) -> pd.DataFrame:
+        trials = self.ledger.frame("trials")
+        params = pd.DataFrame([json.loads(p) for p in trials.params], index=trials.index)
+        table = pd.concat([trials[["id"]], params, trials.drop(columns=["id", "params"])],
+                          axis=1)
+        return table[["id", "lr", "seed", "status", "stop_reason", "stop_step", "best_step",
+                      "best_metric", "best_checkpoint", "repeats", "repro"]]
+
+    def evals(self) -> pd.DataFrame:
+        return self.ledger.frame("evals")
+
+    def curves(self) -> pd.DataFrame:
+        return self.ledger.frame("steps")
+
+    def best(self) -> dict | None:
+        """The study's best checkpoint, chosen after all trials by the planned metric."""
+        trials = self.trial_table().dropna(subset=["best_metric"])
+        if trials.empty:
+            return None
+        row = trials.sort_values("best_metric", ascending=self.plan.mode == "min").iloc[0]
+        return row.to_dict()
+
+    def lr_summary(self) -> pd.DataFrame:
+        """Per learning rate: every seed's best metric, and their mean and spread."""
+        table = self.trial_table()
+        return table.groupby("lr").agg(
+            trials=("id", "count"), seeds=("seed", lambda s: sorted(s.tolist())),
+            statuses=("status", lambda s: ", ".join(sorted(set(s)))),
+            best_mean=("best_metric", "mean"), best_std=("best_metric", "std"),
+            best_min=("best_metric", "min"), best_max=("best_metric", "max")).reset_index()
+
+    def study_table(self) -> pd.DataFrame:
+        """The spreadsheet view: one row for the study."""
+        best = self.best() or {}
+        return pd.DataFrame([{
+            "study": self.plan.name, "config": str(self.folder / PLAN), "notes": self.plan.notes,
+            "trials": len(self.trial_table()), "metric": self.plan.metric,
+            "best_value": best.get("best_metric"), "best_trial": best.get("id"),
+            "best_checkpoint": best.get("best_checkpoint"), "repro": best.get("repro")}])
+
+    def periodicity(self) -> pd.DataFrame:
+        """The periodicity check on every trial's validation curve (one pass = a period)."""
+        per_pass = math.ceil(len(self.train_items) / (self.plan.micro_batch *
+                                                       self.plan.accumulation))
+        evals = self.evals()
+        rows = []
+        for tid, rows_ in evals[evals.scope != "full-best"].groupby("trial"):
+            rows.append({"trial": tid, **periodicity(rows_.step.tolist(), rows_.loss.tolist(),
+                                                     per_pass)})
+        return pd.DataFrame(rows)
