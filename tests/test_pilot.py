@@ -107,3 +107,14 @@ def test_pilot_smoke_accounting_and_variants(task, tmp_path):
         assert var["not_applicable"] == ["checkpointing", "fp16+scaler",
                                          "micro-batch/2+checkpointing", "bf16+checkpointing"]
         assert var["changes_experiment"] == []
+
+
+@pytest.mark.parametrize("task", [GENERATION, CLASSIFICATION])
+def test_pilot_smoke_lr_study(task, tmp_path):
+    run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="06",
+                           progress=False, params={"lrs": [1e-3, 50.0]})
+    assert index.verdict.tolist() == ["pass"], index.error.tolist()
+    fig = summary(run, "06_lr_study")["figures"]
+    assert fig["trials"] == 2 and fig["statuses"] == {"finished": 1, "diverged": 1}
+    assert fig["best_lr"] == 1e-3 and fig["best_checkpoint"].startswith("trials/1/")
+    assert (run / "06_lr_study" / "study" / "ledger.sqlite").exists()

@@ -431,11 +431,89 @@ code("""verdict = wb.variants.save(table, out, study.control_task)
 print(f"verdict: {verdict}")"""),
 ])
 
+nb06 = nb([
+md("""# 06 - Learning-rate comparison as a tracked study
+
+A comparison is honest only when the control and its variants share the architecture, the data
+and its order, the effective batch and the budget, and when the evaluation interval, the stopping
+rule and the metric to select on are fixed **before the first trial**. So the plan is written to
+the study folder first, and the study refuses to change it afterwards.
+
+Every trial keeps its row in the ledger (SQLite, in the run folder): a diverged trial shows where
+the setting breaks and what it consumed; re-running it (on another seed or batch) gets a new id
+with a link to the trial it repeats, instead of silently replacing the failure. An untracked
+experiment does not exist. Evaluation runs at fixed *step* intervals (never time intervals), with
+an evaluation batch at least the training micro-batch; a final partial evaluation batch is
+padded with examples that weigh zero, so the metric does not depend on the evaluation batch
+size. The best checkpoint is often not the last: each trial keeps its top-N checkpoints (and the
+last, for resuming), and the best is chosen afterwards.
+
+The default values - a control of 1e-4 with variants 5e-5 and 2e-4 over 200 updates - illustrate
+how to write the plan; they are not recommendations for your model."""),
+params("""task = "workbook.samples.generation:task"  # package.module:attribute of your task
+task_options = {}  # keyword arguments for a task factory
+out_dir = ""  # where this notebook writes (empty: a new folder under runs/)
+device = "cpu"  # "cpu", "cuda" or "auto"
+seed = 0  # seed of the validation sample (the trials have their own seeds)
+study_name = "lr-comparison"
+lrs = [1e-4, 5e-5, 2e-4]  # the control first, then the variants
+seeds = [0]  # one trial per (lr, seed); several seeds show the spread
+updates = 200  # the same budget for every trial
+micro_batch = 2
+accumulation = 8
+eval_every = 50  # evaluate every N updates
+eval_batch = 32  # at least the micro-batch
+eval_sample = 0  # periodic evaluation on a sample of this size (0: the whole validation set)
+metric = "loss"  # what selects the best checkpoint: "loss" or a task metric such as "accuracy"
+top_n = 2  # checkpoints kept per trial, plus the last
+divergence_multiple = 3.0  # a trial whose loss exceeds this x its first loss is stopped
+prediction_examples = 4  # validation examples whose predictions are saved at each evaluation
+notes = "none"  # free text kept with the study"""),
+code("""import workbook as wb
+
+p = wb.params.check(globals(), "06_lr_study")
+out = wb.runs.notebook_dir(p["out_dir"], "06_lr_study")
+study = wb.study.Study(out / "study", wb.study.plan_from_params(p))
+print(f"plan of {study.plan.name!r} written to {study.folder / 'plan.json'} before any trial; "
+      f"{len(study.plan.trials())} trials planned")"""),
+md("""## The trials"""),
+code("""# NBVAL_IGNORE_OUTPUT
+study.run_all(progress=True)
+study.trial_table()"""),
+code("""study.trial_table()[["id", "lr", "seed", "status", "best_step"]]"""),
+code("""wb.plots.study_curves(study.curves(), study.evals(), study.trial_table(),
+                     save=out / "study_curves.png")"""),
+md("""## Per learning rate, every seed
+The best value of each seed is kept; the mean and spread never hide a seed."""),
+code("""# NBVAL_IGNORE_OUTPUT
+study.lr_summary()"""),
+md("""## The study table
+The spreadsheet view: where the configuration is stored, notes, trials, the best checkpoint's
+validation performance and the command that reproduces it."""),
+code("""# NBVAL_IGNORE_OUTPUT
+study.study_table().T"""),
+md("""## Evaluation checks
+A sampled periodic evaluation is compared with the full validation set (class shares, lengths),
+and the best checkpoint is evaluated on the full set at the end. A validation curve that repeats
+every pass over the data suggests training data not shuffled, or evaluation data overlapping
+training; the check needs evaluations over at least two passes."""),
+code("""study.skew if not study.skew.empty else "periodic evaluation uses the whole validation set\""""),
+code("""study.periodicity()"""),
+md("""For classification, the correct predictions per class at each evaluation of the best trial
+(a "+0.05 recall" on a rare class may be a single example):"""),
+code("""# NBVAL_IGNORE_OUTPUT
+best = study.best()
+evals = study.evals()
+evals[evals.trial == best["id"]][["step", "scope", "loss", "metrics", "per_class"]] if best else None"""),
+code("""verdict = wb.study.save(study, out)
+print(f"verdict: {verdict}")"""),
+])
+
 if __name__ == "__main__":
     root = Path(__file__).resolve().parents[1]
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else root / "notebooks"
     target.mkdir(parents=True, exist_ok=True)
     for name, book in (("01_inspect_examples", nb01), ("02_overfit", nb02),
                        ("03_phase_gates", nb03), ("04_batch_accounting", nb04),
-                       ("05_memory_variants", nb05)):
+                       ("05_memory_variants", nb05), ("06_lr_study", nb06)):
         nbf.write(book, target / f"{name}.ipynb")

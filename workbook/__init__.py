@@ -15,6 +15,7 @@ from . import (
                plots,
                predict,
                runs,
+               study,
                variants,
 )
 from .data import encode_examples, load_examples, read_jsonl, split_examples
@@ -25,4 +26,4 @@ from .task import IGNORE_INDEX, Task, load_task
 __all__ = ["IGNORE_INDEX", "Task", "TrainConfig", "WorkbookError", "accounting", "checkpoint",
            "encode_examples", "evaluate", "gates", "inspection", "load_examples", "load_task",
            "loop", "memory", "overfit", "params", "plots", "predict", "read_jsonl", "runs",
-           "split_examples", "train", "variants"]
+           "split_examples", "study", "train", "variants"]

@@ -240,7 +240,7 @@ def _padded(items: list[Item], size: int) -> list[Item]:
     return items + [filler] * (size - len(items))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
              device: torch.device, step: int = 0, precision: str = "fp32",
              seen: list | None = None) -> EvalRecord:

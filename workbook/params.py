@@ -37,6 +37,11 @@ NOTEBOOKS: dict[str, dict[str, Any]] = {
                            "length": 0, "short_length": 20, "updates": 20, "lr": 1e-3,
                            "train_limit": 0, "val_limit": 64, "plan_micro_batch": 16,
                            "plan_accumulation": 2, "plan_length": 1024, "plan_eval_batch": 32},
+    "06_lr_study": {**COMMON, "study_name": "lr-comparison", "lrs": [1e-4, 5e-5, 2e-4],
+                    "seeds": [0], "updates": 200, "micro_batch": 2, "accumulation": 8,
+                    "eval_every": 50, "eval_batch": 32, "eval_sample": 0, "metric": "loss",
+                    "top_n": 2, "divergence_multiple": 3.0, "prediction_examples": 4,
+                    "notes": "none"},
 }
 
 # Names IPython itself puts in a notebook's namespace.

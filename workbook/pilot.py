@@ -29,6 +29,8 @@ SMOKE: dict[str, dict[str, Any]] = {
                             "check_examples": 8, "partial_examples": 5},
     "05_memory_variants": {"updates": 3, "train_limit": 200, "val_limit": 16,
                            "plan_micro_batch": 4, "plan_length": 128, "plan_eval_batch": 8},
+    "06_lr_study": {"updates": 20, "eval_every": 10, "eval_sample": 32, "accumulation": 2,
+                    "eval_batch": 16, "prediction_examples": 2},
 }
 
 

@@ -87,3 +87,23 @@ def variant_tradeoff(table: pd.DataFrame, save: Path | None = None):
     ax.set(xlabel="time per update (s)", ylabel="peak memory (MiB)", title="memory variants")
     ax.legend(fontsize="small")
     return _done(fig, save)
+
+
+def study_curves(curves: pd.DataFrame, evals: pd.DataFrame, trials: pd.DataFrame,
+                 save: Path | None = None):
+    """Training loss per trial with its evaluation points; a diverged trial ends in an x."""
+    fig, (train_ax, eval_ax) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for t in trials.itertuples():
+        label = f"#{t.id} lr={t.lr:g} seed={t.seed}"
+        mine = curves[curves.trial == t.id]
+        line, = train_ax.plot(mine.step, mine.loss.clip(upper=1e3), lw=1, label=label)
+        if t.status == "diverged" and len(mine):
+            train_ax.plot(mine.step.iloc[-1], min(mine.loss.iloc[-1], 1e3), "x", ms=10,
+                          color=line.get_color())
+        points = evals[(evals.trial == t.id) & (evals.scope != "full-best")]
+        eval_ax.plot(points.step, points.loss, "o-", color=line.get_color(), label=label)
+    train_ax.set(xlabel="update", ylabel="training loss", yscale="log",
+                 title="training loss (x = diverged)")
+    eval_ax.set(xlabel="update", ylabel="validation loss", title="evaluations (fixed steps)")
+    eval_ax.legend(fontsize="x-small")
+    return _done(fig, save)

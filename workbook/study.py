@@ -24,7 +24,7 @@ from .ledger import Ledger
 from .loop import Stepper, TrainConfig, evaluate, resolve_device, train
 from .records import EvalRecord, StepRecord
 from .runs import write_json
-from .task import Task, load_task
+from .task import IGNORE_INDEX, Task, load_task
 
 PLAN = "plan.json"
 
@@ -271,22 +271,22 @@ class Study:
                 kept.remove(entry)
 
     def _save_predictions(self, model: torch.nn.Module, folder: Path, step: int) -> None:
-        """Predictions for a fixed selection of validation examples, for later reading."""
-        raw = self.raw["validation"][: self.plan.prediction_examples]
+        """Predictions for a fixed selection of validation examples, for later reading: the
+        argmax at every target position (teacher forcing), in one forward pass."""
         items = self.val_items[: self.plan.prediction_examples]
-        rows = []
+        batch = collate_items(self.task, items).to(resolve_device(self.plan.device)).tensors
         model.eval()
         with torch.no_grad():
-            for ex, it in zip(raw, items, strict=True):
-                if self.task.generate is not None:
-                    prediction = self.task.generate(model, ex)
-                else:
-                    batch = collate_items(self.task, [it]).to(resolve_device(self.plan.device))
-                    prediction = self.task.decode(self.task.forward(model, batch.tensors)
-                                                  .argmax(-1).reshape(-1).tolist())
-                rows.append({"step": step, "example": ex[self.task.id_key],
-                             "prediction": prediction})
+            predicted = self.task.forward(model, batch).argmax(-1)
         model.train()
+        labels = batch["labels"]
+        rows = []
+        for b, it in enumerate(items):
+            keep = labels[b] != IGNORE_INDEX
+            rows.append({"step": step, "example": it.id,
+                         "target": self.task.decode(labels[b][keep].reshape(-1).tolist()),
+                         "prediction": self.task.decode(predicted[b][keep].reshape(-1)
+                                                        .tolist())})
         with (folder / "predictions.jsonl").open("a") as handle:
             handle.writelines(json.dumps(r) + "\n" for r in rows)
 
@@ -351,3 +351,32 @@ class Study:
             rows.append({"trial": tid, **periodicity(rows_.step.tolist(), rows_.loss.tolist(),
                                                      per_pass)})
         return pd.DataFrame(rows)
+
+
+def plan_from_params(params: dict) -> StudyPlan:
+    """A study plan from notebook 06's parameters."""
+    names = set(StudyPlan.__dataclass_fields__) - {"name", "task"}
+    return StudyPlan(name=params["study_name"], task=params["task"],
+                     **{k: params[k] for k in names if k in params})
+
+
+def save(study: Study, out_dir: Path) -> str:
+    """The study's tables and `summary.json`. The verdict fails when a trial failed (raised)
+    or a validation curve looks periodic; a diverged trial is a result, not a failure."""
+    from .runs import save_table, write_summary
+
+    trials = study.trial_table()
+    period = study.periodicity()
+    save_table(study.study_table(), out_dir, "study_table")
+    save_table(trials, out_dir, "trials")
+    save_table(study.lr_summary(), out_dir, "lr_summary")
+    save_table(period, out_dir, "periodicity")
+    periodic = bool(period.get("periodic", pd.Series(dtype=bool)).fillna(False).any())
+    best = study.best() or {}
+    figures = {"trials": len(trials), "statuses": trials.status.value_counts().to_dict(),
+               "best_trial": best.get("id"), "best_lr": best.get("lr"),
+               "best_metric": best.get("best_metric"), "metric": study.plan.metric,
+               "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic}
+    verdict = "fail" if (trials.status == "failed").any() or periodic else "pass"
+    write_summary(out_dir, verdict, figures, study=study.plan.name)
+    return verdict

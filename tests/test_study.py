@@ -1,0 +1,152 @@
+"""Notebook 06's study: every trial keeps its row, the plan is fixed, checkpoints stay in their
+trial, and a killed trial is marked interrupted."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from workbook import WorkbookError, evaluate
+from workbook.ledger import Ledger
+from workbook.study import Study, StudyPlan, periodicity
+
+from .conftest import CLASSIFICATION, GENERATION
+
+
+def plan(**kw):
+    base = dict(name="lr", task=CLASSIFICATION, lrs=[1e-3], seeds=[0], updates=20,
+                micro_batch=2, accumulation=2, eval_every=5, eval_batch=8, metric="accuracy")
+    return StudyPlan(**{**base, **kw})
+
+
+def test_divergence_is_recorded_and_the_study_goes_on(tmp_path):
+    study = Study(tmp_path / "s", plan(lrs=[1e-3, 10.0, 2e-3]))
+    ids = study.run_all()
+    table = study.trial_table().set_index("id")
+    assert table.status.tolist() == ["finished", "diverged", "finished"]
+    diverged = table.loc[ids[1]]
+    assert "above 3.0 x" in diverged.stop_reason and diverged.stop_step >= 1
+    assert len(study.curves().query(f"trial == {ids[1]}")) == diverged.stop_step
+    assert study.best()["id"] in (ids[0], ids[2])
+
+
+def test_a_rerun_gets_a_new_id_and_a_link(tmp_path):
+    study = Study(tmp_path / "s", plan(lrs=[10.0]))
+    (first,) = study.run_all()
+    again = study.run_trial(10.0, seed=1, repeats=first)
+    table = study.trial_table().set_index("id")
+    assert again != first and table.loc[again, "repeats"] == first
+    assert table.loc[first, "status"] == "diverged", "the failure is not replaced"
+    with pytest.raises(WorkbookError, match="trial 99 does not exist"):
+        study.run_trial(1e-3, 0, repeats=99)
+
+
+def test_the_plan_is_written_first_and_cannot_change(tmp_path):
+    Study(tmp_path / "s", plan())
+    assert json.loads((tmp_path / "s" / "plan.json").read_text())["lrs"] == [1e-3]
+    with pytest.raises(WorkbookError, match="cannot change .*'lrs'"):
+        Study(tmp_path / "s", plan(lrs=[1e-3, 2e-3]))
+    assert Study(tmp_path / "s").plan.lrs == [1e-3]
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"lrs": []}, "learning-rate list is empty"),
+    ({"lrs": [1e-3, -1.0]}, "must be positive"),
+    ({"eval_every": 50}, "eval_every 50 must be between 1 and the budget of 20"),
+    ({"metric": "f1"}, "metric 'f1' is not produced by the task"),
+    ({"eval_batch": 1}, "below the micro-batch"),
+])
+def test_bad_plans_are_refused_before_anything_is_written(change, words, tmp_path):
+    with pytest.raises(WorkbookError, match=words):
+        Study(tmp_path / "s", plan(**change))
+    assert not (tmp_path / "s" / "plan.json").exists()
+
+
+def test_evaluation_metric_is_identical_for_any_eval_batch(cls_task, cls_items):
+    torch.manual_seed(0)
+    model = cls_task.build_model()
+    items = cls_items["validation"][:23]  # 23 = partial last batch for 4, 5, 8, 16
+    records = [evaluate(cls_task, model, items, b, torch.device("cpu")) for b in (1, 4, 5, 16)]
+    for r in records[1:]:
+        assert r.loss == pytest.approx(records[0].loss, rel=1e-6)
+        assert r.metrics == records[0].metrics and r.per_class == records[0].per_class
+        assert r.targets == 23
+
+
+def test_top_n_keeps_the_best_and_the_last_and_touches_only_its_own_files(tmp_path):
+    study = Study(tmp_path / "s", plan(lrs=[1e-3, 2e-3], top_n=1))
+    neighbour = tmp_path / "s" / "trials" / "2" / "step-000005"
+    neighbour.mkdir(parents=True)  # a file of another trial, there before trial 1 runs
+    (neighbour / "note.txt").write_text("not yours")
+    (first,) = [study.run_trial(1e-3, 0)]
+    assert (neighbour / "note.txt").read_text() == "not yours"
+    rows = study.ledger.frame("checkpoints", first)
+    kept = rows[rows.kept == 1]
+    best = study.trial_table().set_index("id").loc[first]
+    assert set(kept.step) == {int(best.best_step), 20}
+    on_disk = {p.name for p in (tmp_path / "s" / "trials" / str(first)).glob("step-*")}
+    assert on_disk == {f"step-{s:06d}" for s in kept.step}
+    assert len(rows) == 4, "every checkpoint keeps its ledger row, removed or not"
+
+
+def test_eval_sample_skew_and_full_evaluation_of_the_best(tmp_path):
+    study = Study(tmp_path / "s", plan(eval_sample=40))
+    (tid,) = study.run_all()
+    assert {"mean length", "share of recall"} <= set(study.skew.property)
+    scopes = study.evals().query(f"trial == {tid}").scope.tolist()
+    assert scopes.count("sample") == 4 and scopes[-1] == "full-best"
+    full = study.evals().query("scope == 'full-best'").iloc[0]
+    assert json.loads(full.per_class)["recall"][1] == sum(
+        1 for r in study.raw["validation"] if r["label"] == "recall")
+    predictions = (tmp_path / "s" / "trials" / str(tid) / "predictions.jsonl").read_text()
+    assert len(predictions.splitlines()) == 4 * 4  # 4 examples at each of 4 evaluations
+
+
+def test_periodicity_detector():
+    steps = list(range(10, 410, 10))
+    period = [0.0, 0.3, 0.1, -0.2, 0.05] * 8  # repeats every 5 evaluations = 50 updates
+    values = [2.0 - 0.002 * s + p for s, p in zip(steps, period, strict=True)]
+    assert periodicity(steps, values, 50)["periodic"]
+    smooth = [2.0 - 0.002 * s for s in steps]
+    noisy = [v + 0.01 * ((i * 7919) % 13 - 6) / 6 for i, v in enumerate(smooth)]
+    assert not periodicity(steps, noisy, 50)["periodic"]
+    assert not periodicity(steps[:4], values[:4], 50)["tested"]
+
+
+def test_killing_a_trial_leaves_finished_rows_and_marks_it_interrupted(tmp_path):
+    study = Study(tmp_path / "s", plan(task=GENERATION, metric="loss", updates=300,
+                                       eval_every=5, eval_sample=8, micro_batch=2,
+                                       accumulation=1, prediction_examples=1))
+    finished = study.run_trial(1e-3, 0)
+    study.ledger.close()
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-m", "workbook", "trial", "--study",
+                             str(tmp_path / "s"), "--lr", "2e-3"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger = Ledger(tmp_path / "s" / "ledger.sqlite")
+    deadline = time.time() + 60
+    while time.time() < deadline:  # wait until the second trial has written checkpoints
+        rows = ledger.frame("checkpoints")
+        if len(rows[rows.trial != finished]) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ledger.close()
+    reopened = Study(tmp_path / "s")
+    table = reopened.trial_table().set_index("id")
+    assert table.loc[finished, "status"] == "finished"
+    killed = table.index[table.index != finished][0]
+    assert table.loc[killed, "status"] == "interrupted"
+    assert not list((tmp_path / "s" / "trials").glob("*/.*partial*"))
+    best = table.loc[killed, "best_checkpoint"]
+    assert best and (tmp_path / "s" / best / "manifest.json").exists()
+    from workbook.checkpoint import verify
+
+    verify(tmp_path / "s" / best)  # the best recorded checkpoint is complete
+    assert len(reopened.curves().query(f"trial == {finished}")) == 300
