@@ -118,3 +118,26 @@ def test_pilot_smoke_lr_study(task, tmp_path):
     assert fig["trials"] == 2 and fig["statuses"] == {"finished": 1, "diverged": 1}
     assert fig["best_lr"] == 1e-3 and fig["best_checkpoint"].startswith("trials/1/")
     assert (run / "06_lr_study" / "study" / "ledger.sqlite").exists()
+
+
+@pytest.mark.parametrize("task", [GENERATION, CLASSIFICATION])
+def test_pilot_smoke_resume_and_rental_plan_with_the_report(task, tmp_path):
+    run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="03,07,08",
+                           progress=False)
+    assert index.verdict.tolist() == ["pass"] * 3, index.error.tolist()
+    resume = summary(run, "07_resume_reload")["figures"]
+    assert all(c["exact"] and c["max_param_diff"] == 0 for c in resume["cases"])
+    assert resume["archive_identical"] and resume["tampering_refused"]
+    assert resume["faults_caught"]["checkpoint without optimizer state"]
+    plan = summary(run, "08_rental_plan")["figures"]
+    assert plan["chosen"] == "control" and plan["rows"] == 15
+    report = (run / "report.html").read_text()
+    for part in ("03_phase_gates.ipynb", "Selection sheet", "A100-80GB", "Rental decision",
+                 "update (first)"):
+        assert part in report, part
+
+
+def test_an_unknown_rental_gpu_fails_the_plan_with_its_name(tmp_path):
+    run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="08",
+                           progress=False, params={"rental_gpu": "B300"})
+    assert index.verdict.tolist() == ["error"] and "unknown GPU 'B300'" in index.error[0]

@@ -509,11 +509,199 @@ code("""verdict = wb.study.save(study, out)
 print(f"verdict: {verdict}")"""),
 ])
 
+nb07 = nb([
+md("""# 07 - Resume and reload
+
+Saved weights serve some inference uses; resuming *training* needs much more: the optimizer, the
+learning-rate schedule, the gradient scaler, the random states (Python, NumPy, torch, CUDA), the
+position in the data (pass, update within the pass) and the counters. A resume that is only
+"roughly right" silently changes the experiment. So this notebook tests resume early and in a
+**new process**: one run goes to K updates uninterrupted; the same run is checkpointed at k < K
+and a fresh Python process loads the checkpoint and continues to K. Per update, the loss, the
+learning rate and the ids of the examples consumed must match, and the final parameters must be
+bit-identical on the CPU (on CUDA: within a stated tolerance). Two cases: mid-pass, and exactly
+at the end of a pass, where a restored loader must start the next pass instead of ending the run.
+The default run uses accumulation 8.
+
+Checkpoints are folders written to a temporary name and renamed, with the weights in
+safetensors, everything else loadable with `torch.load(weights_only=True)`, and a manifest of
+sha256 digests: a changed file, or a pickle that would run code, is refused.
+
+At the end, the result is archived (weights, configuration, code revision, environment, raw
+metrics, procedure, control outputs) and reloaded in a fresh process, which must reproduce the
+control outputs exactly."""),
+params("""task = "workbook.samples.generation:task"  # package.module:attribute of your task
+task_options = {}  # keyword arguments for a task factory (e.g. {"dropout": 0.1})
+out_dir = ""  # where this notebook writes (empty: a new folder under runs/)
+device = "cpu"  # "cpu" (bit-exact) or "cuda" (set a tolerance)
+seed = 0
+micro_batch = 2
+accumulation = 8
+lr = 1e-3
+updates = 10  # K: the uninterrupted run
+train_limit = 64  # a small pass, so K crosses passes (0: all examples)
+mid_step = 6  # a resume point inside a pass
+boundary_step = 0  # a resume point at the end of a pass (0: the first pass's last update)
+tolerance = 0.0  # allowed difference (0: bit-exact; CUDA needs a small positive value)
+demonstrate_faults = True  # also plant the classic resume bugs and show they are caught
+controls = 8  # control inputs kept in the archive"""),
+code("""import math
+
+import workbook as wb
+
+p = wb.params.check(globals(), "07_resume_reload")
+out = wb.runs.notebook_dir(p["out_dir"], "07_resume_reload")
+cfg = wb.TrainConfig(micro_batch=p["micro_batch"], accumulation=p["accumulation"], lr=p["lr"],
+                     seed=p["seed"], device=p["device"])
+spec = wb.resume.recipe(p["task"], p["task_options"], cfg, p["train_limit"])
+task, items, _ = wb.resume.rebuild(spec)
+per_pass = math.ceil(len(items) / (p["micro_batch"] * p["accumulation"]))
+boundary = p["boundary_step"] or per_pass
+print(f"{len(items)} training examples, {per_pass} updates per pass; resume after update "
+      f"{p['mid_step']} (mid-pass) and {boundary} (end of a pass); writing to {out}")"""),
+md("""## Resume in a new process"""),
+code("""# NBVAL_IGNORE_OUTPUT
+cases, details = wb.resume.check_cases(spec, p["updates"], p["mid_step"], boundary, out,
+                                       p["tolerance"])
+cases"""),
+code("""cases[["case", "resumed_after", "updates_compared", "same_examples", "exact",
+       "continued_to_the_end"]]"""),
+code("""wb.plots.resume_overlay(details, save=out / "resume.png")"""),
+md("""## What the check catches
+The same resume with a classic bug planted. "Random states not restored" is only visible when
+training draws random numbers (dropout): a task without any is not affected by it."""),
+code("""faults = (wb.resume.planted_faults(spec, p["updates"], p["mid_step"], out, details["reference"],
+                                  details["weights"], p["tolerance"])
+          if p["demonstrate_faults"] else None)
+faults"""),
+md("""## Safe loading"""),
+code("""tamper = wb.resume.tamper_checks(out / f"ckpt-{p['mid_step']:06d}", out)
+tamper"""),
+md("""## Archive, and reload in a fresh process"""),
+code("""# NBVAL_IGNORE_OUTPUT
+import subprocess
+import sys
+
+import pandas as pd
+
+final, weights = details["reference"], details["weights"]
+model = task.build_model()
+model.load_state_dict(weights)
+archive = wb.archive.write_archive(
+    out / "archive", p["task"], p["task_options"], model, spec["config"],
+    pd.DataFrame(final).drop(columns=["ids"]),
+    [f"python -m workbook pilot --task {p['task']} --only 07"], p["controls"])
+reloaded = subprocess.run([sys.executable, "-m", "workbook", "reload", "--archive",
+                           str(archive)], capture_output=True, text=True)
+print(reloaded.stdout or reloaded.stderr)"""),
+code("""import json
+
+result = json.loads(reloaded.stdout) if reloaded.returncode == 0 else {"identical": False}
+print(f"archive reloaded in a new process; control outputs identical: {result['identical']}")"""),
+code("""ok = bool(cases.exact.all() and cases.continued_to_the_end.all() and result["identical"]
+          and tamper.refused.all() and not tamper["code ran"].fillna(False).any())
+wb.runs.save_table(cases, out, "resume_cases")
+wb.runs.save_table(tamper, out, "tamper")
+if faults is not None:
+    wb.runs.save_table(faults, out, "planted_faults")
+wb.runs.write_summary(out, "pass" if ok else "fail", {
+    "cases": cases[["case", "resumed_after", "exact", "max_param_diff"]].to_dict("records"),
+    "archive_identical": result["identical"], "tampering_refused": bool(tamper.refused.all()),
+    "faults_caught": None if faults is None else faults.set_index("planted bug").caught.to_dict()},
+    task=task.name)
+print(f"verdict: {'pass' if ok else 'fail'}")"""),
+])
+
+nb08 = nb([
+md("""# 08 - The rental plan
+
+The pilot exists to choose a rental. The **selection sheet** has one row per candidate
+configuration and GPU: memory (GiB), precision, micro-batch, accumulation, activation
+checkpointing, distribution strategy, maximum length, the predicted peak per phase with
+headroom and the overheads the prediction does not see, whether it fits, the FLOPs of an update
+and the time they take at an assumed utilisation, and the result the configuration is meant to
+produce. Every figure says whether it was measured, counted or assumed. A configuration is
+adopted only after the software stack it needs is verified; the sheet lists what was verified
+here and what remains to verify on the rental.
+
+Then the variants, by priority, are packed into a 3, 7 and 30-day plan with time reserved for
+evaluation, export and the unexpected; what does not fit is listed, not dropped. The sheet
+plans - it predicts neither duration nor quality - and the conclusion is written so it can be
+re-read later, including when the control remains the best choice."""),
+params("""task = "workbook.samples.generation:task"  # package.module:attribute of your task
+task_options = {}  # keyword arguments for a task factory (e.g. {"context": 4096})
+out_dir = ""  # where this notebook writes (empty: a new folder under runs/)
+device = "cpu"  # where the stack is verified
+seed = 0
+gpus = {"L4": 24, "A100-40GB": 40, "L40S": 48, "A100-80GB": 80, "H200": 141}  # name: GiB
+gpu_tflops = {"L4": 121, "A100-40GB": 312, "L40S": 362, "A100-80GB": 312, "H200": 989}  # dense bf16 peak (vendor sheets)
+utilisation = 0.35  # assumed share of the peak reached in training
+rental_gpu = "A100-80GB"  # the GPU to plan the days on
+candidates = [{"name": "control", "micro_batch": 16, "accumulation": 2, "length": 1024, "precision": "bf16", "expected": "the study's control at campaign scale"}, {"name": "checkpointed", "micro_batch": 32, "accumulation": 1, "length": 1024, "precision": "bf16", "activation_checkpointing": True, "expected": "same effective batch, fewer passes per update"}, {"name": "2 replicas", "micro_batch": 16, "accumulation": 1, "length": 1024, "precision": "bf16", "replicas": 2, "expected": "same effective batch on two GPUs"}]
+updates = 20000  # the campaign budget of one trial
+eval_every = 500
+export_minutes = 5.0  # assumed time to save and export the final checkpoint
+headroom = 0.2
+cuda_context_gib = 1.0  # assumed unless notebook 03 measured it on a GPU
+allocator_cache_share = 0.1
+variants = [{"name": "control", "priority": 1, "candidate": "control", "repeats": 3}, {"name": "best study lr", "priority": 2, "candidate": "control", "repeats": 3}, {"name": "checkpointed", "priority": 3, "candidate": "checkpointed", "repeats": 1}]
+reserve_share = 0.2  # of each plan's days, kept for evaluation, export and the unexpected
+train_limit = 200  # examples used to shape the batches (only their shapes matter)"""),
+code("""import pandas as pd
+
+import workbook as wb
+
+p = wb.params.check(globals(), "08_rental_plan")
+t = wb.load_task(p["task"], **p["task_options"])
+out = wb.runs.notebook_dir(p["out_dir"], "08_rental_plan")
+splits = wb.split_examples(t, wb.load_examples(t))
+train = wb.encode_examples(t, splits["train"][: p["train_limit"]])
+val = wb.encode_examples(t, splits["validation"])
+candidates = wb.rental.candidates_from(p["candidates"])
+wb.rental.gpu(p["rental_gpu"], p["gpus"])
+assumptions = wb.rental.Assumptions(p["utilisation"], p["eval_every"], 0, p["export_minutes"],
+                                    wb.predict.Overheads(int(p["cuda_context_gib"] * 2**30),
+                                                         p["allocator_cache_share"], False))
+print(f"{len(candidates)} candidates x {len(p['gpus'])} GPUs for {t.name!r}; writing to {out}")"""),
+md("""## The selection sheet"""),
+code("""sheet = wb.rental.selection_sheet(t, train, val, candidates, p["gpus"], p["gpu_tflops"],
+                                  p["updates"], p["headroom"], assumptions)
+sheet"""),
+md("""Where each figure comes from:"""),
+code("""pd.Series(sheet.attrs["sources"], name="source").to_frame()"""),
+md("""## The software stack"""),
+code("""# NBVAL_IGNORE_OUTPUT
+stack = wb.rental.stack_check(p["task"], p["device"], candidates[0].precision)
+stack"""),
+md("""## 3, 7 and 30 days"""),
+code("""plans = pd.concat([wb.rental.pack(p["variants"], sheet, p["rental_gpu"], days, p["reserve_share"])
+                   for days in (3, 7, 30)], ignore_index=True)
+plans"""),
+md("""## Conclusion"""),
+code("""# NBVAL_IGNORE_OUTPUT
+from IPython.display import Markdown
+
+chosen = wb.rental.choose(sheet, p["rental_gpu"])
+text = wb.rental.conclusion(out.parent, chosen, p["rental_gpu"], plans, stack)
+(out / "conclusion.md").write_text(text)
+Markdown(text)"""),
+code("""wb.runs.save_table(sheet, out, "selection")
+wb.runs.save_table(plans, out, "plan")
+wb.runs.save_table(stack, out, "stack")
+verdict = "pass" if chosen is not None else "fail"
+wb.runs.write_summary(out, verdict, {
+    "rental_gpu": p["rental_gpu"], "chosen": chosen and chosen["candidate"],
+    "fitting_rows": int(sheet.fits.sum()), "rows": len(sheet),
+    "scheduled": plans.groupby("days").scheduled.sum().to_dict()}, task=t.name)
+print(f"verdict: {verdict}")"""),
+])
+
 if __name__ == "__main__":
     root = Path(__file__).resolve().parents[1]
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else root / "notebooks"
     target.mkdir(parents=True, exist_ok=True)
     for name, book in (("01_inspect_examples", nb01), ("02_overfit", nb02),
                        ("03_phase_gates", nb03), ("04_batch_accounting", nb04),
-                       ("05_memory_variants", nb05), ("06_lr_study", nb06)):
+                       ("05_memory_variants", nb05), ("06_lr_study", nb06),
+                       ("07_resume_reload", nb07), ("08_rental_plan", nb08)):
         nbf.write(book, target / f"{name}.ipynb")

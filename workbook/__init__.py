@@ -4,26 +4,30 @@ Notebooks import this package and call its top modules (one per notebook capabil
 """
 
 from . import (
-               accounting,
-               checkpoint,
-               gates,
-               inspection,
-               loop,
-               memory,
-               overfit,
-               params,
-               plots,
-               predict,
-               runs,
-               study,
-               variants,
+    accounting,
+    archive,
+    checkpoint,
+    gates,
+    inspection,
+    loop,
+    memory,
+    overfit,
+    params,
+    plots,
+    predict,
+    rental,
+    resume,
+    runs,
+    study,
+    variants,
 )
 from .data import encode_examples, load_examples, read_jsonl, split_examples
 from .errors import WorkbookError
 from .loop import TrainConfig, evaluate, train
 from .task import IGNORE_INDEX, Task, load_task
 
-__all__ = ["IGNORE_INDEX", "Task", "TrainConfig", "WorkbookError", "accounting", "checkpoint",
+__all__ = ["IGNORE_INDEX", "Task", "TrainConfig", "WorkbookError", "accounting", "archive",
+           "checkpoint", "rental", "resume",
            "encode_examples", "evaluate", "gates", "inspection", "load_examples", "load_task",
            "loop", "memory", "overfit", "params", "plots", "predict", "read_jsonl", "runs",
            "split_examples", "study", "train", "variants"]

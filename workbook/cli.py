@@ -40,7 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     trial.add_argument("--lr", type=float, required=True)
     trial.add_argument("--seed", type=int, default=0)
     trial.add_argument("--repeats", type=int, help="the id of the trial this one repeats")
+    resume = sub.add_parser("resume", help="continue a checkpoint in this (new) process")
+    resume.add_argument("--checkpoint", required=True)
+    resume.add_argument("--to", type=int, required=True, help="the update to stop after")
+    resume.add_argument("--out", required=True, help="writes OUT.json and OUT.safetensors")
+    resume.add_argument("--fault", action="append", default=[],
+                        help="plant a resume bug (optimizer, sampler, rng) to see it caught")
+    reload = sub.add_parser("reload", help="reload an archive and re-run its control inputs")
+    reload.add_argument("--archive", required=True)
     args = parser.parse_args(argv)
+    if args.command in ("resume", "reload"):
+        return _resume_or_reload(args)
     if args.command == "trial":
         from .study import Study
 
@@ -62,6 +72,32 @@ def main(argv: list[str] | None = None) -> int:
     print(index[["notebook", "verdict", "seconds"]].to_string(index=False))
     print(f"run folder: {run}")
     return 0 if (index.verdict == "pass").all() else 1
+
+
+def _resume_or_reload(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    try:
+        if args.command == "resume":
+            from .checkpoint import load_state
+            from .resume import run, write_result
+
+            spec = json.loads((Path(args.checkpoint) / "meta.json").read_text())["recipe"]
+            load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
+            records, weights = run(spec, args.to, start_from=Path(args.checkpoint),
+                                   faults=tuple(args.fault))
+            write_result(records, weights, Path(args.out))
+            print(f"resumed to update {args.to}")
+            return 0
+        from .archive import reload_archive
+
+        result = reload_archive(args.archive)
+        print(json.dumps(result))
+        return 0 if result["identical"] else 1
+    except (WorkbookError, FileNotFoundError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -170,8 +170,11 @@ def plan_epoch(order: list[int], micro_batch: int, accumulation: int,
     return groups
 
 
-def loader(task: Task, items: list[Item], batches: list[list[int]],
-           workers: int = 0) -> DataLoader:
-    """A DataLoader that yields the given micro-batches (lists of item indices) in order."""
+def loader(task: Task, items: list[Item], batches: list[list[int]], workers: int = 0,
+           seed: int = 0) -> DataLoader:
+    """A DataLoader that yields the given micro-batches (lists of item indices) in order. It
+    draws its worker seed from its own generator, never from the global one, so creating it
+    mid-epoch on resume leaves the training random stream (dropout) untouched."""
     return DataLoader(ItemDataset(items), batch_sampler=batches, num_workers=workers,
-                      collate_fn=partial(collate_items, task))
+                      collate_fn=partial(collate_items, task),
+                      generator=torch.Generator().manual_seed(seed))

@@ -284,43 +284,60 @@ def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
                       dict(sorted(per_class.items())))
 
 
-def _updates(task: Task, items: list[Item], cfg: TrainConfig):
-    """Endless stream of (epoch, [micro-batches]) for one update each, pass after pass."""
-    epoch = 0
+@dataclass(frozen=True)
+class Position:
+    """Where the data stream stands between updates: the pass and the next update in it.
+    (Checkpoints are taken between updates, so no accumulation group is ever half done.)"""
+
+    epoch: int = 0
+    group: int = 0
+
+
+def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = Position()):
+    """Endless stream of (position of the update, [micro-batches]), pass after pass. The order
+    of a pass is a pure function of (seed, epoch), so a resumed run rebuilds it exactly and skips
+    the updates already done without loading their data."""
+    epoch, skip = start.epoch, start.group
     while True:
         groups = plan_epoch(epoch_order(len(items), cfg.seed, epoch), cfg.micro_batch,
-                            cfg.accumulation, cfg.drop_partial)
-        batches = iter(loader(task, items, [mb for g in groups for mb in g], cfg.workers))
-        for group in groups:
-            yield epoch, [next(batches) for _ in group]
-        epoch += 1
+                            cfg.accumulation, cfg.drop_partial)[skip:]
+        batches = iter(loader(task, items, [mb for g in groups for mb in g], cfg.workers,
+                              seed=cfg.seed * 100_003 + epoch))
+        for index, group in enumerate(groups, start=skip):
+            yield Position(epoch, index), [next(batches) for _ in group]
+        epoch, skip = epoch + 1, 0
 
 
 def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module | None = None,
           val_items: list[Item] | None = None,
-          on_update: Callable[[StepRecord], str | None] | None = None,
-          on_eval: Callable[[EvalRecord, Stepper], None] | None = None) -> TrainResult:
-    """Train for `cfg.updates` updates and return the model with one record per update.
-    `on_update` may return a reason to stop early (divergence); `on_eval` sees every
-    evaluation with the model and optimizer (checkpoints)."""
+          on_update: Callable[[StepRecord, Stepper, Position], str | None] | None = None,
+          on_eval: Callable[[EvalRecord, Stepper], None] | None = None,
+          stepper: Stepper | None = None, start: Position = Position(),
+          first_step: int = 1) -> TrainResult:
+    """Train until update `cfg.updates` and return the model with one record per update.
+    `on_update` sees each update with the machinery and the data position after it, and may
+    return a reason to stop early (divergence); `on_eval` sees every evaluation (checkpoints).
+    A resumed run passes its restored `stepper`, data `start` and `first_step`."""
     cfg.validate(len(items))
-    stepper = build_stepper(task, cfg, model)
+    stepper = stepper if stepper is not None else build_stepper(task, cfg, model)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
-    stream = _updates(task, items, cfg)
-    bar = tqdm(total=cfg.updates, disable=not cfg.progress, desc=f"train {task.name}")
-    for step in range(1, cfg.updates + 1):
-        start = time.perf_counter()
-        epoch, batches = next(stream)
-        data_s = time.perf_counter() - start
+    stream = _updates(task, items, cfg, start)
+    bar = tqdm(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
+               desc=f"train {task.name}")
+    for step in range(first_step, cfg.updates + 1):
+        begin = time.perf_counter()
+        position, batches = next(stream)
+        data_s = time.perf_counter() - begin
         lr = stepper.optimizer.param_groups[0]["lr"]
         loss_sum, targets = stepper.accumulate(batches)
         norm = stepper.step()
         loss = float(loss_sum) / targets
         ids = [i for b in batches for i in b.ids]
-        record = StepRecord(step, epoch, len(batches), len(ids), targets, loss, lr,
-                            float(norm), time.perf_counter() - start, data_s, ids)
+        record = StepRecord(step, position.epoch, len(batches), len(ids), targets, loss, lr,
+                            float(norm), time.perf_counter() - begin, data_s, ids)
         result.steps.append(record)
-        reason = on_update(record) if on_update is not None else None
+        after = Position(position.epoch, position.group + 1)
+        reason = on_update(record, stepper, after) if on_update is not None else None
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         if reason:

@@ -31,6 +31,9 @@ SMOKE: dict[str, dict[str, Any]] = {
                            "plan_micro_batch": 4, "plan_length": 128, "plan_eval_batch": 8},
     "06_lr_study": {"updates": 20, "eval_every": 10, "eval_sample": 32, "accumulation": 2,
                     "eval_batch": 16, "prediction_examples": 2},
+    "07_resume_reload": {"train_limit": 32, "accumulation": 4, "updates": 8, "mid_step": 5,
+                         "controls": 4},
+    "08_rental_plan": {"updates": 2000, "train_limit": 50},
 }
 
 
@@ -103,4 +106,45 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     write_json(run / "index.json", {"task": task, "task_options": task_options or {},
                                     "smoke": smoke, "notebooks": rows})
     index.to_csv(run / "index.csv", index=False)
+    report(run, index, task)
     return run, index
+
+
+def report(run: Path, index: pd.DataFrame, task: str) -> Path:
+    """One page in the run folder: every notebook's verdict with a link to it, the gate table,
+    the selection sheet, the plan and the conclusion (those that this run produced)."""
+    import html
+
+    def table(path: Path, columns: list[str] | None = None) -> str:
+        if not path.exists():
+            return "<p><i>not produced in this run</i></p>"
+        frame = pd.read_csv(path)
+        return frame[[c for c in columns if c in frame]].to_html(index=False) if columns \
+            else frame.to_html(index=False)
+
+    verdicts = index.assign(notebook=[f'<a href="{r.executed}">{r.notebook}</a>'
+                                      for r in index.itertuples()])
+    conclusion = run / "08_rental_plan" / "conclusion.md"
+    parts = [f"<h1>Pilot report: {html.escape(task)}</h1>",
+             "<h2>Verdicts</h2>",
+             verdicts[["notebook", "verdict", "seconds", "error"]].to_html(index=False,
+                                                                         escape=False),
+             "<h2>Phase gates</h2>",
+             table(run / "03_phase_gates" / "gates.csv",
+                   ["phase", "micro_batch", "seq_len", "precision", "peak_allocated_bytes",
+                    "peak_reserved_bytes", "time_s", "verdict", "detail"]),
+             "<h2>Selection sheet</h2>",
+             table(run / "08_rental_plan" / "selection.csv",
+                   ["candidate", "gpu", "gpu_memory_gib", "strategy", "precision",
+                    "micro_batch", "accumulation", "activation_checkpointing",
+                    "required_gib", "fits", "time_per_update_s", "budget_hours", "expected"]),
+             "<h2>Plan</h2>", table(run / "08_rental_plan" / "plan.csv"),
+             "<h2>Conclusion</h2>",
+             f"<pre>{html.escape(conclusion.read_text())}</pre>" if conclusion.exists()
+             else "<p><i>not produced in this run</i></p>"]
+    path = run / "report.html"
+    path.write_text("<!doctype html><meta charset='utf-8'><title>pilot report</title>"
+                    "<style>body{font-family:sans-serif;max-width:70em;margin:auto}"
+                    "table{border-collapse:collapse;font-size:small}"
+                    "td,th{border:1px solid #ccc;padding:2px 6px}</style>" + "".join(parts))
+    return path

@@ -107,3 +107,18 @@ def study_curves(curves: pd.DataFrame, evals: pd.DataFrame, trials: pd.DataFrame
     eval_ax.set(xlabel="update", ylabel="validation loss", title="evaluations (fixed steps)")
     eval_ax.legend(fontsize="x-small")
     return _done(fig, save)
+
+
+def resume_overlay(details: dict, save: Path | None = None):
+    """Loss of the uninterrupted run and of each resumed run, the resume points marked."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    ref = pd.DataFrame(details["reference"])
+    ax.plot(ref.step, ref.loss, "k-", lw=3, alpha=0.3, label="uninterrupted")
+    for case, table in details.items():
+        if case in ("reference", "weights"):
+            continue
+        ax.plot(table.step, table.loss_resumed, "o--", ms=4, label=f"resumed ({case})")
+        ax.axvline(table.step.iloc[0] - 0.5, color="grey", ls=":", lw=1)
+    ax.set(xlabel="update", ylabel="loss", title="resume: the curves must coincide")
+    ax.legend(fontsize="small")
+    return _done(fig, save)

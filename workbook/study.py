@@ -205,7 +205,7 @@ class Study:
         kept: list[tuple[float, int, Path]] = []  # (metric, step, path) of checkpoints on disk
         best: list = [None, None, None]  # metric, step, path
 
-        def on_update(record: StepRecord) -> str | None:
+        def on_update(record: StepRecord, *_) -> str | None:
             pending.append({k: getattr(record, k) for k in
                             ("step", "loss", "lr", "examples", "targets", "time_s")})
             if not first:
@@ -376,7 +376,9 @@ def save(study: Study, out_dir: Path) -> str:
     figures = {"trials": len(trials), "statuses": trials.status.value_counts().to_dict(),
                "best_trial": best.get("id"), "best_lr": best.get("lr"),
                "best_metric": best.get("best_metric"), "metric": study.plan.metric,
-               "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic}
+               "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic,
+               "control_lr": study.plan.lrs[0],
+               "control_remains_best": best.get("lr") == study.plan.lrs[0]}
     verdict = "fail" if (trials.status == "failed").any() or periodic else "pass"
     write_summary(out_dir, verdict, figures, study=study.plan.name)
     return verdict

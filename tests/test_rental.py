@@ -1,0 +1,89 @@
+"""Notebook 08: the selection sheet's arithmetic, bad GPU input, packing."""
+
+import pandas as pd
+import pytest
+
+from workbook import WorkbookError
+from workbook.predict import Overheads
+from workbook.rental import (
+    Assumptions,
+    Candidate,
+    candidates_from,
+    check_gpus,
+    gpu,
+    pack,
+    selection_sheet,
+    stack_check,
+)
+
+from .conftest import GENERATION
+
+GIB = 2**30
+
+
+def test_sheet_arithmetic_on_a_hand_checked_example(gen_task, gen_items):
+    cand = Candidate("c", micro_batch=4, accumulation=3, length=64, precision="fp32")
+    a = Assumptions(utilisation=0.5, eval_every=10, eval_examples=20, export_minutes=6.0,
+                    overheads=Overheads(GIB, 0.5, False))
+    sheet = selection_sheet(gen_task, gen_items["train"][:50], gen_items["validation"][:20],
+                            [cand], {"toy": 1.0, "big": 80}, {"toy": 2.0, "big": 100.0},
+                            updates=100, headroom=0.25, a=a).set_index("gpu")
+    row = sheet.loc["toy"]
+    peak = row.predicted_peak_gib * GIB
+    assert row.required_gib == pytest.approx((peak * 1.5 + GIB) * 1.25 / GIB, abs=1e-3)
+    assert not row.fits and sheet.loc["big", "fits"]  # 1 GiB context alone fills the toy
+    # time per update = flops of one micro-batch x accumulation / (2e12 x 0.5)
+    assert row.time_per_update_s == pytest.approx(row.flops_per_update / 1e12)
+    assert sheet.loc["big", "time_per_update_s"] == pytest.approx(row.flops_per_update / 5e13)
+    assert row.examples_per_update == 12 and row.strategy == "single device"
+    assert row.flops_per_update % 3 == 0
+    # the budget: 100 updates + 10 evaluations + 6 minutes of export
+    assert row.budget_hours > 100 * row.time_per_update_s / 3600 + 0.1 - 1e-4
+
+
+def test_data_parallel_adds_gradient_buckets_and_divides_nothing_per_gpu(gen_task, gen_items):
+    one = Candidate("one", 4, 2, 64, "fp32")
+    two = Candidate("two", 4, 2, 64, "fp32", replicas=2)
+    sheet = selection_sheet(gen_task, gen_items["train"][:30], gen_items["validation"][:8],
+                            [one, two], {"g": 80}, {"g": 100}, 10, 0.2,
+                            Assumptions()).set_index("candidate")
+    assert sheet.loc["two", "examples_per_update"] == 2 * sheet.loc["one", "examples_per_update"]
+    assert sheet.loc["two", "predicted_peak_gib"] > sheet.loc["one", "predicted_peak_gib"]
+    assert sheet.loc["two", "time_per_update_s"] == sheet.loc["one", "time_per_update_s"]
+
+
+@pytest.mark.parametrize("gpus, tflops, words", [
+    ({"A100": "eighty"}, {"A100": 312}, "not a positive number of GiB"),
+    ({"A100": 80}, {}, "no peak TFLOP/s"),
+    ({"A100": 80}, {"A100": -1}, "not a positive number"),
+])
+def test_bad_gpu_figures_are_named(gpus, tflops, words):
+    with pytest.raises(WorkbookError, match=words):
+        check_gpus(gpus, tflops)
+
+
+def test_unknown_gpu_and_unknown_candidate_keys():
+    with pytest.raises(WorkbookError, match="unknown GPU 'A1000'"):
+        gpu("A1000", {"A100": 80})
+    with pytest.raises(WorkbookError, match="unknown keys \\['micro'\\]"):
+        candidates_from([{"name": "x", "micro": 4, "accumulation": 1}])
+
+
+def test_packing_keeps_what_does_not_fit_on_the_list():
+    sheet = pd.DataFrame([{"candidate": "a", "gpu": "g", "fits": True, "budget_hours": 10.0},
+                          {"candidate": "big", "gpu": "g", "fits": False, "budget_hours": 1.0}])
+    variants = [{"name": "first", "priority": 1, "candidate": "a", "repeats": 3},
+                {"name": "second", "priority": 2, "candidate": "a", "repeats": 5},
+                {"name": "oversize", "priority": 3, "candidate": "big"}]
+    plan = pack(variants, sheet, "g", days=3, reserve_share=0.25)  # 54 usable hours
+    assert plan.scheduled.tolist() == [True, False, False]
+    assert plan.end_hour[0] == 30 and "24.0 h left" in plan.why_not[1]
+    assert "does not fit the GPU's memory" in plan.why_not[2]
+    assert pack(variants, sheet, "g", 30, 0.25).scheduled.tolist() == [True, True, False]
+
+
+def test_stack_check_lists_the_task_imports():
+    table = stack_check(GENERATION, "cpu", "bf16").set_index("item")
+    assert table.loc["import torch", "verified"]
+    fp16 = stack_check(GENERATION, "cpu", "fp16").set_index("item")
+    assert not fp16.loc["precision fp16", "verified"]

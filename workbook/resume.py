@@ -1,0 +1,229 @@
+"""Notebook 07: exact resume. A run is described by a recipe (task, options, data, config); it
+checkpoints its full state between updates, and a NEW process continues from a checkpoint. The
+two continuations are compared update by update: loss, learning rate, the examples consumed, and
+the final parameters (bit-identical on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+from safetensors.torch import load_file, save_file
+
+from . import checkpoint as ckpt
+from .data import Item, encode_examples, load_examples, split_examples
+from .errors import WorkbookError
+from .loop import Position, Stepper, TrainConfig, build_stepper, train
+from .records import StepRecord
+from .task import Task, load_task
+
+FAULTS = ("optimizer", "sampler", "rng")  # planted resume bugs, to show what the check catches
+
+
+def recipe(task: str, task_options: dict, cfg: TrainConfig, train_limit: int = 0) -> dict:
+    """Everything a new process needs to rebuild the run."""
+    return {"task": task, "task_options": dict(task_options), "train_limit": train_limit,
+            "config": asdict(cfg)}
+
+
+def rebuild(spec: dict) -> tuple[Task, list[Item], TrainConfig]:
+    task = load_task(spec["task"], **spec["task_options"])
+    train_rows = split_examples(task, load_examples(task))["train"]
+    if spec["train_limit"]:
+        train_rows = train_rows[: spec["train_limit"]]
+    return task, encode_examples(task, train_rows), TrainConfig(**spec["config"])
+
+
+def _record(r: StepRecord) -> dict:
+    return {"step": r.step, "epoch": r.epoch, "loss": r.loss, "lr": r.lr,
+            "ids": [str(i) for i in r.example_ids]}
+
+
+def run(spec: dict, to_step: int, folder: Path | None = None, checkpoint_at: tuple = (),
+        start_from: Path | None = None, faults: tuple = ()) -> tuple[list[dict], dict]:
+    """Train to update `to_step` (from scratch, or continuing `start_from`), checkpointing after
+    the updates in `checkpoint_at`. Returns the per-update records and the final weights."""
+    task, items, cfg = rebuild(spec)
+    cfg.updates = to_step
+    stepper, position, first = None, Position(), 1
+    if start_from is not None:
+        stepper, position, first = restore(start_from, spec, task, cfg, faults)
+
+    def on_update(record: StepRecord, st: Stepper, after: Position) -> None:
+        if record.step in checkpoint_at:
+            counters = {"step": record.step, "epoch": after.epoch, "group": after.group,
+                        "micro_batch_in_group": 0}
+            ckpt.save_checkpoint(Path(folder) / f"ckpt-{record.step:06d}", st.model,
+                                 st.optimizer, st.scheduler, st.scaler, counters,
+                                 {"recipe": spec, "task_name": task.name})
+        return None
+
+    result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
+                   on_update=on_update)
+    weights = {k: v.detach().clone() for k, v in result.model.state_dict().items()}
+    return [_record(r) for r in result.steps], weights
+
+
+def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig,
+            faults: tuple = ()) -> tuple[Stepper, Position, int]:
+    """Model, optimizer, schedule, scaler, random states, thread count and data position from a
+    checkpoint; `faults` plants the classic resume bugs."""
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise WorkbookError(f"unknown planted faults {sorted(unknown)}", f"use {FAULTS}")
+    meta = json.loads((Path(path) / ckpt.META).read_text()) if Path(path, ckpt.META).is_file() \
+        else {}
+    if meta.get("task_name") not in (None, task.name):
+        raise WorkbookError(f"checkpoint {path} was written by task {meta['task_name']!r}, not "
+                            f"{task.name!r}", "resume it with the task that wrote it")
+    stepper = build_stepper(task, cfg)
+    optimizer = None if "optimizer" in faults else stepper.optimizer
+    info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
+                                stepper.scaler, restore_rng="rng" not in faults)
+    torch.set_num_threads(int(info["meta"].get("threads", torch.get_num_threads())))
+    c = info["counters"]
+    position = Position(c["epoch"], c["group"])
+    if "sampler" in faults:  # the classic: the data order restarts from the pass's beginning
+        position = Position(c["epoch"], 0)
+    return stepper, position, int(c["step"]) + 1
+
+
+def resume_in_new_process(checkpoint: Path, to_step: int, out: Path,
+                          faults: tuple = ()) -> tuple[list[dict], dict]:
+    """Continue a checkpoint in a fresh Python process (`python -m workbook resume`)."""
+    cmd = [sys.executable, "-m", "workbook", "resume", "--checkpoint", str(checkpoint),
+           "--to", str(to_step), "--out", str(out)] + [f"--fault={f}" for f in faults]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise WorkbookError(f"the resumed process failed: {done.stderr.strip()[-600:]}",
+                            "read the error above; the checkpoint or task may be broken")
+    return json.loads(out.with_suffix(".json").read_text()), load_file(
+        str(out.with_suffix(".safetensors")))
+
+
+def write_result(records: list[dict], weights: dict, out: Path) -> None:
+    """What the resumed process hands back: its records and its final weights."""
+    out.with_suffix(".json").write_text(json.dumps(records))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out.with_suffix(".safetensors")))
+
+
+def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weights: dict,
+            tolerance: float = 0.0) -> tuple[pd.DataFrame, dict]:
+    """Per update after the resume point: loss, learning rate and example ids against the
+    uninterrupted run; then the final parameters."""
+    ref = {r["step"]: r for r in reference}
+    rows = [{"step": r["step"], "loss_uninterrupted": ref[r["step"]]["loss"],
+             "loss_resumed": r["loss"], "loss_diff": abs(r["loss"] - ref[r["step"]]["loss"]),
+             "same_lr": r["lr"] == ref[r["step"]]["lr"],
+             "same_examples": r["ids"] == ref[r["step"]]["ids"]} for r in resumed]
+    table = pd.DataFrame(rows)
+    diff = max(float((ref_weights[k].float() - weights[k].float()).abs().max())
+               for k in ref_weights)
+    steps_ok = bool(len(table)) and table.same_lr.all() and table.same_examples.all()
+    verdict = {"updates_compared": len(table), "max_param_diff": diff,
+               "max_loss_diff": float(table.loss_diff.max()) if len(table) else None,
+               "same_examples": bool(table.same_examples.all()) if len(table) else False,
+               "exact": bool(steps_ok and diff <= tolerance and
+                             float(table.loss_diff.max()) <= tolerance),
+               "continued_to_the_end": bool(len(table) and
+                                            table.step.iloc[-1] == reference[-1]["step"])}
+    return table, verdict
+
+
+def latest_checkpoint(folder: str | Path) -> Path:
+    """The newest complete checkpoint in a folder (a kill during a save leaves only a
+    `.partial` folder behind, which is never a candidate)."""
+    candidates = sorted(Path(folder).glob("ckpt-*"), reverse=True)
+    for path in candidates:
+        try:
+            ckpt.verify(path)
+            return path
+        except WorkbookError:
+            continue
+    raise WorkbookError(f"no complete checkpoint in {folder}",
+                        "check the folder; a run that never saved cannot resume")
+
+
+def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, folder: Path,
+                tolerance: float = 0.0) -> tuple[pd.DataFrame, dict]:
+    """The uninterrupted reference run (checkpointing at both cases), then each case resumed in
+    a new process: mid-epoch, and exactly at an epoch boundary (which must continue)."""
+    if not 0 < mid_step < updates or not 0 < boundary_step < updates:
+        raise WorkbookError(f"resume points {mid_step} and {boundary_step} must lie inside the "
+                            f"{updates} updates", "choose points after the first update and "
+                            "before the last")
+    reference, weights = run(spec, updates, folder, checkpoint_at=(mid_step, boundary_step))
+    rows, details = [], {"reference": reference, "weights": weights}
+    for case, step in (("mid-epoch", mid_step), ("epoch boundary", boundary_step)):
+        path = folder / f"ckpt-{step:06d}"
+        resumed, w = resume_in_new_process(path, updates, folder / f"resumed-{step}")
+        table, verdict = compare(reference, resumed, weights, w, tolerance)
+        details[case] = table
+        rows.append({"case": case, "resumed_after": step, **verdict})
+    return pd.DataFrame(rows), details
+
+
+def planted_faults(spec: dict, updates: int, step: int, folder: Path, reference: list[dict],
+                   ref_weights: dict, tolerance: float = 0.0) -> pd.DataFrame:
+    """Resume with each classic bug planted and say whether the comparison catches it."""
+    rows = []
+    for fault in FAULTS:
+        resumed, w = run(spec, updates, start_from=folder / f"ckpt-{step:06d}",
+                         faults=(fault,))
+        _, verdict = compare(reference, resumed, ref_weights, w, tolerance)
+        rows.append({"planted bug": {"optimizer": "checkpoint without optimizer state",
+                                     "sampler": "sampler restarted on resume",
+                                     "rng": "random states not restored"}[fault],
+                     "caught": not verdict["exact"], "max_loss_diff": verdict["max_loss_diff"],
+                     "same_examples": verdict["same_examples"]})
+    return pd.DataFrame(rows)
+
+
+def tamper_checks(checkpoint: Path, folder: Path) -> pd.DataFrame:
+    """A changed file and a pickle that would run code: both must be refused, and the code must
+    not run."""
+    import pickle
+    import shutil
+
+    rows = []
+    changed = shutil.copytree(checkpoint, folder / "tampered")
+    data = bytearray((changed / ckpt.STATE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (changed / ckpt.STATE).write_bytes(bytes(data))
+    rows.append(_refused("a byte changed in state.pt", changed))
+    evil = shutil.copytree(checkpoint, folder / "malicious")
+    marker = folder / "payload-ran"
+    (evil / ckpt.STATE).write_bytes(pickle.dumps(_Payload(str(marker)), protocol=2))
+    manifest = json.loads((evil / ckpt.MANIFEST).read_text())
+    manifest[ckpt.STATE] = ckpt._sha256(evil / ckpt.STATE)  # a forger can fix the manifest
+    (evil / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    rows.append({**_refused("a pickle that runs code (manifest forged)", evil),
+                 "code ran": marker.exists()})
+    return pd.DataFrame(rows)
+
+
+class _Payload:
+    """Unpickling this would create a file: the demonstration of arbitrary code."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _refused(what: str, path: Path) -> dict:
+    try:
+        ckpt.load_state(path)
+    except WorkbookError as exc:  # the message without this run's folder, to read and compare
+        return {"case": what, "refused": True,
+                "message": exc.problem.replace(str(path.parent) + "/", "")[:200]}
+    return {"case": what, "refused": False, "message": "loaded!"}
