@@ -487,6 +487,8 @@ md("""## Per learning rate, every seed
 The best value of each seed is kept; the mean and spread never hide a seed."""),
 code("""# NBVAL_IGNORE_OUTPUT
 study.lr_summary()"""),
+code("""wb.plots.lr_summary(study.lr_summary(), study.trial_table(), study.plan.metric,
+                    save=out / "lr_summary.png")"""),
 md("""## The study table
 The spreadsheet view: where the configuration is stored, notes, trials, the best checkpoint's
 validation performance and the command that reproduces it."""),

@@ -223,15 +223,6 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) 
                    scaler)
 
 
-def accumulate(task: Task, model: nn.Module, batches: Iterable[Batch],
-               device: torch.device | str) -> tuple[float, int]:
-    """One update's gradients for `model` (fp32, no optimizer): (mean loss, targets)."""
-    device = torch.device(device)
-    stepper = Stepper(task, model, torch.optim.SGD(model.parameters(), lr=0.0), None, device)
-    loss_sum, n = stepper.accumulate(batches)
-    return float(loss_sum) / n, n
-
-
 def _padded(items: list[Item], size: int) -> list[Item]:
     """Fill a final partial evaluation batch with copies whose labels are all -100: the shapes
     stay those of a full batch and the copies weigh zero in every sum."""

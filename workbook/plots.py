@@ -122,3 +122,20 @@ def resume_overlay(details: dict, save: Path | None = None):
     ax.set(xlabel="update", ylabel="loss", title="resume: the curves must coincide")
     ax.legend(fontsize="small")
     return _done(fig, save)
+
+
+def lr_summary(summary: pd.DataFrame, trials: pd.DataFrame, metric: str,
+               save: Path | None = None):
+    """Per learning rate: every seed's best value as a dot, the mean with the spread as a bar."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    done = trials.dropna(subset=["best_metric"])
+    ax.scatter(done.lr, done.best_metric, color="grey", s=14, label="each seed")
+    ok = summary.dropna(subset=["best_mean"])
+    ax.errorbar(ok.lr, ok.best_mean, yerr=ok.best_std.fillna(0), fmt="o", color="tab:blue",
+                capsize=4, label="mean +/- std")
+    for t in trials[trials.status == "diverged"].itertuples():
+        ax.axvline(t.lr, color="red", ls=":", lw=1)
+    ax.set(xscale="log", xlabel="learning rate", ylabel=f"best {metric}",
+           title="per learning rate (red: a diverged trial)")
+    ax.legend(fontsize="small")
+    return _done(fig, save)
