@@ -72,11 +72,9 @@ def test_phase_gates_fail_when_the_plan_does_not_fit(tmp_path):
 
 def test_the_readme_own_task_runs_through_the_pilot(tmp_path):
     run, index = run_pilot("tests.own_task:task", out=str(tmp_path / "run"), smoke=True,
-                           progress=False)
+                           only="01,02,03,04,07", progress=False)
     assert index.verdict.tolist() == ["pass"] * len(index), index.error.tolist()
-    assert summary(run, "05_memory_variants")["figures"]["not_applicable"] == [
-        "max_length=20", "checkpointing", "fp16+scaler", "micro-batch/2+checkpointing",
-        "bf16+checkpointing"]
+    assert summary(run, "07_resume_reload")["figures"]["archive_identical"]
 
 
 @pytest.mark.parametrize("task", [GENERATION, CLASSIFICATION])

@@ -105,7 +105,7 @@ def test_a_kill_at_random_points_during_saving_never_breaks_the_latest(tmp_path)
     rng = random.Random(0)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     step = 0
-    for _ in range(8):
+    for _ in range(6):
         proc = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path), str(step)],
                                 env=env)
         deadline = time.time() + 60

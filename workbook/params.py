@@ -3,6 +3,7 @@ own namespace here and fails with a clear message on a typo or a wrong type."""
 
 from __future__ import annotations
 
+import ast
 import difflib
 from typing import Any
 
@@ -78,13 +79,42 @@ _IPYTHON = {"In", "Out", "get_ipython", "exit", "quit", "open"}
 _LITERALS = (str, int, float, bool, list, dict, tuple, type(None))
 
 
+def _literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def parameter_names(history: list[str]) -> set[str]:
+    """Names assigned by the executed cells that hold nothing but `name = literal` lines: the
+    notebook's parameters cell and the cell papermill injects."""
+    names: set[str] = set()
+    for source in history:
+        try:
+            body = ast.parse(source).body
+        except SyntaxError:
+            continue
+        if body and all(isinstance(n, ast.Assign) and len(n.targets) == 1 and
+                        isinstance(n.targets[0], ast.Name) and _literal(n.value) for n in body):
+            names |= {n.targets[0].id for n in body}
+    return names
+
+
 def check(namespace: dict[str, Any], notebook: str) -> dict[str, Any]:
-    """Return the notebook's parameters from `namespace`, after checking names and types."""
+    """Return the notebook's parameters from `namespace`, after checking names and types.
+    In a kernel the parameters are read from the executed parameter cells (so re-running the
+    check after later cells is fine); elsewhere every literal-valued global counts."""
     if notebook not in NOTEBOOKS:
         raise WorkbookError(f"unknown notebook {notebook!r}", f"use one of {sorted(NOTEBOOKS)}")
     spec = NOTEBOOKS[notebook]
-    given = {k: v for k, v in namespace.items()
-             if not k.startswith("_") and k not in _IPYTHON and isinstance(v, _LITERALS)}
+    history = namespace.get("In")
+    if isinstance(history, list):
+        given = {k: namespace[k] for k in parameter_names(history) if k in namespace}
+    else:
+        given = {k: v for k, v in namespace.items()
+                 if not k.startswith("_") and k not in _IPYTHON and isinstance(v, _LITERALS)}
     return validate(given, notebook, spec)
 
 
