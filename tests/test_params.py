@@ -68,3 +68,13 @@ def test_committed_notebooks_match_their_source(tmp_path):
         committed = json.loads((NOTEBOOK_DIR / built.name).read_text())
         assert [("".join(c["source"]), c["cell_type"]) for c in fresh["cells"]] == \
             [("".join(c["source"]), c["cell_type"]) for c in committed["cells"]], built.name
+
+
+@pytest.mark.parametrize("stem", sorted(NOTEBOOKS))
+def test_committed_notebooks_carry_their_outputs(stem):
+    """Committed notebooks read as documentation: every code cell executed, no stored error."""
+    nb = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c["execution_count"] is not None for c in cells), "execute the notebook"
+    assert not any(o.get("output_type") == "error" for c in cells for o in c["outputs"])
+    assert any(c["outputs"] for c in cells)

@@ -698,6 +698,10 @@ wb.runs.write_summary(out, verdict, {
 print(f"verdict: {verdict}")"""),
 ])
 
+def sources(book) -> list[tuple[str, str]]:
+    return [(c["cell_type"], "".join(c["source"])) for c in book["cells"]]
+
+
 if __name__ == "__main__":
     root = Path(__file__).resolve().parents[1]
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else root / "notebooks"
@@ -706,4 +710,9 @@ if __name__ == "__main__":
                        ("03_phase_gates", nb03), ("04_batch_accounting", nb04),
                        ("05_memory_variants", nb05), ("06_lr_study", nb06),
                        ("07_resume_reload", nb07), ("08_rental_plan", nb08)):
-        nbf.write(book, target / f"{name}.ipynb")
+        path = target / f"{name}.ipynb"
+        # an unchanged notebook keeps its executed outputs; a changed one must be executed again
+        if path.exists() and sources(nbf.read(path, as_version=4)) == sources(book):
+            continue
+        nbf.write(book, path)
+        print(f"wrote {path} without outputs: execute it before committing")
