@@ -28,12 +28,3 @@ def decode(ids: Sequence[int], keep_special: bool = False) -> str:
     out.append(raw.decode("utf-8", errors="replace"))
     return "".join(out)
 
-
-def token_text(i: int) -> str:
-    """One token shown on its own: a printable character, an escape, or the marker name."""
-    i = int(i)
-    if i in _SPECIAL:
-        return _SPECIAL[i]
-    if 32 <= i < 127:
-        return chr(i)
-    return {10: "\\n", 9: "\\t"}.get(i, f"\\x{i:02x}")
