@@ -1,11 +1,15 @@
 """Shared fixtures: the two sample tasks, their splits and encoded items (built once)."""
 
+import os
+
 import pytest
 import torch
 
 from workbook import encode_examples, load_examples, load_task, split_examples
+from workbook.frontend import HEADLESS_ENV
 
 torch.set_num_threads(1)
+os.environ.setdefault(HEADLESS_ENV, "1")  # kernels started by the tests (nbval) show no widgets
 
 GENERATION = "workbook.samples.generation:task"
 CLASSIFICATION = "workbook.samples.classification:task"

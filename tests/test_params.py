@@ -1,11 +1,10 @@
-import ast
 import json
 from pathlib import Path
 
 import pytest
 
 from workbook import WorkbookError
-from workbook.params import NOTEBOOKS, check, validate
+from workbook.params import check, defaults, smoke, stems, validate
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -24,7 +23,7 @@ def test_wrong_type_is_named():
 
 def test_int_is_accepted_for_float_and_defaults_fill_in():
     params = validate({"lr": 1}, "02_overfit")
-    assert params["lr"] == 1 and params["updates"] == NOTEBOOKS["02_overfit"]["updates"]
+    assert params["lr"] == 1 and params["updates"] == defaults("02_overfit")["updates"]
 
 
 def test_check_reads_a_notebook_namespace_and_skips_ipython_names():
@@ -47,30 +46,48 @@ def test_in_a_kernel_only_the_parameter_cells_count():
     assert check(namespace, "02_overfit")["examples"] == 4, "later literals do not count"
 
 
-@pytest.mark.parametrize("stem", sorted(NOTEBOOKS))
-def test_notebook_parameters_cell_matches_the_spec(stem):
-    nb = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
+def test_defaults_are_read_from_the_parameters_cell(tmp_path, monkeypatch):
+    """The parameters cell is the only table of defaults: editing it changes what is validated."""
+    import shutil
+
+    import workbook.params as params
+
+    shutil.copy(NOTEBOOK_DIR / "02_overfit.ipynb", tmp_path / "02_overfit.ipynb")
+    monkeypatch.setattr(params, "NOTEBOOK_DIR", tmp_path)
+    assert params.stems() == ["02_overfit"] and defaults("02_overfit")["updates"] == 150
+    nb = json.loads((tmp_path / "02_overfit.ipynb").read_text())
     cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
-    tree = ast.parse("".join(cell["source"]))
-    values = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body}
-    assert values == NOTEBOOKS[stem], "parameters cell and workbook.params disagree"
+    cell["source"] = "".join(cell["source"]).replace("updates = 150", "updates = 7\nwidth = 3")
+    (tmp_path / "02_overfit.ipynb").write_text(json.dumps(nb))
+    assert defaults("02_overfit")["updates"] == 7
+    assert validate({"width": 4}, "02_overfit")["width"] == 4
+    cell["source"] += "\nderived = updates * 2"
+    (tmp_path / "02_overfit.ipynb").write_text(json.dumps(nb))
+    with pytest.raises(WorkbookError, match="not `name = literal`"):
+        defaults("02_overfit")
 
 
-def test_committed_notebooks_match_their_source(tmp_path):
-    """tools/build_notebooks.py is the notebooks' source; committed copies carry outputs."""
-    import subprocess
-    import sys
-
-    subprocess.run([sys.executable, str(NOTEBOOK_DIR.parent / "tools" / "build_notebooks.py"),
-                    str(tmp_path)], check=True)
-    for built in sorted(tmp_path.glob("*.ipynb")):
-        fresh = json.loads(built.read_text())
-        committed = json.loads((NOTEBOOK_DIR / built.name).read_text())
-        assert [("".join(c["source"]), c["cell_type"]) for c in fresh["cells"]] == \
-            [("".join(c["source"]), c["cell_type"]) for c in committed["cells"]], built.name
+def test_unknown_notebook_is_named():
+    with pytest.raises(WorkbookError, match="unknown notebook '99_nope'"):
+        defaults("99_nope")
 
 
-@pytest.mark.parametrize("stem", sorted(NOTEBOOKS))
+@pytest.mark.parametrize("stem", stems())
+def test_smoke_sizes_are_known_parameters_of_the_right_type(stem):
+    values = smoke(stem)
+    assert set(values) <= set(defaults(stem))
+
+
+def test_a_smoke_file_with_a_typo_is_refused(tmp_path, monkeypatch):
+    import workbook.params as params
+
+    (tmp_path / "02_overfit.yaml").write_text("updatse: 3\n")
+    monkeypatch.setattr(params, "SMOKE_DIR", tmp_path)
+    with pytest.raises(WorkbookError, match="did you mean 'updates'"):
+        smoke("02_overfit")
+
+
+@pytest.mark.parametrize("stem", stems())
 def test_committed_notebooks_carry_their_outputs(stem):
     """Committed notebooks read as documentation: every code cell executed, no stored error."""
     nb = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())

@@ -127,3 +127,64 @@ def test_an_unknown_rental_gpu_fails_the_plan_with_its_name(tmp_path):
     run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="08",
                            progress=False, params={"rental_gpu": "B300"})
     assert index.verdict.tolist() == ["error"] and "unknown GPU 'B300'" in index.error[0]
+
+
+@pytest.mark.parametrize("fault", ["hang", "die"])
+def test_a_stuck_or_dead_kernel_becomes_an_error_row_and_the_pilot_goes_on(fault, tmp_path):
+    flag = tmp_path / "fault-once"
+    flag.write_text("")
+    run, index = run_pilot("tests.stuck_task:task", out=str(tmp_path / "run"), smoke=True,
+                           only="01,02", task_options={"flag": str(flag), "fault": fault},
+                           progress=False, timeout=45)
+    first, second = index.to_dict(orient="records")
+    assert first["verdict"] == "error" and not flag.exists()
+    if fault == "hang":
+        assert "did not finish within 45 s" in first["error"] and "stuck in cell" in first["error"]
+        assert first["seconds"] < 45 + 30
+    else:
+        assert "kernel died in cell" in first["error"]
+    assert "load_task" in first["error"] or "inspect_task" in first["error"]
+    assert second["verdict"] == "pass", second["error"]
+    stored = json.loads((run / "index.json").read_text())
+    assert [r["verdict"] for r in stored["notebooks"]] == ["error", "pass"]
+
+
+def test_a_killed_pilot_leaves_a_valid_index_of_what_finished(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "workbook", "pilot", "--task",
+                             "tests.own_task:task", "--smoke", "--only", "01,02,03",
+                             "--out", str(out)], env={**os.environ, "PYTHONPATH": os.getcwd()},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (out / "index.json").exists():
+            time.sleep(0.2)  # until notebook 01 has finished and been indexed
+        assert (out / "index.json").exists(), "notebook 01 never finished"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-800:]
+    stored = json.loads((out / "index.json").read_text())
+    rows = {r["notebook"]: r for r in stored["notebooks"]}
+    assert rows["01_inspect_examples"]["verdict"] == "pass"
+    assert rows["03_phase_gates"]["verdict"] == "interrupted"
+    assert list(rows) == ["01_inspect_examples", "02_overfit", "03_phase_gates"]
+    assert (out / "index.csv").read_text().count("\n") == 4 and (out / "report.html").exists()
+    assert not list(out.glob("*.tmp"))
+
+
+def test_pilot_options_are_not_notebook_parameters(tmp_path):
+    with pytest.raises(WorkbookError, match="use --task instead of -p task"):
+        run_pilot(GENERATION, out=str(tmp_path / "r"), params={"task": "x:y"})
+    with pytest.raises(WorkbookError, match="names no notebook"):
+        select(",")
+    with pytest.raises(WorkbookError, match="the selected notebooks: unknown parameter 'lrr'"):
+        run_pilot(GENERATION, out=str(tmp_path / "r"), only="02", params={"lrr": 1.0})
+    assert not (tmp_path / "r").exists()

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from .checkpoint import MANIFEST, _sha256, verify
 from .data import Item, collate_items, encode_examples, load_examples, split_examples
 from .errors import WorkbookError
+from .runs import fresh_process
 from .task import Task, load_task
 
 
@@ -27,11 +28,11 @@ def code_revision(root: Path | None = None) -> dict:
     root = root or Path(__file__).resolve().parents[1]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root,
+                                text=True, check=True, timeout=60).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, timeout=60,
                                     capture_output=True, text=True, check=True).stdout.strip())
         return {"commit": commit, "dirty": dirty}
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return {"commit": None, "dirty": None, "note": "not a git checkout"}
 
 
@@ -114,3 +115,13 @@ def reload_archive(path: str | Path) -> dict:
     return {"identical": bool(torch.equal(stored, fresh)), "max_abs_diff": diff,
             "control_inputs": len(ids), "revision": json.loads(
                 (path / "revision.json").read_text())}
+
+
+def reload_in_new_process(path: str | Path, timeout: float = 600) -> dict:
+    """`python -m workbook reload --archive PATH` in a fresh process: its result, or
+    `identical: False` with the error when it failed."""
+    done = fresh_process(["reload", "--archive", str(path)], timeout, "the reload")
+    try:
+        return json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {"identical": False, "error": done.stderr.strip()[-600:]}

@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     pilot.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     pilot.add_argument("--only", help="comma list of notebook numbers, e.g. 01,02")
     pilot.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    pilot.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="each notebook's time limit (default 3600, 600 with --smoke)")
     trial = sub.add_parser("trial", help="run one more trial of an existing study (the "
                            "repro command of notebook 06)")
     trial.add_argument("--study", required=True, help="the study folder (holds plan.json)")
@@ -65,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run, index = run_pilot(args.task, args.out, args.smoke, args.only, dict(args.option),
-                               args.device, params=dict(args.param))
+                               args.device, params=dict(args.param), timeout=args.timeout)
     except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: index.json lists the notebooks that finished", file=sys.stderr)
+        return 130
     print(index[["notebook", "verdict", "seconds"]].to_string(index=False))
     print(f"run folder: {run}")
     return 0 if (index.verdict == "pass").all() else 1

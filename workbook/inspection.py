@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from .data import SPLITS, Item, collate_items, encode_examples, load_examples, split_examples
+from .frontend import headless
 from .records import Flag
 from .task import IGNORE_INDEX, Task
 
@@ -306,7 +307,10 @@ def example_display(task: Task, items: list[Item]):
 
 
 def browser(task: Task, items: list[Item]):
-    """An ipywidgets slider over examples; the same view as `example_display`, one at a time."""
+    """An ipywidgets slider over examples; the same view as `example_display`, one at a time.
+    A headless run (no frontend) gets the static view of the first example instead."""
+    if headless():
+        return example_display(task, items[:1])
     import ipywidgets as widgets
 
     return widgets.interact(lambda index: example_display(task, [items[index]]),

@@ -10,10 +10,10 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .data import Batch, Item, collate_items, epoch_order, loader, plan_epoch
 from .errors import WorkbookError
+from .frontend import progress_bar
 from .records import EvalRecord, StepRecord
 from .task import IGNORE_INDEX, Task
 
@@ -313,7 +313,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     stepper = stepper if stepper is not None else build_stepper(task, cfg, model)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
     stream = _updates(task, items, cfg, start)
-    bar = tqdm(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
+    bar = progress_bar(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
                desc=f"train {task.name}")
     for step in range(first_step, cfg.updates + 1):
         begin = time.perf_counter()

@@ -1,82 +1,72 @@
-"""Notebook parameters: papermill silently ignores unknown names, so each notebook checks its
-own namespace here and fails with a clear message on a typo or a wrong type."""
+"""Notebook parameters. Each notebook's `parameters` cell is the only table of its defaults: names,
+types and values are read from it. papermill silently ignores unknown names, so each notebook
+checks its own namespace here and fails with a clear message on a typo or a wrong type."""
 
 from __future__ import annotations
 
 import ast
 import difflib
+import json
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from .errors import WorkbookError
 
-COMMON = {
-    "task": "workbook.samples.generation:task",  # package.module:attribute of the task
-    "task_options": {},  # keyword arguments for a task factory
-    "out_dir": "",  # where this notebook writes (empty: a new folder under runs/)
-    "device": "cpu",  # "cpu", "cuda" or "auto"
-    "seed": 0,
-}
-
-NOTEBOOKS: dict[str, dict[str, Any]] = {
-    "01_inspect_examples": {**COMMON, "show_examples": 4, "probe_size": 8},
-    "02_overfit": {**COMMON, "examples": 8, "updates": 150, "lr": 3e-3,
-                   "loss_threshold": 0.05, "init_tolerance": 0.5},
-    "03_phase_gates": {**COMMON, "micro_batch": 2, "accumulation": 8, "eval_batch": 16,
-                       "length": 0, "precision": "fp32", "activation_checkpointing": False,
-                       "lr": 1e-3,
-                       "device_memory_gib": 0.0, "headroom": 0.2, "input_bound_threshold": 0.3,
-                       "train_limit": 0, "plan_micro_batch": 16, "plan_accumulation": 2,
-                       "plan_length": 1024, "plan_eval_batch": 32, "plan_precision": "bf16",
-                       "plan_activation_checkpointing": False, "cuda_context_gib": 1.0,
-                       "allocator_cache_share": 0.1},
-    "04_batch_accounting": {**COMMON, "micro_batch": 2, "accumulation": 8, "replicas": 1,
-                            "drop_partial": False, "hold": "epochs", "budget": 1.0,
-                            "reconcile_updates": 30, "reconcile_examples": 45,
-                            "check_examples": 16,
-                            "partial_examples": 13, "tolerance": 1e-4},
-    "05_memory_variants": {**COMMON, "micro_batch": 4, "accumulation": 4, "eval_batch": 16,
-                           "length": 0, "short_length": 20, "updates": 20, "lr": 1e-3,
-                           "train_limit": 0, "val_limit": 64, "plan_micro_batch": 16,
-                           "plan_accumulation": 2, "plan_length": 1024, "plan_eval_batch": 32},
-    "06_lr_study": {**COMMON, "study_name": "lr-comparison", "lrs": [1e-4, 5e-5, 2e-4],
-                    "seeds": [0], "updates": 200, "micro_batch": 2, "accumulation": 8,
-                    "eval_every": 50, "eval_batch": 32, "eval_sample": 0, "metric": "loss",
-                    "top_n": 2, "divergence_multiple": 3.0, "prediction_examples": 4,
-                    "notes": "none"},
-    "07_resume_reload": {**COMMON, "micro_batch": 2, "accumulation": 8, "lr": 1e-3,
-                         "updates": 10, "train_limit": 64, "mid_step": 6, "boundary_step": 0,
-                         "tolerance": 0.0, "demonstrate_faults": True, "controls": 8},
-    "08_rental_plan": {**COMMON, "gpus": {"L4": 24, "A100-40GB": 40, "L40S": 48,
-                                          "A100-80GB": 80, "H200": 141},
-                       "gpu_tflops": {"L4": 121, "A100-40GB": 312, "L40S": 362,
-                                      "A100-80GB": 312, "H200": 989},
-                       "utilisation": 0.35, "rental_gpu": "A100-80GB",
-                       "candidates": [
-                           {"name": "control", "micro_batch": 16, "accumulation": 2,
-                            "length": 1024, "precision": "bf16",
-                            "expected": "the study's control at campaign scale"},
-                           {"name": "checkpointed", "micro_batch": 32, "accumulation": 1,
-                            "length": 1024, "precision": "bf16",
-                            "activation_checkpointing": True,
-                            "expected": "same effective batch, fewer passes per update"},
-                           {"name": "2 replicas", "micro_batch": 16, "accumulation": 1,
-                            "length": 1024, "precision": "bf16", "replicas": 2,
-                            "expected": "same effective batch on two GPUs"}],
-                       "updates": 20000, "eval_every": 500, "export_minutes": 5.0,
-                       "headroom": 0.2, "cuda_context_gib": 1.0, "allocator_cache_share": 0.1,
-                       "variants": [
-                           {"name": "control", "priority": 1, "candidate": "control",
-                            "repeats": 3},
-                           {"name": "best study lr", "priority": 2, "candidate": "control",
-                            "repeats": 3},
-                           {"name": "checkpointed", "priority": 3,
-                            "candidate": "checkpointed", "repeats": 1}],
-                       "reserve_share": 0.2, "train_limit": 200},
-}
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+# Small sizes for CI and a first look (`--smoke`): one papermill parameters file per notebook,
+# usable by hand: `papermill notebooks/02_overfit.ipynb o.ipynb -f notebooks/smoke/02_overfit.yaml`
+SMOKE_DIR = NOTEBOOK_DIR / "smoke"
 
 # Names IPython itself puts in a notebook's namespace.
 _IPYTHON = {"In", "Out", "get_ipython", "exit", "quit", "open"}
 _LITERALS = (str, int, float, bool, list, dict, tuple, type(None))
+
+
+def stems() -> list[str]:
+    """The workbook's notebooks, in order: `NN_name` for every notebooks/NN_name.ipynb."""
+    return sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _known(notebook: str) -> Path:
+    path = NOTEBOOK_DIR / f"{notebook}.ipynb"
+    if not path.exists():
+        raise WorkbookError(f"unknown notebook {notebook!r}", f"use one of {stems()}")
+    return path
+
+
+def defaults(notebook: str) -> dict[str, Any]:
+    """The notebook's parameters and their defaults, read from its `parameters` cell."""
+    path = _known(notebook)
+    return dict(_parameters_cell(str(path), path.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=32)
+def _parameters_cell(path: str, _mtime: int) -> tuple[tuple[str, Any], ...]:
+    cells = json.loads(Path(path).read_text())["cells"]
+    cell = next((c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
+        raise WorkbookError(f"{path} has no cell tagged 'parameters'",
+                            "tag the cell of plain literals with 'parameters' (papermill needs it)")
+    source = "".join(cell["source"])
+    pairs = []
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and _literal(node.value)):
+            raise WorkbookError(f"{path}, parameters cell line {node.lineno}: not `name = literal`",
+                                "keep only plain literals there; derive values in the next cell")
+        pairs.append((node.targets[0].id, ast.literal_eval(node.value)))
+    return tuple(pairs)
+
+
+def smoke(notebook: str) -> dict[str, Any]:
+    """The small sizes of `--smoke` for this notebook (notebooks/smoke/NN_name.yaml)."""
+    import yaml
+
+    path = SMOKE_DIR / f"{notebook}.yaml"
+    values = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    validate(values, f"{path.name} for notebook {notebook}", defaults(notebook))
+    return values
 
 
 def _literal(node: ast.AST) -> bool:
@@ -106,9 +96,7 @@ def check(namespace: dict[str, Any], notebook: str) -> dict[str, Any]:
     """Return the notebook's parameters from `namespace`, after checking names and types.
     In a kernel the parameters are read from the executed parameter cells (so re-running the
     check after later cells is fine); elsewhere every literal-valued global counts."""
-    if notebook not in NOTEBOOKS:
-        raise WorkbookError(f"unknown notebook {notebook!r}", f"use one of {sorted(NOTEBOOKS)}")
-    spec = NOTEBOOKS[notebook]
+    spec = defaults(notebook)
     history = namespace.get("In")
     if isinstance(history, list):
         given = {k: namespace[k] for k in parameter_names(history) if k in namespace}
@@ -120,8 +108,9 @@ def check(namespace: dict[str, Any], notebook: str) -> dict[str, Any]:
 
 def validate(given: dict[str, Any], notebook: str,
              spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Check parameter names and types against a notebook's defaults; fill in the rest."""
-    spec = spec if spec is not None else NOTEBOOKS[notebook]
+    """Check parameter names and types against a notebook's defaults; fill in the rest.
+    With `spec`, `notebook` only names where the parameters go (e.g. "the selected notebooks")."""
+    spec = spec if spec is not None else defaults(notebook)
     problems = []
     for name in sorted(set(given) - set(spec)):
         close = difflib.get_close_matches(name, spec, n=1)
@@ -138,6 +127,7 @@ def validate(given: dict[str, Any], notebook: str,
             problems.append(f"parameter {name!r} must be {want.__name__}, got "
                             f"{type(value).__name__} {value!r}")
     if problems:
-        raise WorkbookError(f"notebook {notebook}: " + "; ".join(problems),
+        where = notebook if " " in notebook else f"notebook {notebook}"
+        raise WorkbookError(f"{where}: " + "; ".join(problems),
                             f"use only these parameters: {', '.join(sorted(spec))}")
     return {**spec, **{k: v for k, v in given.items()}}

@@ -1,40 +1,35 @@
-"""The pilot command: execute the notebooks in order with papermill into a new run folder."""
+"""The pilot command: execute the notebooks in order with papermill into a new run folder.
+Every notebook runs under a time limit; a stuck cell or a dead kernel becomes an `error` row and
+the next notebook still runs; index.json/index.csv are rewritten after every notebook, so an
+interrupted pilot (SIGINT/SIGTERM, or even SIGKILL) leaves a valid index of what finished."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 
 from .errors import WorkbookError
-from .params import NOTEBOOKS, validate
-from .runs import claim_dir, new_run_dir, write_json
+from .frontend import HEADLESS_ENV
+from .params import NOTEBOOK_DIR, defaults, stems, validate
+from .params import smoke as smoke_sizes
+from .runs import claim_dir, new_run_dir, write_json, write_text
 from .task import load_task
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 KERNEL = "workbook"
-
-# Small sizes for CI and a first look (`--smoke`); they override the notebooks' defaults.
-SMOKE: dict[str, dict[str, Any]] = {
-    "01_inspect_examples": {"show_examples": 2, "probe_size": 4},
-    "02_overfit": {"examples": 4, "updates": 80},
-    "03_phase_gates": {"accumulation": 2, "eval_batch": 8, "train_limit": 300,
-                       "plan_micro_batch": 4, "plan_length": 256},
-    "04_batch_accounting": {"reconcile_updates": 8, "reconcile_examples": 21,
-                            "check_examples": 8, "partial_examples": 5},
-    "05_memory_variants": {"updates": 3, "train_limit": 200, "val_limit": 16,
-                           "plan_micro_batch": 4, "plan_length": 128, "plan_eval_batch": 8},
-    "06_lr_study": {"updates": 20, "eval_every": 10, "eval_sample": 32, "accumulation": 2,
-                    "eval_batch": 16, "prediction_examples": 2},
-    "07_resume_reload": {"train_limit": 32, "accumulation": 4, "updates": 8, "mid_step": 5,
-                         "controls": 4},
-    "08_rental_plan": {"updates": 2000, "train_limit": 50},
-}
+# Per-notebook wall-clock limits in seconds: generous for a busy 2-core machine (a full notebook
+# takes minutes there, a smoke one well under one); `--timeout` overrides both.
+TIME_LIMIT = {"full": 3600, "smoke": 600}
+# Options the pilot owns: a notebook parameter of the same name would contradict index.json.
+OWNED = {"task": "--task", "task_options": "--option", "out_dir": "--out", "device": "--device"}
 
 
 def ensure_kernel() -> str:
@@ -55,59 +50,161 @@ def ensure_kernel() -> str:
 
 def select(only: str | None) -> list[str]:
     """Notebook stems to run, in order; `only` is a comma list of numbers like "01,02"."""
-    stems = sorted(NOTEBOOKS)
-    if not only:
-        return stems
+    all_stems = stems()
+    if only is None:
+        return all_stems
     wanted = [w.strip() for w in only.split(",") if w.strip()]
-    unknown = [w for w in wanted if not any(s.startswith(w + "_") for s in stems)]
+    if not wanted:
+        raise WorkbookError(f"--only {only!r} names no notebook",
+                            f"use numbers from {[s.split('_')[0] for s in all_stems]}, "
+                            "e.g. --only 01,02, or leave --only out to run them all")
+    unknown = [w for w in wanted if not any(s.startswith(w + "_") for s in all_stems)]
     if unknown:
         raise WorkbookError(f"--only names unknown notebooks {unknown}",
-                            f"use numbers from {[s.split('_')[0] for s in stems]}")
-    return [s for s in stems if s.split("_")[0] in wanted]
+                            f"use numbers from {[s.split('_')[0] for s in all_stems]}")
+    return [s for s in all_stems if s.split("_")[0] in wanted]
 
 
 def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str | None = None,
               task_options: dict | None = None, device: str = "cpu", progress: bool = True,
-              params: dict[str, Any] | None = None) -> tuple[Path, pd.DataFrame]:
+              params: dict[str, Any] | None = None,
+              timeout: float | None = None) -> tuple[Path, pd.DataFrame]:
     """Run the selected notebooks for `task`; returns the run folder and its index table.
-    `params` go to every notebook that has a parameter of that name."""
-    import papermill as pm
-
-    stems = select(only)
+    `params` go to every notebook that has a parameter of that name; `timeout` is each
+    notebook's limit in seconds (default `TIME_LIMIT`)."""
+    selected = select(only)
+    params = dict(params or {})
+    owned = sorted(set(params) & set(OWNED))
+    if owned:
+        raise WorkbookError(f"-p {', '.join(owned)} would override the pilot's own options",
+                            "use " + ", ".join(f"{OWNED[k]} instead of -p {k}" for k in owned))
     load_task(task, **(task_options or {}))  # fail now, not inside the first notebook
-    known = {k: v for stem in stems for k, v in NOTEBOOKS[stem].items()}
-    validate({k: v for k, v in (params or {}).items()}, "the selected notebooks", known)
+    known = {k: v for stem in selected for k, v in defaults(stem).items()}
+    validate(params, "the selected notebooks", known)
+    limit = float(timeout or TIME_LIMIT["smoke" if smoke else "full"])
+    if not limit > 0:
+        raise WorkbookError(f"--timeout must be positive, got {timeout}",
+                            "give each notebook's limit in seconds")
     run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
     plans = {}
-    for stem in stems:  # check every notebook's parameters before running any
+    for stem in selected:  # check every notebook's parameters before running any
         given = {"task": task, "task_options": task_options or {}, "device": device,
-                 "out_dir": str((run / stem).resolve()), **(SMOKE[stem] if smoke else {}),
-                 **{k: v for k, v in (params or {}).items() if k in NOTEBOOKS[stem]}}
+                 "out_dir": str((run / stem).resolve()), **(smoke_sizes(stem) if smoke else {}),
+                 **{k: v for k, v in params.items() if k in defaults(stem)}}
         plans[stem] = validate(given, stem)
     kernel = ensure_kernel()
-    rows = []
-    for stem in stems:
-        start = time.perf_counter()
-        row = {"notebook": stem, "verdict": "error", "summary": f"{stem}/summary.json",
-               "executed": f"{stem}.ipynb", "error": ""}
+    meta = {"task": task, "task_options": task_options or {}, "smoke": smoke,
+            "time_limit_s": limit}
+    rows: list[dict[str, Any]] = []
+    with _headless_kernels(), _sigterm_as_interrupt():
         try:
-            pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", run / f"{stem}.ipynb",
-                                parameters=plans[stem], kernel_name=kernel,
-                                progress_bar=progress, cwd=os.getcwd())
-            row["verdict"] = json.loads((run / stem / "summary.json").read_text())["verdict"]
-        except pm.PapermillExecutionError as exc:  # recorded; the other notebooks still run
-            row["error"] = f"{exc.ename}: {exc.evalue}"[:500]
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"[:500]
-        row["seconds"] = round(time.perf_counter() - start, 1)
-        rows.append(row)
-        print(f"{stem}: {row['verdict']} ({row['seconds']} s) {row['error']}", flush=True)
+            for stem in selected:
+                rows.append(execute(stem, run, plans[stem], kernel, limit, progress))
+                write_index(run, rows, meta)
+                print(f"{stem}: {rows[-1]['verdict']} ({rows[-1]['seconds']} s) "
+                      f"{rows[-1]['error']}", flush=True)
+        except KeyboardInterrupt:
+            done = {r["notebook"] for r in rows}
+            for stem in selected:
+                if stem not in done:
+                    rows.append(_row(stem, "interrupted", "the pilot was interrupted "
+                                     "(SIGINT/SIGTERM) before this notebook finished"))
+            write_index(run, rows, meta)
+            report(run, pd.DataFrame(rows), task)
+            raise
     index = pd.DataFrame(rows)
-    write_json(run / "index.json", {"task": task, "task_options": task_options or {},
-                                    "smoke": smoke, "notebooks": rows})
-    index.to_csv(run / "index.csv", index=False)
     report(run, index, task)
     return run, index
+
+
+def _row(stem: str, verdict: str = "error", error: str = "", seconds: float = 0.0) -> dict:
+    return {"notebook": stem, "verdict": verdict, "summary": f"{stem}/summary.json",
+            "executed": f"{stem}.ipynb", "error": error, "seconds": seconds}
+
+
+def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit: float,
+            progress: bool = False) -> dict[str, Any]:
+    """Execute one notebook with papermill within `limit` seconds; returns its index row.
+    A cell still running at the limit, or a kernel that dies, becomes an `error` row naming
+    the cell; the kernel is shut down either way."""
+    import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    start = time.monotonic()
+    deadline = start + limit
+    current: dict[str, Any] = {}
+
+    def remaining(cell) -> int:  # nbclient asks this before every cell
+        current["cell"] = cell
+        return max(1, math.ceil(deadline - time.monotonic()))
+
+    row = _row(stem)
+    try:
+        pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", run / f"{stem}.ipynb",
+                            parameters=parameters, kernel_name=kernel, progress_bar=progress,
+                            cwd=os.getcwd(), timeout_func=remaining,
+                            start_timeout=int(min(120, limit)))
+        row["verdict"] = json.loads((run / stem / "summary.json").read_text())["verdict"]
+    except pm.PapermillExecutionError as exc:  # recorded; the other notebooks still run
+        row["error"] = f"{exc.ename}: {exc.evalue}"[:500]
+    except CellTimeoutError:
+        row["error"] = (f"time limit: the notebook did not finish within {limit:.0f} s; stuck "
+                        f"in cell {_cell_name(current)} (raise the limit with --timeout "
+                        "SECONDS if the machine is just slow)")
+    except DeadKernelError:
+        row["error"] = (f"the kernel died in cell {_cell_name(current)} (out of memory, or a "
+                        "crash in native code: run the notebook in JupyterLab to see it)")
+    except FileNotFoundError as exc:
+        row["error"] = f"no summary.json: the notebook finished without writing it ({exc})"
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+    row["seconds"] = round(time.monotonic() - start, 1)
+    return row
+
+
+def _cell_name(current: dict[str, Any]) -> str:
+    cell = current.get("cell")
+    if cell is None:
+        return "(before the first cell)"
+    lines = [ln for ln in cell.source.splitlines() if ln.strip() and not ln.startswith("#")]
+    return f"{cell.get('execution_count') or ''} `{(lines or [''])[0][:80]}`".strip()
+
+
+@contextlib.contextmanager
+def _headless_kernels() -> Iterator[None]:
+    """Kernels started inside inherit WORKBOOK_HEADLESS=1: no live widgets (they can hang)."""
+    before = os.environ.get(HEADLESS_ENV)
+    os.environ[HEADLESS_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(HEADLESS_ENV, None)
+        else:
+            os.environ[HEADLESS_ENV] = before
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, `kill`) ends the pilot like Ctrl-C: index first, then exit."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def write_index(run: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """index.json and index.csv for the notebooks so far (each written atomically)."""
+    write_json(run / "index.json", {**meta, "notebooks": rows})
+    write_text(run / "index.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
 def report(run: Path, index: pd.DataFrame, task: str) -> Path:
@@ -122,8 +219,10 @@ def report(run: Path, index: pd.DataFrame, task: str) -> Path:
         return frame[[c for c in columns if c in frame]].to_html(index=False) if columns \
             else frame.to_html(index=False)
 
-    verdicts = index.assign(notebook=[f'<a href="{r.executed}">{r.notebook}</a>'
-                                      for r in index.itertuples()])
+    verdicts = index.assign(notebook=[f'<a href="{html.escape(r.executed)}">'
+                                      f'{html.escape(r.notebook)}</a>'
+                                      for r in index.itertuples()],
+                            error=index.error.map(html.escape))
     conclusion = run / "08_rental_plan" / "conclusion.md"
     parts = [f"<h1>Pilot report: {html.escape(task)}</h1>",
              "<h2>Verdicts</h2>",
@@ -143,7 +242,7 @@ def report(run: Path, index: pd.DataFrame, task: str) -> Path:
              f"<pre>{html.escape(conclusion.read_text())}</pre>" if conclusion.exists()
              else "<p><i>not produced in this run</i></p>"]
     path = run / "report.html"
-    path.write_text("<!doctype html><meta charset='utf-8'><title>pilot report</title>"
+    write_text(path, "<!doctype html><meta charset='utf-8'><title>pilot report</title>"
                     "<style>body{font-family:sans-serif;max-width:70em;margin:auto}"
                     "table{border-collapse:collapse;font-size:small}"
                     "td,th{border:1px solid #ccc;padding:2px 6px}</style>" + "".join(parts))

@@ -6,9 +6,6 @@ the final parameters (bit-identical on the CPU)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,6 +18,7 @@ from .data import Item, encode_examples, load_examples, split_examples
 from .errors import WorkbookError
 from .loop import Position, Stepper, TrainConfig, build_stepper, train
 from .records import StepRecord
+from .runs import fresh_process
 from .task import Task, load_task
 
 FAULTS = ("optimizer", "sampler", "rng")  # planted resume bugs, to show what the check catches
@@ -94,14 +92,15 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig,
     return stepper, position, int(c["step"]) + 1
 
 
+FRESH_PROCESS_TIMEOUT = 600  # seconds for one resume in a new process (a few updates)
+
+
 def resume_in_new_process(checkpoint: Path, to_step: int, out: Path,
                           faults: tuple = ()) -> tuple[list[dict], dict]:
     """Continue a checkpoint in a fresh Python process (`python -m workbook resume`)."""
-    cmd = [sys.executable, "-m", "workbook", "resume", "--checkpoint", str(checkpoint),
-           "--to", str(to_step), "--out", str(out)] + [f"--fault={f}" for f in faults]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    done = fresh_process(["resume", "--checkpoint", str(checkpoint), "--to", str(to_step),
+                          "--out", str(out)] + [f"--fault={f}" for f in faults],
+                         FRESH_PROCESS_TIMEOUT, "the resumed process")
     if done.returncode:
         raise WorkbookError(f"the resumed process failed: {done.stderr.strip()[-600:]}",
                             "read the error above; the checkpoint or task may be broken")

@@ -6,6 +6,9 @@ import json
 import math
 import os
 import re
+import shlex
+import subprocess
+import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -15,8 +18,33 @@ import pandas as pd
 
 from .errors import WorkbookError
 
+CHECKOUT = Path(__file__).resolve().parents[1]
 # Interactive runs land in the checkout's runs/ folder (ignored by git) unless WORKBOOK_RUNS is set.
-RUNS_ROOT = Path(os.environ.get("WORKBOOK_RUNS", Path(__file__).resolve().parents[1] / "runs"))
+RUNS_ROOT = Path(os.environ.get("WORKBOOK_RUNS", CHECKOUT / "runs"))
+
+
+def shown(path: str | Path) -> str:
+    """A path as people should see it: relative to the working folder when it lies there or in
+    this checkout (committed notebook outputs must not carry one machine's checkout path)."""
+    full = Path(os.path.abspath(path))  # not resolve(): a venv's python is a symlink to keep
+    if full.is_relative_to(os.getcwd()) or full.is_relative_to(CHECKOUT):
+        return os.path.relpath(full)
+    return str(path)
+
+
+def fresh_process(args: list[str], timeout: float,
+                  what: str = "the command") -> subprocess.CompletedProcess:
+    """`python -m workbook ARGS` in a new process (nothing shared with this one), within
+    `timeout` seconds; the working folder is importable, as it is for the pilot's kernels."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    try:
+        return subprocess.run([sys.executable, "-m", "workbook", *args], capture_output=True,
+                              text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise WorkbookError(f"{what} did not finish within {timeout:.0f} s",
+                            "the machine may be overloaded or the task stuck; run `python -m "
+                            f"workbook {shlex.join(args)}` by hand to see where") from None
 
 
 def claim_dir(path: str | Path) -> Path:
@@ -62,13 +90,26 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def write_json(path: str | Path, data: Any) -> Path:
-    """Write JSON atomically: a temporary file in the same folder, then a rename."""
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a text file atomically: a temporary file in the same folder, then a rename; a
+    failed write leaves neither a partial file nor the temporary one."""
     path = Path(path)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        json.dump(_clean(data), tmp, indent=1, sort_keys=True)
+        try:
+            tmp.write(text)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        except BaseException:
+            tmp.close()
+            os.unlink(tmp.name)
+            raise
     os.replace(tmp.name, path)
     return path
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write JSON atomically (see `write_text`)."""
+    return write_text(path, json.dumps(_clean(data), indent=1, sort_keys=True))
 
 
 def write_summary(out_dir: Path, verdict: str, figures: dict[str, Any], **extra: Any) -> Path:

@@ -23,7 +23,7 @@ from .errors import WorkbookError
 from .ledger import Ledger
 from .loop import Stepper, TrainConfig, evaluate, resolve_device, train
 from .records import EvalRecord, StepRecord
-from .runs import write_json
+from .runs import shown, write_json
 from .task import IGNORE_INDEX, Task, load_task
 
 PLAN = "plan.json"
@@ -175,7 +175,7 @@ class Study:
                 shutil.rmtree(partial, ignore_errors=True)
 
     def repro(self, lr: float, seed: int, repeats: int | None = None) -> str:
-        cmd = [sys.executable, "-m", "workbook", "trial", "--study", str(self.folder.resolve()),
+        cmd = [shown(sys.executable), "-m", "workbook", "trial", "--study", shown(self.folder),
                "--lr", repr(lr), "--seed", str(seed)]
         return shlex.join(cmd + (["--repeats", str(repeats)] if repeats else []))
 

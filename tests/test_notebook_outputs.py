@@ -1,0 +1,95 @@
+"""Committed notebook outputs are documentation that nbval re-checks: what it compares must not
+depend on the torch build, the CPU, the thread count or the checkout path."""
+
+import configparser
+import json
+import os
+import re
+from pathlib import Path
+
+import papermill as pm
+import pytest
+
+from workbook.params import NOTEBOOK_DIR, stems
+from workbook.pilot import ensure_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+def sanitizers():
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ROOT / "tests" / "nbval_sanitize.cfg")
+    return [(re.compile(cfg[s]["regex"]), cfg[s]["replace"]) for s in cfg.sections()]
+
+
+def sanitize(text: str) -> str:
+    for regex, replace in sanitizers():
+        text = regex.sub(replace, text)
+    return text
+
+
+def compared_texts(nb: dict) -> list[tuple[int, str]]:
+    """(cell index, text) of every output nbval compares: cells not marked to be ignored."""
+    texts = []
+    for i, cell in enumerate(nb["cells"]):
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code" or "NBVAL_IGNORE_OUTPUT" in source \
+                or "NBVAL_SKIP" in source:
+            continue
+        for out in cell["outputs"]:
+            if out["output_type"] == "stream":
+                texts.append((i, "".join(out["text"])))
+            for key, value in out.get("data", {}).items():
+                if key.startswith("text/"):
+                    texts.append((i, "".join(value)))
+    return texts
+
+
+# What must not survive sanitizing: float digits, byte- or FLOP-sized integers, machine paths.
+NOISE = re.compile(r"(?<![\w.])\d+(?:\.\d+|[eE][-+]?\d+)(?![\w])|(?<![\w.])\d{7,}(?![\w.])|"
+                   r"/work/|/root/|/home/|"
+                   + re.escape(str(ROOT)))
+
+
+def test_the_sanitizer_hides_float_digits_and_keeps_counts():
+    assert sanitize("<td>3.3e-07</td>") == sanitize("<td>4.1e-07</td>")
+    assert sanitize("loss 0.085729") == sanitize("loss 0.085728")
+    assert sanitize("-1.5 and 1e-4 and 2E+3") == "FLOAT and FLOAT and FLOAT"
+    assert sanitize("28412 targets, 200 updates, ckpt-000006, id_3") == \
+        "28412 targets, 200 updates, ckpt-000006, id_3"
+    assert sanitize("pass") != sanitize("fail")
+
+
+@pytest.mark.parametrize("stem", stems())
+def test_compared_outputs_hold_nothing_that_depends_on_the_machine(stem):
+    nb = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
+    noisy = [(i, m.group(0)) for i, text in compared_texts(nb)
+             for m in [NOISE.search(sanitize(text))] if m]
+    assert not noisy, (f"{stem}: compared outputs carry build- or machine-dependent text "
+                       f"{noisy[:5]}: show rounded or relative values, or mark the cell "
+                       "# NBVAL_IGNORE_OUTPUT")
+
+
+def _outputs_with_threads(stem: str, tmp_path: Path, threads: int) -> list[tuple[int, str]]:
+    """Execute a committed notebook with its defaults in a kernel limited to `threads`."""
+    before = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    try:
+        pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", tmp_path / f"{stem}.ipynb",
+                            parameters={"out_dir": str(tmp_path / stem)},
+                            kernel_name=ensure_kernel(), progress_bar=False,
+                            cwd=str(NOTEBOOK_DIR), execution_timeout=300)
+    finally:
+        for key, value in before.items():
+            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+    nb = json.loads((tmp_path / f"{stem}.ipynb").read_text())
+    nb["cells"] = [c for c in nb["cells"] if "injected-parameters" not in
+                   c["metadata"].get("tags", [])]
+    return [(i, sanitize(t)) for i, t in compared_texts(nb)]
+
+
+@pytest.mark.parametrize("stem", ["04_batch_accounting", "07_resume_reload"])
+def test_compared_outputs_survive_another_thread_count(stem, tmp_path):
+    """The cheap guard against build noise: the notebooks whose floats once differed between
+    machines, re-run with one thread, give the committed outputs after sanitizing."""
+    committed = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
+    expected = [(i, sanitize(t)) for i, t in compared_texts(committed)]
+    assert _outputs_with_threads(stem, tmp_path, 1) == expected
