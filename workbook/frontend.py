@@ -16,10 +16,12 @@ def headless() -> bool:
 
 def progress_bar(**kwargs):
     """A tqdm bar: a widget in JupyterLab, plain text in a headless run."""
-    if headless():
+    if headless():  # a line at the start and the end, not one output per refresh
         from tqdm.std import tqdm
-    else:
-        from tqdm.auto import tqdm
+
+        return tqdm(mininterval=60, **kwargs)
+    from tqdm.auto import tqdm
+
     return tqdm(**kwargs)
 
 

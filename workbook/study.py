@@ -336,7 +336,7 @@ class Study:
         """The spreadsheet view: one row for the study."""
         best = self.best() or {}
         return pd.DataFrame([{
-            "study": self.plan.name, "config": str(self.folder / PLAN), "notes": self.plan.notes,
+            "study": self.plan.name, "config": shown(self.folder / PLAN), "notes": self.plan.notes,
             "trials": len(self.trial_table()), "metric": self.plan.metric,
             "best_value": best.get("best_metric"), "best_trial": best.get("id"),
             "best_checkpoint": best.get("best_checkpoint"), "repro": best.get("repro")}])
