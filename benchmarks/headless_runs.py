@@ -41,13 +41,16 @@ def main() -> int:
                 out = Path(tmp) / f"run{n}"
                 start = time.monotonic()
                 try:
-                    subprocess.run(
+                    done = subprocess.run(
                         [sys.executable, "-m", "workbook", "pilot", "--task", args.task,
                          "--smoke", "--only", "01", "--out", str(out),
                          "--timeout", str(args.limit)],
                         capture_output=True, text=True, timeout=args.limit + 120)
-                    row = json.loads((out / "index.json").read_text())["notebooks"][0]
-                    verdict, error = row["verdict"], row["error"]
+                    if (out / "index.json").exists():
+                        row = json.loads((out / "index.json").read_text())["notebooks"][0]
+                        verdict, error = row["verdict"], row["error"]
+                    else:
+                        verdict, error = "pilot failed", done.stderr.strip()[-300:]
                 except subprocess.TimeoutExpired:  # the pilot's own limit failed to act
                     verdict, error = "hung", "the pilot itself passed its limit"
                 took = time.monotonic() - start

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from workbook import load_task
-from workbook.inspection import batch_view, inspect_task, render_tokens
+from workbook.inspection import batch_view, browser, inspect_task, render_tokens
 from workbook.samples import classification, generation
 from workbook.samples.models import TrigramClassifier
 
@@ -113,3 +113,17 @@ def test_token_view_marks_prompt_padding_and_targets(gen_task, gen_items):
     assert not first[first.prompt].contributes.any() and first.contributes.any()
     html = render_tokens(view)
     assert "line-through" in html and "#c8f0c8" in html and "outline" not in html
+
+
+def test_a_headless_run_creates_no_widget(gen_task, gen_items, monkeypatch):
+    import ipywidgets
+
+    def no_widgets(*args, **kwargs):
+        raise AssertionError("a live widget was created in a headless run")
+
+    monkeypatch.setattr(ipywidgets, "interact", no_widgets)
+    monkeypatch.setenv("WORKBOOK_HEADLESS", "1")
+    assert browser(gen_task, gen_items["train"][:3]) is None
+    monkeypatch.setenv("WORKBOOK_HEADLESS", "0")
+    with pytest.raises(AssertionError, match="live widget"):
+        browser(gen_task, gen_items["train"][:3])

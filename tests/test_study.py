@@ -51,7 +51,9 @@ def test_the_plan_is_written_first_and_cannot_change(tmp_path):
     assert json.loads((tmp_path / "s" / "plan.json").read_text())["lrs"] == [1e-3]
     with pytest.raises(WorkbookError, match="cannot change .*'lrs'"):
         Study(tmp_path / "s", plan(lrs=[1e-3, 2e-3]))
-    assert Study(tmp_path / "s").plan.lrs == [1e-3]
+    assert Study(tmp_path / "s", task=CLASSIFICATION).plan.lrs == [1e-3]
+    with pytest.raises(WorkbookError, match="records the task .*classification"):
+        Study(tmp_path / "s")  # reopening needs the task named by the user
 
 
 @pytest.mark.parametrize("change, words", [
@@ -126,7 +128,7 @@ def test_killing_a_trial_leaves_finished_rows_and_marks_it_interrupted(tmp_path)
     study.ledger.close()
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-m", "workbook", "trial", "--study",
-                             str(tmp_path / "s"), "--lr", "2e-3"], env=env,
+                             str(tmp_path / "s"), "--task", GENERATION, "--lr", "2e-3"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ledger = Ledger(tmp_path / "s" / "ledger.sqlite")
     deadline = time.time() + 60
@@ -136,9 +138,9 @@ def test_killing_a_trial_leaves_finished_rows_and_marks_it_interrupted(tmp_path)
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
     ledger.close()
-    reopened = Study(tmp_path / "s")
+    reopened = Study(tmp_path / "s", task=GENERATION)
     table = reopened.trial_table().set_index("id")
     assert table.loc[finished, "status"] == "finished"
     killed = table.index[table.index != finished][0]

@@ -5,22 +5,25 @@ process can reload it and check that it reproduces them."""
 from __future__ import annotations
 
 import json
-import os
 import platform
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file, save_model
 
-from .checkpoint import MANIFEST, _sha256, verify
+from .artifacts import read_json, verify, write_folder
+from .checkpoint import WEIGHTS, load_weights
 from .data import Item, collate_items, encode_examples, load_examples, split_examples
 from .errors import WorkbookError
-from .runs import fresh_process
-from .task import Task, load_task
+from .runs import fresh_process, task_args
+from .task import Task, load_recorded_task, load_task
+
+CONFIG = "config.json"
+CONTROL_OUTPUTS = "control_outputs.safetensors"
 
 
 def code_revision(root: Path | None = None) -> dict:
@@ -60,20 +63,16 @@ def write_archive(path: str | Path, task_path: str, task_options: dict, model: t
                   config: dict, metrics: pd.DataFrame, procedure: list[str],
                   controls: int = 8) -> Path:
     """Write the archive folder atomically (never over an existing one)."""
-    path = Path(path)
-    if path.exists():
-        raise WorkbookError(f"archive {path} already exists", "archive into a new folder")
     task = load_task(task_path, **task_options)
     items = control_items(task, controls)
     outputs = control_outputs(task, model, items)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    tmp.mkdir(parents=True)
-    try:
-        save_model(model, str(tmp / "model.safetensors"))
-        save_file({"logits": outputs.contiguous()}, str(tmp / "control_outputs.safetensors"))
+
+    def fill(tmp: Path) -> None:
+        save_model(model, str(tmp / WEIGHTS))
+        save_file({"logits": outputs.contiguous()}, str(tmp / CONTROL_OUTPUTS))
         files = {
-            "config.json": {"task": task_path, "task_options": task_options, "train": config,
-                            "task_name": task.name},
+            CONFIG: {"task": task_path, "task_options": task_options, "train": config,
+                     "task_name": task.name},
             "revision.json": code_revision(),
             "environment.json": environment(next(model.parameters()).device),
             "control_inputs.json": [str(it.id) for it in items],
@@ -83,44 +82,53 @@ def write_archive(path: str | Path, task_path: str, task_options: dict, model: t
         metrics.to_csv(tmp / "metrics.csv", index=False)
         (tmp / "procedure.md").write_text("# Procedure\n\n" + "".join(
             f"    {line}\n" for line in procedure))
-        (tmp / MANIFEST).write_text(json.dumps({f.name: _sha256(f) for f in
-                                                sorted(tmp.iterdir())}, indent=1))
-        os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+
+    return write_folder(path, fill, "archive")
 
 
-def reload_archive(path: str | Path) -> dict:
-    """Verify the manifest, rebuild the model from the archived configuration, load the
-    weights (safetensors: no code runs) and re-run the control inputs."""
+def reload_archive(path: str | Path, task: str | None, task_options: dict | None = None) -> dict:
+    """Verify the manifest, rebuild the model of the task the caller names (it must be the one
+    the archive records; nothing recorded is imported), load the weights (safetensors: no code
+    runs) and re-run the control inputs."""
     path = Path(path)
-    verify(path)
-    config = json.loads((path / "config.json").read_text())
-    task = load_task(config["task"], **config["task_options"])
-    model = task.build_model()
-    missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
-    if missing or unexpected:
-        raise WorkbookError(f"archive {path} does not fit the task's model",
-                            "reload it with the task and options it was archived with")
-    ids = json.loads((path / "control_inputs.json").read_text())
-    items = [it for it in control_items(task, len(ids))]
+    verify(path, "archive")
+    config = read_json(path / CONFIG, "archive configuration")
+    loaded = load_recorded_task(config, task, task_options, f"archive {path}")
+    model = loaded.build_model()
+    load_weights(model, path / WEIGHTS, "archive")
+    ids = read_json_list(path / "control_inputs.json")
+    items = control_items(loaded, len(ids))
     if [str(it.id) for it in items] != ids:
         raise WorkbookError("the control inputs are no longer the same examples",
                             "reload with the data the archive was made from")
-    stored = load_file(str(path / "control_outputs.safetensors"))["logits"]
-    fresh = control_outputs(task, model, items)
-    diff = float((stored - fresh).abs().max())
-    return {"identical": bool(torch.equal(stored, fresh)), "max_abs_diff": diff,
-            "control_inputs": len(ids), "revision": json.loads(
-                (path / "revision.json").read_text())}
+    try:
+        stored = load_file(str(path / CONTROL_OUTPUTS))["logits"]
+    except (SafetensorError, KeyError, OSError) as exc:
+        raise WorkbookError(f"{path / CONTROL_OUTPUTS} cannot be read ({exc})",
+                            "the archive is damaged; use an intact copy") from None
+    fresh = control_outputs(loaded, model, items)
+    same_shape = stored.shape == fresh.shape
+    diff = float((stored - fresh).abs().max()) if same_shape else float("inf")
+    return {"identical": bool(same_shape and torch.equal(stored, fresh)), "max_abs_diff": diff,
+            "control_inputs": len(ids), "revision": read_json(path / "revision.json")}
 
 
-def reload_in_new_process(path: str | Path, timeout: float = 600) -> dict:
-    """`python -m workbook reload --archive PATH` in a fresh process: its result, or
-    `identical: False` with the error when it failed."""
-    done = fresh_process(["reload", "--archive", str(path)], timeout, "the reload")
+def read_json_list(path: Path) -> list[str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WorkbookError(f"cannot read {path}: {exc}", "use an intact archive") from None
+    if not isinstance(data, list):
+        raise WorkbookError(f"{path} is not a list of example ids", "use an intact archive")
+    return [str(x) for x in data]
+
+
+def reload_in_new_process(path: str | Path, task: str, task_options: dict | None = None,
+                          timeout: float = 600) -> dict:
+    """`python -m workbook reload --archive PATH --task TASK` in a fresh process: its result,
+    or `identical: False` with the error when it failed."""
+    done = fresh_process(["reload", "--archive", str(path), *task_args(task, task_options)],
+                         timeout, "the reload")
     try:
         return json.loads(done.stdout)
     except json.JSONDecodeError:

@@ -1,28 +1,29 @@
 """Checkpoints as folders: weights in safetensors, the rest loadable with `weights_only=True`,
-and a manifest of sha256 digests. Written to a temporary folder and renamed, so a kill during a
-save never leaves a half-written checkpoint under the final name."""
+and a manifest of every file (see `artifacts`). Written to a temporary folder and renamed, so a
+kill during a save never leaves a half-written checkpoint under the final name."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import pickle
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-from .errors import WorkbookError
+from .artifacts import MANIFEST, read_json, write_folder
+from .artifacts import verify as verify_folder
+from .errors import WorkbookError, reason
 
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
 META = "meta.json"
-MANIFEST = "manifest.json"
+__all__ = ["MANIFEST", "WEIGHTS", "STATE", "META", "save_checkpoint", "load_checkpoint",
+           "load_state", "load_weights", "verify", "rng_state", "set_rng_state"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -48,26 +49,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def save_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, counters: dict | None = None,
                     meta: dict | None = None) -> Path:
     """Save the full training state into a new folder `path` (never over an existing one)."""
-    path = Path(path)
-    if path.exists():
-        raise WorkbookError(f"checkpoint {path} already exists",
-                            "save under a new name; checkpoints are never overwritten")
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        tmp.mkdir(parents=True)
+    def fill(tmp: Path) -> None:
         save_model(model, str(tmp / WEIGHTS))
         torch.save({"optimizer": optimizer.state_dict() if optimizer is not None else None,
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -76,35 +63,13 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
         (tmp / META).write_text(json.dumps({"torch": torch.__version__,
                                             "threads": torch.get_num_threads(),
                                             **(meta or {})}, indent=1, default=str))
-        manifest = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        for f in tmp.iterdir():  # on disk before the rename makes the checkpoint visible
-            with f.open("rb") as handle:
-                os.fsync(handle.fileno())
-        os.rename(tmp, path)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise WorkbookError(f"cannot write checkpoint {path}: {exc.strerror or exc}",
-                            "free disk space or choose a writable folder before the campaign"
-                            ) from exc
-    return path
+
+    return write_folder(path, fill, "checkpoint")
 
 
-def verify(path: str | Path) -> dict[str, str]:
+def verify(path: str | Path) -> dict[str, dict]:
     """Check every file against the manifest; refuse anything missing, extra or changed."""
-    path = Path(path)
-    if not (path / MANIFEST).is_file():
-        raise WorkbookError(f"{path} is not a checkpoint (no {MANIFEST})",
-                            "point at a folder written by save_checkpoint")
-    manifest = json.loads((path / MANIFEST).read_text())
-    for name, digest in manifest.items():
-        f = path / name
-        if not f.is_file():
-            raise WorkbookError(f"checkpoint {path} lacks {name}", "use an intact checkpoint")
-        if _sha256(f) != digest:
-            raise WorkbookError(f"{f} does not match its manifest (changed or truncated)",
-                                "do not load it; use an intact checkpoint")
-    return manifest
+    return verify_folder(path, "checkpoint")
 
 
 def load_state(path: str | Path) -> dict[str, Any]:
@@ -115,6 +80,24 @@ def load_state(path: str | Path) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         raise WorkbookError(f"{path}/{STATE} needs arbitrary code to load; refused ({exc})",
                             "only load checkpoints whose provenance you know") from exc
+    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise WorkbookError(f"{path}/{STATE} cannot be read: {reason(exc)}",
+                            "the checkpoint is damaged; resume from an earlier one") from None
+
+
+def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
+    """Safetensors weights into `model` (no code runs); a file that does not fit the model, or
+    is not safetensors at all, is refused with its name."""
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except (SafetensorError, RuntimeError, ValueError, OSError) as exc:
+        raise WorkbookError(f"{path} cannot be loaded into the model: "
+                            f"{reason(exc, 300)}", f"load the {what} into the "
+                            "model of the task and options that wrote it") from None
+    if missing or unexpected:
+        raise WorkbookError(f"{what} {path.parent} does not fit this model (missing "
+                            f"{missing[:3]}, unexpected {unexpected[:3]})", f"load the {what} "
+                            "into the model of the task and options that wrote it")
 
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module,
@@ -123,22 +106,21 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     """Restore model (and optimizer, schedule, scaler, random states) in place; returns the
     counters and meta data."""
     state = load_state(path)
-    missing, unexpected = load_model(model, str(Path(path) / WEIGHTS), strict=False)
-    if missing or unexpected:
-        raise WorkbookError(f"checkpoint {path} does not fit this model (missing {missing[:3]},"
-                            f" unexpected {unexpected[:3]})", "load it into the model of the "
-                            "task that wrote it")
+    load_weights(model, Path(path) / WEIGHTS, "checkpoint")
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
         if obj is None:
             continue
         if state[name] is None:
             raise WorkbookError(f"checkpoint {path} has no {name} state; training cannot resume "
                                 "exactly", f"save the {name} with the checkpoint")
-        obj.load_state_dict(state[name])
+        try:
+            obj.load_state_dict(state[name])
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise WorkbookError(f"checkpoint {path}: the {name} state does not fit ({exc})",
+                                "resume with the configuration that wrote it") from None
     if restore_rng:
         set_rng_state(state["rng"])
-    return {"counters": state["counters"],
-            "meta": json.loads((Path(path) / META).read_text())}
+    return {"counters": state["counters"], "meta": read_json(Path(path) / META, "checkpoint meta")}
 
 
 def checkpoint_bytes(path: str | Path) -> int:

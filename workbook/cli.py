@@ -39,17 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     trial = sub.add_parser("trial", help="run one more trial of an existing study (the "
                            "repro command of notebook 06)")
     trial.add_argument("--study", required=True, help="the study folder (holds plan.json)")
+    _task_arguments(trial)
     trial.add_argument("--lr", type=float, required=True)
     trial.add_argument("--seed", type=int, default=0)
     trial.add_argument("--repeats", type=int, help="the id of the trial this one repeats")
     resume = sub.add_parser("resume", help="continue a checkpoint in this (new) process")
     resume.add_argument("--checkpoint", required=True)
+    _task_arguments(resume)
     resume.add_argument("--to", type=int, required=True, help="the update to stop after")
     resume.add_argument("--out", required=True, help="writes OUT.json and OUT.safetensors")
     resume.add_argument("--fault", action="append", default=[],
                         help="plant a resume bug (optimizer, sampler, rng) to see it caught")
     reload = sub.add_parser("reload", help="reload an archive and re-run its control inputs")
     reload.add_argument("--archive", required=True)
+    _task_arguments(reload)
     args = parser.parse_args(argv)
     if args.command in ("resume", "reload"):
         return _resume_or_reload(args)
@@ -57,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         from .study import Study
 
         try:
-            tid = Study(args.study).run_trial(args.lr, args.seed, args.repeats)
+            tid = Study(args.study, task=args.task, task_options=dict(args.option)).run_trial(
+                args.lr, args.seed, args.repeats)
         except WorkbookError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -79,28 +83,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if (index.verdict == "pass").all() else 1
 
 
+def _task_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", required=True, help="the task as package.module:attribute; "
+                        "it must be the one the folder records (a task path read from a folder "
+                        "is never imported)")
+    parser.add_argument("--option", type=_option, action="append", default=[],
+                        metavar="KEY=VALUE", help="an option for a task factory (repeatable)")
+
+
 def _resume_or_reload(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
     try:
         if args.command == "resume":
-            from .checkpoint import load_state
+            from .artifacts import read_json
+            from .checkpoint import META, load_state
             from .resume import run, write_result
+            from .task import load_recorded_task
 
-            spec = json.loads((Path(args.checkpoint) / "meta.json").read_text())["recipe"]
             load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
+            spec = read_json(Path(args.checkpoint) / META, "checkpoint meta").get("recipe")
+            task = load_recorded_task(spec, args.task, dict(args.option),
+                                      f"checkpoint {args.checkpoint}")
             records, weights = run(spec, args.to, start_from=Path(args.checkpoint),
-                                   faults=tuple(args.fault))
+                                   faults=tuple(args.fault), task=task)
             write_result(records, weights, Path(args.out))
             print(f"resumed to update {args.to}")
             return 0
         from .archive import reload_archive
 
-        result = reload_archive(args.archive)
+        result = reload_archive(args.archive, args.task, dict(args.option))
         print(json.dumps(result))
         return 0 if result["identical"] else 1
-    except (WorkbookError, FileNotFoundError, KeyError) as exc:
+    except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

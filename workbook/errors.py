@@ -8,3 +8,9 @@ class WorkbookError(Exception):
         self.problem = problem
         self.fix = fix
         super().__init__(f"{problem}\n  -> fix: {fix}")
+
+
+def reason(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (or its type when it has none), for messages."""
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:limit]

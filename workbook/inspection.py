@@ -49,7 +49,8 @@ def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
         return pd.DataFrame([{
             "example": items[b].id, "input": task.show_input(ids[b][mask[b].bool()]),
             "length": int(mask[b].sum()), "label_id": int(labels[b]),
-            "class": task.decode([int(labels[b])]), "contributes": int(labels[b]) != IGNORE_INDEX,
+            "class": task.decode([int(labels[b])]) if int(labels[b]) != IGNORE_INDEX else "",
+            "contributes": int(labels[b]) != IGNORE_INDEX,
         } for b in range(len(items))])
     prompt = batch.get("prompt_mask", torch.zeros_like(labels)).bool()
     rows = []
@@ -261,6 +262,19 @@ def split_audit(task: Task, splits: dict[str, list[dict]],
     return table, flags
 
 
+def nonfinite_audit(items: dict[str, list[Item]]) -> list[Flag]:
+    """NaN or infinity in any floating-point tensor of an example (inputs or targets): every
+    later number - the loss, the gradients, the probes below - would be meaningless."""
+    bad = [it.id for name in SPLITS for it in items[name]
+           if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+                  for t in it.tensors.values())]
+    if not bad:
+        return []
+    return [Flag("non-finite inputs", f"{len(bad)} examples hold NaN or infinite values", len(bad),
+                 "clean or impute them in load_examples/encode (the loss and padding probes "
+                 "were skipped: they cannot judge non-finite inputs)", bad[:5])]
+
+
 def num_outputs_of(task: Task, model: torch.nn.Module, items: list[Item]) -> int:
     """Size of the model's output layer, read from one forward pass."""
     with torch.no_grad():
@@ -281,7 +295,9 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
                          ignore_index=True)
     split_table, split_flags = split_audit(task, splits, items)
     classes, label_flags = label_audit(task, splits, items, outputs)
-    flags = coverage_flags(coverage) + loss_probe(task, model, probe) + label_flags + split_flags
+    nonfinite = nonfinite_audit(items)
+    probed = loss_probe(task, model, probe) if not nonfinite else []
+    flags = coverage_flags(coverage) + nonfinite + probed + label_flags + split_flags
     positions = int(coverage.positions.sum())
     figures = {
         "examples": len(coverage), "num_outputs": outputs,
@@ -308,9 +324,12 @@ def example_display(task: Task, items: list[Item]):
 
 def browser(task: Task, items: list[Item]):
     """An ipywidgets slider over examples; the same view as `example_display`, one at a time.
-    A headless run (no frontend) gets the static view of the first example instead."""
+    A headless run (no frontend) shows the static view of the first example instead."""
     if headless():
-        return example_display(task, items[:1])
+        from IPython.display import display
+
+        display(example_display(task, items[:1]))
+        return None
     import ipywidgets as widgets
 
     return widgets.interact(lambda index: example_display(task, [items[index]]),

@@ -56,11 +56,16 @@ class Ledger:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
-        self.recover()
+        try:
+            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+            self.recover()
+        except sqlite3.DatabaseError as exc:
+            raise WorkbookError(f"the ledger {self.path} cannot be opened: {exc}",
+                                "restore it from a copy, or start a new study in a new folder "
+                                "(a damaged ledger is never overwritten)") from None
 
     def close(self) -> None:
         self.db.close()

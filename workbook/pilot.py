@@ -19,6 +19,7 @@ import pandas as pd
 
 from .errors import WorkbookError
 from .frontend import HEADLESS_ENV
+from .loop import resolve_device
 from .params import NOTEBOOK_DIR, defaults, stems, validate
 from .params import smoke as smoke_sizes
 from .runs import claim_dir, new_run_dir, write_json, write_text
@@ -79,19 +80,22 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
         raise WorkbookError(f"-p {', '.join(owned)} would override the pilot's own options",
                             "use " + ", ".join(f"{OWNED[k]} instead of -p {k}" for k in owned))
     load_task(task, **(task_options or {}))  # fail now, not inside the first notebook
+    resolve_device(device)  # a GPU asked for but absent fails here, not after notebook 01
     known = {k: v for stem in selected for k, v in defaults(stem).items()}
     validate(params, "the selected notebooks", known)
-    limit = float(timeout or TIME_LIMIT["smoke" if smoke else "full"])
+    limit = float(TIME_LIMIT["smoke" if smoke else "full"] if timeout is None else timeout)
     if not limit > 0:
         raise WorkbookError(f"--timeout must be positive, got {timeout}",
                             "give each notebook's limit in seconds")
-    run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
     plans = {}
-    for stem in selected:  # check every notebook's parameters before running any
+    for stem in selected:  # check every notebook's parameters before running (or creating) any
         given = {"task": task, "task_options": task_options or {}, "device": device,
-                 "out_dir": str((run / stem).resolve()), **(smoke_sizes(stem) if smoke else {}),
+                 **(smoke_sizes(stem) if smoke else {}),
                  **{k: v for k, v in params.items() if k in defaults(stem)}}
         plans[stem] = validate(given, stem)
+    run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
+    for stem in selected:
+        plans[stem]["out_dir"] = str((run / stem).resolve())
     kernel = ensure_kernel()
     meta = {"task": task, "task_options": task_options or {}, "smoke": smoke,
             "time_limit_s": limit}
@@ -139,8 +143,9 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
         return max(1, math.ceil(deadline - time.monotonic()))
 
     row = _row(stem)
+    partial = run / f".{stem}.ipynb.partial"  # papermill saves as it goes; renamed when done
     try:
-        pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", run / f"{stem}.ipynb",
+        pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", partial,
                             parameters=parameters, kernel_name=kernel, progress_bar=progress,
                             cwd=os.getcwd(), timeout_func=remaining,
                             start_timeout=int(min(120, limit)))
@@ -158,8 +163,22 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
         row["error"] = f"no summary.json: the notebook finished without writing it ({exc})"
     except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        _keep_executed(partial, run / f"{stem}.ipynb")
     row["seconds"] = round(time.monotonic() - start, 1)
     return row
+
+
+def _keep_executed(partial: Path, final: Path) -> None:
+    """The executed notebook under its name when it is complete JSON; a copy truncated by a
+    full disk or a kill is removed rather than left to confuse a reader."""
+    if not partial.exists():
+        return
+    try:
+        json.loads(partial.read_text())
+        os.replace(partial, final)
+    except (ValueError, OSError):
+        partial.unlink(missing_ok=True)
 
 
 def _cell_name(current: dict[str, Any]) -> str:

@@ -14,11 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from . import checkpoint as ckpt
+from .artifacts import read_json, reseal, write_file
 from .data import Item, encode_examples, load_examples, split_examples
 from .errors import WorkbookError
 from .loop import Position, Stepper, TrainConfig, build_stepper, train
 from .records import StepRecord
-from .runs import fresh_process
+from .runs import fresh_process, task_args, write_text
 from .task import Task, load_task
 
 FAULTS = ("optimizer", "sampler", "rng")  # planted resume bugs, to show what the check catches
@@ -30,12 +31,22 @@ def recipe(task: str, task_options: dict, cfg: TrainConfig, train_limit: int = 0
             "config": asdict(cfg)}
 
 
-def rebuild(spec: dict) -> tuple[Task, list[Item], TrainConfig]:
-    task = load_task(spec["task"], **spec["task_options"])
+def rebuild(spec: dict, task: Task | None = None) -> tuple[Task, list[Item], TrainConfig]:
+    """The task, training items and configuration of a recipe. A recipe read from a checkpoint
+    comes with the `task` its user named (`load_recorded_task`); only a recipe built in this
+    process may name the task to load."""
+    task = task if task is not None else load_task(spec["task"], **spec["task_options"])
+    try:
+        cfg = TrainConfig(**spec["config"])
+        limit = int(spec.get("train_limit") or 0)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise WorkbookError(f"the recipe's configuration is not one this workbook wrote ({exc})",
+                            "resume with the workbook version that wrote the checkpoint, or "
+                            "use an intact checkpoint") from None
     train_rows = split_examples(task, load_examples(task))["train"]
-    if spec["train_limit"]:
-        train_rows = train_rows[: spec["train_limit"]]
-    return task, encode_examples(task, train_rows), TrainConfig(**spec["config"])
+    if limit:
+        train_rows = train_rows[:limit]
+    return task, encode_examples(task, train_rows), cfg
 
 
 def _record(r: StepRecord) -> dict:
@@ -44,14 +55,19 @@ def _record(r: StepRecord) -> dict:
 
 
 def run(spec: dict, to_step: int, folder: Path | None = None, checkpoint_at: tuple = (),
-        start_from: Path | None = None, faults: tuple = ()) -> tuple[list[dict], dict]:
+        start_from: Path | None = None, faults: tuple = (),
+        task: Task | None = None) -> tuple[list[dict], dict]:
     """Train to update `to_step` (from scratch, or continuing `start_from`), checkpointing after
     the updates in `checkpoint_at`. Returns the per-update records and the final weights."""
-    task, items, cfg = rebuild(spec)
+    task, items, cfg = rebuild(spec, task)
     cfg.updates = to_step
     stepper, position, first = None, Position(), 1
     if start_from is not None:
         stepper, position, first = restore(start_from, spec, task, cfg, faults)
+        if to_step < first:
+            raise WorkbookError(f"--to {to_step} lies before the checkpoint's next update "
+                                f"{first}: nothing would be resumed",
+                                f"give --to {first} or later")
 
     def on_update(record: StepRecord, st: Stepper, after: Position) -> None:
         if record.step in checkpoint_at:
@@ -75,8 +91,8 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig,
     unknown = set(faults) - set(FAULTS)
     if unknown:
         raise WorkbookError(f"unknown planted faults {sorted(unknown)}", f"use {FAULTS}")
-    meta = json.loads((Path(path) / ckpt.META).read_text()) if Path(path, ckpt.META).is_file() \
-        else {}
+    ckpt.verify(path)
+    meta = read_json(Path(path) / ckpt.META, "checkpoint meta")
     if meta.get("task_name") not in (None, task.name):
         raise WorkbookError(f"checkpoint {path} was written by task {meta['task_name']!r}, not "
                             f"{task.name!r}", "resume it with the task that wrote it")
@@ -95,11 +111,13 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig,
 FRESH_PROCESS_TIMEOUT = 600  # seconds for one resume in a new process (a few updates)
 
 
-def resume_in_new_process(checkpoint: Path, to_step: int, out: Path,
+def resume_in_new_process(checkpoint: Path, to_step: int, out: Path, spec: dict,
                           faults: tuple = ()) -> tuple[list[dict], dict]:
-    """Continue a checkpoint in a fresh Python process (`python -m workbook resume`)."""
+    """Continue a checkpoint in a fresh Python process (`python -m workbook resume`), naming
+    the recipe's task on the command line."""
     done = fresh_process(["resume", "--checkpoint", str(checkpoint), "--to", str(to_step),
-                          "--out", str(out)] + [f"--fault={f}" for f in faults],
+                          "--out", str(out), *task_args(spec["task"], spec["task_options"])]
+                         + [f"--fault={f}" for f in faults],
                          FRESH_PROCESS_TIMEOUT, "the resumed process")
     if done.returncode:
         raise WorkbookError(f"the resumed process failed: {done.stderr.strip()[-600:]}",
@@ -109,9 +127,12 @@ def resume_in_new_process(checkpoint: Path, to_step: int, out: Path,
 
 
 def write_result(records: list[dict], weights: dict, out: Path) -> None:
-    """What the resumed process hands back: its records and its final weights."""
-    out.with_suffix(".json").write_text(json.dumps(records))
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out.with_suffix(".safetensors")))
+    """What the resumed process hands back: its final weights and its records (the records
+    last, each file written under a temporary name and renamed)."""
+    write_file(out.with_suffix(".safetensors"),
+               lambda tmp: save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp)),
+               "resumed weights")
+    write_text(out.with_suffix(".json"), json.dumps(records))
 
 
 def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weights: dict,
@@ -163,7 +184,7 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
     rows, details = [], {"reference": reference, "weights": weights}
     for case, step in (("mid-epoch", mid_step), ("epoch boundary", boundary_step)):
         path = folder / f"ckpt-{step:06d}"
-        resumed, w = resume_in_new_process(path, updates, folder / f"resumed-{step}")
+        resumed, w = resume_in_new_process(path, updates, folder / f"resumed-{step}", spec)
         table, verdict = compare(reference, resumed, weights, w, tolerance)
         details[case] = table
         rows.append({"case": case, "resumed_after": step, **verdict})
@@ -201,9 +222,7 @@ def tamper_checks(checkpoint: Path, folder: Path) -> pd.DataFrame:
     evil = shutil.copytree(checkpoint, folder / "malicious")
     marker = folder / "payload-ran"
     (evil / ckpt.STATE).write_bytes(pickle.dumps(_Payload(str(marker)), protocol=2))
-    manifest = json.loads((evil / ckpt.MANIFEST).read_text())
-    manifest[ckpt.STATE] = ckpt._sha256(evil / ckpt.STATE)  # a forger can fix the manifest
-    (evil / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    reseal(evil)  # a forger can fix the manifest
     rows.append({**_refused("a pickle that runs code (manifest forged)", evil),
                  "code ran": marker.exists()})
     return pd.DataFrame(rows)

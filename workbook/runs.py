@@ -47,13 +47,28 @@ def fresh_process(args: list[str], timeout: float,
                             f"workbook {shlex.join(args)}` by hand to see where") from None
 
 
+def task_args(task: str, options: dict | None = None) -> list[str]:
+    """`--task T --option K=V ...`: how a command in a new process is told its task."""
+    return ["--task", task, *[f"--option={k}={v!r}" for k, v in sorted((options or {}).items())]]
+
+
 def claim_dir(path: str | Path) -> Path:
     """Create `path` for a new run; an existing non-empty folder is refused, never reused."""
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise WorkbookError(f"output folder {path} is a file", "choose a new --out folder")
+    if path.exists() and any(path.iterdir()):
         raise WorkbookError(f"output folder {path} already holds a run",
                             "choose a new --out folder (runs are never overwritten)")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise WorkbookError(f"cannot create the output folder {path}: {exc.strerror or exc}",
+                            "choose a writable --out folder (not under a file, /proc or a "
+                            "read-only mount)") from None
     return path
 
 
@@ -91,19 +106,28 @@ def _clean(value: Any) -> Any:
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write a text file atomically: a temporary file in the same folder, then a rename; a
-    failed write leaves neither a partial file nor the temporary one."""
+    """Write a text file atomically: a temporary file in the same folder, then a rename. A
+    failed write (disk full, permissions) leaves neither a partial file nor the temporary one
+    and becomes a `WorkbookError` naming the path."""
     path = Path(path)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        try:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        except BaseException:
-            tmp.close()
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)
+    tmp = None
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp",
+                                         prefix=f".{path.name}.") as handle:
+            tmp = handle.name
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise WorkbookError(f"cannot write {path}: {exc.strerror or exc}",
+                            "free disk space or choose a writable folder") from exc
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

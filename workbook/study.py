@@ -5,6 +5,7 @@ the best is chosen afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -18,13 +19,14 @@ import pandas as pd
 import torch
 
 from . import checkpoint as ckpt
+from .artifacts import read_json
 from .data import SPLITS, Item, collate_items, encode_examples, load_examples, split_examples
 from .errors import WorkbookError
 from .ledger import Ledger
 from .loop import Stepper, TrainConfig, evaluate, resolve_device, train
 from .records import EvalRecord, StepRecord
-from .runs import shown, write_json
-from .task import IGNORE_INDEX, Task, load_task
+from .runs import shown, task_args, write_json
+from .task import IGNORE_INDEX, Task, load_recorded_task, load_task
 
 PLAN = "plan.json"
 
@@ -131,14 +133,33 @@ def periodicity(steps: list[int], values: list[float], period_updates: int,
             "periodic": bool(corr > threshold)}
 
 
+def read_plan(path: Path) -> StudyPlan:
+    """plan.json back as a StudyPlan, or a clear error for a damaged or edited file."""
+    data = read_json(path, "study plan")
+    fields = {f.name for f in dataclasses.fields(StudyPlan)}
+    if set(data) != fields:
+        raise WorkbookError(f"{path} is not a plan this workbook wrote (unknown fields "
+                            f"{sorted(set(data) - fields)}, missing {sorted(fields - set(data))})",
+                            "use an intact study folder, or start a new study (a new out_dir)")
+    try:
+        return StudyPlan(**data)
+    except (TypeError, ValueError) as exc:
+        raise WorkbookError(f"{path} cannot be read as a study plan ({exc})",
+                            "use an intact study folder") from None
+
+
 class Study:
     """A study folder: `plan.json`, `ledger.sqlite`, and `trials/<id>/` for each trial."""
 
-    def __init__(self, folder: str | Path, plan: StudyPlan | None = None):
+    def __init__(self, folder: str | Path, plan: StudyPlan | None = None,
+                 task: str | None = None, task_options: dict | None = None):
+        """A new study from its `plan`, or (plan None) an existing one reopened: then the caller
+        names the task (`task`, `task_options`), which must be the one plan.json records - a
+        task path read from a folder is never imported."""
         self.folder = Path(folder)
         path = self.folder / PLAN
         if path.exists():
-            stored = StudyPlan(**json.loads(path.read_text()))
+            stored = read_plan(path)
             if plan is not None and asdict(plan) != asdict(stored):
                 changed = sorted(k for k, v in asdict(plan).items() if asdict(stored)[k] != v)
                 raise WorkbookError(f"study {stored.name!r} in {self.folder} was planned before "
@@ -150,7 +171,8 @@ class Study:
                                 "create the study with its plan first (notebook 06)")
         else:
             self.plan = plan
-        self.task = load_task(self.plan.task, **self.plan.task_options)
+        self.task = load_task(plan.task, **plan.task_options) if plan is not None else \
+            load_recorded_task(asdict(self.plan), task, task_options, f"study {self.folder}")
         splits = split_examples(self.task, load_examples(self.task))
         self.raw = {name: splits[name] for name in SPLITS}
         self.train_items = encode_examples(self.task, splits["train"])
@@ -176,7 +198,8 @@ class Study:
 
     def repro(self, lr: float, seed: int, repeats: int | None = None) -> str:
         cmd = [shown(sys.executable), "-m", "workbook", "trial", "--study", shown(self.folder),
-               "--lr", repr(lr), "--seed", str(seed)]
+               *task_args(self.plan.task, self.plan.task_options), "--lr", repr(lr),
+               "--seed", str(seed)]
         return shlex.join(cmd + (["--repeats", str(repeats)] if repeats else []))
 
     def run_all(self, progress: bool = False) -> list[int]:

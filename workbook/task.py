@@ -190,6 +190,14 @@ def load_task(path: str, **options: Any) -> Task:
             f"task module {module_name!r} cannot be imported ({exc})",
             "check the spelling, and that the module's folder is on PYTHONPATH or installed",
         ) from exc
+    except SyntaxError as exc:
+        raise WorkbookError(
+            f"task module {module_name!r} has a syntax error: {exc.msg} "
+            f"({exc.filename}, line {exc.lineno})", "fix that line and run again") from None
+    except Exception as exc:
+        raise WorkbookError(f"importing task module {module_name!r} failed: {exc!r}",
+                            "run `python -c 'import " + module_name + "'` to see the error "
+                            "in full and fix the module") from exc
     if not hasattr(module, attr):
         public = sorted(n for n in vars(module) if not n.startswith("_"))
         raise WorkbookError(
@@ -220,3 +228,24 @@ def load_task(path: str, **options: Any) -> Task:
     task.options = dict(options)
     return task
 
+
+
+def load_recorded_task(recorded: Any, task: str | None, options: dict | None,
+                       where: Any) -> Task:
+    """Load the task the user names, after checking that it is the one a folder recorded.
+    Nothing read from a folder is imported or called: the recorded path is only compared and
+    shown, because anyone who can write the folder can change it."""
+    import json
+
+    recorded = recorded if isinstance(recorded, dict) else {}
+    rec_task, rec_options = recorded.get("task"), recorded.get("task_options") or {}
+    given = json.loads(json.dumps(options or {}, default=str))
+    if task is None or task != rec_task or given != rec_options:
+        shown = " ".join([f"--task {rec_task}"] + [f"--option {k}={v!r}"
+                                                   for k, v in sorted(rec_options.items())])
+        raise WorkbookError(
+            f"{where} records the task {rec_task!r} with options {rec_options}; given "
+            f"{task!r} with options {given}",
+            f"name the task yourself if you trust it: {shown} (a task path read from a folder "
+            "is never imported, since anyone who can write the folder can change it)")
+    return load_task(task, **(options or {}))
