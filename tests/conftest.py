@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from workbook import encode_examples, load_examples, load_task, split_examples
+from workbook import load_task
+from workbook.data import SPLITS, prepare
 from workbook.frontend import HEADLESS_ENV
 
 torch.set_num_threads(1)
@@ -26,8 +27,7 @@ def cls_task():
 
 
 def _items(task):
-    splits = split_examples(task, load_examples(task))
-    return {name: encode_examples(task, rows) for name, rows in splits.items()}
+    return prepare(task, SPLITS).items
 
 
 @pytest.fixture(scope="session")

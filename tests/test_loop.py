@@ -98,3 +98,26 @@ def test_update_without_targets_is_an_error(gen_task, gen_items):
     with pytest.raises(WorkbookError, match="no contributing targets"):
         train(task, gen_items["train"][:4], TrainConfig(micro_batch=2, accumulation=1,
                                                          updates=1, device="cpu"))
+
+
+def test_eval_mode_restores_the_mode_also_after_an_error():
+    from workbook.loop import eval_mode
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    with pytest.raises(RuntimeError):
+        with eval_mode(model):
+            assert not model.training and not torch.is_grad_enabled()
+            raise RuntimeError("boom")
+    assert model.training and torch.is_grad_enabled()
+    model.eval()
+    with eval_mode(model):
+        pass
+    assert not model.training, "a model in eval mode stays in eval mode"
+
+
+def test_control_outputs_leave_a_training_model_training(gen_task, gen_items):
+    from workbook.archive import control_outputs
+
+    model = gen_task.build_model().train()
+    control_outputs(gen_task, model, gen_items["validation"][:2])
+    assert model.training

@@ -6,7 +6,9 @@ Notebooks import this package and call its top modules (one per notebook capabil
 from . import (
     accounting,
     archive,
+    artifacts,
     checkpoint,
+    frontend,
     gates,
     inspection,
     loop,
@@ -21,13 +23,13 @@ from . import (
     study,
     variants,
 )
-from .data import encode_examples, load_examples, read_jsonl, split_examples
+from .data import encode_examples, load_examples, prepare, read_jsonl, split_examples
 from .errors import WorkbookError
 from .loop import TrainConfig, evaluate, train
 from .task import IGNORE_INDEX, Task, load_task
 
 __all__ = ["IGNORE_INDEX", "Task", "TrainConfig", "WorkbookError", "accounting", "archive",
-           "checkpoint", "rental", "resume",
+           "artifacts", "checkpoint", "frontend", "rental", "resume",
            "encode_examples", "evaluate", "gates", "inspection", "load_examples", "load_task",
-           "loop", "memory", "overfit", "params", "plots", "predict", "read_jsonl", "runs",
-           "split_examples", "study", "train", "variants"]
+           "loop", "memory", "overfit", "params", "plots", "predict", "prepare", "read_jsonl",
+           "runs", "split_examples", "study", "train", "variants"]

@@ -17,8 +17,9 @@ from safetensors.torch import load_file, save_file, save_model
 
 from .artifacts import read_json, verify, write_folder
 from .checkpoint import WEIGHTS, load_weights
-from .data import Item, collate_items, encode_examples, load_examples, split_examples
+from .data import Item, collate_items, prepare
 from .errors import WorkbookError
+from .loop import eval_mode
 from .runs import fresh_process, task_args
 from .task import Task, load_recorded_task, load_task
 
@@ -48,15 +49,14 @@ def environment(device: torch.device) -> dict:
 
 def control_items(task: Task, n: int) -> list[Item]:
     """The control inputs: the first n validation examples (fixed by the split rule)."""
-    rows = split_examples(task, load_examples(task))["validation"][:n]
-    return encode_examples(task, rows)
+    return prepare(task, ("validation",), {"validation": n}).validation
 
 
-@torch.no_grad()
 def control_outputs(task: Task, model: torch.nn.Module, items: list[Item]) -> torch.Tensor:
-    model.eval()
+    """The model's outputs on the control inputs, in eval mode (the mode is restored)."""
     device = next(model.parameters()).device
-    return task.forward(model, collate_items(task, items).to(device).tensors).float().cpu()
+    with eval_mode(model):
+        return task.forward(model, collate_items(task, items).to(device).tensors).float().cpu()
 
 
 def write_archive(path: str | Path, task_path: str, task_options: dict, model: torch.nn.Module,

@@ -109,6 +109,34 @@ def encode_examples(task: Task, examples: list[dict]) -> list[Item]:
 
 
 @dataclass
+class Prepared:
+    """A task's examples ready for the loop: the raw rows of every split (after the limits)
+    and the encoded items of the splits asked for."""
+
+    raw: dict[str, list[dict]]
+    items: dict[str, list[Item]]
+
+    @property
+    def train(self) -> list[Item]:
+        return self.items["train"]
+
+    @property
+    def validation(self) -> list[Item]:
+        return self.items["validation"]
+
+
+def prepare(task: Task, encode: tuple[str, ...] = ("train", "validation"),
+            limits: dict[str, int] | None = None) -> Prepared:
+    """The prologue of every capability: load the raw examples, split them by group, keep the
+    first `limits[split]` of a split (0: all) and encode the splits in `encode`."""
+    raw = split_examples(task, load_examples(task))
+    for name, limit in (limits or {}).items():
+        if limit:
+            raw[name] = raw[name][:limit]
+    return Prepared(raw, {name: encode_examples(task, raw[name]) for name in encode})
+
+
+@dataclass
 class Batch:
     """A collated micro-batch: tensors for the model and loss, plus the example ids."""
 

@@ -13,9 +13,9 @@ import pandas as pd
 import torch
 
 from . import checkpoint as ckpt
-from .data import Item, collate_items, encode_examples, load_examples, split_examples
+from .data import Item, collate_items, prepare
 from .errors import WorkbookError
-from .loop import TrainConfig, build_stepper, evaluate, resolve_device, train
+from .loop import TrainConfig, build_stepper, eval_mode, evaluate, resolve_device, train
 from .memory import GIB, MemoryReading, measure, state_tensors, storage_bytes
 from .predict import Plan, plan_batches
 from .records import to_frame
@@ -326,13 +326,9 @@ class GateRun:
             def logits(items):
                 batch = collate_items(self.task, items).to(self.device).tensors
                 return self.task.forward(model, batch)
-            model.eval()
-            try:
-                with torch.no_grad():
-                    first, second = logits(probe[:2]), logits(probe[:2])
-                    other = logits(probe[:1] + probe[2:])  # the same example, other companions
-            finally:
-                model.train()
+            with eval_mode(model):
+                first, second = logits(probe[:2]), logits(probe[:2])
+                other = logits(probe[:1] + probe[2:])  # the same example, other companions
             if not torch.equal(first, second):
                 problems.append("two passes on the same input disagree: dropout (or another "
                                 "random layer) still active in eval mode")
@@ -483,10 +479,8 @@ class GateRun:
 def run_gates(task: Task, settings: GateSettings, out_dir: str | Path,
               train_limit: int | None = None, **hooks: Any) -> GateReport:
     """Load the task's splits and pass every phase through its gate."""
-    splits = split_examples(task, load_examples(task))
-    train_rows = splits["train"][:train_limit] if train_limit else splits["train"]
-    run = GateRun(task, settings, encode_examples(task, train_rows),
-                  encode_examples(task, splits["validation"]), Path(out_dir), **hooks)
+    data = prepare(task, limits={"train": train_limit or 0})
+    run = GateRun(task, settings, data.train, data.validation, Path(out_dir), **hooks)
     report = run.run()
     table = report.table()
     report.figures = {"gates": len(table), "failed": table.phase[table.verdict == "fail"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from .data import SPLITS, Item, collate_items, encode_examples, load_examples, split_examples
+from .data import SPLITS, Item, collate_items, prepare
 from .frontend import headless
 from .records import Flag
 from .task import IGNORE_INDEX, Task
@@ -283,8 +283,8 @@ def num_outputs_of(task: Task, model: torch.nn.Module, items: list[Item]) -> int
 
 def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
     """Run every notebook-01 check on the task; the verdict fails on any flag."""
-    splits = split_examples(task, load_examples(task))
-    items = {name: encode_examples(task, splits[name]) for name in SPLITS}
+    data = prepare(task, SPLITS)
+    splits, items = data.raw, data.items
     torch.manual_seed(0)
     model = task.build_model().eval()
     train = items["train"]

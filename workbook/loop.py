@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -84,6 +85,19 @@ def resolve_device(name: str) -> torch.device:
     if name != "cpu" and not name.startswith("cuda"):
         raise WorkbookError(f"unknown device {name!r}", "use 'cpu', 'cuda' or 'auto'")
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode without gradients inside the block; the model's previous mode comes back
+    after it, also when the block raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
 
 
 def seed_everything(seed: int) -> None:
@@ -239,12 +253,10 @@ def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
     sums of numerators and denominators, never means of batch means, and a final partial batch
     padded with zero-weight copies. Classification also counts correct predictions per class.
     The ids evaluated go to `seen`."""
-    was_training = model.training
-    model.eval()
     dtype = PRECISIONS[precision]
     loss_sum, targets, sums = 0.0, 0, {}
     per_class = {}
-    try:
+    with eval_mode(model):
         for start in range(0, len(items), eval_batch):
             chunk = _padded(items[start:start + eval_batch], eval_batch)
             batch = collate_items(task, chunk).to(device)
@@ -268,8 +280,6 @@ def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
                     counts[1] += int(mine.sum())
             if seen is not None:
                 seen.extend(i for i in batch.ids if i is not None)
-    finally:
-        model.train(was_training)
     metrics = {name: num / den if den else float("nan") for name, (num, den) in sums.items()}
     return EvalRecord(step, len(items), targets, loss_sum / max(targets, 1), metrics,
                       dict(sorted(per_class.items())))

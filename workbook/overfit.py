@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from .data import Item, collate_items, encode_examples, load_examples, split_examples
-from .loop import TrainConfig, evaluate, resolve_device, seed_everything, train
+from .data import Item, collate_items, encode_examples, prepare
+from .loop import TrainConfig, eval_mode, evaluate, resolve_device, seed_everything, train
 from .records import to_frame
 from .task import IGNORE_INDEX, Task
 
@@ -28,16 +28,14 @@ class OverfitResult:
         return "pass" if bool(self.checks.passed.all()) else "fail"
 
 
-@torch.no_grad()
 def exact_targets(task: Task, model: torch.nn.Module, items: list[Item],
                   device: torch.device) -> list[bool]:
     """Per example: does the argmax reproduce every contributing target id? With teacher
     forcing this is the same as greedy decoding reproducing the whole target sequence."""
-    model.eval()
     batch = collate_items(task, items).to(device).tensors
     labels = batch["labels"]
-    wrong = (task.forward(model, batch).argmax(-1) != labels) & (labels != IGNORE_INDEX)
-    model.train()
+    with eval_mode(model):
+        wrong = (task.forward(model, batch).argmax(-1) != labels) & (labels != IGNORE_INDEX)
     return [not bool(w.any()) for w in wrong.reshape(len(items), -1)]
 
 
@@ -46,7 +44,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
             device: str = "cpu", progress: bool = False) -> OverfitResult:
     """Train on the first `examples` training examples until memorised and check the mechanics:
     initial loss near ln(outputs), finite at every step, below the threshold, exact ids back."""
-    train_split = split_examples(task, load_examples(task))["train"]
+    train_split = prepare(task, encode=()).raw["train"]
     raw = train_split[:examples]
     items = encode_examples(task, raw)
     cfg = TrainConfig(micro_batch=len(items), accumulation=1, updates=updates, lr=lr, seed=seed,
@@ -55,8 +53,8 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
     seed_everything(seed)
     model = task.build_model().to(dev)
     initial = evaluate(task, model, items, len(items), dev)
-    with torch.no_grad():
-        outputs = int(task.forward(model.eval(), collate_items(task, items[:1]).to(dev)
+    with eval_mode(model):
+        outputs = int(task.forward(model, collate_items(task, items[:1]).to(dev)
                                    .tensors).shape[-1])
     expected = task.expected_initial_loss(outputs)
     result = train(task, items, cfg, model=model)
@@ -72,11 +70,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
             row["greedy_exact"] = row["greedy"] == row["target"]
         elif task.kind == "classification":
             row["target"] = str(ex[task.label_field])
-            with torch.no_grad():
-                batch = collate_items(task, [it]).to(dev).tensors
-                row["predicted"] = task.decode([int(task.forward(result.model.eval(), batch)
+            batch = collate_items(task, [it]).to(dev).tensors
+            with eval_mode(result.model):
+                row["predicted"] = task.decode([int(task.forward(result.model, batch)
                                                     .argmax(-1)[0])])
-            result.model.train()
         rows.append(row)
     reproduction = pd.DataFrame(rows)
     finite = bool(steps.loss.map(math.isfinite).all() and steps.grad_norm.map(math.isfinite).all())

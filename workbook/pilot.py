@@ -143,7 +143,7 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
         return max(1, math.ceil(deadline - time.monotonic()))
 
     row = _row(stem)
-    partial = run / f".{stem}.ipynb.partial"  # papermill saves as it goes; renamed when done
+    partial = run / f".{stem}.partial.ipynb"  # papermill saves as it goes; renamed when done
     try:
         pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", partial,
                             parameters=parameters, kernel_name=kernel, progress_bar=progress,

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from . import checkpoint as ckpt
 from .artifacts import read_json, reseal, write_file
-from .data import Item, encode_examples, load_examples, split_examples
+from .data import Item, prepare
 from .errors import WorkbookError
 from .loop import Position, Stepper, TrainConfig, build_stepper, train
 from .records import StepRecord
@@ -43,10 +43,7 @@ def rebuild(spec: dict, task: Task | None = None) -> tuple[Task, list[Item], Tra
         raise WorkbookError(f"the recipe's configuration is not one this workbook wrote ({exc})",
                             "resume with the workbook version that wrote the checkpoint, or "
                             "use an intact checkpoint") from None
-    train_rows = split_examples(task, load_examples(task))["train"]
-    if limit:
-        train_rows = train_rows[:limit]
-    return task, encode_examples(task, train_rows), cfg
+    return task, prepare(task, ("train",), {"train": limit}).train, cfg
 
 
 def _record(r: StepRecord) -> dict:

@@ -20,10 +20,10 @@ import torch
 
 from . import checkpoint as ckpt
 from .artifacts import read_json
-from .data import SPLITS, Item, collate_items, encode_examples, load_examples, split_examples
+from .data import Item, collate_items, prepare
 from .errors import WorkbookError
 from .ledger import Ledger
-from .loop import Stepper, TrainConfig, evaluate, resolve_device, train
+from .loop import Stepper, TrainConfig, eval_mode, evaluate, resolve_device, train
 from .records import EvalRecord, StepRecord
 from .runs import shown, task_args, write_json
 from .task import IGNORE_INDEX, Task, load_recorded_task, load_task
@@ -173,10 +173,9 @@ class Study:
             self.plan = plan
         self.task = load_task(plan.task, **plan.task_options) if plan is not None else \
             load_recorded_task(asdict(self.plan), task, task_options, f"study {self.folder}")
-        splits = split_examples(self.task, load_examples(self.task))
-        self.raw = {name: splits[name] for name in SPLITS}
-        self.train_items = encode_examples(self.task, splits["train"])
-        self.val_items = encode_examples(self.task, splits["validation"])
+        data = prepare(self.task)
+        splits = self.raw = data.raw
+        self.train_items, self.val_items = data.train, data.validation
         self.plan.validate(self.task, self.val_items)
         self.sample, self.skew = eval_sample(self.task, self.val_items, splits["validation"],
                                              self.plan.eval_sample)
@@ -298,10 +297,8 @@ class Study:
         argmax at every target position (teacher forcing), in one forward pass."""
         items = self.val_items[: self.plan.prediction_examples]
         batch = collate_items(self.task, items).to(resolve_device(self.plan.device)).tensors
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model):
             predicted = self.task.forward(model, batch).argmax(-1)
-        model.train()
         labels = batch["labels"]
         rows = []
         for b, it in enumerate(items):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .data import Item, encode_examples, load_examples, split_examples
+from .data import Item, encode_examples, prepare
 from .errors import WorkbookError
 from .gates import GateRun, GateSettings
 from .loop import (
@@ -83,12 +83,10 @@ class VariantStudy:
 
     def __post_init__(self):
         self.control_task = load_task(self.task_path, **self.task_options)
-        self.splits = split_examples(self.control_task, load_examples(self.control_task))
-        if self.train_limit:
-            self.splits["train"] = self.splits["train"][: self.train_limit]
-        self.splits["validation"] = self.splits["validation"][: self.val_limit]
-        self.control_val = encode_examples(self.control_task, self.splits["validation"])
-        control_train = encode_examples(self.control_task, self.splits["train"])
+        control = prepare(self.control_task, limits={"train": self.train_limit,
+                                                     "validation": self.val_limit})
+        self.splits, self.control_val, control_train = control.raw, control.validation, \
+            control.train
         self.control_targets = _targets(control_train)
         self.control_lengths = {it.id: self.control_task.length(it.tensors)
                                 for it in control_train}

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .data import Batch, Item, collate_items
-from .loop import PRECISIONS, Stepper
+from .loop import PRECISIONS, Stepper, eval_mode
 from .task import IGNORE_INDEX, Task
 
 TRAINING_PHASES = ("forward + loss", "backward", "update (first)", "update (later)", "validation")
@@ -88,14 +88,9 @@ class Workload:
 
     def validation(self) -> None:
         model, dtype = self.stepper.model, PRECISIONS[self.stepper.precision]
-        model.eval()
-        try:
-            with torch.no_grad(), torch.autocast(self.stepper.device.type, dtype=dtype,
-                                                 enabled=dtype is not None):
-                self.state["eval_logits"] = self.stepper.task.forward(model,
-                                                                      self.eval_batch.tensors)
-        finally:
-            model.train()
+        with eval_mode(model), torch.autocast(self.stepper.device.type, dtype=dtype,
+                                              enabled=dtype is not None):
+            self.state["eval_logits"] = self.stepper.task.forward(model, self.eval_batch.tensors)
 
     def run(self, phase: str) -> None:
         {"forward + loss": self.forward, "backward": self.backward,
