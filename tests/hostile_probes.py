@@ -221,7 +221,7 @@ def resume_to_an_earlier_update(tmp: Path) -> Outcome:
 
 
 def hostile_strings_in_the_report(tmp: Path) -> Outcome:
-    from workbook.pilot import report
+    from workbook.report import write_report as report
 
     evil = "<img src=x onerror=alert(1)>"
     (tmp / "03_phase_gates").mkdir()

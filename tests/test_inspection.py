@@ -121,9 +121,26 @@ def test_a_headless_run_creates_no_widget(gen_task, gen_items, monkeypatch):
     def no_widgets(*args, **kwargs):
         raise AssertionError("a live widget was created in a headless run")
 
-    monkeypatch.setattr(ipywidgets, "interact", no_widgets)
+    monkeypatch.setattr(ipywidgets, "IntSlider", no_widgets)
     monkeypatch.setenv("WORKBOOK_HEADLESS", "1")
     assert browser(gen_task, gen_items["train"][:3]) is None
     monkeypatch.setenv("WORKBOOK_HEADLESS", "0")
     with pytest.raises(AssertionError, match="live widget"):
         browser(gen_task, gen_items["train"][:3])
+
+
+def test_the_browser_moves_across_splits_and_finds_ids_and_groups(gen_task, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_HEADLESS", "0")
+    ins = inspect_task(gen_task, probe_size=2)
+    view = browser(gen_task, ins.items, ins.splits)
+    (split, query), index, status = view.children[0].children, view.children[1], \
+        view.children[2]
+    assert split.options == ("train", "validation", "test") and index.max == 3530
+    target = ins.items["validation"][5]
+    query.value = str(target.id)
+    assert (split.value, index.value) == ("validation", 5) and str(target.id) in status.value
+    group = str(ins.splits["test"][3][gen_task.group_key])
+    query.value = group
+    assert split.value == "test" and group in status.value
+    query.value = "no-such-id"
+    assert "no example" in status.value

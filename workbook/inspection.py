@@ -36,8 +36,17 @@ class Inspection:
         return pd.Series(self.figures, dtype=object, name="value").to_frame()
 
     def flag_table(self) -> pd.DataFrame:
+        """The flags, one row each; with none, one row that says so (never an empty table)."""
         cols = ["check", "count", "message", "fix", "examples"]
+        if not self.flags:
+            return pd.DataFrame([{"check": "no flags", "count": 0,
+                                  "message": "every notebook-01 check passed", "fix": "-",
+                                  "examples": []}], columns=cols)
         return pd.DataFrame([{c: getattr(f, c) for c in cols} for f in self.flags], columns=cols)
+
+    def flag_records(self) -> list[dict]:
+        cols = ["check", "count", "message", "fix", "examples"]
+        return [{c: getattr(f, c) for c in cols} for f in self.flags]
 
 
 def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
@@ -90,9 +99,11 @@ def render_tokens(view: pd.DataFrame) -> str:
             spans.append(f'<span style="{";".join(style)}" title="{title}">'
                          f"{html.escape(r.target or r.input)}</span>")
         lines.append(f"<div><b>{html.escape(str(example))}</b> {''.join(spans)}</div>")
-    legend = ("<div style='font-size:small'>shown: the target of each position; green = "
-              "counted by the loss, grey = prompt, struck = padding, red box = counted but "
-              "should not be</div>")
+    legend = ("<div style='font-size:small'>Each cell is one position. Green: the target the "
+              "loss trains on at that position (counted). Grey: a prompt position, not "
+              "counted - the cell shows its input token. Struck through: padding, not "
+              "counted. Red box: counted although it is padding or prompt (a bug). Hover "
+              "for the ids.</div>")
     return legend + "".join(lines)
 
 
@@ -322,18 +333,57 @@ def example_display(task: Task, items: list[Item]):
     return HTML(render_tokens(view)) if "position" in view else view
 
 
-def browser(task: Task, items: list[Item]):
-    """An ipywidgets slider over examples; the same view as `example_display`, one at a time.
-    A headless run (no frontend) shows the static view of the first example instead."""
-    if headless():
-        from IPython.display import display
+def browser(task: Task, items: dict[str, list[Item]] | list[Item],
+            raw: dict[str, list[dict]] | None = None):
+    """Browse examples one at a time, as `example_display` shows them: a split selector, a slider
+    across the split and a search by example id or group. A headless run (no frontend) shows
+    the static view of the first example instead and creates no widget."""
+    from IPython.display import display
 
-        display(example_display(task, items[:1]))
+    by_split = {k: v for k, v in (items if isinstance(items, dict) else
+                                   {"train": items}).items() if v}
+    if headless():
+        display(example_display(task, next(iter(by_split.values()))[:1]))
         return None
     import ipywidgets as widgets
 
-    return widgets.interact(lambda index: example_display(task, [items[index]]),
-                            index=widgets.IntSlider(0, 0, len(items) - 1, description="example"))
+    groups = {name: [str(ex[task.group_key]) for ex in raw[name]] for name in by_split} \
+        if raw else {}
+    split = widgets.Dropdown(options=list(by_split), description="split")
+    index = widgets.IntSlider(0, 0, len(by_split[split.value]) - 1, description="example",
+                              continuous_update=False, layout=widgets.Layout(width="95%"))
+    query = widgets.Text(placeholder="example id or group", description="find",
+                         continuous_update=False)
+    status, out = widgets.HTML(), widgets.Output()
+
+    def show(*_):
+        it = by_split[split.value][index.value]
+        group = groups[split.value][index.value] if groups else "?"
+        status.value = (f"{split.value} {index.value + 1} of {len(by_split[split.value])}: "
+                        f"id {html.escape(str(it.id))}, group {html.escape(group)}")
+        out.clear_output(wait=True)
+        with out:
+            display(example_display(task, [it]))
+
+    def change_split(_):
+        index.max, index.value = len(by_split[split.value]) - 1, 0
+        show()
+
+    def find(_):
+        wanted = query.value.strip()
+        for name in [split.value] + [n for n in by_split if n != split.value]:
+            for i, it in enumerate(by_split[name]):
+                if wanted in (str(it.id), groups[name][i] if groups else None):
+                    split.value, index.value = name, i
+                    show()
+                    return
+        status.value = f"no example with id or group {html.escape(wanted)!r}"
+
+    split.observe(change_split, "value")
+    index.observe(show, "value")
+    query.observe(find, "value")
+    show()
+    return widgets.VBox([widgets.HBox([split, query]), index, status, out])
 
 
 def save(ins: Inspection, out_dir) -> None:
@@ -344,6 +394,6 @@ def save(ins: Inspection, out_dir) -> None:
     save_table(ins.coverage, out_dir, "coverage")
     if ins.classes is not None:
         save_table(ins.classes.reset_index(), out_dir, "classes")
-    write_json(out_dir / "flags.json", ins.flag_table().to_dict(orient="records"))
+    write_json(out_dir / "flags.json", ins.flag_records())
     write_summary(out_dir, ins.verdict, ins.figures, task=ins.task.name,
                   flags=[f.check for f in ins.flags])

@@ -22,6 +22,7 @@ from .frontend import HEADLESS_ENV
 from .loop import resolve_device
 from .params import NOTEBOOK_DIR, defaults, stems, validate
 from .params import smoke as smoke_sizes
+from .report import write_report
 from .runs import claim_dir, new_run_dir, write_json, write_text
 from .task import load_task
 
@@ -114,10 +115,10 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
                     rows.append(_row(stem, "interrupted", "the pilot was interrupted "
                                      "(SIGINT/SIGTERM) before this notebook finished"))
             write_index(run, rows, meta)
-            report(run, pd.DataFrame(rows), task)
+            write_report(run, pd.DataFrame(rows), task)
             raise
     index = pd.DataFrame(rows)
-    report(run, index, task)
+    write_report(run, index, task)
     return run, index
 
 
@@ -224,45 +225,3 @@ def write_index(run: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
     """index.json and index.csv for the notebooks so far (each written atomically)."""
     write_json(run / "index.json", {**meta, "notebooks": rows})
     write_text(run / "index.csv", pd.DataFrame(rows).to_csv(index=False))
-
-
-def report(run: Path, index: pd.DataFrame, task: str) -> Path:
-    """One page in the run folder: every notebook's verdict with a link to it, the gate table,
-    the selection sheet, the plan and the conclusion (those that this run produced)."""
-    import html
-
-    def table(path: Path, columns: list[str] | None = None) -> str:
-        if not path.exists():
-            return "<p><i>not produced in this run</i></p>"
-        frame = pd.read_csv(path)
-        return frame[[c for c in columns if c in frame]].to_html(index=False) if columns \
-            else frame.to_html(index=False)
-
-    verdicts = index.assign(notebook=[f'<a href="{html.escape(r.executed)}">'
-                                      f'{html.escape(r.notebook)}</a>'
-                                      for r in index.itertuples()],
-                            error=index.error.map(html.escape))
-    conclusion = run / "08_rental_plan" / "conclusion.md"
-    parts = [f"<h1>Pilot report: {html.escape(task)}</h1>",
-             "<h2>Verdicts</h2>",
-             verdicts[["notebook", "verdict", "seconds", "error"]].to_html(index=False,
-                                                                         escape=False),
-             "<h2>Phase gates</h2>",
-             table(run / "03_phase_gates" / "gates.csv",
-                   ["phase", "micro_batch", "seq_len", "precision", "peak_allocated_bytes",
-                    "peak_reserved_bytes", "time_s", "verdict", "detail"]),
-             "<h2>Selection sheet</h2>",
-             table(run / "08_rental_plan" / "selection.csv",
-                   ["candidate", "gpu", "gpu_memory_gib", "strategy", "precision",
-                    "micro_batch", "accumulation", "activation_checkpointing",
-                    "required_gib", "fits", "time_per_update_s", "budget_hours", "expected"]),
-             "<h2>Plan</h2>", table(run / "08_rental_plan" / "plan.csv"),
-             "<h2>Conclusion</h2>",
-             f"<pre>{html.escape(conclusion.read_text())}</pre>" if conclusion.exists()
-             else "<p><i>not produced in this run</i></p>"]
-    path = run / "report.html"
-    write_text(path, "<!doctype html><meta charset='utf-8'><title>pilot report</title>"
-                    "<style>body{font-family:sans-serif;max-width:70em;margin:auto}"
-                    "table{border-collapse:collapse;font-size:small}"
-                    "td,th{border:1px solid #ccc;padding:2px 6px}</style>" + "".join(parts))
-    return path

@@ -6,6 +6,19 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.patches import Patch
+from matplotlib.ticker import LogLocator, ScalarFormatter
+
+VERDICT_COLOURS = {"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red"}
+
+
+def _plain_log_axis(axis) -> None:
+    """Log scale with plain tick labels (5.5, not 5.5x10^0)."""
+    formatter = ScalarFormatter()
+    formatter.set_scientific(False)
+    axis.set_major_formatter(formatter)
+    axis.set_minor_formatter(formatter)
+    axis.set_minor_locator(LogLocator(subs="all", numticks=12))
 
 
 def _done(fig, save: Path | None):
@@ -64,28 +77,33 @@ def gate_memory(table: pd.DataFrame, save: Path | None = None):
         mem.bar([i + 0.2 for i in x], table.peak_reserved_bytes.astype(float) / mib, 0.4,
                 label="peak reserved (allocator)")
     mem.set_xticks(list(x), table.phase, rotation=45, ha="right")
-    mem.set(ylabel="MiB", title="memory per phase")
-    mem.legend(fontsize="small")
-    colors = table.verdict.map({"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red"})
+    top = (table.peak_allocated_bytes.astype(float).max() / mib) or 1.0
+    mem.set(ylabel="peak memory (MiB)", title="memory per phase", ylim=(0, top * 1.35))
+    mem.legend(fontsize="small", loc="upper left", ncols=2)  # above the bars: ylim leaves room
+    colors = table.verdict.map(VERDICT_COLOURS).fillna("tab:grey")
     tim.bar(list(x), table.time_s, color=colors)
     tim.set_xticks(list(x), table.phase, rotation=45, ha="right")
-    tim.set(ylabel="seconds", title="time per phase (colour = verdict)")
+    tim.set(ylabel="time (s)", title="time per phase", ylim=(0, (table.time_s.max() or 1) * 1.35))
+    tim.legend(handles=[Patch(color=c, label=v) for v, c in VERDICT_COLOURS.items()
+                        if v in set(table.verdict)], title="verdict", fontsize="small",
+               loc="upper left", ncols=3)
     return _done(fig, save)
 
 
 def variant_tradeoff(table: pd.DataFrame, save: Path | None = None):
     """Peak memory against time per update for each measured variant, the control marked."""
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    rows = table[table.status == "measured"]
-    ax.scatter(rows.time_per_update_s, rows.peak_bytes / 2**20, color="tab:blue")
-    for r in rows.itertuples():
-        ax.annotate(r.id, (r.time_per_update_s, r.peak_bytes / 2**20), fontsize="small",
-                    xytext=(4, 2), textcoords="offset points")
-    control = rows.iloc[0]
-    ax.scatter([control.time_per_update_s], [control.peak_bytes / 2**20], s=160,
-               facecolors="none", edgecolors="red", label="control")
-    ax.set(xlabel="time per update (s)", ylabel="peak memory (MiB)", title="memory variants")
-    ax.legend(fontsize="small")
+    rows = table[table.status == "measured"].reset_index(drop=True)
+    fig.set_size_inches(9, 3.8)
+    for n, r in enumerate(rows.itertuples(), start=1):  # numbered points, names in the legend
+        point = ax.scatter(r.time_per_update_s, r.peak_bytes / 2**20, s=60 if n > 1 else 140,
+                           marker="o" if n > 1 else "*", label=f"{n}: {r.id}")
+        ax.annotate(str(n), (r.time_per_update_s, r.peak_bytes / 2**20), fontsize="small",
+                    xytext=(5, 3 + 7 * (n % 2)), textcoords="offset points",
+                    color=point.get_facecolor()[0])
+    ax.set(xlabel="time per update (s)", ylabel="peak memory (MiB)",
+           title="memory variants (* = the control)")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _done(fig, save)
 
 
@@ -102,8 +120,11 @@ def study_curves(curves: pd.DataFrame, evals: pd.DataFrame, trials: pd.DataFrame
                           color=line.get_color())
         points = evals[(evals.trial == t.id) & (evals.scope != "full-best")]
         eval_ax.plot(points.step, points.loss, "o-", color=line.get_color(), label=label)
-    train_ax.set(xlabel="update", ylabel="training loss", yscale="log",
-                 title="training loss (x = diverged)")
+    diverged = (trials.status == "diverged").any()
+    train_ax.set(xlabel="update", ylabel="training loss (log scale)", yscale="log",
+                 title="training loss" + (" (x = diverged)" if diverged else ""))
+    _plain_log_axis(train_ax.yaxis)
+    train_ax.legend(fontsize="x-small")
     eval_ax.set(xlabel="update", ylabel="validation loss", title="evaluations (fixed steps)")
     eval_ax.legend(fontsize="x-small")
     return _done(fig, save)
@@ -129,13 +150,14 @@ def lr_summary(summary: pd.DataFrame, trials: pd.DataFrame, metric: str,
     """Per learning rate: every seed's best value as a dot, the mean with the spread as a bar."""
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     done = trials.dropna(subset=["best_metric"])
-    ax.scatter(done.lr, done.best_metric, color="grey", s=14, label="each seed")
     ok = summary.dropna(subset=["best_mean"])
-    ax.errorbar(ok.lr, ok.best_mean, yerr=ok.best_std.fillna(0), fmt="o", color="tab:blue",
-                capsize=4, label="mean +/- std")
-    for t in trials[trials.status == "diverged"].itertuples():
-        ax.axvline(t.lr, color="red", ls=":", lw=1)
-    ax.set(xscale="log", xlabel="learning rate", ylabel=f"best {metric}",
-           title="per learning rate (red: a diverged trial)")
+    ax.errorbar(ok.lr, ok.best_mean, yerr=ok.best_std.fillna(0), fmt="_", ms=18,
+                color="tab:blue", capsize=4, label="mean +/- std", zorder=1)
+    ax.scatter(done.lr, done.best_metric, color="black", s=16, label="each seed", zorder=2)
+    diverged = trials[trials.status == "diverged"]
+    for n, t in enumerate(diverged.itertuples()):
+        ax.axvline(t.lr, color="red", ls=":", lw=1, label="diverged trial" if n == 0 else None)
+    ax.set(xscale="log", xlabel="learning rate (log scale)", ylabel=f"best {metric}",
+           title="per learning rate")
     ax.legend(fontsize="small")
     return _done(fig, save)

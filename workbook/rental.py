@@ -48,9 +48,13 @@ class Candidate:
         return "single device" if self.replicas == 1 else f"data parallel x{self.replicas}"
 
 
-def check_gpus(gpus: dict, tflops: dict) -> None:
-    """Every GPU has a memory size and a peak throughput that are positive numbers."""
+def check_gpus(gpus: dict, tflops: dict, prices: dict | None = None) -> None:
+    """Every GPU has a memory size and a peak throughput that are positive numbers (and a
+    price, when prices are given)."""
     problems = []
+    for name in gpus:
+        if prices and not (isinstance(prices.get(name), (int, float)) and prices[name] >= 0):
+            problems.append(f"no price per hour for {name!r} (got {prices.get(name)!r})")
     for name, gib in gpus.items():
         if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib <= 0:
             problems.append(f"memory of {name!r} is {gib!r}, not a positive number of GiB")
@@ -61,7 +65,8 @@ def check_gpus(gpus: dict, tflops: dict) -> None:
             problems.append(f"peak TFLOP/s of {name!r} is {value!r}, not a positive number")
     if problems:
         raise WorkbookError("GPU list: " + "; ".join(problems),
-                            "give gpus as {name: GiB} and gpu_tflops as {name: TFLOP/s}")
+                            "give gpus as {name: GiB}, gpu_tflops as {name: TFLOP/s} and "
+                            "gpu_price_per_hour as {name: price} for the same names")
 
 
 def gpu(name: str, gpus: dict) -> float:
@@ -101,6 +106,9 @@ class Assumptions:
     export_minutes: float = 5.0  # saving and exporting a final checkpoint
     overheads: Overheads = field(default_factory=lambda: Overheads(GIB, 0.1, False))
     ddp_bucket_share: float = 1.0  # data parallel keeps gradient buckets ~ the gradients
+    prices: dict = field(default_factory=dict)  # per GPU-hour; {} = costs not shown
+    currency: str = "USD"
+    min_update_s: float = 0.005  # no update is faster: kernel launches of even a tiny model
 
 
 def selection_sheet(task: Task, train: list, val: list, candidates: list[Candidate],
@@ -108,7 +116,7 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
                     a: Assumptions) -> pd.DataFrame:
     """One row per candidate x GPU: memory needed (predicted) and whether it fits, FLOPs per
     update (counted) and time per update (assumed utilisation), and the budget's hours."""
-    check_gpus(gpus, tflops)
+    check_gpus(gpus, tflops, a.prices)
     rows = []
     eval_examples = a.eval_examples or len(val)
     for cand in candidates:
@@ -131,10 +139,11 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
             fit = fit_table(predicted.assign(predicted_peak_bytes=predicted.predicted_peak_bytes
                                              + ddp), gib, headroom, a.overheads)
             rate = tflops[name] * 1e12 * a.utilisation
-            update_s = update_flops / rate
+            update_s = max(update_flops / rate, a.min_update_s)
             eval_s = counted["eval_example"] * eval_examples / rate / cand.replicas
             hours = (updates * update_s + math.ceil(updates / a.eval_every) * eval_s +
                      a.export_minutes * 60) / 3600
+            price = a.prices.get(name)
             rows.append({
                 "candidate": cand.name, "gpu": name, "gpu_memory_gib": gib,
                 "precision": cand.precision, "micro_batch": cand.micro_batch,
@@ -148,7 +157,11 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
                 "fits": bool(fit.fits.all()),
                 "headroom_gib": round(gib - fit.required_bytes.max() / GIB, 2),
                 "flops_per_update": update_flops, "time_per_update_s": update_s,
-                "budget_hours": round(hours, 4), "note": "", "expected": cand.expected})
+                "time_floored": update_s == a.min_update_s,
+                "budget_hours": round(hours, 4), "gpu_hours": round(hours * cand.replicas, 4),
+                "price_per_hour": price,
+                "cost": None if price is None else round(hours * cand.replicas * price, 2),
+                "currency": a.currency, "note": "", "expected": cand.expected})
     sheet = pd.DataFrame(rows)
     sheet.attrs["sources"] = {
         "predicted_peak_gib": "predicted on fake tensors (notebook 03's prediction)",
@@ -157,7 +170,11 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
                         f"{headroom:.0%} headroom); overheads "
                         f"{'measured' if a.overheads.measured else 'assumed'}",
         "flops_per_update": "counted with torch.utils.flop_counter",
-        "time_per_update_s": f"assumed: vendor peak TFLOP/s x {a.utilisation:.0%} utilisation",
+        "time_per_update_s": f"assumed: vendor peak TFLOP/s x {a.utilisation:.0%} utilisation, "
+                             f"never below {a.min_update_s * 1000:.0f} ms (launch overhead; "
+                             "`time_floored` marks the rows held at that floor)",
+        "cost": f"assumed prices per GPU-hour in {a.currency} (edit gpu_price_per_hour) x "
+                "budget hours x replicas",
         "budget_hours": f"{updates} updates + evaluation every {a.eval_every} on "
                         f"{eval_examples} examples + {a.export_minutes} min export (assumed)"}
     return sheet
@@ -225,19 +242,57 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
                                 "which the selection sheet does not have",
                                 f"use one of {sorted(set(sheet.candidate))}")
         row = match.iloc[0]
-        hours = row.budget_hours * v.get("repeats", 1)
+        repeats = v.get("repeats", 1)
+        hours = row.budget_hours * repeats
         fits = bool(row.fits) and clock + hours <= usable
+        cost = row.get("cost")
         rows.append({"days": days, "priority": v["priority"], "variant": v["name"],
-                     "candidate": v["candidate"], "gpu": gpu_name, "hours": round(hours, 3),
+                     "candidate": v["candidate"], "gpu": gpu_name, "repeats": repeats,
+                     "hours": round(hours, 3), "cost": None if pd.isna(cost) else
+                     round(float(cost) * repeats, 2),
                      "start_hour": round(clock, 3) if fits else None,
                      "end_hour": round(clock + hours, 3) if fits else None,
                      "scheduled": fits,
-                     "why_not": "" if fits else ("does not fit the GPU's memory"
-                                                 if not row.fits else
-                                                 f"needs {hours:.1f} h, {usable - clock:.1f} h "
-                                                 "left")})
+                     "why_not": "-" if fits else ("does not fit the GPU's memory"
+                                                  if not row.fits else
+                                                  f"needs {hours:.1f} h, {usable - clock:.1f} h "
+                                                  f"of the {usable:.0f} usable hours left")})
         if fits:
             clock += hours
+    return pd.DataFrame(rows)
+
+
+def _spend(row: pd.Series) -> float:
+    """Unrounded cost of a sheet row (GPU-hours when no price is given)."""
+    price = row.get("price_per_hour")
+    return row.gpu_hours * (1.0 if price is None or pd.isna(price) else price)
+
+
+def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
+    """Per candidate: the cheapest GPU that fits with headroom (by the budget's cost, or its
+    hours when no prices are given), beside the GPU asked for, and why they differ."""
+    rows = []
+    key = "cost" if sheet.cost.notna().all() else "gpu_hours"
+    for name, group in sheet.groupby("candidate", sort=False):
+        fitting = group[group.fits]
+        asked = group[group.gpu == rental_gpu].iloc[0]
+        best = fitting.loc[fitting[key].idxmin()] if len(fitting) else None
+        if best is None:
+            reason = "fits no GPU of the list"
+        elif best.gpu == rental_gpu:
+            reason = f"{rental_gpu} is the cheapest GPU that fits"
+        elif not asked.fits:
+            reason = (f"{rental_gpu} lacks memory ({asked.required_gib:.1f} GiB needed); "
+                      f"{best.gpu} fits with {best.headroom_gib:.1f} GiB to spare")
+        else:
+            ratio = _spend(asked) / _spend(best)
+            reason = (f"{best.gpu} fits with {best.headroom_gib:.1f} GiB to spare and costs "
+                      f"{ratio:.1f}x less than {rental_gpu} for this budget")
+        rows.append({"candidate": name, "cheapest_gpu": None if best is None else best.gpu,
+                     "cheapest_cost": None if best is None else best.cost,
+                     "cheapest_hours": None if best is None else best.budget_hours,
+                     "asked_gpu": rental_gpu, "asked_fits": bool(asked.fits),
+                     "asked_cost": asked.cost, "currency": asked.currency, "why": reason})
     return pd.DataFrame(rows)
 
 
@@ -261,10 +316,42 @@ def choose(sheet: pd.DataFrame, rental_gpu: str) -> dict | None:
     return fitting.iloc[0].to_dict() if len(fitting) else None
 
 
+def article(name: str) -> str:
+    """'a' or 'an' before a GPU name: names read letter by letter (an L4, an A100, an H200,
+    a T4) by the letter's sound, words (a small, an older) by their first vowel."""
+    spelled = len(name) > 1 and name[0].isupper() and (name[1].isdigit() or name[1].isupper()
+                                                        or name[1] == "-")
+    if spelled:
+        return "an" if name[0] in "AEFHILMNORSX" else "a"
+    return "an" if name[:1].lower() in "aeiou" else "a"
+
+
+def money(amount: float | None, currency: str) -> str:
+    return "cost not given (no price)" if amount is None or pd.isna(amount) else \
+        f"{currency} {amount:,.2f}"
+
+
+def unverified(stack: pd.DataFrame) -> list[str]:
+    """What the stack check could not verify here, in words."""
+    words = []
+    for _, row in stack[~stack.verified].iterrows():
+        item, here, todo = row["item"], row["here"], row["on the rental"]
+        if item == "CUDA":
+            words.append("CUDA memory counters and timing were not measured: no GPU was "
+                         "present (run notebooks 03 and 05 with device='cuda' on the rental)")
+        elif item.startswith("precision"):
+            words.append(f"{item} could not run here ({here}): check {todo} on the rental")
+        elif item.startswith("import"):
+            words.append(f"`{item[7:]}` is {here}: {todo}")
+        else:
+            words.append(f"{item}: {todo}")
+    return words
+
+
 def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFrame,
-               stack: pd.DataFrame) -> str:
-    """The campaign's conclusion in words that can be re-read later, from the measurements of
-    the other notebooks of this run where they exist."""
+               stack: pd.DataFrame, options: pd.DataFrame) -> str:
+    """The campaign's conclusion in words, every figure rounded, from this notebook's sheet and
+    the summaries of the other notebooks of this run where they exist."""
     import json
     from pathlib import Path
 
@@ -273,26 +360,48 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
         return json.loads(path.read_text()) if path.exists() else None
 
     lines = ["# Rental decision", ""]
+    currency = options.currency.iloc[0] if len(options) else "USD"
     if chosen is None:
-        lines.append(f"No candidate fits the {rental_gpu}: do not rent it for this plan. "
-                     "See the selection sheet for a larger GPU or a cheaper configuration.")
+        fits_elsewhere = options.dropna(subset=["cheapest_gpu"])
+        lines.append(f"No candidate fits the {rental_gpu}: do not rent it for this plan." + (
+            " Candidates that fit another GPU: " + "; ".join(
+                f"{r.candidate} on {r.cheapest_gpu} ({money(r.cheapest_cost, r.currency)})"
+                for r in fits_elsewhere.itertuples()) + "." if len(fits_elsewhere) else
+            " No candidate fits any GPU of the list: reduce the micro-batch or the length, or "
+            "turn on activation checkpointing (notebook 05)."))
     else:
-        lines.append(f"Rent a **{rental_gpu}** for candidate **{chosen['candidate']}** "
-                     f"({chosen['strategy']}, {chosen['precision']}, micro-batch "
-                     f"{chosen['micro_batch']} x accumulation {chosen['accumulation']}): "
-                     f"{chosen['required_gib']:.2f} GiB needed with headroom, "
-                     f"{chosen['headroom_gib']:.2f} GiB left. Expected: "
-                     f"{chosen['expected'] or 'not stated'}.")
+        best = options.set_index("candidate").loc[chosen["candidate"]]
+        shape = (f"{chosen['strategy']}, {chosen['precision']}, micro-batch "
+                 f"{chosen['micro_batch']} x accumulation {chosen['accumulation']}")
+        if best.cheapest_gpu != rental_gpu:
+            gpu_name = best.cheapest_gpu
+            lines.append(f"**Rent {article(gpu_name)} {gpu_name}** for candidate "
+                         f"**{chosen['candidate']}** ({shape}): the cheapest GPU that fits it "
+                         "with headroom, "
+                         f"{money(best.cheapest_cost, currency)} for the budget "
+                         f"({best.cheapest_hours:.1f} h). You planned on the {rental_gpu} "
+                         f"({money(best.asked_cost, currency)}); {best.why}.")
+        else:
+            lines.append(f"**Rent {article(rental_gpu)} {rental_gpu}** for candidate "
+                         f"**{chosen['candidate']}** ({shape}): "
+                         f"{chosen['required_gib']:.2f} GiB needed with headroom, "
+                         f"{chosen['headroom_gib']:.1f} GiB to spare, "
+                         f"{money(chosen.get('cost'), currency)} for the budget "
+                         f"({chosen['budget_hours']:.1f} h); {best.why}.")
+        lines += ["", f"Expected result: {chosen['expected'] or 'not stated'}."]
     study = summary("06_lr_study")
     if study:
         fig = study["figures"]
-        lrs = fig.get("best_lr")
-        lines.append("")
-        lines.append(f"Learning-rate study: best {fig['metric']} {fig['best_metric']} at lr "
-                     f"{lrs} (trial {fig['best_trial']}), statuses {fig['statuses']}. "
-                     + ("The control remains the best choice: no variant beat it."
-                        if fig.get("control_remains_best") else
-                        f"A variant beat the control (lr {fig.get('control_lr')})."))
+        statuses = ", ".join(f"{n} {status}" for status, n in fig["statuses"].items())
+        found = (f"best validation {fig['metric']} {fig['best_metric']:.3f} at lr "
+                 f"{fig['best_lr']:g} (trial {fig['best_trial']})"
+                 if fig.get("best_metric") is not None else "no trial produced a metric")
+        verdict = (f"the control (lr {fig['control_lr']:g}) remains the best choice"
+                   if fig.get("control_remains_best") else
+                   f"lr {fig['best_lr']:g} beat the control (lr {fig['control_lr']:g})")
+        lines += ["", f"Learning-rate study: {fig['trials']} trials ({statuses}); {found}; "
+                  f"{verdict}."]
+    verdicts = []
     for stem, label in (("01_inspect_examples", "inspection"), ("02_overfit", "overfit"),
                         ("03_phase_gates", "phase gates"), ("04_batch_accounting",
                                                             "batch accounting"),
@@ -300,16 +409,24 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                         ("07_resume_reload", "resume and reload")):
         s = summary(stem)
         if s:
-            lines.append(f"- {label}: {s['verdict']}")
+            verdicts.append(f"{label} {s['verdict']}")
+    if verdicts:
+        lines += ["", "Other notebooks of this run: " + ", ".join(verdicts) + "."]
+    lines.append("")
     for days, plan in plans.groupby("days"):
+        done = plan[plan.scheduled]
         left = plan[~plan.scheduled]
-        lines.append(f"- {days}-day plan: {int(plan.scheduled.sum())} of {len(plan)} variants "
-                     f"scheduled" + (f"; not fitting: {', '.join(left.variant)}" if len(left)
-                                     else ""))
-    todo = stack[~stack.verified]
+        cost = done.cost.sum() if done.cost.notna().all() else None
+        lines.append(f"- {days}-day plan on the {rental_gpu}: {len(done)} of {len(plan)} "
+                     "variants scheduled, "
+                     f"{done.hours.sum():.1f} h, {money(cost, currency)}"
+                     + ("; not scheduled: " + "; ".join(f"{r.variant} ({r.why_not})"
+                                                         for r in left.itertuples())
+                        if len(left) else ""))
+    todo = unverified(stack)
     lines += ["", "Still to verify on the rental before adopting it: " +
-              (", ".join(todo.item) if len(todo) else "nothing beyond the versions listed"),
+              ("; ".join(todo) if todo else "nothing beyond matching the versions listed") + ".",
               "", "This sheet plans; it predicts neither duration nor quality. Times rest on "
-              "an assumed utilisation; memory on a fake-tensor prediction plus stated "
-              "overheads."]
+              "an assumed utilisation, costs on assumed prices, memory on a fake-tensor "
+              "prediction plus stated overheads."]
     return "\n".join(lines) + "\n"

@@ -19,6 +19,8 @@ import pandas as pd
 from .errors import WorkbookError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 # Interactive runs land in the checkout's runs/ folder (ignored by git) unless WORKBOOK_RUNS is set.
 RUNS_ROOT = Path(os.environ.get("WORKBOOK_RUNS", CHECKOUT / "runs"))
 
@@ -118,6 +120,7 @@ def write_text(path: str | Path, text: str) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # a temporary file is private; the result is not
         os.replace(tmp, path)
     except OSError as exc:
         if tmp is not None:

@@ -1,0 +1,97 @@
+"""report.html: one page a person decides from - verdicts first, then the decision, then each
+notebook with its figures - in human units, with nothing empty or NaN, and readable offline."""
+
+import json
+from html.parser import HTMLParser
+
+import pandas as pd
+
+from workbook.report import human, write_report
+
+
+class Page(HTMLParser):
+    """Headings in order, images, and the text of table cells."""
+
+    def __init__(self):
+        super().__init__()
+        self.headings, self.images, self.cells, self._in = [], [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in ("h1", "h2", "h3", "td", "th"):
+            self._in = tag
+            if tag in ("h1", "h2", "h3"):
+                self.headings.append("")
+            else:
+                self.cells.append("")
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+        if tag == "div" and "overall" in attrs.get("class", ""):
+            self.headings.append("BANNER")
+
+    def handle_endtag(self, tag):
+        if tag == self._in:
+            self._in = None
+
+    def handle_data(self, data):
+        if self._in in ("h1", "h2", "h3"):
+            self.headings[-1] += data
+        elif self._in in ("td", "th"):
+            self.cells[-1] += data
+
+
+def _run(tmp_path):
+    """A small run folder as the pilot leaves it: two notebooks, a figure, gates, a plan."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gates = tmp_path / "03_phase_gates"
+    gates.mkdir()
+    pd.DataFrame({"phase": ["data", "backward"], "peak_allocated_bytes": [1450776, 3 * 2**20],
+                  "peak_reserved_bytes": [None, None], "time_s": [0.000533, 0.25],
+                  "verdict": ["pass", "pass"], "detail": ["", "ok"]}).to_csv(
+        gates / "gates.csv", index=False)
+    fig, ax = plt.subplots()
+    ax.plot([1, 2])
+    fig.savefig(gates / "gates.png")
+    (gates / "summary.json").write_text(json.dumps(
+        {"verdict": "pass", "figures": {"peak_allocated_bytes": 3 * 2**20, "ratio": 0.123456,
+                                        "failed": []}}))
+    plan = tmp_path / "08_rental_plan"
+    plan.mkdir()
+    (plan / "conclusion.md").write_text("# Rental decision\n\n**Rent an L4** for **control**.\n")
+    (plan / "summary.json").write_text(json.dumps({"verdict": "fail", "figures": {}}))
+    pd.DataFrame({"days": [3], "variant": ["control"], "hours": [1.5], "cost": [2.0],
+                  "scheduled": [True], "why_not": ["-"]}).to_csv(plan / "plan.csv",
+                                                                  index=False)
+    return pd.DataFrame([
+        {"notebook": "03_phase_gates", "verdict": "pass", "seconds": 11.3,
+         "executed": "03_phase_gates.ipynb", "error": ""},
+        {"notebook": "08_rental_plan", "verdict": "fail", "seconds": 7.8,
+         "executed": "08_rental_plan.ipynb", "error": ""}])
+
+
+def test_the_report_reads_in_order_with_figures_and_units(tmp_path):
+    index = _run(tmp_path)
+    page = Page()
+    page.feed(write_report(tmp_path, index, "my.task:task").read_text())
+    order = [h for h in page.headings if h]
+    assert order[:3] == ["Pilot report: my.task:task", "BANNER", "Decision"], order
+    assert order.index("Decision") < order.index("03 Phase gates: pass (11.3 s)") < \
+        order.index("08 Rental plan: fail (7.8 s)")
+    assert any(src.startswith("data:image/png;base64,") for src in page.images), \
+        "figures are embedded, so the one file can be mailed"
+    text = " ".join(page.cells)
+    assert "peak allocated (MiB)" in text and "3.0" in text and "1450776" not in text
+    assert "time (ms)" in text or "time (s)" in text
+    assert "peak reserved" not in text, "an all-empty column is left out"
+    assert "nan" not in text.lower() and "3.00 MiB" in text and "0.1235" in text
+
+
+def test_human_units_never_show_nan():
+    frame = human(pd.DataFrame({"x_bytes": [2**20, None], "why_not": [None, "too long"],
+                                "empty": [None, None]}))
+    assert list(frame.columns) == ["x (MiB)", "why not"]
+    assert frame.astype(str).apply(lambda c: c.str.lower().str.contains("nan")).sum().sum() == 0

@@ -1,0 +1,200 @@
+"""The pilot's report: one self-contained page (figures embedded, so it can be mailed) that a
+person decides from - the verdict of every notebook first, then the decision, then each
+notebook's key figures and figures, then the tables in human units. Every string that comes
+from a task, the data or a run is escaped."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from .runs import write_text
+
+COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700"}
+TITLES = {"01_inspect_examples": "01 Inspect examples", "02_overfit": "02 Overfit a tiny subset",
+          "03_phase_gates": "03 Phase gates", "04_batch_accounting": "04 Batch accounting",
+          "05_memory_variants": "05 Memory variants", "06_lr_study": "06 Learning-rate study",
+          "07_resume_reload": "07 Resume and reload", "08_rental_plan": "08 Rental plan"}
+STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1180px;margin:0 auto;padding:0 16px;color:#1f2328}
+h1{font-size:1.6em}h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:2em}
+.banner{display:flex;flex-wrap:wrap;gap:8px;margin:12px 0}
+.chip{color:#fff;border-radius:6px;padding:6px 10px;font-weight:600;text-decoration:none}
+.overall{font-size:1.3em;padding:10px 14px;border-radius:8px;color:#fff;display:inline-block}
+.decision{background:#f6f8fa;border:1px solid #d0d7de;border-radius:8px;padding:4px 18px}
+.decision h1{font-size:1.2em}
+table{border-collapse:collapse;font-size:13px;margin:8px 0;max-width:100%}
+td,th{border:1px solid #d0d7de;padding:3px 6px;text-align:left;vertical-align:top;
+overflow-wrap:break-word}
+th{background:#f6f8fa}.wide{overflow-x:auto;max-width:100%}
+img{max-width:100%;height:auto;border:1px solid #eee;margin:6px 0}
+.links a{margin-right:14px}.error{color:#cf222e;overflow-wrap:anywhere}
+"""
+
+
+def _escape(value) -> str:
+    return html.escape(str(value))
+
+
+def _number(value):
+    """Rounded for reading: 4 significant digits, integers as they are."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return value
+    if not math.isfinite(value) or value == 0:
+        return value
+    return float(f"{value:.4g}")
+
+
+def human(frame: pd.DataFrame) -> pd.DataFrame:
+    """Bytes in MiB, seconds in ms below one second, rounded floats, no all-empty column, and
+    empty cells shown as '-' (never NaN)."""
+    out = {}
+    for name in frame.columns:
+        column = frame[name]
+        if column.isna().all() or (column.astype(str) == "").all():
+            continue
+        if name.endswith("_bytes"):
+            out[name.removesuffix("_bytes") + " (MiB)"] = (column / 2**20).round(2)
+        elif name.endswith("_s") and pd.api.types.is_numeric_dtype(column):
+            small = column.abs().max() < 1
+            out[name.removesuffix("_s") + (" (ms)" if small else " (s)")] = \
+                (column * (1000 if small else 1)).round(1 if small else 2)
+        elif name.startswith("flops"):
+            out["G" + name] = (column / 1e9).round(2)
+        elif pd.api.types.is_float_dtype(column):
+            out[name] = column.map(_number)
+        else:
+            out[name] = column
+    frame = pd.DataFrame(out).astype(object).where(lambda f: f.notna(), "-")
+    return frame.rename(columns=lambda c: c.replace("_", " "))
+
+
+def _table(frame: pd.DataFrame | None, columns: list[str] | None = None) -> str:
+    if frame is None or frame.empty:
+        return "<p><i>not produced in this run</i></p>"
+    if columns:
+        frame = frame[[c for c in columns if c in frame]]
+    return f'<div class="wide">{human(frame).to_html(index=False, escape=True, border=0)}</div>'
+
+
+def _csv(path: Path) -> pd.DataFrame | None:
+    return pd.read_csv(path) if path.exists() else None
+
+
+def _figures(folder: Path) -> str:
+    """Every PNG the notebook saved, embedded."""
+    parts = []
+    for png in sorted(folder.glob("*.png")):
+        data = base64.b64encode(png.read_bytes()).decode()
+        parts.append(f'<img alt="{_escape(png.stem)}" src="data:image/png;base64,{data}">')
+    return "".join(parts)
+
+
+def _shown(name: str, value) -> str:
+    """A key figure as text: bytes in MiB, floats to 4 significant digits, lists joined."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, (int, float)) and name.endswith("_bytes"):
+        return f"{value / 2**20:,.2f} MiB"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) if value else "none"
+    if isinstance(value, dict):
+        text = ", ".join(f"{k}: {json.dumps(v, default=str)}" for k, v in value.items())
+        return text if len(text) < 240 else text[:237] + "..."
+    return str(value)
+
+
+def _key_figures(summary: dict | None) -> str:
+    if not summary:
+        return ""
+    rows = [{"figure": name.replace("_", " "), "value": _shown(name, value)}
+            for name, value in summary.get("figures", {}).items()]
+    flags = summary.get("flags")
+    if flags:
+        rows.append({"figure": "flags", "value": ", ".join(map(str, flags))})
+    return pd.DataFrame(rows).to_html(index=False, escape=True, border=0) if rows else ""
+
+
+def export_html(notebook: Path) -> Path | None:
+    """The executed notebook as HTML beside it (opens in any browser); None if it cannot."""
+    try:
+        from nbconvert import HTMLExporter
+
+        body, _ = HTMLExporter().from_filename(str(notebook))
+        return write_text(notebook.with_suffix(".html"), body)
+    except Exception:  # a broken notebook keeps its .ipynb link
+        return None
+
+
+def write_report(run: Path, index: pd.DataFrame, task: str) -> Path:
+    """report.html in the run folder."""
+    import mistune
+
+    rows = index.to_dict(orient="records")
+    overall = "pass" if rows and all(r["verdict"] == "pass" for r in rows) else \
+        ("fail" if all(r["verdict"] in ("pass", "fail") for r in rows) else "error")
+    chips = "".join(f'<a class="chip" href="#{_escape(r["notebook"])}" style="background:'
+                    f'{COLOURS.get(r["verdict"], "#57606a")}">{_escape(r["notebook"][:2])} '
+                    f'{_escape(r["verdict"])}</a>' for r in rows)
+    parts = [f"<h1>Pilot report: {_escape(task)}</h1>",
+             f'<div class="overall" style="background:{COLOURS[overall]}">overall: '
+             f'{overall}</div><div class="banner">{chips}</div>']
+    conclusion = run / "08_rental_plan" / "conclusion.md"
+    if conclusion.exists():
+        render = mistune.create_markdown(escape=True)
+        parts.append(f'<h2 id="decision">Decision</h2><div class="decision">'
+                     f"{render(conclusion.read_text())}</div>")
+    for r in rows:
+        stem = r["notebook"]
+        folder = run / stem
+        summary_path = folder / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        executed = run / r["executed"]
+        exported = export_html(executed) if executed.exists() else None
+        links = [f'<a href="{_escape(exported.name)}">executed notebook</a>' if exported else
+                 (f'<a href="{_escape(r["executed"])}">executed notebook (.ipynb)</a>'
+                  if executed.exists() else ""),
+                 f'<a href="{_escape(stem)}/">its folder</a>' if folder.exists() else ""]
+        parts.append(
+            f'<h2 id="{_escape(stem)}">{_escape(TITLES.get(stem, stem))}: '
+            f'<span style="color:{COLOURS.get(r["verdict"], "#57606a")}">'
+            f'{_escape(r["verdict"])}</span> <small>({r["seconds"]} s)</small></h2>'
+            f'<div class="links">{"".join(links)}</div>'
+            + (f'<p class="error">{_escape(r["error"])}</p>' if r.get("error") else "")
+            + _key_figures(summary) + (_figures(folder) if folder.exists() else ""))
+        parts += _tables(run, stem)
+    path = run / "report.html"
+    write_text(path, "<!doctype html><html lang='en'><meta charset='utf-8'>"
+               "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+               f"<title>pilot report: {_escape(task)}</title><style>{STYLE}</style><body>"
+               + "".join(parts) + "</body></html>")
+    return path
+
+
+def _tables(run: Path, stem: str) -> list[str]:
+    """The tables a decision rests on, per notebook."""
+    if stem == "03_phase_gates":
+        return ["<h3>Gate table</h3>", _table(_csv(run / stem / "gates.csv"), [
+            "phase", "micro_batch", "seq_len", "precision", "peak_allocated_bytes",
+            "peak_reserved_bytes", "time_s", "verdict", "detail"])]
+    if stem == "08_rental_plan":
+        return ["<h3>Cheapest GPU that fits, per candidate</h3>",
+                _table(_csv(run / stem / "cheapest.csv")),
+                "<h3>Selection sheet</h3>", _table(_csv(run / stem / "selection.csv"), [
+                    "candidate", "gpu", "gpu_memory_gib", "strategy", "precision",
+                    "micro_batch", "accumulation", "activation_checkpointing",
+                    "required_gib", "fits", "time_per_update_s", "time_floored", "budget_hours",
+                    "cost", "note"]),
+                "<h3>3, 7 and 30-day plans</h3>", _table(_csv(run / stem / "plan.csv"), [
+                    "days", "priority", "variant", "candidate", "gpu", "repeats", "hours",
+                    "cost", "scheduled", "why_not"])]
+    return []
