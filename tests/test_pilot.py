@@ -118,9 +118,10 @@ def test_pilot_smoke_resume_and_rental_plan_with_the_report(task, tmp_path):
     plan = summary(run, "08_rental_plan")["figures"]
     assert plan["chosen"] == "control" and plan["rows"] == 15
     report = (run / "report.html").read_text()
-    for part in ("03_phase_gates.ipynb", "Selection sheet", "A100-80GB", "Rental decision",
-                 "update (first)"):
+    for part in ('href="03_phase_gates.html"', "Selection sheet", "A100-80GB", "Rental decision",
+                 "update (first)", "Cheapest GPU that fits", "data:image/png;base64,"):
         assert part in report, part
+    assert (run / "03_phase_gates.html").exists(), "the executed notebook opens in a browser"
 
 
 def test_an_unknown_rental_gpu_fails_the_plan_with_its_name(tmp_path):

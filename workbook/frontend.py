@@ -37,3 +37,10 @@ def readable(frame):
         else:
             columns[name] = frame[name]
     return frame.__class__(columns)
+
+
+def show_full_text() -> None:
+    """Tables in this notebook show whole cells (repro commands, reasons), never cut with '...'."""
+    import pandas as pd
+
+    pd.set_option("display.max_colwidth", None)
