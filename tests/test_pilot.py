@@ -72,9 +72,15 @@ def test_phase_gates_fail_when_the_plan_does_not_fit(tmp_path):
 
 def test_the_readme_own_task_runs_through_the_pilot(tmp_path):
     run, index = run_pilot("tests.own_task:task", out=str(tmp_path / "run"), smoke=True,
-                           only="01,02,03,04,07", progress=False)
+                           only="01,02,03,04,07,08", progress=False)
     assert index.verdict.tolist() == ["pass"] * len(index), index.error.tolist()
     assert summary(run, "07_resume_reload")["figures"]["archive_identical"]
+    report = (run / "report.html").read_text()
+    assert "Rent an L4" in report and "not applicable: " in report, "the why, never NaN"
+    import re
+
+    text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", report)
+    assert not re.search(r"\bnan\b", text, re.IGNORECASE), "no NaN anywhere on the page"
 
 
 def test_pilot_smoke_accounting_and_variants(tmp_path):

@@ -144,3 +144,11 @@ def test_the_conclusion_names_the_cheapest_gpu_and_the_study_in_words(gen_task, 
     assert "no GPU was present" in text and "1 of 2 variants scheduled" in text
     assert not plans.why_not.isin(["", None]).any() and plans.why_not.notna().all()
     assert "needs" in plans.set_index("variant").loc["huge", "why_not"].iloc[0]
+
+
+def test_a_candidate_that_does_not_apply_says_why_in_the_plan():
+    sheet = pd.DataFrame([{"candidate": "checkpointed", "gpu": "g", "fits": False,
+                           "budget_hours": None, "cost": None,
+                           "note": "not applicable: the model has no blocks to checkpoint"}])
+    plan = pack([{"name": "v", "priority": 1, "candidate": "checkpointed"}], sheet, "g", 3, 0.2)
+    assert plan.why_not[0] == "not applicable: the model has no blocks to checkpoint"

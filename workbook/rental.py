@@ -243,7 +243,7 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
                                 f"use one of {sorted(set(sheet.candidate))}")
         row = match.iloc[0]
         repeats = v.get("repeats", 1)
-        hours = row.budget_hours * repeats
+        hours = 0.0 if pd.isna(row.budget_hours) else row.budget_hours * repeats
         fits = bool(row.fits) and clock + hours <= usable
         cost = row.get("cost")
         rows.append({"days": days, "priority": v["priority"], "variant": v["name"],
@@ -253,10 +253,11 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
                      "start_hour": round(clock, 3) if fits else None,
                      "end_hour": round(clock + hours, 3) if fits else None,
                      "scheduled": fits,
-                     "why_not": "-" if fits else ("does not fit the GPU's memory"
-                                                  if not row.fits else
-                                                  f"needs {hours:.1f} h, {usable - clock:.1f} h "
-                                                  f"of the {usable:.0f} usable hours left")})
+                     "why_not": "-" if fits else (
+                         note if isinstance(note := row.get("note"), str) and note else
+                         "does not fit the GPU's memory" if not row.fits else
+                         f"needs {hours:.1f} h, {usable - clock:.1f} h of the {usable:.0f} "
+                         "usable hours left")})
         if fits:
             clock += hours
     return pd.DataFrame(rows)
