@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from workbook import TrainConfig, WorkbookError
-from workbook.artifacts import reseal
+from workbook.artifacts import reseal, seal_file
 from workbook.checkpoint import load_checkpoint, load_state, save_checkpoint
 from workbook.cli import main
 
@@ -67,8 +67,15 @@ def _swap_task(path: Path, name: str, marker: Path, nested: str | None = None) -
     target = data[nested] if nested else data
     target.update(task="os:system", task_options={"command": f"touch {marker}"})
     (path / name).write_text(json.dumps(data))
+    _reseal(path, name)
+
+
+def _reseal(path: Path, name: str) -> None:
+    """Recompute whatever manifest covers `name`, as anyone who can write the folder can."""
     if (path / "manifest.json").exists():
         reseal(path)
+    elif (path / f"{name}.manifest.json").exists():
+        seal_file(path / name)
 
 
 def archive_names_another_task(tmp: Path) -> Outcome:
@@ -125,8 +132,18 @@ def plan_extended(tmp: Path) -> Outcome:
     folder = _study(tmp)
     data = json.loads((folder / "plan.json").read_text())
     (folder / "plan.json").write_text(json.dumps({**data, "surprise": 1}))
+    _reseal(folder, "plan.json")
     return _refused(lambda: Study(folder, task=OWN), "not a plan this workbook wrote",
                     "surprise")
+
+
+def plan_edited(tmp: Path) -> Outcome:
+    from workbook.study import Study
+
+    folder = _study(tmp)
+    data = json.loads((folder / "plan.json").read_text())
+    (folder / "plan.json").write_text(json.dumps({**data, "updates": 10**9}))
+    return _refused(lambda: Study(folder, task=OWN), "does not match plan.json.manifest.json")
 
 
 def ledger_truncated(tmp: Path) -> Outcome:
@@ -368,7 +385,8 @@ def every_label_ignored(tmp: Path) -> Outcome:
 PROBES: dict[str, Callable[[Path], Outcome]] = {
     f.__name__: f for f in [
         archive_names_another_task, checkpoint_names_another_task, plan_names_another_task,
-        plan_not_json, plan_extended, ledger_truncated, empty_manifest_with_a_changed_weight,
+        plan_not_json, plan_extended, plan_edited, ledger_truncated,
+        empty_manifest_with_a_changed_weight,
         manifest_not_json, extra_file, manifest_names_a_file_outside, malicious_pickle,
         weights_of_another_shape, bad_safetensors_header, empty_state, meta_not_json,
         resume_to_an_earlier_update, hostile_strings_in_the_report, full_disk_checkpoint,

@@ -134,3 +134,30 @@ def reseal(path: str | Path) -> None:
     files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)}
              for f in sorted(path.iterdir()) if f.name != MANIFEST}
     (path / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
+
+
+def seal_file(path: str | Path) -> Path:
+    """A manifest for one file in a folder that is not written once (a study's plan.json):
+    `<name>.manifest.json` with its size and sha256, written after the file."""
+    from .runs import write_json
+
+    path = Path(path)
+    return write_json(path.with_name(path.name + ".manifest.json"), {
+        "format": FORMAT, "files": {path.name: {"bytes": path.stat().st_size,
+                                                 "sha256": sha256(path)}}})
+
+
+def verify_file(path: str | Path, what: str = "file") -> None:
+    """Check one sealed file against its `<name>.manifest.json`; refuse it when the manifest is
+    missing, malformed or does not match."""
+    path = Path(path)
+    manifest = path.with_name(path.name + ".manifest.json")
+    if not manifest.is_file():
+        raise WorkbookError(f"{what} {path} has no {manifest.name}",
+                            "use a folder written by this workbook version, or start anew")
+    entry = read_json(manifest, f"manifest of {path.name}").get("files", {})
+    entry = entry.get(path.name) if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or not path.is_file() or \
+            path.stat().st_size != entry.get("bytes") or sha256(path) != entry.get("sha256"):
+        raise WorkbookError(f"{path} does not match {manifest.name} (changed or truncated)",
+                            f"do not use this {what}; start a new one in a new folder")

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from . import checkpoint as ckpt
-from .artifacts import read_json
+from .artifacts import read_json, seal_file, verify_file
 from .data import Item, collate_items, prepare
 from .errors import WorkbookError
 from .ledger import Ledger
@@ -135,6 +135,7 @@ def periodicity(steps: list[int], values: list[float], period_updates: int,
 
 def read_plan(path: Path) -> StudyPlan:
     """plan.json back as a StudyPlan, or a clear error for a damaged or edited file."""
+    verify_file(path, "study plan")
     data = read_json(path, "study plan")
     fields = {f.name for f in dataclasses.fields(StudyPlan)}
     if set(data) != fields:
@@ -183,6 +184,7 @@ class Study:
         if not path.exists():
             self.folder.mkdir(parents=True, exist_ok=True)
             write_json(path, asdict(self.plan))  # written before any trial starts
+            seal_file(path)
         self.ledger = Ledger(self.folder / "ledger.sqlite")
         self.ledger.add_study(self.plan.name, str(path), self.plan.notes)
         self._clean_partials()
