@@ -121,3 +121,12 @@ def test_control_outputs_leave_a_training_model_training(gen_task, gen_items):
     model = gen_task.build_model().train()
     control_outputs(gen_task, model, gen_items["validation"][:2])
     assert model.training
+
+
+def test_an_update_shape_makes_the_loop_configuration():
+    from workbook import UpdateShape
+
+    cfg = UpdateShape(4, 3, "bf16", True).train_config(updates=7, lr=0.5)
+    assert (cfg.micro_batch, cfg.accumulation, cfg.precision, cfg.activation_checkpointing,
+            cfg.updates, cfg.lr) == (4, 3, "bf16", True, 7, 0.5)
+    assert TrainConfig.from_dict(dataclasses.asdict(cfg)) == cfg

@@ -25,11 +25,11 @@ from . import (
 )
 from .data import encode_examples, load_examples, prepare, read_jsonl, split_examples
 from .errors import WorkbookError
-from .loop import TrainConfig, evaluate, train
+from .loop import TrainConfig, UpdateShape, evaluate, train
 from .task import IGNORE_INDEX, Task, load_task
 
-__all__ = ["IGNORE_INDEX", "Task", "TrainConfig", "WorkbookError", "accounting", "archive",
-           "artifacts", "checkpoint", "frontend", "rental", "resume",
+__all__ = ["IGNORE_INDEX", "Task", "TrainConfig", "UpdateShape", "WorkbookError", "accounting",
+           "archive", "artifacts", "checkpoint", "frontend", "rental", "resume",
            "encode_examples", "evaluate", "gates", "inspection", "load_examples", "load_task",
            "loop", "memory", "overfit", "params", "plots", "predict", "prepare", "read_jsonl",
            "runs", "split_examples", "study", "train", "variants"]

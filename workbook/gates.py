@@ -15,7 +15,15 @@ import torch
 from . import checkpoint as ckpt
 from .data import Item, collate_items, prepare
 from .errors import WorkbookError
-from .loop import TrainConfig, build_stepper, eval_mode, evaluate, resolve_device, train
+from .loop import (
+    TrainConfig,
+    UpdateShape,
+    build_stepper,
+    eval_mode,
+    evaluate,
+    resolve_device,
+    train,
+)
 from .memory import GIB, MemoryReading, measure, state_tensors, storage_bytes
 from .predict import Plan, plan_batches
 from .records import to_frame
@@ -69,11 +77,14 @@ class GateSettings:
         return Plan(self.micro_batch, self.accumulation, self.length or None, self.eval_batch,
                     None, self.precision, self.activation_checkpointing)
 
+    @property
+    def shape(self) -> UpdateShape:
+        return UpdateShape(self.micro_batch, self.accumulation, self.precision,
+                           self.activation_checkpointing)
+
     def train_config(self, updates: int = 1) -> TrainConfig:
-        return TrainConfig(micro_batch=self.micro_batch, accumulation=self.accumulation,
-                           updates=updates, lr=self.lr, seed=self.seed, device=self.device,
-                           precision=self.precision,
-                           activation_checkpointing=self.activation_checkpointing)
+        return self.shape.train_config(updates=updates, lr=self.lr, seed=self.seed,
+                                       device=self.device)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import contextlib
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -17,6 +17,25 @@ from .errors import WorkbookError
 from .frontend import progress_bar
 from .records import EvalRecord, StepRecord
 from .task import IGNORE_INDEX, Task
+
+
+@dataclass(frozen=True)
+class UpdateShape:
+    """The shape of one update, shared by every configuration that trains or sizes one (gate
+    settings, memory variants, rental candidates, the study): micro-batch x accumulation, the
+    precision and activation checkpointing. `train_config` is the one place a loop
+    configuration is made from it."""
+
+    micro_batch: int
+    accumulation: int = 1
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+
+    def train_config(self, **rest: Any) -> "TrainConfig":
+        """The loop's configuration for updates of this shape; `rest` sets the other fields."""
+        return TrainConfig(micro_batch=self.micro_batch, accumulation=self.accumulation,
+                           precision=self.precision,
+                           activation_checkpointing=self.activation_checkpointing, **rest)
 
 
 @dataclass
@@ -38,6 +57,11 @@ class TrainConfig:
     precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
     activation_checkpointing: bool = False  # recompute the task's blocks in backward
     progress: bool = False  # show a tqdm bar
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        """A configuration stored as a dict (a checkpoint's recipe) back as a TrainConfig."""
+        return cls(**data)
 
     def validate(self, n_train: int | None = None) -> "TrainConfig":
         for name in ("micro_batch", "accumulation", "updates", "eval_batch"):

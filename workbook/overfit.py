@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 
 from .data import Item, collate_items, encode_examples, prepare
-from .loop import TrainConfig, eval_mode, evaluate, resolve_device, seed_everything, train
+from .loop import UpdateShape, eval_mode, evaluate, resolve_device, seed_everything, train
 from .records import to_frame
 from .task import IGNORE_INDEX, Task
 
@@ -47,8 +47,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
     train_split = prepare(task, encode=()).raw["train"]
     raw = train_split[:examples]
     items = encode_examples(task, raw)
-    cfg = TrainConfig(micro_batch=len(items), accumulation=1, updates=updates, lr=lr, seed=seed,
-                      device=device, grad_clip=1.0, progress=progress).validate(len(train_split))
+    cfg = UpdateShape(len(items)).train_config(updates=updates, lr=lr, seed=seed, device=device,
+                                               grad_clip=1.0, progress=progress)
+    cfg.validate(len(train_split))
     dev = resolve_device(device)
     seed_everything(seed)
     model = task.build_model().to(dev)

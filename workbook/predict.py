@@ -15,7 +15,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from .data import Batch, Item
 from .errors import WorkbookError
-from .loop import TrainConfig, build_stepper
+from .loop import UpdateShape, build_stepper
 from .memory import cuda_overheads
 from .task import Task
 from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
@@ -77,6 +77,11 @@ class Plan:
         plan.length = plan.length or None
         return plan
 
+    @property
+    def shape(self) -> UpdateShape:
+        return UpdateShape(self.micro_batch, self.accumulation, self.precision,
+                           self.activation_checkpointing)
+
     def label(self) -> str:
         return (f"mb{self.micro_batch} x acc{self.accumulation} len{self.length or 'data'} "
                 f"{self.precision}{' +ckpt' if self.activation_checkpointing else ''}")
@@ -118,9 +123,7 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
         accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
                        else batch)
     targets, group_targets = targets_of(batch), sum(targets_of(b) for b in group)
-    cfg = TrainConfig(micro_batch=plan.micro_batch, accumulation=plan.accumulation, lr=lr,
-                      seed=seed, device=device, precision=plan.precision,
-                      activation_checkpointing=plan.activation_checkpointing)
+    cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
     rows = []
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:
         def to_fake(b: Batch) -> Batch:

@@ -9,7 +9,7 @@ import importlib.metadata
 import importlib.util
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .errors import WorkbookError
-from .loop import TrainConfig, build_stepper, check_precision, resolve_device
+from .loop import build_stepper, check_precision, resolve_device
 from .predict import Overheads, Plan, fit_table, plan_batches, predict
 from .task import Task
 
@@ -80,8 +80,7 @@ def flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]
     """FLOPs of one training micro-batch (forward + backward) and of one evaluation example,
     counted by torch.utils.flop_counter on fake tensors (nothing is allocated)."""
     batch, _, eval_batch = plan_batches(task, train, val, cand.plan())
-    cfg = TrainConfig(micro_batch=cand.micro_batch, accumulation=cand.accumulation,
-                      precision="fp32", activation_checkpointing=cand.activation_checkpointing)
+    cfg = replace(cand.plan().shape, precision="fp32").train_config()  # FLOPs: no autocast
     with FakeTensorMode() as fake:
         stepper = build_stepper(task, cfg)
         fb = {k: fake.from_tensor(v) for k, v in batch.tensors.items()}

@@ -37,7 +37,7 @@ def rebuild(spec: dict, task: Task | None = None) -> tuple[Task, list[Item], Tra
     process may name the task to load."""
     task = task if task is not None else load_task(spec["task"], **spec["task_options"])
     try:
-        cfg = TrainConfig(**spec["config"])
+        cfg = TrainConfig.from_dict(spec["config"])
         limit = int(spec.get("train_limit") or 0)
     except (TypeError, ValueError, KeyError) as exc:
         raise WorkbookError(f"the recipe's configuration is not one this workbook wrote ({exc})",

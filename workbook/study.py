@@ -23,7 +23,7 @@ from .artifacts import read_json, seal_file, verify_file
 from .data import Item, collate_items, prepare
 from .errors import WorkbookError
 from .ledger import Ledger
-from .loop import Stepper, TrainConfig, eval_mode, evaluate, resolve_device, train
+from .loop import Stepper, UpdateShape, eval_mode, evaluate, resolve_device, train
 from .records import EvalRecord, StepRecord
 from .runs import shown, task_args, write_json
 from .task import IGNORE_INDEX, Task, load_recorded_task, load_task
@@ -220,10 +220,9 @@ class Study:
                                  self.repro(lr, seed, repeats), repeats)
         folder = self.folder / "trials" / str(tid)
         folder.mkdir(parents=True)
-        cfg = TrainConfig(micro_batch=plan.micro_batch, accumulation=plan.accumulation,
-                          updates=plan.updates, lr=lr, seed=seed, device=plan.device,
-                          eval_every=plan.eval_every, eval_batch=plan.eval_batch,
-                          progress=progress)
+        cfg = UpdateShape(plan.micro_batch, plan.accumulation).train_config(
+            updates=plan.updates, lr=lr, seed=seed, device=plan.device,
+            eval_every=plan.eval_every, eval_batch=plan.eval_batch, progress=progress)
         pending: list[dict] = []
         first: list[float] = []
         kept: list[tuple[float, int, Path]] = []  # (metric, step, path) of checkpoints on disk

@@ -15,7 +15,7 @@ from .data import Item, encode_examples, prepare
 from .errors import WorkbookError
 from .gates import GateRun, GateSettings
 from .loop import (
-    TrainConfig,
+    UpdateShape,
     apply_activation_checkpointing,
     check_precision,
     evaluate,
@@ -41,6 +41,11 @@ class Variant:
     @property
     def effective_batch(self) -> int:
         return self.micro_batch * self.accumulation
+
+    @property
+    def shape(self) -> UpdateShape:
+        return UpdateShape(self.micro_batch, self.accumulation, self.precision,
+                           self.activation_checkpointing)
 
 
 def default_variants(control: Variant, short_length: int) -> list[Variant]:
@@ -149,10 +154,8 @@ class VariantStudy:
         failed = gates.index[gates.verdict == "fail"].tolist()
         if failed:
             flags.append(f"gates failed: {failed}")
-        cfg = TrainConfig(micro_batch=variant.micro_batch, accumulation=variant.accumulation,
-                          updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
-                          precision=variant.precision,
-                          activation_checkpointing=variant.activation_checkpointing)
+        cfg = variant.shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
+                                         device=self.device)
         result = train(task, train_items, cfg)
         times = [s.time_s for s in result.steps[1:]] or [result.steps[0].time_s]
         row["time_per_update_s"] = statistics.median(times)
