@@ -33,7 +33,7 @@ pilot: $(STAMP)
 	$(BIN)/python -m workbook pilot $(PILOT_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check workbook tests notebooks benchmarks data_samples
+	$(BIN)/ruff check workbook tests notebooks benchmarks data_samples examples
 
 # Unit tests, planted bugs, papermill regression and nbval: within 10 minutes on 2 cores.
 test: lint

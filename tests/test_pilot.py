@@ -195,3 +195,12 @@ def test_pilot_options_are_not_notebook_parameters(tmp_path):
     with pytest.raises(WorkbookError, match="the selected notebooks: unknown parameter 'lrr'"):
         run_pilot(GENERATION, out=str(tmp_path / "r"), only="02", params={"lrr": 1.0})
     assert not (tmp_path / "r").exists()
+
+
+def test_a_plain_transformer_encoder_task_passes_the_sizing_notebooks(tmp_path):
+    """A clean nn.TransformerEncoder task once crashed 03, 05 and 08 (fake modes, a planned
+    length beyond its 128 positions, a sheet without costs): a false alarm."""
+    run, index = run_pilot("examples.transformer_lm:task", out=str(tmp_path / "run"),
+                           smoke=True, only="03,05,08", progress=False)
+    assert index.verdict.tolist() == ["pass"] * 3, index.error.tolist()
+    assert summary(run, "03_phase_gates")["figures"]["plan"].startswith("mb4 x acc2 len128")

@@ -59,3 +59,29 @@ def test_prediction_allocates_nothing_real(gen_task, gen_items):
         predict(gen_task, gen_items["train"][:10], gen_items["validation"][:5],
                 Plan(micro_batch=64, length=1024))
     assert m.reading.peak_allocated_bytes < 50 * 2**20  # a real run would need gigabytes
+
+
+def test_a_transformer_encoder_model_is_predicted_without_mixing_fake_modes():
+    """nn.TransformerEncoder deep-copies its layer while it is built; the copies must stay in
+    the prediction's fake mode (they once raised 'Mixing fake modes NYI')."""
+    from workbook import load_task, prepare
+
+    task = load_task("examples.transformer_lm:task")
+    data = prepare(task, limits={"train": 40, "validation": 8})
+    predicted = predict(task, data.train, data.validation, Plan(2, 2)).set_index("phase")
+    assert (predicted.predicted_peak_bytes > 0).all()
+    assert predicted.loc["update (first)", "optstate_bytes"] > 0
+
+
+def test_the_planned_length_comes_from_the_model_and_is_never_exceeded(gen_task, gen_items,
+                                                                       cls_task):
+    from workbook import WorkbookError, load_task
+    from workbook.predict import longest_accepted, max_positions
+
+    assert max_positions(gen_task) == (1024, "its position embedding `pos`")
+    assert max_positions(cls_task) is None and longest_accepted(cls_task) is None
+    lm = load_task("examples.transformer_lm:task")
+    assert Plan.from_params({"plan_micro_batch": 4, "plan_length": 0}, lm).length == 128
+    with pytest.raises(WorkbookError, match="length 10000000 exceeds the 1024 positions"):
+        predict(gen_task, gen_items["train"][:8], gen_items["validation"][:4],
+                Plan(micro_batch=4, length=10_000_000))  # refused before any batch is built

@@ -15,7 +15,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from .data import Batch, Item
 from .errors import WorkbookError
-from .loop import UpdateShape, build_stepper
+from .loop import TrainConfig, UpdateShape, build_stepper, resolve_device, seed_everything
 from .memory import cuda_overheads
 from .task import Task
 from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
@@ -70,11 +70,13 @@ class Plan:
     activation_checkpointing: bool = False
 
     @classmethod
-    def from_params(cls, params: dict, prefix: str = "plan_") -> "Plan":
-        """A plan from notebook parameters named `plan_<field>`; length 0 means the data's."""
+    def from_params(cls, params: dict, task: Task | None = None,
+                    prefix: str = "plan_") -> "Plan":
+        """A plan from notebook parameters named `plan_<field>`; length 0 means the longest the
+        task's model accepts (its position table), or the data's longest when it names none."""
         given = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
         plan = cls(**{k: v for k, v in given.items() if k in cls.__dataclass_fields__})
-        plan.length = plan.length or None
+        plan.length = plan.length or longest_accepted(task)
         return plan
 
     @property
@@ -85,6 +87,45 @@ class Plan:
     def label(self) -> str:
         return (f"mb{self.micro_batch} x acc{self.accumulation} len{self.length or 'data'} "
                 f"{self.precision}{' +ckpt' if self.activation_checkpointing else ''}")
+
+
+def max_positions(task: Task) -> tuple[int, str] | None:
+    """The longest sequence the task's model accepts and where that limit comes from: a Hugging
+    Face config (`max_position_embeddings`, `n_positions`) or a position-embedding table (an
+    `nn.Embedding` whose name says "pos"). None when the model states no limit. The model is
+    built on the meta device: nothing is allocated."""
+    try:
+        with torch.device("meta"):
+            model = task.build_model()
+    except Exception:  # a model that cannot be built without data: no stated limit
+        return None
+    config = getattr(model, "config", None)
+    for attr in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value, f"config.{attr}"
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and "pos" in name.rsplit(".", 1)[-1].lower():
+            return module.num_embeddings, f"its position embedding `{name}`"
+    return None
+
+
+def longest_accepted(task: Task | None) -> int | None:
+    """The planned length when none is given: the model's limit, else None (the data's)."""
+    limit = max_positions(task) if task is not None and task.kind != "classification" else None
+    return limit[0] if limit else None
+
+
+def check_length(task: Task, plan: Plan) -> None:
+    """Refuse a planned length beyond what the model accepts, before any batch is built."""
+    longest = max(plan.length or 0, plan.eval_length or 0)
+    limit = max_positions(task) if longest else None
+    if limit and longest > limit[0]:
+        raise WorkbookError(f"planned length {longest} exceeds the {limit[0]} positions the "
+                            f"model of {task.name!r} accepts ({limit[1]})",
+                            f"plan at most {limit[0]} (plan_length=0 takes the model's "
+                            "longest), or build the model with more positions (the samples "
+                            f"take the option context={longest})")
 
 
 def plan_batches(task: Task, train: list[Item], val: list[Item],
@@ -115,9 +156,37 @@ def accepts_length(task: Task, batch: Batch) -> None:
                             f"context={length})") from exc
 
 
+def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode) -> torch.nn.Module:
+    """The task's model built inside `fake`, with every parameter and buffer in that mode.
+    Some modules deep-copy their layers while they are built (`nn.TransformerEncoder`,
+    `nn.TransformerDecoder` clone one layer N times), and a deep-copied fake tensor lands in a
+    new fake mode; such tensors are re-made in `fake` (shared ones stay shared)."""
+    seed_everything(cfg.seed)
+    with torch.device(resolve_device(cfg.device)):
+        model = task.build_model()
+    remade: dict[int, torch.Tensor] = {}
+
+    def home(t: torch.Tensor) -> torch.Tensor:
+        if getattr(t, "fake_mode", fake) is fake:
+            return t
+        if id(t) not in remade:
+            fresh = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            remade[id(t)] = torch.nn.Parameter(fresh, t.requires_grad) \
+                if isinstance(t, torch.nn.Parameter) else fresh
+        return remade[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None:
+                    table[name] = home(t)
+    return model
+
+
 def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: float = 1e-3,
             device: str = "cpu", seed: int = 0) -> pd.DataFrame:
     """Predicted peak bytes per training phase for `plan`, with the breakdown at each peak."""
+    check_length(task, plan)
     batch, group, eval_batch = plan_batches(task, train, val, plan)
     if plan.length or plan.eval_length:
         accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
@@ -129,7 +198,7 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
         def to_fake(b: Batch) -> Batch:
             return Batch(b.ids, {k: fake.from_tensor(v.to(device)) for k, v in
                                  b.tensors.items()})
-        stepper = build_stepper(task, cfg)
+        stepper = build_stepper(task, cfg, fake_model(task, cfg, fake))
         work = Workload(stepper, to_fake(batch), [to_fake(b) for b in group],
                         to_fake(eval_batch), targets, group_targets)
         tracker = PhaseTracker()

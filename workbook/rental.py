@@ -19,7 +19,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .errors import WorkbookError
 from .loop import build_stepper, check_precision, resolve_device
-from .predict import Overheads, Plan, fit_table, plan_batches, predict
+from .predict import (
+    Overheads,
+    Plan,
+    fake_model,
+    fit_table,
+    longest_accepted,
+    plan_batches,
+    predict,
+)
 from .task import Task
 
 GIB = 2**30
@@ -82,7 +90,7 @@ def flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]
     batch, _, eval_batch = plan_batches(task, train, val, cand.plan())
     cfg = replace(cand.plan().shape, precision="fp32").train_config()  # FLOPs: no autocast
     with FakeTensorMode() as fake:
-        stepper = build_stepper(task, cfg)
+        stepper = build_stepper(task, cfg, fake_model(task, cfg, fake))
         fb = {k: fake.from_tensor(v) for k, v in batch.tensors.items()}
         fe = {k: fake.from_tensor(v) for k, v in eval_batch.tensors.items()}
         with FlopCounterMode(display=False) as counter:
@@ -118,15 +126,25 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
     check_gpus(gpus, tflops, a.prices)
     rows = []
     eval_examples = a.eval_examples or len(val)
+    longest = longest_accepted(task)
     for cand in candidates:
+        cand = replace(cand, length=cand.length or longest)  # none given: the model's longest
         try:
             predicted = predict(task, train, val, cand.plan())
             counted = flops(task, train, val, cand)
         except WorkbookError as exc:  # e.g. checkpointing a model without blocks: a row
             rows += [{"candidate": cand.name, "gpu": name, "gpu_memory_gib": gib,
                       "precision": cand.precision, "micro_batch": cand.micro_batch,
-                      "accumulation": cand.accumulation, "strategy": cand.strategy,
-                      "fits": False, "note": f"not applicable: {exc.problem}",
+                      "accumulation": cand.accumulation,
+                      "activation_checkpointing": cand.activation_checkpointing,
+                      "strategy": cand.strategy, "max_length": cand.length,
+                      "examples_per_update": cand.micro_batch * cand.accumulation *
+                      cand.replicas, "peak_phase": None, "predicted_peak_gib": None,
+                      "required_gib": None, "fits": False, "headroom_gib": None,
+                      "flops_per_update": None, "time_per_update_s": None,
+                      "time_floored": False, "budget_hours": None, "gpu_hours": None,
+                      "price_per_hour": a.prices.get(name), "cost": None,
+                      "currency": a.currency, "note": f"not applicable: {exc.problem}",
                       "expected": cand.expected} for name, gib in gpus.items()]
             continue
         peak = predicted.loc[predicted.predicted_peak_bytes.idxmax()]

@@ -22,7 +22,7 @@ from .loop import (
     resolve_device,
     train,
 )
-from .predict import Plan, predict
+from .predict import Plan, longest_accepted, predict
 from .task import IGNORE_INDEX, Task, load_task
 from .workload import TRAINING_PHASES
 
@@ -88,6 +88,8 @@ class VariantStudy:
 
     def __post_init__(self):
         self.control_task = load_task(self.task_path, **self.task_options)
+        if self.plan is not None and self.plan.length is None:  # the model's longest
+            self.plan = replace(self.plan, length=longest_accepted(self.control_task))
         control = prepare(self.control_task, limits={"train": self.train_limit,
                                                      "validation": self.val_limit})
         self.splits, self.control_val, control_train = control.raw, control.validation, \
