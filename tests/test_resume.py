@@ -100,6 +100,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # a soak: six kills at random points; `make test-all` runs it
 def test_a_kill_at_random_points_during_saving_never_breaks_the_latest(tmp_path):
     rng = random.Random(0)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
