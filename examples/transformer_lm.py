@@ -33,8 +33,8 @@ class CausalTransformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         length = input_ids.shape[1]
         x = self.embed(input_ids) + self.position(torch.arange(length, device=input_ids.device))
-        causal = nn.Transformer.generate_square_subsequent_mask(length, device=input_ids.device)
-        padding = None if attention_mask is None else attention_mask == 0
+        causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).triu(1)
+        padding = None if attention_mask is None else attention_mask == 0  # True: not attended
         return self.head(self.encoder(x, mask=causal, src_key_padding_mask=padding,
                                       is_causal=True))
 

@@ -157,20 +157,26 @@ def accepts_length(task: Task, batch: Batch) -> None:
 
 
 def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode) -> torch.nn.Module:
-    """The task's model built inside `fake`, with every parameter and buffer in that mode.
-    Some modules deep-copy their layers while they are built (`nn.TransformerEncoder`,
-    `nn.TransformerDecoder` clone one layer N times), and a deep-copied fake tensor lands in a
-    new fake mode; such tensors are re-made in `fake` (shared ones stay shared)."""
+    """The task's model with every parameter and buffer a fake tensor of `fake`, on the
+    configured device. It is built on the meta device and its tensors are re-made in `fake`:
+    building inside the fake mode fails for modules that deep-copy their layers
+    (`nn.TransformerEncoder` clones one layer N times, and a deep-copied fake tensor lands in
+    another fake mode). Shared tensors (tied weights) stay shared."""
     seed_everything(cfg.seed)
-    with torch.device(resolve_device(cfg.device)):
-        model = task.build_model()
+    device = resolve_device(cfg.device)
+    try:
+        with torch.device("meta"):
+            model = task.build_model()
+    except Exception:  # a model that reads values while it is built: build it in the fake mode
+        with torch.device(device):
+            model = task.build_model()
     remade: dict[int, torch.Tensor] = {}
 
     def home(t: torch.Tensor) -> torch.Tensor:
-        if getattr(t, "fake_mode", fake) is fake:
+        if getattr(t, "fake_mode", None) is fake and t.device == device:
             return t
         if id(t) not in remade:
-            fresh = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            fresh = torch.empty(t.shape, dtype=t.dtype, device=device)
             remade[id(t)] = torch.nn.Parameter(fresh, t.requires_grad) \
                 if isinstance(t, torch.nn.Parameter) else fresh
         return remade[id(t)]
