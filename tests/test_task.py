@@ -66,3 +66,41 @@ def test_task_from_a_plain_dataset_is_short():
 
     loaded = load_task("tests.own_task:task")
     assert isinstance(loaded, Task) and loaded.name == task.name
+
+
+def test_model_inputs_the_forward_does_not_take_are_named_with_the_fix():
+    from torch import nn
+
+    from workbook.data import collate_items, prepare
+
+    class OnlyIds(nn.Module):  # a plain LM that takes no attention mask
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(300, 8)
+
+        def forward(self, input_ids):
+            return self.embed(input_ids)
+
+    task = dataclasses.replace(load_task("workbook.samples.generation:task"),
+                               build_model=OnlyIds)
+    batch = collate_items(task, prepare(task, ("validation",)).validation[:2]).tensors
+    with pytest.raises(WorkbookError, match="(?s)takes no argument attention_mask .*"
+                                            r"model_inputs=\('input_ids',\)"):
+        task.forward(OnlyIds(), batch)
+    fixed = dataclasses.replace(task, model_inputs=("input_ids",))
+    assert fixed.forward(OnlyIds(), batch).shape[:2] == batch["input_ids"].shape
+    assert torch.is_tensor(task.forward(load_task("workbook.samples.generation:task")
+                                        .build_model(), batch))
+
+
+def test_a_loss_may_report_a_float_target_count(gen_task, gen_items):
+    from workbook import TrainConfig, train
+
+    def weighted(logits, batch):  # every target weighs half: a float count
+        summed, count = token_cross_entropy(logits, batch)
+        return summed * 0.5, count * 0.5
+
+    task = dataclasses.replace(gen_task, loss=weighted)
+    result = train(task, gen_items["train"][:8], TrainConfig(micro_batch=2, accumulation=2,
+                                                             updates=2, device="cpu"))
+    assert all(r.loss > 0 for r in result.steps)

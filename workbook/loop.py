@@ -111,6 +111,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def target_count(value: float) -> int | float:
+    """A target count as the loss reported it: an integer when it is whole, else the float (a
+    task's loss may weigh its targets)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """Eval mode without gradients inside the block; the model's previous mode comes back
@@ -213,13 +219,13 @@ class Stepper:
         agree. Returns (summed loss, targets). `targets` may be given (fake-tensor prediction).
         """
         loss_sum = torch.zeros((), device=self.device)
-        counted = torch.zeros((), device=self.device, dtype=torch.long)
+        counted = 0.0
         for batch in batches:
             _, summed, count = self.forward_loss(batch.to(self.device))
             self.backward(summed)
             loss_sum += summed.detach().float()
-            counted += count
-        n = int(counted) if targets is None else targets
+            counted += float(count)  # a count may be a float (weighted targets, regression)
+        n = target_count(counted) if targets is None else targets
         if n == 0:
             raise WorkbookError("an update had no contributing targets (every label is -100)",
                                 "check truncation and label masking with notebook 01")
@@ -288,7 +294,7 @@ def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
                 logits = task.forward(model, batch.tensors)
             summed, count = task.loss(logits.float(), batch.tensors)
             loss_sum += float(summed)
-            targets += int(count)
+            targets += float(count)
             for name, (num, den) in task.metrics(logits, batch.tensors).items():
                 total = sums.setdefault(name, [0.0, 0.0])
                 total[0] += num
@@ -305,7 +311,7 @@ def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
             if seen is not None:
                 seen.extend(i for i in batch.ids if i is not None)
     metrics = {name: num / den if den else float("nan") for name, (num, den) in sums.items()}
-    return EvalRecord(step, len(items), targets, loss_sum / max(targets, 1), metrics,
+    return EvalRecord(step, len(items), target_count(targets), loss_sum / max(targets, 1), metrics,
                       dict(sorted(per_class.items())))
 
 

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from .data import Batch, Item
-from .errors import WorkbookError
+from .errors import WorkbookError, reason
 from .loop import TrainConfig, UpdateShape, build_stepper, resolve_device, seed_everything
 from .memory import cuda_overheads
 from .task import Task
@@ -215,9 +215,12 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
                 try:
                     work.run(phase)
                 except Exception as exc:
-                    raise WorkbookError(f"predicting {phase} for {plan.label()} failed: {exc!r}",
-                                        "build the model from plain modules that run on fake "
-                                        "tensors") from exc
+                    raise WorkbookError(
+                        f"predicting {phase} for {plan.label()} failed: an operation of this "
+                        f"model does not run on fake tensors ({reason(exc, 300)})",
+                        "the measured gates still stand; size this configuration by measuring "
+                        "it (notebook 03 with the plan's settings on a machine that fits it)"
+                    ) from exc
                 rows.append({"phase": phase, "predicted_peak_bytes": tracker.phase_peak,
                              **{f"{k.lower()}_bytes": v for k, v in
                                 tracker.breakdown().items()}})

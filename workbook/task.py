@@ -6,6 +6,7 @@ callable returning one (called with the options given to `load_task`).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -121,6 +122,14 @@ class Task:
         inputs = {k: batch[k] for k in self.model_inputs if k in batch}
         if len(inputs) == 1:
             return logits_of(model(*inputs.values()))
+        refused = unaccepted(type(model), tuple(inputs))
+        if refused:
+            raise WorkbookError(
+                f"the model of {self.name!r} takes no argument {', '.join(refused)} "
+                f"(its forward accepts {', '.join(accepted_inputs(type(model)))}), but the "
+                f"task's model_inputs pass {', '.join(inputs)}",
+                "set model_inputs to the batch keys the forward takes, e.g. "
+                f"model_inputs={tuple(k for k in inputs if k not in refused)!r}")
         return logits_of(model(**inputs))
 
     def show_input(self, tensor: Tensor) -> str:
@@ -228,6 +237,22 @@ def load_task(path: str, **options: Any) -> Task:
     task.options = dict(options)
     return task
 
+
+
+@functools.lru_cache(maxsize=64)
+def accepted_inputs(model_type: type) -> tuple[str, ...]:
+    """The argument names of a model class's forward ("**" when it takes any keyword)."""
+    params = inspect.signature(model_type.forward).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return ("**",)
+    return tuple(p.name for p in params if p.name != "self" and
+                 p.kind is not inspect.Parameter.VAR_POSITIONAL)
+
+
+def unaccepted(model_type: type, names: tuple[str, ...]) -> list[str]:
+    """The names a model class's forward would refuse as keyword arguments."""
+    accepted = accepted_inputs(model_type)
+    return [] if "**" in accepted else [n for n in names if n not in accepted]
 
 
 def load_recorded_task(recorded: Any, task: str | None, options: dict | None,
