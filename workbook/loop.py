@@ -219,13 +219,13 @@ class Stepper:
         agree. Returns (summed loss, targets). `targets` may be given (fake-tensor prediction).
         """
         loss_sum = torch.zeros((), device=self.device)
-        counted = 0.0
+        counted = 0  # a count may be a float (weighted targets); read only when not given
         for batch in batches:
             _, summed, count = self.forward_loss(batch.to(self.device))
             self.backward(summed)
             loss_sum += summed.detach().float()
-            counted += float(count)  # a count may be a float (weighted targets, regression)
-        n = target_count(counted) if targets is None else targets
+            counted = counted + count  # stays a tensor: fake tensors have no value to read
+        n = target_count(float(counted)) if targets is None else targets
         if n == 0:
             raise WorkbookError("an update had no contributing targets (every label is -100)",
                                 "check truncation and label masking with notebook 01")
