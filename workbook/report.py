@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .frontend import readable
 from .runs import write_text
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700"}
@@ -51,27 +52,32 @@ def _number(value):
 
 
 def human(frame: pd.DataFrame) -> pd.DataFrame:
-    """Bytes in MiB, seconds in ms below one second, rounded floats, no all-empty column, and
-    empty cells shown as '-' (never NaN)."""
+    """`frontend.readable` (MiB, GFLOP) plus what a page needs: seconds in ms below one second,
+    rounded floats, no all-empty column, empty cells shown as '-' (never NaN), and headers in
+    words with their unit."""
+    empty = [c for c in frame.columns
+             if frame[c].isna().all() or (frame[c].astype(str) == "").all()]
+    frame = readable(frame.drop(columns=empty))
     out = {}
     for name in frame.columns:
         column = frame[name]
-        if column.isna().all() or (column.astype(str) == "").all():
-            continue
-        if name.endswith("_bytes"):
-            out[name.removesuffix("_bytes") + " (MiB)"] = (column / 2**20).round(2)
-        elif name.endswith("_s") and pd.api.types.is_numeric_dtype(column):
+        if name.endswith("_s") and pd.api.types.is_numeric_dtype(column):
             small = column.abs().max() < 1
-            out[name.removesuffix("_s") + (" (ms)" if small else " (s)")] = \
+            out[name.removesuffix("_s") + ("_ms" if small else "_s")] = \
                 (column * (1000 if small else 1)).round(1 if small else 2)
-        elif name.startswith("flops"):
-            out["G" + name] = (column / 1e9).round(2)
         elif pd.api.types.is_float_dtype(column):
             out[name] = column.map(_number)
         else:
             out[name] = column
     frame = pd.DataFrame(out).astype(object).where(lambda f: f.notna(), "-")
-    return frame.rename(columns=lambda c: c.replace("_", " "))
+    units = {"_mib": " (MiB)", "_ms": " (ms)", "_s": " (s)"}
+
+    def header(name: str) -> str:
+        unit = next((u for u in units if name.endswith(u)), None)
+        base = name.removesuffix(unit) + units[unit] if unit else name
+        return base.replace("_", " ")
+
+    return frame.rename(columns=header)
 
 
 def _table(frame: pd.DataFrame | None, columns: list[str] | None = None) -> str:
@@ -116,8 +122,8 @@ def _shown(name: str, value) -> str:
 def _key_figures(summary: dict | None) -> str:
     if not summary:
         return ""
-    rows = [{"figure": name.replace("_", " "), "value": _shown(name, value)}
-            for name, value in summary.get("figures", {}).items()]
+    rows = [{"figure": name.removesuffix("_bytes").replace("_", " "),
+             "value": _shown(name, value)} for name, value in summary.get("figures", {}).items()]
     flags = summary.get("flags")
     if flags:
         rows.append({"figure": "flags", "value": ", ".join(map(str, flags))})
