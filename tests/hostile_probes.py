@@ -33,6 +33,7 @@ class Outcome:
     message: str = ""
     code_ran: bool = False
     left: list[str] = field(default_factory=list)
+    skipped: str = ""  # why this machine cannot run the probe (then it proves nothing)
 
 
 def _cli(args: list[str]) -> tuple[int, str]:
@@ -269,7 +270,7 @@ def _full_disk(tmp: Path, size: str = "256k"):
 def full_disk_checkpoint(tmp: Path) -> Outcome:
     with _full_disk(tmp) as disk:
         if disk is None:
-            return Outcome(True, "skipped: tmpfs cannot be mounted here")
+            return Outcome(False, skipped="tmpfs cannot be mounted here (not root?)")
         model = torch.nn.Linear(300, 300)  # 360 kB of weights, 720 kB of Adam state
         out = _refused(lambda: save_checkpoint(disk / "ckpt", model,
                                                torch.optim.AdamW(model.parameters())),
@@ -283,7 +284,7 @@ def full_disk_json(tmp: Path) -> Outcome:
 
     with _full_disk(tmp, "64k") as disk:
         if disk is None:
-            return Outcome(True, "skipped: tmpfs cannot be mounted here")
+            return Outcome(False, skipped="tmpfs cannot be mounted here (not root?)")
         out = _refused(lambda: write_json(disk / "index.json", {"x": "y" * 200_000}),
                        "cannot write", "index.json")
         out.left = sorted(p.name for p in disk.iterdir())
@@ -324,7 +325,7 @@ def cuda_without_a_gpu(tmp: Path) -> Outcome:
     from workbook.pilot import run_pilot
 
     if torch.cuda.is_available():
-        return Outcome(True, "skipped: a GPU is present")
+        return Outcome(False, skipped="a GPU is present")
     out = _refused(lambda: run_pilot(OWN, out=str(tmp / "run"), device="cuda"),
                    "no CUDA GPU is visible")
     out.left = [p.name for p in tmp.iterdir()]
