@@ -26,3 +26,15 @@ def task(flag: str, fault: str = "hang"):
     import dataclasses
 
     return dataclasses.replace(clean, load_examples=_examples(Path(flag), fault))
+
+
+def hung_rank(rank: str = "1"):
+    """The README's own task whose data never loads on one rank of a torchrun launch: the
+    other ranks wait for it at their first collective."""
+    import dataclasses
+
+    def load():
+        if os.environ.get("RANK") == rank:
+            time.sleep(3600)
+        return clean.load_examples()
+    return dataclasses.replace(clean, load_examples=load)

@@ -48,7 +48,7 @@ def test_bad_task_and_bad_selection_fail_before_anything_runs(tmp_path):
         run_pilot("nope_module:task", out=str(tmp_path / "r"))
     assert not (tmp_path / "r").exists()
     with pytest.raises(WorkbookError, match="unknown notebooks"):
-        select("01,09")
+        select("01,10")
     assert main(["pilot", "--task", "nope_module:task", "--out", str(tmp_path / "r2")]) == 2
     with pytest.raises(WorkbookError, match="did you mean 'device_memory_gib'"):
         run_pilot(GENERATION, out=str(tmp_path / "r3"), params={"device_memory_gb": 24})

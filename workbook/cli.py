@@ -53,7 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     reload = sub.add_parser("reload", help="reload an archive and re-run its control inputs")
     reload.add_argument("--archive", required=True)
     _task_arguments(reload)
+    ddp = sub.add_parser("ddp", help="one process of notebook 09's data-parallel run (started "
+                         "by torchrun: torchrun --standalone --nproc_per_node=N -m workbook ddp)")
+    ddp.add_argument("--spec", required=True, help="the run's settings as JSON (ReplicaSpec)")
+    ddp.add_argument("--out", required=True, help="the launch's folder (rank 0 writes there)")
+    ddp.add_argument("--resume-from", help="a checkpoint of an earlier launch to continue")
     args = parser.parse_args(argv)
+    if args.command == "ddp":
+        from .replica import main as replica_main
+
+        try:
+            return replica_main(args.spec, args.out, args.resume_from)
+        except WorkbookError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.command in ("resume", "reload"):
         return _resume_or_reload(args)
     if args.command == "trial":

@@ -275,17 +275,20 @@ def _padded(items: list[Item], size: int) -> list[Item]:
     return items + [filler] * (size - len(items))
 
 
+LOSS = "(loss)"  # the key of the summed loss among the evaluation sums
+
+
 @torch.inference_mode()
-def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
-             device: torch.device, step: int = 0, precision: str = "fp32",
-             seen: list | None = None) -> EvalRecord:
-    """Loss and metrics over exactly these items in eval mode, identical for any `eval_batch`:
-    sums of numerators and denominators, never means of batch means, and a final partial batch
-    padded with zero-weight copies. Classification also counts correct predictions per class.
-    The ids evaluated go to `seen`."""
+def evaluation_sums(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
+                    device: torch.device, precision: str = "fp32",
+                    seen: list | None = None) -> tuple[dict[str, list[float]], dict]:
+    """The sums behind an evaluation: {LOSS: [summed loss, targets], metric: [numerator,
+    denominator]} and, for classification, [correct, total] per class. Sums add exactly over
+    any batching or any split of the items (data-parallel ranks); a final partial batch is
+    padded with zero-weight copies. The ids evaluated go to `seen`."""
     dtype = PRECISIONS[precision]
-    loss_sum, targets, sums = 0.0, 0, {}
-    per_class = {}
+    sums: dict[str, list[float]] = {LOSS: [0.0, 0.0]}
+    per_class: dict[str, list[int]] = {}
     with eval_mode(model):
         for start in range(0, len(items), eval_batch):
             chunk = _padded(items[start:start + eval_batch], eval_batch)
@@ -293,8 +296,8 @@ def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 logits = task.forward(model, batch.tensors)
             summed, count = task.loss(logits.float(), batch.tensors)
-            loss_sum += float(summed)
-            targets += float(count)
+            sums[LOSS][0] += float(summed)
+            sums[LOSS][1] += float(count)
             for name, (num, den) in task.metrics(logits, batch.tensors).items():
                 total = sums.setdefault(name, [0.0, 0.0])
                 total[0] += num
@@ -310,9 +313,27 @@ def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
                     counts[1] += int(mine.sum())
             if seen is not None:
                 seen.extend(i for i in batch.ids if i is not None)
-    metrics = {name: num / den if den else float("nan") for name, (num, den) in sums.items()}
-    return EvalRecord(step, len(items), target_count(targets), loss_sum / max(targets, 1), metrics,
-                      dict(sorted(per_class.items())))
+    return sums, dict(sorted(per_class.items()))
+
+
+def eval_record(sums: dict[str, list[float]], examples: int, step: int = 0,
+                per_class: dict | None = None) -> EvalRecord:
+    """An evaluation record from its sums: every value is a ratio of sums, never a mean of
+    batch (or rank) means."""
+    loss_sum, targets = sums[LOSS]
+    metrics = {name: num / den if den else float("nan") for name, (num, den) in sums.items()
+               if name != LOSS}
+    return EvalRecord(step, examples, target_count(targets), loss_sum / max(targets, 1), metrics,
+                      per_class or {})
+
+
+def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
+             device: torch.device, step: int = 0, precision: str = "fp32",
+             seen: list | None = None) -> EvalRecord:
+    """Loss and metrics over exactly these items in eval mode, identical for any `eval_batch`
+    (see `evaluation_sums`). Classification also counts correct predictions per class."""
+    sums, per_class = evaluation_sums(task, model, items, eval_batch, device, precision, seen)
+    return eval_record(sums, len(items), step, per_class)
 
 
 @dataclass(frozen=True)

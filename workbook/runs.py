@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,19 +36,74 @@ def shown(path: str | Path) -> str:
     return str(path)
 
 
-def fresh_process(args: list[str], timeout: float,
-                  what: str = "the command") -> subprocess.CompletedProcess:
-    """`python -m workbook ARGS` in a new process (nothing shared with this one), within
-    `timeout` seconds; the working folder is importable, as it is for the pilot's kernels."""
+def fresh_process(args: list[str], timeout: float, what: str = "the command",
+                  launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`python [LAUNCHER] -m workbook ARGS` in a new process (nothing shared with this one),
+    within `timeout` seconds; the working folder is importable, as it is for the pilot's
+    kernels. The process gets its own session, so a timeout kills it with every process it
+    started (torchrun's workers included)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    command = [sys.executable, *launcher, "-m", "workbook", *args]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
     try:
-        return subprocess.run([sys.executable, "-m", "workbook", *args], capture_output=True,
-                              text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise WorkbookError(f"{what} did not finish within {timeout:.0f} s",
-                            "the machine may be overloaded or the task stuck; run `python -m "
-                            f"workbook {shlex.join(args)}` by hand to see where") from None
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException as exc:
+        stop_tree(proc)
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise WorkbookError(f"{what} did not finish within {timeout:.0f} s",
+                                "the machine may be overloaded or the task stuck; run `python "
+                                f"{shlex.join([*launcher, '-m', 'workbook', *args])}` by hand "
+                                "to see where") from None
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a process and everything it started, including children that moved to their own
+    session (torchrun's workers do): SIGTERM first, so a launcher can stop its workers, then
+    SIGKILL to whatever is left. Its pipes are drained with a time limit."""
+    tree = [proc.pid, *_descendants(proc.pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=grace)
+            if sig == signal.SIGTERM and not any(_alive(pid) for pid in tree[1:]):
+                return
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    state = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError, IndexError):
+        return state.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
 
 
 def task_args(task: str, options: dict | None = None) -> list[str]:

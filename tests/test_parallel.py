@@ -1,0 +1,103 @@
+"""Notebook 09: the loop on two processes under torchrun, the multi-host rules, and the planted
+multi-process bugs each failing the rule meant to name it."""
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from workbook import WorkbookError
+from workbook.parallel import CAUGHT_BY, RULES, check_devices, launch, reduce_sums
+from workbook.pilot import run_pilot
+from workbook.replica import FAULTS, ReplicaSpec, _artifact, shard, update_groups
+
+from .conftest import CLASSIFICATION, GENERATION
+
+
+def summary(run):
+    return json.loads((run / "09_data_parallel" / "summary.json").read_text())
+
+
+def test_pilot_smoke_09_passes_and_lists_every_rule(tmp_path):
+    run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="09",
+                           progress=False)
+    assert index.verdict.tolist() == ["pass"], index.error.tolist()
+    figures = summary(run)["figures"]
+    assert set(figures["rules"]) == set(RULES)
+    assert figures["rules"]["batch-norm statistics synchronised"] == "n/a"  # no batch norm
+    assert {v for k, v in figures["rules"].items() if k != "batch-norm statistics "
+            "synchronised"} == {"pass"}
+    assert max(figures["gradient_max_relative_deviation"].values()) < 1e-4
+
+
+def test_each_planted_multi_process_bug_fails_its_rule(tmp_path):
+    """The classification sample with batch norm, so every planted bug applies."""
+    run, index = run_pilot(CLASSIFICATION, out=str(tmp_path / "run"), smoke=True, only="09",
+                           task_options={"batch_norm": "batch"},
+                           params={"demonstrate_faults": True}, progress=False)
+    assert index.verdict.tolist() == ["pass"], index.error.tolist()
+    figures = summary(run)["figures"]
+    assert figures["rules"]["batch-norm statistics synchronised"] == "pass"
+    assert figures["rules"]["resume in new processes is exact"] == "pass"
+    assert figures["faults_caught"] == {FAULTS[f]: True for f in FAULTS}
+    rows = json.loads((run / "09_data_parallel" / "planted_faults.json").read_text())
+    assert {r["planted bug"]: r["rule"] for r in rows} == {FAULTS[f]: CAUGHT_BY[f]
+                                                           for f in FAULTS}
+
+
+def test_shards_are_disjoint_cover_every_example_and_keep_ranks_in_step():
+    spec = ReplicaSpec("t", micro_batch=2, accumulation=2)
+    for n in (32, 13, 9):  # whole updates, a partial last update, a rank with fewer examples
+        groups = update_groups(n, spec, epoch=0, world=3)
+        seen = []
+        for group in groups:
+            plans = [shard(group, r, 3, 2) for r in range(3)]
+            assert len({len(b) + fill for b, fill in plans}) == 1, "same micro-steps per rank"
+            seen += [i for b, _ in plans for mb in b for i in mb]
+        assert sorted(seen) == list(range(n))
+    assert update_groups(13, spec, 0, 3) != update_groups(13, spec, 1, 3), "set_epoch"
+    fixed = ReplicaSpec("t", micro_batch=2, accumulation=2, fault="fixed_order")
+    assert update_groups(13, fixed, 0, 3) == update_groups(13, fixed, 1, 3)
+    same = [shard(list(range(8)), r, 2, 2, "same_order")[0] for r in range(2)]
+    assert same[0] == same[1]
+
+
+def test_written_paths_are_named_by_their_artifact():
+    assert _artifact(".ckpt-000005.partial-4242/model.safetensors") == "ckpt-000005"
+    assert _artifact(".result.json.x1y2z3.tmp") == "result.json"
+    assert _artifact("weights.safetensors") == "weights.safetensors"
+
+
+def test_evaluation_sums_add_over_ranks():
+    ranks = [{"(loss)": [10.0, 4.0], "accuracy": [3.0, 4.0]},
+             {"(loss)": [2.0, 1.0], "accuracy": [0.0, 1.0]}]
+    assert reduce_sums(ranks) == {"(loss)": [12.0, 5.0], "accuracy": [3.0, 5.0]}
+
+
+def test_bad_settings_are_refused_with_the_fix():
+    with pytest.raises(WorkbookError, match="2 or more"):
+        check_devices("cpu", 1)
+    with pytest.raises(WorkbookError, match="'cpu' \\(gloo\\) or 'cuda'"):
+        check_devices("tpu", 2)
+    with pytest.raises(WorkbookError, match="unknown replica settings"):
+        ReplicaSpec.from_dict({"task": GENERATION, "replica": 2})
+    with pytest.raises(WorkbookError, match="unknown planted fault"):
+        ReplicaSpec.from_dict({"task": GENERATION, "fault": "nope"})
+
+
+def test_a_worker_error_comes_back_with_its_message(tmp_path):
+    spec = ReplicaSpec(GENERATION, check_examples=15, updates=2)
+    with pytest.raises(WorkbookError, match="check_examples=15 must be a multiple of 2 x 2"):
+        launch(spec, tmp_path / "run", 2)
+
+
+def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
+    spec = ReplicaSpec("tests.stuck_task:hung_rank", updates=2)
+    start = time.monotonic()
+    with pytest.raises(WorkbookError, match="did not finish within 10 s"):
+        launch(spec, tmp_path / "run", 2, timeout=10)
+    assert time.monotonic() - start < 45
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
+    assert not left.stdout.strip(), "a worker outlived the launch"
