@@ -103,6 +103,18 @@ def test_batch_norm_in_training_behaviour_fails_validation(cls_task, cls_items, 
     assert "batch-norm" in rows["validation"].detail
 
 
+def test_companion_dependence_names_only_causes_the_model_can_have(cls_task, cls_items,
+                                                                  tmp_path):
+    class IgnoresMask(TrigramClassifier):  # padding is pooled with the text: no batch norm
+        def forward(self, input_ids, attention_mask):
+            return super().forward(input_ids, torch.ones_like(attention_mask))
+    task = dataclasses.replace(cls_task, build_model=partial(IgnoresMask, 259, 5))
+    _, rows = gates(task, cls_items, tmp_path)
+    detail = rows["validation"].detail
+    assert rows["validation"].verdict == "fail" and "padding reaches the output" in detail
+    assert "batch norm" not in detail and "batch-norm" not in detail
+
+
 def test_checkpoint_without_optimizer_state_fails_resume(gen_task, gen_items, tmp_path):
     from workbook.checkpoint import save_checkpoint
 

@@ -150,6 +150,27 @@ def _first_nonfinite_module(model: torch.nn.Module, run: Callable[[], Any]) -> s
     return found[0] if found else None
 
 
+def companion_causes(task: Task, model: torch.nn.Module,
+                     padded: tuple[int, int]) -> list[str]:
+    """The causes that apply to this model when an example's eval output changes with the
+    other examples of its batch (only the ones it can have)."""
+    causes = []
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        causes.append(f"batch norm in training behaviour during evaluation ({len(norms)} "
+                      "batch-norm layer(s); one that ignores eval() computes batch statistics)")
+    if padded[0] != padded[1]:
+        causes.append(f"padding reaches the output (the batch was padded to {padded[0]} "
+                      f"and to {padded[1]} positions): check that the model gets the "
+                      "attention mask" + ("" if "attention_mask" in task.model_inputs else
+                                          " - model_inputs does not pass it") +
+                      ", the padding side, and position ids derived from the mask")
+    if not causes:
+        causes.append("a layer that mixes examples of a batch (batch statistics, a shared "
+                      "cache, or a reduction over the batch dimension)")
+    return causes
+
+
 class GateRun:
     """Runs the phases in order on one model and optimizer, measuring each."""
 
@@ -334,8 +355,11 @@ class GateRun:
         def check(_):
             problems = []
 
+            padded = []
+
             def logits(items):
                 batch = collate_items(self.task, items).to(self.device).tensors
+                padded.append(int(self.task.main_input(batch).shape[-1]))
                 return self.task.forward(model, batch)
             with eval_mode(model):
                 first, second = logits(probe[:2]), logits(probe[:2])
@@ -345,8 +369,9 @@ class GateRun:
                                 "random layer) still active in eval mode")
             n = min(first.shape[1], other.shape[1]) if first.dim() > 2 else None
             if not torch.allclose(first[0][:n], other[0][:n], rtol=1e-4, atol=1e-5):
-                problems.append("an example's output depends on its batch companions: "
-                                "batch-norm in training behaviour during evaluation")
+                problems.append("an example's output depends on its batch companions: " +
+                                "; or ".join(companion_causes(self.task, model,
+                                                                (padded[0], padded[2]))))
             seen: list = []
             grads_before = [p.grad for p in model.parameters()]
             evaluate(self.task, model, self.val_items, self.s.eval_batch, self.device,

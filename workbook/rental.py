@@ -17,6 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from .artifacts import read_json
 from .errors import WorkbookError
 from .loop import build_stepper, check_precision, resolve_device
 from .predict import (
@@ -197,9 +198,11 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
     return sheet
 
 
-def stack_check(task_path: str, device: str, precision: str) -> pd.DataFrame:
-    """The software stack verified here - Python, torch, CUDA, the precision, and every package
-    the task's module imports - and what must still be verified on the rental."""
+def stack_check(task_path: str, device: str, precision: str, replicas: int = 1,
+                run_dir: str | Path | None = None) -> pd.DataFrame:
+    """The software stack verified here - Python, torch, CUDA, the precision, data parallelism
+    when a candidate uses replicas (notebook 09's verdict, when it ran in `run_dir`), and every
+    package the task's module imports - and what must still be verified on the rental."""
     dev = resolve_device(device)
     rows = [{"item": "python", "here": sys.version.split()[0], "verified": True,
              "on the rental": "the same minor version"},
@@ -217,12 +220,33 @@ def stack_check(task_path: str, device: str, precision: str) -> pd.DataFrame:
                  "on the rental": {"bf16": "bf16 support (Ampere or newer)",
                                    "fp16": "the GradScaler path on the GPU"}.get(precision,
                                                                                  "-")})
+    if replicas > 1:
+        rows.append(data_parallel_row(replicas, run_dir))
     for module, dist, version in task_imports(task_path.split(":")[0]):
         rows.append({"item": f"import {module}", "here": f"{dist} {version}" if dist else
                      "not an installed distribution", "verified": version is not None,
                      "on the rental": "install the same version" if dist else
                      "ship the module with the code"})
     return pd.DataFrame(rows)
+
+
+def data_parallel_row(replicas: int, run_dir: str | Path | None) -> dict[str, object]:
+    """What notebook 09 verified of data parallelism (torchrun + DDP), read from its summary."""
+    path = Path(run_dir) / "09_data_parallel" / "summary.json" if run_dir else None
+    summary = read_json(path, "notebook 09's summary") if path and path.exists() else None
+    if summary is None:
+        here, ok = ("not run yet: notebook 09 checks the multi-host rules (the pilot runs it "
+                    "after this one; the report shows its verdict)"), False
+    else:
+        rules = summary.get("figures", {}).get("rules", {})
+        failing = [r for r, v in rules.items() if v == "fail"]
+        ok = summary.get("verdict") == "pass"
+        here = (f"notebook 09: {len(rules)} rules, " + (f"failing: {', '.join(failing)}"
+                                                        if failing else "none failing") +
+                f" ({summary.get('figures', {}).get('replicas')} CPU processes, gloo)")
+    return {"item": f"data parallel x{replicas} (torchrun + DDP)", "here": here, "verified": ok,
+            "on the rental": "NCCL, SyncBatchNorm and the interconnect: run notebook 09 there "
+                             f"with --device cuda -p replicas={replicas}"}
 
 
 def task_imports(module_name: str) -> list[tuple[str, str | None, str | None]]:
