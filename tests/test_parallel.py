@@ -29,6 +29,8 @@ def test_pilot_smoke_09_passes_and_lists_every_rule(tmp_path):
     assert {v for k, v in figures["rules"].items() if k != "batch-norm statistics "
             "synchronised"} == {"pass"}
     assert max(figures["gradient_max_relative_deviation"].values()) < 1e-4
+    report = (run / "report.html").read_text()
+    assert "Multi-host rules" in report and "only rank 0 writes" in report
 
 
 def test_each_planted_multi_process_bug_fails_its_rule(tmp_path):

@@ -22,7 +22,8 @@ from .errors import WorkbookError
 from .loop import LOSS
 from .records import StepRecord
 from .replica import FAULTS, RESULT, WEIGHTS, ReplicaSpec
-from .runs import fresh_process
+from .runs import fresh_process, write_text
+from .runs import shown as shown_path
 
 LAUNCH_TIMEOUT = 600  # seconds for one launch (a few updates on every rank)
 # The rule each planted fault must fail.
@@ -76,11 +77,13 @@ def launch(spec: ReplicaSpec, folder: Path, replicas: int, resume_from: Path | N
     done = fresh_process(cmd["args"], timeout, f"the {replicas}-process launch",
                          launcher=cmd["launcher"])
     if done.returncode:
+        log = write_text(folder / "launch-error.log", done.stdout + done.stderr)
         errors = re.findall(r"error: (.*(?:\n  -> fix: .*)?)", done.stderr)
-        shown = errors[-1] if errors else done.stderr.strip()[-800:]
+        raised = re.findall(r"^\[rank\d+\]: \w*(?:Error|Exception)\b.*$", done.stderr, re.M)
+        shown = errors[-1] if errors else "; ".join(dict.fromkeys(raised)) or \
+            done.stderr.strip()[-800:]
         raise WorkbookError(f"the {replicas}-process launch failed (exit {done.returncode}): "
-                            f"{shown}", "read the message above; run the command printed by "
-                            "`wb.parallel.command` by hand to see every rank's output")
+                            f"{shown}", f"every rank's output is in {shown_path(log)}")
     return read_json(folder / RESULT, "the launch's result")
 
 

@@ -203,4 +203,7 @@ def _tables(run: Path, stem: str) -> list[str]:
                 "<h3>3, 7 and 30-day plans</h3>", _table(_csv(run / stem / "plan.csv"), [
                     "days", "priority", "variant", "candidate", "gpu", "repeats", "hours",
                     "cost", "scheduled", "why_not"])]
+    if stem == "09_data_parallel":
+        return ["<h3>Multi-host rules</h3>", _table(_csv(run / stem / "rules.csv"), [
+            "rule", "verdict", "measured", "remediation"])]
     return []
