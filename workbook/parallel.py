@@ -286,7 +286,8 @@ def _ratios(sums: dict[str, list[float]]) -> dict[str, float]:
 
 def phase_table(result: dict[str, Any]) -> pd.DataFrame:
     """One phase table per rank: median time per update, the gradient all-reduce on its own
-    (it runs inside backward), and the memory counters of one measured update."""
+    (it runs inside backward), and the memory counters of one measured update (CUDA: the
+    allocator's allocated and reserved; CPU: the process's resident-set high-water)."""
     rows = []
     for rank, r in enumerate(result["ranks"]):
         frame = pd.DataFrame(r["records"])
@@ -299,7 +300,7 @@ def phase_table(result: dict[str, Any]) -> pd.DataFrame:
                          **{k: reading.get(k) for k in ("counter", "peak_allocated_bytes",
                                                          "allocated_bytes",
                                                          "peak_reserved_bytes",
-                                                         "reserved_bytes")},
+                                                         "reserved_bytes", "rss_peak_bytes")},
                          "finite": bool(frame.loss.map(_finite).all())})
         for phase, seconds in (("evaluation", r["eval_s"]), ("checkpoint", r["checkpoint_s"])):
             rows.append({"rank": rank, "phase": phase, "median_s": seconds})
