@@ -60,13 +60,22 @@ def main(argv: list[str] | None = None) -> int:
     ddp.add_argument("--resume-from", help="a checkpoint of an earlier launch to continue")
     args = parser.parse_args(argv)
     if args.command == "ddp":
+        import os
+
         from .replica import main as replica_main
 
         try:
-            return replica_main(args.spec, args.out, args.resume_from)
+            code = replica_main(args.spec, args.out, args.resume_from)
         except WorkbookError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 2
+            code = 2
+        # Everything is written (atomically) and the process group destroyed: leave without
+        # interpreter finalization, where gloo's threads freeing Python-held tensors abort the
+        # process now and then (SIGABRT, "terminate called without an active exception";
+        # pytorch/pytorch#179291 describes it) - one launch in six on a loaded 2-core machine.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if args.command in ("resume", "reload"):
         return _resume_or_reload(args)
     if args.command == "trial":
