@@ -24,8 +24,8 @@ class MemoryReading:
 
     counter: str  # "cuda-allocator" or "cpu-profiler"
     baseline_bytes: int  # live before the phase (CUDA: allocated; CPU: the given tensors)
-    peak_allocated_bytes: int | None  # highest live-tensor bytes during the phase
-    allocated_bytes: int | None  # live-tensor bytes at the end of the phase
+    peak_allocated_bytes: int  # highest live-tensor bytes during the phase
+    allocated_bytes: int  # live-tensor bytes at the end of the phase
     peak_reserved_bytes: int | None = None  # CUDA: highest bytes held by the caching allocator
     reserved_bytes: int | None = None
     alloc_retries: int | None = None  # CUDA: allocations retried after freeing the cache
@@ -111,13 +111,10 @@ class MeasureResult:
 
 
 @contextlib.contextmanager
-def measure(device: torch.device, baseline: Iterable[torch.Tensor] = (),
-            profiler: bool = True) -> Iterator[MeasureResult]:
+def measure(device: torch.device,
+            baseline: Iterable[torch.Tensor] = ()) -> Iterator[MeasureResult]:
     """Measure one phase. On CPU `baseline` lists the tensors alive at the start that the phase
-    works on (model state, batch); on CUDA the allocator already knows them. Without `profiler`
-    the CPU reading is the process's resident-set high-water only (counter "cpu-rss"): inside a
-    DDP process on the CPU the profiler, running beside gloo's threads, aborted one run in six
-    on a loaded 2-core machine."""
+    works on (model state, batch); on CUDA the allocator already knows them."""
     out = MeasureResult()
     rss_ok = _rss_reset()
     if device.type == "cuda":
@@ -138,13 +135,6 @@ def measure(device: torch.device, baseline: Iterable[torch.Tensor] = (),
                 _rss_peak() if rss_ok else None)
         return
     start = storage_bytes(baseline)
-    if not profiler:
-        try:
-            yield out
-        finally:
-            out.reading = MemoryReading("cpu-rss", start, None, None,
-                                        rss_peak_bytes=_rss_peak() if rss_ok else None)
-        return
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     with _quiet_stderr():
         prof.start()

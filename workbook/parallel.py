@@ -286,8 +286,8 @@ def _ratios(sums: dict[str, list[float]]) -> dict[str, float]:
 
 def phase_table(result: dict[str, Any]) -> pd.DataFrame:
     """One phase table per rank: median time per update, the gradient all-reduce on its own
-    (it runs inside backward), and the memory counters of one measured update (CUDA: the
-    allocator's allocated and reserved; CPU: the process's resident-set high-water)."""
+    (it runs inside backward), and the memory counters of one measured update (notebook 03's:
+    CUDA allocated and reserved apart; CPU live-tensor peak, and the resident-set high-water)."""
     rows = []
     for rank, r in enumerate(result["ranks"]):
         frame = pd.DataFrame(r["records"])

@@ -288,8 +288,7 @@ def _measured(readings: dict | None, phase: str, stepper: Stepper, now: bool):
         yield
         return
     model = stepper.model.module
-    with measure(stepper.device, state_tensors(model, stepper.optimizer),
-                 profiler=False) as held:
+    with measure(stepper.device, state_tensors(model, stepper.optimizer)) as held:
         yield
     readings[phase] = asdict(held.reading)
 
