@@ -125,6 +125,32 @@ def test_checkpoint_without_optimizer_state_fails_resume(gen_task, gen_items, tm
     assert rows["resume"].verdict == "fail" and "no optimizer state" in rows["resume"].detail
 
 
+def test_tied_weights_survive_a_checkpoint_and_an_untying_restore_fails_resume(tmp_path):
+    from workbook import load_task
+    from workbook.checkpoint import load_checkpoint, save_checkpoint, tied_groups
+    from workbook.data import SPLITS, prepare
+
+    task = load_task("workbook.samples.generation:task", tie_embeddings=True)
+    items = prepare(task, SPLITS).items
+    model = task.build_model()
+    save_checkpoint(tmp_path / "ckpt", model)
+    fresh = task.build_model()
+    load_checkpoint(tmp_path / "ckpt", fresh)
+    assert fresh.head.weight is fresh.embed.weight and tied_groups(fresh) == [
+        ("embed.weight", "head.weight")]
+    assert torch.equal(fresh.head.weight, model.head.weight)
+    _, rows = gates(task, items, tmp_path / "clean")
+    assert rows["resume"].verdict == "pass", rows["resume"].detail
+
+    def untying_load(path, model, *rest):  # the bug: a new Parameter where the tie was
+        info = load_checkpoint(path, model, *rest)
+        model.head.weight = torch.nn.Parameter(model.head.weight.detach().clone())
+        return info
+    _, rows = gates(task, items, tmp_path / "untied", load=untying_load)
+    assert rows["resume"].verdict == "fail"
+    assert "embed.weight = head.weight are separate" in rows["resume"].detail
+
+
 def test_slow_data_loader_warns_on_the_data_gate(cls_task, cls_items, tmp_path):
     def slow_collate(items):
         time.sleep(0.02)

@@ -121,10 +121,13 @@ class BatchAccount:
         return pd.DataFrame([row])
 
 
-def reconcile(account: BatchAccount, steps: list[StepRecord], items: list[Item]) -> pd.DataFrame:
+def reconcile(account: BatchAccount, steps: list[StepRecord], items: list[Item],
+              task: Task | None = None) -> pd.DataFrame:
     """The loop's counters against the calculator: optimizer steps, examples, partial updates,
     and targets against the targets of the very examples the loop reports consuming."""
-    targets_of = {it.id: int((it.tensors["labels"] != IGNORE_INDEX).sum()) for it in items}
+    count = task.target_count if task is not None else \
+        (lambda labels: int((labels != IGNORE_INDEX).sum()))
+    targets_of = {it.id: count(it.tensors["labels"]) for it in items}
     examples, partial = account.examples_in(len(steps))
     consumed = [i for s in steps for i in s.example_ids]
     rows = [

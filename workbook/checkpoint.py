@@ -23,7 +23,7 @@ WEIGHTS = "model.safetensors"
 STATE = "state.pt"
 META = "meta.json"
 __all__ = ["MANIFEST", "WEIGHTS", "STATE", "META", "save_checkpoint", "load_checkpoint",
-           "load_state", "load_weights", "verify", "rng_state", "set_rng_state"]
+           "load_state", "load_weights", "verify", "rng_state", "set_rng_state", "tied_groups"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -121,6 +121,16 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     if restore_rng:
         set_rng_state(state["rng"])
     return {"counters": state["counters"], "meta": read_json(Path(path) / META, "checkpoint meta")}
+
+
+def tied_groups(model: torch.nn.Module) -> list[tuple[str, ...]]:
+    """Names of parameters that are one tensor (tied weights, e.g. an output projection sharing
+    the embedding matrix). A restore must keep every group: copy into the shared tensor, never
+    replace one of its names with a new Parameter."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return sorted(tuple(g) for g in groups.values() if len(g) > 1)
 
 
 def checkpoint_bytes(path: str | Path) -> int:

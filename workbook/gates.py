@@ -27,7 +27,7 @@ from .loop import (
 from .memory import GIB, MemoryReading, measure, state_tensors, storage_bytes
 from .predict import Plan, plan_batches
 from .records import to_frame
-from .task import IGNORE_INDEX, Task
+from .task import Task
 from .workload import TRAINING_PHASES, Workload, targets_of
 
 PHASES = ("data", *TRAINING_PHASES, "checkpoint save", "export", "resume")
@@ -260,7 +260,7 @@ class GateRun:
                                 f"{tuple(ids.shape)}")
             if labels.dim() > 1 and ids is not None and labels.shape != ids.shape:
                 problems.append(f"labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}")
-            if int((labels != IGNORE_INDEX).sum()) == 0:
+            if self.task.target_count(labels) == 0:
                 problems.append("no contributing targets in the batch")
             longest = max(self.task.length(it.tensors) for it in self.train_items)
             longest_val = max(self.task.length(it.tensors) for it in self.val_items)
@@ -367,8 +367,14 @@ class GateRun:
             if not torch.equal(first, second):
                 problems.append("two passes on the same input disagree: dropout (or another "
                                 "random layer) still active in eval mode")
-            n = min(first.shape[1], other.shape[1]) if first.dim() > 2 else None
-            if not torch.allclose(first[0][:n], other[0][:n], rtol=1e-4, atol=1e-5):
+            if first.dim() > 2:  # the real positions of example 0, on the padding side
+                n, side = min(first.shape[1], other.shape[1]), self.task.side(
+                    collate_items(self.task, probe[:2]).tensors)
+                mine = self.task.real_part(first[0], n, side)
+                theirs = self.task.real_part(other[0], n, side)
+            else:
+                mine, theirs = first[0], other[0]
+            if not torch.allclose(mine, theirs, rtol=1e-4, atol=1e-5):
                 problems.append("an example's output depends on its batch companions: " +
                                 "; or ".join(companion_causes(self.task, model,
                                                                 (padded[0], padded[2]))))
@@ -429,6 +435,13 @@ class GateRun:
 
         def check(result):
             fresh, info = result
+            tied, restored = ckpt.tied_groups(stepper.model), ckpt.tied_groups(fresh.model)
+            if tied != restored:
+                untied = [" = ".join(g) for g in tied if g not in restored]
+                return "fail", (f"tied weights {', '.join(untied)} are separate tensors after "
+                                "loading: the restore replaced a shared parameter instead of "
+                                "copying into it (load_state_dict/safetensors load_model keep "
+                                "the tie)")
             problems = []
             for (n, a), b in zip(stepper.model.state_dict().items(),
                                  fresh.model.state_dict().values(), strict=True):
@@ -485,8 +498,9 @@ class GateRun:
             self.data(pipeline)
         stepper = build_stepper(self.task, s.train_config())
         batches = [b.to(self.device) for b in (batch, *group, eval_batch)]
-        self.work = Workload(stepper, batches[0], batches[1:-1], batches[-1], targets_of(batch),
-                             sum(targets_of(b) for b in group))
+        self.work = Workload(stepper, batches[0], batches[1:-1], batches[-1],
+                             targets_of(self.task, batch),
+                             sum(targets_of(self.task, b) for b in group))
         self.live = storage_bytes(state_tensors(stepper.model, stepper.optimizer,
                                                 self.work.tensors()))
         self.forward()

@@ -12,7 +12,7 @@ import torch
 from .data import SPLITS, Item, collate_items, prepare
 from .frontend import headless
 from .records import Flag
-from .task import IGNORE_INDEX, Task
+from .task import IGNORE_INDEX, Task, shift_labels
 
 
 @dataclass
@@ -62,10 +62,11 @@ def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
             "contributes": int(labels[b]) != IGNORE_INDEX,
         } for b in range(len(items))])
     prompt = batch.get("prompt_mask", torch.zeros_like(labels)).bool()
+    targets = task.targets(labels)  # what position t is trained to predict
     rows = []
     for b in range(len(items)):
         for t in range(ids.shape[1]):
-            label = int(labels[b, t])
+            label = int(targets[b, t])
             rows.append({
                 "example": items[b].id, "position": t, "input_id": int(ids[b, t]),
                 "input": task.decode([int(ids[b, t])]), "label_id": label,
@@ -167,41 +168,94 @@ def loss_probe(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Fl
                          "see the label flags; the loss must accept every batch",
                          [it.id for it in items])]
         labels = batch["labels"]
-        ignored = labels == IGNORE_INDEX
-        if labels.dim() > 1 and "attention_mask" in batch:
-            ignored = ignored | (batch["attention_mask"] == 0)
-        scrambled = logits + 50 * torch.randn_like(logits) * ignored.unsqueeze(-1)
-        loss2, count2 = task.loss(scrambled, batch)
+        loss2, count2 = _scrambled_loss(task, logits, batch, task.label_shift)
     flags = []
-    expected = int((labels != IGNORE_INDEX).sum())
+    expected = task.target_count(labels)
     if int(count) != expected:
         flags.append(Flag("loss target count", f"loss reports {int(count)} targets, labels "
                           f"have {expected} not equal to -100", abs(int(count) - expected),
                           "return (summed loss, number of labels != -100) from the task's loss"))
     if not torch.isclose(loss, loss2, rtol=1e-5, atol=1e-5) or int(count2) != int(count):
-        flags.append(Flag("loss reads ignored positions", f"the loss changed from {float(loss):.4f}"
-                          f" to {float(loss2):.4f} when only ignored/padded positions changed", 1,
-                          "compute the loss only where labels != -100 (ignore_index=-100)",
-                          [it.id for it in items]))
+        flags.append(_misread(task, logits, batch, loss, loss2, items))
     flags += padding_probe(task, model, items, logits)
     return flags
+
+
+def _scrambled_loss(task: Task, logits: torch.Tensor, batch: dict, shift: int):
+    """The loss with the logits scrambled where no target (aligned by `shift`) reads them."""
+    labels = batch["labels"]
+    ignored = (shift_labels(labels, shift) if task.kind == "generation" else labels) \
+        == IGNORE_INDEX
+    if labels.dim() > 1 and "attention_mask" in batch:
+        ignored = ignored | (batch["attention_mask"] == 0)
+    scrambled = logits + 50 * torch.randn_like(logits) * ignored.unsqueeze(-1)
+    return task.loss(scrambled, batch)
+
+
+def _misread(task: Task, logits: torch.Tensor, batch: dict, loss: torch.Tensor,
+             loss2: torch.Tensor, items: list[Item]) -> Flag:
+    """The loss read logits no declared target reads: is it the other label alignment?"""
+    other = 1 - task.label_shift
+    if task.kind == "generation" and batch["labels"].dim() > 1:
+        loss3, _ = _scrambled_loss(task, logits, batch, other)
+        if torch.isclose(loss, loss3, rtol=1e-5, atol=1e-5):
+            said = {0: "labels aligned with the logits (position t predicts labels[t])",
+                    1: "labels shifted by one (position t predicts labels[t + 1], the Hugging "
+                       "Face causal-LM convention)"}
+            return Flag("label alignment", f"the loss uses {said[other]}, but the task "
+                        f"declares label_shift={task.label_shift}: every per-token check would "
+                        "pair positions with the wrong targets", 1,
+                        f"set label_shift={other} in the Task (or make the loss match the "
+                        "declaration)", [it.id for it in items])
+    return Flag("loss reads ignored positions", f"the loss changed from {float(loss):.4f} to "
+                f"{float(loss2):.4f} when only ignored/padded positions changed", 1,
+                "compute the loss only where labels != -100 (ignore_index=-100)",
+                [it.id for it in items])
+
+
+def copy_audit(task: Task, items: list[Item], share: float = 0.9) -> list[Flag]:
+    """Generation: when nearly every position is trained to output its own input token, the
+    model learns to copy - labels aligned with input_ids (the Hugging Face convention) while
+    neither the loss nor `label_shift` moves them by one."""
+    if task.kind != "generation" or not items:
+        return []
+    copying = total = 0
+    for it in items[:64]:
+        ids, targets = task.main_input(it.tensors).reshape(-1), task.targets(it.tensors["labels"])
+        targets = targets.reshape(-1)
+        if ids.shape != targets.shape:
+            return []
+        keep = targets != IGNORE_INDEX
+        copying += int((targets[keep] == ids[keep]).sum())
+        total += int(keep.sum())
+    if not total or copying / total < share:
+        return []
+    return [Flag("targets copy the input", f"{copying} of {total} targets equal the input token "
+                 "at the same position: the model is trained to copy its input, not to predict "
+                 "the next token", 1, "labels aligned with input_ids need a shift by one: set "
+                 "label_shift=1 (the default loss then shifts), or shift them in encode",
+                 [it.id for it in items[:5]])]
 
 
 def padding_probe(task: Task, model: torch.nn.Module, items: list[Item],
                   batched: torch.Tensor) -> list[Flag]:
     """An example's outputs must not depend on the padding its batch neighbours add."""
     changed = []
+    side = task.side(collate_items(task, items).tensors)
     with torch.no_grad():
         for b, it in enumerate(items):
             alone = task.forward(model, collate_items(task, [it]).tensors).float()[0]
-            mine = batched[b][: alone.shape[0]] if alone.dim() > 1 else batched[b]
+            mine = task.real_part(batched[b], alone.shape[0], side) if alone.dim() > 1 \
+                else batched[b]
             if not torch.allclose(alone, mine, rtol=1e-4, atol=1e-4):
                 changed.append(it.id)
     if not changed:
         return []
     return [Flag("padding changes outputs", f"{len(changed)} examples get other outputs when "
-                 "batched with longer ones", len(changed),
-                 "pass the attention mask to the model and mask padding in attention/pooling",
+                 f"batched with longer ones ({side}-padded)", len(changed),
+                 "pass the attention mask to the model and mask padding in attention/pooling"
+                 + ("; with left padding, derive position ids from the mask"
+                    if side == "left" else ""),
                  changed[:5])]
 
 
@@ -308,7 +362,8 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
     classes, label_flags = label_audit(task, splits, items, outputs)
     nonfinite = nonfinite_audit(items)
     probed = loss_probe(task, model, probe) if not nonfinite else []
-    flags = coverage_flags(coverage) + nonfinite + probed + label_flags + split_flags
+    flags = (coverage_flags(coverage) + nonfinite + probed + copy_audit(task, items["train"])
+             + label_flags + split_flags)
     positions = int(coverage.positions.sum())
     figures = {
         "examples": len(coverage), "num_outputs": outputs,

@@ -33,7 +33,7 @@ def exact_targets(task: Task, model: torch.nn.Module, items: list[Item],
     """Per example: does the argmax reproduce every contributing target id? With teacher
     forcing this is the same as greedy decoding reproducing the whole target sequence."""
     batch = collate_items(task, items).to(device).tensors
-    labels = batch["labels"]
+    labels = task.targets(batch["labels"])
     with eval_mode(model):
         wrong = (task.forward(model, batch).argmax(-1) != labels) & (labels != IGNORE_INDEX)
     return [not bool(w.any()) for w in wrong.reshape(len(items), -1)]

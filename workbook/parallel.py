@@ -24,6 +24,7 @@ from .records import StepRecord
 from .replica import FAULTS, RESULT, WEIGHTS, ReplicaSpec
 from .runs import fresh_process, write_text
 from .runs import shown as shown_path
+from .task import Task
 
 LAUNCH_TIMEOUT = 600  # seconds for one launch (a few updates on every rank)
 # The rule each planted fault must fail.
@@ -125,18 +126,18 @@ def merged_steps(result: dict[str, Any]) -> list[StepRecord]:
     return steps
 
 
-def accounting(result: dict[str, Any], items: list[Item]) -> pd.DataFrame:
+def accounting(result: dict[str, Any], items: list[Item], task: Task | None = None) -> pd.DataFrame:
     """Notebook 04's reconciliation with replicas: the calculator against the sum of the
     counters of every rank."""
     spec = result["spec"]
     account = BatchAccount(spec["micro_batch"], spec["accumulation"], result["world"],
                            result["train_examples"], spec["drop_partial"])
     by_str = [Item(str(it.id), it.tensors) for it in items]
-    return reconcile(account, merged_steps(result), by_str)
+    return reconcile(account, merged_steps(result), by_str, task)
 
 
 def rules(result: dict[str, Any], items: list[Item], tolerance: float = 1e-4,
-          eval_tolerance: float = 1e-5) -> pd.DataFrame:
+          eval_tolerance: float = 1e-5, task: Task | None = None) -> pd.DataFrame:
     """One row per multi-host rule with its verdict ("pass", "fail" or "n/a"), what was
     measured and, when it fails, the remedy."""
     world, ranks = result["world"], result["ranks"]
@@ -154,7 +155,7 @@ def rules(result: dict[str, Any], items: list[Item], tolerance: float = 1e-4,
                          f"ranks {differ} differ from rank 0" if differ else
                          f"one parameter digest on all {world} ranks"))
     rows += _shard_rows(result)
-    recon = accounting(result, items)
+    recon = accounting(result, items, task)
     wrong = recon[~recon.match]
     rows.append(_row("examples per update = micro-batch x accumulation x replicas",
                      "fail" if len(wrong) else "pass",
@@ -348,8 +349,8 @@ def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder:
 
 
 def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path, replicas: int,
-                   reference: dict[str, Any],
-                   faults: tuple[str, ...] = tuple(FAULTS)) -> pd.DataFrame:
+                   reference: dict[str, Any], faults: tuple[str, ...] = tuple(FAULTS),
+                   task: Task | None = None) -> pd.DataFrame:
     """Each classic multi-process bug planted in its own launch: does the rule meant to name it
     fail? A bug the task's model cannot have (batch norm without batch-norm layers) is listed,
     not launched."""
@@ -362,7 +363,7 @@ def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path, replicas:
                          "measured": "not planted: the model has no batch-norm layer"})
             continue
         result = launch(replace(spec, fault=fault), folder / f"fault-{fault}", replicas)
-        table = rules(result, items).set_index("rule")
+        table = rules(result, items, task=task).set_index("rule")
         verdict = table.verdict[expected]
         rows.append({"planted bug": FAULTS[fault], "rule": expected, "verdict": verdict,
                      "caught": verdict == "fail",

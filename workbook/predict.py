@@ -197,7 +197,7 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
     if plan.length or plan.eval_length:
         accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
                        else batch)
-    targets, group_targets = targets_of(batch), sum(targets_of(b) for b in group)
+    targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
     cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
     rows = []
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:

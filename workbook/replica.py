@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save_model
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
@@ -477,9 +477,7 @@ def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task |
                     "collisions": events.get("checkpoint", {}).pop("collisions", []),
                     "checkpoint_s": events.get("checkpoint", {}).get("seconds")})
     if rank == 0:
-        write_file(out / WEIGHTS, lambda tmp: save_file(
-            {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
-            str(tmp)), "final weights")
+        write_file(out / WEIGHTS, lambda tmp: save_model(model, str(tmp)), "final weights")
         result.update({"ranks": ranks, "evaluation": evaluation,
                        "batch_norm_final": bn_check(sync, bn_buffers(model)),
                        "checkpoint": events.get("checkpoint"),

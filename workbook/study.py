@@ -300,7 +300,7 @@ class Study:
         batch = collate_items(self.task, items).to(resolve_device(self.plan.device)).tensors
         with eval_mode(model):
             predicted = self.task.forward(model, batch).argmax(-1)
-        labels = batch["labels"]
+        labels = self.task.targets(batch["labels"])
         rows = []
         for b, it in enumerate(items):
             keep = labels[b] != IGNORE_INDEX

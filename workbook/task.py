@@ -27,9 +27,20 @@ def logits_of(outputs: Any) -> Tensor:
     return outputs.logits if hasattr(outputs, "logits") else outputs
 
 
-def token_cross_entropy(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    """Summed cross-entropy over positions whose label is not -100, and how many there are."""
-    labels = batch["labels"]
+def shift_labels(labels: Tensor, shift: int) -> Tensor:
+    """Labels moved to the positions whose logits predict them: with `shift` 1 (the Hugging
+    Face causal-LM convention, labels aligned with input_ids) position t predicts labels[t + 1];
+    the last positions get -100."""
+    if not shift:
+        return labels
+    return nn.functional.pad(labels[..., shift:], (0, shift), value=IGNORE_INDEX)
+
+
+def token_cross_entropy(logits: Tensor, batch: dict[str, Tensor],
+                        shift: int = 0) -> tuple[Tensor, Tensor]:
+    """Summed cross-entropy over positions whose label is not -100, and how many there are
+    (`shift`: see `shift_labels`)."""
+    labels = shift_labels(batch["labels"], shift)
     loss = nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
         ignore_index=IGNORE_INDEX, reduction="sum",
@@ -37,9 +48,10 @@ def token_cross_entropy(logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tenso
     return loss, (labels != IGNORE_INDEX).sum()
 
 
-def target_accuracy(logits: Tensor, batch: dict[str, Tensor]) -> dict[str, tuple[float, float]]:
+def target_accuracy(logits: Tensor, batch: dict[str, Tensor],
+                    shift: int = 0) -> dict[str, tuple[float, float]]:
     """Accuracy over contributing targets as (correct, total), so any batching sums exactly."""
-    labels = batch["labels"]
+    labels = shift_labels(batch["labels"], shift)
     keep = labels != IGNORE_INDEX
     correct = (logits.argmax(-1) == labels) & keep
     return {"accuracy": (float(correct.sum()), float(keep.sum()))}
@@ -100,7 +112,41 @@ class Task:
     generate: Callable[[nn.Module, dict], str] | None = None  # greedy decoding, for display
     decode_input: Callable[[Sequence[int]], str] | None = None  # input ids -> text, for display
     checkpoint_blocks: Callable[[nn.Module], bool] | None = None  # default: ModuleList items
+    # generation: how labels align with the logits - 0: position t predicts labels[t] (the
+    # samples); 1: position t predicts labels[t + 1], labels aligned with input_ids (Hugging
+    # Face causal LMs). The default loss and metrics follow it; every check reads it.
+    label_shift: int = 0
+    padding_side: str = "auto"  # "left", "right", or "auto": read from the collated mask
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.label_shift and self.loss is token_cross_entropy:
+            self.loss = functools.partial(token_cross_entropy, shift=self.label_shift)
+        if self.label_shift and self.metrics is target_accuracy:
+            self.metrics = functools.partial(target_accuracy, shift=self.label_shift)
+
+    def targets(self, labels: Tensor) -> Tensor:
+        """The labels each logit position is trained to predict (`label_shift` applied), for
+        one example or a batch; -100 where none."""
+        return shift_labels(labels, self.label_shift) if self.kind == "generation" else labels
+
+    def target_count(self, labels: Tensor) -> int:
+        """How many targets these labels give the loss."""
+        return int((self.targets(labels) != IGNORE_INDEX).sum())
+
+    def side(self, batch: dict[str, Tensor]) -> str:
+        """Which side a collated batch is padded on: the declared `padding_side`, or read from
+        its attention mask (a row starting with 0 is left-padded)."""
+        if self.padding_side != "auto":
+            return self.padding_side
+        mask = batch.get("attention_mask")
+        if mask is not None and mask.dim() > 1 and bool((mask[:, 0] == 0).any()):
+            return "left"
+        return "right"
+
+    def real_part(self, output: Tensor, length: int, side: str) -> Tensor:
+        """The first `length` positions of a right-padded row, the last of a left-padded one."""
+        return output[-length:] if side == "left" else output[:length]
 
     def split(self, example: dict) -> str:
         """Which split ("train", "validation", "test") an example belongs to."""
@@ -176,6 +222,13 @@ def validate_task(task: Any, path: str = "task") -> Task:
                         f"got {fr}")
     if not task.model_inputs:
         problems.append("`model_inputs` must name at least one batch key passed to the model")
+    if not isinstance(task.label_shift, int) or task.label_shift not in (0, 1) or \
+            (task.label_shift and task.kind != "generation"):
+        problems.append(f"`label_shift` must be 0 or 1 (1 only for generation), got "
+                        f"{task.label_shift!r}")
+    if task.padding_side not in ("auto", "left", "right"):
+        problems.append(f"`padding_side` must be 'auto', 'left' or 'right', got "
+                        f"{task.padding_side!r}")
     if problems:
         raise WorkbookError(
             f"{path} ({task.name!r}) is not a complete task:\n    - " + "\n    - ".join(problems),

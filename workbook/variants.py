@@ -23,7 +23,7 @@ from .loop import (
     train,
 )
 from .predict import Plan, longest_accepted, predict
-from .task import IGNORE_INDEX, Task, load_task
+from .task import Task, load_task
 from .workload import TRAINING_PHASES
 
 
@@ -66,8 +66,8 @@ def default_variants(control: Variant, short_length: int) -> list[Variant]:
     ]
 
 
-def _targets(items: list[Item]) -> dict:
-    return {it.id: int((it.tensors["labels"] != IGNORE_INDEX).sum()) for it in items}
+def _targets(task: Task, items: list[Item]) -> dict:
+    return {it.id: task.target_count(it.tensors["labels"]) for it in items}
 
 
 @dataclass
@@ -94,7 +94,7 @@ class VariantStudy:
                                                      "validation": self.val_limit})
         self.splits, self.control_val, control_train = control.raw, control.validation, \
             control.train
-        self.control_targets = _targets(control_train)
+        self.control_targets = _targets(self.control_task, control_train)
         self.control_lengths = {it.id: self.control_task.length(it.tensors)
                                 for it in control_train}
 
@@ -116,7 +116,7 @@ class VariantStudy:
         except WorkbookError as exc:  # recorded, never a silent fallback
             return {**row, "status": "not applicable", "reason": exc.problem}
         train_items = encode_examples(task, self.splits["train"])
-        targets = _targets(train_items)
+        targets = _targets(task, train_items)
         shortened = sum(task.length(it.tensors) < self.control_lengths[it.id]
                         for it in train_items)
         lost = {i: self.control_targets[i] - n for i, n in targets.items()

@@ -11,14 +11,15 @@ import torch
 
 from .data import Batch, Item, collate_items
 from .loop import PRECISIONS, Stepper, eval_mode
-from .task import IGNORE_INDEX, Task
+from .task import Task
 
 TRAINING_PHASES = ("forward + loss", "backward", "update (first)", "update (later)", "validation")
 
 
-def targets_of(batch: Batch) -> int:
-    """Contributing targets of a (real) batch, counted from its labels."""
-    return int((batch.tensors["labels"] != IGNORE_INDEX).sum())
+def targets_of(task: Task, batch: Batch) -> int:
+    """Contributing targets of a (real) batch, counted from its labels as the task aligns
+    them."""
+    return task.target_count(batch.tensors["labels"])
 
 
 def longest(task: Task, items: list[Item], n: int) -> list[Item]:

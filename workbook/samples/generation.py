@@ -59,9 +59,10 @@ def generate(model: nn.Module, example: dict, max_new: int = 32) -> str:
 
 def make_task(max_length: int = 64, prompt_in_loss: bool = False, d_model: int = 64,
               layers: int = 2, dropout: float = 0.0, context: int = 1024,
-              data_file: str = "") -> Task:
-    """The generation sample; options change truncation, loss coverage, model size and the
-    longest sequence the model accepts (`context`, for sizing longer configurations)."""
+              data_file: str = "", tie_embeddings: bool = False) -> Task:
+    """The generation sample; options change truncation, loss coverage, model size, the
+    longest sequence the model accepts (`context`, for sizing longer configurations) and
+    whether the output projection shares the embedding matrix (`tie_embeddings`)."""
     path = data_file or DATA_DIR / "generation.jsonl"
     return Task(
         name="sample-generation",
@@ -70,7 +71,7 @@ def make_task(max_length: int = 64, prompt_in_loss: bool = False, d_model: int =
         encode=partial(encode, max_length=max_length, prompt_in_loss=prompt_in_loss),
         collate=collate,
         build_model=partial(TinyDecoder, tok.VOCAB_SIZE, d_model, layers, 4,
-                            max(max_length, context), dropout),
+                            max(max_length, context), dropout, tie_embeddings),
         decode=partial(tok.decode, keep_special=True),
         group_key="conversation",
         prompt_field="instruction",

@@ -34,13 +34,15 @@ class TinyDecoder(nn.Module):
     """Decoder-only language model. Right padding needs no attention mask: it is causal."""
 
     def __init__(self, vocab: int, d_model: int = 64, layers: int = 2, heads: int = 4,
-                 max_len: int = 256, dropout: float = 0.0):
+                 max_len: int = 256, dropout: float = 0.0, tie_embeddings: bool = False):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(max_len, d_model)
         self.blocks = nn.ModuleList(Block(d_model, heads, dropout) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
+        if tie_embeddings:  # one matrix for input embedding and output projection (GPT-2)
+            self.head.weight = self.embed.weight
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)

@@ -1,0 +1,68 @@
+"""Hugging Face conventions on a plain-PyTorch task (examples/shifted_lm.py): labels aligned with
+input_ids and shifted inside the loss, left padding with position ids, tied embeddings. A clean
+task raises no flag; each classic mistake is named by the check meant for it."""
+
+import pytest
+
+from workbook import load_task
+from workbook.checkpoint import tied_groups
+from workbook.data import SPLITS, prepare
+from workbook.gates import GateRun, GateSettings
+from workbook.inspection import inspect_task
+from workbook.overfit import overfit
+
+TASK = "examples.shifted_lm:task"
+
+
+def flags(**options):
+    return {f.check: f for f in inspect_task(load_task(TASK, **options)).flags}
+
+
+def test_a_clean_shifted_left_padded_task_raises_no_flag():
+    assert flags() == {}
+
+
+def test_a_wrong_label_shift_declaration_is_named_with_the_alignment_the_loss_uses():
+    found = flags(declared_shift=0)  # as declared, position t would copy its input token
+    assert set(found) == {"label alignment", "targets copy the input"}
+    assert "position t predicts labels[t + 1]" in found["label alignment"].message
+    assert "label_shift=1" in found["label alignment"].fix
+
+
+def test_left_padding_without_the_attention_mask_is_named():
+    found = flags(drop_attention_mask=True)
+    assert "padding changes outputs" in found
+    assert "left-padded" in found["padding changes outputs"].message
+
+
+def test_overfit_compares_the_argmax_with_the_shifted_targets():
+    result = overfit(load_task(TASK), examples=4, updates=120, lr=3e-3)
+    assert result.verdict == "pass", result.checks
+    assert result.figures["exact_examples"] == 4
+
+
+@pytest.mark.parametrize("declared", [1])
+def test_gates_pass_with_left_padding_and_tied_weights(declared, tmp_path):
+    task = load_task(TASK, declared_shift=declared)
+    items = prepare(task, SPLITS).items
+    model = task.build_model()
+    assert tied_groups(model) == [("embed.weight", "head.weight")]
+    report = GateRun(task, GateSettings(micro_batch=2, accumulation=2, eval_batch=8,
+                                        input_updates=2), items["train"][:64],
+                     items["validation"][:16], tmp_path / "gates").run()
+    rows = {r.phase: r for r in report.rows}
+    assert all(r.verdict == "pass" for r in report.rows), report.table()[["phase", "detail"]]
+    assert rows["resume"].detail.endswith("max |diff| = 0")
+
+
+def test_labels_aligned_with_the_inputs_but_never_shifted_are_named_as_copying():
+    import dataclasses
+
+    from workbook.task import target_accuracy, token_cross_entropy
+
+    task = dataclasses.replace(load_task(TASK, declared_shift=0), loss=token_cross_entropy,
+                               metrics=target_accuracy)  # the bug: nothing shifts the labels
+    found = {f.check: f for f in inspect_task(task).flags}
+    assert "targets copy the input" in found and "label_shift=1" in found[
+        "targets copy the input"].fix
+    assert "targets copy the input" not in flags(), "the clean task shifts: no flag"
