@@ -20,7 +20,7 @@ from torch import Tensor, nn
 import workbook as wb
 from workbook import tokenizer as tok
 from workbook.samples import DATA_DIR
-from workbook.task import target_accuracy, token_cross_entropy
+from workbook.task import logits_of, target_accuracy, token_cross_entropy
 
 
 class LeftPaddedDecoder(nn.Module):
@@ -93,14 +93,15 @@ def collate(items: list[dict[str, Tensor]], drop_mask: bool = False) -> dict[str
 
 @torch.no_grad()
 def generate(model: nn.Module, example: dict, max_new: int = 32) -> str:
-    """Greedy decoding of the response (one example: no padding)."""
+    """Greedy decoding of the response (one example: no padding; any model whose output is
+    logits or has `.logits`)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     ids = [tok.BOS, *tok.encode(example["instruction"] + "\n")]
     out: list[int] = []
     for _ in range(max_new):
-        nxt = int(model(torch.tensor([ids + out], device=device))[0, -1].argmax())
+        nxt = int(logits_of(model(torch.tensor([ids + out], device=device)))[0, -1].argmax())
         if nxt == tok.EOS:
             break
         out.append(nxt)

@@ -66,3 +66,25 @@ def test_labels_aligned_with_the_inputs_but_never_shifted_are_named_as_copying()
     assert "targets copy the input" in found and "label_shift=1" in found[
         "targets copy the input"].fix
     assert "targets copy the input" not in flags(), "the clean task shifts: no flag"
+
+
+def test_tied_weights_and_shifted_labels_through_resume_archive_and_data_parallel(tmp_path):
+    from workbook.pilot import run_pilot
+
+    run, index = run_pilot(TASK, out=str(tmp_path / "run"), smoke=True, only="07,09",
+                           progress=False)
+    assert index.verdict.tolist() == ["pass", "pass"], index.error.tolist()
+
+
+def test_a_hugging_face_gpt2_passes_inspection_overfit_and_the_gates(tmp_path):
+    pytest.importorskip("transformers", reason="the [hf] extra is not installed")
+    task = load_task("examples.hf_gpt2:task")
+    assert inspect_task(task).flags == []
+    assert overfit(task, examples=4, updates=120, lr=3e-3).verdict == "pass"
+    items = prepare(task, SPLITS).items
+    model = task.build_model()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    report = GateRun(task, GateSettings(micro_batch=2, accumulation=2, eval_batch=8,
+                                        input_updates=2, activation_checkpointing=True),
+                     items["train"][:64], items["validation"][:16], tmp_path / "gates").run()
+    assert all(r.verdict == "pass" for r in report.rows), report.table()[["phase", "detail"]]

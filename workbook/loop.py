@@ -161,6 +161,11 @@ def apply_activation_checkpointing(task: Task, model: nn.Module) -> int:
     non-reentrant activation checkpointing. Returns how many blocks were wrapped."""
     from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as cw
 
+    if task.checkpoint_blocks is None and getattr(model, "supports_gradient_checkpointing", False):
+        # a Hugging Face model: its own switch also turns the KV cache off in training, which
+        # recomputed blocks would otherwise append to (60 keys against 30 queries)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
     check = task.checkpoint_blocks
     if check is None:
         for lst in model.modules():

@@ -46,6 +46,13 @@ def shaped_batch(task: Task, items: list[Item], micro_batch: int,
             reps[1] = math.ceil(length / seq)
             t = t.repeat(*reps)[:, :length]
         tensors[key] = t
+    # a stretched row is one real sequence: every position attended, positions counting up
+    # (tiled masks would leave holes, tiled position ids would restart - models such as
+    # Hugging Face's read those as packed sequences)
+    tensors["attention_mask"] = torch.ones_like(tensors["attention_mask"])
+    if "position_ids" in tensors:
+        tensors["position_ids"] = torch.arange(length).expand_as(tensors["position_ids"]) \
+            .to(tensors["position_ids"])
     return Batch(batch.ids, tensors)
 
 
