@@ -138,7 +138,7 @@ def accounting(result: dict[str, Any], items: list[Item], task: Task | None = No
 
 def rules(result: dict[str, Any], items: list[Item], tolerance: float = 1e-4,
           eval_tolerance: float = 1e-5, task: Task | None = None) -> pd.DataFrame:
-    """One row per multi-host rule with its verdict ("pass", "fail" or "n/a"), what was
+    """One row per multi-host rule with its verdict ("pass", "fail" or "not applicable"), what was
     measured and, when it fails, the remedy."""
     world, ranks = result["world"], result["ranks"]
     rows = []
@@ -178,7 +178,7 @@ def _shard_rows(result: dict[str, Any]) -> list[dict[str, str]]:
     if result["spec"]["drop_partial"]:
         missing = set()  # a dropped partial update leaves examples out by design
     if not complete:
-        shards = _row("disjoint shards covering the split", "n/a",
+        shards = _row("disjoint shards covering the split", "not applicable",
                       "the run did not finish a pass (raise updates)")
     else:
         bad = bool(overlap or missing)
@@ -188,7 +188,8 @@ def _shard_rows(result: dict[str, Any]) -> list[dict[str, str]]:
                       f"{len(ranks)} ranks in the first pass")
     second = [[i for rec in recs if rec["epoch"] == 1 for i in rec["ids"]] for recs in ranks]
     if not all(second):
-        order = _row("a new order every pass", "n/a", "the run did not reach a second pass")
+        order = _row("a new order every pass", "not applicable",
+                     "the run did not reach a second pass")
     else:
         same = [r for r, (a, b) in enumerate(zip(seen, second, strict=True))
                 if a[:len(b)] == b[:len(a)]]
@@ -231,7 +232,7 @@ def _bn_row(result: dict[str, Any]) -> dict[str, str]:
     checks = [c for c in ((result.get("checkpoint") or {}).get("batch_norm"),
                           result["batch_norm_final"]) if c]
     if not checks or not checks[0].get("layers"):
-        return _row(rule, "n/a", "the model has no batch-norm layer")
+        return _row(rule, "not applicable", "the model has no batch-norm layer")
     problems = []
     for where, c in zip(("checkpoint", "final evaluation"), checks, strict=False):
         if not c["identical_after_sync"]:
@@ -358,8 +359,8 @@ def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path, replicas:
     for fault in faults:
         expected = CAUGHT_BY[fault]
         if fault == "bn_rank0" and not reference["batch_norm_final"].get("layers"):
-            rows.append({"planted bug": FAULTS[fault], "rule": expected, "verdict": "n/a",
-                         "caught": None, "other failing rules": "",
+            rows.append({"planted bug": FAULTS[fault], "rule": expected,
+                         "verdict": "not applicable", "caught": None, "other failing rules": "",
                          "measured": "not planted: the model has no batch-norm layer"})
             continue
         result = launch(replace(spec, fault=fault), folder / f"fault-{fault}", replicas)
@@ -396,7 +397,7 @@ def with_row(table: pd.DataFrame, row: dict[str, str]) -> pd.DataFrame:
 
 
 def verdict(table: pd.DataFrame) -> str:
-    """"pass" when no rule failed ("n/a" rules do not fail a run)."""
+    """"pass" when no rule failed (a rule that does not apply fails nothing)."""
     return "fail" if (table.verdict == "fail").any() else "pass"
 
 

@@ -238,7 +238,7 @@ def data_parallel_row(replicas: int, run_dir: str | Path | None) -> dict[str, ob
         here, ok = ("not run yet: notebook 09 checks the multi-host rules (the pilot runs it "
                     "after this one; the report shows its verdict)"), False
     else:
-        rules = summary.get("figures", {}).get("rules", {})
+        rules = summary.get("rules") or {}
         failing = [r for r, v in rules.items() if v == "fail"]
         ok = summary.get("verdict") == "pass"
         here = (f"notebook 09: {len(rules)} rules, " + (f"failing: {', '.join(failing)}"

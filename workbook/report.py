@@ -114,7 +114,7 @@ def _shown(name: str, value) -> str:
     if isinstance(value, list):
         return ", ".join(map(str, value)) if value else "none"
     if isinstance(value, dict):
-        text = ", ".join(f"{k}: {json.dumps(v, default=str)}" for k, v in value.items())
+        text = ", ".join(f"{k}: {_shown(str(k), v)}" for k, v in value.items())
         return text if len(text) < 240 else text[:237] + "..."
     return str(value)
 
