@@ -164,7 +164,11 @@ def apply_activation_checkpointing(task: Task, model: nn.Module) -> int:
     if task.checkpoint_blocks is None and getattr(model, "supports_gradient_checkpointing", False):
         # a Hugging Face model: its own switch also turns the KV cache off in training, which
         # recomputed blocks would otherwise append to (60 keys against 30 queries)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
     check = task.checkpoint_blocks
     if check is None:
