@@ -20,7 +20,8 @@ from torch import Tensor, nn
 import workbook as wb
 from workbook import tokenizer as tok
 from workbook.samples import DATA_DIR
-from workbook.task import logits_of, target_accuracy, token_cross_entropy
+from workbook.samples.generation import generate  # greedy, works with .logits too
+from workbook.task import target_accuracy, token_cross_entropy
 
 
 class LeftPaddedDecoder(nn.Module):
@@ -89,24 +90,6 @@ def collate(items: list[dict[str, Tensor]], drop_mask: bool = False) -> dict[str
     if not drop_mask:
         batch["attention_mask"] = mask
     return batch
-
-
-@torch.no_grad()
-def generate(model: nn.Module, example: dict, max_new: int = 32) -> str:
-    """Greedy decoding of the response (one example: no padding; any model whose output is
-    logits or has `.logits`)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    ids = [tok.BOS, *tok.encode(example["instruction"] + "\n")]
-    out: list[int] = []
-    for _ in range(max_new):
-        nxt = int(logits_of(model(torch.tensor([ids + out], device=device)))[0, -1].argmax())
-        if nxt == tok.EOS:
-            break
-        out.append(nxt)
-    model.train(was_training)
-    return tok.decode(out)
 
 
 def make_task(max_length: int = 64, context: int = 128, declared_shift: int = 1,

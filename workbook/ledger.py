@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from .errors import WorkbookError
+from .runs import process_alive
 
 STATUSES = ("running", "finished", "diverged", "failed", "interrupted")
 SCHEMA = """
@@ -37,18 +38,6 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     trial INTEGER NOT NULL REFERENCES trials(id), step INTEGER NOT NULL, path TEXT NOT NULL,
     metric REAL, kept INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (trial, step));
 """
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Ledger:
@@ -77,7 +66,7 @@ class Ledger:
     def recover(self) -> list[int]:
         """Mark trials whose process is gone as interrupted; returns their ids."""
         rows = self.db.execute("SELECT id, pid FROM trials WHERE status = 'running'").fetchall()
-        dead = [tid for tid, pid in rows if pid != os.getpid() and not _alive(pid)]
+        dead = [tid for tid, pid in rows if pid != os.getpid() and not process_alive(pid)]
         for tid in dead:
             last = self.db.execute("SELECT MAX(step) FROM steps WHERE trial = ?",
                                    (tid,)).fetchone()[0]

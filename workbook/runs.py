@@ -86,14 +86,17 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
                 os.kill(pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=grace)
-            if sig == signal.SIGTERM and not any(_alive(pid) for pid in tree[1:]):
+            if sig == signal.SIGTERM and not any(process_alive(pid) for pid in tree[1:]):
                 return
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int | None) -> bool:
+    """Whether a process with this id runs (a zombie, exited but not yet reaped, does not)."""
+    if not pid:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

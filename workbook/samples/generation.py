@@ -14,7 +14,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from .. import tokenizer as tok
 from ..data import read_jsonl
-from ..task import IGNORE_INDEX, Task
+from ..task import IGNORE_INDEX, Task, logits_of
 from . import DATA_DIR
 from .models import TinyDecoder
 
@@ -41,15 +41,15 @@ def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def generate(model: nn.Module, example: dict, max_new: int = 32) -> str:
-    """Greedy decoding of the response to an example's instruction."""
+    """Greedy decoding of the response to an example's instruction (any model whose output is
+    the logits or has `.logits`; one example, so no padding)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     ids = [tok.BOS, *tok.encode(example["instruction"] + "\n")]
     out: list[int] = []
     for _ in range(max_new):
-        logits = model(torch.tensor([ids + out], device=device))
-        nxt = int(logits[0, -1].argmax())
+        nxt = int(logits_of(model(torch.tensor([ids + out], device=device)))[0, -1].argmax())
         if nxt == tok.EOS:
             break
         out.append(nxt)
