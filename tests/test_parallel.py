@@ -86,12 +86,21 @@ def test_bad_settings_are_refused_with_the_fix():
         ReplicaSpec.from_dict({"task": GENERATION, "replica": 2})
     with pytest.raises(WorkbookError, match="unknown planted fault"):
         ReplicaSpec.from_dict({"task": GENERATION, "fault": "nope"})
+    from workbook.replica import main as replica_main
+
+    for bad, message in (("{task: x}", "--spec is not JSON"), ("[1, 2]", "an object with"),
+                         ('{"updates": 3}', "with a 'task' path")):
+        with pytest.raises(WorkbookError, match=message):
+            replica_main(bad, "unused", None)
 
 
 def test_a_worker_error_comes_back_with_its_message(tmp_path):
     spec = ReplicaSpec(GENERATION, check_examples=15, updates=2)
     with pytest.raises(WorkbookError, match="check_examples=15 must be a multiple of 2 x 2"):
         launch(spec, tmp_path / "run", 2)
+    assert "check_examples=15" in (tmp_path / "run" / "launch-error.log").read_text()
+    with pytest.raises(WorkbookError, match="already holds a run"):
+        launch(spec, tmp_path / "run", 2)  # the failed launch's folder is kept, not reused
 
 
 def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):

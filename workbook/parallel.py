@@ -22,7 +22,7 @@ from .errors import WorkbookError
 from .loop import LOSS
 from .records import StepRecord
 from .replica import FAULTS, RESULT, WEIGHTS, ReplicaSpec
-from .runs import fresh_process, write_text
+from .runs import claim_dir, fresh_process, write_text
 from .runs import shown as shown_path
 from .task import Task
 
@@ -73,7 +73,7 @@ def launch(spec: ReplicaSpec, folder: Path, replicas: int, resume_from: Path | N
     if not isinstance(replicas, int) or replicas < 2:
         raise WorkbookError(f"replicas must be 2 or more, got {replicas!r}",
                             "data parallelism needs at least two processes")
-    folder.mkdir(parents=True, exist_ok=False)
+    claim_dir(folder)  # a launch never writes over an earlier one
     cmd = command(spec, folder, replicas, resume_from)
     done = fresh_process(cmd["args"], timeout, f"the {replicas}-process launch",
                          launcher=cmd["launcher"])

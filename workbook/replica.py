@@ -81,8 +81,12 @@ class ReplicaSpec:
     fault: str = ""
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ReplicaSpec":
+    def from_dict(cls, data: Any) -> "ReplicaSpec":
         known = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or not isinstance(data.get("task"), str):
+            raise WorkbookError(f"the replica settings must be an object with a 'task' path, got "
+                                f"{str(data)[:80]!r}", 'give --spec \'{"task": "pkg.mod:attr", '
+                                '...}\'')
         unknown = sorted(set(data) - known)
         if unknown:
             raise WorkbookError(f"unknown replica settings {unknown}", f"use {sorted(known)}")
@@ -532,7 +536,13 @@ def main(spec_json: str, out: str, resume_from: str | None) -> int:
     and its recorded task compared with the one named here, before anything runs."""
     import json
 
-    spec = ReplicaSpec.from_dict(json.loads(spec_json))
+    try:
+        data = json.loads(spec_json)
+    except json.JSONDecodeError as exc:
+        raise WorkbookError(f"--spec is not JSON ({exc.msg} at character {exc.pos})",
+                            "quote the whole object for the shell: --spec '{\"task\": ...}'") \
+            from None
+    spec = ReplicaSpec.from_dict(data)
     task = None
     if resume_from is not None:
         from .artifacts import read_json
