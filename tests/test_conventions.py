@@ -88,3 +88,17 @@ def test_a_hugging_face_gpt2_passes_inspection_overfit_and_the_gates(tmp_path):
                                         input_updates=2, activation_checkpointing=True),
                      items["train"][:64], items["validation"][:16], tmp_path / "gates").run()
     assert all(r.verdict == "pass" for r in report.rows), report.table()[["phase", "detail"]]
+
+
+def test_a_train_override_that_leaves_submodules_in_eval_mode_fails_validation(tmp_path):
+    pytest.importorskip("transformers", reason="the [hf] extra is not installed")
+    task = load_task("examples.hf_gpt2:task", sticky_eval=True)
+    items = prepare(task, SPLITS).items
+    report = GateRun(task, GateSettings(micro_batch=2, accumulation=2, eval_batch=8,
+                                        input_updates=1),
+                     items["train"][:32], items["validation"][:16], tmp_path / "gates").run()
+    rows = {r.phase: r for r in report.rows}
+    assert rows["validation"].verdict == "fail"
+    assert "stayed in eval mode while the model went back to training" in \
+        rows["validation"].detail
+    assert "transformer.drop" in rows["validation"].detail

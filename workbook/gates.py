@@ -352,9 +352,10 @@ class GateRun:
         model = self.work.stepper.model
         probe = self.val_items[:4]
 
+        modes = {n: m.training for n, m in model.named_modules()}  # before any evaluation
+
         def check(_):
             problems = []
-
             padded = []
 
             def logits(items):
@@ -382,6 +383,18 @@ class GateRun:
             grads_before = [p.grad for p in model.parameters()]
             evaluate(self.task, model, self.val_items, self.s.eval_batch, self.device,
                      precision=self.s.precision, seen=seen)
+            behaves = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase)
+            stuck = sorted((not isinstance(m, behaves), n) for n, m in model.named_modules()
+                           if m.training != modes[n])  # dropout and batch-norm named first
+            stuck = [n for _, n in stuck]
+            if stuck:
+                problems.append(
+                    f"after evaluation {len(stuck)} module(s) stayed in eval mode while the "
+                    f"model went back to training ({', '.join(stuck[:3])}"
+                    f"{', ...' if len(stuck) > 3 else ''}): dropout and batch-norm keep their "
+                    "evaluation behaviour for the rest of training - a `train()` override that "
+                    "does not call `super().train(mode)`, or code that switches submodules "
+                    "itself, does this")
             if any(p.grad is not g for p, g in zip(model.parameters(), grads_before,
                                                    strict=True)):
                 problems.append("evaluation created or changed gradients")

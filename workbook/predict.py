@@ -12,10 +12,18 @@ import pandas as pd
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .data import Batch, Item
 from .errors import WorkbookError, reason
-from .loop import TrainConfig, UpdateShape, build_stepper, resolve_device, seed_everything
+from .loop import (
+    TrainConfig,
+    UpdateShape,
+    build_stepper,
+    eval_mode,
+    resolve_device,
+    seed_everything,
+)
 from .memory import cuda_overheads
 from .task import Task
 from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
@@ -94,10 +102,8 @@ def max_positions(task: Task) -> tuple[int, str] | None:
     Face config (`max_position_embeddings`, `n_positions`) or a position-embedding table (an
     `nn.Embedding` whose name says "pos"). None when the model states no limit. The model is
     built on the meta device: nothing is allocated."""
-    try:
-        with torch.device("meta"):
-            model = task.build_model()
-    except Exception:  # a model that cannot be built without data: no stated limit
+    model = meta_model(task)
+    if model is None:
         return None
     config = getattr(model, "config", None)
     for attr in ("max_position_embeddings", "n_positions", "max_seq_len"):
@@ -108,6 +114,16 @@ def max_positions(task: Task) -> tuple[int, str] | None:
         if isinstance(module, torch.nn.Embedding) and "pos" in name.rsplit(".", 1)[-1].lower():
             return module.num_embeddings, f"its position embedding `{name}`"
     return None
+
+
+def meta_model(task: Task) -> torch.nn.Module | None:
+    """The task's model built on the meta device (nothing allocated), or None when it cannot be
+    built without data."""
+    try:
+        with torch.device("meta"):
+            return task.build_model()
+    except Exception:
+        return None
 
 
 def longest_accepted(task: Task | None) -> int | None:
@@ -198,6 +214,7 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
         accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
                        else batch)
     targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
+    limits = path_limits(task, batch, group, eval_batch)
     cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
     rows = []
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:
@@ -226,7 +243,80 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
                                 tracker.breakdown().items()}})
     frame = pd.DataFrame(rows)
     frame.insert(0, "config", plan.label())
+    unknown = frame.phase.isin(list(limits))
+    frame.loc[unknown, frame.columns.str.endswith("_bytes")] = float("nan")
+    frame["note"] = frame.phase.map(lambda p: f"not predicted: {limits[p]}" if p in limits
+                                    else "")
     return frame
+
+
+FUSED_INFERENCE = ("aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention",
+                   "aten::_nested_tensor_from_mask")
+
+
+class OpNames(TorchDispatchMode):
+    """The names of the operators a block runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def path_limits(task: Task, batch: Batch, group: list[Batch],
+                eval_batch: Batch) -> dict[str, str]:
+    """Phases that fake tensors would size on another path than real tensors take, with the
+    reason. Fake tensors carry no values and count as tracing, so:
+    - a Hugging Face model with a fused attention (SDPA, flash) skips its attention mask for a
+      batch with no padded position, a choice read from the mask's values, but always builds it
+      for fake tensors (+14% measured on a small Llama at length 256, micro-batch 1);
+    - `nn.TransformerEncoderLayer` / `nn.MultiheadAttention` run a fused inference kernel in
+      evaluation on real tensors only (-24% to -46% measured on examples/transformer_lm.py)."""
+    limits: dict[str, str] = {}
+    model = meta_model(task)
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if type(model).__module__.startswith("transformers.") and implementation not in (None,
+                                                                                    "eager"):
+        for phases, batches in ((TRAINING_PHASES[:-1], [batch, *group]),
+                                (TRAINING_PHASES[-1:], [eval_batch])):
+            unpadded = [b for b in batches if bool(b.tensors.get(
+                "attention_mask", torch.zeros(1)).all())]
+            for phase in phases if unpadded else ():
+                limits[phase] = (
+                    f"a batch of {len(unpadded[0].ids)} with no padded position: this Hugging "
+                    f"Face model ({implementation} attention) then skips its attention mask, a "
+                    "choice read from the mask's values, which fake tensors do not carry; size "
+                    "micro-batches of 2 or more (padded, as a campaign's are) or measure it")
+    fused = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer,
+             torch.nn.MultiheadAttention)
+    if model is not None and any(isinstance(m, fused) for m in model.modules()):
+        one = Batch(eval_batch.ids[:1], {k: v[:1] for k, v in eval_batch.tensors.items()})
+        torch.manual_seed(0)
+        real = task.build_model()
+        with eval_mode(real), OpNames() as ops:
+            task.forward(real, one.tensors)
+        kernels = sorted(ops.names & set(FUSED_INFERENCE))
+        if kernels:
+            limits["validation"] = (
+                f"in evaluation this model runs PyTorch's fused inference kernel "
+                f"({', '.join(kernels)}) on real tensors only; fake tensors take the unfused "
+                "path, which allocates differently - the measured validation row stands")
+    return limits
+
+
+def predicted_or_reason(task: Task, train: list[Item], val: list[Item], plan: Plan,
+                        **kwargs) -> pd.DataFrame:
+    """`predict`, or - when this configuration cannot be predicted - one row per phase with no
+    bytes and `note` saying why (the measured gates still stand)."""
+    try:
+        return predict(task, train, val, plan, **kwargs)
+    except WorkbookError as exc:
+        return pd.DataFrame({"config": plan.label(), "phase": TRAINING_PHASES,
+                             "predicted_peak_bytes": float("nan"),
+                             "note": f"not predicted: {exc.problem}"})
 
 
 def model_size_rule(model: torch.nn.Module) -> int:
@@ -260,9 +350,10 @@ def fit_table(predicted: pd.DataFrame, device_memory_gib: float, headroom: float
     headroom) and whether it fits the stated device memory."""
     out = predicted[["config", "phase", "predicted_peak_bytes"]].copy()
     need = out.predicted_peak_bytes * (1 + overheads.cache_share) + overheads.context_bytes
-    out["required_bytes"] = (need * (1 + headroom)).round().astype("int64")
+    out["required_bytes"] = (need * (1 + headroom)).round().astype("Int64")
     out["device_bytes"] = int(device_memory_gib * 2**30)
-    out["fits"] = out.required_bytes <= out.device_bytes if device_memory_gib else None
+    fits = (out.required_bytes <= out.device_bytes).astype("boolean")
+    out["fits"] = fits if device_memory_gib else None
     out["overheads"] = "measured" if overheads.measured else "assumed"
     return out
 
@@ -274,4 +365,22 @@ def compare(predicted: pd.DataFrame, gates: pd.DataFrame) -> pd.DataFrame:
     out["measured_peak_bytes"] = out.phase.map(measured).astype("int64")
     out["error_pct"] = (100 * (out.predicted_peak_bytes - out.measured_peak_bytes)
                         / out.measured_peak_bytes).round(3)
+    if "note" in predicted:
+        out["note"] = predicted.note.values
     return out
+
+
+def summary_figures(check: pd.DataFrame, plan: Plan, planned: pd.DataFrame,
+                    fit: pd.DataFrame) -> dict:
+    """Notebook 03's figures of the prediction: None where a configuration was not predicted
+    (the reason is kept)."""
+    def most(column: pd.Series, cast=int):
+        column = column.astype("float")
+        return None if column.isna().all() else cast(column.abs().max())
+
+    notes = sorted({n for n in pd.concat([check.get("note", pd.Series(dtype=str)),
+                                          planned.get("note", pd.Series(dtype=str))]) if n})
+    return {"prediction_max_abs_error_pct": most(check.error_pct, float), "plan": plan.label(),
+            "plan_peak_bytes": most(planned.predicted_peak_bytes),
+            "plan_required_bytes": most(fit.required_bytes),
+            "prediction_notes": notes}

@@ -22,7 +22,7 @@ from .loop import (
     resolve_device,
     train,
 )
-from .predict import Plan, longest_accepted, predict
+from .predict import Plan, longest_accepted, predicted_or_reason
 from .task import Task, load_task
 from .workload import TRAINING_PHASES
 
@@ -173,9 +173,11 @@ class VariantStudy:
             plan = replace(self.plan, micro_batch=max(1, round(self.plan.micro_batch * scale)),
                            length=length, precision=variant.precision,
                            activation_checkpointing=variant.activation_checkpointing)
-            predicted = predict(task, train_items, val_items, plan, self.lr, self.device)
+            predicted = predicted_or_reason(task, train_items, val_items, plan, lr=self.lr,
+                                            device=self.device)
             row["plan"] = plan.label()
-            row["plan_peak_bytes"] = int(predicted.predicted_peak_bytes.max())
+            row["plan_peak_bytes"] = predicted.predicted_peak_bytes.max()
+            row["flags"] += sorted(set(predicted.note) - {""})
         return row
 
     def run(self, variants: list[Variant]) -> pd.DataFrame:

@@ -30,30 +30,40 @@ def longest(task: Task, items: list[Item], n: int) -> list[Item]:
 
 def shaped_batch(task: Task, items: list[Item], micro_batch: int,
                  length: int | None = None) -> Batch:
-    """A micro-batch of the longest items, stretched to `length` positions when asked (tiling
-    every tensor whose second dimension is the sequence), to size configurations beyond the data.
-    Tasks without an attention mask have no sequence: `length` does not apply to them."""
-    batch = collate_items(task, longest(task, items, micro_batch))
+    """A micro-batch of the longest items, stretched to `length` positions when asked, to size
+    configurations beyond the data. Each stretched row is one real sequence (its per-position
+    tensors tiled, every position attended, positions counting up) and the task's own collate
+    pads and masks the batch; with two rows or more the last row is one position short, so the
+    batch is padded as a campaign's batches are - models such as Hugging Face's take a different,
+    larger attention path for a padded batch, and that is the one to size. Tasks without an
+    attention mask have no sequence: `length` does not apply to them."""
+    chosen = longest(task, items, micro_batch)
+    batch = collate_items(task, chosen)
     main, mask = task.main_input(batch.tensors), batch.tensors.get("attention_mask")
     # a sequence task pads and masks; anything else (fixed features) has no length to stretch
     seq = main.shape[1] if mask is not None and mask.shape == main.shape[:2] else None
     if length is None or seq is None or length == seq:
         return batch
+    rows = [stretch(task, it, length - (i == micro_batch - 1 and micro_batch > 1))
+            for i, it in enumerate(chosen)]
+    return collate_items(task, rows)
+
+
+def stretch(task: Task, item: Item, length: int) -> Item:
+    """One example tiled to `length` positions: every tensor laid out along the sequence is
+    repeated and cut; an attention mask becomes all ones and position ids count up (a tiled mask
+    would leave holes, tiled positions would restart - read as packed sequences)."""
+    n = task.length(item.tensors)
     tensors = {}
-    for key, t in batch.tensors.items():
-        if t.dim() >= 2 and t.shape[1] == seq:
-            reps = [1] * t.dim()
-            reps[1] = math.ceil(length / seq)
-            t = t.repeat(*reps)[:, :length]
+    for key, t in item.tensors.items():
+        if t.dim() >= 1 and t.shape[0] == n:
+            t = t.repeat(math.ceil(length / n), *[1] * (t.dim() - 1))[:length]
+            if key == "attention_mask":
+                t = torch.ones_like(t)
+            elif key == "position_ids":
+                t = torch.arange(length).to(t)
         tensors[key] = t
-    # a stretched row is one real sequence: every position attended, positions counting up
-    # (tiled masks would leave holes, tiled position ids would restart - models such as
-    # Hugging Face's read those as packed sequences)
-    tensors["attention_mask"] = torch.ones_like(tensors["attention_mask"])
-    if "position_ids" in tensors:
-        tensors["position_ids"] = torch.arange(length).expand_as(tensors["position_ids"]) \
-            .to(tensors["position_ids"])
-    return Batch(batch.ids, tensors)
+    return Item(item.id, tensors)
 
 
 @dataclass
