@@ -252,13 +252,16 @@ class GateRun:
                                     f"{len(batch)}")
             if "input_ids" in t and ids.is_floating_point():
                 problems.append(f"input_ids are {ids.dtype}, not integer ids")
-            if labels.is_floating_point():
-                problems.append(f"labels are {labels.dtype}, not class/token ids")
+            regression = self.task.kind == "regression"
+            if labels.is_floating_point() != regression:
+                problems.append(f"labels are {labels.dtype}, not " + (
+                    "float targets (regression)" if regression else "class/token ids"))
             mask = t.get("attention_mask")
             if mask is not None and ids is not None and mask.shape != ids.shape:
                 problems.append(f"attention_mask {tuple(mask.shape)} != input_ids "
                                 f"{tuple(ids.shape)}")
-            if labels.dim() > 1 and ids is not None and labels.shape != ids.shape:
+            if labels.dim() > 1 and not regression and ids is not None and \
+                    labels.shape != ids.shape:
                 problems.append(f"labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}")
             if self.task.target_count(labels) == 0:
                 problems.append("no contributing targets in the batch")
@@ -289,9 +292,10 @@ class GateRun:
                     lambda: self.task.forward(self.work.stepper.model, self.batch.tensors))
                 return "fail", (f"loss is {loss} (NaN/inf produced in forward"
                                 + (f", first by module '{where}')" if where else ")"))
-            expected = self.task.expected_initial_loss(logits.shape[-1])
+            outputs, labels = logits.shape[-1], self.batch.tensors["labels"]
+            expected = self.task.expected_initial_loss(outputs, labels)
             detail = (f"logits {tuple(logits.shape)}, loss {loss:.4f} over {count} targets, "
-                      f"expected ~ln({logits.shape[-1]}) = {expected:.4f}")
+                      f"expected ~{self.task.initial_loss_rule(outputs)} = {expected:.4f}")
             if abs(loss - expected) > self.s.init_tolerance * expected:
                 return "fail", detail + " - far from the untrained value"
             return "pass", detail

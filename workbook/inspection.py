@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -12,7 +13,7 @@ import torch
 from .data import SPLITS, Item, collate_items, prepare
 from .frontend import headless
 from .records import Flag
-from .task import IGNORE_INDEX, Task, shift_labels
+from .task import IGNORE_INDEX, Task, contributes, shift_labels
 
 
 @dataclass
@@ -54,6 +55,12 @@ def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
     batch = collate_items(task, items).tensors
     labels, ids = batch["labels"], task.main_input(batch)
     mask = batch.get("attention_mask", torch.ones(ids.shape[:2], dtype=torch.long))
+    if task.kind == "regression":  # float targets per example
+        return pd.DataFrame([{
+            "example": items[b].id, "input": task.show_input(ids[b]),
+            "target": task.decode(labels[b].reshape(-1).tolist()),
+            "contributes": int(contributes(labels[b]).sum()),
+        } for b in range(len(items))])
     if labels.dim() == 1:  # one label per example
         return pd.DataFrame([{
             "example": items[b].id, "input": task.show_input(ids[b][mask[b].bool()]),
@@ -115,10 +122,10 @@ def loss_coverage(task: Task, items: list[Item], batch_size: int = 64) -> pd.Dat
         chunk = items[start:start + batch_size]
         batch = collate_items(task, chunk).tensors
         labels = batch["labels"]
-        contributes = labels != IGNORE_INDEX
-        if labels.dim() == 1:
-            for it, c in zip(chunk, contributes, strict=True):
-                rows.append({"example": it.id, "positions": 1, "targets": int(c),
+        counted = contributes(labels)
+        if labels.dim() == 1 or task.kind == "regression":  # per example, not per position
+            for it, c in zip(chunk, counted, strict=True):
+                rows.append({"example": it.id, "positions": 1, "targets": int(c.sum()),
                              "on_padding": 0, "on_prompt": 0})
             continue
         mask = batch.get("attention_mask", torch.ones_like(labels)).bool()
@@ -126,9 +133,9 @@ def loss_coverage(task: Task, items: list[Item], batch_size: int = 64) -> pd.Dat
         for b, it in enumerate(chunk):
             rows.append({
                 "example": it.id, "positions": int(mask[b].sum()),
-                "targets": int(contributes[b].sum()),
-                "on_padding": int((contributes[b] & ~mask[b]).sum()),
-                "on_prompt": 0 if task.prompt_in_loss else int((contributes[b] & prompt[b]).sum()),
+                "targets": int(counted[b].sum()),
+                "on_padding": int((counted[b] & ~mask[b]).sum()),
+                "on_prompt": 0 if task.prompt_in_loss else int((counted[b] & prompt[b]).sum()),
             })
     return pd.DataFrame(rows)
 
@@ -168,17 +175,46 @@ def loss_probe(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Fl
                          "see the label flags; the loss must accept every batch",
                          [it.id for it in items])]
         labels = batch["labels"]
+        if task.kind == "regression":
+            return (_count_flags(task, labels, count) + padding_probe(task, model, items, logits)
+                    + _padding_copy_flags(task, logits, batch, loss, count, items))
         loss2, count2 = _scrambled_loss(task, logits, batch, task.label_shift)
-    flags = []
-    expected = task.target_count(labels)
-    if int(count) != expected:
-        flags.append(Flag("loss target count", f"loss reports {int(count)} targets, labels "
-                          f"have {expected} not equal to -100", abs(int(count) - expected),
-                          "return (summed loss, number of labels != -100) from the task's loss"))
+    flags = _count_flags(task, labels, count)
     if not torch.isclose(loss, loss2, rtol=1e-5, atol=1e-5) or int(count2) != int(count):
         flags.append(_misread(task, logits, batch, loss, loss2, items))
     flags += padding_probe(task, model, items, logits)
     return flags
+
+
+def _count_flags(task: Task, labels: torch.Tensor, count) -> list[Flag]:
+    """The loss's target count must be the number of targets (a mean with count 1 weighs
+    micro-batches instead of targets when updates accumulate)."""
+    expected = task.target_count(labels)
+    if float(count) == expected:
+        return []
+    what = "target values that are not NaN" if task.kind == "regression" else \
+        "labels not equal to -100"
+    return [Flag("loss target count", f"loss reports {float(count):g} targets, the batch has "
+                 f"{expected} {what}", abs(int(float(count)) - expected),
+                 f"return (summed loss, number of {what}) from the task's loss - not a mean")]
+
+
+def _padding_copy_flags(task: Task, logits: torch.Tensor, batch: dict, loss: torch.Tensor,
+                        count, items: list[Item]) -> list[Flag]:
+    """Regression: evaluation pads its last batch with copies whose targets are NaN; the loss
+    must skip them (finite, and the count drops by the copy's targets)."""
+    labels = batch["labels"].clone()
+    labels[0] = float("nan")
+    probe = {**batch, "labels": labels}
+    loss2, count2 = task.loss(logits, probe)
+    dropped = int(contributes(batch["labels"][0]).sum())
+    if math.isfinite(float(loss2)) and float(count2) == float(count) - dropped:
+        return []
+    return [Flag("loss reads padding copies", f"with NaN targets on one example (as on the "
+                 f"padding copies of an evaluation's last batch) the loss is {float(loss2):.4g} "
+                 f"over {float(count2):g} targets", 1,
+                 "skip NaN targets in the loss (labels.isnan()), as the default loss does",
+                 [items[0].id])]
 
 
 def _scrambled_loss(task: Task, logits: torch.Tensor, batch: dict, shift: int):
@@ -239,10 +275,18 @@ def copy_audit(task: Task, items: list[Item], share: float = 0.9) -> list[Flag]:
 
 def padding_probe(task: Task, model: torch.nn.Module, items: list[Item],
                   batched: torch.Tensor) -> list[Flag]:
-    """An example's outputs must not depend on the padding its batch neighbours add."""
+    """An example's outputs must not depend on the padding its batch neighbours add (nor on
+    chance: a model whose eval outputs vary between two identical calls is named as such)."""
     changed = []
-    side = task.side(collate_items(task, items).tensors)
+    batch = collate_items(task, items).tensors
+    side = task.side(batch)
     with torch.no_grad():
+        if not torch.equal(task.forward(model, batch).float(), batched):
+            return [Flag("random outputs in eval mode", "two forward passes on the same batch "
+                         "in eval mode disagree: dropout (or another random layer) stays "
+                         "active in evaluation", 1, "make random layers follow "
+                         "model.eval() (nn.Dropout does; a functional dropout needs "
+                         "training=self.training)", [it.id for it in items[:5]])]
         for b, it in enumerate(items):
             alone = task.forward(model, collate_items(task, [it]).tensors).float()[0]
             mine = task.real_part(batched[b], alone.shape[0], side) if alone.dim() > 1 \
@@ -262,6 +306,8 @@ def padding_probe(task: Task, model: torch.nn.Module, items: list[Item],
 def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list[Item]],
                 num_outputs: int) -> tuple[pd.DataFrame | None, list[Flag]]:
     """Class histogram per split, the id <-> name round trip, and ids the model cannot output."""
+    if task.kind == "regression":
+        return target_statistics(items), []
     flags, bad_ids, mismatched = [], [], []
     counts: dict[str, Counter] = defaultdict(Counter)
     for name in SPLITS:
@@ -292,6 +338,22 @@ def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list
     order = [n for n in (task.label_names or []) if n in table.index]
     table = table.reindex(order + [n for n in table.index if n not in order])
     return table, flags
+
+
+def target_statistics(items: dict[str, list[Item]]) -> pd.DataFrame:
+    """Regression: the targets per split (count, mean, spread, range), where classification
+    shows its class histogram - a split whose targets differ is a leak or a drift."""
+    rows = {}
+    for name in SPLITS:
+        values = [it.tensors["labels"].reshape(-1).float() for it in items[name]]
+        v = torch.cat(values) if values else torch.zeros(0)
+        v = v[~v.isnan()]
+        rows[name] = {"targets": v.numel(), **({"mean": float(v.mean()), "std": float(v.std()),
+                                                "min": float(v.min()), "max": float(v.max())}
+                                               if v.numel() > 1 else {})}
+    table = pd.DataFrame(rows).round(4)
+    table.index.name = "statistic"
+    return table
 
 
 def split_audit(task: Task, splits: dict[str, list[dict]],
@@ -367,7 +429,8 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
     positions = int(coverage.positions.sum())
     figures = {
         "examples": len(coverage), "num_outputs": outputs,
-        "expected_initial_loss": round(task.expected_initial_loss(outputs), 4),
+        "expected_initial_loss": round(task.expected_initial_loss(
+            outputs, torch.cat([it.tensors["labels"].reshape(-1) for it in train])), 4),
         "contributing_share": round(int(coverage.targets.sum()) / max(positions, 1), 4),
         "targets_per_example_mean": round(float(coverage.targets.mean()), 3),
         "zero_target_examples": int((coverage.targets == 0).sum()),

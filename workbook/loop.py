@@ -277,13 +277,18 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) 
 
 
 def _padded(items: list[Item], size: int) -> list[Item]:
-    """Fill a final partial evaluation batch with copies whose labels are all -100: the shapes
-    stay those of a full batch and the copies weigh zero in every sum."""
-    filler = Item(None, {k: (torch.full_like(v, IGNORE_INDEX) if k == "labels" else v)
+    """Fill a final partial evaluation batch with copies whose labels say "no target" (-100 for
+    ids, NaN for float targets): the shapes stay those of a full batch and the copies weigh zero
+    in every sum."""
+    def blank(v: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(v, float("nan") if v.is_floating_point() else IGNORE_INDEX)
+
+    filler = Item(None, {k: (blank(v) if k == "labels" else v)
                          for k, v in items[-1].tensors.items()})
     return items + [filler] * (size - len(items))
 
 
+EXAMPLE_WEIGHT = "example_weight"  # evaluation batches: 1 per real example, 0 per padding copy
 LOSS = "(loss)"  # the key of the summed loss among the evaluation sums
 
 
@@ -300,8 +305,11 @@ def evaluation_sums(task: Task, model: nn.Module, items: list[Item], eval_batch:
     per_class: dict[str, list[int]] = {}
     with eval_mode(model):
         for start in range(0, len(items), eval_batch):
-            chunk = _padded(items[start:start + eval_batch], eval_batch)
-            batch = collate_items(task, chunk).to(device)
+            real = items[start:start + eval_batch]
+            batch = collate_items(task, _padded(real, eval_batch)).to(device)
+            # the copies' weight, for a task's own loss that does not read the blank labels
+            batch.tensors[EXAMPLE_WEIGHT] = torch.tensor(
+                [1.0] * len(real) + [0.0] * (eval_batch - len(real)), device=device)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 logits = task.forward(model, batch.tensors)
             summed, count = task.loss(logits.float(), batch.tensors)

@@ -157,7 +157,10 @@ def lr_summary(summary: pd.DataFrame, trials: pd.DataFrame, metric: str,
     diverged = trials[trials.status == "diverged"]
     for n, t in enumerate(diverged.itertuples()):
         ax.axvline(t.lr, color="red", ls=":", lw=1, label="diverged trial" if n == 0 else None)
-    ax.set(xscale="log", xlabel="learning rate (log scale)", ylabel=f"best {metric}",
-           title="per learning rate")
-    ax.legend(fontsize="small")
+    ax.set(xlabel="learning rate (log scale)", ylabel=f"best {metric}", title="per learning rate")
+    if len(done) or len(diverged):
+        ax.set_xscale("log")
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no trial produced a value", ha="center", transform=ax.transAxes)
     return _done(fig, save)

@@ -440,7 +440,8 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                  if fig.get("best_metric") is not None else "no trial produced a metric")
         verdict = (f"the control (lr {fig['control_lr']:g}) remains the best choice"
                    if fig.get("control_remains_best") else
-                   f"lr {fig['best_lr']:g} beat the control (lr {fig['control_lr']:g})")
+                   f"lr {fig['best_lr']:g} beat the control (lr {fig['control_lr']:g})"
+                   if fig.get("best_lr") is not None else "no learning rate can be chosen yet")
         lines += ["", f"Learning-rate study: {fig['trials']} trials ({statuses}); {found}; "
                   f"{verdict}."]
     verdicts = []

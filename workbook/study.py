@@ -11,6 +11,7 @@ import math
 import random
 import shlex
 import shutil
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from .ledger import Ledger
 from .loop import Stepper, UpdateShape, eval_mode, evaluate, resolve_device, train
 from .records import EvalRecord, StepRecord
 from .runs import shown, task_args, write_json
-from .task import IGNORE_INDEX, Task, load_recorded_task, load_task
+from .task import Task, contributes, load_recorded_task, load_task
 
 PLAN = "plan.json"
 
@@ -48,14 +49,17 @@ class StudyPlan:
     eval_sample: int = 0  # validation examples evaluated periodically (0: all)
     metric: str = "loss"  # "loss" or a metric of the task, e.g. "accuracy"
     top_n: int = 2  # best checkpoints kept per trial, plus the last
-    divergence_multiple: float = 3.0  # stop when the loss exceeds this x the first update's
+    divergence_multiple: float = 3.0  # stop when the loss (median of 5 updates) exceeds this x
+    # the median of the first 5 updates
     prediction_examples: int = 4  # validation examples whose predictions are kept
     device: str = "cpu"
     notes: str = ""
 
     @property
     def mode(self) -> str:
-        return "min" if self.metric == "loss" else "max"
+        """"min" for the loss and error-like metrics (mae, rmse, perplexity...), else "max"."""
+        lower = ("loss", "error", "mae", "mse", "perplexity")
+        return "min" if any(w in self.metric.lower() for w in lower) else "max"
 
     def validate(self, task: Task, val: list[Item]) -> "StudyPlan":
         problems = []
@@ -231,13 +235,15 @@ class Study:
         def on_update(record: StepRecord, *_) -> str | None:
             pending.append({k: getattr(record, k) for k in
                             ("step", "loss", "lr", "examples", "targets", "time_s")})
-            if not first:
-                first.append(record.loss)
+            first.append(record.loss)
             if not math.isfinite(record.loss):
                 return f"non-finite loss ({record.loss}) at update {record.step}"
-            if record.loss > plan.divergence_multiple * first[0]:
-                return (f"loss {record.loss:.3g} above {plan.divergence_multiple} x the first "
-                        f"update's {first[0]:.3g}")
+            # medians of 5 updates: one hard micro-batch (a heavy-tailed regression target, a
+            # long sequence) is not a divergence
+            start, recent = statistics.median(first[:5]), statistics.median(first[-5:])
+            if len(first) > 5 and recent > plan.divergence_multiple * start:
+                return (f"median loss of the last 5 updates {recent:.3g} above "
+                        f"{plan.divergence_multiple} x that of the first 5, {start:.3g}")
             return None
 
         def on_eval(record: EvalRecord, stepper: Stepper) -> None:
@@ -295,15 +301,16 @@ class Study:
 
     def _save_predictions(self, model: torch.nn.Module, folder: Path, step: int) -> None:
         """Predictions for a fixed selection of validation examples, for later reading: the
-        argmax at every target position (teacher forcing), in one forward pass."""
+        argmax at every target position (teacher forcing; regression: the output values), in one
+        forward pass."""
         items = self.val_items[: self.plan.prediction_examples]
         batch = collate_items(self.task, items).to(resolve_device(self.plan.device)).tensors
-        with eval_mode(model):
-            predicted = self.task.forward(model, batch).argmax(-1)
         labels = self.task.targets(batch["labels"])
+        with eval_mode(model):
+            predicted = self.task.predicted(self.task.forward(model, batch), labels)
         rows = []
         for b, it in enumerate(items):
-            keep = labels[b] != IGNORE_INDEX
+            keep = contributes(labels[b])
             rows.append({"step": step, "example": it.id,
                          "target": self.task.decode(labels[b][keep].reshape(-1).tolist()),
                          "prediction": self.task.decode(predicted[b][keep].reshape(-1)

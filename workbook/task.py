@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .errors import WorkbookError
 
 IGNORE_INDEX = -100  # shared by torch.nn.functional.cross_entropy and Hugging Face labels
-KINDS = ("generation", "classification")
+KINDS = ("generation", "classification", "regression")
 
 
 def logits_of(outputs: Any) -> Tensor:
@@ -57,6 +57,33 @@ def target_accuracy(logits: Tensor, batch: dict[str, Tensor],
     return {"accuracy": (float(correct.sum()), float(keep.sum()))}
 
 
+def contributes(labels: Tensor) -> Tensor:
+    """Which targets count: labels other than -100 (class and token ids), or not NaN (the float
+    targets of regression - a padding copy's targets are NaN)."""
+    return ~labels.isnan() if labels.is_floating_point() else labels != IGNORE_INDEX
+
+
+def squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Regression: summed squared error over the target values that are not NaN, and how many
+    there are."""
+    diff, keep = _errors(outputs, batch["labels"])
+    return (diff * diff).sum(), keep.sum()
+
+
+def absolute_error(outputs: Tensor, batch: dict[str, Tensor]) -> dict[str, tuple[float, float]]:
+    """Regression: mean absolute error as (summed |error|, number of target values)."""
+    diff, keep = _errors(outputs, batch["labels"])
+    return {"mae": (float(diff.abs().sum()), float(keep.sum()))}
+
+
+def _errors(outputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Output minus target where the target counts, 0 elsewhere (no data-dependent shapes:
+    the memory prediction runs this on fake tensors)."""
+    keep = contributes(labels)
+    diff = outputs.float().reshape(labels.shape) - labels.float().nan_to_num()
+    return torch.where(keep, diff, torch.zeros_like(diff)), keep
+
+
 def adamw(params: Any, lr: float) -> torch.optim.Optimizer:
     """The default optimizer: AdamW with PyTorch's defaults besides the learning rate."""
     return torch.optim.AdamW(params, lr=lr)
@@ -88,7 +115,7 @@ class Task:
     """
 
     name: str
-    kind: str  # "generation" or "classification"
+    kind: str  # "generation", "classification" or "regression" (float targets)
     load_examples: Callable[[], list[dict]]
     encode: Callable[[dict], dict[str, Tensor]]
     collate: Callable[[list[dict[str, Tensor]]], dict[str, Tensor]]
@@ -120,6 +147,10 @@ class Task:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        if self.kind == "regression" and self.loss is token_cross_entropy:
+            self.loss = squared_error
+        if self.kind == "regression" and self.metrics is target_accuracy:
+            self.metrics = absolute_error
         if self.label_shift and self.loss is token_cross_entropy:
             self.loss = functools.partial(token_cross_entropy, shift=self.label_shift)
         if self.label_shift and self.metrics is target_accuracy:
@@ -130,9 +161,16 @@ class Task:
         one example or a batch; -100 where none."""
         return shift_labels(labels, self.label_shift) if self.kind == "generation" else labels
 
+    def predicted(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        """What the model predicts, laid out as the labels: the argmax id at every position, or
+        the output values for regression."""
+        if self.kind == "regression":
+            return outputs.reshape(labels.shape)
+        return outputs.argmax(-1)
+
     def target_count(self, labels: Tensor) -> int:
         """How many targets these labels give the loss."""
-        return int((self.targets(labels) != IGNORE_INDEX).sum())
+        return int(contributes(self.targets(labels)).sum())
 
     def side(self, batch: dict[str, Tensor]) -> str:
         """Which side a collated batch is padded on: the declared `padding_side`, or read from
@@ -186,9 +224,18 @@ class Task:
         shown = ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values[:8])
         return f"[{shown}{', ...' if len(values) > 8 else ''}]"
 
-    def expected_initial_loss(self, num_outputs: int) -> float:
-        """Loss of an untrained model that spreads probability evenly: ln(number of outputs)."""
+    def expected_initial_loss(self, num_outputs: int, labels: Tensor | None = None) -> float:
+        """Loss per target of an untrained model: ln(number of outputs) when it spreads
+        probability evenly; for regression, mean(target^2) - its outputs are near 0."""
+        if self.kind == "regression":
+            values = labels[contributes(labels)].float() if labels is not None else None
+            return float((values**2).mean()) if values is not None and values.numel() else 1.0
         return math.log(num_outputs)
+
+    def initial_loss_rule(self, num_outputs: int) -> str:
+        """How `expected_initial_loss` is reasoned, for tables."""
+        return ("mean(target^2): outputs near 0" if self.kind == "regression"
+                else f"ln({num_outputs})")
 
 
 _CALLABLES = ("load_examples", "encode", "collate", "build_model", "decode", "loss", "metrics",

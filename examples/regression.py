@@ -1,0 +1,80 @@
+"""A plain-PyTorch regression task written without the workbook in mind: an MLP with MSE on
+tabular features (a house-price-like target from eight features), wrapped as a `wb.Task` of kind
+"regression". Targets are float tensors; the default loss is the summed squared error over the
+target values that are not NaN, the metric the mean absolute error.
+
+    python -m workbook pilot --task examples.regression:task --smoke
+
+Planted bugs for the tests (task options): `nan_inputs=True` (a few feature rows hold NaN),
+`dropout_in_eval=True` (a dropout layer that ignores eval()), `mean_loss=True` (the loss returns
+the batch mean with a count of 1, so accumulation weighs micro-batches, not examples).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+import workbook as wb
+
+FEATURES = 8
+
+
+class Houses(Dataset):
+    """Synthetic, seeded: eight standardised features, one target (a smooth function plus noise);
+    the neighbourhood is the group (examples of one neighbourhood are near-duplicates)."""
+
+    def __init__(self, n: int = 512, nan_inputs: bool = False):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, FEATURES, generator=g)
+        w = torch.linspace(-1.0, 1.0, FEATURES)
+        self.y = (self.x @ w + torch.sin(2 * self.x[:, 0]) + 0.1 * torch.randn(n, generator=g))
+        self.y = self.y[:, None]  # one target per example
+        if nan_inputs:
+            self.x[::97, 3] = math.nan
+        self.neighbourhood = [f"n{i // 4}" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {"features": self.x[i], "labels": self.y[i]}
+
+
+class AlwaysDropout(nn.Dropout):
+    """A planted bug: dropout that ignores eval()."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.dropout(x, self.p, training=True)
+
+
+def build_model(dropout_in_eval: bool = False) -> nn.Module:
+    drop = AlwaysDropout(0.2) if dropout_in_eval else nn.Dropout(0.0)
+    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), drop, nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 1))
+
+
+def mean_squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """A planted bug: the batch mean with a count of 1."""
+    return nn.functional.mse_loss(outputs, batch["labels"]), torch.tensor(1)
+
+
+def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = False,
+              mean_loss: bool = False) -> wb.Task:
+    data = Houses(n, nan_inputs)
+    extra = {"loss": mean_squared_error} if mean_loss else {}
+    return wb.Task(
+        name="houses-regression", kind="regression",
+        load_examples=lambda: [{"id": i, "neighbourhood": data.neighbourhood[i]}
+                               for i in range(len(data))],
+        encode=lambda ex: data[ex["id"]],
+        collate=torch.utils.data.default_collate,
+        build_model=lambda: build_model(dropout_in_eval),
+        decode=lambda values: ", ".join(f"{v:.3g}" for v in values),
+        group_key="neighbourhood", model_inputs=("features",), **extra)
+
+
+task = make_task

@@ -1,0 +1,104 @@
+"""Regression (float targets) through the pilot's checks: a clean plain-PyTorch MLP task
+(examples/regression.py) raises no flag and fails no gate; each planted bug is named by the
+check meant for it."""
+
+import math
+
+import pytest
+import torch
+
+from workbook import load_task
+from workbook.data import prepare
+from workbook.gates import GateRun, GateSettings
+from workbook.inspection import inspect_task
+from workbook.loop import evaluate
+from workbook.overfit import overfit
+from workbook.predict import Plan, predict
+
+TASK = "examples.regression:task"
+
+
+def flags(**options):
+    return [f.check for f in inspect_task(load_task(TASK, **options)).flags]
+
+
+def gates(tmp_path, **options):
+    task = load_task(TASK, **options)
+    items = prepare(task).items
+    report = GateRun(task, GateSettings(micro_batch=4, accumulation=2, eval_batch=16,
+                                        input_updates=1),
+                     items["train"][:64], items["validation"][:20], tmp_path / "gates").run()
+    return {r.phase: r for r in report.rows}
+
+
+def test_a_clean_regression_task_raises_no_flag_and_shows_target_statistics():
+    ins = inspect_task(load_task(TASK))
+    assert ins.flags == [] and ins.verdict == "pass"
+    assert list(ins.classes.columns) == ["train", "validation", "test"]
+    assert ins.classes.loc["targets"].sum() == 512
+    # an untrained MLP outputs about 0: the initial loss is about mean(target^2)
+    assert 2 < ins.figures["expected_initial_loss"] < 5
+
+
+def test_overfit_checks_values_not_ids_against_the_spread_of_the_targets():
+    result = overfit(load_task(TASK), examples=8, updates=150, lr=3e-3)
+    assert result.verdict == "pass", result.checks
+    checks = result.checks.set_index("check")
+    assert "mean(target^2)" in checks.index[0]
+    assert checks.loc["targets reproduced within 5% of their spread", "passed"]
+
+
+def test_gates_pass_on_float_targets(tmp_path):
+    rows = gates(tmp_path)
+    assert all(r.verdict == "pass" for r in rows.values()), {p: r.detail for p, r in
+                                                             rows.items()}
+    assert "mean(target^2)" in rows["forward + loss"].detail
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7, 64])
+def test_evaluation_padding_copies_weigh_nothing_for_float_targets(batch):
+    """The last evaluation batch is padded with copies whose targets are NaN (and weight 0):
+    the loss is the same for every evaluation batch size."""
+    task = load_task(TASK)
+    items = prepare(task).items["validation"][:20]
+    torch.manual_seed(0)
+    model = task.build_model()
+    reference = evaluate(task, model, items, 20, torch.device("cpu"))
+    record = evaluate(task, model, items, batch, torch.device("cpu"))
+    assert math.isclose(record.loss, reference.loss, rel_tol=1e-6)
+    assert math.isclose(record.metrics["mae"], reference.metrics["mae"], rel_tol=1e-6)
+
+
+def test_the_regression_loss_runs_in_the_memory_prediction():
+    task = load_task(TASK)
+    data = prepare(task, limits={"train": 40, "validation": 8})
+    predicted = predict(task, data.train, data.validation, Plan(4, 2))
+    assert (predicted.predicted_peak_bytes > 0).all() and (predicted.note == "").all()
+
+
+def test_nan_inputs_are_named():
+    assert flags(nan_inputs=True) == ["non-finite inputs"]
+
+
+def test_dropout_active_in_eval_is_named_by_inspection_and_the_validation_gate(tmp_path):
+    assert flags(dropout_in_eval=True) == ["random outputs in eval mode"]
+    validation = gates(tmp_path, dropout_in_eval=True)["validation"]
+    assert validation.verdict == "fail" and "dropout" in validation.detail
+
+
+def test_a_mean_loss_with_count_one_is_named():
+    """mse_loss's mean with a count of 1 weighs micro-batches instead of examples when updates
+    accumulate, and reads the NaN targets of evaluation's padding copies."""
+    assert flags(mean_loss=True) == ["loss target count", "loss reads padding copies"]
+
+
+def test_one_hard_update_is_not_a_divergence(tmp_path):
+    """Per-update regression losses are heavy-tailed; the study's divergence rule compares
+    medians of 5 updates, so a clean task at a small learning rate finishes every trial."""
+    from workbook.study import Study, StudyPlan
+
+    plan = StudyPlan(name="r", task=TASK, lrs=[1e-4, 3e-4], seeds=[0], updates=30,
+                     micro_batch=2, accumulation=1, eval_every=10, eval_batch=16)
+    study = Study(tmp_path / "study", plan)
+    study.run_all()
+    assert set(study.trial_table().status) == {"finished"}, study.trial_table()
