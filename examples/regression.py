@@ -1,18 +1,22 @@
 """A plain-PyTorch regression task written without the workbook in mind: an MLP with MSE on
 tabular features (a house-price-like target from eight features), wrapped as a `wb.Task` of kind
 "regression". Targets are float tensors; the default loss is the summed squared error over the
-target values that are not NaN, the metric the mean absolute error.
+target values that are not NaN, the metric the mean absolute error. The task brings its own
+learning rate (`lr=3e-3`, used by every notebook whose `lr` is 0) and its own optimizer with
+parameter groups by name.
 
     python -m workbook pilot --task examples.regression:task --smoke
 
 Planted bugs for the tests (task options): `nan_inputs=True` (a few feature rows hold NaN),
 `dropout_in_eval=True` (a dropout layer that ignores eval()), `mean_loss=True` (the loss returns
-the batch mean with a count of 1, so accumulation weighs micro-batches, not examples).
+the batch mean with a count of 1, so accumulation weighs micro-batches, not examples),
+`forget_head=True` (the optimizer leaves out the output layer).
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -57,13 +61,23 @@ def build_model(dropout_in_eval: bool = False) -> nn.Module:
                          nn.Linear(64, 1))
 
 
+def build_optimizer(model: nn.Module, lr: float, forget_head: bool = False):
+    """AdamW with parameter groups by name: weight decay on weight matrices, none on biases.
+    `forget_head=True` plants a bug: the output layer is left out of the optimizer."""
+    named = [(n, p) for n, p in model.named_parameters()
+             if p.requires_grad and not (forget_head and n.startswith("5."))]
+    return torch.optim.AdamW([
+        {"params": [p for _, p in named if p.ndim > 1], "weight_decay": 0.01},
+        {"params": [p for _, p in named if p.ndim <= 1], "weight_decay": 0.0}], lr=lr)
+
+
 def mean_squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     """A planted bug: the batch mean with a count of 1."""
     return nn.functional.mse_loss(outputs, batch["labels"]), torch.tensor(1)
 
 
 def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = False,
-              mean_loss: bool = False) -> wb.Task:
+              mean_loss: bool = False, forget_head: bool = False) -> wb.Task:
     data = Houses(n, nan_inputs)
     extra = {"loss": mean_squared_error} if mean_loss else {}
     return wb.Task(
@@ -74,6 +88,7 @@ def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = Fa
         collate=torch.utils.data.default_collate,
         build_model=lambda: build_model(dropout_in_eval),
         decode=lambda values: ", ".join(f"{v:.3g}" for v in values),
+        build_optimizer=partial(build_optimizer, forget_head=forget_head), lr=3e-3,
         group_key="neighbourhood", model_inputs=("features",), **extra)
 
 

@@ -65,8 +65,8 @@ class _Raiser(torch.nn.Module):
 
 
 def test_layer_left_out_of_the_optimizer_fails_the_update(gen_task, gen_items, tmp_path):
-    def forgetful(params, lr):
-        params = list(params)
+    def forgetful(model, lr):
+        params = list(model.parameters())
         return torch.optim.AdamW(params[:-2], lr=lr)  # the output head is forgotten
     _, rows = gates(dataclasses.replace(gen_task, build_optimizer=forgetful), gen_items,
                     tmp_path)

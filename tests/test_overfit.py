@@ -41,7 +41,7 @@ def test_non_finite_loss_is_flagged(cls_task):
 
 
 def test_a_loop_that_cannot_learn_fails(gen_task):
-    frozen = dataclasses.replace(gen_task, build_optimizer=lambda params, lr: torch.optim.SGD(
-        params, lr=0.0))
+    frozen = dataclasses.replace(gen_task, build_optimizer=lambda model, lr: torch.optim.SGD(
+        model.parameters(), lr=0.0))
     res = overfit(frozen, examples=4, updates=5)
     assert {"final loss below threshold", "exact target ids reproduced"} <= _failed(res)

@@ -10,7 +10,7 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def test_typo_gets_a_suggestion():
-    with pytest.raises(WorkbookError, match="unknown parameter 'updatse' .*did you mean 'updates'"):
+    with pytest.raises(WorkbookError, match="no parameter 'updatse' .*did you mean 'updates'"):
         validate({"updatse": 3}, "02_overfit")
 
 
@@ -29,7 +29,7 @@ def test_int_is_accepted_for_float_and_defaults_fill_in():
 def test_check_reads_a_notebook_namespace_and_skips_ipython_names():
     namespace = {"Out": {}, "_": None, "task": "a:b", "examples": 3, "json": json}
     assert check(namespace, "02_overfit")["examples"] == 3
-    with pytest.raises(WorkbookError, match="unknown parameter 'exampels'"):
+    with pytest.raises(WorkbookError, match="no parameter 'exampels'"):
         check({**namespace, "exampels": 3}, "02_overfit")
 
 
@@ -39,7 +39,7 @@ def test_in_a_kernel_only_the_parameter_cells_count():
                "n = len(items)\nratio = 0.5"]
     namespace = {"In": history, "task": "a:b", "examples": 3, "exampels": 4, "ratio": 0.5,
                  "n": 7}
-    with pytest.raises(WorkbookError, match="unknown parameter 'exampels'"):
+    with pytest.raises(WorkbookError, match="no parameter 'exampels'"):
         check(namespace, "02_overfit")
     history[2] = "# Parameters\nexamples = 4\n"
     namespace["examples"] = 4
@@ -95,3 +95,9 @@ def test_committed_notebooks_carry_their_outputs(stem):
     assert all(c["execution_count"] is not None for c in cells), "execute the notebook"
     assert not any(o.get("output_type") == "error" for c in cells for o in c["outputs"])
     assert any(c["outputs"] for c in cells)
+
+
+def test_a_parameter_of_other_notebooks_names_them():
+    with pytest.raises(WorkbookError, match=r"no parameter 'lr' \(it belongs to 02_overfit, "
+                       r"03_phase_gates.*\)(.|\n)*fix: select the notebooks that take it"):
+        validate({"lr": 0.1}, "the selected notebooks", defaults("01_inspect_examples"))

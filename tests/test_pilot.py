@@ -192,7 +192,7 @@ def test_pilot_options_are_not_notebook_parameters(tmp_path):
         run_pilot(GENERATION, out=str(tmp_path / "r"), params={"task": "x:y"})
     with pytest.raises(WorkbookError, match="names no notebook"):
         select(",")
-    with pytest.raises(WorkbookError, match="the selected notebooks: unknown parameter 'lrr'"):
+    with pytest.raises(WorkbookError, match="the selected notebooks: no parameter 'lrr'"):
         run_pilot(GENERATION, out=str(tmp_path / "r"), only="02", params={"lrr": 1.0})
     assert not (tmp_path / "r").exists()
 

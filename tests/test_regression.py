@@ -102,3 +102,35 @@ def test_one_hard_update_is_not_a_divergence(tmp_path):
     study = Study(tmp_path / "study", plan)
     study.run_all()
     assert set(study.trial_table().status) == {"finished"}, study.trial_table()
+
+
+def test_an_optimizer_that_leaves_out_a_layer_fails_the_update_gate(tmp_path):
+    """build_optimizer(model, lr) receives the model: parameter groups by name are possible,
+    and so is forgetting one - the update gate names the tensors left out."""
+    clean = gates(tmp_path / "clean")
+    assert clean["update (first)"].verdict == "pass"
+    forgot = gates(tmp_path / "forgot", forget_head=True)["update (first)"]
+    assert forgot.verdict == "fail" and "not in the optimizer" in forgot.detail
+
+
+def test_the_task_learning_rate_fills_lr_zero_and_the_study_lrs():
+    from workbook.params import task_learning_rates
+
+    p = task_learning_rates({"task": TASK, "task_options": {}, "lr": 0.0, "lrs": []})
+    assert p["lr"] == 3e-3 and p["lrs"] == [3e-3, 1.5e-3, 6e-3]
+    assert task_learning_rates({"task": TASK, "task_options": {}, "lr": 0.1})["lr"] == 0.1
+    sample = task_learning_rates({"task": "workbook.samples.generation:task",
+                                  "task_options": {}, "lr": 0.0})
+    assert sample["lr"] == 1e-3
+
+
+def test_an_old_style_build_optimizer_gets_a_clear_error():
+    import dataclasses
+
+    from workbook import WorkbookError
+    from workbook.loop import TrainConfig, build_stepper
+
+    task = dataclasses.replace(load_task(TASK), build_optimizer=lambda params, lr:
+                               torch.optim.SGD(list(params), lr=lr))
+    with pytest.raises(WorkbookError, match="receives the model: pass model.parameters()"):
+        build_stepper(task, TrainConfig(micro_batch=2, accumulation=1))

@@ -31,7 +31,7 @@ def test_unknown_task_option_is_refused():
 
 
 def test_every_missing_capability_is_reported_at_once(gen_task):
-    broken = dataclasses.replace(gen_task, encode=None, collate="not callable", kind="regression",
+    broken = dataclasses.replace(gen_task, encode=None, collate="not callable", kind="ranking",
                                  split_fractions=(0.5, 0.5, 0.5))
     with pytest.raises(WorkbookError) as err:
         validate_task(broken)

@@ -267,7 +267,7 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) 
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(task, model)
     model.train()
-    optimizer = task.build_optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr)
+    optimizer = task.optimizer(model, cfg.lr)
     warmup = max(cfg.warmup_updates, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)

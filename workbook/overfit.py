@@ -95,7 +95,8 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
     finite = bool(steps.loss.map(math.isfinite).all() and steps.grad_norm.map(math.isfinite).all())
     init_gap = abs(initial.loss - expected) / max(expected, 1e-12)
     checks = pd.DataFrame([
-        {"check": f"initial loss near {task.initial_loss_rule(outputs)}",
+        {"check": "initial loss near " + ("mean(target^2)" if task.kind == "regression"
+                                           else "ln(outputs)"),
          "value": round(initial.loss, 4),
          "expected": f"{expected:.4f} +/- {init_tolerance:.0%}",
          "passed": init_gap <= init_tolerance},

@@ -103,7 +103,23 @@ def check(namespace: dict[str, Any], notebook: str) -> dict[str, Any]:
     else:
         given = {k: v for k, v in namespace.items()
                  if not k.startswith("_") and k not in _IPYTHON and isinstance(v, _LITERALS)}
-    return validate(given, notebook, spec)
+    return task_learning_rates(validate(given, notebook, spec))
+
+
+def task_learning_rates(p: dict[str, Any]) -> dict[str, Any]:
+    """Fill `lr` 0 with the task's own learning rate (`Task.lr`, else 1e-3), and an empty `lrs`
+    with the task's (else 1e-4) as the control, then half and double it."""
+    if not ("lr" in p and not p["lr"]) and not ("lrs" in p and not p["lrs"]):
+        return p
+    from .task import load_task
+
+    own = load_task(p["task"], **p.get("task_options", {})).lr
+    if "lr" in p and not p["lr"]:
+        p["lr"] = own or 1e-3
+    if "lrs" in p and not p["lrs"]:
+        control = own or 1e-4
+        p["lrs"] = [control, control / 2, control * 2]
+    return p
 
 
 def validate(given: dict[str, Any], notebook: str,
@@ -114,8 +130,10 @@ def validate(given: dict[str, Any], notebook: str,
     problems = []
     for name in sorted(set(given) - set(spec)):
         close = difflib.get_close_matches(name, spec, n=1)
-        problems.append(f"unknown parameter {name!r}"
-                        + (f" (did you mean {close[0]!r}?)" if close else ""))
+        elsewhere = [stem for stem in stems() if name in defaults(stem)]
+        problems.append(f"no parameter {name!r}" + (
+            f" (it belongs to {', '.join(elsewhere)})" if elsewhere else "")
+            + (f" - did you mean {close[0]!r}?" if close else ""))
     for name, value in given.items():
         if name not in spec:
             continue
@@ -129,5 +147,6 @@ def validate(given: dict[str, Any], notebook: str,
     if problems:
         where = notebook if " " in notebook else f"notebook {notebook}"
         raise WorkbookError(f"{where}: " + "; ".join(problems),
-                            f"use only these parameters: {', '.join(sorted(spec))}")
+                            "select the notebooks that take it (--only), or use only these "
+                            f"parameters: {', '.join(sorted(spec))}")
     return {**spec, **{k: v for k, v in given.items()}}

@@ -49,8 +49,8 @@ class StudyPlan:
     eval_sample: int = 0  # validation examples evaluated periodically (0: all)
     metric: str = "loss"  # "loss" or a metric of the task, e.g. "accuracy"
     top_n: int = 2  # best checkpoints kept per trial, plus the last
-    divergence_multiple: float = 3.0  # stop when the loss (median of 5 updates) exceeds this x
-    # the median of the first 5 updates
+    divergence_multiple: float = 3.0  # stop when the median loss of the last 5 updates exceeds
+    # this x the first update's
     prediction_examples: int = 4  # validation examples whose predictions are kept
     device: str = "cpu"
     notes: str = ""
@@ -238,12 +238,12 @@ class Study:
             first.append(record.loss)
             if not math.isfinite(record.loss):
                 return f"non-finite loss ({record.loss}) at update {record.step}"
-            # medians of 5 updates: one hard micro-batch (a heavy-tailed regression target, a
-            # long sequence) is not a divergence
-            start, recent = statistics.median(first[:5]), statistics.median(first[-5:])
-            if len(first) > 5 and recent > plan.divergence_multiple * start:
-                return (f"median loss of the last 5 updates {recent:.3g} above "
-                        f"{plan.divergence_multiple} x that of the first 5, {start:.3g}")
+            # the median of the last 5 updates against the first update's loss: one hard
+            # micro-batch (a heavy-tailed regression target, a long sequence) is no divergence
+            start, recent = first[0], statistics.median(first[-5:])
+            if len(first) >= 3 and recent > plan.divergence_multiple * start:
+                return (f"median loss of the last {min(len(first), 5)} updates {recent:.3g} "
+                        f"above {plan.divergence_multiple} x the first update's {start:.3g}")
             return None
 
         def on_eval(record: EvalRecord, stepper: Stepper) -> None:

@@ -84,9 +84,10 @@ def _errors(outputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(keep, diff, torch.zeros_like(diff)), keep
 
 
-def adamw(params: Any, lr: float) -> torch.optim.Optimizer:
-    """The default optimizer: AdamW with PyTorch's defaults besides the learning rate."""
-    return torch.optim.AdamW(params, lr=lr)
+def adamw(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The default optimizer: AdamW with PyTorch's defaults besides the learning rate, over the
+    parameters that require gradients."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
 
 
 def split_by_group_hash(group: str, fractions: Sequence[float]) -> str:
@@ -125,7 +126,8 @@ class Task:
     metrics: Callable[[Tensor, dict[str, Tensor]], dict[str, tuple[float, float]]] = (
         target_accuracy
     )
-    build_optimizer: Callable[[Any, float], torch.optim.Optimizer] = adamw
+    build_optimizer: Callable[[nn.Module, float], torch.optim.Optimizer] = adamw  # (model, lr)
+    lr: float | None = None  # the task's own learning rate: notebooks whose `lr` is 0 use it
     id_key: str = "id"
     group_key: str = "group"
     model_inputs: tuple[str, ...] = ("input_ids", "attention_mask")
@@ -160,6 +162,21 @@ class Task:
         """The labels each logit position is trained to predict (`label_shift` applied), for
         one example or a batch; -100 where none."""
         return shift_labels(labels, self.label_shift) if self.kind == "generation" else labels
+
+    def optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        """The task's optimizer for `model`, built by `build_optimizer(model, lr)`."""
+        try:
+            return self.build_optimizer(model, lr)
+        except TypeError as exc:  # most often a build_optimizer written for a parameter list
+            raise WorkbookError(
+                f"build_optimizer of {self.name!r} failed on the model it receives ({exc})",
+                "build_optimizer(model, lr) receives the model: pass model.parameters(), or "
+                "parameter groups by name (e.g. no weight decay on norms and biases)") from exc
+
+    def learning_rate(self, given: float, fallback: float = 1e-3) -> float:
+        """The learning rate a notebook uses: the one given, else (0) the task's, else
+        `fallback`."""
+        return given or self.lr or fallback
 
     def predicted(self, outputs: Tensor, labels: Tensor) -> Tensor:
         """What the model predicts, laid out as the labels: the argmax id at every position, or
@@ -273,6 +290,8 @@ def validate_task(task: Any, path: str = "task") -> Task:
             (task.label_shift and task.kind != "generation"):
         problems.append(f"`label_shift` must be 0 or 1 (1 only for generation), got "
                         f"{task.label_shift!r}")
+    if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):
+        problems.append(f"`lr` must be a positive number or None, got {task.lr!r}")
     if task.padding_side not in ("auto", "left", "right"):
         problems.append(f"`padding_side` must be 'auto', 'left' or 'right', got "
                         f"{task.padding_side!r}")
