@@ -7,8 +7,10 @@ Measured: CPU live-tensor peak rebuilt from profiler allocation events (or
 with the error of the prediction and of the "4 x model size" rule, and ends with
 `memory_prediction_max_abs_error_pct: <value>`. Targets: 2% on CPU, 10% on CUDA.
 
-    python benchmarks/memory_prediction.py [--device cpu|cuda] [--quick] [--hf]
+    python benchmarks/memory_prediction.py [--device cpu|cuda] [--quick] [--hf] [--modules]
 
+`--modules` sizes the standard torch.nn building blocks instead (convolutions with batch norm,
+LSTM, GRU, multi-head attention over embeddings: examples/module_families.py).
 `--hf` sizes three Hugging Face families built from small configs instead (GPT-2, a BERT-style
 encoder, a Llama-style decoder: examples/hf_families.py; needs the [hf] extra). A configuration
 the prediction cannot run, or a phase it cannot size (the model takes another path on real tensors
@@ -46,6 +48,9 @@ GRID = [  # (task, micro_batch, length, precision, activation checkpointing)
     ("transformer_lm:task", 8, 128, "fp32", True),
 ]
 QUICK = [GRID[0], GRID[4], GRID[9], GRID[11], GRID[13], GRID[-1]]
+MODULES = [(f"module_families:task:{family}", mb, 0, "fp32", False)  # torch.nn blocks
+           for family in ("conv2d+batchnorm", "conv1d", "lstm", "gru",
+                          "embedding+multihead-attention") for mb in (4, 16)]
 HF = [  # Hugging Face families from small configs (examples/hf_families.py)
     *[("hf_families:gpt2", mb, 64, "fp32", False) for mb in (1, 4, 16)],
     ("hf_families:gpt2", 4, 64, "fp32", True),
@@ -55,8 +60,13 @@ HF = [  # Hugging Face families from small configs (examples/hf_families.py)
 ]
 
 
-def task_path(name: str) -> str:
-    return f"examples.{name}" if ":" in name else f"workbook.samples.{name}:task"
+def load(name: str):
+    """A sample, an example task, or an example family (`module:attr:family`)."""
+    path, _, family = name.partition(":")[2].partition(":")
+    if ":" not in name:
+        return load_task(f"workbook.samples.{name}:task")
+    module = name.split(":")[0]
+    return load_task(f"examples.{module}:{path}", **({"family": family} if family else {}))
 
 
 def main():
@@ -64,13 +74,16 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="six configurations only")
     parser.add_argument("--hf", action="store_true", help="the Hugging Face families instead")
+    parser.add_argument("--modules", action="store_true",
+                        help="torch.nn building blocks instead (examples/module_families.py)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     pd.set_option("display.width", 200)
     tasks, rows, skipped = {}, [], []
-    for name, mb, length, precision, ac in (HF if args.hf else QUICK if args.quick else GRID):
+    grid = HF if args.hf else MODULES if args.modules else QUICK if args.quick else GRID
+    for name, mb, length, precision, ac in grid:
         if name not in tasks:
-            task = load_task(task_path(name))
+            task = load(name)
             splits = split_examples(task, load_examples(task))
             tasks[name] = (task, encode_examples(task, splits["train"][:400]),
                            encode_examples(task, splits["validation"][:64]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +24,7 @@ from .loop import (
     resolve_device,
     train,
 )
-from .memory import GIB, MemoryReading, measure, state_tensors, storage_bytes
+from .memory import GIB, MemoryReading, measure, rebased, state_tensors, storage_bytes
 from .predict import Plan, plan_batches
 from .records import to_frame
 from .task import Task
@@ -209,10 +209,7 @@ class GateRun:
         row.time_s = time.perf_counter() - start
         if reading is not None:
             if reading.counter == "cpu-profiler":  # relative to the workload alive at the start
-                base = self.live if chained else 0
-                reading = replace(reading, baseline_bytes=base,
-                                  peak_allocated_bytes=base + reading.peak_allocated_bytes,
-                                  allocated_bytes=base + reading.allocated_bytes)
+                reading = rebased(reading, self.live if chained else 0)
                 if chained:
                     self.live = reading.allocated_bytes
             for key, value in asdict(reading).items():

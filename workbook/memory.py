@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -146,6 +146,15 @@ def measure(device: torch.device,
         peak, end = live_peak_from_profile(prof)
         out.reading = MemoryReading("cpu-profiler", start, start + peak, start + end,
                                     rss_peak_bytes=_rss_peak() if rss_ok else None)
+
+
+def rebased(reading: MemoryReading, base: int) -> MemoryReading:
+    """A CPU reading of a phase made absolute: its counters (relative to the phase's start) plus
+    the bytes alive at the start. CUDA readings are absolute already."""
+    if reading.counter != "cpu-profiler":
+        return reading
+    return replace(reading, baseline_bytes=base, peak_allocated_bytes=base +
+                   reading.peak_allocated_bytes, allocated_bytes=base + reading.allocated_bytes)
 
 
 def cuda_overheads(device: torch.device) -> dict[str, int] | None:

@@ -26,7 +26,7 @@ from .loop import (
 )
 from .memory import cuda_overheads
 from .task import Task
-from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
+from .workload import TRAINING_PHASES, Workload, measured_peaks, shaped_batch, targets_of
 
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
 
@@ -206,17 +206,33 @@ def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode) -> torch.nn.M
 
 
 def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: float = 1e-3,
-            device: str = "cpu", seed: int = 0) -> pd.DataFrame:
-    """Predicted peak bytes per training phase for `plan`, with the breakdown at each peak."""
+            device: str = "cpu", seed: int = 0, calibrate: bool = True) -> pd.DataFrame:
+    """Predicted peak bytes per training phase for `plan`, with the breakdown at each peak. A
+    phase the prediction cannot size is a row without bytes whose `note` says why (see
+    `path_limits` and, with `calibrate`, `calibration_limits`)."""
     check_length(task, plan)
     batch, group, eval_batch = plan_batches(task, train, val, plan)
     if plan.length or plan.eval_length:
         accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
                        else batch)
-    targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
     limits = path_limits(task, batch, group, eval_batch)
+    if calibrate:
+        limits = {**calibration_limits(task, train, val, plan, device), **limits}
     cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
-    rows = []
+    frame = pd.DataFrame(fake_phases(task, cfg, batch, group, eval_batch, plan.label()))
+    frame.insert(0, "config", plan.label())
+    unknown = frame.phase.isin(list(limits))
+    frame.loc[unknown, frame.columns.str.endswith("_bytes")] = float("nan")
+    frame["note"] = frame.phase.map(lambda p: f"not predicted: {limits[p]}" if p in limits
+                                    else "")
+    return frame
+
+
+def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
+                eval_batch: Batch, label: str) -> list[dict]:
+    """Every training phase run on fake tensors under the tracker: its peak and breakdown."""
+    device, rows = resolve_device(cfg.device), []
+    targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:
         def to_fake(b: Batch) -> Batch:
             return Batch(b.ids, {k: fake.from_tensor(v.to(device)) for k, v in
@@ -233,7 +249,7 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
                     work.run(phase)
                 except Exception as exc:
                     raise WorkbookError(
-                        f"predicting {phase} for {plan.label()} failed: an operation of this "
+                        f"predicting {phase} for {label} failed: an operation of this "
                         f"model does not run on fake tensors ({reason(exc, 300)})",
                         "the measured gates still stand; size this configuration by measuring "
                         "it (notebook 03 with the plan's settings on a machine that fits it)"
@@ -241,13 +257,47 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
                 rows.append({"phase": phase, "predicted_peak_bytes": tracker.phase_peak,
                              **{f"{k.lower()}_bytes": v for k, v in
                                 tracker.breakdown().items()}})
-    frame = pd.DataFrame(rows)
-    frame.insert(0, "config", plan.label())
-    unknown = frame.phase.isin(list(limits))
-    frame.loc[unknown, frame.columns.str.endswith("_bytes")] = float("nan")
-    frame["note"] = frame.phase.map(lambda p: f"not predicted: {limits[p]}" if p in limits
-                                    else "")
-    return frame
+    return rows
+
+
+CALIBRATION_TOLERANCE = 0.02  # the prediction's target on the CPU
+_calibrated: dict[tuple, dict[str, str]] = {}
+
+
+def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Plan,
+                       device: str = "cpu") -> dict[str, str]:
+    """Phases whose prediction is off by more than 2% against a real run of a small
+    configuration of the same model on this device (the plan's micro-batch up to 4, at the
+    data's length, with the plan's precision and checkpointing): kernels that allocate memory
+    fake tensors do not see (convolution and recurrent workspaces, autocast's weight cache).
+    Measured once per task
+    and setting."""
+    micro = max(1, min(plan.micro_batch, 4))
+    key = (id(task), task.name, micro, plan.precision, plan.activation_checkpointing, str(device))
+    if key not in _calibrated:
+        small = Plan(micro, 1, None, micro, None, plan.precision, plan.activation_checkpointing)
+        batches = plan_batches(task, train, val, small)
+        cfg = small.shape.train_config(device=device)
+        real = measured_peaks(task, cfg, *batches)
+        fake = {r["phase"]: r["predicted_peak_bytes"] for r in
+                fake_phases(task, cfg, *batches, small.label())}
+        suspects = sorted({type(m).__name__ for m in task.build_model().modules()
+                           if isinstance(m, HIDDEN_WORKSPACE)})
+        if plan.precision != "fp32":
+            suspects.append(f"autocast's cached {plan.precision} weight copies")
+        _calibrated[key] = {
+            phase: (f"on a real run of {small.label()} on {device} this phase's prediction was "
+                    f"{100 * (fake[phase] - real[phase]) / real[phase]:+.1f}% off the measured "
+                    "peak: a kernel allocates memory that fake tensors do not see"
+                    + (f" (suspects: {', '.join(suspects)})" if suspects else "")
+                    + " - size this configuration by measuring it")
+            for phase in TRAINING_PHASES
+            if abs(fake[phase] - real[phase]) > CALIBRATION_TOLERANCE * real[phase]}
+    return _calibrated[key]
+
+
+HIDDEN_WORKSPACE = (torch.nn.modules.conv._ConvNd, torch.nn.RNNBase,
+                    torch.nn.MultiheadAttention)
 
 
 FUSED_INFERENCE = ("aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention",

@@ -177,7 +177,8 @@ class VariantStudy:
                                             device=self.device)
             row["plan"] = plan.label()
             row["plan_peak_bytes"] = predicted.predicted_peak_bytes.max()
-            row["flags"] += sorted(set(predicted.note) - {""})
+            row["flags"] += [f"plan {r.phase}: {r.note}" for r in predicted.itertuples()
+                             if r.note]
         return row
 
     def run(self, variants: list[Variant]) -> pd.DataFrame:

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from .data import Batch, Item, collate_items
-from .loop import PRECISIONS, Stepper, eval_mode
+from .loop import PRECISIONS, Stepper, TrainConfig, build_stepper, eval_mode, resolve_device
+from .memory import measure, rebased, state_tensors, storage_bytes
 from .task import Task
 
 TRAINING_PHASES = ("forward + loss", "backward", "update (first)", "update (later)", "validation")
@@ -115,3 +116,22 @@ class Workload:
         {"forward + loss": self.forward, "backward": self.backward,
          "update (first)": self.update_first, "update (later)": self.update_later,
          "validation": self.validation}[phase]()
+
+
+def measured_peaks(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
+                   eval_batch: Batch) -> dict[str, int]:
+    """Peak allocated bytes of every training phase of one real workload on the configured
+    device, measured as the gates measure them (each phase from what the previous one left)."""
+    device = resolve_device(cfg.device)
+    stepper = build_stepper(task, cfg)
+    work = Workload(stepper, batch.to(device), [b.to(device) for b in group],
+                    eval_batch.to(device), targets_of(task, batch),
+                    sum(targets_of(task, b) for b in group))
+    live = storage_bytes(state_tensors(stepper.model, stepper.optimizer, work.tensors()))
+    peaks = {}
+    for phase in TRAINING_PHASES:
+        with measure(device) as held:
+            work.run(phase)
+        reading = rebased(held.reading, live)
+        live, peaks[phase] = reading.allocated_bytes, reading.peak_allocated_bytes
+    return peaks
