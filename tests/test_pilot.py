@@ -134,6 +134,10 @@ def test_an_unknown_rental_gpu_fails_the_plan_with_its_name(tmp_path):
     run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="08",
                            progress=False, params={"rental_gpu": "B300"})
     assert index.verdict.tolist() == ["error"] and "unknown GPU 'B300'" in index.error[0]
+    # what the notebook found before the error stays, and its summary carries the error
+    summary = json.loads((run / "08_rental_plan" / "summary.json").read_text())
+    assert summary["verdict"] == "error" and "unknown GPU 'B300'" in summary["error"]
+    assert isinstance(summary["found"], list)
 
 
 @pytest.mark.parametrize("fault", ["hang", "die"])

@@ -166,8 +166,24 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
         row["error"] = f"{type(exc).__name__}: {exc}"[:500]
     finally:
         _keep_executed(partial, run / f"{stem}.ipynb")
+    if row["error"]:
+        _record_error(run / stem, row["error"])
     row["seconds"] = round(time.monotonic() - start, 1)
     return row
+
+
+def _record_error(folder: Path, error: str) -> None:
+    """A notebook that failed keeps what it found: its summary.json (written now when the
+    notebook never got that far, with the files it did write) carries the error."""
+    path = folder / "summary.json"
+    try:
+        summary = json.loads(path.read_text()) if path.exists() else {
+            "verdict": "error", "figures": {},
+            "found": sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []}
+    except ValueError:
+        summary = {"verdict": "error", "figures": {}}
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(path, {**summary, "error": error})
 
 
 def _keep_executed(partial: Path, final: Path) -> None:

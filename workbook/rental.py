@@ -397,9 +397,10 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
     import json
     from pathlib import Path
 
-    def summary(stem):
+    def summary(stem):  # a notebook that stopped with an error has no figures to quote
         path = Path(run_dir) / stem / "summary.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        data = json.loads(path.read_text()) if path.exists() else None
+        return data if data and data.get("verdict") != "error" else None
 
     lines = ["# Rental decision", ""]
     currency = options.currency.iloc[0] if len(options) else "USD"

@@ -209,6 +209,6 @@ def write_summary(out_dir: Path, verdict: str, figures: dict[str, Any], **extra:
 
 def save_table(frame: pd.DataFrame, out_dir: Path, name: str) -> Path:
     """Store a table as CSV (for people) and JSON records (for programs)."""
-    frame.to_csv(Path(out_dir) / f"{name}.csv", index=False)
+    write_text(Path(out_dir) / f"{name}.csv", frame.to_csv(index=False))
     write_json(Path(out_dir) / f"{name}.json", frame.to_dict(orient="records"))
     return Path(out_dir) / f"{name}.csv"
