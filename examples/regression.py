@@ -2,21 +2,24 @@
 tabular features (a house-price-like target from eight features), wrapped as a `wb.Task` of kind
 "regression". Targets are float tensors; the default loss is the summed squared error over the
 target values that are not NaN, the metric the mean absolute error. The task brings its own
-learning rate (`lr=3e-3`, used by every notebook whose `lr` is 0) and its own optimizer with
-parameter groups by name.
+learning rate (`lr=3e-3`, used by every notebook whose `lr` is 0), its own optimizer with
+parameter groups by name, and its own checkpoint code (`save_state`/`restore_state`), which
+notebooks 03 and 07 run and check.
 
     python -m workbook pilot --task examples.regression:task --smoke
 
 Planted bugs for the tests (task options): `nan_inputs=True` (a few feature rows hold NaN),
 `dropout_in_eval=True` (a dropout layer that ignores eval()), `mean_loss=True` (the loss returns
 the batch mean with a count of 1, so accumulation weighs micro-batches, not examples),
-`forget_head=True` (the optimizer leaves out the output layer).
+`forget_head=True` (the optimizer leaves out the output layer), `ckpt_without_optimizer=True`
+(save_state leaves out the optimizer state).
 """
 
 from __future__ import annotations
 
 import math
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -71,13 +74,30 @@ def build_optimizer(model: nn.Module, lr: float, forget_head: bool = False):
         {"params": [p for _, p in named if p.ndim <= 1], "weight_decay": 0.0}], lr=lr)
 
 
+def save_state(folder: Path, objects: dict, skip_optimizer: bool = False) -> None:
+    """The task's own checkpoint: one file of state dicts, loadable with weights_only=True.
+    `skip_optimizer=True` plants the classic: a checkpoint without the optimizer state."""
+    state = {name: obj.state_dict() for name, obj in objects.items()
+             if obj is not None and not (skip_optimizer and name == "optimizer")}
+    torch.save(state, Path(folder) / "training_state.pt")
+
+
+def restore_state(folder: Path, objects: dict) -> None:
+    """Load what `save_state` wrote back into the same objects."""
+    state = torch.load(Path(folder) / "training_state.pt", weights_only=True)
+    for name, obj in objects.items():
+        if obj is not None and name in state:
+            obj.load_state_dict(state[name])
+
+
 def mean_squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     """A planted bug: the batch mean with a count of 1."""
     return nn.functional.mse_loss(outputs, batch["labels"]), torch.tensor(1)
 
 
 def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = False,
-              mean_loss: bool = False, forget_head: bool = False) -> wb.Task:
+              mean_loss: bool = False, forget_head: bool = False,
+              ckpt_without_optimizer: bool = False) -> wb.Task:
     data = Houses(n, nan_inputs)
     extra = {"loss": mean_squared_error} if mean_loss else {}
     return wb.Task(
@@ -89,6 +109,8 @@ def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = Fa
         build_model=lambda: build_model(dropout_in_eval),
         decode=lambda values: ", ".join(f"{v:.3g}" for v in values),
         build_optimizer=partial(build_optimizer, forget_head=forget_head), lr=3e-3,
+        save_state=partial(save_state, skip_optimizer=ckpt_without_optimizer),
+        restore_state=restore_state,
         group_key="neighbourhood", model_inputs=("features",), **extra)
 
 

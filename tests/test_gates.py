@@ -142,8 +142,8 @@ def test_tied_weights_survive_a_checkpoint_and_an_untying_restore_fails_resume(t
     _, rows = gates(task, items, tmp_path / "clean")
     assert rows["resume"].verdict == "pass", rows["resume"].detail
 
-    def untying_load(path, model, *rest):  # the bug: a new Parameter where the tie was
-        info = load_checkpoint(path, model, *rest)
+    def untying_load(path, model, *rest, **kw):  # the bug: a new Parameter where the tie was
+        info = load_checkpoint(path, model, *rest, **kw)
         model.head.weight = torch.nn.Parameter(model.head.weight.detach().clone())
         return info
     _, rows = gates(task, items, tmp_path / "untied", load=untying_load)

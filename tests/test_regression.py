@@ -134,3 +134,24 @@ def test_an_old_style_build_optimizer_gets_a_clear_error():
                                torch.optim.SGD(list(params), lr=lr))
     with pytest.raises(WorkbookError, match="receives the model: pass model.parameters()"):
         build_stepper(task, TrainConfig(micro_batch=2, accumulation=1))
+
+
+def test_the_tasks_own_checkpoint_code_resumes_exactly_in_a_new_process(tmp_path):
+    """save_state/restore_state are the task's: 03's resume gate and 07's resume in a new
+    process run them; a checkpoint without the optimizer state is named by both."""
+    from workbook import resume
+    from workbook.loop import TrainConfig
+
+    assert gates(tmp_path / "clean")["resume"].verdict == "pass"
+    spec = resume.recipe(TASK, {}, TrainConfig(micro_batch=4, accumulation=2, updates=6), 64)
+    reference, ref_weights = resume.run(spec, 6, tmp_path / "ref", checkpoint_at=(3,))
+    assert sorted(p.name for p in (tmp_path / "ref" / "ckpt-000003").iterdir()) == [
+        "manifest.json", "meta.json", "state.pt", "training_state.pt"]
+    resumed, weights = resume.resume_in_new_process(tmp_path / "ref" / "ckpt-000003", 6,
+                                                    tmp_path / "resumed", spec)
+    table, verdict = resume.compare(reference, resumed, ref_weights, weights)
+    assert verdict["exact"], table
+
+    broken = gates(tmp_path / "broken", ckpt_without_optimizer=True)["resume"]
+    assert broken.verdict == "fail"
+    assert "restore_state did not bring back the optimizer state" in broken.detail

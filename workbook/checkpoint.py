@@ -8,7 +8,7 @@ import json
 import pickle
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -52,19 +52,64 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, counters: dict | None = None,
-                    meta: dict | None = None) -> Path:
-    """Save the full training state into a new folder `path` (never over an existing one)."""
+                    meta: dict | None = None, own: Callable | None = None) -> Path:
+    """Save the full training state into a new folder `path` (never over an existing one).
+    With `own` (a task's `save_state(folder, objects)`), the task writes model, optimizer,
+    schedule and scaler its own way; the workbook adds the loop's counters, the random states
+    and digests of what was saved, which the restore checks."""
+    objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+
     def fill(tmp: Path) -> None:
-        save_model(model, str(tmp / WEIGHTS))
-        torch.save({"optimizer": optimizer.state_dict() if optimizer is not None else None,
-                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                    "scaler": scaler.state_dict() if scaler is not None else None,
+        if own is not None:
+            own(tmp, objects)
+            clash = {WEIGHTS, STATE, META, MANIFEST} & {f.name for f in tmp.iterdir()}
+            folders = [f.name for f in tmp.iterdir() if not f.is_file()]
+            if clash or folders:
+                raise WorkbookError(f"the task's save_state wrote {sorted(clash | set(folders))}"
+                                    f" into the checkpoint", f"write plain files, none named "
+                                    f"{sorted({WEIGHTS, STATE, META, MANIFEST})}")
+        else:
+            save_model(model, str(tmp / WEIGHTS))
+        mine = own is None
+        torch.save({"optimizer": optimizer.state_dict() if mine and optimizer else None,
+                    "scheduler": scheduler.state_dict() if mine and scheduler else None,
+                    "scaler": scaler.state_dict() if mine and scaler else None,
                     "counters": dict(counters or {}), "rng": rng_state()}, tmp / STATE)
         (tmp / META).write_text(json.dumps({"torch": torch.__version__,
                                             "threads": torch.get_num_threads(),
+                                            "digests": digests(objects), "own_state": not mine,
                                             **(meta or {})}, indent=1, default=str))
 
     return write_folder(path, fill, "checkpoint")
+
+
+def digests(objects: dict[str, Any]) -> dict[str, str]:
+    """A fingerprint of each part of the training state (weights, optimizer state, schedule,
+    scaler), to tell after a restore which part did not come back."""
+    import hashlib
+
+    def of(value: Any, h) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(str((t.dtype, tuple(t.shape))).encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(value, dict):
+            for k in sorted(value, key=str):
+                h.update(str(k).encode())
+                of(value[k], h)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                of(v, h)
+        elif not callable(value):
+            h.update(repr(value).encode())
+
+    out = {}
+    for name, obj in objects.items():
+        if obj is not None:
+            h = hashlib.sha256()
+            of(obj.state_dict(), h)
+            out[name] = h.hexdigest()[:16]
+    return out
 
 
 def verify(path: str | Path) -> dict[str, dict]:
@@ -102,10 +147,24 @@ def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-                    scaler: Any = None, restore_rng: bool = True) -> dict[str, Any]:
+                    scaler: Any = None, restore_rng: bool = True,
+                    own: Callable | None = None) -> dict[str, Any]:
     """Restore model (and optimizer, schedule, scaler, random states) in place; returns the
-    counters and meta data."""
+    counters and meta data. A checkpoint written by a task's own `save_state` is restored by
+    its `restore_state` (`own`), then every part is checked against the digests taken when it
+    was saved."""
     state = load_state(path)
+    meta = read_json(Path(path) / META, "checkpoint meta")
+    objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    if meta.get("own_state"):
+        if own is None:
+            raise WorkbookError(f"checkpoint {path} was written by a task's own save_state",
+                                "restore it with the same task (its restore_state)")
+        own(Path(path), objects)
+        check_restored(path, meta.get("digests") or {}, objects)
+        if restore_rng:
+            set_rng_state(state["rng"])
+        return {"counters": state["counters"], "meta": meta}
     load_weights(model, Path(path) / WEIGHTS, "checkpoint")
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
         if obj is None:
@@ -120,7 +179,21 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
                                 "resume with the configuration that wrote it") from None
     if restore_rng:
         set_rng_state(state["rng"])
-    return {"counters": state["counters"], "meta": read_json(Path(path) / META, "checkpoint meta")}
+    return {"counters": state["counters"], "meta": meta}
+
+
+def check_restored(path: str | Path, saved: dict[str, str], objects: dict[str, Any]) -> None:
+    """Name every part of the training state that a task's restore_state did not bring back
+    as it was saved (weights, optimizer state such as Adam's moments, schedule, scaler)."""
+    now = digests({k: v for k, v in objects.items() if k in saved and v is not None})
+    wrong = [k for k in now if now[k] != saved[k]]
+    if wrong:
+        raise WorkbookError(
+            f"the task's restore_state did not bring back the {', '.join(wrong)} state saved in "
+            f"{path}" + (" (without the optimizer state, Adam's moments restart from zero and "
+                         "the resumed run diverges from the uninterrupted one)"
+                         if "optimizer" in wrong else ""),
+            f"save and restore the {', '.join(wrong)} state_dict in save_state/restore_state")
 
 
 def tied_groups(model: torch.nn.Module) -> list[tuple[str, ...]]:

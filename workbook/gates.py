@@ -420,7 +420,8 @@ class GateRun:
             counters = {"step": 2, "examples": self.s.micro_batch * (1 + self.s.accumulation)}
             self.rng_at_save = ckpt.rng_state()
             return self.save(path, stepper.model, stepper.optimizer, stepper.scheduler,
-                             stepper.scaler, counters, {"task": self.task.name})
+                             stepper.scaler, counters, {"task": self.task.name},
+                             own=self.task.save_state)
 
         def saved(p):
             size = ckpt.checkpoint_bytes(p)
@@ -444,7 +445,8 @@ class GateRun:
 
         def work():
             fresh = build_stepper(self.task, self.s.train_config())
-            info = self.load(path, fresh.model, fresh.optimizer, fresh.scheduler, fresh.scaler)
+            info = self.load(path, fresh.model, fresh.optimizer, fresh.scheduler, fresh.scaler,
+                             own=self.task.restore_state)
             return fresh, info
 
         def check(result):

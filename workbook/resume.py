@@ -72,7 +72,8 @@ def run(spec: dict, to_step: int, folder: Path | None = None, checkpoint_at: tup
                         "micro_batch_in_group": 0}
             ckpt.save_checkpoint(Path(folder) / f"ckpt-{record.step:06d}", st.model,
                                  st.optimizer, st.scheduler, st.scaler, counters,
-                                 {"recipe": spec, "task_name": task.name})
+                                 {"recipe": spec, "task_name": task.name},
+                                 own=task.save_state)
         return None
 
     result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
@@ -96,7 +97,8 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig,
     stepper = build_stepper(task, cfg)
     optimizer = None if "optimizer" in faults else stepper.optimizer
     info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
-                                stepper.scaler, restore_rng="rng" not in faults)
+                                stepper.scaler, restore_rng="rng" not in faults,
+                                own=task.restore_state)
     torch.set_num_threads(int(info["meta"].get("threads", torch.get_num_threads())))
     c = info["counters"]
     position = Position(c["epoch"], c["group"])

@@ -146,6 +146,12 @@ class Task:
     # Face causal LMs). The default loss and metrics follow it; every check reads it.
     label_shift: int = 0
     padding_side: str = "auto"  # "left", "right", or "auto": read from the collated mask
+    # your own checkpoint code (both or neither): save_state(folder, objects) writes plain files
+    # into a new folder; restore_state(folder, objects) loads them back into the same objects
+    # {"model", "optimizer", "scheduler", "scaler"} (None where absent). The workbook adds the
+    # loop's counters and random states, and checks every part came back as it was saved.
+    save_state: Callable[[Any, dict[str, Any]], None] | None = None
+    restore_state: Callable[[Any, dict[str, Any]], None] | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -290,6 +296,12 @@ def validate_task(task: Any, path: str = "task") -> Task:
             (task.label_shift and task.kind != "generation"):
         problems.append(f"`label_shift` must be 0 or 1 (1 only for generation), got "
                         f"{task.label_shift!r}")
+    if (task.save_state is None) != (task.restore_state is None):
+        problems.append("`save_state` and `restore_state` come together (a checkpoint written "
+                        "one way is read back the same way)")
+    for name in ("save_state", "restore_state"):
+        if getattr(task, name) is not None and not callable(getattr(task, name)):
+            problems.append(f"`{name}` must be callable or None")
     if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):
         problems.append(f"`lr` must be a positive number or None, got {task.lr!r}")
     if task.padding_side not in ("auto", "left", "right"):
