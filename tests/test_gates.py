@@ -118,8 +118,8 @@ def test_companion_dependence_names_only_causes_the_model_can_have(cls_task, cls
 def test_checkpoint_without_optimizer_state_fails_resume(gen_task, gen_items, tmp_path):
     from workbook.checkpoint import save_checkpoint
 
-    def save_weights_only(path, model, optimizer, *rest):
-        return save_checkpoint(path, model, None, *rest)
+    def save_weights_only(path, model, optimizer, *rest, **kw):
+        return save_checkpoint(path, model, None, *rest, **kw)
     _, rows = gates(gen_task, gen_items, tmp_path, save=save_weights_only)
     assert rows["checkpoint save"].verdict == "pass"
     assert rows["resume"].verdict == "fail" and "no optimizer state" in rows["resume"].detail
