@@ -119,7 +119,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
     figures = {"examples": len(items), "updates": updates, "lr": lr,
                "initial_loss": round(initial.loss, 4), "expected_initial_loss": round(expected, 4),
                "final_loss": round(final.loss, 4), "exact_examples": sum(exact),
-               "finite": finite, "loss_threshold": loss_threshold}
+               "finite": finite, "loss_threshold": loss_threshold,
+               "final_loss_bar": round(loss_threshold * scale, 6),
+               "initial_loss_rule": "mean(target^2)" if task.kind == "regression"
+               else "ln(outputs)"}
     return OverfitResult(steps, checks, reproduction, figures)
 
 

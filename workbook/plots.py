@@ -31,15 +31,15 @@ def _done(fig, save: Path | None):
 
 def loss_curve(steps: pd.DataFrame, *, threshold: float | None = None,
                expected_initial: float | None = None, title: str = "training loss",
-               save: Path | None = None):
+               save: Path | None = None, expected_label: str = "ln(outputs)"):
     """Loss per update, with the threshold and the expected initial loss as reference lines."""
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.plot(steps.step, steps.loss, label="loss per update")
     if threshold is not None:
-        ax.axhline(threshold, color="green", ls="--", lw=1, label=f"threshold {threshold}")
+        ax.axhline(threshold, color="green", ls="--", lw=1, label=f"threshold {threshold:.3g}")
     if expected_initial is not None:
         ax.axhline(expected_initial, color="grey", ls=":", lw=1,
-                   label=f"ln(outputs) = {expected_initial:.2f}")
+                   label=f"{expected_label} = {expected_initial:.2f}")
     ax.set(xlabel="update", ylabel="loss", title=title, yscale="log")
     ax.legend(fontsize="small")
     return _done(fig, save)
