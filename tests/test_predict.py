@@ -148,4 +148,5 @@ def test_a_fused_inference_kernel_leaves_validation_unpredicted_and_nothing_else
     fit = fit_table(predict(task, data.train, data.validation, settings.plan()), 1.0, 0.2,
                     Overheads(0, 0.0, False))
     figures = summary_figures(check.reset_index(), settings.plan(), check.reset_index(), fit)
-    assert figures["prediction_max_abs_error_pct"] < 2 and len(figures["prediction_notes"]) == 1
+    assert figures["prediction_max_abs_error_pct"] < 2
+    assert figures["prediction_notes"][0].startswith("pilot size validation: not predicted")

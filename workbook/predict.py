@@ -428,8 +428,9 @@ def summary_figures(check: pd.DataFrame, plan: Plan, planned: pd.DataFrame,
         column = column.astype("float")
         return None if column.isna().all() else cast(column.abs().max())
 
-    notes = sorted({n for n in pd.concat([check.get("note", pd.Series(dtype=str)),
-                                          planned.get("note", pd.Series(dtype=str))]) if n})
+    notes = [f"{where} {r.phase}: {r.note}" for where, frame in (("pilot size", check),
+                                                                  (plan.label(), planned))
+             if "note" in frame for r in frame.itertuples() if r.note]
     return {"prediction_max_abs_error_pct": most(check.error_pct, float), "plan": plan.label(),
             "plan_peak_bytes": most(planned.predicted_peak_bytes),
             "plan_required_bytes": most(fit.required_bytes),
