@@ -12,12 +12,13 @@ Planted bugs for the tests (task options): `nan_inputs=True` (a few feature rows
 `dropout_in_eval=True` (a dropout layer that ignores eval()), `mean_loss=True` (the loss returns
 the batch mean with a count of 1, so accumulation weighs micro-batches, not examples),
 `forget_head=True` (the optimizer leaves out the output layer), `ckpt_without_optimizer=True`
-(save_state leaves out the optimizer state).
+(save_state leaves out the optimizer state), `slow_getitem=True` (5 ms of work per example).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from functools import partial
 from pathlib import Path
 
@@ -34,8 +35,9 @@ class Houses(Dataset):
     """Synthetic, seeded: eight standardised features, one target (a smooth function plus noise);
     the neighbourhood is the group (examples of one neighbourhood are near-duplicates)."""
 
-    def __init__(self, n: int = 512, nan_inputs: bool = False):
+    def __init__(self, n: int = 512, nan_inputs: bool = False, slow: bool = False):
         g = torch.Generator().manual_seed(0)
+        self.slow = slow
         self.x = torch.randn(n, FEATURES, generator=g)
         w = torch.linspace(-1.0, 1.0, FEATURES)
         self.y = (self.x @ w + torch.sin(2 * self.x[:, 0]) + 0.1 * torch.randn(n, generator=g))
@@ -48,6 +50,8 @@ class Houses(Dataset):
         return len(self.y)
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
+        if self.slow:
+            time.sleep(0.005)  # a planted bug: per-example work (decoding, augmentation, I/O)
         return {"features": self.x[i], "labels": self.y[i]}
 
 
@@ -97,8 +101,8 @@ def mean_squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tenso
 
 def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = False,
               mean_loss: bool = False, forget_head: bool = False,
-              ckpt_without_optimizer: bool = False) -> wb.Task:
-    data = Houses(n, nan_inputs)
+              ckpt_without_optimizer: bool = False, slow_getitem: bool = False) -> wb.Task:
+    data = Houses(n, nan_inputs, slow_getitem)
     extra = {"loss": mean_squared_error} if mean_loss else {}
     return wb.Task(
         name="houses-regression", kind="regression",

@@ -24,10 +24,11 @@ def flags(**options):
 
 def gates(tmp_path, **options):
     task = load_task(TASK, **options)
-    items = prepare(task).items
+    data = prepare(task)
     report = GateRun(task, GateSettings(micro_batch=4, accumulation=2, eval_batch=16,
-                                        input_updates=1),
-                     items["train"][:64], items["validation"][:20], tmp_path / "gates").run()
+                                        input_updates=2),
+                     data.train[:64], data.validation[:20], tmp_path / "gates",
+                     raw_train=data.raw["train"]).run()
     return {r.phase: r for r in report.rows}
 
 
@@ -155,3 +156,12 @@ def test_the_tasks_own_checkpoint_code_resumes_exactly_in_a_new_process(tmp_path
     broken = gates(tmp_path / "broken", ckpt_without_optimizer=True)["resume"]
     assert broken.verdict == "fail"
     assert "restore_state did not bring back the optimizer state" in broken.detail
+
+
+def test_a_slow_getitem_makes_the_data_gate_warn_with_its_cost(tmp_path):
+    """The pilot encodes once, a campaign's Dataset on every pass: the data gate times the
+    encoding per example and adds it to each update's wait."""
+    assert gates(tmp_path / "clean")["data"].verdict == "pass"
+    slow = gates(tmp_path / "slow", slow_getitem=True)["data"]
+    assert slow.verdict == "warn" and "input-bound" in slow.detail
+    assert "ms per example, paid on every pass" in slow.detail

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -43,7 +44,8 @@ REMEDIATION = {
     "resume": "fix the checkpoint (all state saved and restored) before any series",
 }
 INPUT_BOUND_CAUSES = ("data not next to the process (network or slow disk)",
-                      "expensive online preprocessing (do it once, offline)",
+                      "expensive online preprocessing (do it once, offline, or in DataLoader "
+                      "workers: num_workers > 0)",
                       "a synchronisation that blocks prefetching (e.g. reading a metric "
                       "from the device every step)")
 
@@ -177,9 +179,12 @@ class GateRun:
     def __init__(self, task: Task, settings: GateSettings, train_items: list[Item],
                  val_items: list[Item], out_dir: Path,
                  save: Callable[..., Path] = ckpt.save_checkpoint,
-                 load: Callable[..., dict] = ckpt.load_checkpoint):
+                 load: Callable[..., dict] = ckpt.load_checkpoint,
+                 raw_train: list[dict] | None = None):
         self.task, self.s, self.out_dir = task, settings, Path(out_dir)
         self.train_items, self.val_items = train_items, val_items
+        self.raw_train = raw_train or []  # raw examples: their encoding is timed per example
+        self.encode_s = 0.0
         self.save, self.load = save, load
         self.device = resolve_device(settings.device)
         self.rows: list[GateRow] = []
@@ -265,9 +270,13 @@ class GateRun:
             longest = max(self.task.length(it.tensors) for it in self.train_items)
             longest_val = max(self.task.length(it.tensors) for it in self.val_items)
             wait = pipeline.data_s.sum() / max(pipeline.time_s.sum(), 1e-12)
+            encode = self.encode_s
             detail = (f"dtypes {', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in t.items())}; "
                       f"longest input {longest} (train), {longest_val} (validation); "
-                      + (f"data wait {wait:.0%} of update time" if len(pipeline) else
+                      + (f"data wait {wait:.0%} of update time" + (
+                          f" (encoding {encode * 1e3:.2f} ms per example, paid on every pass "
+                          "by a Dataset that encodes in __getitem__)" if encode else "")
+                         if len(pipeline) else
                          "input pipeline not timed: the training step failed"))
             if problems:
                 return "fail", "; ".join(problems)
@@ -491,13 +500,19 @@ class GateRun:
         self.phase("resume", work, check, chained=False)
 
     def input_pipeline(self) -> pd.DataFrame:
-        """Time a few real updates: per update, the wait for data against the whole update."""
-        columns = ["step", "examples", "data_s", "time_s", "data_share"]
+        """Time a few real updates: per update, the wait for data against the whole update. The
+        pilot encodes once; a campaign's Dataset encodes in `__getitem__` on every pass, so the
+        encoding of the raw examples is timed per example and added to each update's wait."""
+        columns = ["step", "examples", "encode_s", "data_s", "time_s", "data_share"]
         try:
             steps = to_frame(train(self.task, self.train_items,
                                    self.s.train_config(self.s.input_updates)).steps)
         except Exception:  # the forward gate reports what is wrong with the training step
             return pd.DataFrame(columns=columns)
+        self.encode_s = encode_seconds(self.task, self.raw_train)
+        encode = steps.examples * self.encode_s
+        steps = steps.assign(encode_s=encode, data_s=steps.data_s + encode,
+                             time_s=steps.time_s + encode)
         return steps.assign(data_share=steps.data_s / steps.time_s)[columns]
 
     def run(self, training_only: bool = False) -> GateReport:
@@ -542,11 +557,22 @@ class GateRun:
                           val_items=self.val_items)
 
 
+def encode_seconds(task: Task, raw: list[dict], examples: int = 32) -> float:
+    """Median seconds `encode` takes for one raw example (0 without raw examples)."""
+    times = []
+    for ex in raw[:examples]:
+        start = time.perf_counter()
+        task.encode(ex)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) if times else 0.0
+
+
 def run_gates(task: Task, settings: GateSettings, out_dir: str | Path,
               train_limit: int | None = None, **hooks: Any) -> GateReport:
     """Load the task's splits and pass every phase through its gate."""
     data = prepare(task, limits={"train": train_limit or 0})
-    run = GateRun(task, settings, data.train, data.validation, Path(out_dir), **hooks)
+    run = GateRun(task, settings, data.train, data.validation, Path(out_dir),
+                  raw_train=data.raw["train"], **hooks)
     report = run.run()
     table = report.table()
     report.figures = {"gates": len(table), "failed": table.phase[table.verdict == "fail"]
