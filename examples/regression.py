@@ -3,8 +3,8 @@ tabular features (a house-price-like target from eight features), wrapped as a `
 "regression". Targets are float tensors; the default loss is the summed squared error over the
 target values that are not NaN, the metric the mean absolute error. The task brings its own
 learning rate (`lr=3e-3`, used by every notebook whose `lr` is 0), its own optimizer with
-parameter groups by name, and its own checkpoint code (`save_state`/`restore_state`), which
-notebooks 03 and 07 run and check.
+parameter groups by name, its own checkpoint code (`save_state`/`restore_state`) and its own
+data order (`make_sampler`), which notebooks 03 and 07 run and check.
 
     python -m workbook pilot --task examples.regression:task --smoke
 
@@ -12,7 +12,8 @@ Planted bugs for the tests (task options): `nan_inputs=True` (a few feature rows
 `dropout_in_eval=True` (a dropout layer that ignores eval()), `mean_loss=True` (the loss returns
 the batch mean with a count of 1, so accumulation weighs micro-batches, not examples),
 `forget_head=True` (the optimizer leaves out the output layer), `ckpt_without_optimizer=True`
-(save_state leaves out the optimizer state), `slow_getitem=True` (5 ms of work per example).
+(save_state leaves out the optimizer state), `slow_getitem=True` (5 ms of work per example),
+`sampler_reseeded=True` (its own sampler keeps no state: a resumed run restarts the order).
 """
 
 from __future__ import annotations
@@ -62,6 +63,26 @@ class AlwaysDropout(nn.Dropout):
         return nn.functional.dropout(x, self.p, training=True)
 
 
+class Shuffle:
+    """The task's own data order: one generator seeded once and advanced pass after pass (no
+    set_epoch), its state in `state_dict` so a checkpoint carries it. `keeps_state=False` plants
+    the classic: a sampler with no state, reseeded from the seed when a run resumes."""
+
+    def __init__(self, n: int, seed: int, keeps_state: bool = True):
+        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+        if not keeps_state:
+            self.state_dict = self.load_state_dict = None
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
 def build_model(dropout_in_eval: bool = False) -> nn.Module:
     drop = AlwaysDropout(0.2) if dropout_in_eval else nn.Dropout(0.0)
     return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), drop, nn.Linear(64, 64), nn.ReLU(),
@@ -101,7 +122,8 @@ def mean_squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tenso
 
 def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = False,
               mean_loss: bool = False, forget_head: bool = False,
-              ckpt_without_optimizer: bool = False, slow_getitem: bool = False) -> wb.Task:
+              ckpt_without_optimizer: bool = False, slow_getitem: bool = False,
+              sampler_reseeded: bool = False) -> wb.Task:
     data = Houses(n, nan_inputs, slow_getitem)
     extra = {"loss": mean_squared_error} if mean_loss else {}
     return wb.Task(
@@ -115,6 +137,7 @@ def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = Fa
         build_optimizer=partial(build_optimizer, forget_head=forget_head), lr=3e-3,
         save_state=partial(save_state, skip_optimizer=ckpt_without_optimizer),
         restore_state=restore_state,
+        make_sampler=lambda n, seed: Shuffle(n, seed, keeps_state=not sampler_reseeded),
         group_key="neighbourhood", model_inputs=("features",), **extra)
 
 

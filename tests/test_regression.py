@@ -165,3 +165,25 @@ def test_a_slow_getitem_makes_the_data_gate_warn_with_its_cost(tmp_path):
     slow = gates(tmp_path / "slow", slow_getitem=True)["data"]
     assert slow.verdict == "warn" and "input-bound" in slow.detail
     assert "ms per example, paid on every pass" in slow.detail
+
+
+@pytest.mark.parametrize("reseeded", [False, True])
+def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path):
+    """make_sampler is the task's data order; a sampler whose state travels in the checkpoint
+    resumes exactly at an epoch boundary in a new process, one without state restarts its
+    order - the comparison names the first update whose examples differ."""
+    from workbook import resume
+    from workbook.loop import TrainConfig
+
+    options = {"sampler_reseeded": True} if reseeded else {}
+    spec = resume.recipe(TASK, options, TrainConfig(micro_batch=4, accumulation=2, updates=12),
+                         40)  # 5 updates per pass: the resume after 7 is inside pass 2
+    reference, ref_weights = resume.run(spec, 12, tmp_path / "ref", checkpoint_at=(7,))
+    assert reference[5]["ids"] != reference[0]["ids"]  # the order changes every pass
+    resumed, weights = resume.resume_in_new_process(tmp_path / "ref" / "ckpt-000007", 12,
+                                                    tmp_path / "resumed", spec)
+    table, verdict = resume.compare(reference, resumed, ref_weights, weights)
+    if reseeded:
+        assert not verdict["exact"] and verdict["examples_differ_from"] == 8
+    else:
+        assert verdict["exact"] and verdict["examples_differ_from"] is None, table

@@ -360,20 +360,43 @@ class Position:
 
     epoch: int = 0
     group: int = 0
+    sampler_state: Any = None  # a task's own sampler: its state_dict at the start of the pass
+
+
+def pass_order(task: Task, sampler: Any, n: int, seed: int, epoch: int) -> tuple[list[int], Any]:
+    """The example order of one pass and the sampler state it started from: the workbook's
+    order is a pure function of (seed, epoch); a task's own sampler gets `set_epoch(epoch)` when
+    it has one, and its `state_dict()` (when it has one) is kept so a resume can rebuild the
+    pass."""
+    if sampler is None:
+        return epoch_order(n, seed, epoch), None
+    if callable(getattr(sampler, "set_epoch", None)):
+        sampler.set_epoch(epoch)
+    state = sampler.state_dict() if callable(getattr(sampler, "state_dict", None)) else None
+    order = [int(i) for i in sampler]
+    wrong = [i for i in order if not 0 <= i < n]
+    if wrong:
+        raise WorkbookError(f"the task's sampler gave indices outside 0..{n - 1} (e.g. "
+                            f"{wrong[:3]})", "make_sampler(n, seed) must yield indices of the "
+                            "n training examples")
+    return order, state
 
 
 def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = Position()):
     """Endless stream of (position of the update, [micro-batches]), pass after pass. The order
-    of a pass is a pure function of (seed, epoch), so a resumed run rebuilds it exactly and skips
-    the updates already done without loading their data."""
+    of a pass is rebuilt exactly on resume (`pass_order`), and the updates already done are
+    skipped without loading their data."""
     epoch, skip = start.epoch, start.group
+    sampler = task.make_sampler(len(items), cfg.seed) if task.make_sampler else None
+    if sampler is not None and start.sampler_state is not None:
+        sampler.load_state_dict(start.sampler_state)
     while True:
-        groups = plan_epoch(epoch_order(len(items), cfg.seed, epoch), cfg.micro_batch,
-                            cfg.accumulation, cfg.drop_partial)[skip:]
+        order, state = pass_order(task, sampler, len(items), cfg.seed, epoch)
+        groups = plan_epoch(order, cfg.micro_batch, cfg.accumulation, cfg.drop_partial)[skip:]
         batches = iter(loader(task, items, [mb for g in groups for mb in g], cfg.workers,
                               seed=cfg.seed * 100_003 + epoch))
         for index, group in enumerate(groups, start=skip):
-            yield Position(epoch, index), [next(batches) for _ in group]
+            yield Position(epoch, index, state), [next(batches) for _ in group]
         epoch, skip = epoch + 1, 0
 
 
@@ -405,7 +428,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
         record = StepRecord(step, position.epoch, len(batches), len(ids), targets, loss, lr,
                             float(norm), time.perf_counter() - begin, data_s, ids)
         result.steps.append(record)
-        after = Position(position.epoch, position.group + 1)
+        after = Position(position.epoch, position.group + 1, position.sampler_state)
         reason = on_update(record, stepper, after) if on_update is not None else None
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)

@@ -69,7 +69,7 @@ def run(spec: dict, to_step: int, folder: Path | None = None, checkpoint_at: tup
     def on_update(record: StepRecord, st: Stepper, after: Position) -> None:
         if record.step in checkpoint_at:
             counters = {"step": record.step, "epoch": after.epoch, "group": after.group,
-                        "micro_batch_in_group": 0}
+                        "micro_batch_in_group": 0, "sampler_state": after.sampler_state}
             ckpt.save_checkpoint(Path(folder) / f"ckpt-{record.step:06d}", st.model,
                                  st.optimizer, st.scheduler, st.scaler, counters,
                                  {"recipe": spec, "task_name": task.name},
@@ -101,9 +101,9 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig,
                                 own=task.restore_state)
     torch.set_num_threads(int(info["meta"].get("threads", torch.get_num_threads())))
     c = info["counters"]
-    position = Position(c["epoch"], c["group"])
+    position = Position(c["epoch"], c["group"], c.get("sampler_state"))
     if "sampler" in faults:  # the classic: the data order restarts from the pass's beginning
-        position = Position(c["epoch"], 0)
+        position = Position(c["epoch"], 0, c.get("sampler_state"))
     return stepper, position, int(c["step"]) + 1
 
 
@@ -147,9 +147,11 @@ def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weigh
     diff = max(float((ref_weights[k].float() - weights[k].float()).abs().max())
                for k in ref_weights)
     steps_ok = bool(len(table)) and table.same_lr.all() and table.same_examples.all()
+    differs = table.step[~table.same_examples] if len(table) else table.step
     verdict = {"updates_compared": len(table), "max_param_diff": diff,
                "max_loss_diff": float(table.loss_diff.max()) if len(table) else None,
                "same_examples": bool(table.same_examples.all()) if len(table) else False,
+               "examples_differ_from": int(differs.iloc[0]) if len(differs) else None,
                "exact": bool(steps_ok and diff <= tolerance and
                              float(table.loss_diff.max()) <= tolerance),
                "continued_to_the_end": bool(len(table) and
