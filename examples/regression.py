@@ -3,8 +3,9 @@ tabular features (a house-price-like target from eight features), wrapped as a `
 "regression". Targets are float tensors; the default loss is the summed squared error over the
 target values that are not NaN, the metric the mean absolute error. The task brings its own
 learning rate (`lr=3e-3`, used by every notebook whose `lr` is 0), its own optimizer with
-parameter groups by name, its own checkpoint code (`save_state`/`restore_state`) and its own
-data order (`make_sampler`), which notebooks 03 and 07 run and check.
+parameter groups by name, its own checkpoint code (`save_state`/`restore_state`), its own data
+order (`make_sampler`) and its own update (`train_step`), which notebooks 03, 04 and 07 run and
+check.
 
     python -m workbook pilot --task examples.regression:task --smoke
 
@@ -13,7 +14,8 @@ Planted bugs for the tests (task options): `nan_inputs=True` (a few feature rows
 the batch mean with a count of 1, so accumulation weighs micro-batches, not examples),
 `forget_head=True` (the optimizer leaves out the output layer), `ckpt_without_optimizer=True`
 (save_state leaves out the optimizer state), `slow_getitem=True` (5 ms of work per example),
-`sampler_reseeded=True` (its own sampler keeps no state: a resumed run restarts the order).
+`sampler_reseeded=True` (its own sampler keeps no state: a resumed run restarts the order),
+`step_mean_per_micro_batch=True` (its own train_step back-propagates each micro-batch's mean).
 """
 
 from __future__ import annotations
@@ -99,6 +101,24 @@ def build_optimizer(model: nn.Module, lr: float, forget_head: bool = False):
         {"params": [p for _, p in named if p.ndim <= 1], "weight_decay": 0.0}], lr=lr)
 
 
+def train_step(model: nn.Module, optimizer, micro_batches: list[dict],
+               mean_per_micro_batch: bool = False) -> float:
+    """The task's own update: squared error summed over every micro-batch, divided once by the
+    update's target count, one optimizer step. `mean_per_micro_batch=True` plants the classic:
+    each micro-batch's mean is back-propagated as is, so the gradient grows with the number of
+    micro-batches."""
+    optimizer.zero_grad(set_to_none=True)
+    total = sum(int(b["labels"].numel()) for b in micro_batches)
+    summed = 0.0
+    for batch in micro_batches:
+        error = (model(batch["features"]).reshape(batch["labels"].shape) - batch["labels"]) ** 2
+        loss = error.mean() if mean_per_micro_batch else error.sum() / total
+        loss.backward()
+        summed += float(error.detach().sum())
+    optimizer.step()
+    return summed / total
+
+
 def save_state(folder: Path, objects: dict, skip_optimizer: bool = False) -> None:
     """The task's own checkpoint: one file of state dicts, loadable with weights_only=True.
     `skip_optimizer=True` plants the classic: a checkpoint without the optimizer state."""
@@ -123,7 +143,7 @@ def mean_squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tenso
 def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = False,
               mean_loss: bool = False, forget_head: bool = False,
               ckpt_without_optimizer: bool = False, slow_getitem: bool = False,
-              sampler_reseeded: bool = False) -> wb.Task:
+              sampler_reseeded: bool = False, step_mean_per_micro_batch: bool = False) -> wb.Task:
     data = Houses(n, nan_inputs, slow_getitem)
     extra = {"loss": mean_squared_error} if mean_loss else {}
     return wb.Task(
@@ -138,6 +158,7 @@ def make_task(n: int = 512, nan_inputs: bool = False, dropout_in_eval: bool = Fa
         save_state=partial(save_state, skip_optimizer=ckpt_without_optimizer),
         restore_state=restore_state,
         make_sampler=lambda n, seed: Shuffle(n, seed, keeps_state=not sampler_reseeded),
+        train_step=partial(train_step, mean_per_micro_batch=step_mean_per_micro_batch),
         group_key="neighbourhood", model_inputs=("features",), **extra)
 
 

@@ -187,3 +187,17 @@ def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path)
         assert not verdict["exact"] and verdict["examples_differ_from"] == 8
     else:
         assert verdict["exact"] and verdict["examples_differ_from"] is None, table
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_tasks_own_train_step_gives_one_gradient_for_any_split(planted):
+    """1 x N = 2 x N/2 = N x 1 through the task's own step (a recording optimizer takes the
+    gradient at its one step); a step that back-propagates each micro-batch's mean is named."""
+    from workbook.accounting import normalisation_check
+
+    task = load_task(TASK, step_mean_per_micro_batch=planted)
+    items = prepare(task).train[:16]
+    check = normalisation_check(task, items, (16, 2, 1))
+    own = check[check.normalisation == "the task's train_step"]
+    assert len(own) == 3 and own.max_relative_deviation.iloc[0] == 0
+    assert own.within_tolerance.all() != planted, own

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Iterable
 
 import pandas as pd
@@ -164,24 +165,64 @@ def update_gradients(task: Task, model: torch.nn.Module, items: list[Item], micr
             if p.grad is not None}
 
 
+class GradientRecorder(torch.optim.SGD):
+    """The optimizer handed to a task's own `train_step` in the check: `step()` records the
+    gradients and changes no parameter (learning rate 0)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__(model.parameters(), lr=0.0)
+        self.names = {id(p): n for n, p in model.named_parameters()}
+        self.grads: dict[str, torch.Tensor] = {}
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.steps += 1
+        self.grads = {self.names[id(p)]: p.grad.detach().clone() for g in self.param_groups
+                      for p in g["params"] if p.grad is not None}
+
+
+def own_step_gradients(task: Task, model: torch.nn.Module, items: list[Item],
+                       micro_batch: int) -> dict[str, torch.Tensor]:
+    """The gradient one call of the task's `train_step` applies for an update over `items`
+    split into micro-batches; it must step the optimizer exactly once."""
+    model.zero_grad(set_to_none=True)
+    recorder = GradientRecorder(model)
+    task.train_step(model, recorder, [b.tensors for b in micro_batches(task, items,
+                                                                         micro_batch)])
+    if recorder.steps != 1:
+        raise WorkbookError(f"the task's train_step called optimizer.step() {recorder.steps} "
+                            f"times for one update of {math.ceil(len(items) / micro_batch)} "
+                            "micro-batches", "step once per update, after the last micro-batch")
+    return recorder.grads
+
+
 def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (16, 2, 1),
                         tolerance: float = 1e-4, seed: int = 0) -> pd.DataFrame:
     """One update over the same examples as 1 x N, k x N/k, ..., N x 1 micro-batches (the first
-    split is the reference), with the loop's normalisation and with the wrong one. Dropout and
-    batch-norm are in eval behaviour: they legitimately change with the micro-batch."""
+    split is each way's reference): the loop's normalisation, the classic wrong one, and - when
+    the task brings one - its own `train_step`. Dropout and batch-norm are in eval behaviour:
+    they legitimately change with the micro-batch."""
     torch.manual_seed(seed)
     model = task.build_model().eval()
+    ways = {"targets of the whole update (loop)": partial(update_gradients, task, model),
+            "per micro-batch mean (wrong)": partial(update_gradients, task, model,
+                                                    mean_per_micro_batch=True)}
+    if task.train_step is not None:
+        ways["the task's train_step"] = partial(own_step_gradients, task, model)
     rows, reference = [], None
-    for wrong in (False, True):
+    for way, gradients in ways.items():
+        own = way.startswith("the task's")
+        if own:
+            reference = None  # the task's step may normalise its own way: compared with itself
         for micro in splits:
-            grads = update_gradients(task, model, items, micro, mean_per_micro_batch=wrong)
+            grads = gradients(items, micro)
             if reference is None:
                 reference = grads
             dev = max(float((grads[n] - reference[n]).abs().max() /
                             reference[n].abs().max().clamp(min=1e-12)) for n in reference)
             accumulation = math.ceil(len(items) / micro)
-            rows.append({"normalisation": "per micro-batch mean (wrong)" if wrong else
-                         "targets of the whole update (loop)",
+            rows.append({"normalisation": way,
                          "micro_batch x accumulation": f"{micro} x {accumulation}",
                          "last_micro_batch": len(items) - (accumulation - 1) * micro,
                          "max_relative_deviation": dev, "within_tolerance": dev <= tolerance})

@@ -150,6 +150,10 @@ class Task:
     # into a new folder; restore_state(folder, objects) loads them back into the same objects
     # {"model", "optimizer", "scheduler", "scaler"} (None where absent). The workbook adds the
     # loop's counters and random states, and checks every part came back as it was saved.
+    # your own update: train_step(model, optimizer, micro_batches) runs one whole update over
+    # the list of batch dicts (accumulation included) and calls optimizer.step() once;
+    # notebook 04 checks its gradient is the same for 1 x N, k x N/k and N x 1 micro-batches
+    train_step: Callable[[nn.Module, Any, list[dict[str, Tensor]]], Any] | None = None
     # your own data order: make_sampler(n, seed) -> an iterable of example indices for one pass
     # (set_epoch(epoch) is called before each pass when it has one; state_dict/load_state_dict
     # when it keeps state across passes - the state travels in the checkpoint)
@@ -303,7 +307,7 @@ def validate_task(task: Any, path: str = "task") -> Task:
     if (task.save_state is None) != (task.restore_state is None):
         problems.append("`save_state` and `restore_state` come together (a checkpoint written "
                         "one way is read back the same way)")
-    for name in ("save_state", "restore_state", "make_sampler"):
+    for name in ("save_state", "restore_state", "make_sampler", "train_step"):
         if getattr(task, name) is not None and not callable(getattr(task, name)):
             problems.append(f"`{name}` must be callable or None")
     if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):
