@@ -201,3 +201,17 @@ def test_the_tasks_own_train_step_gives_one_gradient_for_any_split(planted):
     own = check[check.normalisation == "the task's train_step"]
     assert len(own) == 3 and own.max_relative_deviation.iloc[0] == 0
     assert own.within_tolerance.all() != planted, own
+
+
+def test_notebook_07_fails_a_lost_optimizer_state_with_the_cause_in_its_cases(tmp_path):
+    from workbook import resume
+    from workbook.loop import TrainConfig
+
+    spec = resume.recipe(TASK, {"ckpt_without_optimizer": True},
+                         TrainConfig(micro_batch=4, accumulation=2, updates=8), 40)
+    cases, details = resume.check_cases(spec, 8, 7, 5, tmp_path)
+    assert not cases.exact.any()
+    assert cases.error.str.contains("did not bring back the optimizer state").all()
+    faults = resume.planted_faults(spec, 8, 7, tmp_path, details["reference"],
+                                   details["weights"])
+    assert faults.caught.all()
