@@ -215,3 +215,31 @@ def test_notebook_07_fails_a_lost_optimizer_state_with_the_cause_in_its_cases(tm
     faults = resume.planted_faults(spec, 8, 7, tmp_path, details["reference"],
                                    details["weights"])
     assert faults.caught.all()
+
+
+def test_a_sampler_that_cannot_serve_the_loop_is_a_clear_error():
+    import dataclasses
+
+    from workbook import WorkbookError
+    from workbook.loop import Position, TrainConfig, train
+
+    task = load_task(TASK)
+    items = prepare(task).train[:16]
+    cfg = TrainConfig(micro_batch=4, accumulation=1, updates=2)
+    beyond = dataclasses.replace(task, make_sampler=lambda n, seed: range(n + 3))
+    with pytest.raises(WorkbookError, match=r"indices outside 0..15"):
+        train(beyond, items, cfg)
+
+    class NoLoad:
+        def __init__(self, n, seed):
+            self.n = n
+
+        def __iter__(self):
+            return iter(range(self.n))
+
+        def state_dict(self):
+            return {}
+
+    half = dataclasses.replace(task, make_sampler=NoLoad)
+    with pytest.raises(WorkbookError, match="no load_state_dict"):
+        train(half, items, cfg, start=Position(1, 0, {}))

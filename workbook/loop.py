@@ -363,7 +363,7 @@ class Position:
     sampler_state: Any = None  # a task's own sampler: its state_dict at the start of the pass
 
 
-def pass_order(task: Task, sampler: Any, n: int, seed: int, epoch: int) -> tuple[list[int], Any]:
+def pass_order(sampler: Any, n: int, seed: int, epoch: int) -> tuple[list[int], Any]:
     """The example order of one pass and the sampler state it started from: the workbook's
     order is a pure function of (seed, epoch); a task's own sampler gets `set_epoch(epoch)` when
     it has one, and its `state_dict()` (when it has one) is kept so a resume can rebuild the
@@ -389,9 +389,13 @@ def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = 
     epoch, skip = start.epoch, start.group
     sampler = task.make_sampler(len(items), cfg.seed) if task.make_sampler else None
     if sampler is not None and start.sampler_state is not None:
+        if not callable(getattr(sampler, "load_state_dict", None)):
+            raise WorkbookError("the task's sampler has state_dict but no load_state_dict: a "
+                                "resumed run cannot restore its order",
+                                "give the sampler load_state_dict(state)")
         sampler.load_state_dict(start.sampler_state)
     while True:
-        order, state = pass_order(task, sampler, len(items), cfg.seed, epoch)
+        order, state = pass_order(sampler, len(items), cfg.seed, epoch)
         groups = plan_epoch(order, cfg.micro_batch, cfg.accumulation, cfg.drop_partial)[skip:]
         batches = iter(loader(task, items, [mb for g in groups for mb in g], cfg.workers,
                               seed=cfg.seed * 100_003 + epoch))

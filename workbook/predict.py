@@ -281,7 +281,8 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
         real = measured_peaks(task, cfg, *batches)
         fake = {r["phase"]: r["predicted_peak_bytes"] for r in
                 fake_phases(task, cfg, *batches, small.label())}
-        suspects = sorted({type(m).__name__ for m in task.build_model().modules()
+        model = meta_model(task)
+        suspects = sorted({type(m).__name__ for m in (model.modules() if model else ())
                            if isinstance(m, HIDDEN_WORKSPACE)})
         if plan.precision != "fp32":
             suspects.append(f"autocast's cached {plan.precision} weight copies")
