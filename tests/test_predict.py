@@ -150,3 +150,16 @@ def test_a_fused_inference_kernel_leaves_validation_unpredicted_and_nothing_else
     figures = summary_figures(check.reset_index(), settings.plan(), check.reset_index(), fit)
     assert figures["prediction_max_abs_error_pct"] < 2
     assert figures["prediction_notes"][0].startswith("pilot size validation: not predicted")
+
+
+def test_a_failing_calibration_run_leaves_every_phase_unpredicted_not_a_crash(
+        gen_task, gen_items, monkeypatch):
+    from workbook import predict as prediction
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted: the real run fails")
+    monkeypatch.setattr(prediction, "measured_peaks", broken)
+    monkeypatch.setattr(prediction, "_calibrated", {})
+    frame = predict(gen_task, gen_items["train"][:20], gen_items["validation"][:4], Plan(2, 2))
+    assert frame.predicted_peak_bytes.isna().all()
+    assert frame.note.str.contains("the real run of mb2 x acc1 .* failed .*planted").all()

@@ -243,3 +243,18 @@ def test_a_sampler_that_cannot_serve_the_loop_is_a_clear_error():
     half = dataclasses.replace(task, make_sampler=NoLoad)
     with pytest.raises(WorkbookError, match="no load_state_dict"):
         train(half, items, cfg, start=Position(1, 0, {}))
+
+
+def test_a_save_state_that_raises_is_named_and_leaves_no_checkpoint(tmp_path):
+    import dataclasses
+
+    from workbook import WorkbookError
+    from workbook.checkpoint import save_checkpoint
+
+    def broken(folder, objects):
+        raise OSError("planted: the user's save failed")
+    task = dataclasses.replace(load_task(TASK), save_state=broken)
+    model = task.build_model()
+    with pytest.raises(WorkbookError, match="the task's save_state failed .*planted"):
+        save_checkpoint(tmp_path / "ckpt", model, own=task.save_state)
+    assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temporary folder

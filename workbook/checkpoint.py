@@ -4,6 +4,7 @@ kill during a save never leaves a half-written checkpoint under the final name."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import random
@@ -61,7 +62,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
 
     def fill(tmp: Path) -> None:
         if own is not None:
-            own(tmp, objects)
+            user_code("save_state", own, tmp, objects)
             clash = {WEIGHTS, STATE, META, MANIFEST} & {f.name for f in tmp.iterdir()}
             folders = [f.name for f in tmp.iterdir() if not f.is_file()]
             if clash or folders:
@@ -77,17 +78,28 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
                     "counters": dict(counters or {}), "rng": rng_state()}, tmp / STATE)
         (tmp / META).write_text(json.dumps({"torch": torch.__version__,
                                             "threads": torch.get_num_threads(),
-                                            "digests": digests(objects), "own_state": not mine,
+                                            "digests": {} if mine else digests(objects),
+                                            "own_state": not mine,
                                             **(meta or {})}, indent=1, default=str))
 
     return write_folder(path, fill, "checkpoint")
 
 
+def user_code(name: str, fn: Callable, folder: Path, objects: dict[str, Any]) -> None:
+    """Run a task's own save_state/restore_state; its failure becomes an error that names it."""
+    try:
+        fn(folder, objects)
+    except WorkbookError:
+        raise
+    except Exception as exc:
+        raise WorkbookError(f"the task's {name} failed on {folder.name}: {reason(exc, 300)}",
+                            f"fix {name}: it receives the checkpoint folder and the objects "
+                            "{model, optimizer, scheduler, scaler} (None where absent)") from exc
+
+
 def digests(objects: dict[str, Any]) -> dict[str, str]:
     """A fingerprint of each part of the training state (weights, optimizer state, schedule,
     scaler), to tell after a restore which part did not come back."""
-    import hashlib
-
     def of(value: Any, h) -> None:
         if isinstance(value, torch.Tensor):
             t = value.detach().cpu().contiguous()
@@ -160,7 +172,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         if own is None:
             raise WorkbookError(f"checkpoint {path} was written by a task's own save_state",
                                 "restore it with the same task (its restore_state)")
-        own(Path(path), objects)
+        user_code("restore_state", own, Path(path), objects)
         check_restored(path, meta.get("digests") or {}, objects)
         if restore_rng:
             set_rng_state(state["rng"])

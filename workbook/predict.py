@@ -206,18 +206,17 @@ def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode) -> torch.nn.M
 
 
 def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: float = 1e-3,
-            device: str = "cpu", seed: int = 0, calibrate: bool = True) -> pd.DataFrame:
+            device: str = "cpu", seed: int = 0) -> pd.DataFrame:
     """Predicted peak bytes per training phase for `plan`, with the breakdown at each peak. A
     phase the prediction cannot size is a row without bytes whose `note` says why (see
-    `path_limits` and, with `calibrate`, `calibration_limits`)."""
+    `path_limits` and `calibration_limits`)."""
     check_length(task, plan)
     batch, group, eval_batch = plan_batches(task, train, val, plan)
     if plan.length or plan.eval_length:
         accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
                        else batch)
-    limits = path_limits(task, batch, group, eval_batch)
-    if calibrate:
-        limits = {**calibration_limits(task, train, val, plan, device), **limits}
+    limits = {**calibration_limits(task, train, val, plan, device),
+              **path_limits(task, batch, group, eval_batch)}
     cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
     frame = pd.DataFrame(fake_phases(task, cfg, batch, group, eval_batch, plan.label()))
     frame.insert(0, "config", plan.label())
@@ -270,15 +269,20 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     configuration of the same model on this device (the plan's micro-batch up to 4, at the
     data's length, with the plan's precision and checkpointing): kernels that allocate memory
     fake tensors do not see (convolution and recurrent workspaces, autocast's weight cache).
-    Measured once per task
-    and setting."""
+    Measured once per task and setting; a real run that fails leaves every phase unpredicted."""
     micro = max(1, min(plan.micro_batch, 4))
     key = (id(task), task.name, micro, plan.precision, plan.activation_checkpointing, str(device))
     if key not in _calibrated:
         small = Plan(micro, 1, None, micro, None, plan.precision, plan.activation_checkpointing)
         batches = plan_batches(task, train, val, small)
         cfg = small.shape.train_config(device=device)
-        real = measured_peaks(task, cfg, *batches)
+        try:
+            real = measured_peaks(task, cfg, *batches)
+        except Exception as exc:  # the gates name what is wrong with the step itself
+            why = (f"the real run of {small.label()} that checks the prediction failed "
+                   f"({reason(exc, 200)})")
+            _calibrated[key] = dict.fromkeys(TRAINING_PHASES, why)
+            return _calibrated[key]
         fake = {r["phase"]: r["predicted_peak_bytes"] for r in
                 fake_phases(task, cfg, *batches, small.label())}
         model = meta_model(task)
@@ -341,21 +345,34 @@ def path_limits(task: Task, batch: Batch, group: list[Batch],
                     f"Face model ({implementation} attention) then skips its attention mask, a "
                     "choice read from the mask's values, which fake tensors do not carry; size "
                     "micro-batches of 2 or more (padded, as a campaign's are) or measure it")
+    kernels = fused_kernels(task, model, eval_batch)
+    if kernels:
+        limits["validation"] = (
+            f"in evaluation this model runs PyTorch's fused inference kernel "
+            f"({', '.join(kernels)}) on real tensors only; fake tensors take the unfused "
+            "path, which allocates differently - the measured validation row stands")
+    return limits
+
+
+_fused: dict[tuple, list[str]] = {}
+
+
+def fused_kernels(task: Task, model: torch.nn.Module | None, eval_batch: Batch) -> list[str]:
+    """The fused inference kernels one real example runs in evaluation (models with
+    `nn.TransformerEncoderLayer`/`DecoderLayer`/`MultiheadAttention`; once per task)."""
     fused = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer,
              torch.nn.MultiheadAttention)
-    if model is not None and any(isinstance(m, fused) for m in model.modules()):
+    if model is None or not any(isinstance(m, fused) for m in model.modules()):
+        return []
+    key = (id(task), task.name)
+    if key not in _fused:
         one = Batch(eval_batch.ids[:1], {k: v[:1] for k, v in eval_batch.tensors.items()})
         torch.manual_seed(0)
         real = task.build_model()
         with eval_mode(real), OpNames() as ops:
             task.forward(real, one.tensors)
-        kernels = sorted(ops.names & set(FUSED_INFERENCE))
-        if kernels:
-            limits["validation"] = (
-                f"in evaluation this model runs PyTorch's fused inference kernel "
-                f"({', '.join(kernels)}) on real tensors only; fake tensors take the unfused "
-                "path, which allocates differently - the measured validation row stands")
-    return limits
+        _fused[key] = sorted(ops.names & set(FUSED_INFERENCE))
+    return _fused[key]
 
 
 def predicted_or_reason(task: Task, train: list[Item], val: list[Item], plan: Plan,
