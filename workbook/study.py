@@ -228,21 +228,21 @@ class Study:
             updates=plan.updates, lr=lr, seed=seed, device=plan.device,
             eval_every=plan.eval_every, eval_batch=plan.eval_batch, progress=progress)
         pending: list[dict] = []
-        first: list[float] = []
+        losses: list[float] = []  # every update's, for the divergence rule
         kept: list[tuple[float, int, Path]] = []  # (metric, step, path) of checkpoints on disk
         best: list = [None, None, None]  # metric, step, path
 
         def on_update(record: StepRecord, *_) -> str | None:
             pending.append({k: getattr(record, k) for k in
                             ("step", "loss", "lr", "examples", "targets", "time_s")})
-            first.append(record.loss)
+            losses.append(record.loss)
             if not math.isfinite(record.loss):
                 return f"non-finite loss ({record.loss}) at update {record.step}"
             # the median of the last 5 updates against the first update's loss: one hard
             # micro-batch (a heavy-tailed regression target, a long sequence) is no divergence
-            start, recent = first[0], statistics.median(first[-5:])
-            if len(first) >= 3 and recent > plan.divergence_multiple * start:
-                return (f"median loss of the last {min(len(first), 5)} updates {recent:.3g} "
+            start, recent = losses[0], statistics.median(losses[-5:])
+            if len(losses) >= 3 and recent > plan.divergence_multiple * start:
+                return (f"median loss of the last {min(len(losses), 5)} updates {recent:.3g} "
                         f"above {plan.divergence_multiple} x the first update's {start:.3g}")
             return None
 
