@@ -258,3 +258,20 @@ def test_a_save_state_that_raises_is_named_and_leaves_no_checkpoint(tmp_path):
     with pytest.raises(WorkbookError, match="the task's save_state failed .*planted"):
         save_checkpoint(tmp_path / "ckpt", model, own=task.save_state)
     assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temporary folder
+
+
+def test_a_train_step_that_steps_per_micro_batch_is_named():
+    import dataclasses
+
+    from workbook import WorkbookError
+    from workbook.accounting import normalisation_check
+
+    def every_micro_batch(model, optimizer, micro_batches):
+        for batch in micro_batches:
+            optimizer.zero_grad()
+            (model(batch["features"]) - batch["labels"]).pow(2).sum().backward()
+            optimizer.step()
+
+    task = dataclasses.replace(load_task(TASK), train_step=every_micro_batch)
+    with pytest.raises(WorkbookError, match=r"called optimizer.step\(\) 2 times for one update"):
+        normalisation_check(task, prepare(task).train[:8], (8, 4))
