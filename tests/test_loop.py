@@ -130,3 +130,13 @@ def test_an_update_shape_makes_the_loop_configuration():
     assert (cfg.micro_batch, cfg.accumulation, cfg.precision, cfg.activation_checkpointing,
             cfg.updates, cfg.lr) == (4, 3, "bf16", True, 7, 0.5)
     assert TrainConfig.from_dict(dataclasses.asdict(cfg)) == cfg
+
+
+def test_cuda_resolves_to_the_current_device_index(monkeypatch):
+    # tensors report "cuda:0": a bare "cuda" would never compare equal and forced needless
+    # copies (a fake-tensor model cannot be copied at all)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert resolve_device("cuda") == torch.device("cuda", 0)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)

@@ -112,3 +112,19 @@ def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
     assert not left.stdout.strip(), "a worker outlived the launch"
+
+
+def test_processes_sharing_one_gpu_use_gloo_and_say_so(monkeypatch):
+    import torch
+
+    from workbook.replica import backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert backend("cuda", 2) == "gloo"
+    line = check_devices("cuda", 2)
+    assert "share 1 GPU" in line and "gloo" in line and "NCCL itself is not exercised" in line
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert backend("cuda", 2) == "nccl" and "NCCL" in check_devices("cuda", 2)
+    assert backend("cpu", 2) == "gloo"

@@ -163,3 +163,26 @@ def test_a_failing_calibration_run_leaves_every_phase_unpredicted_not_a_crash(
     frame = predict(gen_task, gen_items["train"][:20], gen_items["validation"][:4], Plan(2, 2))
     assert frame.predicted_peak_bytes.isna().all()
     assert frame.note.str.contains("the real run of mb2 x acc1 .* failed .*planted").all()
+
+
+def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_items,
+                                                                 monkeypatch):
+    # the batch of a GPU prediction: CPU tensors made fake, then moved to "cuda:0" inside the
+    # mode (a real copy to the GPU there is refused - found on an H200, where 03, 05 and 08
+    # failed); FLOPs are device-free and counted on the CPU even where "auto" picks a GPU
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from workbook.predict import fake_batch, plan_batches
+    from workbook.rental import Candidate, flops
+
+    train, val = gen_items["train"][:20], gen_items["validation"][:10]
+    batch, _, _ = plan_batches(gen_task, train, val, Plan(micro_batch=2, length=24))
+    fake = FakeTensorMode(allow_non_fake_inputs=False)
+    moved = fake_batch(fake, batch, torch.device("cuda", 0))
+    assert all(isinstance(v, FakeTensor) and v.device == torch.device("cuda", 0)
+               for v in moved.tensors.values())
+    assert moved.ids == batch.ids
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    counted = flops(gen_task, train, val, Candidate("x", 2, 2, 24, eval_batch=4))
+    assert counted["train_micro_batch"] > 0

@@ -102,13 +102,16 @@ class TrainResult:
 def resolve_device(name: str) -> torch.device:
     """"auto" picks CUDA when present; asking for CUDA without one is an error, not a fallback."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise WorkbookError("device 'cuda' was asked for but no CUDA GPU is visible",
                             "use device='cpu' or 'auto', or run on a machine with a GPU")
     if name != "cpu" and not name.startswith("cuda"):
         raise WorkbookError(f"unknown device {name!r}", "use 'cpu', 'cuda' or 'auto'")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:  # tensors report "cuda:0", not "cuda"
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def target_count(value: float) -> int | float:

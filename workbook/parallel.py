@@ -19,9 +19,9 @@ from .accounting import BatchAccount, reconcile
 from .artifacts import read_json
 from .data import Item
 from .errors import WorkbookError
-from .loop import LOSS
+from .loop import LOSS, resolve_device
 from .records import StepRecord
-from .replica import FAULTS, RESULT, WEIGHTS, ReplicaSpec
+from .replica import FAULTS, RESULT, WEIGHTS, ReplicaSpec, backend
 from .runs import claim_dir, fresh_process, write_text
 from .runs import shown as shown_path
 from .task import Task
@@ -375,20 +375,28 @@ def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path, replicas:
     return pd.DataFrame(rows)
 
 
-def check_devices(device: str, replicas: int) -> None:
-    """One GPU per process on CUDA; on the CPU any number of processes share the cores."""
-    import torch
-
+def check_devices(device: str, replicas: int) -> str:
+    """Check the settings and say which collective backend carries them: gloo on the CPU, NCCL
+    with one GPU per process, gloo on CUDA tensors when processes must share GPUs (NCCL refuses
+    two ranks on one GPU). Returns a line for the reader."""
     if device not in ("cpu", "cuda"):
         raise WorkbookError(f"device {device!r} is not one notebook 09 runs on",
                             "use 'cpu' (gloo) or 'cuda' (NCCL, one GPU per process)")
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
         raise WorkbookError(f"replicas must be an integer of 2 or more, got {replicas!r}",
                             "data parallelism needs at least two processes")
-    if device == "cuda" and torch.cuda.device_count() < replicas:
-        raise WorkbookError(f"{replicas} replicas on CUDA need {replicas} GPUs; "
-                            f"{torch.cuda.device_count()} are visible",
-                            f"use replicas={max(torch.cuda.device_count(), 2)} or device='cpu'")
+    if device == "cuda":
+        resolve_device(device)  # no GPU at all: the clear error, not a launch that fails
+    chosen = backend(device, replicas)
+    if device == "cpu":
+        return f"{replicas} processes on the CPU, collectives over gloo"
+    if chosen == "nccl":
+        return f"{replicas} processes, one GPU each, collectives over NCCL"
+    import torch
+
+    return (f"{replicas} processes share {torch.cuda.device_count()} GPU(s): NCCL needs one GPU "
+            "per process, so gloo carries the collectives on CUDA tensors. The rules are the "
+            "same; NCCL itself is not exercised - run with one GPU per process to check it")
 
 
 def with_row(table: pd.DataFrame, row: dict[str, str]) -> pd.DataFrame:

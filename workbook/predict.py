@@ -227,6 +227,14 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
     return frame
 
 
+def fake_batch(fake: FakeTensorMode, batch: Batch, device: torch.device) -> Batch:
+    """`batch` as fake tensors of `fake` on `device`: made fake where it is, then moved inside
+    the mode (a real copy to the GPU would allocate, and the mode refuses one)."""
+    with fake:
+        return Batch(batch.ids, {k: fake.from_tensor(v).to(device)
+                                 for k, v in batch.tensors.items()})
+
+
 def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
                 eval_batch: Batch, label: str) -> list[dict]:
     """Every training phase run on fake tensors under the tracker: its peak and breakdown."""
@@ -234,8 +242,7 @@ def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
     targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:
         def to_fake(b: Batch) -> Batch:
-            return Batch(b.ids, {k: fake.from_tensor(v.to(device)) for k, v in
-                                 b.tensors.items()})
+            return fake_batch(fake, b, device)
         stepper = build_stepper(task, cfg, fake_model(task, cfg, fake))
         work = Workload(stepper, to_fake(batch), [to_fake(b) for b in group],
                         to_fake(eval_batch), targets, group_targets)

@@ -89,7 +89,8 @@ def flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]
     """FLOPs of one training micro-batch (forward + backward) and of one evaluation example,
     counted by torch.utils.flop_counter on fake tensors (nothing is allocated)."""
     batch, _, eval_batch = plan_batches(task, train, val, cand.plan())
-    cfg = replace(cand.plan().shape, precision="fp32").train_config()  # FLOPs: no autocast
+    # FLOPs: no autocast, and the same count on any device (the batches stay on the CPU)
+    cfg = replace(cand.plan().shape, precision="fp32").train_config(device="cpu")
     with FakeTensorMode() as fake:
         stepper = build_stepper(task, cfg, fake_model(task, cfg, fake))
         fb = {k: fake.from_tensor(v) for k, v in batch.tensors.items()}

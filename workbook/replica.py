@@ -407,15 +407,25 @@ def _reference_gradient(task: Task, model: nn.Module, items: list[Item],
     return {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
 
 
+def backend(device: str, world: int) -> str:
+    """NCCL when every process has a GPU of its own, else gloo (the CPU, or processes sharing
+    GPUs: NCCL refuses two ranks on one device)."""
+    if device.startswith("cuda") and torch.cuda.device_count() >= world:
+        return "nccl"
+    return "gloo"
+
+
 def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
                 task: Task | None = None) -> None:
     """The body of one process of a launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = spec.device.startswith("cuda")
-    device = resolve_device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
+    gpus = torch.cuda.device_count() if cuda else 0
+    device = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % max(gpus, 1)}"
+                            if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo",
+    dist.init_process_group(backend(spec.device, world),
                             timeout=datetime.timedelta(seconds=spec.collective_timeout_s))
     try:
         audit = WriteAudit(out)
@@ -437,7 +447,7 @@ def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task |
     cfg = spec.train_config().validate(len(items))
     seed_everything(spec.seed + (rank if spec.fault == "rank_seed" else 0))
     model = task.build_model().to(device)
-    if device.type == "cuda":
+    if dist.get_backend() == "nccl":  # SyncBatchNorm gathers over NCCL only
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     result: dict[str, Any] = {"spec": asdict(spec), "world": world,
                               "init_digest": gather(digest(model.state_dict()))}

@@ -78,7 +78,7 @@ def run(spec: dict, to_step: int, folder: Path | None = None, checkpoint_at: tup
 
     result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
                    on_update=on_update)
-    weights = {k: v.detach().clone() for k, v in result.model.state_dict().items()}
+    weights = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
     return [_record(r) for r in result.steps], weights
 
 
@@ -144,7 +144,7 @@ def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weigh
              "same_lr": r["lr"] == ref[r["step"]]["lr"],
              "same_examples": r["ids"] == ref[r["step"]]["ids"]} for r in resumed]
     table = pd.DataFrame(rows)
-    diff = max(float((ref_weights[k].float() - weights[k].float()).abs().max())
+    diff = max(float((ref_weights[k].float().cpu() - weights[k].float().cpu()).abs().max())
                for k in ref_weights)
     steps_ok = bool(len(table)) and table.same_lr.all() and table.same_examples.all()
     differs = table.step[~table.same_examples] if len(table) else table.step
