@@ -255,7 +255,7 @@ def test_a_save_state_that_raises_is_named_and_leaves_no_checkpoint(tmp_path):
         raise OSError("planted: the user's save failed")
     task = dataclasses.replace(load_task(TASK), save_state=broken)
     model = task.build_model()
-    with pytest.raises(WorkbookError, match="the task's save_state failed .*planted"):
+    with pytest.raises(WorkbookError, match="the task's save_state failed: .*planted"):
         save_checkpoint(tmp_path / "ckpt", model, own=task.save_state)
     assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temporary folder
 
@@ -275,3 +275,52 @@ def test_a_train_step_that_steps_per_micro_batch_is_named():
     task = dataclasses.replace(load_task(TASK), train_step=every_micro_batch)
     with pytest.raises(WorkbookError, match=r"called optimizer.step\(\) 2 times for one update"):
         normalisation_check(task, prepare(task).train[:8], (8, 4))
+
+
+def _own(step):
+    import dataclasses
+
+    return dataclasses.replace(load_task(TASK), train_step=step)
+
+
+def test_the_loop_runs_the_tasks_own_train_step_and_records_what_it_returns():
+    """02, 06 and 07 train through `train`: with a train_step the update is the task's own, the
+    loss it returns is the one recorded, and the norm is read by an optimizer hook."""
+    import dataclasses
+
+    from examples.regression import train_step
+    from workbook.loop import TrainConfig, train
+
+    calls = []
+
+    def counted(model, optimizer, micro_batches):
+        calls.append(len(micro_batches))
+        return train_step(model, optimizer, micro_batches)
+
+    task = _own(counted)
+    items = prepare(task).train[:36]  # whole updates of 4 x 3
+    # grad_clip 0: the task's step does not clip (with its own step, clipping is the task's)
+    cfg = TrainConfig(micro_batch=4, accumulation=3, updates=5, lr=1e-2, grad_clip=0.0)
+    own = train(task, items, cfg)
+    assert calls == [3, 3, 3, 3, 3]
+    assert all(math.isfinite(r.loss) and r.grad_norm > 0 and r.targets == 12 for r in own.steps)
+    # the task's step normalises as the workbook does: same updates, same losses
+    mine = train(task, items, dataclasses.replace(cfg, own_step=False))
+    assert calls == [3] * 5, "own_step=False runs the workbook's update"
+    for a, b in zip(own.steps, mine.steps, strict=True):
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("step, message", [
+    (lambda model, optimizer, mbs: optimizer.step(), "returned NoneType, not the update's loss"),
+    (lambda model, optimizer, mbs: 1 / 0, "the task's train_step failed: division by zero"),
+    (lambda model, optimizer, mbs: 0.0, r"called optimizer.step\(\) 0 times"),
+])
+def test_a_train_step_the_loop_cannot_use_is_named(step, message):
+    from workbook import WorkbookError
+    from workbook.loop import TrainConfig, train
+
+    task = _own(step)
+    with pytest.raises(WorkbookError, match=message):
+        train(task, prepare(task).train[:16], TrainConfig(micro_batch=4, accumulation=2,
+                                                          updates=2))

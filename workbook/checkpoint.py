@@ -19,6 +19,7 @@ from safetensors.torch import load_model, save_model
 from .artifacts import MANIFEST, read_json, write_folder
 from .artifacts import verify as verify_folder
 from .errors import WorkbookError, reason
+from .task import own_code
 
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
@@ -86,15 +87,9 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
 
 
 def user_code(name: str, fn: Callable, folder: Path, objects: dict[str, Any]) -> None:
-    """Run a task's own save_state/restore_state; its failure becomes an error that names it."""
-    try:
-        fn(folder, objects)
-    except WorkbookError:
-        raise
-    except Exception as exc:
-        raise WorkbookError(f"the task's {name} failed on {folder.name}: {reason(exc, 300)}",
-                            f"fix {name}: it receives the checkpoint folder and the objects "
-                            "{model, optimizer, scheduler, scaler} (None where absent)") from exc
+    """Run a task's own save_state/restore_state on a checkpoint folder."""
+    own_code(name, fn, folder, objects, receives="the checkpoint folder and the objects "
+             "{model, optimizer, scheduler, scaler} (None where absent)")
 
 
 def digests(objects: dict[str, Any]) -> dict[str, str]:

@@ -16,7 +16,7 @@ from .data import Batch, Item, collate_items, epoch_order, loader, plan_epoch
 from .errors import WorkbookError
 from .frontend import progress_bar
 from .records import EvalRecord, StepRecord
-from .task import IGNORE_INDEX, Task
+from .task import IGNORE_INDEX, Task, own_code
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class TrainConfig:
     precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
     activation_checkpointing: bool = False  # recompute the task's blocks in backward
     progress: bool = False  # show a tqdm bar
+    own_step: bool = True  # run the task's train_step (its clipping, not grad_clip) if it has one
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
@@ -244,6 +245,41 @@ class Stepper:
         self.normalise(n)
         return loss_sum, n
 
+    def own_update(self, batches: list[Batch]) -> tuple[float, int | float, float]:
+        """One update by the task's own `train_step` (its forward, loss, accumulation, clipping
+        and optimizer step) in the configured precision; the schedule then advances as after
+        the workbook's update. Returns (the loss it returned, the update's targets, the gradient
+        norm it stepped with - read by an optimizer hook, the task's code is not changed)."""
+        if self.scaler is not None:
+            raise WorkbookError("fp16 with the task's own train_step: the workbook's GradScaler "
+                                "cannot reach inside it", "use precision 'bf16' or 'fp32' here "
+                                "(a train_step that scales its own loss runs in fp32)")
+        moved = [b.to(self.device) for b in batches]
+        watch = StepWatch(self.optimizer)
+        dtype = PRECISIONS[self.precision]
+        try:
+            with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+                returned = own_code("train_step", self.task.train_step, self.model,
+                                    self.optimizer, [b.tensors for b in moved],
+                                    receives="(model, optimizer, [batch dict per micro-batch])")
+        finally:
+            watch.handle.remove()
+        if watch.steps != 1:
+            raise WorkbookError(f"the task's train_step called optimizer.step() {watch.steps} "
+                                f"times for one update of {len(batches)} micro-batches",
+                                "step once per update, after the last micro-batch")
+        try:
+            loss = float(returned)
+        except (TypeError, ValueError, RuntimeError):
+            raise WorkbookError(f"the task's train_step returned {type(returned).__name__}, not "
+                                "the update's loss", "return the update's loss (a float or a "
+                                "0-d tensor): the loop records it every update") from None
+        self.scheduler.step()
+        # the targets as the workbook counts them (examples, for a task without labels)
+        targets = sum(self.task.target_count(b.tensors["labels"]) if "labels" in b.tensors
+                      else len(b.ids) for b in batches)
+        return loss, targets, watch.norm
+
     def step(self) -> torch.Tensor:
         """Clip, step (through the scaler when present), advance the schedule, clear grads."""
         norm = nn.utils.clip_grad_norm_(self.params, self.grad_clip or float("inf"))
@@ -255,6 +291,28 @@ class Stepper:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+
+def update_by(task: Task, cfg: TrainConfig) -> str:
+    """Whose code makes each update of a run with this configuration."""
+    return ("the task's train_step" if task.train_step is not None and cfg.own_step
+            else "the workbook's update")
+
+
+class StepWatch:
+    """Counts the optimizer steps taken while it is registered and reads the gradient norm just
+    before each (`Optimizer.register_step_pre_hook`)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.steps, self.norm = 0, float("nan")
+        self.handle = optimizer.register_step_pre_hook(self._before)
+
+    @torch.no_grad()
+    def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.steps += 1
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                 if p.grad is not None]
+        self.norm = float(nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
 def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) -> Stepper:
@@ -421,6 +479,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     stepper = stepper if stepper is not None else build_stepper(task, cfg, model)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
     stream = _updates(task, items, cfg, start)
+    own = update_by(task, cfg) == "the task's train_step"
     bar = progress_bar(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
                desc=f"train {task.name}")
     for step in range(first_step, cfg.updates + 1):
@@ -428,9 +487,12 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
         position, batches = next(stream)
         data_s = time.perf_counter() - begin
         lr = stepper.optimizer.param_groups[0]["lr"]
-        loss_sum, targets = stepper.accumulate(batches)
-        norm = stepper.step()
-        loss = float(loss_sum) / targets
+        if own:
+            loss, targets, norm = stepper.own_update(batches)
+        else:
+            loss_sum, targets = stepper.accumulate(batches)
+            norm = stepper.step()
+            loss = float(loss_sum) / targets
         ids = [i for b in batches for i in b.ids]
         record = StepRecord(step, position.epoch, len(batches), len(ids), targets, loss, lr,
                             float(norm), time.perf_counter() - begin, data_s, ids)

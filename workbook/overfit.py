@@ -9,7 +9,15 @@ import pandas as pd
 import torch
 
 from .data import Item, collate_items, encode_examples, prepare
-from .loop import UpdateShape, eval_mode, evaluate, resolve_device, seed_everything, train
+from .loop import (
+    UpdateShape,
+    eval_mode,
+    evaluate,
+    resolve_device,
+    seed_everything,
+    train,
+    update_by,
+)
 from .records import to_frame
 from .task import Task, contributes
 
@@ -117,6 +125,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
                                    "expected": f"{len(items)}/{len(items)}",
                                    "passed": greedy == len(items)}
     figures = {"examples": len(items), "updates": updates, "lr": lr,
+               "update_by": update_by(task, cfg),
                "initial_loss": round(initial.loss, 4), "expected_initial_loss": round(expected, 4),
                "final_loss": round(final.loss, 4), "exact_examples": sum(exact),
                "finite": finite, "loss_threshold": loss_threshold,

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .errors import WorkbookError
+from .errors import WorkbookError, reason
 
 IGNORE_INDEX = -100  # shared by torch.nn.functional.cross_entropy and Hugging Face labels
 KINDS = ("generation", "classification", "regression")
@@ -321,6 +321,18 @@ def validate_task(task: Any, path: str = "task") -> Task:
             "supply each capability named above (README 'Bring your own task' lists them)",
         )
     return task
+
+
+def own_code(piece: str, fn: Callable, *args: Any, receives: str) -> Any:
+    """Run one of the task's own loop pieces (train_step, save_state, restore_state); its
+    failure becomes an error that names the piece and what it receives."""
+    try:
+        return fn(*args)
+    except WorkbookError:
+        raise
+    except Exception as exc:
+        raise WorkbookError(f"the task's {piece} failed: {reason(exc, 300)}",
+                            f"fix {piece}: it receives {receives}") from exc
 
 
 def load_task(path: str, **options: Any) -> Task:
