@@ -4,7 +4,7 @@ task raises no flag; each classic mistake is named by the check meant for it."""
 
 import pytest
 
-from workbook import load_task
+from workbook import WorkbookError, load_task
 from workbook.checkpoint import tied_groups
 from workbook.data import SPLITS, prepare
 from workbook.gates import GateRun, GateSettings
@@ -102,3 +102,36 @@ def test_a_train_override_that_leaves_submodules_in_eval_mode_fails_validation(t
     assert "stayed in eval mode while the model went back to training" in \
         rows["validation"].detail
     assert "transformer.drop" in rows["validation"].detail
+
+
+def test_a_hugging_face_users_own_step_and_checkpoint_run_and_their_planted_bugs_are_named(
+        tmp_path):
+    """examples/hf_gpt2.py with own_loop=True: the update through the model's `labels=` loss
+    and a `save_pretrained` checkpoint pass 04's gradient check and 03's save/resume gates; the
+    pre-4.46 accumulation bug and a checkpoint without the optimizer are each named."""
+    pytest.importorskip("transformers", reason="the [hf] extra is not installed")
+    from workbook.accounting import normalisation_check
+
+    def own_rows(**planted):
+        task = load_task("examples.hf_gpt2:task", own_loop=True, **planted)
+        check = normalisation_check(task, prepare(task, SPLITS).items["train"][:8], (8, 2, 1))
+        return check[check.normalisation == "the task's train_step"]
+
+    assert own_rows().within_tolerance.all()
+    wrong = own_rows(hf_mean_loss=True)
+    assert not wrong.within_tolerance.all() and wrong.max_relative_deviation.max() > 1e-2
+
+    def gates(name, **planted):
+        task = load_task("examples.hf_gpt2:task", own_loop=True, **planted)
+        items = prepare(task, SPLITS).items
+        report = GateRun(task, GateSettings(micro_batch=2, accumulation=2, eval_batch=8,
+                                            input_updates=1),
+                         items["train"][:32], items["validation"][:16], tmp_path / name).run()
+        return {r.phase: r for r in report.rows}
+
+    clean = gates("clean")
+    assert clean["checkpoint save"].verdict == "pass" and clean["resume"].verdict == "pass"
+    broken = gates("broken", ckpt_without_optimizer=True)["resume"]
+    assert broken.verdict == "fail" and "did not bring back the optimizer" in broken.detail
+    with pytest.raises(WorkbookError, match="own_loop=True"):
+        load_task("examples.hf_gpt2:task", hf_mean_loss=True)

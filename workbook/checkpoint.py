@@ -64,12 +64,15 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
     def fill(tmp: Path) -> None:
         if own is not None:
             user_code("save_state", own, tmp, objects)
-            clash = {WEIGHTS, STATE, META, MANIFEST} & {f.name for f in tmp.iterdir()}
+            # the workbook's own files beside the task's (its model.safetensors is the task's
+            # here: `save_pretrained` writes one)
+            reserved = {STATE, META, MANIFEST}
+            clash = reserved & {f.name for f in tmp.iterdir()}
             folders = [f.name for f in tmp.iterdir() if not f.is_file()]
             if clash or folders:
                 raise WorkbookError(f"the task's save_state wrote {sorted(clash | set(folders))}"
                                     f" into the checkpoint", f"write plain files, none named "
-                                    f"{sorted({WEIGHTS, STATE, META, MANIFEST})}")
+                                    f"{sorted(reserved)}")
         else:
             save_model(model, str(tmp / WEIGHTS))
         mine = own is None
