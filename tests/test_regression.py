@@ -27,8 +27,7 @@ def gates(tmp_path, **options):
     data = prepare(task)
     report = GateRun(task, GateSettings(micro_batch=4, accumulation=2, eval_batch=16,
                                         input_updates=2),
-                     data.train[:64], data.validation[:20], tmp_path / "gates",
-                     raw_train=data.raw["train"]).run()
+                     data.train[:64], data.validation[:20], tmp_path / "gates").run()
     return {r.phase: r for r in report.rows}
 
 
@@ -159,12 +158,35 @@ def test_the_tasks_own_checkpoint_code_resumes_exactly_in_a_new_process(tmp_path
 
 
 def test_a_slow_getitem_makes_the_data_gate_warn_with_its_cost(tmp_path):
-    """The pilot encodes once, a campaign's Dataset on every pass: the data gate times the
-    encoding per example and adds it to each update's wait."""
+    """The training loader encodes every raw example again on every pass, as a campaign's
+    Dataset does: the data gate's measured wait includes it, and names its share."""
     assert gates(tmp_path / "clean")["data"].verdict == "pass"
     slow = gates(tmp_path / "slow", slow_getitem=True)["data"]
     assert slow.verdict == "warn" and "input-bound" in slow.detail
     assert "ms per example, paid on every pass" in slow.detail
+
+
+@pytest.mark.parametrize("each_pass", [True, False])
+def test_the_training_loader_encodes_on_every_pass(each_pass):
+    import dataclasses
+
+    from workbook.loop import TrainConfig, train
+
+    base = load_task(TASK)
+    calls = []
+
+    def counted(example):
+        calls.append(example["id"])
+        return base.encode(example)
+
+    task = dataclasses.replace(base, encode=counted, train_step=None)
+    items = prepare(task).train[:12]
+    calls.clear()
+    cfg = TrainConfig(micro_batch=2, accumulation=2, updates=6, encode_each_pass=each_pass)
+    result = train(task, items, cfg)  # two passes of three updates
+    assert len(calls) == (24 if each_pass else 0)
+    assert sorted(calls) == (sorted([it.id for it in items] * 2) if each_pass else [])
+    assert all(s.data_s > 0 for s in result.steps)
 
 
 @pytest.mark.parametrize("reseeded", [False, True])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -89,23 +89,27 @@ def split_examples(task: Task, examples: list[dict]) -> dict[str, list[dict]]:
 
 @dataclass
 class Item:
-    """One encoded example and the id of the raw example it came from."""
+    """One encoded example, the id of the raw example it came from and that raw example (the
+    training loader encodes it again on every pass, as a campaign's Dataset does)."""
 
     id: Any
     tensors: dict[str, Tensor]
+    raw: dict | None = field(default=None, repr=False, compare=False)
+
+
+def encode_example(task: Task, example: dict) -> Item:
+    """Encode one raw example; a failing encode names the example."""
+    try:
+        tensors = task.encode(example)
+    except Exception as exc:
+        raise WorkbookError(f"encode failed on example {example.get(task.id_key)!r}: {exc!r}",
+                            "fix the task's encode for this example") from exc
+    return Item(example[task.id_key], tensors, example)
 
 
 def encode_examples(task: Task, examples: list[dict]) -> list[Item]:
     """Encode raw examples; a failing encode names the example."""
-    items = []
-    for ex in examples:
-        try:
-            tensors = task.encode(ex)
-        except Exception as exc:
-            raise WorkbookError(f"encode failed on example {ex.get(task.id_key)!r}: {exc!r}",
-                                "fix the task's encode for this example") from exc
-        items.append(Item(ex[task.id_key], tensors))
-    return items
+    return [encode_example(task, ex) for ex in examples]
 
 
 @dataclass
@@ -152,16 +156,21 @@ class Batch:
 
 
 class ItemDataset(Dataset):
-    """A map-style dataset over encoded items, for torch's DataLoader."""
+    """A map-style dataset over items, for torch's DataLoader. Given the task, an item that
+    came from a raw example is encoded again in `__getitem__` (in the loader's workers when it
+    has any), so every pass pays the encoding a campaign pays."""
 
-    def __init__(self, items: list[Item]):
-        self.items = items
+    def __init__(self, items: list[Item], task: Task | None = None):
+        self.items, self.task = items, task
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int) -> Item:
-        return self.items[index]
+        item = self.items[index]
+        if self.task is None or item.raw is None:
+            return item
+        return encode_example(self.task, item.raw)
 
 
 def collate_items(task: Task, items: list[Item]) -> Batch:
@@ -199,10 +208,12 @@ def plan_epoch(order: list[int], micro_batch: int, accumulation: int,
 
 
 def loader(task: Task, items: list[Item], batches: list[list[int]], workers: int = 0,
-           seed: int = 0) -> DataLoader:
-    """A DataLoader that yields the given micro-batches (lists of item indices) in order. It
-    draws its worker seed from its own generator, never from the global one, so creating it
-    mid-epoch on resume leaves the training random stream (dropout) untouched."""
-    return DataLoader(ItemDataset(items), batch_sampler=batches, num_workers=workers,
+           seed: int = 0, encode: bool = True) -> DataLoader:
+    """A DataLoader that yields the given micro-batches (lists of item indices) in order,
+    encoding each raw example again unless `encode` is off. It draws its worker seed from its
+    own generator, never from the global one, so creating it mid-epoch on resume leaves the
+    training random stream (dropout) untouched."""
+    return DataLoader(ItemDataset(items, task if encode else None), batch_sampler=batches,
+                      num_workers=workers,
                       collate_fn=partial(collate_items, task),
                       generator=torch.Generator().manual_seed(seed))

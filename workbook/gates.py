@@ -179,12 +179,10 @@ class GateRun:
     def __init__(self, task: Task, settings: GateSettings, train_items: list[Item],
                  val_items: list[Item], out_dir: Path,
                  save: Callable[..., Path] = ckpt.save_checkpoint,
-                 load: Callable[..., dict] = ckpt.load_checkpoint,
-                 raw_train: list[dict] | None = None):
+                 load: Callable[..., dict] = ckpt.load_checkpoint):
         self.task, self.s, self.out_dir = task, settings, Path(out_dir)
         self.train_items, self.val_items = train_items, val_items
-        self.raw_train = raw_train or []  # raw examples: their encoding is timed per example
-        self.encode_s = 0.0
+        self.encode_s = 0.0  # median seconds to encode one raw example
         self.save, self.load = save, load
         self.device = resolve_device(settings.device)
         self.rows: list[GateRow] = []
@@ -274,8 +272,9 @@ class GateRun:
             detail = (f"dtypes {', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in t.items())}; "
                       f"longest input {longest} (train), {longest_val} (validation); "
                       + (f"data wait {wait:.0%} of update time" + (
-                          f" (encoding {encode * 1e3:.2f} ms per example, paid on every pass "
-                          "by a Dataset that encodes in __getitem__)" if encode else "")
+                          f" (of which encoding {encode * 1e3:.2f} ms per example, paid on "
+                          "every pass as in a Dataset that encodes in __getitem__)"
+                          if encode else "")
                          if len(pipeline) else
                          "input pipeline not timed: the training step failed"))
             if problems:
@@ -501,18 +500,18 @@ class GateRun:
 
     def input_pipeline(self) -> pd.DataFrame:
         """Time a few real updates: per update, the wait for data against the whole update. The
-        pilot encodes once; a campaign's Dataset encodes in `__getitem__` on every pass, so the
-        encoding of the raw examples is timed per example and added to each update's wait."""
+        loader encodes the raw examples on every pass, as a campaign's Dataset does in
+        `__getitem__`, so the wait includes it; `encode_s` is the part spent encoding (the
+        median per example, timed on its own, times the examples)."""
         columns = ["step", "examples", "encode_s", "data_s", "time_s", "data_share"]
         try:
             steps = to_frame(train(self.task, self.train_items,
                                    self.s.train_config(self.s.input_updates)).steps)
         except Exception:  # the forward gate reports what is wrong with the training step
             return pd.DataFrame(columns=columns)
-        self.encode_s = encode_seconds(self.task, self.raw_train)
-        encode = steps.examples * self.encode_s
-        steps = steps.assign(encode_s=encode, data_s=steps.data_s + encode,
-                             time_s=steps.time_s + encode)
+        self.encode_s = encode_seconds(self.task, [it.raw for it in self.train_items
+                                                   if it.raw is not None])
+        steps = steps.assign(encode_s=steps.examples * self.encode_s)
         return steps.assign(data_share=steps.data_s / steps.time_s)[columns]
 
     def run(self, training_only: bool = False) -> GateReport:
@@ -571,8 +570,7 @@ def run_gates(task: Task, settings: GateSettings, out_dir: str | Path,
               train_limit: int | None = None, **hooks: Any) -> GateReport:
     """Load the task's splits and pass every phase through its gate."""
     data = prepare(task, limits={"train": train_limit or 0})
-    run = GateRun(task, settings, data.train, data.validation, Path(out_dir),
-                  raw_train=data.raw["train"], **hooks)
+    run = GateRun(task, settings, data.train, data.validation, Path(out_dir), **hooks)
     report = run.run()
     table = report.table()
     report.figures = {"gates": len(table), "failed": table.phase[table.verdict == "fail"]

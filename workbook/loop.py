@@ -54,6 +54,7 @@ class TrainConfig:
     drop_partial: bool = False  # leave out the examples that do not fill a whole update
     grad_clip: float = 1.0  # max gradient norm (0: no clipping, norm still recorded)
     workers: int = 0  # DataLoader worker processes
+    encode_each_pass: bool = True  # encode the raw examples in the loader on every pass
     precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
     activation_checkpointing: bool = False  # recompute the task's blocks in backward
     progress: bool = False  # show a tqdm bar
@@ -459,7 +460,7 @@ def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = 
         order, state = pass_order(sampler, len(items), cfg.seed, epoch)
         groups = plan_epoch(order, cfg.micro_batch, cfg.accumulation, cfg.drop_partial)[skip:]
         batches = iter(loader(task, items, [mb for g in groups for mb in g], cfg.workers,
-                              seed=cfg.seed * 100_003 + epoch))
+                              seed=cfg.seed * 100_003 + epoch, encode=cfg.encode_each_pass))
         for index, group in enumerate(groups, start=skip):
             yield Position(epoch, index, state), [next(batches) for _ in group]
         epoch, skip = epoch + 1, 0
