@@ -346,3 +346,13 @@ def test_a_train_step_the_loop_cannot_use_is_named(step, message):
     with pytest.raises(WorkbookError, match=message):
         train(task, prepare(task).train[:16], TrainConfig(micro_batch=4, accumulation=2,
                                                           updates=2))
+
+
+def test_fp16_with_the_tasks_own_step_is_refused_before_training():
+    from workbook import WorkbookError
+    from workbook.loop import check_precision
+
+    task = load_task(TASK)  # brings its own train_step
+    with pytest.raises(WorkbookError, match="GradScaler cannot reach inside it"):
+        check_precision("fp16", torch.device("cuda", 0), task)
+    check_precision("bf16", torch.device("cpu"), task)

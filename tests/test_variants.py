@@ -75,3 +75,21 @@ def test_a_task_without_max_length_gets_a_not_applicable_row():
     table = study.run([Variant("control", 4, 1), Variant("cut", 4, 1, max_length=8)])
     assert table.status.tolist() == ["measured", "not applicable"]
     assert "max_length" in table.reason[1]
+
+
+def test_a_variant_that_trains_to_nan_fails_the_notebook_and_says_where(tmp_path):
+    from workbook.variants import save
+
+    # one pass of 7 updates of 64 reaches the rows whose features hold NaN
+    study = VariantStudy("examples.regression:task", {"nan_inputs": True}, updates=7,
+                         val_limit=16)
+    table = study.run([Variant("control", 32, 2)])
+    assert "non-finite loss or gradient at updates [" in table["flags"].iloc[0]
+    assert table.peak_bytes.iloc[0] > 0, "memory is still measured"
+    clean = VariantStudy("examples.regression:task", {}, updates=3, train_limit=64,
+                         val_limit=16)
+    (tmp_path / "nan").mkdir()
+    (tmp_path / "clean").mkdir()
+    assert save(table, tmp_path / "nan", study.control_task) == "fail"
+    assert save(clean.run([Variant("control", 4, 2)]), tmp_path / "clean",
+                clean.control_task) == "pass"

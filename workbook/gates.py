@@ -76,8 +76,7 @@ class GateSettings:
         return cls(**{k: params[k] for k in cls.__dataclass_fields__ if k in params})
 
     def plan(self) -> Plan:
-        return Plan(self.micro_batch, self.accumulation, self.length or None, self.eval_batch,
-                    None, self.precision, self.activation_checkpointing)
+        return Plan.of(self.shape, self.length or None, self.eval_batch)
 
     @property
     def shape(self) -> UpdateShape:

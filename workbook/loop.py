@@ -145,8 +145,9 @@ def seed_everything(seed: int) -> None:
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    """Refuse a precision the device cannot run, instead of silently falling back."""
+def check_precision(precision: str, device: torch.device, task: Task | None = None) -> None:
+    """Refuse a precision the device (or, given a task, the task's own train_step) cannot run,
+    instead of silently falling back."""
     if precision not in PRECISIONS:
         raise WorkbookError(f"unknown precision {precision!r}", f"use one of {list(PRECISIONS)}")
     if precision == "fp16" and device.type != "cuda":
@@ -155,6 +156,10 @@ def check_precision(precision: str, device: torch.device) -> None:
                             "use precision='bf16' or 'fp32' on the CPU")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise WorkbookError("this GPU does not support bf16", "use precision='fp16' or 'fp32'")
+    if precision == "fp16" and task is not None and task.train_step is not None:
+        raise WorkbookError("fp16 with the task's own train_step: the workbook's GradScaler "
+                            "cannot reach inside it", "use precision 'bf16' or 'fp32' here "
+                            "(a train_step that scales its own loss runs in fp32)")
 
 
 def _repeated_block(module: nn.Module) -> bool:
@@ -251,10 +256,6 @@ class Stepper:
         and optimizer step) in the configured precision; the schedule then advances as after
         the workbook's update. Returns (the loss it returned, the update's targets, the gradient
         norm it stepped with - read by an optimizer hook, the task's code is not changed)."""
-        if self.scaler is not None:
-            raise WorkbookError("fp16 with the task's own train_step: the workbook's GradScaler "
-                                "cannot reach inside it", "use precision 'bf16' or 'fp32' here "
-                                "(a train_step that scales its own loss runs in fp32)")
         moved = [b.to(self.device) for b in batches]
         watch = StepWatch(self.optimizer)
         dtype = PRECISIONS[self.precision]
@@ -319,7 +320,7 @@ class StepWatch:
 def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) -> Stepper:
     """Model (built with the config's seed unless given), optimizer, schedule and scaler."""
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
+    check_precision(cfg.precision, device, task if cfg.own_step else None)
     if model is None:
         seed_everything(cfg.seed)
         with device:  # built in place: no copy, and fake tensors need no conversion

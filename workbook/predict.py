@@ -92,6 +92,13 @@ class Plan:
         return UpdateShape(self.micro_batch, self.accumulation, self.precision,
                            self.activation_checkpointing)
 
+    @classmethod
+    def of(cls, shape: UpdateShape, length: int | None = None,
+           eval_batch: int | None = None) -> "Plan":
+        """The sizes of updates of `shape` at `length` positions (None: the data's longest)."""
+        return cls(shape.micro_batch, shape.accumulation, length, eval_batch, None,
+                   shape.precision, shape.activation_checkpointing)
+
     def label(self) -> str:
         return (f"mb{self.micro_batch} x acc{self.accumulation} len{self.length or 'data'} "
                 f"{self.precision}{' +ckpt' if self.activation_checkpointing else ''}")
