@@ -260,3 +260,30 @@ def batch_norm_statistics(task: Task, items: list[Item], micro_batch: int,
         for h in handles:
             h.remove()
     return pd.DataFrame(seen)
+
+
+def save(out_dir, task: Task, account: BatchAccount, budget: pd.DataFrame,
+         reconciled: pd.DataFrame, check: pd.DataFrame, worked: BatchAccount) -> str:
+    """Notebook 04's tables and `summary.json`. The verdict fails when the loop's counters
+    differ from the calculator's or an update's gradient depends on how it is split (the
+    loop's or the task's own train_step); the wrong normalisation is expected to differ."""
+    from .runs import save_table, write_summary
+
+    right = check[~check.normalisation.str.contains("wrong")]
+    wrong = check[check.normalisation.str.contains("wrong")]
+    own = check[check.normalisation == "the task's train_step"]
+    loop_ok, norm_ok = bool(reconciled.match.all()), bool(right.within_tolerance.all())
+    for table, name in ((account.table(), "account"), (budget, "budget"),
+                        (reconciled, "reconciliation"), (check, "normalisation")):
+        save_table(table, out_dir, name)
+    verdict = "pass" if loop_ok and norm_ok else "fail"
+    write_summary(out_dir, verdict, {
+        "examples_per_update": account.examples_per_update,
+        "updates_per_pass": account.updates_per_pass,
+        "worked_example_updates": worked.budget("epochs", 1)["updates"],
+        "reconciled": loop_ok, "normalisation_ok": norm_ok,
+        "wrong_normalisation_caught": bool(not wrong.iloc[1:].within_tolerance.all()),
+        "own_train_step_ok": bool(own.within_tolerance.all()) if len(own) else None,
+        "max_deviation": float(right.max_relative_deviation.max())}, task=task.name)
+    return verdict
+

@@ -409,6 +409,32 @@ def verdict(table: pd.DataFrame) -> str:
     return "fail" if (table.verdict == "fail").any() else "pass"
 
 
+def save(out_dir: Path, task: Task, replicas: int, result: dict, rules: pd.DataFrame,
+         accounting: pd.DataFrame, phases: pd.DataFrame, resumed: pd.DataFrame,
+         faults: pd.DataFrame | None = None) -> str:
+    """Notebook 09's tables and `summary.json`. The verdict fails on a failing rule, and on a
+    planted bug its rule missed (a rule that misses its bug cannot be trusted on yours)."""
+    from .runs import save_table, write_summary
+
+    for table, name in ((rules, "rules"), (accounting, "accounting"), (phases, "phases"),
+                        (resumed, "resume")):
+        save_table(table, out_dir, name)
+    caught = None
+    if faults is not None:
+        save_table(faults, out_dir, "planted_faults")
+        caught = {r["planted bug"]: r["caught"] for r in faults.to_dict("records")}
+    missed = caught is not None and any(c is False for c in caught.values())
+    outcome = "fail" if missed else verdict(rules)
+    checks = {c["case"]: float(f"{c['max_relative_deviation']:.2g}")
+              for c in result["gradient_check"]}
+    write_summary(out_dir, outcome, {
+        "replicas": replicas, "rules_failing": int((rules.verdict == "fail").sum()),
+        "gradient_max_relative_deviation": checks, "faults_caught": caught,
+        "all_reduce_median_s": float(phases[phases.phase == "all-reduce"].median_s.median())},
+        task=task.name, rules=rules.set_index("rule").verdict.to_dict())
+    return outcome
+
+
 __all__ = ["CAUGHT_BY", "FAULTS", "RULES", "ReplicaSpec", "accounting", "command",
            "evaluation_table", "launch", "phase_table", "planted_faults", "resume_check",
-           "rules", "shell_command", "verdict", "with_row"]
+           "rules", "save", "shell_command", "verdict", "with_row"]

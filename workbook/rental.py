@@ -475,3 +475,23 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
               "an assumed utilisation, costs on assumed prices, memory on a fake-tensor "
               "prediction plus stated overheads."]
     return "\n".join(lines) + "\n"
+
+
+def save(out_dir: Path, task: Task, rental_gpu: str, sheet: pd.DataFrame, plans: pd.DataFrame,
+         options: pd.DataFrame, stack: pd.DataFrame, chosen: dict | None) -> str:
+    """Notebook 08's tables and `summary.json`. The verdict fails when no candidate fits the
+    GPU to rent (there is nothing to plan with)."""
+    from .runs import save_table, write_summary
+
+    for table, name in ((sheet, "selection"), (plans, "plan"), (options, "cheapest"),
+                        (stack, "stack")):
+        save_table(table, out_dir, name)
+    verdict = "pass" if chosen is not None else "fail"
+    write_summary(out_dir, verdict, {
+        "rental_gpu": rental_gpu, "chosen": chosen and chosen["candidate"],
+        "recommended_gpu": options.set_index("candidate").cheapest_gpu.get(chosen["candidate"])
+        if chosen else None,
+        "fitting_rows": int(sheet.fits.sum()), "rows": len(sheet),
+        "scheduled": plans.groupby("days").scheduled.sum().to_dict()}, task=task.name)
+    return verdict
+

@@ -259,3 +259,28 @@ def _refused(what: str, path: Path) -> dict:
         return {"case": what, "refused": True,
                 "message": exc.problem.replace(str(path.parent) + "/", "")[:200]}
     return {"case": what, "refused": False, "message": "loaded!"}
+
+
+def save(out_dir: Path, task: Task, cases: pd.DataFrame, tamper: pd.DataFrame,
+         reloaded: dict, faults: pd.DataFrame | None = None) -> str:
+    """Notebook 07's tables and `summary.json`. The verdict passes when every resume case is
+    exact and ran to the end, the archive reproduced its control outputs in a new process, and
+    every tampered file was refused without running its code."""
+    from .runs import save_table, write_summary
+
+    ok = bool(cases.exact.all() and cases.continued_to_the_end.all() and reloaded["identical"]
+              and tamper.refused.all() and not tamper["code ran"].fillna(False).any())
+    save_table(cases, out_dir, "resume_cases")
+    save_table(tamper, out_dir, "tamper")
+    if faults is not None:
+        save_table(faults, out_dir, "planted_faults")
+    verdict = "pass" if ok else "fail"
+    write_summary(out_dir, verdict, {
+        "cases": cases[["case", "resumed_after", "exact", "max_param_diff",
+                        "examples_differ_from", "error"]].to_dict("records"),
+        "archive_identical": reloaded["identical"],
+        "tampering_refused": bool(tamper.refused.all()),
+        "faults_caught": None if faults is None else
+        faults.set_index("planted bug").caught.to_dict()}, task=task.name)
+    return verdict
+
