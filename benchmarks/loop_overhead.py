@@ -1,7 +1,7 @@
 """Workbook loop (records, progress bar, DataLoader) against a bare PyTorch loop.
 
-Same model, data, order, micro-batch 2 x accumulation 8, gradient clipping and AdamW; the two
-are interleaved in one process and repeated. Prints per-repeat times and, last,
+Same model, data, order, per-read encoding, micro-batch 2 x accumulation 8, gradient clipping and
+AdamW; the two are interleaved in one process and repeated. Prints per-repeat times and, last,
 `loop_overhead_ratio: <median workbook/bare>`. Target <= 1.05.
 
     python benchmarks/loop_overhead.py [--updates 40] [--repeats 11] [--threads 1]
@@ -18,16 +18,19 @@ import torch
 from torch import nn
 
 from workbook import TrainConfig, encode_examples, load_examples, load_task, split_examples, train
-from workbook.data import collate_items, epoch_order, plan_epoch
+from workbook.data import collate_items, encode_example, epoch_order, epoch_updates
 
 
 def bare_loop(task, items, model, updates, micro, accum, lr):
-    """The loop people write by hand: loss summed and divided by the update's target count."""
+    """The loop people write by hand: a Dataset that encodes each example when it is read (as
+    the workbook's loader does on every pass), loss summed and divided by the update's target
+    count."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    groups = plan_epoch(epoch_order(len(items), 0, 0), micro, accum, False)
+    groups = epoch_updates(epoch_order(len(items), 0, 0), micro, accum, False)
     losses = []
     for group in groups[:updates]:
-        batches = [collate_items(task, [items[i] for i in mb]).tensors for mb in group]
+        batches = [collate_items(task, [encode_example(task, items[i].raw) for i in mb]).tensors
+                   for mb in group]
         total = sum(int((b["labels"] != -100).sum()) for b in batches)
         loss_sum = 0.0
         for b in batches:

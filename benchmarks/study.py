@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from workbook.study import Study, StudyPlan
+from workbook.study import Study, StudyDesign
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loop_overhead import bare_loop  # noqa: E402
@@ -32,7 +32,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        plan = StudyPlan("bench", "workbook.samples.generation:task", updates=args.updates,
+        plan = StudyDesign("bench", "workbook.samples.generation:task", updates=args.updates,
                          eval_every=args.eval_every)
         study = Study(Path(tmp) / "study", plan)
         torch.manual_seed(0)

@@ -17,7 +17,7 @@ import torch
 from workbook.data import encode_examples
 from workbook.gates import GateSettings
 from workbook.loop import build_stepper
-from workbook.predict import plan_batches
+from workbook.predict import sized_batches
 from workbook.variants import Variant, VariantStudy, default_variants
 
 
@@ -42,7 +42,7 @@ def main():
                                 precision=v.precision,
                                 activation_checkpointing=v.activation_checkpointing)
         encoded = encode_examples(task, study.splits["train"])
-        _, groups[v.id], _ = plan_batches(task, encoded, encoded[:8], settings.plan())
+        _, groups[v.id], _ = sized_batches(task, encoded, encoded[:8], settings.plan())
         steppers[v.id] = build_stepper(task, settings.train_config())
     times = {v.id: [] for v in measured}
     for rep in range(args.repeats):  # interleaved: each repeat times every variant once

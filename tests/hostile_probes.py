@@ -103,48 +103,48 @@ def checkpoint_names_another_task(tmp: Path) -> Outcome:
 
 
 def _study(tmp: Path):
-    from workbook.study import Study, StudyPlan
+    from workbook.study import Study, StudyDesign
 
-    plan = StudyPlan(name="s", task=OWN, lrs=[1e-3], updates=4, micro_batch=4, accumulation=1,
+    plan = StudyDesign(name="s", task=OWN, lrs=[1e-3], updates=4, micro_batch=4, accumulation=1,
                      eval_every=2, eval_batch=8, metric="accuracy", prediction_examples=0)
     study = Study(tmp / "study", plan)
     study.ledger.close()
     return tmp / "study"
 
 
-def plan_names_another_task(tmp: Path) -> Outcome:
+def design_names_another_task(tmp: Path) -> Outcome:
     folder, marker = _study(tmp), tmp / "marker"
-    _swap_task(folder, "plan.json", marker)
+    _swap_task(folder, "design.json", marker)
     rc, err = _cli(["trial", "--study", str(folder), "--task", OWN, "--lr", "0.001"])
     return Outcome(rc == 2 and "records the task 'os:system'" in err, err, marker.exists())
 
 
-def plan_not_json(tmp: Path) -> Outcome:
+def design_not_json(tmp: Path) -> Outcome:
     from workbook.study import Study
 
     folder = _study(tmp)
-    (folder / "plan.json").write_text("{ not json")
-    return _refused(lambda: Study(folder, task=OWN), "study plan", "plan.json")
+    (folder / "design.json").write_text("{ not json")
+    return _refused(lambda: Study(folder, task=OWN), "study design", "design.json")
 
 
-def plan_extended(tmp: Path) -> Outcome:
+def design_extended(tmp: Path) -> Outcome:
     from workbook.study import Study
 
     folder = _study(tmp)
-    data = json.loads((folder / "plan.json").read_text())
-    (folder / "plan.json").write_text(json.dumps({**data, "surprise": 1}))
-    _reseal(folder, "plan.json")
-    return _refused(lambda: Study(folder, task=OWN), "not a plan this workbook wrote",
+    data = json.loads((folder / "design.json").read_text())
+    (folder / "design.json").write_text(json.dumps({**data, "surprise": 1}))
+    _reseal(folder, "design.json")
+    return _refused(lambda: Study(folder, task=OWN), "not a study design this workbook wrote",
                     "surprise")
 
 
-def plan_edited(tmp: Path) -> Outcome:
+def design_edited(tmp: Path) -> Outcome:
     from workbook.study import Study
 
     folder = _study(tmp)
-    data = json.loads((folder / "plan.json").read_text())
-    (folder / "plan.json").write_text(json.dumps({**data, "updates": 10**9}))
-    return _refused(lambda: Study(folder, task=OWN), "does not match plan.json.manifest.json")
+    data = json.loads((folder / "design.json").read_text())
+    (folder / "design.json").write_text(json.dumps({**data, "updates": 10**9}))
+    return _refused(lambda: Study(folder, task=OWN), "does not match design.json.manifest.json")
 
 
 def ledger_truncated(tmp: Path) -> Outcome:
@@ -385,8 +385,8 @@ def every_label_ignored(tmp: Path) -> Outcome:
 
 PROBES: dict[str, Callable[[Path], Outcome]] = {
     f.__name__: f for f in [
-        archive_names_another_task, checkpoint_names_another_task, plan_names_another_task,
-        plan_not_json, plan_extended, plan_edited, ledger_truncated,
+        archive_names_another_task, checkpoint_names_another_task, design_names_another_task,
+        design_not_json, design_extended, design_edited, ledger_truncated,
         empty_manifest_with_a_changed_weight,
         manifest_not_json, extra_file, manifest_names_a_file_outside, malicious_pickle,
         weights_of_another_shape, bad_safetensors_header, empty_state, meta_not_json,

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from workbook import WorkbookError, load_examples, read_jsonl, split_examples
-from workbook.data import epoch_order, plan_epoch
+from workbook.data import epoch_order, epoch_updates
 
 
 def test_malformed_jsonl_line_reports_file_and_line(tmp_path):
@@ -57,10 +57,10 @@ def test_group_split_keeps_groups_together_and_has_enough_training_examples(gen_
 
 
 def test_plan_epoch_partial_groups():
-    groups = plan_epoch(list(range(37)), micro_batch=2, accumulation=8, drop_partial=False)
+    groups = epoch_updates(list(range(37)), micro_batch=2, accumulation=8, drop_partial=False)
     assert [sum(map(len, g)) for g in groups] == [16, 16, 5]
     assert [len(mb) for mb in groups[-1]] == [2, 2, 1]
-    dropped = plan_epoch(list(range(37)), 2, 8, drop_partial=True)
+    dropped = epoch_updates(list(range(37)), 2, 8, drop_partial=True)
     assert len(dropped) == 2 and sorted(i for g in dropped for mb in g for i in mb) == \
         list(range(32))
 

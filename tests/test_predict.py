@@ -172,11 +172,11 @@ def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_i
     # failed); FLOPs are device-free and counted on the CPU even where "auto" picks a GPU
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from workbook.predict import fake_batch, plan_batches
+    from workbook.predict import fake_batch, sized_batches
     from workbook.rental import Candidate, flops
 
     train, val = gen_items["train"][:20], gen_items["validation"][:10]
-    batch, _, _ = plan_batches(gen_task, train, val, Plan(micro_batch=2, length=24))
+    batch, _, _ = sized_batches(gen_task, train, val, Plan(micro_batch=2, length=24))
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     moved = fake_batch(fake, batch, torch.device("cuda", 0))
     assert all(isinstance(v, FakeTensor) and v.device == torch.device("cuda", 0)

@@ -95,9 +95,9 @@ def test_a_mean_loss_with_count_one_is_named():
 def test_one_hard_update_is_not_a_divergence(tmp_path):
     """Per-update regression losses are heavy-tailed; the study's divergence rule compares
     medians of 5 updates, so a clean task at a small learning rate finishes every trial."""
-    from workbook.study import Study, StudyPlan
+    from workbook.study import Study, StudyDesign
 
-    plan = StudyPlan(name="r", task=TASK, lrs=[1e-4, 3e-4], seeds=[0], updates=30,
+    plan = StudyDesign(name="r", task=TASK, lrs=[1e-4, 3e-4], seeds=[0], updates=30,
                      micro_batch=2, accumulation=1, eval_every=10, eval_batch=16)
     study = Study(tmp_path / "study", plan)
     study.run_all()

@@ -13,7 +13,7 @@ import torch
 
 from workbook import WorkbookError, evaluate
 from workbook.ledger import Ledger
-from workbook.study import Study, StudyPlan, periodicity
+from workbook.study import Study, StudyDesign, periodicity
 
 from .conftest import CLASSIFICATION, GENERATION
 
@@ -21,7 +21,7 @@ from .conftest import CLASSIFICATION, GENERATION
 def plan(**kw):
     base = dict(name="lr", task=CLASSIFICATION, lrs=[1e-3], seeds=[0], updates=20,
                 micro_batch=2, accumulation=2, eval_every=5, eval_batch=8, metric="accuracy")
-    return StudyPlan(**{**base, **kw})
+    return StudyDesign(**{**base, **kw})
 
 
 def test_divergence_is_recorded_and_the_study_goes_on(tmp_path):
@@ -48,10 +48,10 @@ def test_a_rerun_gets_a_new_id_and_a_link(tmp_path):
 
 def test_the_plan_is_written_first_and_cannot_change(tmp_path):
     Study(tmp_path / "s", plan())
-    assert json.loads((tmp_path / "s" / "plan.json").read_text())["lrs"] == [1e-3]
+    assert json.loads((tmp_path / "s" / "design.json").read_text())["lrs"] == [1e-3]
     with pytest.raises(WorkbookError, match="cannot change .*'lrs'"):
         Study(tmp_path / "s", plan(lrs=[1e-3, 2e-3]))
-    assert Study(tmp_path / "s", task=CLASSIFICATION).plan.lrs == [1e-3]
+    assert Study(tmp_path / "s", task=CLASSIFICATION).design.lrs == [1e-3]
     with pytest.raises(WorkbookError, match="records the task .*classification"):
         Study(tmp_path / "s")  # reopening needs the task named by the user
 
@@ -66,7 +66,7 @@ def test_the_plan_is_written_first_and_cannot_change(tmp_path):
 def test_bad_plans_are_refused_before_anything_is_written(change, words, tmp_path):
     with pytest.raises(WorkbookError, match=words):
         Study(tmp_path / "s", plan(**change))
-    assert not (tmp_path / "s" / "plan.json").exists()
+    assert not (tmp_path / "s" / "design.json").exists()
 
 
 def test_evaluation_metric_is_identical_for_any_eval_batch(cls_task, cls_items):

@@ -190,7 +190,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=generator).tolist()
 
 
-def plan_epoch(order: list[int], micro_batch: int, accumulation: int,
+def epoch_updates(order: list[int], micro_batch: int, accumulation: int,
                drop_partial: bool) -> list[list[list[int]]]:
     """Split one pass into updates (groups) of micro-batches of example indices.
 

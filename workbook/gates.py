@@ -26,7 +26,7 @@ from .loop import (
     train,
 )
 from .memory import GIB, MemoryReading, measure, rebased, state_tensors, storage_bytes
-from .predict import Plan, plan_batches
+from .predict import Plan, sized_batches
 from .records import to_frame
 from .task import Task
 from .workload import TRAINING_PHASES, Workload, targets_of
@@ -518,7 +518,7 @@ class GateRun:
         s = self.s
         self.batch_items = sorted(self.train_items, key=lambda it: self.task.length(it.tensors),
                                   reverse=True)[: s.micro_batch]
-        batch, group, eval_batch = plan_batches(self.task, self.train_items, self.val_items,
+        batch, group, eval_batch = sized_batches(self.task, self.train_items, self.val_items,
                                                 s.plan())
         self.batch = batch
         pipeline = pd.DataFrame()

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import Batch, Item, collate_items, epoch_order, loader, plan_epoch
+from .data import Batch, Item, collate_items, epoch_order, epoch_updates, loader
 from .errors import WorkbookError
 from .frontend import progress_bar
 from .records import EvalRecord, StepRecord
@@ -459,7 +459,7 @@ def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = 
         sampler.load_state_dict(start.sampler_state)
     while True:
         order, state = pass_order(sampler, len(items), cfg.seed, epoch)
-        groups = plan_epoch(order, cfg.micro_batch, cfg.accumulation, cfg.drop_partial)[skip:]
+        groups = epoch_updates(order, cfg.micro_batch, cfg.accumulation, cfg.drop_partial)[skip:]
         batches = iter(loader(task, items, [mb for g in groups for mb in g], cfg.workers,
                               seed=cfg.seed * 100_003 + epoch, encode=cfg.encode_each_pass))
         for index, group in enumerate(groups, start=skip):

@@ -88,15 +88,15 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     if not limit > 0:
         raise WorkbookError(f"--timeout must be positive, got {timeout}",
                             "give each notebook's limit in seconds")
-    plans = {}
+    parameters = {}
     for stem in selected:  # check every notebook's parameters before running (or creating) any
         given = {"task": task, "task_options": task_options or {}, "device": device,
                  **(smoke_sizes(stem) if smoke else {}),
                  **{k: v for k, v in params.items() if k in defaults(stem)}}
-        plans[stem] = validate(given, stem)
+        parameters[stem] = validate(given, stem)
     run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
     for stem in selected:
-        plans[stem]["out_dir"] = str((run / stem).resolve())
+        parameters[stem]["out_dir"] = str((run / stem).resolve())
     kernel = ensure_kernel()
     meta = {"task": task, "task_options": task_options or {}, "smoke": smoke,
             "time_limit_s": limit}
@@ -104,7 +104,7 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     with _headless_kernels(), _sigterm_as_interrupt():
         try:
             for stem in selected:
-                rows.append(execute(stem, run, plans[stem], kernel, limit, progress))
+                rows.append(execute(stem, run, parameters[stem], kernel, limit, progress))
                 write_index(run, rows, meta)
                 print(f"{stem}: {rows[-1]['verdict']} ({rows[-1]['seconds']} s) "
                       f"{rows[-1]['error']}", flush=True)

@@ -151,7 +151,7 @@ def check_length(task: Task, plan: Plan) -> None:
                             f"take the option context={longest})")
 
 
-def plan_batches(task: Task, train: list[Item], val: list[Item],
+def sized_batches(task: Task, train: list[Item], val: list[Item],
                  plan: Plan) -> tuple[Batch, list[Batch], Batch]:
     """Real batches of the planned shapes: the phase batch, one update's group, an eval batch."""
     batch = shaped_batch(task, train, plan.micro_batch, plan.length)
@@ -218,7 +218,7 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
     phase the prediction cannot size is a row without bytes whose `note` says why (see
     `path_limits` and `calibration_limits`)."""
     check_length(task, plan)
-    batch, group, eval_batch = plan_batches(task, train, val, plan)
+    batch, group, eval_batch = sized_batches(task, train, val, plan)
     if plan.length or plan.eval_length:
         accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
                        else batch)
@@ -288,7 +288,7 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     key = (id(task), task.name, micro, plan.precision, plan.activation_checkpointing, str(device))
     if key not in _calibrated:
         small = Plan(micro, 1, None, micro, None, plan.precision, plan.activation_checkpointing)
-        batches = plan_batches(task, train, val, small)
+        batches = sized_batches(task, train, val, small)
         cfg = small.shape.train_config(device=device)
         try:
             real = measured_peaks(task, cfg, *batches)

@@ -26,8 +26,8 @@ from .predict import (
     fake_model,
     fit_table,
     longest_accepted,
-    plan_batches,
     predict,
+    sized_batches,
 )
 from .task import Task
 
@@ -88,7 +88,7 @@ def gpu(name: str, gpus: dict) -> float:
 def flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]:
     """FLOPs of one training micro-batch (forward + backward) and of one evaluation example,
     counted by torch.utils.flop_counter on fake tensors (nothing is allocated)."""
-    batch, _, eval_batch = plan_batches(task, train, val, cand.plan())
+    batch, _, eval_batch = sized_batches(task, train, val, cand.plan())
     # FLOPs: no autocast, and the same count on any device (the batches stay on the CPU)
     cfg = replace(cand.plan().shape, precision="fp32").train_config(device="cpu")
     with FakeTensorMode() as fake:

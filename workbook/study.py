@@ -1,4 +1,4 @@
-"""Notebook 06: a learning-rate comparison as a tracked study. The plan is written before the
+"""Notebook 06: a learning-rate comparison as a tracked study. The design is written before the
 first trial and cannot change afterwards; every trial keeps its row in the ledger, diverged ones
 included; evaluation runs at fixed step intervals; each trial keeps its top-N checkpoints and
 the best is chosen afterwards."""
@@ -29,11 +29,11 @@ from .records import EvalRecord, StepRecord
 from .runs import shown, task_args, write_json
 from .task import Task, contributes, load_recorded_task, load_task
 
-PLAN = "plan.json"
+DESIGN = "design.json"
 
 
 @dataclass
-class StudyPlan:
+class StudyDesign:
     """Everything fixed before the first trial: the trials, the budget, evaluation, stopping."""
 
     name: str
@@ -61,7 +61,7 @@ class StudyPlan:
         lower = ("loss", "error", "mae", "mse", "perplexity")
         return "min" if any(w in self.metric.lower() for w in lower) else "max"
 
-    def validate(self, task: Task, val: list[Item]) -> "StudyPlan":
+    def validate(self, task: Task, val: list[Item]) -> "StudyDesign":
         problems = []
         if not self.lrs:
             problems.append("the learning-rate list is empty")
@@ -84,7 +84,7 @@ class StudyPlan:
                 problems.append(f"metric {self.metric!r} is not produced by the task (it gives "
                                 f"{['loss', *produced.metrics]})")
         if problems:
-            raise WorkbookError("study plan: " + "; ".join(problems),
+            raise WorkbookError("study design: " + "; ".join(problems),
                                 "fix the study parameters before the first trial")
         return self
 
@@ -137,60 +137,60 @@ def periodicity(steps: list[int], values: list[float], period_updates: int,
             "periodic": bool(corr > threshold)}
 
 
-def read_plan(path: Path) -> StudyPlan:
-    """plan.json back as a StudyPlan, or a clear error for a damaged or edited file."""
-    verify_file(path, "study plan")
-    data = read_json(path, "study plan")
-    fields = {f.name for f in dataclasses.fields(StudyPlan)}
+def read_design(path: Path) -> StudyDesign:
+    """design.json back as a StudyDesign, or a clear error for a damaged or edited file."""
+    verify_file(path, "study design")
+    data = read_json(path, "study design")
+    fields = {f.name for f in dataclasses.fields(StudyDesign)}
     if set(data) != fields:
-        raise WorkbookError(f"{path} is not a plan this workbook wrote (unknown fields "
+        raise WorkbookError(f"{path} is not a study design this workbook wrote (unknown fields "
                             f"{sorted(set(data) - fields)}, missing {sorted(fields - set(data))})",
                             "use an intact study folder, or start a new study (a new out_dir)")
     try:
-        return StudyPlan(**data)
+        return StudyDesign(**data)
     except (TypeError, ValueError) as exc:
-        raise WorkbookError(f"{path} cannot be read as a study plan ({exc})",
+        raise WorkbookError(f"{path} cannot be read as a study design ({exc})",
                             "use an intact study folder") from None
 
 
 class Study:
-    """A study folder: `plan.json`, `ledger.sqlite`, and `trials/<id>/` for each trial."""
+    """A study folder: `design.json`, `ledger.sqlite`, and `trials/<id>/` for each trial."""
 
-    def __init__(self, folder: str | Path, plan: StudyPlan | None = None,
+    def __init__(self, folder: str | Path, design: StudyDesign | None = None,
                  task: str | None = None, task_options: dict | None = None):
-        """A new study from its `plan`, or (plan None) an existing one reopened: then the caller
-        names the task (`task`, `task_options`), which must be the one plan.json records - a
+        """A new study from its `design`, or (design None) an existing one reopened: then the caller
+        names the task (`task`, `task_options`), which must be the one design.json records - a
         task path read from a folder is never imported."""
         self.folder = Path(folder)
-        path = self.folder / PLAN
+        path = self.folder / DESIGN
         if path.exists():
-            stored = read_plan(path)
-            if plan is not None and asdict(plan) != asdict(stored):
-                changed = sorted(k for k, v in asdict(plan).items() if asdict(stored)[k] != v)
+            stored = read_design(path)
+            if design is not None and asdict(design) != asdict(stored):
+                changed = sorted(k for k, v in asdict(design).items() if asdict(stored)[k] != v)
                 raise WorkbookError(f"study {stored.name!r} in {self.folder} was planned before "
-                                    f"its first trial; the plan cannot change ({changed})",
-                                    "start a new study (a new out_dir) for a new plan")
-            self.plan = stored
-        elif plan is None:
-            raise WorkbookError(f"{self.folder} holds no study (no {PLAN})",
-                                "create the study with its plan first (notebook 06)")
+                                    f"its first trial; the design cannot change ({changed})",
+                                    "start a new study (a new out_dir) for a new design")
+            self.design = stored
+        elif design is None:
+            raise WorkbookError(f"{self.folder} holds no study (no {DESIGN})",
+                                "create the study with its design first (notebook 06)")
         else:
-            self.plan = plan
-        self.task = load_task(plan.task, **plan.task_options) if plan is not None else \
-            load_recorded_task(asdict(self.plan), task, task_options, f"study {self.folder}")
+            self.design = design
+        self.task = load_task(design.task, **design.task_options) if design is not None else \
+            load_recorded_task(asdict(self.design), task, task_options, f"study {self.folder}")
         data = prepare(self.task)
         splits = self.raw = data.raw
         self.train_items, self.val_items = data.train, data.validation
-        self.plan.validate(self.task, self.val_items)
+        self.design.validate(self.task, self.val_items)
         self.sample, self.skew = eval_sample(self.task, self.val_items, splits["validation"],
-                                             self.plan.eval_sample)
+                                             self.design.eval_sample)
         self.sampled = len(self.sample) < len(self.val_items)
         if not path.exists():
             self.folder.mkdir(parents=True, exist_ok=True)
-            write_json(path, asdict(self.plan))  # written before any trial starts
+            write_json(path, asdict(self.design))  # written before any trial starts
             seal_file(path)
         self.ledger = Ledger(self.folder / "ledger.sqlite")
-        self.ledger.add_study(self.plan.name, str(path), self.plan.notes)
+        self.ledger.add_study(self.design.name, str(path), self.design.notes)
         self._clean_partials()
 
     def _clean_partials(self) -> None:
@@ -203,7 +203,7 @@ class Study:
 
     def repro(self, lr: float, seed: int, repeats: int | None = None) -> str:
         cmd = [shown(sys.executable), "-m", "workbook", "trial", "--study", shown(self.folder),
-               *task_args(self.plan.task, self.plan.task_options), "--lr", repr(lr),
+               *task_args(self.design.task, self.design.task_options), "--lr", repr(lr),
                "--seed", str(seed)]
         return shlex.join(cmd + (["--repeats", str(repeats)] if repeats else []))
 
@@ -212,21 +212,21 @@ class Study:
         done = {(json.loads(p)["lr"], json.loads(p)["seed"])
                 for p in self.ledger.frame("trials").params}
         return [self.run_trial(t["lr"], t["seed"], progress=progress)
-                for t in self.plan.trials() if (t["lr"], t["seed"]) not in done]
+                for t in self.design.trials() if (t["lr"], t["seed"]) not in done]
 
     def run_trial(self, lr: float, seed: int, repeats: int | None = None,
                   progress: bool = False) -> int:
         """One trial, recorded from its first step; returns its id."""
         if not lr > 0:
             raise WorkbookError(f"learning rate {lr} is not positive", "give a positive lr")
-        plan, ledger = self.plan, self.ledger
-        tid = ledger.start_trial(plan.name, {"lr": lr, "seed": seed},
+        design, ledger = self.design, self.ledger
+        tid = ledger.start_trial(design.name, {"lr": lr, "seed": seed},
                                  self.repro(lr, seed, repeats), repeats)
         folder = self.folder / "trials" / str(tid)
         folder.mkdir(parents=True)
-        cfg = UpdateShape(plan.micro_batch, plan.accumulation).train_config(
-            updates=plan.updates, lr=lr, seed=seed, device=plan.device,
-            eval_every=plan.eval_every, eval_batch=plan.eval_batch, progress=progress)
+        cfg = UpdateShape(design.micro_batch, design.accumulation).train_config(
+            updates=design.updates, lr=lr, seed=seed, device=design.device,
+            eval_every=design.eval_every, eval_batch=design.eval_batch, progress=progress)
         pending: list[dict] = []
         losses: list[float] = []  # every update's, for the divergence rule
         kept: list[tuple[float, int, Path]] = []  # (metric, step, path) of checkpoints on disk
@@ -241,9 +241,9 @@ class Study:
             # the median of the last 5 updates against the first update's loss: one hard
             # micro-batch (a heavy-tailed regression target, a long sequence) is no divergence
             start, recent = losses[0], statistics.median(losses[-5:])
-            if len(losses) >= 3 and recent > plan.divergence_multiple * start:
+            if len(losses) >= 3 and recent > design.divergence_multiple * start:
                 return (f"median loss of the last {min(len(losses), 5)} updates {recent:.3g} "
-                        f"above {plan.divergence_multiple} x the first update's {start:.3g}")
+                        f"above {design.divergence_multiple} x the first update's {start:.3g}")
             return None
 
         def on_eval(record: EvalRecord, stepper: Stepper) -> None:
@@ -253,16 +253,16 @@ class Study:
             ledger.add_eval(tid, record.step, scope, record.loss, record.metrics,
                             record.per_class)
             self._save_predictions(stepper.model, folder, record.step)
-            value = record.loss if plan.metric == "loss" else record.metrics[plan.metric]
+            value = record.loss if design.metric == "loss" else record.metrics[design.metric]
             if not math.isfinite(value):
                 return
             path = folder / f"step-{record.step:06d}"
             ckpt.save_checkpoint(path, stepper.model, stepper.optimizer, stepper.scheduler,
                                  stepper.scaler, {"step": record.step, "trial": tid},
-                                 {"study": plan.name, "lr": lr, "seed": seed})
+                                 {"study": design.name, "lr": lr, "seed": seed})
             ledger.add_checkpoint(tid, record.step, str(path.relative_to(self.folder)), value)
             kept.append((value, record.step, path))
-            if plan.better(value, best[0]):
+            if design.better(value, best[0]):
                 best[:] = [value, record.step, path]
                 ledger.set_best(tid, record.step, value, str(path.relative_to(self.folder)))
             self._prune(tid, kept, record.step)
@@ -288,9 +288,9 @@ class Study:
     def _prune(self, tid: int, kept: list, latest: int) -> None:
         """Keep the top-N checkpoints of this trial by the metric, and the latest; remove the
         rest - only files this trial recorded, inside this trial's folder."""
-        plan = self.plan
-        ranked = sorted(kept, key=lambda k: k[0], reverse=plan.mode == "max")
-        keep = {k[1] for k in ranked[: plan.top_n]} | {latest}
+        design = self.design
+        ranked = sorted(kept, key=lambda k: k[0], reverse=design.mode == "max")
+        keep = {k[1] for k in ranked[: design.top_n]} | {latest}
         mine = self.folder / "trials" / str(tid)
         for entry in list(kept):
             value, step, path = entry
@@ -303,8 +303,8 @@ class Study:
         """Predictions for a fixed selection of validation examples, for later reading: the
         argmax at every target position (teacher forcing; regression: the output values), in one
         forward pass."""
-        items = self.val_items[: self.plan.prediction_examples]
-        batch = collate_items(self.task, items).to(resolve_device(self.plan.device)).tensors
+        items = self.val_items[: self.design.prediction_examples]
+        batch = collate_items(self.task, items).to(resolve_device(self.design.device)).tensors
         labels = self.task.targets(batch["labels"])
         with eval_mode(model):
             predicted = self.task.predicted(self.task.forward(model, batch), labels)
@@ -322,8 +322,8 @@ class Study:
         """The best checkpoint of a trial evaluated on the whole validation set."""
         model = self.task.build_model()
         ckpt.load_checkpoint(path, model, restore_rng=False)
-        device = resolve_device(self.plan.device)
-        record = evaluate(self.task, model.to(device), self.val_items, self.plan.eval_batch,
+        device = resolve_device(self.design.device)
+        record = evaluate(self.task, model.to(device), self.val_items, self.design.eval_batch,
                           device, step)
         self.ledger.add_eval(tid, step, "full-best", record.loss, record.metrics,
                              record.per_class)
@@ -348,7 +348,7 @@ class Study:
         trials = self.trial_table().dropna(subset=["best_metric"])
         if trials.empty:
             return None
-        row = trials.sort_values("best_metric", ascending=self.plan.mode == "min").iloc[0]
+        row = trials.sort_values("best_metric", ascending=self.design.mode == "min").iloc[0]
         return row.to_dict()
 
     def lr_summary(self) -> pd.DataFrame:
@@ -364,15 +364,16 @@ class Study:
         """The spreadsheet view: one row for the study."""
         best = self.best() or {}
         return pd.DataFrame([{
-            "study": self.plan.name, "config": shown(self.folder / PLAN), "notes": self.plan.notes,
-            "trials": len(self.trial_table()), "metric": self.plan.metric,
+            "study": self.design.name, "config": shown(self.folder / DESIGN),
+            "notes": self.design.notes,
+            "trials": len(self.trial_table()), "metric": self.design.metric,
             "best_value": best.get("best_metric"), "best_trial": best.get("id"),
             "best_checkpoint": best.get("best_checkpoint"), "repro": best.get("repro")}])
 
     def periodicity(self) -> pd.DataFrame:
         """The periodicity check on every trial's validation curve (one pass = a period)."""
-        per_pass = math.ceil(len(self.train_items) / (self.plan.micro_batch *
-                                                       self.plan.accumulation))
+        per_pass = math.ceil(len(self.train_items) / (self.design.micro_batch *
+                                                       self.design.accumulation))
         evals = self.evals()
         rows = []
         for tid, rows_ in evals[evals.scope != "full-best"].groupby("trial"):
@@ -381,10 +382,10 @@ class Study:
         return pd.DataFrame(rows)
 
 
-def plan_from_params(params: dict) -> StudyPlan:
-    """A study plan from notebook 06's parameters."""
-    names = set(StudyPlan.__dataclass_fields__) - {"name", "task"}
-    return StudyPlan(name=params["study_name"], task=params["task"],
+def design_from_params(params: dict) -> StudyDesign:
+    """A study design from notebook 06's parameters."""
+    names = set(StudyDesign.__dataclass_fields__) - {"name", "task"}
+    return StudyDesign(name=params["study_name"], task=params["task"],
                      **{k: params[k] for k in names if k in params})
 
 
@@ -403,10 +404,10 @@ def save(study: Study, out_dir: Path) -> str:
     best = study.best() or {}
     figures = {"trials": len(trials), "statuses": trials.status.value_counts().to_dict(),
                "best_trial": best.get("id"), "best_lr": best.get("lr"),
-               "best_metric": best.get("best_metric"), "metric": study.plan.metric,
+               "best_metric": best.get("best_metric"), "metric": study.design.metric,
                "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic,
-               "control_lr": study.plan.lrs[0],
-               "control_remains_best": best.get("lr") == study.plan.lrs[0]}
+               "control_lr": study.design.lrs[0],
+               "control_remains_best": best.get("lr") == study.design.lrs[0]}
     verdict = "fail" if (trials.status == "failed").any() or periodic else "pass"
-    write_summary(out_dir, verdict, figures, study=study.plan.name)
+    write_summary(out_dir, verdict, figures, study=study.design.name)
     return verdict

@@ -21,7 +21,7 @@ from .loop import (
     resolve_device,
     train,
 )
-from .predict import Plan, longest_accepted, plan_batches, predicted_or_reason
+from .predict import Plan, longest_accepted, predicted_or_reason, sized_batches
 from .task import Task, load_task
 from .workload import TRAINING_PHASES, measured_peaks
 
@@ -148,7 +148,7 @@ class VariantStudy:
                         self.eval_batch)
         peaks = measured_peaks(task, shape.train_config(lr=self.lr, seed=self.seed,
                                                         device=self.device),
-                               *plan_batches(task, train_items, val_items, sized))
+                               *sized_batches(task, train_items, val_items, sized))
         for phase in TRAINING_PHASES:
             row[f"peak_{phase}"] = peaks[phase]
         row["peak_bytes"] = max(peaks.values())
