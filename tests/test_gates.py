@@ -194,3 +194,19 @@ def test_generation_prompt_option_still_passes(gen_items, tmp_path):
     task = generation.make_task(prompt_in_loss=True)
     report, _ = gates(task, gen_items, tmp_path)
     assert report.verdict == "pass"
+
+
+def test_a_model_that_cannot_be_built_fails_its_gate_and_blocks_the_rest(gen_task, gen_items,
+                                                                          tmp_path):
+    """The gates are one table run in order: a failure while building the model and optimizer
+    is the forward gate's row, and every gate that needs them says why it did not run."""
+    def no_optimizer(model, lr):
+        raise RuntimeError("planted: the optimizer cannot be built")
+
+    task = dataclasses.replace(gen_task, build_optimizer=no_optimizer)
+    _, rows = gates(task, gen_items, tmp_path)
+    assert list(rows) == list(PHASES)
+    assert "planted: the optimizer cannot be built" in rows["forward + loss"].detail
+    for phase in PHASES[2:]:
+        assert rows[phase].verdict == "fail"
+        assert rows[phase].detail.startswith("not run: "), (phase, rows[phase].detail)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -172,8 +173,26 @@ def companion_causes(task: Task, model: torch.nn.Module,
     return causes
 
 
+@dataclass(frozen=True)
+class Gate:
+    """One row of the gates: `work(run, context)` is what is measured, `check(run, context,
+    result)` judges it as (verdict, detail). `prepare(run)` makes the context before the
+    measurement (a snapshot to compare with), `finish(run)` tidies after it; `blocked(run)` says
+    why the gate cannot run (None: it can). A chained gate's memory is read from what the
+    previous phase left; `training` gates are also the memory variants' phases."""
+
+    phase: str
+    work: Callable[["GateRun", Any], Any]
+    check: Callable[["GateRun", Any, Any], tuple[str, str]]
+    prepare: Callable[["GateRun"], Any] = lambda run: None
+    finish: Callable[["GateRun"], None] = lambda run: None
+    blocked: Callable[["GateRun"], str | None] = lambda run: None
+    chained: bool = True
+    training: bool = True
+
+
 class GateRun:
-    """Runs the phases in order on one model and optimizer, measuring each."""
+    """The gates of one model and optimizer, in the order of `GATES`, measuring each."""
 
     def __init__(self, task: Task, settings: GateSettings, train_items: list[Item],
                  val_items: list[Item], out_dir: Path,
@@ -186,22 +205,32 @@ class GateRun:
         self.device = resolve_device(settings.device)
         self.rows: list[GateRow] = []
         self.live = 0  # CPU: bytes alive in the workload between phases (start of next phase)
+        self.pipeline = pd.DataFrame()  # the timed updates the data gate judges
+        self.work: Workload | None = None  # built by the forward gate
+        self.checkpoint = self.out_dir / "gate-checkpoint"
+        self.rng_at_save: dict | None = None
+        self.finite_loss = False  # set by the forward gate
 
     def row(self, phase: str, **kw: Any) -> GateRow:
         seq = self.task.main_input(self.batch.tensors).shape[-1]
         return GateRow(phase, self.s.micro_batch, int(seq), self.s.eval_batch, self.s.precision,
                        str(self.device), remediation=REMEDIATION[phase], **kw)
 
-    def phase(self, name: str, work: Callable[[], Any], check: Callable[[Any], tuple[str, str]],
-              chained: bool = True) -> GateRow:
-        """Measure `work`, judge it with `check`; an exception (OOM included) fails the row."""
-        row = self.row(name)
+    def phase(self, gate: Gate) -> GateRow:
+        """Measure the gate's work and judge it; an exception (OOM included) fails the row."""
+        why = gate.blocked(self)
+        if why:
+            row = self.row(gate.phase, verdict="fail", detail=f"not run: {why}")
+            self.rows.append(row)
+            return row
+        row = self.row(gate.phase)
         start = time.perf_counter()
         holder = None
         try:
+            context = gate.prepare(self)
             with measure(self.device) as holder:
-                result = work()
-            row.verdict, row.detail = check(result)
+                result = gate.work(self, context)
+            row.verdict, row.detail = gate.check(self, context, result)
         except Exception as exc:
             oom = isinstance(exc, torch.OutOfMemoryError)
             row.verdict = "fail"
@@ -211,11 +240,12 @@ class GateRun:
         row.time_s = time.perf_counter() - start
         if reading is not None:
             if reading.counter == "cpu-profiler":  # relative to the workload alive at the start
-                reading = rebased(reading, self.live if chained else 0)
-                if chained:
+                reading = rebased(reading, self.live if gate.chained else 0)
+                if gate.chained:
                     self.live = reading.allocated_bytes
             for key, value in asdict(reading).items():
                 setattr(row, key, value)
+        gate.finish(self)
         self.fit(row)
         self.rows.append(row)
         return row
@@ -234,268 +264,16 @@ class GateRun:
             row.remediation = ("lower the micro-batch (raise accumulation), activation "
                                "checkpointing, mixed precision - see notebook 05")
 
-    # --- the phases -------------------------------------------------------------------------
-    def data(self, pipeline: pd.DataFrame) -> None:
-        def work():
-            batch = collate_items(self.task, self.batch_items)
-            return batch.to(self.device)
-
-        def check(batch):
-            problems, t = [], batch.tensors
-            ids, labels = self.task.main_input(t), t.get("labels")
-            if labels is None:
-                return "fail", "the batch has no 'labels'"
-            for key, value in t.items():
-                if value.shape[0] != len(batch):
-                    problems.append(f"{key} has batch dimension {value.shape[0]}, not "
-                                    f"{len(batch)}")
-            if "input_ids" in t and ids.is_floating_point():
-                problems.append(f"input_ids are {ids.dtype}, not integer ids")
-            regression = self.task.kind == "regression"
-            if labels.is_floating_point() != regression:
-                problems.append(f"labels are {labels.dtype}, not " + (
-                    "float targets (regression)" if regression else "class/token ids"))
-            mask = t.get("attention_mask")
-            if mask is not None and ids is not None and mask.shape != ids.shape:
-                problems.append(f"attention_mask {tuple(mask.shape)} != input_ids "
-                                f"{tuple(ids.shape)}")
-            if labels.dim() > 1 and not regression and ids is not None and \
-                    labels.shape != ids.shape:
-                problems.append(f"labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}")
-            if self.task.target_count(labels) == 0:
-                problems.append("no contributing targets in the batch")
-            longest = max(self.task.length(it.tensors) for it in self.train_items)
-            longest_val = max(self.task.length(it.tensors) for it in self.val_items)
-            wait = pipeline.data_s.sum() / max(pipeline.time_s.sum(), 1e-12)
-            encode = self.encode_s
-            detail = (f"dtypes {', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in t.items())}; "
-                      f"longest input {longest} (train), {longest_val} (validation); "
-                      + (f"data wait {wait:.0%} of update time" + (
-                          f" (of which encoding {encode * 1e3:.2f} ms per example, paid on "
-                          "every pass as in a Dataset that encodes in __getitem__)"
-                          if encode else "")
-                         if len(pipeline) else
-                         "input pipeline not timed: the training step failed"))
-            if problems:
-                return "fail", "; ".join(problems)
-            if wait > self.s.input_bound_threshold:
-                return "warn", (detail + f" - input-bound (> {self.s.input_bound_threshold:.0%})"
-                                "; usual causes: " + "; ".join(INPUT_BOUND_CAUSES))
-            return "pass", detail
-        self.phase("data", work, check, chained=False)
-
-    def forward(self) -> None:
-        def check(_):
-            logits, count = self.work.state["logits"], int(self.work.state["count"])
-            loss = float(self.work.state["loss_sum"].detach()) / max(count, 1)
-            if logits.shape[0] != self.s.micro_batch:
-                return "fail", f"logits batch dimension {logits.shape[0]} != {self.s.micro_batch}"
-            if not math.isfinite(loss):
-                where = _first_nonfinite_module(
-                    self.work.stepper.model,
-                    lambda: self.task.forward(self.work.stepper.model, self.batch.tensors))
-                return "fail", (f"loss is {loss} (NaN/inf produced in forward"
-                                + (f", first by module '{where}')" if where else ")"))
-            outputs, labels = logits.shape[-1], self.batch.tensors["labels"]
-            expected = self.task.expected_initial_loss(outputs, labels)
-            detail = (f"logits {tuple(logits.shape)}, loss {loss:.4f} over {count} targets, "
-                      f"expected ~{self.task.initial_loss_rule(outputs)} = {expected:.4f}")
-            if abs(loss - expected) > self.s.init_tolerance * expected:
-                return "fail", detail + " - far from the untrained value"
-            return "pass", detail
-        self.phase("forward + loss", self.work.forward, check)
-
-    def backward(self) -> None:
-        def check(_):
-            named = [(n, p) for n, p in self.work.stepper.model.named_parameters()
-                     if p.requires_grad]
-            missing = [n for n, p in named if p.grad is None]
-            bad = [n for n, p in named if p.grad is not None and not torch.isfinite(p.grad).all()]
-            if bad:
-                return "fail", f"non-finite gradients in {bad[:5]}"
-            if missing:
-                return "fail", f"{len(missing)} trainable parameters got no gradient: {missing[:5]}"
-            return "pass", (f"{len(named)} trainable tensors, all with finite gradients; loss "
-                            f"normalised by {self.work.targets} targets")
-        self.phase("backward", self.work.backward, check)
-
-    def update(self, name: str, work: Callable[[], None], expected_step: int) -> None:
-        model, optimizer = self.work.stepper.model, self.work.stepper.optimizer
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
-
-        def check(_):
-            after = dict(model.named_parameters())
-            trainable = [n for n, p in after.items() if p.requires_grad]
-            unchanged = [n for n in trainable if torch.equal(before[n], after[n])]
-            frozen_moved = [n for n, p in after.items()
-                            if not p.requires_grad and not torch.equal(before[n], p)]
-            left_out = [n for n, p in after.items() if p.requires_grad and
-                        id(p) not in in_optimizer]
-            steps = {int(st["step"]) for st in optimizer.state.values() if "step" in st}
-            lr = optimizer.param_groups[0]["lr"]
-            problems = []
-            if left_out:
-                problems.append(f"trainable parameters not in the optimizer: {left_out[:5]}")
-            if unchanged:
-                problems.append(f"{len(unchanged)} trainable tensors did not change: "
-                                f"{unchanged[:5]}")
-            if frozen_moved:
-                problems.append(f"frozen parameters changed: {frozen_moved[:5]}")
-            if steps and steps != {expected_step}:
-                problems.append(f"optimizer step counter {sorted(steps)}, expected "
-                                f"{expected_step}")
-            if not math.isclose(lr, self.s.lr, rel_tol=1e-9):
-                problems.append(f"lr {lr} is not the scheduled {self.s.lr}")
-            norm = float(self.work.state["grad_norm"])
-            if not math.isfinite(norm):
-                problems.append(f"gradient norm {norm}")
-            if problems:
-                return "fail", "; ".join(problems)
-            return "pass", (f"{len(trainable)} tensors changed, step counter {expected_step}, "
-                            f"lr {lr:g}, grad norm {norm:.3g}")
-        self.phase(name, work, check)
-
-    def validation(self) -> None:
-        model = self.work.stepper.model
-        probe = self.val_items[:4]
-
-        modes = {n: m.training for n, m in model.named_modules()}  # before any evaluation
-
-        def check(_):
-            problems = []
-            padded = []
-
-            def logits(items):
-                batch = collate_items(self.task, items).to(self.device).tensors
-                padded.append(int(self.task.main_input(batch).shape[-1]))
-                return self.task.forward(model, batch)
-            with eval_mode(model):
-                first, second = logits(probe[:2]), logits(probe[:2])
-                other = logits(probe[:1] + probe[2:])  # the same example, other companions
-            if not torch.equal(first, second):
-                problems.append("two passes on the same input disagree: dropout (or another "
-                                "random layer) still active in eval mode")
-            if first.dim() > 2:  # the real positions of example 0, on the padding side
-                n, side = min(first.shape[1], other.shape[1]), self.task.side(
-                    collate_items(self.task, probe[:2]).tensors)
-                mine = self.task.real_part(first[0], n, side)
-                theirs = self.task.real_part(other[0], n, side)
-            else:
-                mine, theirs = first[0], other[0]
-            if not torch.allclose(mine, theirs, rtol=1e-4, atol=1e-5):
-                problems.append("an example's output depends on its batch companions: " +
-                                "; or ".join(companion_causes(self.task, model,
-                                                                (padded[0], padded[2]))))
-            seen: list = []
-            grads_before = [p.grad for p in model.parameters()]
-            evaluate(self.task, model, self.val_items, self.s.eval_batch, self.device,
-                     precision=self.s.precision, seen=seen)
-            behaves = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase)
-            stuck = sorted((not isinstance(m, behaves), n) for n, m in model.named_modules()
-                           if m.training != modes[n])  # dropout and batch-norm named first
-            stuck = [n for _, n in stuck]
-            if stuck:
-                problems.append(
-                    f"after evaluation {len(stuck)} module(s) stayed in eval mode while the "
-                    f"model went back to training ({', '.join(stuck[:3])}"
-                    f"{', ...' if len(stuck) > 3 else ''}): dropout and batch-norm keep their "
-                    "evaluation behaviour for the rest of training - a `train()` override that "
-                    "does not call `super().train(mode)`, or code that switches submodules "
-                    "itself, does this")
-            if any(p.grad is not g for p, g in zip(model.parameters(), grads_before,
-                                                   strict=True)):
-                problems.append("evaluation created or changed gradients")
-            counts = pd.Series([str(i) for i in seen]).value_counts()
-            wanted = {str(it.id) for it in self.val_items}
-            if set(counts.index) != wanted or (counts != 1).any():
-                problems.append(f"validation predicted {len(seen)} times for {len(wanted)} "
-                                f"examples (missing {len(wanted - set(counts.index))}, "
-                                f"repeated {int((counts > 1).sum())})")
-            longest = max(self.task.length(it.tensors) for it in self.val_items)
-            detail = (f"eval batch {self.s.eval_batch}, longest eval length {longest}; "
-                      f"{len(self.val_items)} examples each predicted once")
-            return ("fail", "; ".join(problems)) if problems else ("pass", detail)
-        self.phase("validation", self.work.validation, check)
-        self.work.state.pop("eval_logits", None)
-
-    def save_and_export(self) -> Path:
-        path = self.out_dir / "gate-checkpoint"
-        stepper = self.work.stepper
-
-        def save():
-            counters = {"step": 2, "examples": self.s.micro_batch * (1 + self.s.accumulation)}
-            self.rng_at_save = ckpt.rng_state()
-            return self.save(path, stepper.model, stepper.optimizer, stepper.scheduler,
-                             stepper.scaler, counters, {"task": self.task.name},
-                             own=self.task.save_state)
-
-        def saved(p):
-            size = ckpt.checkpoint_bytes(p)
-            return "pass", f"{size / 2**20:.2f} MiB in {p.name}/ (weights, optimizer, rng)"
-        self.phase("checkpoint save", save, saved, chained=False)
-        export = self.out_dir / "export.safetensors"
-
-        def do_export():
-            from safetensors.torch import save_model
-            if export.exists():
-                raise WorkbookError(f"{export} exists", "export into a new run folder")
-            save_model(stepper.model, str(export))
-            return export
-        self.phase("export", do_export,
-                   lambda p: ("pass", f"{p.stat().st_size / 2**20:.2f} MiB weights only"),
-                   chained=False)
-        return path
-
-    def resume(self, path: Path) -> None:
-        stepper = self.work.stepper
-
-        def work():
-            fresh = build_stepper(self.task, self.s.train_config())
-            info = self.load(path, fresh.model, fresh.optimizer, fresh.scheduler, fresh.scaler,
-                             own=self.task.restore_state)
-            return fresh, info
-
-        def check(result):
-            fresh, info = result
-            tied, restored = ckpt.tied_groups(stepper.model), ckpt.tied_groups(fresh.model)
-            if tied != restored:
-                untied = [" = ".join(g) for g in tied if g not in restored]
-                return "fail", (f"tied weights {', '.join(untied)} are separate tensors after "
-                                "loading: the restore replaced a shared parameter instead of "
-                                "copying into it (load_state_dict/safetensors load_model keep "
-                                "the tie)")
-            problems = []
-            for (n, a), b in zip(stepper.model.state_dict().items(),
-                                 fresh.model.state_dict().values(), strict=True):
-                if not torch.equal(a, b):
-                    problems.append(f"weight {n} differs after loading")
-            sa, sb = stepper.optimizer.state_dict(), fresh.optimizer.state_dict()
-            for key, state in sa["state"].items():
-                other = sb["state"].get(key, {})
-                for name, value in state.items():
-                    if not (isinstance(value, torch.Tensor) and name in other and
-                            torch.equal(value, other[name])):
-                        problems.append(f"optimizer state {key}.{name} not restored")
-                        break
-            if info["counters"].get("step") != 2:
-                problems.append(f"counters {info['counters']} not restored")
-            # the next update, from the same random state, must match the uninterrupted run
-            ckpt.set_rng_state(self.rng_at_save)
-            stepper.accumulate(self.work.group)
-            stepper.step()
-            ckpt.set_rng_state(self.rng_at_save)
-            fresh.accumulate(self.work.group)
-            fresh.step()
-            diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in
-                       zip(stepper.model.parameters(), fresh.model.parameters(), strict=True))
-            if diff > self.s.resume_tolerance:
-                problems.append(f"the next update differs from the uninterrupted run by "
-                                f"{diff:.3g} (allowed {self.s.resume_tolerance:g})")
-            if problems:
-                return "fail", "; ".join(problems[:4])
-            return "pass", f"state and counters restored; next update max |diff| = {diff:g}"
-        self.phase("resume", work, check, chained=False)
+    def build_workload(self) -> None:
+        """Model, optimizer and the sized batches on the device: what every training gate
+        runs on (unmeasured, before the forward gate)."""
+        stepper = build_stepper(self.task, self.s.train_config())
+        batches = [b.to(self.device) for b in (self.batch, *self.group, self.eval_batch)]
+        self.work = Workload(stepper, batches[0], batches[1:-1], batches[-1],
+                             targets_of(self.task, self.batch),
+                             sum(targets_of(self.task, b) for b in self.group))
+        self.live = storage_bytes(state_tensors(stepper.model, stepper.optimizer,
+                                                self.work.tensors()))
 
     def input_pipeline(self) -> pd.DataFrame:
         """Time a few real updates: per update, the wait for data against the whole update. The
@@ -514,45 +292,293 @@ class GateRun:
         return steps.assign(data_share=steps.data_s / steps.time_s)[columns]
 
     def run(self, training_only: bool = False) -> GateReport:
-        """All gates; or, with `training_only`, just the training phases (memory variants)."""
-        s = self.s
+        """All gates; or, with `training_only`, just the training phases and validation."""
         self.batch_items = sorted(self.train_items, key=lambda it: self.task.length(it.tensors),
-                                  reverse=True)[: s.micro_batch]
-        batch, group, eval_batch = sized_batches(self.task, self.train_items, self.val_items,
-                                                s.plan())
-        self.batch = batch
-        pipeline = pd.DataFrame()
+                                  reverse=True)[: self.s.micro_batch]
+        self.batch, self.group, self.eval_batch = sized_batches(
+            self.task, self.train_items, self.val_items, self.s.plan())
         if not training_only:
-            pipeline = self.input_pipeline()
-            self.data(pipeline)
-        stepper = build_stepper(self.task, s.train_config())
-        batches = [b.to(self.device) for b in (batch, *group, eval_batch)]
-        self.work = Workload(stepper, batches[0], batches[1:-1], batches[-1],
-                             targets_of(self.task, batch),
-                             sum(targets_of(self.task, b) for b in group))
-        self.live = storage_bytes(state_tensors(stepper.model, stepper.optimizer,
-                                                self.work.tensors()))
-        self.forward()
-        loss = self.work.state.get("loss_sum")
-        if loss is not None and bool(torch.isfinite(loss.detach())):
-            self.backward()
-            self.update("update (first)", self.work.update_first, 1)
-            self.update("update (later)", self.work.update_later, 2)
-        else:
-            for name in ("backward", "update (first)", "update (later)"):
-                self.rows.append(self.row(name, verdict="fail",
-                                          detail="not run: forward + loss gave no finite "
-                                                 "loss"))
-        self.validation()
-        if not training_only:
-            path = self.save_and_export()
-            if path.exists():
-                self.resume(path)
-            else:
-                self.rows.append(self.row("resume", verdict="fail",
-                                          detail="not run: no checkpoint was saved"))
-        return GateReport(self.rows, pipeline, train_items=self.train_items,
+            self.pipeline = self.input_pipeline()
+        for gate in GATES:
+            if gate.training or not training_only:
+                self.phase(gate)
+        return GateReport(self.rows, self.pipeline, train_items=self.train_items,
                           val_items=self.val_items)
+
+
+# --- the gates, in order: work and check of each ---------------------------------------------
+def _data_work(run: GateRun, _) -> Any:
+    return collate_items(run.task, run.batch_items).to(run.device)
+
+
+def _data_check(run: GateRun, _, batch) -> tuple[str, str]:
+    problems, t, task = [], batch.tensors, run.task
+    ids, labels = task.main_input(t), t.get("labels")
+    if labels is None:
+        return "fail", "the batch has no 'labels'"
+    for key, value in t.items():
+        if value.shape[0] != len(batch):
+            problems.append(f"{key} has batch dimension {value.shape[0]}, not {len(batch)}")
+    if "input_ids" in t and ids.is_floating_point():
+        problems.append(f"input_ids are {ids.dtype}, not integer ids")
+    regression = task.kind == "regression"
+    if labels.is_floating_point() != regression:
+        problems.append(f"labels are {labels.dtype}, not " + (
+            "float targets (regression)" if regression else "class/token ids"))
+    mask = t.get("attention_mask")
+    if mask is not None and ids is not None and mask.shape != ids.shape:
+        problems.append(f"attention_mask {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
+    if labels.dim() > 1 and not regression and ids is not None and labels.shape != ids.shape:
+        problems.append(f"labels {tuple(labels.shape)} != input_ids {tuple(ids.shape)}")
+    if task.target_count(labels) == 0:
+        problems.append("no contributing targets in the batch")
+    longest = max(task.length(it.tensors) for it in run.train_items)
+    longest_val = max(task.length(it.tensors) for it in run.val_items)
+    pipeline, encode = run.pipeline, run.encode_s
+    wait = pipeline.data_s.sum() / max(pipeline.time_s.sum(), 1e-12)
+    detail = (f"dtypes {', '.join(f'{k}:{str(v.dtype)[6:]}' for k, v in t.items())}; "
+              f"longest input {longest} (train), {longest_val} (validation); "
+              + (f"data wait {wait:.0%} of update time" + (
+                  f" (of which encoding {encode * 1e3:.2f} ms per example, paid on every pass "
+                  "as in a Dataset that encodes in __getitem__)" if encode else "")
+                 if len(pipeline) else "input pipeline not timed: the training step failed"))
+    if problems:
+        return "fail", "; ".join(problems)
+    if wait > run.s.input_bound_threshold:
+        return "warn", (detail + f" - input-bound (> {run.s.input_bound_threshold:.0%})"
+                        "; usual causes: " + "; ".join(INPUT_BOUND_CAUSES))
+    return "pass", detail
+
+
+def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
+    state, model = run.work.state, run.work.stepper.model
+    logits, count = state["logits"], int(state["count"])
+    loss = float(state["loss_sum"].detach()) / max(count, 1)
+    if logits.shape[0] != run.s.micro_batch:
+        return "fail", f"logits batch dimension {logits.shape[0]} != {run.s.micro_batch}"
+    if not math.isfinite(loss):
+        where = _first_nonfinite_module(model, lambda: run.task.forward(model,
+                                                                        run.batch.tensors))
+        return "fail", (f"loss is {loss} (NaN/inf produced in forward"
+                        + (f", first by module '{where}')" if where else ")"))
+    outputs, labels = logits.shape[-1], run.batch.tensors["labels"]
+    expected = run.task.expected_initial_loss(outputs, labels)
+    detail = (f"logits {tuple(logits.shape)}, loss {loss:.4f} over {count} targets, "
+              f"expected ~{run.task.initial_loss_rule(outputs)} = {expected:.4f}")
+    if abs(loss - expected) > run.s.init_tolerance * expected:
+        return "fail", detail + " - far from the untrained value"
+    return "pass", detail
+
+
+def _no_model(run: GateRun) -> str | None:
+    return "the model and optimizer were not built (see forward + loss)" if run.work is None \
+        else None
+
+
+def _note_loss(run: GateRun) -> None:
+    """After the forward gate: whether it left a finite loss for the gates that need one."""
+    loss = run.work.state.get("loss_sum") if run.work is not None else None
+    run.finite_loss = loss is not None and bool(torch.isfinite(loss.detach()))
+
+
+def _no_finite_loss(run: GateRun) -> str | None:
+    return None if run.finite_loss else "forward + loss gave no finite loss"
+
+
+def _backward_check(run: GateRun, _, __) -> tuple[str, str]:
+    named = [(n, p) for n, p in run.work.stepper.model.named_parameters() if p.requires_grad]
+    missing = [n for n, p in named if p.grad is None]
+    bad = [n for n, p in named if p.grad is not None and not torch.isfinite(p.grad).all()]
+    if bad:
+        return "fail", f"non-finite gradients in {bad[:5]}"
+    if missing:
+        return "fail", f"{len(missing)} trainable parameters got no gradient: {missing[:5]}"
+    return "pass", (f"{len(named)} trainable tensors, all with finite gradients; loss "
+                    f"normalised by {run.work.targets} targets")
+
+
+def _parameters_before(run: GateRun) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in run.work.stepper.model.named_parameters()}
+
+
+def _update_check(expected_step: int, run: GateRun, before: dict, _) -> tuple[str, str]:
+    model, optimizer = run.work.stepper.model, run.work.stepper.optimizer
+    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    after = dict(model.named_parameters())
+    trainable = [n for n, p in after.items() if p.requires_grad]
+    unchanged = [n for n in trainable if torch.equal(before[n], after[n])]
+    frozen_moved = [n for n, p in after.items()
+                    if not p.requires_grad and not torch.equal(before[n], p)]
+    left_out = [n for n, p in after.items() if p.requires_grad and id(p) not in in_optimizer]
+    steps = {int(st["step"]) for st in optimizer.state.values() if "step" in st}
+    lr = optimizer.param_groups[0]["lr"]
+    problems = []
+    if left_out:
+        problems.append(f"trainable parameters not in the optimizer: {left_out[:5]}")
+    if unchanged:
+        problems.append(f"{len(unchanged)} trainable tensors did not change: {unchanged[:5]}")
+    if frozen_moved:
+        problems.append(f"frozen parameters changed: {frozen_moved[:5]}")
+    if steps and steps != {expected_step}:
+        problems.append(f"optimizer step counter {sorted(steps)}, expected {expected_step}")
+    if not math.isclose(lr, run.s.lr, rel_tol=1e-9):
+        problems.append(f"lr {lr} is not the scheduled {run.s.lr}")
+    norm = float(run.work.state["grad_norm"])
+    if not math.isfinite(norm):
+        problems.append(f"gradient norm {norm}")
+    if problems:
+        return "fail", "; ".join(problems)
+    return "pass", (f"{len(trainable)} tensors changed, step counter {expected_step}, "
+                    f"lr {lr:g}, grad norm {norm:.3g}")
+
+
+def _modes(run: GateRun) -> dict[str, bool]:
+    """Every module's training flag before any evaluation."""
+    return {n: m.training for n, m in run.work.stepper.model.named_modules()}
+
+
+def _validation_check(run: GateRun, modes: dict[str, bool], _) -> tuple[str, str]:
+    task, model, probe = run.task, run.work.stepper.model, run.val_items[:4]
+    problems, padded = [], []
+
+    def logits(items):
+        batch = collate_items(task, items).to(run.device).tensors
+        padded.append(int(task.main_input(batch).shape[-1]))
+        return task.forward(model, batch)
+    with eval_mode(model):
+        first, second = logits(probe[:2]), logits(probe[:2])
+        other = logits(probe[:1] + probe[2:])  # the same example, other companions
+    if not torch.equal(first, second):
+        problems.append("two passes on the same input disagree: dropout (or another random "
+                        "layer) still active in eval mode")
+    if first.dim() > 2:  # the real positions of example 0, on the padding side
+        n = min(first.shape[1], other.shape[1])
+        side = task.side(collate_items(task, probe[:2]).tensors)
+        mine, theirs = task.real_part(first[0], n, side), task.real_part(other[0], n, side)
+    else:
+        mine, theirs = first[0], other[0]
+    if not torch.allclose(mine, theirs, rtol=1e-4, atol=1e-5):
+        problems.append("an example's output depends on its batch companions: " +
+                        "; or ".join(companion_causes(task, model, (padded[0], padded[2]))))
+    seen: list = []
+    grads_before = [p.grad for p in model.parameters()]
+    evaluate(task, model, run.val_items, run.s.eval_batch, run.device,
+             precision=run.s.precision, seen=seen)
+    behaves = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase)
+    stuck = sorted((not isinstance(m, behaves), n) for n, m in model.named_modules()
+                   if m.training != modes[n])  # dropout and batch-norm named first
+    stuck = [n for _, n in stuck]
+    if stuck:
+        problems.append(
+            f"after evaluation {len(stuck)} module(s) stayed in eval mode while the model went "
+            f"back to training ({', '.join(stuck[:3])}{', ...' if len(stuck) > 3 else ''}): "
+            "dropout and batch-norm keep their evaluation behaviour for the rest of training - "
+            "a `train()` override that does not call `super().train(mode)`, or code that "
+            "switches submodules itself, does this")
+    if any(p.grad is not g for p, g in zip(model.parameters(), grads_before, strict=True)):
+        problems.append("evaluation created or changed gradients")
+    counts = pd.Series([str(i) for i in seen]).value_counts()
+    wanted = {str(it.id) for it in run.val_items}
+    if set(counts.index) != wanted or (counts != 1).any():
+        problems.append(f"validation predicted {len(seen)} times for {len(wanted)} examples "
+                        f"(missing {len(wanted - set(counts.index))}, repeated "
+                        f"{int((counts > 1).sum())})")
+    longest = max(task.length(it.tensors) for it in run.val_items)
+    detail = (f"eval batch {run.s.eval_batch}, longest eval length {longest}; "
+              f"{len(run.val_items)} examples each predicted once")
+    return ("fail", "; ".join(problems)) if problems else ("pass", detail)
+
+
+def _save_work(run: GateRun, _) -> Path:
+    stepper = run.work.stepper
+    counters = {"step": 2, "examples": run.s.micro_batch * (1 + run.s.accumulation)}
+    run.rng_at_save = ckpt.rng_state()
+    return run.save(run.checkpoint, stepper.model, stepper.optimizer, stepper.scheduler,
+                    stepper.scaler, counters, {"task": run.task.name}, own=run.task.save_state)
+
+
+def _export_work(run: GateRun, _) -> Path:
+    from safetensors.torch import save_model
+
+    export = run.out_dir / "export.safetensors"
+    if export.exists():
+        raise WorkbookError(f"{export} exists", "export into a new run folder")
+    save_model(run.work.stepper.model, str(export))
+    return export
+
+
+def _resume_work(run: GateRun, _) -> tuple[Any, dict]:
+    fresh = build_stepper(run.task, run.s.train_config())
+    info = run.load(run.checkpoint, fresh.model, fresh.optimizer, fresh.scheduler,
+                    fresh.scaler, own=run.task.restore_state)
+    return fresh, info
+
+
+def _resume_check(run: GateRun, _, result) -> tuple[str, str]:
+    fresh, info = result
+    stepper = run.work.stepper
+    tied, restored = ckpt.tied_groups(stepper.model), ckpt.tied_groups(fresh.model)
+    if tied != restored:
+        untied = [" = ".join(g) for g in tied if g not in restored]
+        return "fail", (f"tied weights {', '.join(untied)} are separate tensors after loading: "
+                        "the restore replaced a shared parameter instead of copying into it "
+                        "(load_state_dict/safetensors load_model keep the tie)")
+    problems = []
+    for (n, a), b in zip(stepper.model.state_dict().items(), fresh.model.state_dict().values(),
+                         strict=True):
+        if not torch.equal(a, b):
+            problems.append(f"weight {n} differs after loading")
+    sa, sb = stepper.optimizer.state_dict(), fresh.optimizer.state_dict()
+    for key, state in sa["state"].items():
+        other = sb["state"].get(key, {})
+        for name, value in state.items():
+            if not (isinstance(value, torch.Tensor) and name in other and
+                    torch.equal(value, other[name])):
+                problems.append(f"optimizer state {key}.{name} not restored")
+                break
+    if info["counters"].get("step") != 2:
+        problems.append(f"counters {info['counters']} not restored")
+    # the next update, from the same random state, must match the uninterrupted run
+    for each in (stepper, fresh):
+        ckpt.set_rng_state(run.rng_at_save)
+        each.accumulate(run.work.group)
+        each.step()
+    diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in
+               zip(stepper.model.parameters(), fresh.model.parameters(), strict=True))
+    if diff > run.s.resume_tolerance:
+        problems.append(f"the next update differs from the uninterrupted run by {diff:.3g} "
+                        f"(allowed {run.s.resume_tolerance:g})")
+    if problems:
+        return "fail", "; ".join(problems[:4])
+    return "pass", f"state and counters restored; next update max |diff| = {diff:g}"
+
+
+def _no_checkpoint(run: GateRun) -> str | None:
+    return _no_model(run) or (None if run.checkpoint.exists() else "no checkpoint was saved")
+
+
+GATES = (
+    Gate("data", _data_work, _data_check, chained=False, training=False),
+    Gate("forward + loss", lambda run, _: run.work.forward(), _forward_check,
+         prepare=GateRun.build_workload, finish=_note_loss),
+    Gate("backward", lambda run, _: run.work.backward(), _backward_check,
+         blocked=_no_finite_loss),
+    Gate("update (first)", lambda run, _: run.work.update_first(), partial(_update_check, 1),
+         prepare=_parameters_before, blocked=_no_finite_loss),
+    Gate("update (later)", lambda run, _: run.work.update_later(), partial(_update_check, 2),
+         prepare=_parameters_before, blocked=_no_finite_loss),
+    Gate("validation", lambda run, _: run.work.validation(), _validation_check, prepare=_modes,
+         finish=lambda run: run.work.state.pop("eval_logits", None), blocked=_no_model),
+    Gate("checkpoint save", _save_work, lambda run, _, path: (
+        "pass", f"{ckpt.checkpoint_bytes(path) / 2**20:.2f} MiB in {path.name}/ (weights, "
+        "optimizer, rng)"), blocked=_no_model, chained=False, training=False),
+    Gate("export", _export_work, lambda run, _, path: (
+        "pass", f"{path.stat().st_size / 2**20:.2f} MiB weights only"), blocked=_no_model,
+         chained=False, training=False),
+    Gate("resume", _resume_work, _resume_check, blocked=_no_checkpoint, chained=False,
+         training=False),
+)
+assert tuple(g.phase for g in GATES) == PHASES
 
 
 def encode_seconds(task: Task, raw: list[dict], examples: int = 32) -> float:
