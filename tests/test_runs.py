@@ -35,3 +35,18 @@ def test_summary_is_json_with_verdict_and_safe_numbers(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
     with pytest.raises(ValueError):
         write_summary(tmp_path, "ok", {})
+
+
+def test_a_write_into_a_missing_folder_names_that_cause_not_the_disk(tmp_path):
+    import pandas as pd
+
+    from workbook.artifacts import write_file
+    from workbook.runs import save_table
+
+    missing = tmp_path / "not-made"
+    with pytest.raises(WorkbookError, match="create the folder .*not-made first") as info:
+        save_table(pd.DataFrame({"a": [1]}), missing, "rows")
+    assert "disk space" not in info.value.fix
+    with pytest.raises(WorkbookError, match="create the folder .*not-made first"):
+        write_file(missing / "x.bin", lambda tmp: tmp.write_bytes(b"x"), "weights")
+    assert not tmp_path.joinpath("not-made").exists()

@@ -36,6 +36,23 @@ def write_failure(exc: BaseException) -> bool:
     return isinstance(exc, OSError) or any(s in str(exc) for s in _WRITE_FAILURES)
 
 
+def write_error(what: str, path: Path, exc: Exception, left: str = "") -> WorkbookError:
+    """The error for a write the disk refused, with the fix for its cause."""
+    import errno
+
+    why = getattr(exc, "strerror", None) or reason(exc)
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, FileNotFoundError) and not Path(path).parent.exists():
+        fix = f"create the folder {Path(path).parent} first, or write into an existing one"
+    elif isinstance(exc, PermissionError):
+        fix = "choose a folder you can write to"
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free disk space (or raise the quota) and run again"
+    else:
+        fix = "free disk space or choose a writable folder"
+    return WorkbookError(f"cannot write {what} {path}: {why}", fix + left)
+
+
 def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "folder") -> Path:
     """Create the artifact folder `path` (never over an existing one): `fill(tmp)` writes the
     files into a temporary folder, which gets its manifest and is renamed into place."""
@@ -57,10 +74,7 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "fo
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, Exception) and write_failure(exc):
-            why = getattr(exc, "strerror", None) or reason(exc)
-            raise WorkbookError(f"cannot write {what} {path}: {why}",
-                                "free disk space or choose a writable folder; nothing was "
-                                "left behind") from exc
+            raise write_error(what, path, exc, "; nothing was left behind") from exc
         raise
     return path
 
@@ -74,8 +88,7 @@ def write_file(path: Path, write: Callable[[Path], None], what: str = "file") ->
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, Exception) and write_failure(exc):
-            raise WorkbookError(f"cannot write {what} {path}: {reason(exc)}",
-                                "free disk space or choose a writable folder") from exc
+            raise write_error(what, path, exc) from exc
         raise
     return path
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from .artifacts import write_error
 from .errors import WorkbookError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -185,8 +186,7 @@ def write_text(path: str | Path, text: str) -> Path:
     except OSError as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        raise WorkbookError(f"cannot write {path}: {exc.strerror or exc}",
-                            "free disk space or choose a writable folder") from exc
+        raise write_error("file", path, exc) from exc
     except BaseException:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
