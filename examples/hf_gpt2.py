@@ -102,7 +102,8 @@ def restore_state(folder: Path, objects: dict) -> None:
                          f", unexpected {sorted(unexpected)}")
     rest = torch.load(Path(folder) / "trainer_state.pt", weights_only=True)
     for name, state in rest.items():
-        objects[name].load_state_dict(state)
+        if objects.get(name) is not None:  # e.g. no optimizer when only evaluating
+            objects[name].load_state_dict(state)
 
 
 def make_task(max_length: int = 64, positions: int = 64, layers: int = 2,

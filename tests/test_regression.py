@@ -102,6 +102,11 @@ def test_one_hard_update_is_not_a_divergence(tmp_path):
     study = Study(tmp_path / "study", plan)
     study.run_all()
     assert set(study.trial_table().status) == {"finished"}, study.trial_table()
+    # the top-N checkpoints are written by the task's own save_state and read back by its
+    # restore_state for the retrospective full evaluation
+    kept = sorted((tmp_path / "study").rglob("step-*"))
+    assert kept and all((k / "training_state.pt").is_file() for k in kept)
+    assert study.best()["best_checkpoint"]
 
 
 def test_an_optimizer_that_leaves_out_a_layer_fails_the_update_gate(tmp_path):

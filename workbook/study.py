@@ -259,7 +259,8 @@ class Study:
             path = folder / f"step-{record.step:06d}"
             ckpt.save_checkpoint(path, stepper.model, stepper.optimizer, stepper.scheduler,
                                  stepper.scaler, {"step": record.step, "trial": tid},
-                                 {"study": design.name, "lr": lr, "seed": seed})
+                                 {"study": design.name, "lr": lr, "seed": seed},
+                                 own=self.task.save_state)  # the task's format when it has one
             ledger.add_checkpoint(tid, record.step, str(path.relative_to(self.folder)), value)
             kept.append((value, record.step, path))
             if design.better(value, best[0]):
@@ -321,7 +322,7 @@ class Study:
     def _full_evaluation(self, tid: int, path: Path, step: int) -> None:
         """The best checkpoint of a trial evaluated on the whole validation set."""
         model = self.task.build_model()
-        ckpt.load_checkpoint(path, model, restore_rng=False)
+        ckpt.load_checkpoint(path, model, restore_rng=False, own=self.task.restore_state)
         device = resolve_device(self.design.device)
         record = evaluate(self.task, model.to(device), self.val_items, self.design.eval_batch,
                           device, step)
