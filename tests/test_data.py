@@ -69,3 +69,18 @@ def test_epoch_order_is_a_pure_function_of_seed_and_epoch():
     assert epoch_order(50, 3, 1) == epoch_order(50, 3, 1)
     assert epoch_order(50, 3, 1) != epoch_order(50, 3, 2)
     assert sorted(epoch_order(50, 3, 1)) == list(range(50))
+
+
+def test_workers_that_need_a_pickled_task_get_a_clear_error(monkeypatch):
+    import multiprocessing
+
+    from workbook import WorkbookError, load_task
+    from workbook.data import picklable_for_workers
+
+    task = load_task("examples.regression:task")  # built from lambdas
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "fork")
+    picklable_for_workers(task)  # fork: nothing is pickled
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
+    with pytest.raises(WorkbookError, match="'spawn' need the task pickled.*regression"):
+        picklable_for_workers(task)
+    picklable_for_workers(load_task("workbook.samples.generation:task"))  # partials pickle

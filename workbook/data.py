@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from .errors import WorkbookError
+from .errors import WorkbookError, reason
 from .task import Task
 
 SPLITS = ("train", "validation", "test")
@@ -207,12 +207,34 @@ def epoch_updates(order: list[int], micro_batch: int, accumulation: int,
     return groups
 
 
+def picklable_for_workers(task: Task) -> None:
+    """Worker processes started by 'spawn' or 'forkserver' (macOS, Windows, Python 3.14's
+    Linux default) receive the task pickled; one built from lambdas or local functions cannot
+    be - a clear error here instead of one from inside the DataLoader."""
+    import multiprocessing
+    import pickle
+
+    method = multiprocessing.get_start_method(allow_none=True) or \
+        multiprocessing.get_context().get_start_method()
+    if method == "fork":
+        return
+    try:
+        pickle.dumps(task)
+    except Exception as exc:
+        raise WorkbookError(f"DataLoader workers started by {method!r} need the task pickled, "
+                            f"and task {task.name!r} cannot be ({reason(exc, 160)})",
+                            "define the task's functions at module level (no lambdas or "
+                            "local functions), or use workers=0") from None
+
+
 def loader(task: Task, items: list[Item], batches: list[list[int]], workers: int = 0,
            seed: int = 0, encode: bool = True) -> DataLoader:
     """A DataLoader that yields the given micro-batches (lists of item indices) in order,
     encoding each raw example again unless `encode` is off. It draws its worker seed from its
     own generator, never from the global one, so creating it mid-epoch on resume leaves the
     training random stream (dropout) untouched."""
+    if workers > 0:
+        picklable_for_workers(task)
     return DataLoader(ItemDataset(items, task if encode else None), batch_sampler=batches,
                       num_workers=workers,
                       collate_fn=partial(collate_items, task),
