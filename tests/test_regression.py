@@ -361,3 +361,21 @@ def test_fp16_with_the_tasks_own_step_is_refused_before_training():
     with pytest.raises(WorkbookError, match="GradScaler cannot reach inside it"):
         check_precision("fp16", torch.device("cuda", 0), task)
     check_precision("bf16", torch.device("cpu"), task)
+
+
+def test_fp16_is_refused_only_where_the_tasks_step_runs(monkeypatch):
+    """Training through the task's step in fp16 is refused before any model is built; the
+    prediction and the phase gates size the workbook's update, whose fp16 stays allowed."""
+    from workbook import WorkbookError
+    from workbook.loop import TrainConfig, check_precision, train
+
+    task = load_task(TASK)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    built = []
+    monkeypatch.setattr(task, "build_model", lambda: built.append(1))
+    cfg = TrainConfig(micro_batch=4, accumulation=1, updates=1, precision="fp16", device="cuda")
+    with pytest.raises(WorkbookError, match="GradScaler cannot reach inside it"):
+        train(task, prepare(task).train[:8], cfg)
+    assert built == [], "refused before the model was built"
+    check_precision("fp16", torch.device("cuda", 0))  # build_stepper's check: no task, allowed

@@ -320,7 +320,7 @@ class StepWatch:
 def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) -> Stepper:
     """Model (built with the config's seed unless given), optimizer, schedule and scaler."""
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device, task if cfg.own_step else None)
+    check_precision(cfg.precision, device)
     if model is None:
         seed_everything(cfg.seed)
         with device:  # built in place: no copy, and fake tensors need no conversion
@@ -478,10 +478,12 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     return a reason to stop early (divergence); `on_eval` sees every evaluation (checkpoints).
     A resumed run passes its restored `stepper`, data `start` and `first_step`."""
     cfg.validate(len(items))
+    own = update_by(task, cfg) == "the task's train_step"
+    if own:  # only here: the phase gates and the prediction size the workbook's update
+        check_precision(cfg.precision, resolve_device(cfg.device), task)
     stepper = stepper if stepper is not None else build_stepper(task, cfg, model)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
     stream = _updates(task, items, cfg, start)
-    own = update_by(task, cfg) == "the task's train_step"
     bar = progress_bar(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
                desc=f"train {task.name}")
     for step in range(first_step, cfg.updates + 1):
