@@ -324,7 +324,7 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     model = meta_model(task)
     suspects = sorted({type(m).__name__ for m in (model.modules() if model else ())
                        if isinstance(m, HIDDEN_WORKSPACE)})
-    if exact:
+    if plan.precision != "fp32" and resolve_device(device).type == "cpu":
         suspects.append(f"float32 scratch buffers of the CPU's {plan.precision} kernels")
     _calibrated[key] = {
         phase: (f"on a real run of {small.label()} on {device} this phase's prediction was "
