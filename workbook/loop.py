@@ -295,10 +295,14 @@ class Stepper:
         return norm
 
 
+def runs_own_step(task: Task, cfg: TrainConfig) -> bool:
+    """Whether a run with this configuration makes its updates with the task's train_step."""
+    return task.train_step is not None and cfg.own_step
+
+
 def update_by(task: Task, cfg: TrainConfig) -> str:
-    """Whose code makes each update of a run with this configuration."""
-    return ("the task's train_step" if task.train_step is not None and cfg.own_step
-            else "the workbook's update")
+    """Whose code makes each update of a run with this configuration, for summaries."""
+    return "the task's train_step" if runs_own_step(task, cfg) else "the workbook's update"
 
 
 class StepWatch:
@@ -478,7 +482,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     return a reason to stop early (divergence); `on_eval` sees every evaluation (checkpoints).
     A resumed run passes its restored `stepper`, data `start` and `first_step`."""
     cfg.validate(len(items))
-    own = update_by(task, cfg) == "the task's train_step"
+    own = runs_own_step(task, cfg)
     if own:  # only here: the phase gates and the prediction size the workbook's update
         check_precision(cfg.precision, resolve_device(cfg.device), task)
     stepper = stepper if stepper is not None else build_stepper(task, cfg, model)
