@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import workbook as wb  # noqa: E402
+from workbook.loop import UpdateShape  # noqa: E402
 from workbook.parallel import ReplicaSpec  # noqa: E402
 
 TASKS = (("workbook.samples.generation:task", {}),
@@ -30,16 +31,17 @@ def main() -> int:
     args = parser.parse_args()
     worst = 0.0
     for task, options in TASKS:
-        spec = ReplicaSpec(task, options, checkpoint_at=5, validation_limit=63, eval_batch=6)
+        spec = ReplicaSpec(task, options, UpdateShape(2, 2, replicas=args.replicas),
+                           checkpoint_at=5, validation_limit=63, eval_batch=6)
         items = wb.prepare(wb.load_task(task, **options), ("train",),
                            {"train": spec.train_limit}).train
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            result = wb.parallel.launch(spec, Path(tmp) / "run", args.replicas)
+            result = wb.parallel.launch(spec, Path(tmp) / "run")
             launch_s = time.perf_counter() - start
             rules = wb.parallel.rules(result, items, TOLERANCE)
             row, _ = wb.parallel.resume_check(spec, result, Path(tmp) / "run",
-                                              Path(tmp) / "resumed", args.replicas)
+                                              Path(tmp) / "resumed")
             rules = wb.parallel.with_row(rules, row)
         phases = wb.parallel.phase_table(result)
         share = (phases[phases.phase == "all-reduce"].median_s.median() /

@@ -19,6 +19,7 @@ from torch import nn
 
 from workbook import TrainConfig, encode_examples, load_examples, load_task, split_examples, train
 from workbook.data import collate_items, encode_example, epoch_order, epoch_updates
+from workbook.loop import UpdateShape
 
 
 def bare_loop(task, items, model, updates, micro, accum, lr):
@@ -57,8 +58,8 @@ def main():
     items = encode_examples(task, split_examples(task, load_examples(task))["train"])
     torch.manual_seed(0)
     initial = task.build_model()
-    cfg = TrainConfig(micro_batch=2, accumulation=8, updates=args.updates, lr=1e-3, seed=0,
-                      device="cpu", grad_clip=1.0, progress=True)
+    cfg = TrainConfig(UpdateShape(2, 8), updates=args.updates, lr=1e-3, seed=0, device="cpu",
+                      grad_clip=1.0, progress=True)
 
     def run_bare():
         return bare_loop(task, items, copy.deepcopy(initial), args.updates, 2, 8, 1e-3)

@@ -35,6 +35,7 @@ from workbook import (  # noqa: E402
     split_examples,  # noqa: E402
 )
 from workbook.gates import GateRun, GateSettings  # noqa: E402
+from workbook.loop import UpdateShape
 from workbook.predict import compare, model_size_rule, predict  # noqa: E402
 
 GRID = [  # (task, micro_batch, length, precision, activation checkpointing)
@@ -88,8 +89,7 @@ def main():
             tasks[name] = (task, encode_examples(task, splits["train"][:400]),
                            encode_examples(task, splits["validation"][:64]))
         task, train, val = tasks[name]
-        settings = GateSettings(micro_batch=mb, accumulation=2, eval_batch=mb, length=length,
-                                precision=precision, activation_checkpointing=ac,
+        settings = GateSettings(UpdateShape(mb, 2, precision, ac), eval_batch=mb, length=length,
                                 device=args.device, input_updates=1)
         with tempfile.TemporaryDirectory() as tmp:
             gates = GateRun(task, settings, train, val, Path(tmp)).run().table()

@@ -32,9 +32,9 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        plan = StudyDesign("bench", "workbook.samples.generation:task", updates=args.updates,
-                         eval_every=args.eval_every)
-        study = Study(Path(tmp) / "study", plan)
+        design = StudyDesign("bench", "workbook.samples.generation:task", updates=args.updates,
+                             eval_every=args.eval_every)
+        study = Study(Path(tmp) / "study", design)
         torch.manual_seed(0)
         initial = study.task.build_model()
         ratios = []
@@ -42,10 +42,10 @@ def main():
         def bare(lr):
             start = time.perf_counter()
             bare_loop(study.task, study.train_items, copy.deepcopy(initial), args.updates,
-                      plan.micro_batch, plan.accumulation, lr)
+                      design.shape.micro_batch, design.shape.accumulation, lr)
             return time.perf_counter() - start
 
-        for trial in plan.trials():  # bare, tracked, bare: drift of the machine cancels out
+        for trial in design.trials():  # bare, tracked, bare: drift of the machine cancels out
             before = bare(trial["lr"])
             start = time.perf_counter()
             study.run_trial(trial["lr"], trial["seed"])

@@ -16,7 +16,7 @@ import torch
 
 from workbook.data import encode_examples
 from workbook.gates import GateSettings
-from workbook.loop import build_stepper
+from workbook.loop import UpdateShape, build_stepper
 from workbook.predict import sized_batches
 from workbook.variants import Variant, VariantStudy, default_variants
 
@@ -31,16 +31,13 @@ def main():
     pd.set_option("display.width", 200)
     study = VariantStudy("workbook.samples.generation:task", {}, updates=2, length=args.length,
                          train_limit=400, val_limit=16, eval_batch=args.micro_batch)
-    variants = default_variants(Variant("control", args.micro_batch, 2), 20)
+    variants = default_variants(Variant("control", UpdateShape(args.micro_batch, 2)), 20)
     table = study.run(variants).set_index("id")
     measured = [v for v in variants if table.loc[v.id, "status"] == "measured"]
     steppers, groups = {}, {}
     for v in measured:
         task = study.task_for(v)
-        settings = GateSettings(micro_batch=v.micro_batch, accumulation=v.accumulation,
-                                length=min(args.length, v.max_length or args.length),
-                                precision=v.precision,
-                                activation_checkpointing=v.activation_checkpointing)
+        settings = GateSettings(v.shape, length=min(args.length, v.max_length or args.length))
         encoded = encode_examples(task, study.splits["train"])
         _, groups[v.id], _ = sized_batches(task, encoded, encoded[:8], settings.plan())
         steppers[v.id] = build_stepper(task, settings.train_config())

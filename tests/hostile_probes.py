@@ -23,6 +23,7 @@ from workbook import TrainConfig, WorkbookError
 from workbook.artifacts import reseal, seal_file
 from workbook.checkpoint import load_checkpoint, load_state, save_checkpoint
 from workbook.cli import main
+from workbook.loop import UpdateShape
 
 OWN = "tests.own_task:task"
 
@@ -91,10 +92,10 @@ def archive_names_another_task(tmp: Path) -> Outcome:
 
 
 def checkpoint_names_another_task(tmp: Path) -> Outcome:
-    from workbook.resume import recipe, run
+    from workbook.resume import recipe, run_recipe
 
-    spec = recipe(OWN, {}, TrainConfig(micro_batch=4, accumulation=2, lr=1e-3), 64)
-    run(spec, 2, tmp, checkpoint_at=(1,))
+    spec = recipe(OWN, {}, TrainConfig(UpdateShape(4, 2), lr=1e-3), 64)
+    run_recipe(spec, 2, tmp, checkpoint_at=(1,))
     path, marker = tmp / "ckpt-000001", tmp / "marker"
     _swap_task(path, "meta.json", marker, nested="recipe")
     rc, err = _cli(["resume", "--checkpoint", str(path), "--to", "2", "--out",
@@ -105,9 +106,9 @@ def checkpoint_names_another_task(tmp: Path) -> Outcome:
 def _study(tmp: Path):
     from workbook.study import Study, StudyDesign
 
-    plan = StudyDesign(name="s", task=OWN, lrs=[1e-3], updates=4, micro_batch=4, accumulation=1,
-                     eval_every=2, eval_batch=8, metric="accuracy", prediction_examples=0)
-    study = Study(tmp / "study", plan)
+    design = StudyDesign(name="s", task=OWN, lrs=[1e-3], updates=4, shape=UpdateShape(4, 1),
+                         eval_every=2, eval_batch=8, metric="accuracy", prediction_examples=0)
+    study = Study(tmp / "study", design)
     study.ledger.close()
     return tmp / "study"
 
@@ -229,10 +230,10 @@ def meta_not_json(tmp: Path) -> Outcome:
 
 
 def resume_to_an_earlier_update(tmp: Path) -> Outcome:
-    from workbook.resume import recipe, run
+    from workbook.resume import recipe, run_recipe
 
-    spec = recipe(OWN, {}, TrainConfig(micro_batch=4, accumulation=2, lr=1e-3), 64)
-    run(spec, 3, tmp, checkpoint_at=(2,))
+    spec = recipe(OWN, {}, TrainConfig(UpdateShape(4, 2), lr=1e-3), 64)
+    run_recipe(spec, 3, tmp, checkpoint_at=(2,))
     rc, err = _cli(["resume", "--checkpoint", str(tmp / "ckpt-000002"), "--to", "1",
                     "--out", str(tmp / "out"), "--task", OWN])
     return Outcome(rc == 2 and "--to 1 lies before" in err, err)

@@ -4,10 +4,11 @@ import torch
 from workbook import TrainConfig, WorkbookError, load_task, train
 from workbook.accounting import BatchAccount, batch_norm_statistics, normalisation_check, reconcile
 from workbook.ghost_batch_norm import GhostBatchNorm
+from workbook.loop import UpdateShape
 
 
 def test_the_worked_example():
-    account = BatchAccount(micro_batch=2, accumulation=8, replicas=1, examples=3200)
+    account = BatchAccount(UpdateShape(2, 8, replicas=1), examples=3200)
     assert account.examples_per_update == 16
     assert account.updates_per_pass == 200 and account.partial_update() is None
     assert account.budget("epochs", 1)["updates"] == 200
@@ -17,18 +18,19 @@ def test_the_worked_example():
 
 
 def test_replicas_multiply_and_partial_batches_are_counted():
-    account = BatchAccount(micro_batch=2, accumulation=8, replicas=4, examples=3210)
+    account = BatchAccount(UpdateShape(2, 8, replicas=4), examples=3210)
     assert account.examples_per_update == 64
     assert account.full_updates_per_pass == 50 and account.leftover == 10
     assert account.updates_per_pass == 51
     assert account.partial_update() == {"examples": 10, "micro_batches_per_replica": 2,
                                         "last_micro_batch": 1}
-    dropped = BatchAccount(2, 8, 4, 3210, drop_partial=True)
+    dropped = BatchAccount(UpdateShape(2, 8, replicas=4), examples=3210, drop_partial=True)
     assert dropped.updates_per_pass == 50 and dropped.examples_per_pass == 3200
 
 
 def test_budgets_holding_each_quantity():
-    account = BatchAccount(2, 8, 1, 100)  # 6 full updates + 4 left over per pass
+    account = BatchAccount(UpdateShape(2, 8, replicas=1),
+                           examples=100)  # 6 full updates + 4 left over per pass
     assert account.budget("updates", 14)["examples"] == 200 + 0  # two passes exactly
     assert account.budget("updates", 14)["partial_updates"] == 2
     assert account.budget("examples", 50)["updates"] == 4
@@ -42,29 +44,31 @@ def test_budgets_holding_each_quantity():
 ])
 def test_bad_shapes_are_refused(kwargs, words):
     with pytest.raises(WorkbookError, match=words):
-        BatchAccount(**kwargs)
+        BatchAccount(UpdateShape(**kwargs))
     with pytest.raises(WorkbookError, match="cannot hold"):
-        BatchAccount(2, 2, 1, 10).budget("seconds", 3)
+        BatchAccount(UpdateShape(2, 2, replicas=1), examples=10).budget("seconds", 3)
     with pytest.raises(WorkbookError, match="needs 32 examples"):
-        BatchAccount(4, 8, 1, 10, drop_partial=True).budget("updates", 3)
+        BatchAccount(UpdateShape(4, 8, replicas=1), examples=10,
+                     drop_partial=True).budget("updates", 3)
 
 
 @pytest.mark.parametrize("drop", [False, True])
 def test_reconciliation_with_the_real_loop(cls_task, cls_items, drop):
     items = cls_items["train"][:45]  # 45 = 2 x 16 + 13: a partial update per pass
-    cfg = TrainConfig(micro_batch=4, accumulation=4, updates=7, drop_partial=drop, device="cpu")
+    cfg = TrainConfig(UpdateShape(4, 4), updates=7, drop_partial=drop, device="cpu")
     steps = train(cls_task, items, cfg).steps
-    table = reconcile(BatchAccount(4, 4, 1, len(items), drop_partial=drop), steps, items)
+    table = reconcile(BatchAccount(UpdateShape(4, 4, replicas=1), examples=len(items),
+                                   drop_partial=drop), steps, items)
     assert table.match.all(), table
     assert table.set_index("counter").loc["partial updates", "loop"] == (0 if drop else 2)
 
 
 def test_reconciliation_catches_a_miscount(cls_task, cls_items):
     items = cls_items["train"][:45]
-    steps = train(cls_task, items, TrainConfig(micro_batch=4, accumulation=4, updates=3,
-                                               device="cpu")).steps
+    steps = train(cls_task, items, TrainConfig(UpdateShape(4, 4), updates=3, device="cpu")).steps
     steps[1].examples -= 1  # a loop that miscounts one example
-    assert not reconcile(BatchAccount(4, 4, 1, 45), steps, items).match.all()
+    assert not reconcile(BatchAccount(UpdateShape(4, 4, replicas=1), examples=45), steps,
+                         items).match.all()
 
 
 def test_normalisation_check_passes_for_the_loop_and_fails_for_the_planted_bug(gen_task,
@@ -113,9 +117,9 @@ def test_batch_norm_sees_the_micro_batch_not_the_effective_batch(cls_items):
     for norm, per_stat in (("batch", 4), ("ghost", 2)):
         task = load_task("workbook.samples.classification:task", batch_norm=norm,
                          virtual_batch=2)
-        table = batch_norm_statistics(task, cls_items["train"], micro_batch=4, accumulation=4)
+        table = batch_norm_statistics(task, cls_items["train"], UpdateShape(4, 4))
         assert len(table) == 4, "one pass per micro-batch"
         assert set(table.values_per_statistic) == {per_stat}
         assert set(table.effective_batch) == {16}
     plain = load_task("workbook.samples.classification:task")
-    assert batch_norm_statistics(plain, cls_items["train"], 4, 4).empty
+    assert batch_norm_statistics(plain, cls_items["train"], UpdateShape(4, 4)).empty

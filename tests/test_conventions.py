@@ -9,6 +9,7 @@ from workbook.checkpoint import tied_groups
 from workbook.data import SPLITS, prepare
 from workbook.gates import GateRun, GateSettings
 from workbook.inspection import inspect_task
+from workbook.loop import UpdateShape
 from workbook.overfit import overfit
 
 TASK = "examples.shifted_lm:task"
@@ -47,8 +48,8 @@ def test_gates_pass_with_left_padding_and_tied_weights(declared, tmp_path):
     items = prepare(task, SPLITS).items
     model = task.build_model()
     assert tied_groups(model) == [("embed.weight", "head.weight")]
-    report = GateRun(task, GateSettings(micro_batch=2, accumulation=2, eval_batch=8,
-                                        input_updates=2), items["train"][:64],
+    report = GateRun(task, GateSettings(UpdateShape(2, 2), eval_batch=8, input_updates=2),
+                     items["train"][:64],
                      items["validation"][:16], tmp_path / "gates").run()
     rows = {r.phase: r for r in report.rows}
     assert all(r.verdict == "pass" for r in report.rows), report.table()[["phase", "detail"]]
@@ -84,8 +85,8 @@ def test_a_hugging_face_gpt2_passes_inspection_overfit_and_the_gates(tmp_path):
     items = prepare(task, SPLITS).items
     model = task.build_model()
     assert model.lm_head.weight is model.transformer.wte.weight
-    report = GateRun(task, GateSettings(micro_batch=2, accumulation=2, eval_batch=8,
-                                        input_updates=2, activation_checkpointing=True),
+    report = GateRun(task, GateSettings(UpdateShape(2, 2, activation_checkpointing=True),
+                                        eval_batch=8, input_updates=2),
                      items["train"][:64], items["validation"][:16], tmp_path / "gates").run()
     assert all(r.verdict == "pass" for r in report.rows), report.table()[["phase", "detail"]]
 
@@ -94,8 +95,7 @@ def test_a_train_override_that_leaves_submodules_in_eval_mode_fails_validation(t
     pytest.importorskip("transformers", reason="the [hf] extra is not installed")
     task = load_task("examples.hf_gpt2:task", sticky_eval=True)
     items = prepare(task, SPLITS).items
-    report = GateRun(task, GateSettings(micro_batch=2, accumulation=2, eval_batch=8,
-                                        input_updates=1),
+    report = GateRun(task, GateSettings(UpdateShape(2, 2), eval_batch=8, input_updates=1),
                      items["train"][:32], items["validation"][:16], tmp_path / "gates").run()
     rows = {r.phase: r for r in report.rows}
     assert rows["validation"].verdict == "fail"
@@ -124,8 +124,7 @@ def test_a_hugging_face_users_own_step_and_checkpoint_run_and_their_planted_bugs
     def gates(name, **planted):
         task = load_task("examples.hf_gpt2:task", own_loop=True, **planted)
         items = prepare(task, SPLITS).items
-        report = GateRun(task, GateSettings(micro_batch=2, accumulation=2, eval_batch=8,
-                                            input_updates=1),
+        report = GateRun(task, GateSettings(UpdateShape(2, 2), eval_batch=8, input_updates=1),
                          items["train"][:32], items["validation"][:16], tmp_path / name).run()
         return {r.phase: r for r in report.rows}
 

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from workbook.gates import PHASES, GateRun, GateSettings
+from workbook.loop import UpdateShape
 from workbook.samples import generation
 from workbook.samples.models import TinyDecoder, TrigramClassifier
 
-SMALL = GateSettings(micro_batch=2, accumulation=2, eval_batch=8, input_updates=2)
+SMALL = GateSettings(UpdateShape(2, 2), eval_batch=8, input_updates=2)
 
 
 def gates(task, items, tmp_path, settings=SMALL, n_train=200, **hooks):

@@ -5,7 +5,7 @@ import torch
 
 from workbook import TrainConfig, WorkbookError, evaluate, train
 from workbook.accounting import update_gradients
-from workbook.loop import resolve_device
+from workbook.loop import UpdateShape, resolve_device
 
 
 def _update_gradients(task, items, micro_batch, wrong=False):
@@ -38,8 +38,7 @@ def test_per_micro_batch_normalisation_is_caught(gen_task, gen_items):
 
 
 def test_train_records_every_update_and_learns(cls_task, cls_items):
-    cfg = TrainConfig(micro_batch=4, accumulation=2, updates=60, lr=3e-3, eval_every=20,
-                      device="cpu")
+    cfg = TrainConfig(UpdateShape(4, 2), updates=60, lr=3e-3, eval_every=20, device="cpu")
     result = train(cls_task, cls_items["train"], cfg, val_items=cls_items["validation"])
     steps = result.steps
     assert [s.step for s in steps] == list(range(1, 61))
@@ -54,7 +53,7 @@ def test_train_records_every_update_and_learns(cls_task, cls_items):
 
 def test_partial_final_group_is_counted_with_its_real_size(cls_task, cls_items):
     items = cls_items["train"][:20]
-    cfg = TrainConfig(micro_batch=4, accumulation=2, updates=3, device="cpu")
+    cfg = TrainConfig(UpdateShape(4, 2), updates=3, device="cpu")
     steps = train(cls_task, items, cfg).steps
     assert [s.examples for s in steps] == [8, 8, 4]
     assert [s.epoch for s in steps] == [0, 0, 0]
@@ -73,10 +72,10 @@ def test_evaluation_does_not_depend_on_eval_batch(gen_task, gen_items):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"micro_batch": 0}, "micro_batch must be a positive integer"),
-    ({"accumulation": -1}, "accumulation must be a positive integer"),
+    ({"shape": UpdateShape(0)}, "micro_batch must be a positive integer"),
+    ({"shape": UpdateShape(2, -1)}, "accumulation must be a positive integer"),
     ({"lr": 0.0}, "lr must be positive"),
-    ({"micro_batch": 10_000}, "larger than the"),
+    ({"shape": UpdateShape(10_000)}, "larger than the"),
     ({"device": "tpu"}, "unknown device"),
 ])
 def test_bad_configuration_is_refused(change, words, cls_task, cls_items):
@@ -96,8 +95,7 @@ def test_update_without_targets_is_an_error(gen_task, gen_items):
     task = dataclasses.replace(gen_task, loss=lambda logits, batch: (logits.sum() * 0,
                                                                      torch.tensor(0)))
     with pytest.raises(WorkbookError, match="no contributing targets"):
-        train(task, gen_items["train"][:4], TrainConfig(micro_batch=2, accumulation=1,
-                                                         updates=1, device="cpu"))
+        train(task, gen_items["train"][:4], TrainConfig(UpdateShape(2, 1), updates=1, device="cpu"))
 
 
 def test_eval_mode_restores_the_mode_also_after_an_error():
@@ -126,10 +124,20 @@ def test_control_outputs_leave_a_training_model_training(gen_task, gen_items):
 def test_an_update_shape_makes_the_loop_configuration():
     from workbook import UpdateShape
 
-    cfg = UpdateShape(4, 3, "bf16", True).train_config(updates=7, lr=0.5)
-    assert (cfg.micro_batch, cfg.accumulation, cfg.precision, cfg.activation_checkpointing,
-            cfg.updates, cfg.lr) == (4, 3, "bf16", True, 7, 0.5)
+    shape = UpdateShape(4, 3, "bf16", True)
+    cfg = shape.train_config(updates=7, lr=0.5)
+    assert (cfg.shape, cfg.updates, cfg.lr) == (shape, 7, 0.5)
     assert TrainConfig.from_dict(dataclasses.asdict(cfg)) == cfg
+    # a recipe written before the shape was one field reads back the same
+    flat = {**{k: v for k, v in dataclasses.asdict(cfg).items() if k != "shape"},
+            **dataclasses.asdict(shape)}
+    assert TrainConfig.from_dict(flat) == cfg
+    with pytest.raises(WorkbookError, match="unknown update-shape fields"):
+        UpdateShape.from_dict({"micro_batch": 2, "microbatch": 4})
+    with pytest.raises(WorkbookError, match="replicas must be a positive integer"):
+        UpdateShape(2, replicas=0).validate()
+    with pytest.raises(WorkbookError, match="train runs one process"):
+        train(None, [], UpdateShape(1, replicas=2).train_config(updates=1, device="cpu"))
 
 
 def test_cuda_resolves_to_the_current_device_index(monkeypatch):

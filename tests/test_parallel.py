@@ -1,6 +1,7 @@
 """Notebook 09: the loop on two processes under torchrun, the multi-host rules, and the planted
 multi-process bugs each failing the rule meant to name it."""
 
+import dataclasses
 import json
 import subprocess
 import time
@@ -8,6 +9,7 @@ import time
 import pytest
 
 from workbook import WorkbookError
+from workbook.loop import UpdateShape
 from workbook.parallel import CAUGHT_BY, RULES, check_devices, launch, reduce_sums
 from workbook.pilot import run_pilot
 from workbook.replica import FAULTS, ReplicaSpec, _artifact, shard, update_groups
@@ -49,7 +51,7 @@ def test_each_planted_multi_process_bug_fails_its_rule(tmp_path):
 
 
 def test_shards_are_disjoint_cover_every_example_and_keep_ranks_in_step():
-    spec = ReplicaSpec("t", micro_batch=2, accumulation=2)
+    spec = ReplicaSpec("t", shape=UpdateShape(2, 2, replicas=2))
     for n in (32, 13, 9):  # whole updates, a partial last update, a rank with fewer examples
         groups = update_groups(n, spec, epoch=0, world=3)
         seen = []
@@ -59,7 +61,7 @@ def test_shards_are_disjoint_cover_every_example_and_keep_ranks_in_step():
             seen += [i for b, _ in plans for mb in b for i in mb]
         assert sorted(seen) == list(range(n))
     assert update_groups(13, spec, 0, 3) != update_groups(13, spec, 1, 3), "set_epoch"
-    fixed = ReplicaSpec("t", micro_batch=2, accumulation=2, fault="fixed_order")
+    fixed = ReplicaSpec("t", shape=UpdateShape(2, 2, replicas=2), fault="fixed_order")
     assert update_groups(13, fixed, 0, 3) == update_groups(13, fixed, 1, 3)
     same = [shard(list(range(8)), r, 2, 2, "same_order")[0] for r in range(2)]
     assert same[0] == same[1]
@@ -86,6 +88,12 @@ def test_bad_settings_are_refused_with_the_fix():
         ReplicaSpec.from_dict({"task": GENERATION, "replica": 2})
     with pytest.raises(WorkbookError, match="unknown planted fault"):
         ReplicaSpec.from_dict({"task": GENERATION, "fault": "nope"})
+    with pytest.raises(WorkbookError, match=r"unknown replica settings \['micro_batch'\]"):
+        ReplicaSpec.from_dict({"task": GENERATION, "micro_batch": 2})  # the shape is one field
+    with pytest.raises(WorkbookError, match=r"unknown update-shape fields \['world'\]"):
+        ReplicaSpec.from_dict({"task": GENERATION, "shape": {"micro_batch": 2, "world": 2}})
+    spec = ReplicaSpec(GENERATION, shape=UpdateShape(4, 1, replicas=3))
+    assert ReplicaSpec.from_dict(dataclasses.asdict(spec)) == spec
     from workbook.replica import main as replica_main
 
     for bad, message in (("{task: x}", "--spec is not JSON"), ("[1, 2]", "an object with"),
@@ -97,17 +105,17 @@ def test_bad_settings_are_refused_with_the_fix():
 def test_a_worker_error_comes_back_with_its_message(tmp_path):
     spec = ReplicaSpec(GENERATION, check_examples=15, updates=2)
     with pytest.raises(WorkbookError, match="check_examples=15 must be a multiple of 2 x 2"):
-        launch(spec, tmp_path / "run", 2)
+        launch(spec, tmp_path / "run")
     assert "check_examples=15" in (tmp_path / "run" / "launch-error.log").read_text()
     with pytest.raises(WorkbookError, match="already holds a run"):
-        launch(spec, tmp_path / "run", 2)  # the failed launch's folder is kept, not reused
+        launch(spec, tmp_path / "run")  # the failed launch's folder is kept, not reused
 
 
 def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
     spec = ReplicaSpec("tests.stuck_task:hung_rank", updates=2)
     start = time.monotonic()
     with pytest.raises(WorkbookError, match="did not finish within 10 s"):
-        launch(spec, tmp_path / "run", 2, timeout=10)
+        launch(spec, tmp_path / "run", timeout=10)
     assert time.monotonic() - start < 45
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)

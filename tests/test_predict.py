@@ -7,15 +7,16 @@ import pytest
 import torch
 
 from workbook.gates import GateRun, GateSettings
+from workbook.loop import UpdateShape
 from workbook.predict import Plan, model_size_rule, predict
 from workbook.workload import TRAINING_PHASES, shaped_batch
 
 
 @pytest.mark.parametrize("fixture, settings", [
-    ("gen", GateSettings(micro_batch=4, accumulation=2)),
-    ("gen", GateSettings(micro_batch=4, accumulation=2, activation_checkpointing=True)),
-    ("gen", GateSettings(micro_batch=2, accumulation=2, precision="bf16")),
-    ("cls", GateSettings(micro_batch=8, accumulation=2)),
+    ("gen", GateSettings(UpdateShape(4, 2))),
+    ("gen", GateSettings(UpdateShape(4, 2, activation_checkpointing=True))),
+    ("gen", GateSettings(UpdateShape(2, 2, precision="bf16"))),
+    ("cls", GateSettings(UpdateShape(8, 2))),
 ])
 def test_prediction_within_two_percent_of_measured_cpu_peaks(fixture, settings, request,
                                                              tmp_path):
@@ -32,8 +33,8 @@ def test_prediction_within_two_percent_of_measured_cpu_peaks(fixture, settings, 
 
 def test_prediction_sizes_a_configuration_larger_than_the_data(gen_task, gen_items):
     train, val = gen_items["train"][:50], gen_items["validation"][:20]
-    small = predict(gen_task, train, val, Plan(micro_batch=2, length=64)).set_index("phase")
-    big = predict(gen_task, train, val, Plan(micro_batch=16, length=1024)).set_index("phase")
+    small = predict(gen_task, train, val, Plan(UpdateShape(2, 2), length=64)).set_index("phase")
+    big = predict(gen_task, train, val, Plan(UpdateShape(16, 2), length=1024)).set_index("phase")
     ratio = big.predicted_peak_bytes / small.predicted_peak_bytes
     assert (ratio.loc[["forward + loss", "backward"]] > 20).all()
     assert big.loc["update (first)", "optstate_bytes"] >= 2 * big.loc["update (first)",
@@ -52,7 +53,7 @@ def test_a_length_beyond_the_model_is_a_clear_error(gen_task, gen_items):
 
     with pytest.raises(WorkbookError, match="context=5000"):
         predict(gen_task, gen_items["train"][:10], gen_items["validation"][:5],
-                Plan(micro_batch=1, length=5000))
+                Plan(UpdateShape(1, 2), length=5000))
 
 
 def test_prediction_allocates_nothing_real(gen_task, gen_items):
@@ -60,7 +61,7 @@ def test_prediction_allocates_nothing_real(gen_task, gen_items):
 
     with measure(torch.device("cpu")) as m:
         predict(gen_task, gen_items["train"][:10], gen_items["validation"][:5],
-                Plan(micro_batch=64, length=1024))
+                Plan(UpdateShape(64, 2), length=1024))
     assert m.reading.peak_allocated_bytes < 50 * 2**20  # a real run would need gigabytes
 
 
@@ -71,7 +72,8 @@ def test_a_transformer_encoder_model_is_predicted_without_mixing_fake_modes():
 
     task = load_task("examples.transformer_lm:task")
     data = prepare(task, limits={"train": 40, "validation": 8})
-    predicted = predict(task, data.train, data.validation, Plan(2, 2)).set_index("phase")
+    predicted = predict(task, data.train, data.validation, Plan(UpdateShape(2,
+                                                                            2))).set_index("phase")
     assert (predicted.drop("validation").predicted_peak_bytes > 0).all()
     assert predicted.loc["update (first)", "optstate_bytes"] > 0
 
@@ -87,7 +89,7 @@ def test_the_planned_length_comes_from_the_model_and_is_never_exceeded(gen_task,
     assert Plan.from_params({"plan_micro_batch": 4, "plan_length": 0}, lm).length == 128
     with pytest.raises(WorkbookError, match="length 10000000 exceeds the 1024 positions"):
         predict(gen_task, gen_items["train"][:8], gen_items["validation"][:4],
-                Plan(micro_batch=4, length=10_000_000))  # refused before any batch is built
+                Plan(UpdateShape(4, 2), length=10_000_000))  # refused before any batch is built
 
 
 def test_a_stretched_batch_is_padded_by_the_task_on_its_side(gen_task, gen_items):
@@ -119,12 +121,11 @@ def test_a_hugging_face_model_is_predicted_on_the_padded_path_or_says_why_not(tm
 
     task = load_task("examples.hf_families:llama")
     data = prepare(task, limits={"train": 60, "validation": 8})
-    settings = GateSettings(micro_batch=2, accumulation=2, eval_batch=2, length=128,
-                            input_updates=1)
+    settings = GateSettings(UpdateShape(2, 2), eval_batch=2, length=128, input_updates=1)
     measured = GateRun(task, settings, data.train, data.validation, tmp_path).run().table()
     check = compare(predict(task, data.train, data.validation, settings.plan()), measured)
     assert (check.note == "").all() and check.error_pct.abs().max() < 2, check
-    unpadded = predict(task, data.train, data.validation, Plan(1, length=128))
+    unpadded = predict(task, data.train, data.validation, Plan(UpdateShape(1, 2), length=128))
     assert unpadded.predicted_peak_bytes.isna().all()
     assert unpadded.note.str.contains("not predicted: a batch of 1 with no padded position").all()
 
@@ -140,8 +141,7 @@ def test_a_fused_inference_kernel_leaves_validation_unpredicted_and_nothing_else
 
     task = load_task("examples.transformer_lm:task")
     data = prepare(task, limits={"train": 60, "validation": 8})
-    settings = GateSettings(micro_batch=4, accumulation=2, eval_batch=4, length=64,
-                            input_updates=1)
+    settings = GateSettings(UpdateShape(4, 2), eval_batch=4, length=64, input_updates=1)
     measured = GateRun(task, settings, data.train, data.validation, tmp_path).run().table()
     check = compare(predict(task, data.train, data.validation, settings.plan()),
                     measured).set_index("phase")
@@ -163,7 +163,8 @@ def test_a_failing_calibration_run_leaves_every_phase_unpredicted_not_a_crash(
         raise RuntimeError("planted: the real run fails")
     monkeypatch.setattr(prediction, "measured_peaks", broken)
     monkeypatch.setattr(prediction, "_calibrated", {})
-    frame = predict(gen_task, gen_items["train"][:20], gen_items["validation"][:4], Plan(2, 2))
+    frame = predict(gen_task, gen_items["train"][:20], gen_items["validation"][:4],
+                    Plan(UpdateShape(2, 2)))
     assert frame.predicted_peak_bytes.isna().all()
     assert frame.note.str.contains("the real run of mb2 x acc1 .* failed .*planted").all()
 
@@ -179,7 +180,7 @@ def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_i
     from workbook.rental import Candidate, flops
 
     train, val = gen_items["train"][:20], gen_items["validation"][:10]
-    batch, _, _ = sized_batches(gen_task, train, val, Plan(micro_batch=2, length=24))
+    batch, _, _ = sized_batches(gen_task, train, val, Plan(UpdateShape(2, 2), length=24))
     fake = FakeTensorMode(allow_non_fake_inputs=False)
     moved = fake_batch(fake, batch, torch.device("cuda", 0))
     assert all(isinstance(v, FakeTensor) and v.device == torch.device("cuda", 0)
@@ -187,7 +188,8 @@ def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_i
     assert moved.ids == batch.ids
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    counted = flops(gen_task, train, val, Candidate("x", 2, 2, 24, eval_batch=4))
+    counted = flops(gen_task, train, val, Candidate("x", Plan(UpdateShape(2, 2, precision="bf16"),
+                                                              length=24, eval_batch=4)))
     assert counted["train_micro_batch"] > 0
 
 
@@ -198,15 +200,14 @@ def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items,
     from workbook import predict as pr
 
     train, val = gen_items["train"][:50], gen_items["validation"][:20]
-    plan = Plan(micro_batch=2, accumulation=2, length=128, eval_batch=2, precision="bf16",
-                activation_checkpointing=True)
+    plan = Plan(UpdateShape(2, 2, precision="bf16", activation_checkpointing=True), length=128,
+                eval_batch=2)
     rows = predict(gen_task, train, val, plan, cpu_exact=True).set_index("phase")
     assert "len128" in rows.loc["backward", "note"] and "-4.1% off" in rows.loc["backward",
                                                                                "note"]
     predicted = rows[rows.note == ""]
-    measured = GateRun(gen_task, GateSettings(micro_batch=2, accumulation=2, eval_batch=2,
-                                              length=128, precision="bf16",
-                                              activation_checkpointing=True),
+    measured = GateRun(gen_task, GateSettings(UpdateShape(2, 2, "bf16", True), eval_batch=2,
+                                              length=128),
                        train, val, Path(tempfile.mkdtemp())).run(training_only=True) \
         .table().set_index("phase")
     for phase in predicted.index:

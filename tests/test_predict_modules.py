@@ -9,6 +9,7 @@ import pytest
 import workbook as wb
 from examples.module_families import FAMILIES, family_task
 from workbook.gates import GateRun, GateSettings
+from workbook.loop import UpdateShape
 from workbook.predict import compare, predict
 
 
@@ -16,7 +17,7 @@ from workbook.predict import compare, predict
 def test_standard_modules_are_predicted_within_two_percent_or_say_why(name, tmp_path):
     task = family_task(name)
     data = wb.prepare(task)
-    settings = GateSettings(micro_batch=4, accumulation=2, eval_batch=4, input_updates=1)
+    settings = GateSettings(UpdateShape(4, 2), eval_batch=4, input_updates=1)
     measured = GateRun(task, settings, data.train, data.validation, tmp_path).run().table()
     check = compare(predict(task, data.train, data.validation, settings.plan()), measured)
     predicted = check[check.note == ""]

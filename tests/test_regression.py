@@ -11,7 +11,7 @@ from workbook import load_task
 from workbook.data import prepare
 from workbook.gates import GateRun, GateSettings
 from workbook.inspection import inspect_task
-from workbook.loop import evaluate
+from workbook.loop import UpdateShape, evaluate
 from workbook.overfit import overfit
 from workbook.predict import Plan, predict
 
@@ -25,8 +25,7 @@ def flags(**options):
 def gates(tmp_path, **options):
     task = load_task(TASK, **options)
     data = prepare(task)
-    report = GateRun(task, GateSettings(micro_batch=4, accumulation=2, eval_batch=16,
-                                        input_updates=2),
+    report = GateRun(task, GateSettings(UpdateShape(4, 2), eval_batch=16, input_updates=2),
                      data.train[:64], data.validation[:20], tmp_path / "gates").run()
     return {r.phase: r for r in report.rows}
 
@@ -72,7 +71,7 @@ def test_evaluation_padding_copies_weigh_nothing_for_float_targets(batch):
 def test_the_regression_loss_runs_in_the_memory_prediction():
     task = load_task(TASK)
     data = prepare(task, limits={"train": 40, "validation": 8})
-    predicted = predict(task, data.train, data.validation, Plan(4, 2))
+    predicted = predict(task, data.train, data.validation, Plan(UpdateShape(4, 2)))
     assert (predicted.predicted_peak_bytes > 0).all() and (predicted.note == "").all()
 
 
@@ -98,7 +97,7 @@ def test_one_hard_update_is_not_a_divergence(tmp_path):
     from workbook.study import Study, StudyDesign
 
     plan = StudyDesign(name="r", task=TASK, lrs=[1e-4, 3e-4], seeds=[0], updates=30,
-                     micro_batch=2, accumulation=1, eval_every=10, eval_batch=16)
+                       shape=UpdateShape(2, 1), eval_every=10, eval_batch=16)
     study = Study(tmp_path / "study", plan)
     study.run_all()
     assert set(study.trial_table().status) == {"finished"}, study.trial_table()
@@ -138,7 +137,7 @@ def test_an_old_style_build_optimizer_gets_a_clear_error():
     task = dataclasses.replace(load_task(TASK), build_optimizer=lambda params, lr:
                                torch.optim.SGD(list(params), lr=lr))
     with pytest.raises(WorkbookError, match="receives the model: pass model.parameters()"):
-        build_stepper(task, TrainConfig(micro_batch=2, accumulation=1))
+        build_stepper(task, TrainConfig(UpdateShape(2, 1)))
 
 
 def test_the_tasks_own_checkpoint_code_resumes_exactly_in_a_new_process(tmp_path):
@@ -148,8 +147,8 @@ def test_the_tasks_own_checkpoint_code_resumes_exactly_in_a_new_process(tmp_path
     from workbook.loop import TrainConfig
 
     assert gates(tmp_path / "clean")["resume"].verdict == "pass"
-    spec = resume.recipe(TASK, {}, TrainConfig(micro_batch=4, accumulation=2, updates=6), 64)
-    reference, ref_weights = resume.run(spec, 6, tmp_path / "ref", checkpoint_at=(3,))
+    spec = resume.recipe(TASK, {}, TrainConfig(UpdateShape(4, 2), updates=6), 64)
+    reference, ref_weights = resume.run_recipe(spec, 6, tmp_path / "ref", checkpoint_at=(3,))
     assert sorted(p.name for p in (tmp_path / "ref" / "ckpt-000003").iterdir()) == [
         "manifest.json", "meta.json", "state.pt", "training_state.pt"]
     resumed, weights = resume.resume_in_new_process(tmp_path / "ref" / "ckpt-000003", 6,
@@ -187,7 +186,7 @@ def test_the_training_loader_encodes_on_every_pass(each_pass):
     task = dataclasses.replace(base, encode=counted, train_step=None)
     items = prepare(task).train[:12]
     calls.clear()
-    cfg = TrainConfig(micro_batch=2, accumulation=2, updates=6, encode_each_pass=each_pass)
+    cfg = TrainConfig(UpdateShape(2, 2), updates=6, encode_each_pass=each_pass)
     result = train(task, items, cfg)  # two passes of three updates
     assert len(calls) == (24 if each_pass else 0)
     assert sorted(calls) == (sorted([it.id for it in items] * 2) if each_pass else [])
@@ -203,9 +202,9 @@ def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path)
     from workbook.loop import TrainConfig
 
     options = {"sampler_reseeded": True} if reseeded else {}
-    spec = resume.recipe(TASK, options, TrainConfig(micro_batch=4, accumulation=2, updates=12),
+    spec = resume.recipe(TASK, options, TrainConfig(UpdateShape(4, 2), updates=12),
                          40)  # 5 updates per pass: the resume after 7 is inside pass 2
-    reference, ref_weights = resume.run(spec, 12, tmp_path / "ref", checkpoint_at=(7,))
+    reference, ref_weights = resume.run_recipe(spec, 12, tmp_path / "ref", checkpoint_at=(7,))
     assert reference[5]["ids"] != reference[0]["ids"]  # the order changes every pass
     resumed, weights = resume.resume_in_new_process(tmp_path / "ref" / "ckpt-000007", 12,
                                                     tmp_path / "resumed", spec)
@@ -235,7 +234,7 @@ def test_notebook_07_fails_a_lost_optimizer_state_with_the_cause_in_its_cases(tm
     from workbook.loop import TrainConfig
 
     spec = resume.recipe(TASK, {"ckpt_without_optimizer": True},
-                         TrainConfig(micro_batch=4, accumulation=2, updates=8), 40)
+                         TrainConfig(UpdateShape(4, 2), updates=8), 40)
     cases, details = resume.check_cases(spec, 8, 7, 5, tmp_path)
     assert not cases.exact.any()
     assert cases.error.str.contains("did not bring back the optimizer state").all()
@@ -252,7 +251,7 @@ def test_a_sampler_that_cannot_serve_the_loop_is_a_clear_error():
 
     task = load_task(TASK)
     items = prepare(task).train[:16]
-    cfg = TrainConfig(micro_batch=4, accumulation=1, updates=2)
+    cfg = TrainConfig(UpdateShape(4, 1), updates=2)
     beyond = dataclasses.replace(task, make_sampler=lambda n, seed: range(n + 3))
     with pytest.raises(WorkbookError, match=r"indices outside 0..15"):
         train(beyond, items, cfg)
@@ -327,7 +326,7 @@ def test_the_loop_runs_the_tasks_own_train_step_and_records_what_it_returns():
     task = _own(counted)
     items = prepare(task).train[:36]  # whole updates of 4 x 3
     # grad_clip 0: the task's step does not clip (with its own step, clipping is the task's)
-    cfg = TrainConfig(micro_batch=4, accumulation=3, updates=5, lr=1e-2, grad_clip=0.0)
+    cfg = TrainConfig(UpdateShape(4, 3), updates=5, lr=1e-2, grad_clip=0.0)
     own = train(task, items, cfg)
     assert calls == [3, 3, 3, 3, 3]
     assert all(math.isfinite(r.loss) and r.grad_norm > 0 and r.targets == 12 for r in own.steps)
@@ -349,8 +348,7 @@ def test_a_train_step_the_loop_cannot_use_is_named(step, message):
 
     task = _own(step)
     with pytest.raises(WorkbookError, match=message):
-        train(task, prepare(task).train[:16], TrainConfig(micro_batch=4, accumulation=2,
-                                                          updates=2))
+        train(task, prepare(task).train[:16], TrainConfig(UpdateShape(4, 2), updates=2))
 
 
 def test_fp16_with_the_tasks_own_step_is_refused_before_training():
@@ -374,7 +372,7 @@ def test_fp16_is_refused_only_where_the_tasks_step_runs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     built = []
     monkeypatch.setattr(task, "build_model", lambda: built.append(1))
-    cfg = TrainConfig(micro_batch=4, accumulation=1, updates=1, precision="fp16", device="cuda")
+    cfg = TrainConfig(UpdateShape(4, 1, precision="fp16"), updates=1, device="cuda")
     with pytest.raises(WorkbookError, match="GradScaler cannot reach inside it"):
         train(task, prepare(task).train[:8], cfg)
     assert built == [], "refused before the model was built"

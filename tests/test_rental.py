@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from workbook import WorkbookError
-from workbook.predict import Overheads
+from workbook.loop import UpdateShape
+from workbook.predict import Overheads, Plan
 from workbook.rental import (
     Assumptions,
     Candidate,
@@ -27,7 +28,7 @@ GIB = 2**30
 
 
 def test_sheet_arithmetic_on_a_hand_checked_example(gen_task, gen_items):
-    cand = Candidate("c", micro_batch=4, accumulation=3, length=64, precision="fp32")
+    cand = Candidate("c", Plan(UpdateShape(4, 3, precision="fp32"), length=64))
     a = Assumptions(utilisation=0.5, eval_every=10, eval_examples=20, export_minutes=6.0,
                     overheads=Overheads(GIB, 0.5, False), min_update_s=0.0)
     sheet = selection_sheet(gen_task, gen_items["train"][:50], gen_items["validation"][:20],
@@ -47,8 +48,8 @@ def test_sheet_arithmetic_on_a_hand_checked_example(gen_task, gen_items):
 
 
 def test_data_parallel_adds_gradient_buckets_and_divides_nothing_per_gpu(gen_task, gen_items):
-    one = Candidate("one", 4, 2, 64, "fp32")
-    two = Candidate("two", 4, 2, 64, "fp32", replicas=2)
+    one = Candidate("one", Plan(UpdateShape(4, 2, precision="fp32"), length=64))
+    two = Candidate("two", Plan(UpdateShape(4, 2, precision="fp32", replicas=2), length=64))
     sheet = selection_sheet(gen_task, gen_items["train"][:30], gen_items["validation"][:8],
                             [one, two], {"g": 80}, {"g": 100}, 10, 0.2,
                             Assumptions()).set_index("candidate")
@@ -72,6 +73,12 @@ def test_unknown_gpu_and_unknown_candidate_keys():
         gpu("A1000", {"A100": 80})
     with pytest.raises(WorkbookError, match="unknown keys \\['micro'\\]"):
         candidates_from([{"name": "x", "micro": 4, "accumulation": 1}])
+    with pytest.raises(WorkbookError, match="non-empty list"):
+        candidates_from([])
+    with pytest.raises(WorkbookError, match="micro_batch must be a positive integer"):
+        candidates_from([{"name": "x", "micro_batch": 0}])
+    (cand,) = candidates_from([{"name": "x", "micro_batch": 4, "length": 64}])
+    assert (cand.plan.shape, cand.plan.length) == (UpdateShape(4, 1, "bf16"), 64)
 
 
 def test_packing_keeps_what_does_not_fit_on_the_list():
@@ -95,8 +102,8 @@ def test_stack_check_lists_the_task_imports():
 
 
 def _priced_sheet(gen_task, gen_items, prices):
-    cands = [Candidate("control", 4, 2, 64, "fp32"), Candidate("wide", 4, 2, 64, "fp32",
-                                                              replicas=2)]
+    cands = [Candidate("control", Plan(UpdateShape(4, 2, precision="fp32"), length=64)),
+             Candidate("wide", Plan(UpdateShape(4, 2, precision="fp32", replicas=2), length=64))]
     return selection_sheet(gen_task, gen_items["train"][:30], gen_items["validation"][:8],
                            cands, {"toy": 1.0, "small": 24, "big": 80},
                            {"toy": 10, "small": 100, "big": 400}, 1000, 0.2,

@@ -12,16 +12,23 @@ import pandas as pd
 import pytest
 import torch
 
-from workbook import TrainConfig, WorkbookError, load_task
+from workbook import TrainConfig, UpdateShape, WorkbookError, load_task
 from workbook.archive import reload_archive, reload_in_new_process, write_archive
 from workbook.checkpoint import load_checkpoint, save_checkpoint, verify
-from workbook.resume import check_cases, compare, latest_checkpoint, recipe, run, tamper_checks
+from workbook.resume import (
+    check_cases,
+    compare,
+    latest_checkpoint,
+    recipe,
+    run_recipe,
+    tamper_checks,
+)
 
 from .conftest import CLASSIFICATION, GENERATION
 
 
 def spec_for(task, **options):
-    cfg = TrainConfig(micro_batch=2, accumulation=8, lr=1e-3)
+    cfg = TrainConfig(UpdateShape(2, 8), lr=1e-3)
     return recipe(task, options, cfg, train_limit=48)  # 3 updates per pass
 
 
@@ -39,17 +46,17 @@ def test_bit_exact_resume_in_a_new_process_mid_pass_and_at_the_boundary(task, op
 @pytest.mark.parametrize("fault", ["optimizer", "sampler", "rng"])
 def test_planted_resume_bugs_are_caught(fault, tmp_path):
     spec = spec_for(CLASSIFICATION)  # dropout 0.1: the random states matter
-    reference, weights = run(spec, 6, tmp_path, checkpoint_at=(4,))
-    resumed, w = run(spec, 6, start_from=tmp_path / "ckpt-000004", faults=(fault,))
+    reference, weights = run_recipe(spec, 6, tmp_path, checkpoint_at=(4,))
+    resumed, w = run_recipe(spec, 6, start_from=tmp_path / "ckpt-000004", faults=(fault,))
     _, verdict = compare(reference, resumed, weights, w)
     assert not verdict["exact"]
     assert verdict["same_examples"] == (fault != "sampler")
 
 
 def test_resume_refuses_a_checkpoint_of_another_task(tmp_path):
-    run(spec_for(CLASSIFICATION), 2, tmp_path, checkpoint_at=(1,))
+    run_recipe(spec_for(CLASSIFICATION), 2, tmp_path, checkpoint_at=(1,))
     with pytest.raises(WorkbookError, match="written by task 'sample-classification'"):
-        run(spec_for(GENERATION), 3, start_from=tmp_path / "ckpt-000001")
+        run_recipe(spec_for(GENERATION), 3, start_from=tmp_path / "ckpt-000001")
 
 
 def test_missing_and_truncated_checkpoints_are_refused(tmp_path):
@@ -91,6 +98,7 @@ SAVER = """
 import sys, torch
 from pathlib import Path
 from workbook.checkpoint import save_checkpoint
+from workbook.loop import UpdateShape
 model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)])
 opt = torch.optim.AdamW(model.parameters())
 step = int(sys.argv[2])

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from workbook import WorkbookError, evaluate
+from workbook import UpdateShape, WorkbookError, evaluate
 from workbook.ledger import Ledger
 from workbook.study import Study, StudyDesign, periodicity
 
@@ -20,7 +20,7 @@ from .conftest import CLASSIFICATION, GENERATION
 
 def plan(**kw):
     base = dict(name="lr", task=CLASSIFICATION, lrs=[1e-3], seeds=[0], updates=20,
-                micro_batch=2, accumulation=2, eval_every=5, eval_batch=8, metric="accuracy")
+                shape=UpdateShape(2, 2), eval_every=5, eval_batch=8, metric="accuracy")
     return StudyDesign(**{**base, **kw})
 
 
@@ -54,6 +54,23 @@ def test_the_plan_is_written_first_and_cannot_change(tmp_path):
     assert Study(tmp_path / "s", task=CLASSIFICATION).design.lrs == [1e-3]
     with pytest.raises(WorkbookError, match="records the task .*classification"):
         Study(tmp_path / "s")  # reopening needs the task named by the user
+
+
+def test_a_design_written_before_the_shape_was_one_field_reopens(tmp_path):
+    from workbook.artifacts import seal_file
+
+    design = plan(shape=UpdateShape(4, 2))
+    Study(tmp_path / "s", design)
+    path = tmp_path / "s" / "design.json"
+    stored = json.loads(path.read_text())
+    flat = {**{k: v for k, v in stored.items() if k != "shape"}, **stored["shape"]}
+    path.write_text(json.dumps(flat))
+    seal_file(path)
+    assert Study(tmp_path / "s", design).design == design
+    path.write_text(json.dumps([flat]))
+    seal_file(path)
+    with pytest.raises(WorkbookError, match="is not a JSON object"):
+        Study(tmp_path / "s", task=CLASSIFICATION)
 
 
 @pytest.mark.parametrize("change, words", [
@@ -122,8 +139,8 @@ def test_periodicity_detector():
 
 def test_killing_a_trial_leaves_finished_rows_and_marks_it_interrupted(tmp_path):
     study = Study(tmp_path / "s", plan(task=GENERATION, metric="loss", updates=300,
-                                       eval_every=5, eval_sample=8, micro_batch=2,
-                                       accumulation=1, prediction_examples=1))
+                                       eval_every=5, eval_sample=8, shape=UpdateShape(2, 1),
+                                       prediction_examples=1))
     finished = study.run_trial(1e-3, 0)
     study.ledger.close()
     env = {**os.environ, "PYTHONPATH": os.getcwd()}

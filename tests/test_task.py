@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from workbook import Task, WorkbookError, load_task
+from workbook.loop import UpdateShape
 from workbook.task import logits_of, token_cross_entropy, validate_task
 
 
@@ -101,6 +102,6 @@ def test_a_loss_may_report_a_float_target_count(gen_task, gen_items):
         return summed * 0.5, count * 0.5
 
     task = dataclasses.replace(gen_task, loss=weighted)
-    result = train(task, gen_items["train"][:8], TrainConfig(micro_batch=2, accumulation=2,
-                                                             updates=2, device="cpu"))
+    result = train(task, gen_items["train"][:8], TrainConfig(UpdateShape(2, 2), updates=2,
+                                                             device="cpu"))
     assert all(r.loss > 0 for r in result.steps)

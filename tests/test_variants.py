@@ -3,6 +3,7 @@
 import pytest
 
 from workbook import WorkbookError
+from workbook.loop import UpdateShape
 from workbook.predict import Plan
 from workbook.variants import Variant, VariantStudy, default_variants
 
@@ -12,8 +13,8 @@ from .conftest import CLASSIFICATION, GENERATION
 @pytest.fixture(scope="module")
 def gen_table():
     study = VariantStudy(GENERATION, {}, updates=3, train_limit=120, val_limit=16,
-                         plan=Plan(8, 2, 256, 8))
-    return study.run(default_variants(Variant("control", 4, 2), 20)).set_index("id")
+                         plan=Plan(UpdateShape(8, 2), length=256, eval_batch=8))
+    return study.run(default_variants(Variant("control", UpdateShape(4, 2)), 20)).set_index("id")
 
 
 def test_every_variant_keeps_its_row(gen_table):
@@ -51,15 +52,17 @@ def test_checkpointing_lowers_the_planned_activation_peak(gen_table):
 
 def test_classification_variants_run(tmp_path):
     study = VariantStudy(CLASSIFICATION, {}, updates=2, train_limit=80, val_limit=8)
-    table = study.run([Variant("control", 4, 2), Variant("bf16", 4, 2, precision="bf16"),
-                       Variant("bigger batch", 8, 2)]).set_index("id")
+    table = study.run([Variant("control", UpdateShape(4, 2)), Variant("bf16", UpdateShape(4, 2,
+                                                                                          precision="bf16")),
+                       Variant("bigger batch", UpdateShape(8, 2))]).set_index("id")
     assert (table.status == "measured").all()
     assert "effective batch changed" in table.loc["bigger batch", "flags"]
 
 
 def test_truncating_a_classification_text_is_noted():
     study = VariantStudy(CLASSIFICATION, {}, updates=1, train_limit=40, val_limit=8)
-    table = study.run([Variant("control", 4, 1), Variant("cut", 4, 1, max_length=12)])
+    table = study.run([Variant("control", UpdateShape(4, 1)), Variant("cut", UpdateShape(4, 1),
+                                                                      max_length=12)])
     assert "shortens the input of" in table["flags"][1]
     assert "changes the experiment" not in table["flags"][1]
 
@@ -67,29 +70,32 @@ def test_truncating_a_classification_text_is_noted():
 def test_max_length_shorter_than_every_prompt_is_an_error():
     study = VariantStudy(GENERATION, {}, updates=1, train_limit=30, val_limit=4)
     with pytest.raises(WorkbookError, match="shorter than every prompt"):
-        study.run([Variant("control", 2, 1), Variant("cut", 2, 1, max_length=3)])
+        study.run([Variant("control", UpdateShape(2, 1)), Variant("cut", UpdateShape(2, 1),
+                                                                  max_length=3)])
 
 
 def test_a_task_without_max_length_gets_a_not_applicable_row():
     study = VariantStudy("tests.own_task:task", {}, updates=1, val_limit=8)
-    table = study.run([Variant("control", 4, 1), Variant("cut", 4, 1, max_length=8)])
+    table = study.run([Variant("control", UpdateShape(4, 1)), Variant("cut", UpdateShape(4, 1),
+                                                                      max_length=8)])
     assert table.status.tolist() == ["measured", "not applicable"]
     assert "max_length" in table.reason[1]
 
 
 def test_a_variant_that_trains_to_nan_fails_the_notebook_and_says_where(tmp_path):
-    from workbook.variants import save
+    from workbook.variants import VariantsResult, save
 
     # one pass of 7 updates of 64 reaches the rows whose features hold NaN
     study = VariantStudy("examples.regression:task", {"nan_inputs": True}, updates=7,
                          val_limit=16)
-    table = study.run([Variant("control", 32, 2)])
+    table = study.run([Variant("control", UpdateShape(32, 2))])
     assert "non-finite loss or gradient at updates [" in table["flags"].iloc[0]
     assert table.peak_bytes.iloc[0] > 0, "memory is still measured"
     clean = VariantStudy("examples.regression:task", {}, updates=3, train_limit=64,
                          val_limit=16)
     (tmp_path / "nan").mkdir()
     (tmp_path / "clean").mkdir()
-    assert save(table, tmp_path / "nan", study.control_task) == "fail"
-    assert save(clean.run([Variant("control", 4, 2)]), tmp_path / "clean",
-                clean.control_task) == "pass"
+    control = Variant("control", UpdateShape(4, 2))
+    assert save(VariantsResult(study.control_task, [], table), tmp_path / "nan") == "fail"
+    assert save(VariantsResult(clean.control_task, [control], clean.run([control])),
+                tmp_path / "clean") == "pass"

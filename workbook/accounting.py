@@ -7,45 +7,40 @@ neither duration nor quality: they keep comparisons honest."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Iterable
+from pathlib import Path
+from typing import Any, Iterable
 
 import pandas as pd
 import torch
 
-from .data import Item, micro_batches
+from .data import Item, micro_batches, prepare
 from .errors import WorkbookError
-from .loop import Stepper
+from .loop import Stepper, UpdateShape, train
 from .records import StepRecord
-from .task import IGNORE_INDEX, Task
+from .task import IGNORE_INDEX, Task, load_task, task_from_params
 
 HOLD = ("updates", "examples", "epochs")
 
 
 @dataclass(frozen=True)
 class BatchAccount:
-    """The shape of one update over a data set of `examples` (per pass)."""
+    """Updates of `shape` over a data set of `examples` (per pass)."""
 
-    micro_batch: int
-    accumulation: int
-    replicas: int = 1  # data-parallel copies, each with its own micro-batches
+    shape: UpdateShape
     examples: int = 0  # examples in one pass over the training data
     drop_partial: bool = False  # leave out the examples that do not fill a whole update
 
     def __post_init__(self):
-        for name in ("micro_batch", "accumulation", "replicas"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
-                                    f"set {name} to 1 or more")
+        self.shape.validate()
         if self.examples < 0:
             raise WorkbookError(f"examples must be 0 or more, got {self.examples}",
                                 "give the size of one pass over the training data")
 
     @property
     def examples_per_update(self) -> int:
-        return self.micro_batch * self.accumulation * self.replicas
+        return self.shape.examples_per_update
 
     @property
     def full_updates_per_pass(self) -> int:
@@ -69,11 +64,11 @@ class BatchAccount:
         (per replica the examples are shared out as evenly as the sampler can)."""
         if not self.leftover or self.drop_partial:
             return None
-        per_replica = math.ceil(self.leftover / self.replicas)
+        micro = self.shape.micro_batch
+        per_replica = math.ceil(self.leftover / self.shape.replicas)
         return {"examples": self.leftover,
-                "micro_batches_per_replica": math.ceil(per_replica / self.micro_batch),
-                "last_micro_batch": per_replica - (math.ceil(per_replica / self.micro_batch)
-                                                   - 1) * self.micro_batch}
+                "micro_batches_per_replica": math.ceil(per_replica / micro),
+                "last_micro_batch": per_replica - (math.ceil(per_replica / micro) - 1) * micro}
 
     def examples_in(self, updates: int) -> tuple[int, int]:
         """(examples seen, partial updates) in the first `updates` updates, pass after pass."""
@@ -108,13 +103,16 @@ class BatchAccount:
     def compare(self, hold: str, value: float, accumulations: Iterable[int],
                 targets_per_example: float = 1.0) -> pd.DataFrame:
         """The same budget held fixed for other accumulations: what else changes."""
-        rows = [replace(self, accumulation=a).budget(hold, value, targets_per_example)
-                for a in accumulations]
+        rows = [replace(self, shape=replace(self.shape, accumulation=a))
+                .budget(hold, value, targets_per_example) for a in accumulations]
         return pd.DataFrame(rows).assign(accumulation=list(accumulations))
 
     def table(self) -> pd.DataFrame:
         """The calculator as a one-row table."""
-        row = {**asdict(self), "examples_per_update": self.examples_per_update,
+        shape = self.shape
+        row = {"micro_batch": shape.micro_batch, "accumulation": shape.accumulation,
+               "replicas": shape.replicas, "examples": self.examples,
+               "drop_partial": self.drop_partial, "examples_per_update": self.examples_per_update,
                "updates_per_pass": self.updates_per_pass,
                "updates_per_pass_without_partial": self.full_updates_per_pass,
                "updates_per_pass_with_partial": self.full_updates_per_pass + bool(self.leftover),
@@ -229,10 +227,10 @@ def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (
     return pd.DataFrame(rows)
 
 
-def batch_norm_statistics(task: Task, items: list[Item], micro_batch: int,
-                          accumulation: int) -> pd.DataFrame:
+def batch_norm_statistics(task: Task, items: list[Item], shape: UpdateShape) -> pd.DataFrame:
     """Run one update and record, for every batch-norm layer, how many examples each of its
     statistics was computed over: the micro-batch (or a ghost batch), never the effective batch."""
+    micro_batch, accumulation = shape.micro_batch, shape.accumulation
     torch.manual_seed(0)
     model = task.build_model().train()
     seen: list[dict] = []
@@ -262,13 +260,85 @@ def batch_norm_statistics(task: Task, items: list[Item], micro_batch: int,
     return pd.DataFrame(seen)
 
 
-def save(out_dir, task: Task, account: BatchAccount, budget: pd.DataFrame,
-         reconciled: pd.DataFrame, check: pd.DataFrame, worked: BatchAccount) -> str:
+def batch_norm_demonstration(task: Task, items: list[Item], shape: UpdateShape
+                             ) -> pd.DataFrame:
+    """`batch_norm_statistics` of the task; for a model without batch norm, the classification
+    sample's plain and ghost batch norm (what the statistics see, shown on a model that has
+    them)."""
+    seen = batch_norm_statistics(task, items, shape)
+    if not seen.empty:
+        return seen
+    sample = "workbook.samples.classification:task"
+    sample_items = prepare(load_task(sample), ("train",), {"train": 64}).train
+    demo = {norm: batch_norm_statistics(load_task(sample, batch_norm=norm, virtual_batch=2),
+                                        sample_items, UpdateShape(4, 4)).head(1)
+            for norm in ("batch", "ghost")}
+    return pd.concat(demo, names=["norm"]).reset_index(level=0)
+
+
+@dataclass
+class AccountingResult:
+    """Everything notebook 04 shows: the calculator on the task's data, the budget held fixed
+    for other accumulations, the loop's counters against it, the normalisation check and the
+    batch-norm statistics."""
+
+    task: Task
+    examples: int  # training examples in one pass
+    targets_per_example: float
+    account: BatchAccount
+    held: dict  # the budget as given
+    budget: pd.DataFrame  # the same budget at half and double the accumulation
+    worked: BatchAccount  # the worked example of the text
+    reconciled: pd.DataFrame
+    check: pd.DataFrame
+    batch_norm: pd.DataFrame
+
+    @property
+    def demonstrates_batch_norm(self) -> bool:
+        """The batch-norm rows are the classification sample's: the task's model has none."""
+        return "norm" in self.batch_norm
+
+
+def run(params: dict[str, Any], out_dir: Path | None = None,
+        progress: bool = False) -> AccountingResult:
+    """Notebook 04 from its parameters (it writes nothing until `save`)."""
+    task = task_from_params(params)
+    items = prepare(task, ("train",)).train
+    targets_per_example = sum(task.target_count(it.tensors["labels"]) for it in items) / len(items)
+    shape = UpdateShape.from_params(params)
+    account = BatchAccount(shape, len(items), params["drop_partial"])
+    hold, value, accumulation = params["hold"], params["budget"], shape.accumulation
+    budget = account.compare(hold, value, (accumulation // 2 or 1, accumulation,
+                                           accumulation * 2), targets_per_example)
+    loop_account = BatchAccount(replace(shape, replicas=1),
+                                min(len(items), params["reconcile_examples"]),
+                                params["drop_partial"])
+    cfg = loop_account.shape.train_config(updates=params["reconcile_updates"],
+                                          drop_partial=params["drop_partial"],
+                                          seed=params["seed"], device=params["device"],
+                                          progress=progress)
+    steps = train(task, items[: loop_account.examples], cfg).steps
+    check = pd.concat([
+        normalisation_check(task, items[: params["check_examples"]],
+                            (params["check_examples"], 2, 1), params["tolerance"]),
+        normalisation_check(task, items[: params["partial_examples"]],
+                            (params["partial_examples"], 2, 4), params["tolerance"]),
+    ], keys=["equal split", "partial group"]).reset_index(level=0, names="case")
+    return AccountingResult(task, len(items), targets_per_example, account,
+                            account.budget(hold, value, targets_per_example), budget,
+                            BatchAccount(UpdateShape(2, 8), 3200),
+                            reconcile(loop_account, steps, items, task), check,
+                            batch_norm_demonstration(task, items, shape))
+
+
+def save(result: AccountingResult, out_dir: Path) -> str:
     """Notebook 04's tables and `summary.json`. The verdict fails when the loop's counters
     differ from the calculator's or an update's gradient depends on how it is split (the
     loop's or the task's own train_step); the wrong normalisation is expected to differ."""
     from .runs import save_table, write_summary
 
+    account, budget, reconciled, check = (result.account, result.budget, result.reconciled,
+                                          result.check)
     right = check[~check.normalisation.str.contains("wrong")]
     wrong = check[check.normalisation.str.contains("wrong")]
     own = check[check.normalisation == "the task's train_step"]
@@ -280,10 +350,10 @@ def save(out_dir, task: Task, account: BatchAccount, budget: pd.DataFrame,
     write_summary(out_dir, verdict, {
         "examples_per_update": account.examples_per_update,
         "updates_per_pass": account.updates_per_pass,
-        "worked_example_updates": worked.budget("epochs", 1)["updates"],
+        "worked_example_updates": result.worked.budget("epochs", 1)["updates"],
         "reconciled": loop_ok, "normalisation_ok": norm_ok,
         "wrong_normalisation_caught": bool(not wrong.iloc[1:].within_tolerance.all()),
         "own_train_step_ok": bool(own.within_tolerance.all()) if len(own) else None,
-        "max_deviation": float(right.max_relative_deviation.max())}, task=task.name)
+        "max_deviation": float(right.max_relative_deviation.max())}, task=result.task.name)
     return verdict
 

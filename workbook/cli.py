@@ -121,15 +121,15 @@ def _resume_or_reload(args: argparse.Namespace) -> int:
         if args.command == "resume":
             from .artifacts import read_json
             from .checkpoint import META, load_state
-            from .resume import run, write_result
+            from .resume import run_recipe, write_result
             from .task import load_recorded_task
 
             load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
             spec = read_json(Path(args.checkpoint) / META, "checkpoint meta").get("recipe")
             task = load_recorded_task(spec, args.task, dict(args.option),
                                       f"checkpoint {args.checkpoint}")
-            records, weights = run(spec, args.to, start_from=Path(args.checkpoint),
-                                   faults=tuple(args.fault), task=task)
+            records, weights = run_recipe(spec, args.to, start_from=Path(args.checkpoint),
+                                          faults=tuple(args.fault), task=task)
             write_result(records, weights, Path(args.out))
             print(f"resumed to update {args.to}")
             return 0

@@ -27,9 +27,18 @@ from .loop import (
     train,
 )
 from .memory import GIB, MemoryReading, measure, rebased, state_tensors, storage_bytes
-from .predict import Plan, sized_batches
+from .predict import (
+    Overheads,
+    Plan,
+    compare,
+    fit_table,
+    predicted_or_reason,
+    rule_of_thumb,
+    sized_batches,
+    summary_figures,
+)
 from .records import to_frame
-from .task import Task
+from .task import Task, task_from_params
 from .workload import TRAINING_PHASES, Workload, targets_of
 
 PHASES = ("data", *TRAINING_PHASES, "checkpoint save", "export", "resume")
@@ -55,12 +64,9 @@ INPUT_BOUND_CAUSES = ("data not next to the process (network or slow disk)",
 class GateSettings:
     """The planned settings the gates run at."""
 
-    micro_batch: int = 2
-    accumulation: int = 8
+    shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
     eval_batch: int = 16
     length: int = 0  # positions per sequence in the measured batches (0: the data's longest)
-    precision: str = "fp32"
-    activation_checkpointing: bool = False
     device: str = "cpu"
     lr: float = 1e-3
     seed: int = 0
@@ -74,15 +80,11 @@ class GateSettings:
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "GateSettings":
         """The settings named in a notebook's parameters (other keys are ignored)."""
-        return cls(**{k: params[k] for k in cls.__dataclass_fields__ if k in params})
+        return cls(shape=UpdateShape.from_params(params),
+                   **{k: params[k] for k in cls.__dataclass_fields__ if k in params})
 
     def plan(self) -> Plan:
-        return Plan.of(self.shape, self.length or None, self.eval_batch)
-
-    @property
-    def shape(self) -> UpdateShape:
-        return UpdateShape(self.micro_batch, self.accumulation, self.precision,
-                           self.activation_checkpointing)
+        return Plan(self.shape, self.length or None, self.eval_batch)
 
     def train_config(self, updates: int = 1) -> TrainConfig:
         return self.shape.train_config(updates=updates, lr=self.lr, seed=self.seed,
@@ -198,7 +200,7 @@ class GateRun:
                  val_items: list[Item], out_dir: Path,
                  save: Callable[..., Path] = ckpt.save_checkpoint,
                  load: Callable[..., dict] = ckpt.load_checkpoint):
-        self.task, self.s, self.out_dir = task, settings, Path(out_dir)
+        self.task, self.settings, self.out_dir = task, settings, Path(out_dir)
         self.train_items, self.val_items = train_items, val_items
         self.encode_s = 0.0  # median seconds to encode one raw example
         self.save, self.load = save, load
@@ -213,7 +215,9 @@ class GateRun:
 
     def row(self, phase: str, **kw: Any) -> GateRow:
         seq = self.task.main_input(self.batch.tensors).shape[-1]
-        return GateRow(phase, self.s.micro_batch, int(seq), self.s.eval_batch, self.s.precision,
+        shape = self.settings.shape
+        return GateRow(phase, shape.micro_batch, int(seq), self.settings.eval_batch,
+                       shape.precision,
                        str(self.device), remediation=REMEDIATION[phase], **kw)
 
     def phase(self, gate: Gate) -> GateRow:
@@ -252,22 +256,22 @@ class GateRun:
 
     def fit(self, row: GateRow) -> None:
         """With a stated device memory, a phase whose peak plus headroom does not fit fails."""
-        limit = self.s.device_memory_gib * GIB
+        limit = self.settings.device_memory_gib * GIB
         peak = row.peak_reserved_bytes or row.peak_allocated_bytes
         if not limit or peak is None or row.verdict == "fail":
             return
-        need = peak * (1 + self.s.headroom)
+        need = peak * (1 + self.settings.headroom)
         if need > limit:
             row.verdict = "fail"
-            row.detail += (f"; needs {need / GIB:.2f} GiB with {self.s.headroom:.0%} headroom, "
-                           f"the device has {self.s.device_memory_gib} GiB")
+            row.detail += (f"; needs {need / GIB:.2f} GiB with {self.settings.headroom:.0%} "
+                           f"headroom, the device has {self.settings.device_memory_gib} GiB")
             row.remediation = ("lower the micro-batch (raise accumulation), activation "
                                "checkpointing, mixed precision - see notebook 05")
 
     def build_workload(self) -> None:
         """Model, optimizer and the sized batches on the device: what every training gate
         runs on (unmeasured, before the forward gate)."""
-        stepper = build_stepper(self.task, self.s.train_config())
+        stepper = build_stepper(self.task, self.settings.train_config())
         batches = [b.to(self.device) for b in (self.batch, *self.group, self.eval_batch)]
         self.work = Workload(stepper, batches[0], batches[1:-1], batches[-1],
                              targets_of(self.task, self.batch),
@@ -283,7 +287,7 @@ class GateRun:
         columns = ["step", "examples", "encode_s", "data_s", "time_s", "data_share"]
         try:
             steps = to_frame(train(self.task, self.train_items,
-                                   self.s.train_config(self.s.input_updates)).steps)
+                                   self.settings.train_config(self.settings.input_updates)).steps)
         except Exception:  # the forward gate reports what is wrong with the training step
             return pd.DataFrame(columns=columns)
         self.encode_s = encode_seconds(self.task, [it.raw for it in self.train_items
@@ -294,9 +298,9 @@ class GateRun:
     def run(self, training_only: bool = False) -> GateReport:
         """All gates; or, with `training_only`, just the training phases and validation."""
         self.batch_items = sorted(self.train_items, key=lambda it: self.task.length(it.tensors),
-                                  reverse=True)[: self.s.micro_batch]
+                                  reverse=True)[: self.settings.shape.micro_batch]
         self.batch, self.group, self.eval_batch = sized_batches(
-            self.task, self.train_items, self.val_items, self.s.plan())
+            self.task, self.train_items, self.val_items, self.settings.plan())
         if not training_only:
             self.pipeline = self.input_pipeline()
         for gate in GATES:
@@ -344,8 +348,8 @@ def _data_check(run: GateRun, _, batch) -> tuple[str, str]:
                  if len(pipeline) else "input pipeline not timed: the training step failed"))
     if problems:
         return "fail", "; ".join(problems)
-    if wait > run.s.input_bound_threshold:
-        return "warn", (detail + f" - input-bound (> {run.s.input_bound_threshold:.0%})"
+    if wait > run.settings.input_bound_threshold:
+        return "warn", (detail + f" - input-bound (> {run.settings.input_bound_threshold:.0%})"
                         "; usual causes: " + "; ".join(INPUT_BOUND_CAUSES))
     return "pass", detail
 
@@ -354,8 +358,9 @@ def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
     state, model = run.work.state, run.work.stepper.model
     logits, count = state["logits"], int(state["count"])
     loss = float(state["loss_sum"].detach()) / max(count, 1)
-    if logits.shape[0] != run.s.micro_batch:
-        return "fail", f"logits batch dimension {logits.shape[0]} != {run.s.micro_batch}"
+    micro = run.settings.shape.micro_batch
+    if logits.shape[0] != micro:
+        return "fail", f"logits batch dimension {logits.shape[0]} != {micro}"
     if not math.isfinite(loss):
         where = _first_nonfinite_module(model, lambda: run.task.forward(model,
                                                                         run.batch.tensors))
@@ -365,7 +370,7 @@ def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
     expected = run.task.expected_initial_loss(outputs, labels)
     detail = (f"logits {tuple(logits.shape)}, loss {loss:.4f} over {count} targets, "
               f"expected ~{run.task.initial_loss_rule(outputs)} = {expected:.4f}")
-    if abs(loss - expected) > run.s.init_tolerance * expected:
+    if abs(loss - expected) > run.settings.init_tolerance * expected:
         return "fail", detail + " - far from the untrained value"
     return "pass", detail
 
@@ -421,8 +426,8 @@ def _update_check(expected_step: int, run: GateRun, before: dict, _) -> tuple[st
         problems.append(f"frozen parameters changed: {frozen_moved[:5]}")
     if steps and steps != {expected_step}:
         problems.append(f"optimizer step counter {sorted(steps)}, expected {expected_step}")
-    if not math.isclose(lr, run.s.lr, rel_tol=1e-9):
-        problems.append(f"lr {lr} is not the scheduled {run.s.lr}")
+    if not math.isclose(lr, run.settings.lr, rel_tol=1e-9):
+        problems.append(f"lr {lr} is not the scheduled {run.settings.lr}")
     norm = float(run.work.state["grad_norm"])
     if not math.isfinite(norm):
         problems.append(f"gradient norm {norm}")
@@ -462,8 +467,8 @@ def _validation_check(run: GateRun, modes: dict[str, bool], _) -> tuple[str, str
                         "; or ".join(companion_causes(task, model, (padded[0], padded[2]))))
     seen: list = []
     grads_before = [p.grad for p in model.parameters()]
-    evaluate(task, model, run.val_items, run.s.eval_batch, run.device,
-             precision=run.s.precision, seen=seen)
+    evaluate(task, model, run.val_items, run.settings.eval_batch, run.device,
+             precision=run.settings.shape.precision, seen=seen)
     behaves = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._NormBase)
     stuck = sorted((not isinstance(m, behaves), n) for n, m in model.named_modules()
                    if m.training != modes[n])  # dropout and batch-norm named first
@@ -484,14 +489,15 @@ def _validation_check(run: GateRun, modes: dict[str, bool], _) -> tuple[str, str
                         f"(missing {len(wanted - set(counts.index))}, repeated "
                         f"{int((counts > 1).sum())})")
     longest = max(task.length(it.tensors) for it in run.val_items)
-    detail = (f"eval batch {run.s.eval_batch}, longest eval length {longest}; "
+    detail = (f"eval batch {run.settings.eval_batch}, longest eval length {longest}; "
               f"{len(run.val_items)} examples each predicted once")
     return ("fail", "; ".join(problems)) if problems else ("pass", detail)
 
 
 def _save_work(run: GateRun, _) -> Path:
     stepper = run.work.stepper
-    counters = {"step": 2, "examples": run.s.micro_batch * (1 + run.s.accumulation)}
+    shape = run.settings.shape
+    counters = {"step": 2, "examples": shape.micro_batch * (1 + shape.accumulation)}
     run.rng_at_save = ckpt.rng_state()
     return run.save(run.checkpoint, stepper.model, stepper.optimizer, stepper.scheduler,
                     stepper.scaler, counters, {"task": run.task.name}, own=run.task.save_state)
@@ -508,7 +514,7 @@ def _export_work(run: GateRun, _) -> Path:
 
 
 def _resume_work(run: GateRun, _) -> tuple[Any, dict]:
-    fresh = build_stepper(run.task, run.s.train_config())
+    fresh = build_stepper(run.task, run.settings.train_config())
     info = run.load(run.checkpoint, fresh.model, fresh.optimizer, fresh.scheduler,
                     fresh.scaler, own=run.task.restore_state)
     return fresh, info
@@ -545,9 +551,9 @@ def _resume_check(run: GateRun, _, result) -> tuple[str, str]:
         each.step()
     diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in
                zip(stepper.model.parameters(), fresh.model.parameters(), strict=True))
-    if diff > run.s.resume_tolerance:
+    if diff > run.settings.resume_tolerance:
         problems.append(f"the next update differs from the uninterrupted run by {diff:.3g} "
-                        f"(allowed {run.s.resume_tolerance:g})")
+                        f"(allowed {run.settings.resume_tolerance:g})")
     if problems:
         return "fail", "; ".join(problems[:4])
     return "pass", f"state and counters restored; next update max |diff| = {diff:g}"
@@ -615,14 +621,67 @@ def display_table(report: GateReport) -> pd.DataFrame:
     return out
 
 
-def save(report: GateReport, out_dir: Path, task: Task, extra: dict | None = None,
-         fits: bool | None = None) -> str:
-    """Write the gate table, the input-pipeline timings and `summary.json` of notebook 03.
-    The verdict fails when a gate fails or the planned configuration does not fit."""
+@dataclass
+class GatesResult:
+    """Everything notebook 03 shows: the gates at the pilot settings, the prediction checked
+    against them, and the rental plan predicted and fitted to the stated device."""
+
+    task: Task
+    settings: GateSettings
+    report: GateReport
+    check: pd.DataFrame  # predicted against measured, at the pilot settings
+    plan: Plan
+    planned: pd.DataFrame  # predicted at the plan
+    overheads: Overheads
+    fit: pd.DataFrame
+    rule: pd.DataFrame  # the "4 x model size" rule against the plan's prediction
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the plan fits the stated device memory (None: no memory stated)."""
+        return bool(self.fit.fits.all()) if self.settings.device_memory_gib else None
+
+    @property
+    def verdict(self) -> str:
+        """Fails when a gate fails or the plan does not fit the stated device."""
+        return "fail" if self.fits is False else self.report.verdict
+
+
+def run(params: dict[str, Any], out_dir: Path) -> GatesResult:
+    """Notebook 03 from its parameters: the gates (their exports are written into `out_dir`),
+    the prediction at the same settings, and the rental plan's prediction and fit."""
+    task = task_from_params(params)
+    settings = GateSettings.from_params(params)
+    report = run_gates(task, settings, out_dir, train_limit=params["train_limit"] or None)
+    device = resolve_device(params["device"])
+
+    def predicted(plan: Plan) -> pd.DataFrame:
+        return predicted_or_reason(task, report.train_items, report.val_items, plan,
+                                   device=str(device))
+
+    plan = Plan.from_params(params, task)
+    planned = predicted(plan)
+    overheads = Overheads.of(device, report.table(), params["cuda_context_gib"],
+                             params["allocator_cache_share"])
+    return GatesResult(task, settings, report,
+                       compare(predicted(settings.plan()), report.table()), plan, planned,
+                       overheads, fit_table(planned, settings.device_memory_gib,
+                                            settings.headroom, overheads),
+                       rule_of_thumb(task, planned))
+
+
+def save(result: GatesResult, out_dir: Path) -> str:
+    """Write the gate table, the input-pipeline timings, the plan's fit and `summary.json` of
+    notebook 03; the verdict."""
     from .runs import save_table, write_summary
 
-    verdict = "fail" if fits is False else report.verdict
+    report = result.report
     save_table(report.table(), out_dir, "gates")
     save_table(report.pipeline, out_dir, "input_pipeline")
-    write_summary(out_dir, verdict, {**report.figures, **(extra or {})}, task=task.name)
-    return verdict
+    save_table(result.fit, out_dir, "plan_fit")
+    figures = {**report.figures,
+               **summary_figures(result.check, result.plan, result.planned, result.fit),
+               "plan_fits": result.fits,
+               "overheads": "measured" if result.overheads.measured else "assumed"}
+    write_summary(out_dir, result.verdict, figures, task=result.task.name)
+    return result.verdict

@@ -6,6 +6,8 @@ import html
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -13,7 +15,7 @@ import torch
 from .data import SPLITS, Item, collate_items, prepare
 from .frontend import headless
 from .records import Flag
-from .task import IGNORE_INDEX, Task, contributes, shift_labels
+from .task import IGNORE_INDEX, Task, contributes, shift_labels, task_from_params
 
 
 @dataclass
@@ -504,8 +506,13 @@ def browser(task: Task, items: dict[str, list[Item]] | list[Item],
     return widgets.VBox([widgets.HBox([split, query]), index, status, out])
 
 
-def save(ins: Inspection, out_dir) -> None:
-    """Write the tables and `summary.json` of notebook 01 into its run folder."""
+def run(params: dict[str, Any], out_dir: Path | None = None) -> Inspection:
+    """Notebook 01 from its parameters (it writes nothing until `save`)."""
+    return inspect_task(task_from_params(params), probe_size=params["probe_size"])
+
+
+def save(ins: Inspection, out_dir: Path) -> str:
+    """Write the tables and `summary.json` of notebook 01 into its run folder; the verdict."""
     from .runs import save_table, write_json, write_summary
 
     save_table(ins.split_table, out_dir, "splits")
@@ -515,3 +522,4 @@ def save(ins: Inspection, out_dir) -> None:
     write_json(out_dir / "flags.json", ins.flag_records())
     write_summary(out_dir, ins.verdict, ins.figures, task=ins.task.name,
                   flags=[f.check for f in ins.flags])
+    return ins.verdict

@@ -21,29 +21,73 @@ from .task import IGNORE_INDEX, Task, own_code
 
 @dataclass(frozen=True)
 class UpdateShape:
-    """The shape of one update, shared by every configuration that trains or sizes one (gate
-    settings, memory variants, rental candidates, the study): micro-batch x accumulation, the
-    precision and activation checkpointing. `train_config` is the one place a loop
-    configuration is made from it."""
+    """The shape of one update, the one declaration embedded by every configuration that trains
+    or sizes one (the loop's `TrainConfig`, the gates' settings, memory variants, rental
+    candidates, the study design, the data-parallel launch): micro-batch x accumulation x
+    replicas, the precision and activation checkpointing. The sequence length belongs to the
+    sized batches (`predict.Plan`), not to the update: the loop trains on the examples as the
+    task encodes them."""
 
-    micro_batch: int
-    accumulation: int = 1
-    precision: str = "fp32"
-    activation_checkpointing: bool = False
+    micro_batch: int = 2  # examples per forward/backward pass (per replica)
+    accumulation: int = 1  # passes combined into one update
+    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
+    activation_checkpointing: bool = False  # recompute the task's blocks in backward
+    replicas: int = 1  # data-parallel processes, each making micro_batch x accumulation
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], prefix: str = "") -> "UpdateShape":
+        """The shape named in a notebook's parameters (`<prefix><field>`; absent fields keep
+        their defaults), checked."""
+        return cls(**{name: params[prefix + name] for name in cls.__dataclass_fields__
+                      if prefix + name in params}).validate()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "UpdateShape":
+        """A shape stored as a dict (a recipe, a design, a launch's settings) back."""
+        if not isinstance(data, dict):
+            raise WorkbookError(f"an update shape must be an object, got {str(data)[:80]!r}",
+                                'give it as {"micro_batch": 2, "accumulation": 8, ...}')
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise WorkbookError(f"unknown update-shape fields {unknown}",
+                                f"use {sorted(cls.__dataclass_fields__)}")
+        return cls(**data).validate()
+
+    @classmethod
+    def nested(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """A stored configuration with its shape under "shape": one written before the shape
+        was one field (flat micro_batch, accumulation, ...) is moved there."""
+        if not isinstance(data, dict) or "shape" in data:
+            return data
+        fields = cls.__dataclass_fields__
+        return {**{k: v for k, v in data.items() if k not in fields},
+                "shape": {k: v for k, v in data.items() if k in fields}}
+
+    @property
+    def examples_per_update(self) -> int:
+        return self.micro_batch * self.accumulation * self.replicas
+
+    def validate(self) -> "UpdateShape":
+        for name in ("micro_batch", "accumulation", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
+                                    f"set {name} to 1 or more")
+        if not isinstance(self.activation_checkpointing, bool):
+            raise WorkbookError("activation_checkpointing must be True or False, got "
+                                f"{self.activation_checkpointing!r}", "set it to True or False")
+        return self
 
     def train_config(self, **rest: Any) -> "TrainConfig":
         """The loop's configuration for updates of this shape; `rest` sets the other fields."""
-        return TrainConfig(micro_batch=self.micro_batch, accumulation=self.accumulation,
-                           precision=self.precision,
-                           activation_checkpointing=self.activation_checkpointing, **rest)
+        return TrainConfig(shape=self, **rest)
 
 
 @dataclass
 class TrainConfig:
     """How to train: the shape of an update, the budget, evaluation and the device."""
 
-    micro_batch: int = 2  # examples per forward/backward pass
-    accumulation: int = 8  # passes combined into one update
+    shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
     updates: int = 200  # optimizer steps in the budget
     lr: float = 1e-3
     warmup_updates: int = 0  # linear warm-up, then constant
@@ -55,18 +99,19 @@ class TrainConfig:
     grad_clip: float = 1.0  # max gradient norm (0: no clipping, norm still recorded)
     workers: int = 0  # DataLoader worker processes
     encode_each_pass: bool = True  # encode the raw examples in the loader on every pass
-    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
-    activation_checkpointing: bool = False  # recompute the task's blocks in backward
     progress: bool = False  # show a tqdm bar
     own_step: bool = True  # run the task's train_step (its clipping, not grad_clip) if it has one
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
-        """A configuration stored as a dict (a checkpoint's recipe) back as a TrainConfig."""
-        return cls(**data)
+        """A configuration stored as a dict (a checkpoint's recipe) back as a TrainConfig; a
+        recipe written before the shape was one field (flat micro_batch, ...) reads too."""
+        data = UpdateShape.nested(data)
+        return cls(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
 
     def validate(self, n_train: int | None = None) -> "TrainConfig":
-        for name in ("micro_batch", "accumulation", "updates", "eval_batch"):
+        shape = self.shape.validate()
+        for name in ("updates", "eval_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
@@ -76,16 +121,16 @@ class TrainConfig:
         if self.eval_every < 0:
             raise WorkbookError(f"eval_every must be 0 or positive, got {self.eval_every}",
                                 "use 0 to switch periodic evaluation off")
-        if n_train is not None and self.micro_batch > n_train:
-            raise WorkbookError(f"micro_batch {self.micro_batch} is larger than the "
+        if n_train is not None and shape.micro_batch > n_train:
+            raise WorkbookError(f"micro_batch {shape.micro_batch} is larger than the "
                                 f"{n_train} training examples",
                                 "lower micro_batch or give the task more examples")
-        if n_train is not None and self.drop_partial and \
-                n_train < self.micro_batch * self.accumulation:
-            raise WorkbookError(f"with drop_partial, one update needs "
-                                f"{self.micro_batch * self.accumulation} examples but there are "
-                                f"{n_train}", "lower micro_batch x accumulation or keep partial")
-        check_precision(self.precision, resolve_device(self.device))
+        per_process = shape.micro_batch * shape.accumulation
+        if n_train is not None and self.drop_partial and n_train < per_process:
+            raise WorkbookError(f"with drop_partial, one update needs {per_process} examples "
+                                f"but there are {n_train}",
+                                "lower micro_batch x accumulation or keep partial")
+        check_precision(shape.precision, resolve_device(self.device))
         return self
 
 
@@ -324,22 +369,22 @@ class StepWatch:
 def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) -> Stepper:
     """Model (built with the config's seed unless given), optimizer, schedule and scaler."""
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
+    check_precision(cfg.shape.precision, device)
     if model is None:
         seed_everything(cfg.seed)
         with device:  # built in place: no copy, and fake tensors need no conversion
             model = task.build_model()
     if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
         model = model.to(device)
-    if cfg.activation_checkpointing:
+    if cfg.shape.activation_checkpointing:
         apply_activation_checkpointing(task, model)
     model.train()
     optimizer = task.optimizer(model, cfg.lr)
     warmup = max(cfg.warmup_updates, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    return Stepper(task, model, optimizer, scheduler, device, cfg.precision, cfg.grad_clip,
+    scaler = torch.amp.GradScaler(device.type) if cfg.shape.precision == "fp16" else None
+    return Stepper(task, model, optimizer, scheduler, device, cfg.shape.precision, cfg.grad_clip,
                    scaler)
 
 
@@ -463,7 +508,8 @@ def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = 
         sampler.load_state_dict(start.sampler_state)
     while True:
         order, state = pass_order(sampler, len(items), cfg.seed, epoch)
-        groups = epoch_updates(order, cfg.micro_batch, cfg.accumulation, cfg.drop_partial)[skip:]
+        groups = epoch_updates(order, cfg.shape.micro_batch, cfg.shape.accumulation,
+                               cfg.drop_partial)[skip:]
         batches = iter(loader(task, items, [mb for g in groups for mb in g], cfg.workers,
                               seed=cfg.seed * 100_003 + epoch, encode=cfg.encode_each_pass))
         for index, group in enumerate(groups, start=skip):
@@ -481,10 +527,15 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     `on_update` sees each update with the machinery and the data position after it, and may
     return a reason to stop early (divergence); `on_eval` sees every evaluation (checkpoints).
     A resumed run passes its restored `stepper`, data `start` and `first_step`."""
+    if cfg.shape.replicas != 1:
+        raise WorkbookError(f"train runs one process; this update shape has "
+                            f"{cfg.shape.replicas} replicas",
+                            "run replicas with notebook 09 (workbook.parallel), or set "
+                            "replicas=1 here")
     cfg.validate(len(items))
     own = runs_own_step(task, cfg)
     if own:  # only here: the phase gates and the prediction size the workbook's update
-        check_precision(cfg.precision, resolve_device(cfg.device), task)
+        check_precision(cfg.shape.precision, resolve_device(cfg.device), task)
     stepper = stepper if stepper is not None else build_stepper(task, cfg, model)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
     stream = _updates(task, items, cfg, start)
@@ -514,7 +565,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
             break
         if val_items and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.updates):
             record = evaluate(task, stepper.model, val_items, cfg.eval_batch, stepper.device,
-                              step, cfg.precision)
+                              step, cfg.shape.precision)
             result.evals.append(record)
             if on_eval is not None:
                 on_eval(record, stepper)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -19,13 +21,14 @@ from .loop import (
     update_by,
 )
 from .records import to_frame
-from .task import Task, contributes
+from .task import Task, contributes, task_from_params
 
 
 @dataclass
 class OverfitResult:
     """The loss curve, the verdict checks, and what the trained model gives back per example."""
 
+    task: Task
     steps: pd.DataFrame
     checks: pd.DataFrame
     reproduction: pd.DataFrame
@@ -132,15 +135,27 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
                "final_loss_bar": round(loss_threshold * scale, 6),
                "initial_loss_rule": "mean(target^2)" if task.kind == "regression"
                else "ln(outputs)"}
-    return OverfitResult(steps, checks, reproduction, figures)
+    return OverfitResult(task, steps, checks, reproduction, figures)
 
 
-def save(result: OverfitResult, out_dir, task: Task) -> None:
-    """Write the curve, checks, reproduction table and `summary.json` of notebook 02."""
+def run(params: dict[str, Any], out_dir: Path | None = None,
+        progress: bool = False) -> OverfitResult:
+    """Notebook 02 from its parameters (it writes nothing until `save`)."""
+    return overfit(task_from_params(params), examples=params["examples"],
+                   updates=params["updates"], lr=params["lr"],
+                   loss_threshold=params["loss_threshold"],
+                   init_tolerance=params["init_tolerance"], seed=params["seed"],
+                   device=params["device"], progress=progress)
+
+
+def save(result: OverfitResult, out_dir: Path) -> str:
+    """Write the curve, checks, reproduction table and `summary.json` of notebook 02; the
+    verdict."""
     from .runs import save_table, write_summary
 
     save_table(result.steps, out_dir, "steps")
     save_table(result.checks, out_dir, "checks")
     save_table(result.reproduction, out_dir, "reproduction")
-    write_summary(out_dir, result.verdict, result.figures, task=task.name,
+    write_summary(out_dir, result.verdict, result.figures, task=result.task.name,
                   failed=result.checks.loc[~result.checks.passed, "check"].tolist())
+    return result.verdict

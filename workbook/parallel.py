@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +17,14 @@ from safetensors.torch import load_file
 
 from .accounting import BatchAccount, reconcile
 from .artifacts import read_json
-from .data import Item
+from .data import Item, prepare
 from .errors import WorkbookError
-from .loop import LOSS, resolve_device
+from .loop import LOSS, UpdateShape, resolve_device
 from .records import StepRecord
 from .replica import FAULTS, RESULT, WEIGHTS, ReplicaSpec, backend
 from .runs import claim_dir, fresh_process, write_text
 from .runs import shown as shown_path
-from .task import Task
+from .task import Task, task_from_params
 
 LAUNCH_TIMEOUT = 600  # seconds for one launch (a few updates on every rank)
 # The rule each planted fault must fail.
@@ -66,15 +66,17 @@ REMEDIATION = {
 RULES = tuple(REMEDIATION)
 
 
-def launch(spec: ReplicaSpec, folder: Path, replicas: int, resume_from: Path | None = None,
+def launch(spec: ReplicaSpec, folder: Path, resume_from: Path | None = None,
            timeout: float = LAUNCH_TIMEOUT) -> dict[str, Any]:
-    """Run `spec` on `replicas` processes with torchrun into the new `folder` and return what
-    rank 0 gathered. A stuck launch is killed with every worker after `timeout` seconds."""
+    """Run `spec` on its shape's replicas, one process each, with torchrun into the new
+    `folder` and return what rank 0 gathered. A stuck launch is killed with every worker after
+    `timeout` seconds."""
+    replicas = spec.shape.replicas
     if not isinstance(replicas, int) or replicas < 2:
         raise WorkbookError(f"replicas must be 2 or more, got {replicas!r}",
                             "data parallelism needs at least two processes")
     claim_dir(folder)  # a launch never writes over an earlier one
-    cmd = command(spec, folder, replicas, resume_from)
+    cmd = command(spec, folder, resume_from)
     done = fresh_process(cmd["args"], timeout, f"the {replicas}-process launch",
                          launcher=cmd["launcher"])
     if done.returncode:
@@ -88,22 +90,22 @@ def launch(spec: ReplicaSpec, folder: Path, replicas: int, resume_from: Path | N
     return read_json(folder / RESULT, "the launch's result")
 
 
-def command(spec: ReplicaSpec, folder: Path, replicas: int,
+def command(spec: ReplicaSpec, folder: Path,
             resume_from: Path | None = None) -> dict[str, list[str]]:
     """The torchrun command line of a launch: `python LAUNCHER -m workbook ARGS`."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={replicas}",
-                "--max_restarts=0"]
+    launcher = ["-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={spec.shape.replicas}", "--max_restarts=0"]
     args = ["ddp", "--spec", json.dumps(asdict(spec)), "--out", str(folder)]
     if resume_from is not None:
         args += ["--resume-from", str(resume_from)]
     return {"launcher": launcher, "args": args}
 
 
-def shell_command(spec: ReplicaSpec, replicas: int, out: str = "runs/ddp") -> str:
+def shell_command(spec: ReplicaSpec, out: str = "runs/ddp") -> str:
     """The command to run the same launch by hand, e.g. on a rented multi-GPU machine."""
     import shlex
 
-    cmd = command(spec, Path(out), replicas)
+    cmd = command(spec, Path(out))
     return "torchrun " + shlex.join([*cmd["launcher"][2:], "-m", "workbook", *cmd["args"]])
 
 
@@ -130,8 +132,8 @@ def accounting(result: dict[str, Any], items: list[Item], task: Task | None = No
     """Notebook 04's reconciliation with replicas: the calculator against the sum of the
     counters of every rank."""
     spec = result["spec"]
-    account = BatchAccount(spec["micro_batch"], spec["accumulation"], result["world"],
-                           result["train_examples"], spec["drop_partial"])
+    shape = replace(UpdateShape.from_dict(spec["shape"]), replicas=result["world"])
+    account = BatchAccount(shape, result["train_examples"], spec["drop_partial"])
     by_str = [Item(str(it.id), it.tensors) for it in items]
     return reconcile(account, merged_steps(result), by_str, task)
 
@@ -315,14 +317,13 @@ def _finite(x: float) -> bool:
 
 # --- resume and planted faults ----------------------------------------------------------------
 def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder: Path,
-                 folder: Path, replicas: int,
-                 tolerance: float = 0.0) -> tuple[dict[str, str], pd.DataFrame]:
+                 folder: Path, tolerance: float = 0.0) -> tuple[dict[str, str], pd.DataFrame]:
     """Continue the reference launch's checkpoint in N new processes and compare update by
     update (loss, learning rate, every rank's examples) and the final parameters."""
     if not reference.get("checkpoint"):
         raise WorkbookError("the reference launch wrote no checkpoint",
                             "give checkpoint_at, an update before the last")
-    resumed = launch(spec, folder, replicas,
+    resumed = launch(spec, folder,
                      resume_from=reference_folder / reference["checkpoint"]["path"])
     ref = {rec["step"]: [r["records"][i] for r in reference["ranks"]]
            for i, rec in enumerate(reference["ranks"][0]["records"])}
@@ -343,13 +344,13 @@ def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder:
                  and table.loss_diff.max() <= tolerance and diff <= tolerance
                  and table.step.iloc[-1] == spec.updates)
     return _row("resume in new processes is exact", "pass" if exact else "fail",
-                f"resumed after update {resumed['first_step'] - 1} in {replicas} new "
+                f"resumed after update {resumed['first_step'] - 1} in {resumed['world']} new "
                 f"processes: {len(table)} updates compared, max loss difference "
                 f"{table.loss_diff.max():.1e}, max parameter difference {diff:.1e} "
                 f"(tolerance {tolerance:g})"), table
 
 
-def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path, replicas: int,
+def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path,
                    reference: dict[str, Any], faults: tuple[str, ...] = tuple(FAULTS),
                    task: Task | None = None) -> pd.DataFrame:
     """Each classic multi-process bug planted in its own launch: does the rule meant to name it
@@ -363,7 +364,7 @@ def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path, replicas:
                          "verdict": "not applicable", "caught": None, "other failing rules": "",
                          "measured": "not planted: the model has no batch-norm layer"})
             continue
-        result = launch(replace(spec, fault=fault), folder / f"fault-{fault}", replicas)
+        result = launch(replace(spec, fault=fault), folder / f"fault-{fault}")
         table = rules(result, items, task=task).set_index("rule")
         verdict = table.verdict[expected]
         rows.append({"planted bug": FAULTS[fault], "rule": expected, "verdict": verdict,
@@ -409,13 +410,58 @@ def verdict(table: pd.DataFrame) -> str:
     return "fail" if (table.verdict == "fail").any() else "pass"
 
 
-def save(out_dir: Path, task: Task, replicas: int, result: dict, rules: pd.DataFrame,
-         accounting: pd.DataFrame, phases: pd.DataFrame, resumed: pd.DataFrame,
-         faults: pd.DataFrame | None = None) -> str:
+@dataclass
+class ParallelResult:
+    """Everything notebook 09 shows: the launch, its rules (the resume in new processes
+    included), the accounting over ranks, evaluation, phase times and the planted bugs."""
+
+    task: Task
+    backend: str  # which collective backend carries the launch, in words
+    spec: ReplicaSpec
+    account: BatchAccount  # the calculator for this launch
+    launch: dict  # what rank 0 gathered
+    rules: pd.DataFrame
+    accounting: pd.DataFrame
+    evaluation: pd.DataFrame
+    phases: pd.DataFrame
+    resume_row: dict
+    resumed: pd.DataFrame
+    faults: pd.DataFrame | None
+    rented_command: str  # the same launch on 8 GPUs, by hand
+
+
+def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
+    """Notebook 09 from its parameters: the launch, the resume and the planted bugs run in
+    folders under `out_dir`."""
+    shape = UpdateShape.from_params(params)
+    backend_line = check_devices(params["device"], shape.replicas)
+    task = task_from_params(params)
+    items = prepare(task, ("train",), {"train": params["train_limit"]}).train
+    spec = ReplicaSpec(params["task"], params["task_options"], shape, params["updates"],
+                       params["lr"], params["seed"], params["train_limit"],
+                       params["validation_limit"], params["eval_batch"],
+                       check_examples=params["check_examples"],
+                       checkpoint_at=params["checkpoint_at"], device=params["device"])
+    result = launch(spec, out_dir / "run", timeout=params["launch_timeout"])
+    resume_row, resumed = resume_check(spec, result, out_dir / "run", out_dir / "resumed",
+                                       params["resume_tolerance"])
+    faults = (planted_faults(spec, items, out_dir, result, task=task)
+              if params["demonstrate_faults"] else None)
+    rented = replace(spec, device="cuda", shape=replace(shape, replicas=8))
+    return ParallelResult(
+        task, backend_line, spec, BatchAccount(shape, len(items)), result,
+        with_row(rules(result, items, params["tolerance"], task=task), resume_row),
+        accounting(result, items, task), evaluation_table(result), phase_table(result),
+        resume_row, resumed, faults, shell_command(rented))
+
+
+def save(result: ParallelResult, out_dir: Path) -> str:
     """Notebook 09's tables and `summary.json`. The verdict fails on a failing rule, and on a
     planted bug its rule missed (a rule that misses its bug cannot be trusted on yours)."""
     from .runs import save_table, write_summary
 
+    rules, accounting, phases, resumed, faults = (result.rules, result.accounting,
+                                                  result.phases, result.resumed, result.faults)
     for table, name in ((rules, "rules"), (accounting, "accounting"), (phases, "phases"),
                         (resumed, "resume")):
         save_table(table, out_dir, name)
@@ -426,15 +472,16 @@ def save(out_dir: Path, task: Task, replicas: int, result: dict, rules: pd.DataF
     missed = caught is not None and any(c is False for c in caught.values())
     outcome = "fail" if missed else verdict(rules)
     checks = {c["case"]: float(f"{c['max_relative_deviation']:.2g}")
-              for c in result["gradient_check"]}
+              for c in result.launch["gradient_check"]}
     write_summary(out_dir, outcome, {
-        "replicas": replicas, "rules_failing": int((rules.verdict == "fail").sum()),
+        "replicas": result.spec.shape.replicas,
+        "rules_failing": int((rules.verdict == "fail").sum()),
         "gradient_max_relative_deviation": checks, "faults_caught": caught,
         "all_reduce_median_s": float(phases[phases.phase == "all-reduce"].median_s.median())},
-        task=task.name, rules=rules.set_index("rule").verdict.to_dict())
+        task=result.task.name, rules=rules.set_index("rule").verdict.to_dict())
     return outcome
 
 
-__all__ = ["CAUGHT_BY", "FAULTS", "RULES", "ReplicaSpec", "accounting", "command",
+__all__ = ["CAUGHT_BY", "FAULTS", "RULES", "ParallelResult", "ReplicaSpec", "accounting", "command",
            "evaluation_table", "launch", "phase_table", "planted_faults", "resume_check",
-           "rules", "save", "shell_command", "verdict", "with_row"]
+           "rules", "run", "save", "shell_command", "verdict", "with_row"]

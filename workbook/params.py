@@ -106,6 +106,14 @@ def check(namespace: dict[str, Any], notebook: str) -> dict[str, Any]:
     return task_learning_rates(validate(given, notebook, spec))
 
 
+def of(notebook: str, small: bool = False, **given: Any) -> dict[str, Any]:
+    """A notebook's parameters for a script (`run(params, out)` of its module): the defaults of
+    its parameters cell, the `--smoke` sizes when `small`, then `given` - checked as the
+    notebook checks them."""
+    return task_learning_rates(validate({**(smoke(notebook) if small else {}), **given},
+                                        notebook))
+
+
 def task_learning_rates(p: dict[str, Any]) -> dict[str, Any]:
     """Fill `lr` 0 with the task's own learning rate (`Task.lr`, else 1e-3), and an empty `lrs`
     with the task's (else 1e-4) as the control, then half and double it."""

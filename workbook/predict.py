@@ -6,7 +6,7 @@ a laptop."""
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
@@ -69,39 +69,24 @@ class PhaseTracker(MemTracker):
 class Plan:
     """A configuration to size: the shape of an update and of evaluation."""
 
-    micro_batch: int
-    accumulation: int = 2
+    shape: UpdateShape
     length: int | None = None  # positions per sequence (None: the data's longest)
     eval_batch: int | None = None  # default: the micro-batch
     eval_length: int | None = None  # default: `length`
-    precision: str = "fp32"
-    activation_checkpointing: bool = False
 
     @classmethod
     def from_params(cls, params: dict, task: Task | None = None,
                     prefix: str = "plan_") -> "Plan":
         """A plan from notebook parameters named `plan_<field>`; length 0 means the longest the
         task's model accepts (its position table), or the data's longest when it names none."""
-        given = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-        plan = cls(**{k: v for k, v in given.items() if k in cls.__dataclass_fields__})
-        plan.length = plan.length or longest_accepted(task)
-        return plan
-
-    @property
-    def shape(self) -> UpdateShape:
-        return UpdateShape(self.micro_batch, self.accumulation, self.precision,
-                           self.activation_checkpointing)
-
-    @classmethod
-    def of(cls, shape: UpdateShape, length: int | None = None,
-           eval_batch: int | None = None) -> "Plan":
-        """The sizes of updates of `shape` at `length` positions (None: the data's longest)."""
-        return cls(shape.micro_batch, shape.accumulation, length, eval_batch, None,
-                   shape.precision, shape.activation_checkpointing)
+        return cls(UpdateShape.from_params(params, prefix),
+                   params.get(prefix + "length") or longest_accepted(task),
+                   params.get(prefix + "eval_batch"), params.get(prefix + "eval_length"))
 
     def label(self) -> str:
-        return (f"mb{self.micro_batch} x acc{self.accumulation} len{self.length or 'data'} "
-                f"{self.precision}{' +ckpt' if self.activation_checkpointing else ''}")
+        shape = self.shape
+        return (f"mb{shape.micro_batch} x acc{shape.accumulation} len{self.length or 'data'} "
+                f"{shape.precision}{' +ckpt' if shape.activation_checkpointing else ''}")
 
 
 def max_positions(task: Task) -> tuple[int, str] | None:
@@ -154,10 +139,11 @@ def check_length(task: Task, plan: Plan) -> None:
 def sized_batches(task: Task, train: list[Item], val: list[Item],
                  plan: Plan) -> tuple[Batch, list[Batch], Batch]:
     """Real batches of the planned shapes: the phase batch, one update's group, an eval batch."""
-    batch = shaped_batch(task, train, plan.micro_batch, plan.length)
-    group = [shaped_batch(task, train[i:] + train[:i], plan.micro_batch, plan.length)
-             for i in range(plan.accumulation)]
-    eval_batch = shaped_batch(task, val, plan.eval_batch or plan.micro_batch,
+    micro = plan.shape.micro_batch
+    batch = shaped_batch(task, train, micro, plan.length)
+    group = [shaped_batch(task, train[i:] + train[:i], micro, plan.length)
+             for i in range(plan.shape.accumulation)]
+    eval_batch = shaped_batch(task, val, plan.eval_batch or micro,
                               plan.eval_length or plan.length)
     return batch, group, eval_batch
 
@@ -292,13 +278,14 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     predicted; without it (sizing for a GPU, where those CPU kernels never run) the small run
     stands. Measured once per task and setting; a real run that fails leaves every phase
     unpredicted."""
-    exact = cpu_exact and plan.precision != "fp32" and resolve_device(device).type == "cpu"
+    precision = plan.shape.precision
+    exact = cpu_exact and precision != "fp32" and resolve_device(device).type == "cpu"
     if exact:
-        small = replace(plan, accumulation=1)
+        small = replace(plan, shape=replace(plan.shape, accumulation=1))
     else:
-        micro = max(1, min(plan.micro_batch, 4))
-        small = Plan(micro, 1, None, micro, None, plan.precision, plan.activation_checkpointing)
-    key = (id(task), task.name, str(device), *asdict(small).values())
+        micro = max(1, min(plan.shape.micro_batch, 4))
+        small = Plan(replace(plan.shape, micro_batch=micro, accumulation=1), None, micro)
+    key = (id(task), task.name, str(device), repr(small))
     if key in _calibrated:
         return _calibrated[key]
     batches = sized_batches(task, train, val, small)
@@ -307,7 +294,7 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
             fake_phases(task, cfg, *batches, small.label())}
     if exact and max(fake.values()) > EXACT_CHECK_BYTES:
         _calibrated[key] = dict.fromkeys(TRAINING_PHASES, (
-            f"{plan.precision} on the CPU: its kernels allocate float32 scratch memory that "
+            f"{precision} on the CPU: its kernels allocate float32 scratch memory that "
             "fake tensors do not see, in amounts that change with the shapes, so only a real "
             f"run at this size checks the prediction, and this one "
             f"({max(fake.values()) / 2**20:.0f} MiB) is above the "
@@ -324,8 +311,8 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     model = meta_model(task)
     suspects = sorted({type(m).__name__ for m in (model.modules() if model else ())
                        if isinstance(m, HIDDEN_WORKSPACE)})
-    if plan.precision != "fp32" and resolve_device(device).type == "cpu":
-        suspects.append(f"float32 scratch buffers of the CPU's {plan.precision} kernels")
+    if precision != "fp32" and resolve_device(device).type == "cpu":
+        suspects.append(f"float32 scratch buffers of the CPU's {precision} kernels")
     _calibrated[key] = {
         phase: (f"on a real run of {small.label()} on {device} this phase's prediction was "
                 f"{100 * (fake[phase] - real[phase]) / real[phase]:+.1f}% off the measured "
@@ -426,6 +413,14 @@ def predicted_or_reason(task: Task, train: list[Item], val: list[Item], plan: Pl
 def model_size_rule(model: torch.nn.Module) -> int:
     """The "4 x model size" rule of thumb: weights, gradients and two Adam states."""
     return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def rule_of_thumb(task: Task, predicted: pd.DataFrame) -> pd.DataFrame:
+    """Each phase's prediction next to the "4 x model size" rule and how far the rule is off."""
+    rule = model_size_rule(task.build_model())
+    peak = predicted.predicted_peak_bytes
+    return predicted[["phase", "predicted_peak_bytes"]].assign(
+        four_x_model_bytes=rule, rule_error_pct=(100 * (rule - peak) / peak).round(1))
 
 
 @dataclass

@@ -11,6 +11,7 @@ import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -18,8 +19,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .artifacts import read_json
+from .data import prepare
 from .errors import WorkbookError
-from .loop import build_stepper, check_precision, resolve_device
+from .loop import UpdateShape, build_stepper, check_precision, resolve_device
 from .predict import (
     Overheads,
     Plan,
@@ -29,32 +31,33 @@ from .predict import (
     predict,
     sized_batches,
 )
-from .task import Task
+from .task import Task, task_from_params
 
 GIB = 2**30
 
 
 @dataclass
 class Candidate:
-    """One configuration to rent for."""
+    """One configuration to rent for: a named plan and the result it is meant to produce."""
 
     name: str
-    micro_batch: int
-    accumulation: int
-    length: int | None = None
-    precision: str = "bf16"
-    activation_checkpointing: bool = False
-    replicas: int = 1  # data-parallel replicas, one GPU each
-    eval_batch: int | None = None
-    expected: str = ""  # the result this configuration is meant to produce
-
-    def plan(self) -> Plan:
-        return Plan(self.micro_batch, self.accumulation, self.length, self.eval_batch, None,
-                    self.precision, self.activation_checkpointing)
+    plan: Plan
+    expected: str = ""
 
     @property
     def strategy(self) -> str:
-        return "single device" if self.replicas == 1 else f"data parallel x{self.replicas}"
+        replicas = self.plan.shape.replicas
+        return "single device" if replicas == 1 else f"data parallel x{replicas}"
+
+    def described(self, gpu: str, gib: float) -> dict:
+        """The first columns of its selection-sheet row on `gpu`."""
+        shape = self.plan.shape
+        return {"candidate": self.name, "gpu": gpu, "gpu_memory_gib": gib,
+                "precision": shape.precision, "micro_batch": shape.micro_batch,
+                "accumulation": shape.accumulation,
+                "activation_checkpointing": shape.activation_checkpointing,
+                "strategy": self.strategy, "max_length": self.plan.length,
+                "examples_per_update": shape.examples_per_update}
 
 
 def check_gpus(gpus: dict, tflops: dict, prices: dict | None = None) -> None:
@@ -88,9 +91,9 @@ def gpu(name: str, gpus: dict) -> float:
 def flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]:
     """FLOPs of one training micro-batch (forward + backward) and of one evaluation example,
     counted by torch.utils.flop_counter on fake tensors (nothing is allocated)."""
-    batch, _, eval_batch = sized_batches(task, train, val, cand.plan())
+    batch, _, eval_batch = sized_batches(task, train, val, cand.plan)
     # FLOPs: no autocast, and the same count on any device (the batches stay on the CPU)
-    cfg = replace(cand.plan().shape, precision="fp32").train_config(device="cpu")
+    cfg = replace(cand.plan.shape, precision="fp32").train_config(device="cpu")
     with FakeTensorMode() as fake:
         stepper = build_stepper(task, cfg, fake_model(task, cfg, fake))
         fb = {k: fake.from_tensor(v) for k, v in batch.tensors.items()}
@@ -130,18 +133,14 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
     eval_examples = a.eval_examples or len(val)
     longest = longest_accepted(task)
     for cand in candidates:
-        cand = replace(cand, length=cand.length or longest)  # none given: the model's longest
+        # no length given: the model's longest
+        cand = replace(cand, plan=replace(cand.plan, length=cand.plan.length or longest))
+        replicas = cand.plan.shape.replicas
         try:
-            predicted = predict(task, train, val, cand.plan())
+            predicted = predict(task, train, val, cand.plan)
             counted = flops(task, train, val, cand)
         except WorkbookError as exc:  # e.g. checkpointing a model without blocks: a row
-            rows += [{"candidate": cand.name, "gpu": name, "gpu_memory_gib": gib,
-                      "precision": cand.precision, "micro_batch": cand.micro_batch,
-                      "accumulation": cand.accumulation,
-                      "activation_checkpointing": cand.activation_checkpointing,
-                      "strategy": cand.strategy, "max_length": cand.length,
-                      "examples_per_update": cand.micro_batch * cand.accumulation *
-                      cand.replicas, "peak_phase": None, "predicted_peak_gib": None,
+            rows += [{**cand.described(name, gib), "peak_phase": None, "predicted_peak_gib": None,
                       "required_gib": None, "fits": False, "headroom_gib": None,
                       "flops_per_update": None, "time_per_update_s": None,
                       "time_floored": False, "budget_hours": None, "gpu_hours": None,
@@ -151,35 +150,29 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
             continue
         peak = predicted.loc[predicted.predicted_peak_bytes.idxmax()]
         ddp = 0
-        if cand.replicas > 1:
+        if replicas > 1:
             ddp = int(peak.parameter_bytes * a.ddp_bucket_share)
-        update_flops = counted["train_micro_batch"] * cand.accumulation  # per replica
+        update_flops = counted["train_micro_batch"] * cand.plan.shape.accumulation  # a replica
         for name, gib in gpus.items():
             fit = fit_table(predicted.assign(predicted_peak_bytes=predicted.predicted_peak_bytes
                                              + ddp), gib, headroom, a.overheads)
             rate = tflops[name] * 1e12 * a.utilisation
             update_s = max(update_flops / rate, a.min_update_s)
-            eval_s = counted["eval_example"] * eval_examples / rate / cand.replicas
+            eval_s = counted["eval_example"] * eval_examples / rate / replicas
             hours = (updates * update_s + math.ceil(updates / a.eval_every) * eval_s +
                      a.export_minutes * 60) / 3600
             price = a.prices.get(name)
             rows.append({
-                "candidate": cand.name, "gpu": name, "gpu_memory_gib": gib,
-                "precision": cand.precision, "micro_batch": cand.micro_batch,
-                "accumulation": cand.accumulation,
-                "activation_checkpointing": cand.activation_checkpointing,
-                "strategy": cand.strategy, "max_length": cand.length,
-                "examples_per_update": cand.micro_batch * cand.accumulation * cand.replicas,
-                "peak_phase": peak.phase,
+                **cand.described(name, gib), "peak_phase": peak.phase,
                 "predicted_peak_gib": round((peak.predicted_peak_bytes + ddp) / GIB, 3),
                 "required_gib": round(fit.required_bytes.max() / GIB, 3),
                 "fits": bool(fit.fits.all()),
                 "headroom_gib": round(gib - fit.required_bytes.max() / GIB, 2),
                 "flops_per_update": update_flops, "time_per_update_s": update_s,
                 "time_floored": update_s == a.min_update_s,
-                "budget_hours": round(hours, 4), "gpu_hours": round(hours * cand.replicas, 4),
+                "budget_hours": round(hours, 4), "gpu_hours": round(hours * replicas, 4),
                 "price_per_hour": price,
-                "cost": None if price is None else round(hours * cand.replicas * price, 2),
+                "cost": None if price is None else round(hours * replicas * price, 2),
                 "currency": a.currency, "note": "", "expected": cand.expected})
     sheet = pd.DataFrame(rows)
     sheet.attrs["sources"] = {
@@ -340,16 +333,25 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
 
 
 def candidates_from(specs: list[dict]) -> list[Candidate]:
-    """Candidates from the notebook's list of dicts; an unknown key is named."""
-    fields = set(Candidate.__dataclass_fields__)
+    """Candidates from the notebook's list of flat dicts (name, the update shape's fields,
+    length, eval_batch, expected; precision bf16 unless given); an unknown key is named."""
+    shape_keys = set(UpdateShape.__dataclass_fields__)
+    keys = {"name", "length", "eval_batch", "expected"} | shape_keys
+    if not isinstance(specs, list) or not specs:
+        raise WorkbookError(f"candidates must be a non-empty list, got {specs!r}",
+                            'give at least one, e.g. [{"name": "control", "micro_batch": 16, '
+                            '"accumulation": 2}]')
     out = []
     for spec in specs:
-        unknown = set(spec) - fields
+        unknown = set(spec) - keys
         if unknown or "name" not in spec:
             raise WorkbookError(f"candidate {spec.get('name', spec)!r}: unknown keys "
                                 f"{sorted(unknown)}" if unknown else f"candidate {spec} has "
-                                "no name", f"use the keys {sorted(fields)}")
-        out.append(Candidate(**spec))
+                                "no name", f"use the keys {sorted(keys)}")
+        shape = UpdateShape.from_params({"precision": "bf16", **spec})
+        out.append(Candidate(spec["name"], Plan(shape, spec.get("length"),
+                                                spec.get("eval_batch")),
+                             spec.get("expected", "")))
     return out
 
 
@@ -477,21 +479,66 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
     return "\n".join(lines) + "\n"
 
 
-def save(out_dir: Path, task: Task, rental_gpu: str, sheet: pd.DataFrame, plans: pd.DataFrame,
-         options: pd.DataFrame, stack: pd.DataFrame, chosen: dict | None) -> str:
-    """Notebook 08's tables and `summary.json`. The verdict fails when no candidate fits the
-    GPU to rent (there is nothing to plan with)."""
-    from .runs import save_table, write_summary
+@dataclass
+class RentalResult:
+    """Everything notebook 08 shows: the selection sheet, the stack verified here, the 3/7/30-day
+    plans, the cheapest GPU per candidate and the conclusion."""
 
+    task: Task
+    rental_gpu: str
+    candidates: list[Candidate]
+    sheet: pd.DataFrame
+    stack: pd.DataFrame
+    plans: pd.DataFrame
+    options: pd.DataFrame
+    chosen: dict | None  # the first candidate that fits the GPU to rent
+    conclusion: str  # markdown
+
+
+def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
+    """Notebook 08 from its parameters; the stack check reads notebook 09's verdict from the
+    run folder that holds `out_dir` (it writes nothing until `save`)."""
+    task = task_from_params(params)
+    data = prepare(task, limits={"train": params["train_limit"]})
+    candidates = candidates_from(params["candidates"])
+    rental_gpu = params["rental_gpu"]
+    gpu(rental_gpu, params["gpus"])
+    overheads = Overheads(int(params["cuda_context_gib"] * GIB),
+                          params["allocator_cache_share"], False)
+    assumptions = Assumptions(params["utilisation"], params["eval_every"], 0,
+                              params["export_minutes"], overheads,
+                              prices=params["gpu_price_per_hour"], currency=params["currency"])
+    sheet = selection_sheet(task, data.train, data.validation, candidates, params["gpus"],
+                            params["gpu_tflops"], params["updates"], params["headroom"],
+                            assumptions)
+    stack = stack_check(params["task"], params["device"], candidates[0].plan.shape.precision,
+                        max(c.plan.shape.replicas for c in candidates), out_dir.parent)
+    plans = pd.concat([pack(params["variants"], sheet, rental_gpu, days,
+                            params["reserve_share"]) for days in (3, 7, 30)],
+                      ignore_index=True)
+    options = cheapest(sheet, rental_gpu)
+    chosen = choose(sheet, rental_gpu)
+    return RentalResult(task, rental_gpu, candidates, sheet, stack, plans, options, chosen,
+                        conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options))
+
+
+def save(result: RentalResult, out_dir: Path) -> str:
+    """Notebook 08's tables, `conclusion.md` and `summary.json`. The verdict fails when no
+    candidate fits the GPU to rent (there is nothing to plan with)."""
+    from .runs import save_table, write_summary, write_text
+
+    sheet, plans, options, stack, chosen = (result.sheet, result.plans, result.options,
+                                            result.stack, result.chosen)
+    write_text(out_dir / "conclusion.md", result.conclusion)
     for table, name in ((sheet, "selection"), (plans, "plan"), (options, "cheapest"),
                         (stack, "stack")):
         save_table(table, out_dir, name)
     verdict = "pass" if chosen is not None else "fail"
     write_summary(out_dir, verdict, {
-        "rental_gpu": rental_gpu, "chosen": chosen and chosen["candidate"],
+        "rental_gpu": result.rental_gpu, "chosen": chosen and chosen["candidate"],
         "recommended_gpu": options.set_index("candidate").cheapest_gpu.get(chosen["candidate"])
         if chosen else None,
         "fitting_rows": int(sheet.fits.sum()), "rows": len(sheet),
-        "scheduled": plans.groupby("days").scheduled.sum().to_dict()}, task=task.name)
+        "scheduled": plans.groupby("days").scheduled.sum().to_dict()}, task=result.task.name)
     return verdict
 

@@ -64,8 +64,7 @@ class ReplicaSpec:
 
     task: str
     task_options: dict = field(default_factory=dict)
-    micro_batch: int = 2
-    accumulation: int = 2
+    shape: UpdateShape = UpdateShape(2, 2, replicas=2)  # replicas: the processes launched
     updates: int = 10
     lr: float = 1e-3
     seed: int = 0
@@ -76,7 +75,6 @@ class ReplicaSpec:
     check_examples: int = 16  # the 1 x N against R x N/R gradient check
     checkpoint_at: int = 0  # the update after which rank 0 checkpoints (0: none)
     device: str = "cpu"
-    precision: str = "fp32"
     collective_timeout_s: float = 120.0  # a rank waiting longer on the others raises
     fault: str = ""
 
@@ -90,13 +88,13 @@ class ReplicaSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise WorkbookError(f"unknown replica settings {unknown}", f"use {sorted(known)}")
-        spec = cls(**data)
+        spec = cls(**{**data, "shape": UpdateShape.from_dict(data.get("shape", {}))})
         if spec.fault and spec.fault not in FAULTS:
             raise WorkbookError(f"unknown planted fault {spec.fault!r}", f"use {list(FAULTS)}")
         return spec
 
     def train_config(self):
-        return UpdateShape(self.micro_batch, self.accumulation, self.precision).train_config(
+        return self.shape.train_config(
             updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
             drop_partial=self.drop_partial, eval_batch=self.eval_batch)
 
@@ -165,7 +163,7 @@ def update_groups(n: int, spec: ReplicaSpec, epoch: int, world: int) -> list[lis
     function of (seed, epoch) - what `DistributedSampler.set_epoch` gives - so every rank
     computes the same groups without talking to the others."""
     order = epoch_order(n, spec.seed, 0 if spec.fault == "fixed_order" else epoch)
-    per_update = spec.micro_batch * spec.accumulation * world
+    per_update = spec.shape.micro_batch * spec.shape.accumulation * world
     if spec.drop_partial:
         order = order[: len(order) // per_update * per_update]
     return [order[s:s + per_update] for s in range(0, len(order), per_update)]
@@ -189,7 +187,7 @@ def replica_updates(task: Task, items: list[Item], spec: ReplicaSpec, rank: int,
     epoch, skip = start.epoch, start.group
     while True:
         groups = update_groups(len(items), spec, epoch, world)[skip:]
-        plans = [shard(g, rank, world, spec.micro_batch, spec.fault) for g in groups]
+        plans = [shard(g, rank, world, spec.shape.micro_batch, spec.fault) for g in groups]
         lists = [mb for (batches, fill), g in zip(plans, groups, strict=True)
                  for mb in batches + [[g[0]]] * fill]
         stream = iter(loader(task, items, lists, 0, seed=spec.seed * 100_003 + epoch))
@@ -347,11 +345,12 @@ def _eval_split(task: Task, model: nn.Module, items: list[Item], spec: ReplicaSp
     """Each rank evaluates its shard; the sums are added over ranks; rank 0 also evaluates
     everything alone, the reference the reduced result must equal."""
     mine = items[rank::world]
-    sums, _ = evaluation_sums(task, model, mine, spec.eval_batch, device, spec.precision)
+    precision = spec.shape.precision
+    sums, _ = evaluation_sums(task, model, mine, spec.eval_batch, device, precision)
     every = gather({"examples": len(mine), "sums": sums})
     single = None
     if rank == 0:
-        single, _ = evaluation_sums(task, model, items, spec.eval_batch, device, spec.precision)
+        single, _ = evaluation_sums(task, model, items, spec.eval_batch, device, precision)
     return {"ranks": every, "single": single}
 
 

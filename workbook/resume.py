@@ -6,18 +6,21 @@ the final parameters (bit-identical on the CPU)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 
 from . import checkpoint as ckpt
+from .archive import reload_in_new_process, write_archive
 from .artifacts import read_json, reseal, write_file
 from .data import Item, prepare
 from .errors import WorkbookError
-from .loop import Position, Stepper, TrainConfig, build_stepper, train
+from .loop import Position, Stepper, TrainConfig, UpdateShape, build_stepper, train
 from .records import StepRecord
 from .runs import fresh_process, task_args, write_text
 from .task import Task, load_task
@@ -51,9 +54,9 @@ def _record(r: StepRecord) -> dict:
             "ids": [str(i) for i in r.example_ids]}
 
 
-def run(spec: dict, to_step: int, folder: Path | None = None, checkpoint_at: tuple = (),
-        start_from: Path | None = None, faults: tuple = (),
-        task: Task | None = None) -> tuple[list[dict], dict]:
+def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
+               checkpoint_at: tuple = (), start_from: Path | None = None, faults: tuple = (),
+               task: Task | None = None) -> tuple[list[dict], dict]:
     """Train to update `to_step` (from scratch, or continuing `start_from`), checkpointing after
     the updates in `checkpoint_at`. Returns the per-update records and the final weights."""
     task, items, cfg = rebuild(spec, task)
@@ -181,7 +184,8 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
         raise WorkbookError(f"resume points {mid_step} and {boundary_step} must lie inside the "
                             f"{updates} updates", "choose points after the first update and "
                             "before the last")
-    reference, weights = run(spec, updates, folder, checkpoint_at=(mid_step, boundary_step))
+    reference, weights = run_recipe(spec, updates, folder,
+                                    checkpoint_at=(mid_step, boundary_step))
     rows, details = [], {"reference": reference, "weights": weights}
     for case, step in (("mid-epoch", mid_step), ("epoch boundary", boundary_step)):
         path = folder / f"ckpt-{step:06d}"
@@ -208,8 +212,8 @@ def planted_faults(spec: dict, updates: int, step: int, folder: Path, reference:
                 "sampler": "sampler restarted on resume",
                 "rng": "random states not restored"}[fault]
         try:
-            resumed, w = run(spec, updates, start_from=folder / f"ckpt-{step:06d}",
-                             faults=(fault,))
+            resumed, w = run_recipe(spec, updates, start_from=folder / f"ckpt-{step:06d}",
+                                    faults=(fault,))
         except WorkbookError as exc:  # the restore refused: caught, loudly
             rows.append({"planted bug": name, "caught": True, "max_loss_diff": None,
                          "same_examples": None, "refused": exc.problem})
@@ -261,13 +265,59 @@ def _refused(what: str, path: Path) -> dict:
     return {"case": what, "refused": False, "message": "loaded!"}
 
 
-def save(out_dir: Path, task: Task, cases: pd.DataFrame, tamper: pd.DataFrame,
-         reloaded: dict, faults: pd.DataFrame | None = None) -> str:
+@dataclass
+class ResumeResult:
+    """Everything notebook 07 shows: the recipe, the two resume cases in new processes, the
+    planted bugs, the tampered checkpoints and the archive reloaded in a new process."""
+
+    task: Task
+    spec: dict  # the recipe
+    examples: int  # training examples in one pass
+    updates_per_pass: int
+    mid_step: int
+    boundary_step: int
+    cases: pd.DataFrame
+    details: dict  # per case: the update-by-update comparison; the reference run
+    faults: pd.DataFrame | None
+    tamper: pd.DataFrame
+    archive: Path
+    reloaded: dict
+
+
+def run(params: dict[str, Any], out_dir: Path) -> ResumeResult:
+    """Notebook 07 from its parameters: checkpoints, resumed runs, the tampered copies and the
+    archive are written into `out_dir`."""
+    shape = UpdateShape.from_params(params)
+    cfg = shape.train_config(lr=params["lr"], seed=params["seed"], device=params["device"])
+    spec = recipe(params["task"], params["task_options"], cfg, params["train_limit"])
+    task, items, _ = rebuild(spec)
+    per_pass = math.ceil(len(items) / shape.examples_per_update)
+    mid, boundary = params["mid_step"], params["boundary_step"] or per_pass
+    updates, tolerance = params["updates"], params["tolerance"]
+    cases, details = check_cases(spec, updates, mid, boundary, out_dir, tolerance)
+    faults = (planted_faults(spec, updates, mid, out_dir, details["reference"],
+                             details["weights"], tolerance)
+              if params["demonstrate_faults"] else None)
+    tamper = tamper_checks(out_dir / f"ckpt-{mid:06d}", out_dir)
+    model = task.build_model()
+    model.load_state_dict(details["weights"])
+    archive = write_archive(out_dir / "archive", params["task"], params["task_options"], model,
+                            spec["config"],
+                            pd.DataFrame(details["reference"]).drop(columns=["ids"]),
+                            [f"python -m workbook pilot --task {params['task']} --only 07"],
+                            params["controls"])
+    reloaded = reload_in_new_process(archive, params["task"], params["task_options"])
+    return ResumeResult(task, spec, len(items), per_pass, mid, boundary, cases, details, faults,
+                        tamper, archive, reloaded)
+
+
+def save(result: ResumeResult, out_dir: Path) -> str:
     """Notebook 07's tables and `summary.json`. The verdict passes when every resume case is
     exact and ran to the end, the archive reproduced its control outputs in a new process, and
     every tampered file was refused without running its code."""
     from .runs import save_table, write_summary
 
+    cases, tamper, reloaded, faults = result.cases, result.tamper, result.reloaded, result.faults
     ok = bool(cases.exact.all() and cases.continued_to_the_end.all() and reloaded["identical"]
               and tamper.refused.all() and not tamper["code ran"].fillna(False).any())
     save_table(cases, out_dir, "resume_cases")
@@ -281,6 +331,6 @@ def save(out_dir: Path, task: Task, cases: pd.DataFrame, tamper: pd.DataFrame,
         "archive_identical": reloaded["identical"],
         "tampering_refused": bool(tamper.refused.all()),
         "faults_caught": None if faults is None else
-        faults.set_index("planted bug").caught.to_dict()}, task=task.name)
+        faults.set_index("planted bug").caught.to_dict()}, task=result.task.name)
     return verdict
 

@@ -15,6 +15,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -42,8 +43,7 @@ class StudyDesign:
     lrs: list[float] = field(default_factory=lambda: [1e-4, 5e-5, 2e-4])  # control first
     seeds: list[int] = field(default_factory=lambda: [0])
     updates: int = 200
-    micro_batch: int = 2
-    accumulation: int = 8
+    shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
     eval_every: int = 50  # updates, never seconds
     eval_batch: int = 32  # at least the micro-batch
     eval_sample: int = 0  # validation examples evaluated periodically (0: all)
@@ -62,6 +62,7 @@ class StudyDesign:
         return "min" if any(w in self.metric.lower() for w in lower) else "max"
 
     def validate(self, task: Task, val: list[Item]) -> "StudyDesign":
+        self.shape.validate()
         problems = []
         if not self.lrs:
             problems.append("the learning-rate list is empty")
@@ -72,9 +73,9 @@ class StudyDesign:
         if not 0 < self.eval_every <= self.updates:
             problems.append(f"eval_every {self.eval_every} must be between 1 and the budget "
                             f"of {self.updates} updates")
-        if self.eval_batch < self.micro_batch:
+        if self.eval_batch < self.shape.micro_batch:
             problems.append(f"eval_batch {self.eval_batch} is below the micro-batch "
-                            f"{self.micro_batch} (evaluation keeps no activations: it can be "
+                            f"{self.shape.micro_batch} (evaluation keeps no activations: it can be "
                             "larger)")
         if self.top_n < 1:
             problems.append("top_n must be at least 1")
@@ -140,15 +141,15 @@ def periodicity(steps: list[int], values: list[float], period_updates: int,
 def read_design(path: Path) -> StudyDesign:
     """design.json back as a StudyDesign, or a clear error for a damaged or edited file."""
     verify_file(path, "study design")
-    data = read_json(path, "study design")
+    data = UpdateShape.nested(read_json(path, "study design"))
     fields = {f.name for f in dataclasses.fields(StudyDesign)}
     if set(data) != fields:
         raise WorkbookError(f"{path} is not a study design this workbook wrote (unknown fields "
                             f"{sorted(set(data) - fields)}, missing {sorted(fields - set(data))})",
                             "use an intact study folder, or start a new study (a new out_dir)")
     try:
-        return StudyDesign(**data)
-    except (TypeError, ValueError) as exc:
+        return StudyDesign(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
+    except (TypeError, ValueError, WorkbookError) as exc:
         raise WorkbookError(f"{path} cannot be read as a study design ({exc})",
                             "use an intact study folder") from None
 
@@ -224,7 +225,7 @@ class Study:
                                  self.repro(lr, seed, repeats), repeats)
         folder = self.folder / "trials" / str(tid)
         folder.mkdir(parents=True)
-        cfg = UpdateShape(design.micro_batch, design.accumulation).train_config(
+        cfg = design.shape.train_config(
             updates=design.updates, lr=lr, seed=seed, device=design.device,
             eval_every=design.eval_every, eval_batch=design.eval_batch, progress=progress)
         pending: list[dict] = []
@@ -373,8 +374,7 @@ class Study:
 
     def periodicity(self) -> pd.DataFrame:
         """The periodicity check on every trial's validation curve (one pass = a period)."""
-        per_pass = math.ceil(len(self.train_items) / (self.design.micro_batch *
-                                                       self.design.accumulation))
+        per_pass = math.ceil(len(self.train_items) / self.design.shape.examples_per_update)
         evals = self.evals()
         rows = []
         for tid, rows_ in evals[evals.scope != "full-best"].groupby("trial"):
@@ -385,9 +385,19 @@ class Study:
 
 def design_from_params(params: dict) -> StudyDesign:
     """A study design from notebook 06's parameters."""
-    names = set(StudyDesign.__dataclass_fields__) - {"name", "task"}
+    names = set(StudyDesign.__dataclass_fields__) - {"name", "task", "shape"}
     return StudyDesign(name=params["study_name"], task=params["task"],
-                     **{k: params[k] for k in names if k in params})
+                       shape=UpdateShape.from_params(params),
+                       **{k: params[k] for k in names if k in params})
+
+
+def run(params: dict[str, Any], out_dir: Path, progress: bool = False) -> Study:
+    """Notebook 06 from its parameters: the design written to `out_dir`/study before any trial,
+    then every trial run (a study folder that already holds them is resumed, never
+    overwritten)."""
+    study = Study(out_dir / "study", design_from_params(params))
+    study.run_all(progress=progress)
+    return study
 
 
 def save(study: Study, out_dir: Path) -> str:

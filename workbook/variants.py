@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -30,40 +31,36 @@ NON_FINITE = "non-finite loss or gradient"
 
 @dataclass(frozen=True)
 class Variant:
-    """One configuration to compare with the control; `max_length` None keeps the control's."""
+    """One configuration to compare with the control: its update shape and, for truncation,
+    the task's `max_length` option (None keeps the control's)."""
 
     id: str
-    micro_batch: int
-    accumulation: int
+    shape: UpdateShape
     max_length: int | None = None
-    activation_checkpointing: bool = False
-    precision: str = "fp32"
 
     @property
     def effective_batch(self) -> int:
-        return self.micro_batch * self.accumulation
+        return self.shape.examples_per_update
 
-    @property
-    def shape(self) -> UpdateShape:
-        return UpdateShape(self.micro_batch, self.accumulation, self.precision,
-                           self.activation_checkpointing)
+    def but(self, id: str, max_length: int | None = None, **shape: Any) -> "Variant":
+        """A copy named `id` with some fields of the shape (or the max length) changed."""
+        return Variant(id, replace(self.shape, **shape), max_length or self.max_length)
 
 
 def default_variants(control: Variant, short_length: int) -> list[Variant]:
     """The control, each lever alone, and two combinations. Halving the micro-batch doubles
     accumulation, so the effective batch stays."""
-    half = max(control.micro_batch // 2, 1)
-    small = replace(control, id="micro-batch/2", micro_batch=half,
-                    accumulation=control.effective_batch // half)
+    half = max(control.shape.micro_batch // 2, 1)
+    small = control.but("micro-batch/2", micro_batch=half,
+                        accumulation=control.effective_batch // half)
     return [
         control, small,
-        replace(control, id=f"max_length={short_length}", max_length=short_length),
-        replace(control, id="checkpointing", activation_checkpointing=True),
-        replace(control, id="bf16", precision="bf16"),
-        replace(control, id="fp16+scaler", precision="fp16"),
-        replace(small, id="micro-batch/2+checkpointing", activation_checkpointing=True),
-        replace(control, id="bf16+checkpointing", precision="bf16",
-                activation_checkpointing=True),
+        control.but(f"max_length={short_length}", max_length=short_length),
+        control.but("checkpointing", activation_checkpointing=True),
+        control.but("bf16", precision="bf16"),
+        control.but("fp16+scaler", precision="fp16"),
+        small.but("micro-batch/2+checkpointing", activation_checkpointing=True),
+        control.but("bf16+checkpointing", precision="bf16", activation_checkpointing=True),
     ]
 
 
@@ -107,12 +104,16 @@ class VariantStudy:
 
     def measure(self, variant: Variant, control: Variant) -> dict:
         """One recorded row: memory per phase, time per update, quality proxy and flags."""
-        row = {**asdict(variant), "effective_batch": variant.effective_batch,
+        shape = variant.shape
+        row = {"id": variant.id, "micro_batch": shape.micro_batch,
+               "accumulation": shape.accumulation, "max_length": variant.max_length,
+               "activation_checkpointing": shape.activation_checkpointing,
+               "precision": shape.precision, "effective_batch": variant.effective_batch,
                "status": "measured", "reason": "", "flags": []}
         try:
             task = self.task_for(variant)
-            check_precision(variant.precision, resolve_device(self.device), task)
-            if variant.activation_checkpointing:  # does the model have blocks to wrap?
+            check_precision(shape.precision, resolve_device(self.device), task)
+            if shape.activation_checkpointing:  # does the model have blocks to wrap?
                 apply_activation_checkpointing(task, task.build_model())
         except WorkbookError as exc:  # recorded, never a silent fallback
             return {**row, "status": "not applicable", "reason": exc.problem}
@@ -137,22 +138,22 @@ class VariantStudy:
         if variant.effective_batch != control.effective_batch:
             flags.append(f"effective batch changed: {variant.effective_batch} instead of "
                          f"{control.effective_batch}")
-        if variant.accumulation > control.accumulation:
+        if shape.accumulation > control.shape.accumulation:
             flags.append("accumulation does not free weights or optimizer state: only the "
                          "activations of a smaller micro-batch")
         # memory: the core's phase measurement at the variant's shape (two micro-batches of
         # accumulation show what a later one adds)
         val_items = encode_examples(task, self.splits["validation"])
-        shape = replace(variant.shape, accumulation=min(variant.accumulation, 2))
-        sized = Plan.of(shape, min(self.length, variant.max_length or self.length) or None,
-                        self.eval_batch)
-        peaks = measured_peaks(task, shape.train_config(lr=self.lr, seed=self.seed,
-                                                        device=self.device),
+        measured = replace(shape, accumulation=min(shape.accumulation, 2))
+        sized = Plan(measured, min(self.length, variant.max_length or self.length) or None,
+                     self.eval_batch)
+        peaks = measured_peaks(task, measured.train_config(lr=self.lr, seed=self.seed,
+                                                           device=self.device),
                                *sized_batches(task, train_items, val_items, sized))
         for phase in TRAINING_PHASES:
             row[f"peak_{phase}"] = peaks[phase]
         row["peak_bytes"] = max(peaks.values())
-        cfg = variant.shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
+        cfg = shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
                                          device=self.device)
         result = train(task, train_items, cfg)
         broken = [s.step for s in result.steps if not (math.isfinite(s.loss) and
@@ -166,13 +167,14 @@ class VariantStudy:
                                    resolve_device(self.device)).loss
         row["examples_seen"] = sum(s.examples for s in result.steps)
         if self.plan is not None:
-            scale = variant.micro_batch / control.micro_batch
+            scale = shape.micro_batch / control.shape.micro_batch
             length = self.plan.length
             if variant.max_length and length:
                 length = min(length, variant.max_length)
-            plan = replace(self.plan, micro_batch=max(1, round(self.plan.micro_batch * scale)),
-                           length=length, precision=variant.precision,
-                           activation_checkpointing=variant.activation_checkpointing)
+            planned = replace(shape, micro_batch=max(1, round(self.plan.shape.micro_batch *
+                                                              scale)),
+                              accumulation=self.plan.shape.accumulation)
+            plan = replace(self.plan, shape=planned, length=length)
             predicted = predicted_or_reason(task, train_items, val_items, plan, lr=self.lr,
                                             device=self.device)
             row["plan"] = plan.label()
@@ -206,12 +208,34 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def save(table: pd.DataFrame, out_dir: Path, task: Task) -> str:
+@dataclass
+class VariantsResult:
+    """Notebook 05: the variants of the control and their measured table."""
+
+    task: Task  # the control's
+    variants: list[Variant]
+    table: pd.DataFrame
+
+
+def run(params: dict[str, Any], out_dir: Path | None = None) -> VariantsResult:
+    """Notebook 05 from its parameters: the control, each lever alone and two combinations,
+    measured (it writes nothing until `save`)."""
+    study = VariantStudy(params["task"], params["task_options"], params["updates"],
+                         params["lr"], params["seed"], params["device"], params["eval_batch"],
+                         params["length"], params["train_limit"], params["val_limit"],
+                         Plan.from_params(params))
+    variants = default_variants(Variant("control", UpdateShape.from_params(params)),
+                                params["short_length"])
+    return VariantsResult(study.control_task, variants, study.run(variants))
+
+
+def save(result: VariantsResult, out_dir: Path) -> str:
     """Variant rows and `summary.json`: the verdict fails only when a measured variant trained
     to a non-finite loss or gradient (a variant that changes the experiment is flagged, not
     failed)."""
     from .runs import save_table, write_summary
 
+    table = result.table
     save_table(table, out_dir, "variants")
     measured = table[table.status == "measured"]
     failed = measured[measured["flags"].str.contains(NON_FINITE)]
@@ -225,5 +249,5 @@ def save(table: pd.DataFrame, out_dir: Path, task: Task) -> str:
                "checkpointing_time_ratio": float(ckpt.time_ratio.iloc[0]) if len(ckpt)
                else None}
     verdict = "fail" if len(failed) else "pass"
-    write_summary(out_dir, verdict, figures, task=task.name)
+    write_summary(out_dir, verdict, figures, task=result.task.name)
     return verdict
