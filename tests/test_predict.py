@@ -1,5 +1,6 @@
 """Device-free prediction against the measured CPU live-tensor peaks of the gates."""
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -169,6 +170,28 @@ def test_a_failing_calibration_run_leaves_every_phase_unpredicted_not_a_crash(
     assert frame.note.str.contains("the real run of mb2 x acc1 .* failed .*planted").all()
 
 
+def test_sizing_a_gpu_from_the_cpu_checks_in_fp32_and_a_cpu_benchmark_at_the_plan_itself(
+        gen_task, gen_items, monkeypatch):
+    # the CPU's bf16 kernels never run on the rented GPU, and their scratch memory differs from
+    # one CPU to the next (an AMX Xeon flagged 03's and 05's bf16 plans, another did not): a
+    # rental is checked in fp32 at a small size; only a prediction judged against this CPU
+    # itself (the benchmark) runs the plan's own precision and shapes
+    from workbook import predict as prediction
+
+    checked = []
+
+    def recorded(task, cfg, *batches):
+        checked.append((cfg.shape.precision, cfg.shape.micro_batch))
+        raise RuntimeError("planted: recorded only")
+    monkeypatch.setattr(prediction, "measured_peaks", recorded)
+    monkeypatch.setattr(prediction, "_calibrated", {})
+    train, val = gen_items["train"][:20], gen_items["validation"][:4]
+    plan = Plan(UpdateShape(8, 2, precision="bf16"), length=24, eval_batch=4)
+    predict(gen_task, train, val, plan)
+    predict(gen_task, train, val, plan, cpu_exact=True)
+    assert checked == [("fp32", 4), ("bf16", 8)]
+
+
 def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_items,
                                                                  monkeypatch):
     # the batch of a GPU prediction: CPU tensors made fake, then moved to "cuda:0" inside the
@@ -194,25 +217,27 @@ def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_i
 
 
 def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items, monkeypatch):
-    # the CPU's bf16 kernels allocate float32 scratch memory fake tensors do not see, by shape:
-    # 0% off at the data's length, -4.1% at 128 positions (backward with checkpointing) - a
-    # smaller run cannot show it, so the check runs at the plan's shapes or the rows say why
+    # the CPU's bf16 kernels allocate float32 scratch memory fake tensors do not see, by shape
+    # (0% off at the data's length, -4.1% at 128 positions in the backward with checkpointing on
+    # one Xeon, -3.6% on one with AMX) - a smaller run cannot show it, so the check runs at the
+    # plan's shapes: every row is within 2% of this CPU's measurement or says by how much not
     from workbook import predict as pr
 
     train, val = gen_items["train"][:50], gen_items["validation"][:20]
     plan = Plan(UpdateShape(2, 2, precision="bf16", activation_checkpointing=True), length=128,
                 eval_batch=2)
     rows = predict(gen_task, train, val, plan, cpu_exact=True).set_index("phase")
-    assert "len128" in rows.loc["backward", "note"] and "-4.1% off" in rows.loc["backward",
-                                                                               "note"]
-    predicted = rows[rows.note == ""]
     measured = GateRun(gen_task, GateSettings(UpdateShape(2, 2, "bf16", True), eval_batch=2,
                                               length=128),
                        train, val, Path(tempfile.mkdtemp())).run(training_only=True) \
         .table().set_index("phase")
-    for phase in predicted.index:
+    for phase, row in rows.iterrows():
         m = measured.loc[phase, "peak_allocated_bytes"]
-        assert abs(predicted.loc[phase, "predicted_peak_bytes"] - m) / m < 0.02, phase
+        if row.note:
+            off = float(re.search(r"was ([-+][\d.]+)% off", row.note).group(1))
+            assert "mb2 x acc1 len128 bf16 +ckpt" in row.note and abs(off) > 2, row.note
+        else:
+            assert abs(row.predicted_peak_bytes - m) / m < 0.02, phase
     monkeypatch.setattr(pr, "EXACT_CHECK_BYTES", 1024)
     monkeypatch.setattr(pr, "_calibrated", {})  # the capped answers leave with the test
     capped = predict(gen_task, train, val, plan, cpu_exact=True)

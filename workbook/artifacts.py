@@ -80,10 +80,13 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "fo
 
 
 def write_file(path: Path, write: Callable[[Path], None], what: str = "file") -> Path:
-    """One binary file written by `write(tmp)` under a temporary name and renamed into place."""
+    """One binary file written by `write(tmp)` under a temporary name, fsynced and renamed
+    into place."""
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
         write(tmp)
+        with tmp.open("rb") as handle:  # on disk before the rename makes it visible
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)

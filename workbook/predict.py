@@ -272,19 +272,22 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     this device: kernels that allocate memory fake tensors do not see (convolution and
     recurrent workspaces, the float32 scratch buffers of the CPU's bf16/fp16 kernels). The run
     is small (the plan's micro-batch up to 4, at the data's length) where that memory grows
-    with the batch. With `cpu_exact`, bf16/fp16 on the CPU - whose scratch memory changes with
-    the shapes in ways a smaller run does not show (0% off at one length, -5.6% at another) -
-    is checked at the plan's own shapes, up to `EXACT_CHECK_BYTES`, else those phases are not
-    predicted; without it (sizing for a GPU, where those CPU kernels never run) the small run
-    stands. Measured once per task and setting; a real run that fails leaves every phase
-    unpredicted."""
+    with the batch. The CPU's bf16/fp16 kernels allocate float32 scratch memory that changes
+    with the shapes (0% off at one length, -5.6% at another) and with the CPU itself (AMX or
+    not), so: with `cpu_exact` (a prediction judged against this CPU) bf16/fp16 is checked at
+    the plan's own shapes, up to `EXACT_CHECK_BYTES`, else those phases are not predicted;
+    without it (sizing for a GPU, where those CPU kernels never run) the small run on the CPU is
+    made in fp32, which shows the model's own hidden workspaces and no kernel of this CPU's.
+    Measured once per task and setting; a real run that fails leaves every phase unpredicted."""
     precision = plan.shape.precision
-    exact = cpu_exact and precision != "fp32" and resolve_device(device).type == "cpu"
+    on_cpu = resolve_device(device).type == "cpu"
+    exact = cpu_exact and precision != "fp32" and on_cpu
     if exact:
         small = replace(plan, shape=replace(plan.shape, accumulation=1))
     else:
         micro = max(1, min(plan.shape.micro_batch, 4))
-        small = Plan(replace(plan.shape, micro_batch=micro, accumulation=1), None, micro)
+        small = Plan(replace(plan.shape, micro_batch=micro, accumulation=1,
+                             precision="fp32" if on_cpu else precision), None, micro)
     key = (id(task), task.name, str(device), repr(small))
     if key in _calibrated:
         return _calibrated[key]
@@ -311,7 +314,7 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     model = meta_model(task)
     suspects = sorted({type(m).__name__ for m in (model.modules() if model else ())
                        if isinstance(m, HIDDEN_WORKSPACE)})
-    if precision != "fp32" and resolve_device(device).type == "cpu":
+    if exact:
         suspects.append(f"float32 scratch buffers of the CPU's {precision} kernels")
     _calibrated[key] = {
         phase: (f"on a real run of {small.label()} on {device} this phase's prediction was "
