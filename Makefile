@@ -12,8 +12,13 @@ PILOT_ARGS ?=
 
 # Kernels started by the tests create no live widgets (they can hang under papermill/nbval).
 export WORKBOOK_HEADLESS := 1
-PYTEST := $(BIN)/python -m pytest tests notebooks --nbval --nbval-kernel-name workbook \
-	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 300
+# Test processes side by side (pytest-xdist; TEST_JOBS=0 runs them in one). `loadfile` keeps each
+# notebook's cells, which share one kernel, on one worker. One OpenMP thread per process: two
+# workers, each with kernels and subprocesses, on 2 cores stall in OpenMP's spin-waits otherwise.
+TEST_JOBS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile tests notebooks \
+	--nbval --nbval-kernel-name workbook --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	--nbval-cell-timeout 300
 # JupyterLab refuses to start as root without this flag (containers, CI images).
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
