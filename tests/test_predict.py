@@ -9,7 +9,7 @@ import torch
 
 from workbook.gates import GateRun, GateSettings
 from workbook.loop import UpdateShape
-from workbook.predict import Plan, model_size_rule, predict
+from workbook.predict import Plan, model_size_rule, predict, predicted_or_reason
 from workbook.workload import TRAINING_PHASES, shaped_batch
 
 
@@ -190,6 +190,26 @@ def test_sizing_a_gpu_from_the_cpu_checks_in_fp32_and_a_cpu_benchmark_at_the_pla
     predict(gen_task, train, val, plan)
     predict(gen_task, train, val, plan, cpu_exact=True)
     assert checked == [("fp32", 4), ("bf16", 8)]
+
+
+def test_03_judges_its_pilot_size_prediction_against_this_cpu_and_sizes_the_rental_for_a_gpu(
+        tmp_path, monkeypatch):
+    # gates run in bf16 on the CPU: the comparison with them is a prediction judged against
+    # this CPU (its bf16 kernels' scratch included), the rental plan one for a GPU
+    from workbook import gates, params
+
+    asked = []
+
+    def recorded(*args, **kwargs):
+        asked.append((args[3].label(), kwargs["cpu_exact"]))
+        return predicted_or_reason(*args, **kwargs)
+    monkeypatch.setattr(gates, "predicted_or_reason", recorded)
+    p = params.of("03_phase_gates", small=True, precision="bf16", plan_precision="bf16")
+    result = gates.run(p, tmp_path)
+    assert [exact for _, exact in asked] == [False, True], asked
+    assert asked[1][0].startswith("mb2 x acc2") and "bf16" in asked[1][0]
+    for row in result.check.itertuples():
+        assert row.note or abs(row.error_pct) < 2, row  # within 2% of this CPU, or says why
 
 
 def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_items,

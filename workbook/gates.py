@@ -655,16 +655,17 @@ def run(params: dict[str, Any], out_dir: Path) -> GatesResult:
     report = run_gates(task, settings, out_dir, train_limit=params["train_limit"] or None)
     device = resolve_device(params["device"])
 
-    def predicted(plan: Plan) -> pd.DataFrame:
+    def predicted(plan: Plan, judged_here: bool = False) -> pd.DataFrame:
         return predicted_or_reason(task, report.train_items, report.val_items, plan,
-                                   device=str(device))
+                                   device=str(device), cpu_exact=judged_here)
 
     plan = Plan.from_params(params, task)
     planned = predicted(plan)
     overheads = Overheads.of(device, report.table(), params["cuda_context_gib"],
                              params["allocator_cache_share"])
-    return GatesResult(task, settings, report,
-                       compare(predicted(settings.plan()), report.table()), plan, planned,
+    # the pilot-size prediction is judged against the gates measured here, on this device
+    check = compare(predicted(settings.plan(), judged_here=True), report.table())
+    return GatesResult(task, settings, report, check, plan, planned,
                        overheads, fit_table(planned, settings.device_memory_gib,
                                             settings.headroom, overheads),
                        rule_of_thumb(task, planned))
