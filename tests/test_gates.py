@@ -211,3 +211,23 @@ def test_a_model_that_cannot_be_built_fails_its_gate_and_blocks_the_rest(gen_tas
     for phase in PHASES[2:]:
         assert rows[phase].verdict == "fail"
         assert rows[phase].detail.startswith("not run: "), (phase, rows[phase].detail)
+
+
+def test_notebook_03_with_a_precision_this_device_cannot_run_fails_its_gates_not_a_crash(
+        tmp_path):
+    """fp16 on the CPU: the forward gate fails with the reason, the comparison with the
+    prediction has no measured bytes (it crashed casting them), and a precision that does not
+    exist is refused before any gate runs."""
+    from workbook import WorkbookError, params
+    from workbook import gates as notebook
+
+    p = params.of("03_phase_gates", small=True, precision="fp16", train_limit=100)
+    result = notebook.run(p, tmp_path)
+    rows = result.report.table().set_index("phase")
+    assert "fp16 mixed precision needs CUDA" in rows.loc["forward + loss", "detail"]
+    assert result.check.measured_peak_bytes.isna().all()
+    assert result.check.note.str.startswith("not predicted: fp16 mixed precision").all()
+    assert notebook.save(result, tmp_path) == "fail"
+    with pytest.raises(WorkbookError, match="unknown precision 'fp8'"):
+        notebook.run(params.of("03_phase_gates", small=True, precision="fp8"), tmp_path / "x")
+    assert not (tmp_path / "x").exists()

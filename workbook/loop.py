@@ -73,6 +73,9 @@ class UpdateShape:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
                                     f"set {name} to 1 or more")
+        if self.precision not in PRECISIONS:
+            raise WorkbookError(f"unknown precision {self.precision!r}",
+                                f"use one of {list(PRECISIONS)}")
         if not isinstance(self.activation_checkpointing, bool):
             raise WorkbookError("activation_checkpointing must be True or False, got "
                                 f"{self.activation_checkpointing!r}", "set it to True or False")

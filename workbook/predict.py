@@ -461,12 +461,13 @@ def fit_table(predicted: pd.DataFrame, device_memory_gib: float, headroom: float
 
 
 def compare(predicted: pd.DataFrame, gates: pd.DataFrame) -> pd.DataFrame:
-    """Predicted against measured peak per training phase, with the error in percent."""
+    """Predicted against measured peak per training phase, with the error in percent (none
+    where a gate failed or was blocked before measuring)."""
     measured = gates.set_index("phase").peak_allocated_bytes
     out = predicted[["phase", "predicted_peak_bytes"]].copy()
-    out["measured_peak_bytes"] = out.phase.map(measured).astype("int64")
+    out["measured_peak_bytes"] = out.phase.map(measured).astype("Int64")
     out["error_pct"] = (100 * (out.predicted_peak_bytes - out.measured_peak_bytes)
-                        / out.measured_peak_bytes).round(3)
+                        / out.measured_peak_bytes).astype("float64").round(3)
     if "note" in predicted:
         out["note"] = predicted.note.values
     return out
