@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from .data import Item, collate_items, encode_examples, prepare
+from .errors import WorkbookError
 from .loop import (
     UpdateShape,
     eval_mode,
@@ -61,6 +62,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
             device: str = "cpu", progress: bool = False) -> OverfitResult:
     """Train on the first `examples` training examples until memorised and check the mechanics:
     initial loss near ln(outputs), finite at every step, below the threshold, exact ids back."""
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise WorkbookError(f"examples must be a positive integer, got {examples!r}",
+                            "set examples to the size of the subset to memorise (8 is usual)")
     train_split = prepare(task, encode=()).raw["train"]
     raw = train_split[:examples]
     items = encode_examples(task, raw)

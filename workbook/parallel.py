@@ -434,6 +434,11 @@ def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
     """Notebook 09 from its parameters: the launch, the resume and the planted bugs run in
     folders under `out_dir`."""
     shape = UpdateShape.from_params(params)
+    if not 0 < params["checkpoint_at"] < params["updates"]:
+        raise WorkbookError(f"checkpoint_at {params['checkpoint_at']} is not an update before "
+                            f"the last (updates={params['updates']}): the resume check needs a "
+                            "checkpoint to continue from",
+                            f"give checkpoint_at between 1 and {params['updates'] - 1}")
     backend_line = check_devices(params["device"], shape.replicas)
     task = task_from_params(params)
     items = prepare(task, ("train",), {"train": params["train_limit"]}).train

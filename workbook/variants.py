@@ -220,6 +220,10 @@ class VariantsResult:
 def run(params: dict[str, Any], out_dir: Path | None = None) -> VariantsResult:
     """Notebook 05 from its parameters: the control, each lever alone and two combinations,
     measured (it writes nothing until `save`)."""
+    if params["short_length"] < 1:
+        raise WorkbookError(f"short_length must be a positive integer, got "
+                            f"{params['short_length']!r}",
+                            "set short_length to the max_length the truncation variant tries")
     study = VariantStudy(params["task"], params["task_options"], params["updates"],
                          params["lr"], params["seed"], params["device"], params["eval_batch"],
                          params["length"], params["train_limit"], params["val_limit"],
