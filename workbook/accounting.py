@@ -6,20 +6,21 @@ neither duration nor quality: they keep comparisons honest."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 import torch
 
 from .data import Item, micro_batches, prepare
 from .errors import WorkbookError
-from .loop import Stepper, UpdateShape, train
+from .loop import HeldBehaviour, Stepper, UpdateShape, loss_of, train
 from .records import StepRecord
-from .task import IGNORE_INDEX, Task, load_task, task_from_params
+from .task import IGNORE_INDEX, Task, load_task, own_code, task_from_params
 
 HOLD = ("updates", "examples", "epochs")
 
@@ -180,27 +181,71 @@ class GradientRecorder(torch.optim.SGD):
                       for p in g["params"] if p.grad is not None}
 
 
-def own_step_gradients(task: Task, model: torch.nn.Module, items: list[Item],
-                       micro_batch: int) -> dict[str, torch.Tensor]:
-    """The gradient one call of the task's `train_step` applies for an update over `items`
-    split into micro-batches; it must step the optimizer exactly once."""
+@contextlib.contextmanager
+def clipping_held_off() -> Iterator[None]:
+    """PyTorch's gradient clipping measures and returns the norm but changes no gradient inside
+    the block: clipping rescales a gradient that is N times too large to the same norm as the
+    right one, which would hide a normalisation error from the comparison."""
+    utils = torch.nn.utils
+
+    def norm_only(parameters, max_norm, *args, **kwargs):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        return utils.get_total_norm([p.grad for p in params if p.grad is not None])
+
+    saved = utils.clip_grad_norm_, utils.clip_grad_value_
+    utils.clip_grad_norm_ = utils.clip_grad.clip_grad_norm_ = norm_only
+    utils.clip_grad_value_ = utils.clip_grad.clip_grad_value_ = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        utils.clip_grad_norm_ = utils.clip_grad.clip_grad_norm_ = saved[0]
+        utils.clip_grad_value_ = utils.clip_grad.clip_grad_value_ = saved[1]
+
+
+@dataclass
+class OwnStep:
+    """One call of the task's `train_step` as the check ran it: the gradient it stepped with,
+    the loss it returned, and whether it asked for training mode (held in eval behaviour)."""
+
+    grads: dict[str, torch.Tensor]
+    returned: Any  # what the step returned: the loss, as a tensor, a float or a dict
+    sets_train_mode: bool
+
+
+def run_own_step(task: Task, model: torch.nn.Module, items: list[Item], micro_batch: int,
+                 seed: int = 0) -> OwnStep:
+    """One call of the task's `train_step` for an update over `items` split into
+    micro-batches, with an optimizer that records the gradient and changes nothing. Dropout,
+    batch norm and every mode-dependent layer are held in eval behaviour whatever mode the step
+    sets, clipping is held off and the random state is the same for every call; the step must
+    step the optimizer exactly once."""
     model.zero_grad(set_to_none=True)
     recorder = GradientRecorder(model)
-    task.train_step(model, recorder, [b.tensors for b in micro_batches(task, items,
-                                                                         micro_batch)])
+    batches = [b.tensors for b in micro_batches(task, items, micro_batch)]
+    with torch.random.fork_rng(devices=[]), HeldBehaviour(model) as held, clipping_held_off():
+        torch.manual_seed(seed)
+        returned = own_code("train_step", task.train_step, model, recorder, batches,
+                            receives="(model, optimizer, [batch dict per micro-batch])")
     if recorder.steps != 1:
         raise WorkbookError(f"the task's train_step called optimizer.step() {recorder.steps} "
-                            f"times for one update of {math.ceil(len(items) / micro_batch)} "
-                            "micro-batches", "step once per update, after the last micro-batch")
-    return recorder.grads
+                            f"times for one update of {len(batches)} micro-batches",
+                            "step once per update, after the last micro-batch")
+    return OwnStep(recorder.grads, returned, held.sets_train_mode)
+
+
+def own_step_gradients(task: Task, model: torch.nn.Module, items: list[Item],
+                       micro_batch: int) -> dict[str, torch.Tensor]:
+    """The gradient one call of the task's `train_step` applies (see `run_own_step`)."""
+    return run_own_step(task, model, items, micro_batch).grads
 
 
 def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (16, 2, 1),
                         tolerance: float = 1e-4, seed: int = 0) -> pd.DataFrame:
     """One update over the same examples as 1 x N, k x N/k, ..., N x 1 micro-batches (the first
     split is each way's reference): the loop's normalisation, the classic wrong one, and - when
-    the task brings one - its own `train_step`. Dropout and batch-norm are in eval behaviour:
-    they legitimately change with the micro-batch."""
+    the task brings one - its own `train_step`. Dropout and batch norm are held in eval
+    behaviour (also inside the task's step, which usually calls model.train()): they
+    legitimately change with the micro-batch."""
     torch.manual_seed(seed)
     model = task.build_model().eval()
     ways = {"targets of the whole update (loop)": partial(update_gradients, task, model),
@@ -225,6 +270,138 @@ def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (
                          "last_micro_batch": len(items) - (accumulation - 1) * micro,
                          "max_relative_deviation": dev, "within_tolerance": dev <= tolerance})
     return pd.DataFrame(rows)
+
+
+def step_loss_check(task: Task, items: list[Item], tolerance: float = 1e-4,
+                    seed: int = 0) -> pd.DataFrame:
+    """The loss the task's `train_step` returns for one micro-batch of `items` against the
+    task's `loss` on the same batch and weights (the recording optimizer changes nothing; both
+    in eval behaviour): a step that computes another loss - it drops the attention mask, adds a
+    term, reads other inputs - trains another objective than the one every check judges."""
+    torch.manual_seed(seed)
+    model = task.build_model().eval()
+    step = run_own_step(task, model, items, len(items), seed)
+    batch = next(iter(micro_batches(task, items, len(items))))
+    with torch.no_grad():
+        summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
+    expected, loss = float(summed) / max(float(count), 1e-12), loss_of(step.returned)
+    diff = abs(loss - expected) / max(abs(expected), 1e-12)
+    return pd.DataFrame([{"examples": len(items), "train_step_loss": loss,
+                          "task_loss": expected, "relative_difference": diff,
+                          "agree": diff <= tolerance,
+                          "train_step_sets_train_mode": step.sets_train_mode}])
+
+
+def evaluation_check(task: Task, items: list[Item], tolerance: float = 1e-5,
+                     sets_train_mode: bool = False, seed: int = 0) -> pd.DataFrame:
+    """The task's own `eval_step` as a campaign calls it - between updates, the model in
+    training mode - over the same examples in one batch and in batches whose last one is
+    padded with zero-weight copies. Per metric: its sums must not depend on the batching (a
+    count that grows counts the copies), must not depend on the mode the model was in (else it
+    evaluates with dropout and batch statistics on), and the model must be left in training
+    mode (unless the task's train_step sets it again, `sets_train_mode`)."""
+    from .loop import evaluation_batches, metric_sums
+
+    n = len(items)
+    padded = next((b for b in (3, 4, 5, 7) if n % b), None) if n > 1 else None
+    torch.manual_seed(seed)
+    model = task.build_model()
+    targets = sum(task.target_count(it.tensors["labels"]) for it in items)
+
+    ran_training: list[str] = []  # mode-dependent layers that ran in training mode
+    hooks = [m.register_forward_pre_hook(
+        lambda mod, _, name=name: ran_training.append(name) if mod.training else None)
+        for name, m in mode_dependent_layers(model)]
+
+    def sums(batch_size: int, mode: bool) -> tuple[dict[str, list[float]], bool]:
+        total: dict[str, list[float]] = {}
+        left_training = True
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for batch in evaluation_batches(task, items, batch_size, torch.device("cpu")):
+                model.train(mode)
+                with torch.no_grad():
+                    got = metric_sums(task, model, None, batch.tensors)
+                left_training = left_training and model.training
+                for name, (num, den) in got.items():
+                    acc = total.setdefault(name, [0.0, 0.0])
+                    acc[0], acc[1] = acc[0] + num, acc[1] + den
+        model.train(True)
+        return total, left_training
+
+    try:
+        whole, left_training = sums(n, True)
+        in_eval, _ = sums(n, False)
+        batched, _ = sums(padded, True) if padded else (whole, True)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def same(a: list[float], b: list[float]) -> bool:
+        return all(abs(x - y) <= tolerance * max(abs(x), abs(y), 1.0)
+                   for x, y in zip(a, b, strict=True))
+
+    rows = []
+    for name, (num, den) in whole.items():
+        other = batched.get(name, [math.nan, math.nan])
+        rows.append({"metric": name, "value": num / den if den else math.nan, "count": den,
+                     "examples": n, "targets": targets,
+                     "batches": f"1 x {n} / {math.ceil(n / padded)} x {padded}" if padded
+                     else f"1 x {n}", "count_batched": other[1],
+                     "same_over_batching": same([num, den], other),
+                     "same_over_mode": same([num, den], in_eval.get(name, [math.nan] * 2))
+                     and not ran_training,
+                     "layers_in_training_mode": ", ".join(sorted(set(ran_training))[:4]),
+                     "leaves_training_mode": left_training,
+                     "train_step_sets_train_mode": sets_train_mode,
+                     "ok": same([num, den], other) and not ran_training and
+                     same([num, den], in_eval.get(name, [math.nan] * 2)) and
+                     (left_training or sets_train_mode)})
+    return pd.DataFrame(rows)
+
+
+def mode_dependent_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The layers whose output depends on training mode: dropout, batch norm (and instance
+    norm that tracks statistics), and attention or other modules with a dropout rate above 0."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+    from torch.nn.modules.instancenorm import _InstanceNorm
+
+    def depends(m: torch.nn.Module) -> bool:
+        if isinstance(m, _DropoutNd):
+            return m.p > 0
+        if isinstance(m, (_BatchNorm, _InstanceNorm)):
+            return m.track_running_stats
+        return any(isinstance(v, float) and v > 0 for k, v in vars(m).items()
+                   if "dropout" in k)
+    return [(name or type(m).__name__, m) for name, m in model.named_modules() if depends(m)]
+
+
+def evaluation_findings(evaluation: pd.DataFrame | None) -> list[str]:
+    """What is wrong with the task's eval_step, in words (empty when nothing is)."""
+    if evaluation is None or evaluation.empty:
+        return []
+    found = []
+    for row in evaluation.itertuples():
+        if not row.same_over_batching:
+            grew = row.count_batched > row.count
+            found.append(f"eval_step's {row.metric!r} changes with the evaluation batch (count "
+                         f"{row.count:g} in one batch, {row.count_batched:g} in "
+                         f"{row.batches.split(' / ')[-1]})" + (
+                             ": it counts the padding copies of the last partial batch - "
+                             "weigh rows by batch['example_weight'] (0 for a copy) or skip "
+                             "labels of -100/NaN" if grew else ""))
+        if not row.same_over_mode:
+            where = (f" ({row.layers_in_training_mode} ran in training mode)"
+                     if row.layers_in_training_mode else "")
+            found.append(f"eval_step's {row.metric!r} depends on the mode the model was in: "
+                         f"it evaluates with dropout and batch statistics on{where} - call "
+                         "model.eval() inside it (and restore the mode after)")
+    if not (evaluation.leaves_training_mode | evaluation.train_step_sets_train_mode).all():
+        found.append("eval_step leaves the model in eval mode: the updates after the first "
+                     "evaluation train without dropout and with frozen batch-norm statistics "
+                     "- restore the mode it found (model.train(was_training))")
+    return found
 
 
 def batch_norm_statistics(task: Task, items: list[Item], shape: UpdateShape) -> pd.DataFrame:
@@ -292,6 +469,21 @@ class AccountingResult:
     reconciled: pd.DataFrame
     check: pd.DataFrame
     batch_norm: pd.DataFrame
+    step_loss: pd.DataFrame | None = None  # the task's train_step loss against its `loss`
+    evaluation: pd.DataFrame | None = None  # the task's eval_step as the campaign calls it
+
+    @property
+    def findings(self) -> list[str]:
+        """What is wrong with the task's own step and evaluation, in words."""
+        found = []
+        if self.step_loss is not None and not self.step_loss.agree.all():
+            row = self.step_loss.iloc[0]
+            found.append(f"your train_step computes another loss than `loss` on the same batch "
+                         f"({row.train_step_loss:.6g} against {row.task_loss:.6g}, relative "
+                         f"difference {row.relative_difference:.3g}) - e.g. it drops the "
+                         "attention mask, adds a term or reads other inputs: make both compute "
+                         "the objective the campaign trains")
+        return found + evaluation_findings(self.evaluation)
 
     @property
     def demonstrates_batch_norm(self) -> bool:
@@ -324,11 +516,20 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
         normalisation_check(task, items[: params["partial_examples"]],
                             (params["partial_examples"], 2, 4), params["tolerance"]),
     ], keys=["equal split", "partial group"]).reset_index(level=0, names="case")
+    step_loss = (step_loss_check(task, items[: params["check_examples"]], params["tolerance"])
+                 if task.train_step is not None else None)
+    evaluation = None
+    if task.eval_step is not None:
+        val = prepare(task, ("validation",)).validation or items
+        evaluation = evaluation_check(
+            task, val[: params["check_examples"]],
+            sets_train_mode=bool(step_loss is not None and
+                                 step_loss.train_step_sets_train_mode.all()))
     return AccountingResult(task, len(items), targets_per_example, account,
                             account.budget(hold, value, targets_per_example), budget,
                             BatchAccount(UpdateShape(2, 8), 3200),
                             reconcile(loop_account, steps, items, task), check,
-                            batch_norm_demonstration(task, items, shape))
+                            batch_norm_demonstration(task, items, shape), step_loss, evaluation)
 
 
 def save(result: AccountingResult, out_dir: Path) -> str:
@@ -343,10 +544,13 @@ def save(result: AccountingResult, out_dir: Path) -> str:
     wrong = check[check.normalisation.str.contains("wrong")]
     own = check[check.normalisation == "the task's train_step"]
     loop_ok, norm_ok = bool(reconciled.match.all()), bool(right.within_tolerance.all())
+    findings = result.findings
     for table, name in ((account.table(), "account"), (budget, "budget"),
-                        (reconciled, "reconciliation"), (check, "normalisation")):
-        save_table(table, out_dir, name)
-    verdict = "pass" if loop_ok and norm_ok else "fail"
+                        (reconciled, "reconciliation"), (check, "normalisation"),
+                        (result.step_loss, "step_loss"), (result.evaluation, "evaluation")):
+        if table is not None:
+            save_table(table, out_dir, name)
+    verdict = "pass" if loop_ok and norm_ok and not findings else "fail"
     write_summary(out_dir, verdict, {
         "examples_per_update": account.examples_per_update,
         "updates_per_pass": account.updates_per_pass,
@@ -354,6 +558,10 @@ def save(result: AccountingResult, out_dir: Path) -> str:
         "reconciled": loop_ok, "normalisation_ok": norm_ok,
         "wrong_normalisation_caught": bool(not wrong.iloc[1:].within_tolerance.all()),
         "own_train_step_ok": bool(own.within_tolerance.all()) if len(own) else None,
-        "max_deviation": float(right.max_relative_deviation.max())}, task=result.task.name)
+        "max_deviation": float(right.max_relative_deviation.max()),
+        "own_step_loss_agrees": None if result.step_loss is None else
+        bool(result.step_loss.agree.all()),
+        "own_eval_ok": None if result.evaluation is None else bool(result.evaluation.ok.all()),
+        "findings": findings}, task=result.task.name)
     return verdict
 

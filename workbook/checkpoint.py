@@ -25,7 +25,8 @@ WEIGHTS = "model.safetensors"
 STATE = "state.pt"
 META = "meta.json"
 __all__ = ["MANIFEST", "WEIGHTS", "STATE", "META", "save_checkpoint", "load_checkpoint",
-           "load_state", "load_weights", "verify", "rng_state", "set_rng_state", "tied_groups"]
+           "load_state", "load_weights", "verify", "rng_state", "set_rng_state", "tied_groups",
+           "StepCount", "own_objects"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -51,15 +52,40 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class StepCount:
+    """The updates done, as the object a task's save_state/restore_state receives under
+    "step": state_dict() -> {"step": n}; a restore loads it back with load_state_dict."""
+
+    def __init__(self, value: int | None = None):
+        self.value = value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = state["step"]
+
+
+def own_objects(model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any,
+                sampler: Any = None, step: int | None = None) -> dict[str, Any]:
+    """The objects a task's save_state/restore_state receives: the training state, the loop's
+    sampler (when it keeps state) and the step count."""
+    keeps_state = callable(getattr(sampler, "state_dict", None))
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
+            "sampler": sampler if keeps_state else None, "step": StepCount(step)}
+
+
 def save_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, counters: dict | None = None,
-                    meta: dict | None = None, own: Callable | None = None) -> Path:
+                    meta: dict | None = None, own: Callable | None = None,
+                    sampler: Any = None) -> Path:
     """Save the full training state into a new folder `path` (never over an existing one).
     With `own` (a task's `save_state(folder, objects)`), the task writes model, optimizer,
-    schedule and scaler its own way; the workbook adds the loop's counters, the random states
-    and digests of what was saved, which the restore checks."""
-    objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    schedule, scaler, sampler and step its own way; the workbook adds the loop's counters, the
+    random states and digests of what was saved, which the restore checks."""
+    objects = own_objects(model, optimizer, scheduler, scaler, sampler,
+                          (counters or {}).get("step"))
 
     def fill(tmp: Path) -> None:
         if own is not None:
@@ -92,7 +118,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
 def user_code(name: str, fn: Callable, folder: Path, objects: dict[str, Any]) -> None:
     """Run a task's own save_state/restore_state on a checkpoint folder."""
     own_code(name, fn, folder, objects, receives="the checkpoint folder and the objects "
-             "{model, optimizer, scheduler, scaler} (None where absent)")
+             "{model, optimizer, scheduler, scaler, sampler, step} (None where absent)")
 
 
 def digests(objects: dict[str, Any]) -> dict[str, str]:
@@ -115,7 +141,7 @@ def digests(objects: dict[str, Any]) -> dict[str, str]:
 
     out = {}
     for name, obj in objects.items():
-        if obj is not None:
+        if callable(getattr(obj, "state_dict", None)):
             h = hashlib.sha256()
             of(obj.state_dict(), h)
             out[name] = h.hexdigest()[:16]
@@ -158,20 +184,25 @@ def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
 def load_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, restore_rng: bool = True,
-                    own: Callable | None = None) -> dict[str, Any]:
+                    own: Callable | None = None, sampler: Any = None) -> dict[str, Any]:
     """Restore model (and optimizer, schedule, scaler, random states) in place; returns the
     counters and meta data. A checkpoint written by a task's own `save_state` is restored by
     its `restore_state` (`own`), then every part is checked against the digests taken when it
-    was saved."""
+    was saved. The sampler and step are checked only when restore_state changed them: one that
+    leaves them alone leaves them to the workbook, which restores the data position itself."""
     state = load_state(path)
     meta = read_json(Path(path) / META, "checkpoint meta")
-    objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    objects = own_objects(model, optimizer, scheduler, scaler, sampler)
     if meta.get("own_state"):
         if own is None:
             raise WorkbookError(f"checkpoint {path} was written by a task's own save_state",
                                 "restore it with the same task (its restore_state)")
+        untouched = digests({k: objects[k] for k in ("sampler", "step")})
         user_code("restore_state", own, Path(path), objects)
-        check_restored(path, meta.get("digests") or {}, objects)
+        handled = {k for k, v in digests({k: objects[k] for k in untouched}).items()
+                   if v != untouched[k]}
+        check_restored(path, {k: v for k, v in (meta.get("digests") or {}).items()
+                              if k not in untouched or k in handled}, objects)
         if restore_rng:
             set_rng_state(state["rng"])
         return {"counters": state["counters"], "meta": meta}
@@ -194,15 +225,18 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
 
 def check_restored(path: str | Path, saved: dict[str, str], objects: dict[str, Any]) -> None:
     """Name every part of the training state that a task's restore_state did not bring back
-    as it was saved (weights, optimizer state such as Adam's moments, schedule, scaler)."""
-    now = digests({k: v for k, v in objects.items() if k in saved and v is not None})
+    as it was saved (weights, optimizer state such as Adam's moments, schedule, scaler,
+    sampler, step)."""
+    now = digests({k: v for k, v in objects.items() if k in saved})
     wrong = [k for k in now if now[k] != saved[k]]
     if wrong:
         raise WorkbookError(
             f"the task's restore_state did not bring back the {', '.join(wrong)} state saved in "
             f"{path}" + (" (without the optimizer state, Adam's moments restart from zero and "
                          "the resumed run diverges from the uninterrupted one)"
-                         if "optimizer" in wrong else ""),
+                         if "optimizer" in wrong else "")
+            + (" (the sampler's order after the resume is not the uninterrupted run's: "
+               "examples are repeated or skipped)" if "sampler" in wrong else ""),
             f"save and restore the {', '.join(wrong)} state_dict in save_state/restore_state")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -183,6 +184,53 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
+class HeldBehaviour:
+    """While active, every module of the model stays in eval behaviour whatever mode the
+    task's own code sets (`model.train()` included): dropout draws nothing and batch norm uses
+    and keeps its running statistics, so two runs of the same code over the same examples
+    differ only by how they are split. `asked` lists the modes the code asked for."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.asked: list[bool] = []
+
+    def __enter__(self) -> "HeldBehaviour":
+        self.modes = {m: m.training for m in self.model.modules()}
+        for m in self.modes:
+            m.training = False
+            # an instance attribute: Module.train (and eval) recurses through these
+            m.train = functools.partial(self._asked, m)
+        return self
+
+    def _asked(self, module: nn.Module, mode: bool = True) -> nn.Module:
+        if module is self.model:
+            self.asked.append(bool(mode))
+        return module
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, mode in self.modes.items():
+            del m.train
+            m.training = mode
+
+    @property
+    def sets_train_mode(self) -> bool:
+        """Whether the code it held called model.train() (last asked mode True)."""
+        return bool(self.asked) and self.asked[-1]
+
+
+def loss_of(returned: Any, piece: str = "train_step") -> float:
+    """The loss a task's own step returned: a tensor, a float, or a dict with "loss"."""
+    value = returned.get("loss") if isinstance(returned, dict) else returned
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        shown = (f"a dict with keys {sorted(returned)[:6]}" if isinstance(returned, dict)
+                 else type(returned).__name__)
+        raise WorkbookError(f"the task's {piece} returned {shown}, not the update's loss",
+                            "return the update's loss: a 0-d tensor, a float, or a dict "
+                            'with "loss" (the loop records it every update)') from None
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices) from one number."""
     random.seed(seed)
@@ -255,6 +303,7 @@ class Stepper:
     precision: str = "fp32"
     grad_clip: float = 1.0
     scaler: torch.amp.GradScaler | None = None
+    sampler: Any = None  # the task's own data order (make_sampler), made by `train`
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -318,12 +367,7 @@ class Stepper:
             raise WorkbookError(f"the task's train_step called optimizer.step() {watch.steps} "
                                 f"times for one update of {len(batches)} micro-batches",
                                 "step once per update, after the last micro-batch")
-        try:
-            loss = float(returned)
-        except (TypeError, ValueError, RuntimeError):
-            raise WorkbookError(f"the task's train_step returned {type(returned).__name__}, not "
-                                "the update's loss", "return the update's loss (a float or a "
-                                "0-d tensor): the loop records it every update") from None
+        loss = loss_of(returned)
         self.scheduler.step()
         # the targets as the workbook counts them (examples, for a task without labels)
         targets = sum(self.task.target_count(b.tensors["labels"]) if "labels" in b.tensors
@@ -407,6 +451,37 @@ EXAMPLE_WEIGHT = "example_weight"  # evaluation batches: 1 per real example, 0 p
 LOSS = "(loss)"  # the key of the summed loss among the evaluation sums
 
 
+def evaluation_batches(task: Task, items: list[Item], eval_batch: int,
+                       device: torch.device) -> Iterator[Batch]:
+    """The batches of an evaluation over exactly these items: a final partial batch is padded
+    with copies that weigh zero, and `batch.tensors[EXAMPLE_WEIGHT]` says which rows are real."""
+    for start in range(0, len(items), eval_batch):
+        real = items[start:start + eval_batch]
+        batch = collate_items(task, _padded(real, eval_batch)).to(device)
+        # the copies' weight, for a task's own loss or eval_step that does not read the labels
+        batch.tensors[EXAMPLE_WEIGHT] = torch.tensor(
+            [1.0] * len(real) + [0.0] * (eval_batch - len(real)), device=device)
+        yield batch
+
+
+def metric_sums(task: Task, model: nn.Module, logits: torch.Tensor,
+                batch: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
+    """One batch's metric sums {name: (numerator, denominator)}: the task's own
+    `eval_step(model, batch)` when it brings one (the evaluation the campaign runs), else
+    `metrics(logits, batch)`."""
+    if task.eval_step is None:
+        return task.metrics(logits, batch)
+    returned = own_code("eval_step", task.eval_step, model, batch,
+                        receives="(model, batch dict) and returns {name: (sum, count)}")
+    try:
+        return {str(name): (float(num), float(den)) for name, (num, den) in returned.items()}
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        raise WorkbookError(f"the task's eval_step returned {str(returned)[:80]!r}, not "
+                            "{name: (sum, count)}", "return each metric as its sum and count "
+                            'over the batch, e.g. {"accuracy": (correct, examples)}: the '
+                            "workbook adds them over the split") from None
+
+
 @torch.inference_mode()
 def evaluation_sums(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
                     device: torch.device, precision: str = "fp32",
@@ -419,18 +494,14 @@ def evaluation_sums(task: Task, model: nn.Module, items: list[Item], eval_batch:
     sums: dict[str, list[float]] = {LOSS: [0.0, 0.0]}
     per_class: dict[str, list[int]] = {}
     with eval_mode(model):
-        for start in range(0, len(items), eval_batch):
-            real = items[start:start + eval_batch]
-            batch = collate_items(task, _padded(real, eval_batch)).to(device)
-            # the copies' weight, for a task's own loss that does not read the blank labels
-            batch.tensors[EXAMPLE_WEIGHT] = torch.tensor(
-                [1.0] * len(real) + [0.0] * (eval_batch - len(real)), device=device)
+        for batch in evaluation_batches(task, items, eval_batch, device):
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 logits = task.forward(model, batch.tensors)
+                metrics = metric_sums(task, model, logits, batch.tensors)
             summed, count = task.loss(logits.float(), batch.tensors)
             sums[LOSS][0] += float(summed)
             sums[LOSS][1] += float(count)
-            for name, (num, den) in task.metrics(logits, batch.tensors).items():
+            for name, (num, den) in metrics.items():
                 total = sums.setdefault(name, [0.0, 0.0])
                 total[0] += num
                 total[1] += den
@@ -497,12 +568,19 @@ def pass_order(sampler: Any, n: int, seed: int, epoch: int) -> tuple[list[int], 
     return order, state
 
 
-def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = Position()):
+def make_sampler(task: Task, n: int, seed: int) -> Any:
+    """The task's own sampler for `n` training examples (None without make_sampler)."""
+    if task.make_sampler is None:
+        return None
+    return own_code("make_sampler", task.make_sampler, n, seed, receives="(n, seed)")
+
+
+def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = Position(),
+             sampler: Any = None):
     """Endless stream of (position of the update, [micro-batches]), pass after pass. The order
     of a pass is rebuilt exactly on resume (`pass_order`), and the updates already done are
     skipped without loading their data."""
     epoch, skip = start.epoch, start.group
-    sampler = task.make_sampler(len(items), cfg.seed) if task.make_sampler else None
     if sampler is not None and start.sampler_state is not None:
         if not callable(getattr(sampler, "load_state_dict", None)):
             raise WorkbookError("the task's sampler has state_dict but no load_state_dict: a "
@@ -540,8 +618,10 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     if own:  # only here: the phase gates and the prediction size the workbook's update
         check_precision(cfg.shape.precision, resolve_device(cfg.device), task)
     stepper = stepper if stepper is not None else build_stepper(task, cfg, model)
+    if stepper.sampler is None:
+        stepper.sampler = make_sampler(task, len(items), cfg.seed)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
-    stream = _updates(task, items, cfg, start)
+    stream = _updates(task, items, cfg, start, stepper.sampler)
     bar = progress_bar(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
                desc=f"train {task.name}")
     for step in range(first_step, cfg.updates + 1):

@@ -20,7 +20,7 @@ from .archive import reload_in_new_process, write_archive
 from .artifacts import read_json, reseal, write_file
 from .data import Item, prepare
 from .errors import WorkbookError
-from .loop import Position, Stepper, TrainConfig, UpdateShape, build_stepper, train
+from .loop import Position, Stepper, TrainConfig, UpdateShape, build_stepper, make_sampler, train
 from .records import StepRecord
 from .runs import fresh_process, task_args, write_text
 from .task import Task, load_task
@@ -63,7 +63,7 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
     cfg.updates = to_step
     stepper, position, first = None, Position(), 1
     if start_from is not None:
-        stepper, position, first = restore(start_from, spec, task, cfg, faults)
+        stepper, position, first = restore(start_from, spec, task, cfg, faults, len(items))
         if to_step < first:
             raise WorkbookError(f"--to {to_step} lies before the checkpoint's next update "
                                 f"{first}: nothing would be resumed",
@@ -76,7 +76,7 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
             ckpt.save_checkpoint(Path(folder) / f"ckpt-{record.step:06d}", st.model,
                                  st.optimizer, st.scheduler, st.scaler, counters,
                                  {"recipe": spec, "task_name": task.name},
-                                 own=task.save_state)
+                                 own=task.save_state, sampler=st.sampler)
         return None
 
     result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
@@ -85,10 +85,11 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
     return [_record(r) for r in result.steps], weights
 
 
-def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig,
-            faults: tuple = ()) -> tuple[Stepper, Position, int]:
-    """Model, optimizer, schedule, scaler, random states, thread count and data position from a
-    checkpoint; `faults` plants the classic resume bugs."""
+def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple = (),
+            examples: int = 0) -> tuple[Stepper, Position, int]:
+    """Model, optimizer, schedule, scaler, sampler (of `examples` training examples), random
+    states, thread count and data position from a checkpoint; `faults` plants the classic
+    resume bugs."""
     unknown = set(faults) - set(FAULTS)
     if unknown:
         raise WorkbookError(f"unknown planted faults {sorted(unknown)}", f"use {FAULTS}")
@@ -98,10 +99,11 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig,
         raise WorkbookError(f"checkpoint {path} was written by task {meta['task_name']!r}, not "
                             f"{task.name!r}", "resume it with the task that wrote it")
     stepper = build_stepper(task, cfg)
+    stepper.sampler = make_sampler(task, examples, cfg.seed)
     optimizer = None if "optimizer" in faults else stepper.optimizer
     info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
                                 stepper.scaler, restore_rng="rng" not in faults,
-                                own=task.restore_state)
+                                own=task.restore_state, sampler=stepper.sampler)
     torch.set_num_threads(int(info["meta"].get("threads", torch.get_num_threads())))
     c = info["counters"]
     position = Position(c["epoch"], c["group"], c.get("sampler_state"))

@@ -150,10 +150,21 @@ class Task:
     # into a new folder; restore_state(folder, objects) loads them back into the same objects
     # {"model", "optimizer", "scheduler", "scaler"} (None where absent). The workbook adds the
     # loop's counters and random states, and checks every part came back as it was saved.
+    # The objects also carry "sampler" (the loop's make_sampler object, None without one) and
+    # "step" (updates done). A restore_state that changes the sampler's state or sets
+    # objects["step"] is taken at its word: the workbook then repairs neither behind its back.
     # your own update: train_step(model, optimizer, micro_batches) runs one whole update over
-    # the list of batch dicts (accumulation included) and calls optimizer.step() once;
-    # notebook 04 checks its gradient is the same for 1 x N, k x N/k and N x 1 micro-batches
+    # the list of batch dicts (accumulation included), calls optimizer.step() once and returns
+    # the update's loss (a tensor, a float or a dict with "loss"); notebook 04 checks its
+    # gradient is the same for 1 x N, k x N/k and N x 1 micro-batches with dropout and batch
+    # norm held fixed, and that its loss is the task's `loss` on the same batch
     train_step: Callable[[nn.Module, Any, list[dict[str, Tensor]]], Any] | None = None
+    # your own evaluation: eval_step(model, batch) -> {name: (sum, count)} for one batch (the
+    # workbook sums them over the split); notebook 04 checks it against the workbook's own:
+    # padding copies of the last partial batch weigh zero (batch["example_weight"] is 0 for
+    # them), counts do not depend on the evaluation batch size, and the model's mode is what it
+    # was before the call
+    eval_step: Callable[[nn.Module, dict[str, Tensor]], dict[str, tuple]] | None = None
     # your own data order: make_sampler(n, seed) -> an iterable of example indices for one pass
     # (set_epoch(epoch) is called before each pass when it has one; state_dict/load_state_dict
     # when it keeps state across passes - the state travels in the checkpoint)
@@ -307,7 +318,7 @@ def validate_task(task: Any, path: str = "task") -> Task:
     if (task.save_state is None) != (task.restore_state is None):
         problems.append("`save_state` and `restore_state` come together (a checkpoint written "
                         "one way is read back the same way)")
-    for name in ("save_state", "restore_state", "make_sampler", "train_step"):
+    for name in ("save_state", "restore_state", "make_sampler", "train_step", "eval_step"):
         if getattr(task, name) is not None and not callable(getattr(task, name)):
             problems.append(f"`{name}` must be callable or None")
     if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):

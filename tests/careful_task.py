@@ -1,0 +1,123 @@
+"""A task written the way users write theirs: batch norm and dropout in the model, a train_step
+that begins with model.train() and clips, an evaluation loop of its own, a checkpoint that
+carries the sampler and the step. Each option plants one classic (tests/test_own_code.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import workbook as wb
+
+CLASSES = ["low", "mid", "high"]
+
+
+class Readings:
+    """Twelve noisy features, three classes; a sensor is the group (unit of leakage)."""
+
+    def __init__(self, n: int = 192):
+        g = torch.Generator().manual_seed(0)
+        self.y = torch.randint(0, 3, (n,), generator=g)
+        self.x = torch.randn(n, 12, generator=g) + self.y[:, None].float()
+        self.sensor = [f"s{i // 3}" for i in range(n)]
+
+
+class Order:
+    """A stateful shuffle: one generator advanced pass after pass."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def build_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(12, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Linear(32, 3))
+
+
+def make_train_step(mean_per_micro_batch: bool = False, label_smoothing: float = 0.0,
+                    returns: str = "dict"):
+    def train_step(model, optimizer, micro_batches):
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        total = sum(int((b["labels"] != -100).sum()) for b in micro_batches)
+        summed = 0.0
+        for batch in micro_batches:
+            logits = model(batch["x"])
+            loss = nn.functional.cross_entropy(logits, batch["labels"], reduction="sum",
+                                               label_smoothing=label_smoothing)
+            # planted: each micro-batch's mean back-propagated as is (k times the gradient)
+            (loss / len(batch["labels"]) if mean_per_micro_batch else loss / total).backward()
+            summed += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        mean = torch.tensor(summed / total)
+        return {"loss": mean} if returns == "dict" else float(mean)
+    return train_step
+
+
+def make_eval_step(counts_padding: bool = False, leaves_eval_mode: bool = False,
+                   no_eval_mode: bool = False):
+    def eval_step(model, batch):
+        was_training = model.training
+        if not no_eval_mode:
+            model.eval()
+        with torch.no_grad():
+            hits = model(batch["x"]).argmax(-1) == batch["labels"]
+        weight = torch.ones_like(batch["example_weight"]) if counts_padding \
+            else batch["example_weight"]
+        if not leaves_eval_mode:
+            model.train(was_training)
+        return {"accuracy": (float((hits.float() * weight).sum()), float(weight.sum()))}
+    return eval_step
+
+
+def save_state(folder: Path, objects: dict) -> None:
+    torch.save({name: obj.state_dict() for name, obj in objects.items() if obj is not None},
+               Path(folder) / "training.pt")
+
+
+def make_restore(reseeds_sampler: bool = False):
+    def restore_state(folder: Path, objects: dict) -> None:
+        state = torch.load(Path(folder) / "training.pt", weights_only=True)
+        for name, obj in objects.items():
+            if obj is not None and name in state:
+                obj.load_state_dict(state[name])
+        if reseeds_sampler and objects["sampler"] is not None:
+            objects["sampler"].generator.manual_seed(1234)
+    return restore_state
+
+
+def make_task(mean_per_micro_batch: bool = False, label_smoothing: float = 0.0,
+              returns: str = "dict", eval_counts_padding: bool = False,
+              eval_leaves_eval_mode: bool = False, eval_without_eval_mode: bool = False,
+              restore_reseeds_sampler: bool = False) -> wb.Task:
+    data = Readings()
+    return wb.Task(
+        name="careful-readings", kind="classification",
+        load_examples=lambda: [{"id": i, "sensor": data.sensor[i],
+                                "level": CLASSES[int(data.y[i])]} for i in range(len(data.y))],
+        encode=lambda ex: {"x": data.x[ex["id"]], "labels": data.y[ex["id"]]},
+        collate=torch.utils.data.default_collate, build_model=build_model,
+        decode=lambda ids: ", ".join(CLASSES[int(i)] for i in ids),
+        label_names=CLASSES, label_field="level", group_key="sensor", model_inputs=("x",),
+        lr=3e-3,
+        train_step=make_train_step(mean_per_micro_batch, label_smoothing, returns),
+        eval_step=make_eval_step(eval_counts_padding, eval_leaves_eval_mode,
+                                 eval_without_eval_mode),
+        save_state=save_state, restore_state=make_restore(restore_reseeds_sampler),
+        make_sampler=Order)
+
+
+task = make_task

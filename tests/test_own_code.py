@@ -1,0 +1,154 @@
+"""The task's own step, evaluation and checkpoint code judged as the campaign runs it, on a task
+written the way users write theirs (tests/careful_task.py): each planted classic is named, the
+clean twin raises nothing."""
+
+import pytest
+import torch
+
+from workbook import WorkbookError
+from workbook import accounting as acc
+from workbook import checkpoint as ckpt
+from workbook.data import prepare
+from workbook.loop import HeldBehaviour, UpdateShape, train
+from workbook.task import load_task
+
+TASK = "tests.careful_task:task"
+
+
+def _items(**options):
+    task = load_task(TASK, **options)
+    prepared = prepare(task)
+    return task, prepared.train, prepared.validation
+
+
+def test_a_clean_step_with_model_train_dropout_and_batch_norm_passes_the_normalisation_check():
+    task, items, _ = _items()
+    check = acc.normalisation_check(task, items[:8], (8, 2, 1))
+    own = check[check.normalisation == "the task's train_step"]
+    assert own.within_tolerance.all(), own  # was 0.46-1.6 with the step's model.train()
+
+
+def test_a_step_that_means_per_micro_batch_is_still_named_through_its_clipping():
+    task, items, _ = _items(mean_per_micro_batch=True)
+    check = acc.normalisation_check(task, items[:8], (8, 2, 1))
+    own = check[check.normalisation == "the task's train_step"]
+    assert not own.within_tolerance.iloc[1:].any()
+
+
+def test_held_behaviour_keeps_eval_behaviour_and_gives_every_mode_back():
+    model = load_task(TASK).build_model()
+    model.train()
+    model[3].eval()  # a mixed state must come back as it was
+    with HeldBehaviour(model) as held:
+        model.train()
+        assert not any(m.training for m in model.modules())
+    assert held.sets_train_mode
+    assert model.training and not model[3].training and model[1].training
+    assert "train" not in vars(model) and "train" not in vars(model[1])
+
+
+def test_the_step_loss_agrees_with_the_task_loss_and_another_loss_is_named():
+    task, items, _ = _items()
+    clean = acc.step_loss_check(task, items[:8])
+    assert clean.agree.all() and clean.train_step_sets_train_mode.all()
+    task, items, _ = _items(label_smoothing=0.2, returns="float")
+    other = acc.step_loss_check(task, items[:8])
+    assert not other.agree.all()
+
+
+def test_a_step_returning_a_dict_trains():
+    task, items, _ = _items()
+    steps = train(task, items, UpdateShape(4, 2).train_config(updates=3, lr=1e-3)).steps
+    assert len(steps) == 3 and all(torch.isfinite(torch.tensor(s.loss)) for s in steps)
+
+
+def test_a_step_returning_something_else_is_refused_with_the_fix():
+    from dataclasses import replace
+
+    task, items, _ = _items()
+    step = task.train_step
+    task = replace(task, train_step=lambda m, o, b: {"logits": step(m, o, b)["loss"]})
+    with pytest.raises(WorkbookError, match="returned a dict with keys \\['logits'\\]"):
+        train(task, items, UpdateShape(4, 1).train_config(updates=1))
+
+
+def test_a_careful_eval_step_passes_and_each_planted_evaluation_bug_is_named():
+    task, _, val = _items()
+    clean = acc.evaluation_check(task, val[:10], sets_train_mode=False)
+    assert clean.ok.all() and acc.evaluation_findings(clean) == []
+    named = {
+        "eval_counts_padding": "counts the padding copies",
+        "eval_without_eval_mode": "evaluates with dropout and batch statistics on",
+        "eval_leaves_eval_mode": "leaves the model in eval mode",
+    }
+    for option, words in named.items():
+        task, _, val = _items(**{option: True})
+        found = acc.evaluation_findings(acc.evaluation_check(task, val[:10]))
+        assert any(words in f for f in found), (option, found)
+
+
+def test_eval_mode_left_behind_is_harmless_when_the_step_sets_train_mode_itself():
+    task, _, val = _items(eval_leaves_eval_mode=True)
+    check = acc.evaluation_check(task, val[:10], sets_train_mode=True)
+    assert acc.evaluation_findings(check) == []
+
+
+def test_the_loop_evaluates_with_the_task_eval_step():
+    from workbook.loop import evaluation_sums
+
+    for counts_padding, counted in ((False, 10), (True, 12)):  # 10 examples in batches of 4
+        task, _, val = _items(eval_counts_padding=counts_padding)
+        sums, _ = evaluation_sums(task, task.build_model(), val[:10], 4, torch.device("cpu"))
+        assert sums["accuracy"][1] == counted
+
+
+def test_the_checkpoint_objects_carry_the_sampler_and_step_and_a_reseeding_restore_is_named(
+        tmp_path):
+    for reseeds in (False, True):
+        task, items, _ = _items(restore_reseeds_sampler=reseeds)
+        from workbook.loop import build_stepper, make_sampler
+
+        cfg = UpdateShape(4, 2).train_config(updates=2)
+        stepper = build_stepper(task, cfg)
+        stepper.sampler = make_sampler(task, len(items), 0)
+        train(task, items, cfg, stepper=stepper)
+        path = ckpt.save_checkpoint(tmp_path / f"c{reseeds}", stepper.model, stepper.optimizer,
+                                    stepper.scheduler, counters={"step": 2}, own=task.save_state,
+                                    sampler=stepper.sampler)
+        saved = torch.load(path / "training.pt", weights_only=True)
+        assert saved["step"] == {"step": 2} and "generator" in saved["sampler"]
+        fresh = build_stepper(task, cfg)
+        sampler = make_sampler(task, len(items), 0)
+        args = (path, fresh.model, fresh.optimizer, fresh.scheduler)
+        if reseeds:
+            with pytest.raises(WorkbookError, match="did not bring back the sampler state"):
+                ckpt.load_checkpoint(*args, own=task.restore_state, sampler=sampler)
+        else:
+            ckpt.load_checkpoint(*args, own=task.restore_state, sampler=sampler)
+            assert torch.equal(sampler.generator.get_state(),
+                               stepper.sampler.generator.get_state())
+
+
+def test_a_restore_that_leaves_the_sampler_alone_leaves_it_to_the_workbook(tmp_path):
+    from dataclasses import replace
+
+    task, items, _ = _items()
+
+    def model_only_save(folder, objects):
+        torch.save(objects["model"].state_dict(), folder / "w.pt")
+
+    def model_only_restore(folder, objects):
+        objects["model"].load_state_dict(torch.load(folder / "w.pt", weights_only=True))
+
+    task = replace(task, save_state=model_only_save, restore_state=model_only_restore)
+    from workbook.loop import build_stepper, make_sampler
+
+    cfg = UpdateShape(4, 2).train_config(updates=2)
+    stepper = build_stepper(task, cfg)
+    stepper.sampler = make_sampler(task, len(items), 0)
+    train(task, items, cfg, stepper=stepper)
+    path = ckpt.save_checkpoint(tmp_path / "c", stepper.model, counters={"step": 2},
+                                own=task.save_state, sampler=stepper.sampler)
+    fresh = build_stepper(task, cfg)
+    ckpt.load_checkpoint(path, fresh.model, own=task.restore_state,
+                         sampler=make_sampler(task, len(items), 0))  # raises nothing
