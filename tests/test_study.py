@@ -35,6 +35,20 @@ def test_divergence_is_recorded_and_the_study_goes_on(tmp_path):
     assert study.best()["id"] in (ids[0], ids[2])
 
 
+def test_a_study_whose_every_trial_diverged_fails_and_says_why(tmp_path):
+    from workbook.study import save
+
+    study = Study(tmp_path / "s", plan(lrs=[1e3], updates=6))
+    study.run_all()
+    assert save(study, tmp_path) == "fail"
+    finding = json.loads((tmp_path / "summary.json").read_text())["figures"]["finding"]
+    assert finding.startswith("every learning rate tried diverged (1000)")
+    mixed = Study(tmp_path / "m", plan(lrs=[1e-3, 1e3], updates=6))
+    mixed.run_all()
+    (tmp_path / "mixed").mkdir()
+    assert save(mixed, tmp_path / "mixed") == "pass"  # one diverged trial is a result
+
+
 def test_a_rerun_gets_a_new_id_and_a_link(tmp_path):
     study = Study(tmp_path / "s", plan(lrs=[10.0]))
     (first,) = study.run_all()

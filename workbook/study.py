@@ -401,8 +401,10 @@ def run(params: dict[str, Any], out_dir: Path, progress: bool = False) -> Study:
 
 
 def save(study: Study, out_dir: Path) -> str:
-    """The study's tables and `summary.json`. The verdict fails when a trial failed (raised)
-    or a validation curve looks periodic; a diverged trial is a result, not a failure."""
+    """The study's tables and `summary.json`. The verdict fails when a trial failed (raised),
+    a validation curve looks periodic, or every trial diverged (nothing was learned to compare:
+    the range is wrong, often a typo in the task's lr); one diverged trial is a result, not a
+    failure."""
     from .runs import save_table, write_summary
 
     trials = study.trial_table()
@@ -419,6 +421,13 @@ def save(study: Study, out_dir: Path) -> str:
                "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic,
                "control_lr": study.design.lrs[0],
                "control_remains_best": best.get("lr") == study.design.lrs[0]}
-    verdict = "fail" if (trials.status == "failed").any() or periodic else "pass"
+    all_diverged = bool(len(trials)) and bool((trials.status == "diverged").all())
+    if all_diverged:
+        tried = ", ".join(f"{lr:g}" for lr in study.design.lrs)
+        figures["finding"] = (f"every learning rate tried diverged ({tried}): nothing was "
+                              "learned to compare - lower the range (check the task's lr for "
+                              "a typo, e.g. 1e3 for 1e-3)")
+    verdict = "fail" if (trials.status == "failed").any() or periodic or all_diverged \
+        else "pass"
     write_summary(out_dir, verdict, figures, study=study.design.name)
     return verdict
