@@ -152,3 +152,28 @@ def test_a_restore_that_leaves_the_sampler_alone_leaves_it_to_the_workbook(tmp_p
     fresh = build_stepper(task, cfg)
     ckpt.load_checkpoint(path, fresh.model, own=task.restore_state,
                          sampler=make_sampler(task, len(items), 0))  # raises nothing
+
+
+def _notebook_04(tmp_path, **options):
+    from workbook import params
+
+    p = params.of("04_batch_accounting", small=True, task=TASK, task_options=options)
+    tmp_path.mkdir()
+    result = acc.run(p, tmp_path)
+    return acc.save(result, tmp_path), result.findings
+
+
+def test_notebook_04_passes_the_careful_task_and_names_its_planted_step(tmp_path):
+    assert _notebook_04(tmp_path / "clean") == ("pass", [])  # batch norm: 21 -> 20 examples
+    verdict, findings = _notebook_04(tmp_path / "mean", mean_per_micro_batch=True)
+    assert verdict == "fail"
+    assert findings[0].startswith("your train_step's gradient depends on how the update is "
+                                  "split")
+
+
+def test_batch_norm_meeting_a_single_example_is_named_with_the_campaign_fix():
+    task, items, _ = _items()
+    with pytest.raises(WorkbookError, match="batch norm cannot train on a micro-batch of 1 "
+                                            r"example \(this update's micro-batches hold "
+                                            r"\[2, 1\]"):
+        train(task, items[:3], UpdateShape(2, 2).train_config(updates=1))

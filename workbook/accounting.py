@@ -374,7 +374,8 @@ def mode_dependent_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Mo
             return m.track_running_stats
         return any(isinstance(v, float) and v > 0 for k, v in vars(m).items()
                    if "dropout" in k)
-    return [(name or type(m).__name__, m) for name, m in model.named_modules() if depends(m)]
+    return [(f"{name} ({type(m).__name__})" if name else type(m).__name__, m)
+            for name, m in model.named_modules() if depends(m)]
 
 
 def evaluation_findings(evaluation: pd.DataFrame | None) -> list[str]:
@@ -383,7 +384,8 @@ def evaluation_findings(evaluation: pd.DataFrame | None) -> list[str]:
         return []
     found = []
     for row in evaluation.itertuples():
-        if not row.same_over_batching:
+        if not row.same_over_batching and (row.same_over_mode or
+                                           row.count_batched != row.count):
             grew = row.count_batched > row.count
             found.append(f"eval_step's {row.metric!r} changes with the evaluation batch (count "
                          f"{row.count:g} in one batch, {row.count_batched:g} in "
@@ -453,6 +455,20 @@ def batch_norm_demonstration(task: Task, items: list[Item], shape: UpdateShape
     return pd.concat(demo, names=["norm"]).reset_index(level=0)
 
 
+def reconcile_size(task: Task, shape: UpdateShape, examples: int) -> int:
+    """The examples the reconciliation trains on: as given, or one fewer when they would leave
+    a micro-batch of one example at the end of a pass and the model has batch norm, which
+    cannot train on one (the loop names that for a campaign's own sizes)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    last = examples % shape.examples_per_update % shape.micro_batch
+    if last != 1 or examples < 3:
+        return examples
+    torch.manual_seed(0)
+    has_norm = any(isinstance(m, _BatchNorm) for m in task.build_model().modules())
+    return examples - 1 if has_norm else examples
+
+
 @dataclass
 class AccountingResult:
     """Everything notebook 04 shows: the calculator on the task's data, the budget held fixed
@@ -476,6 +492,17 @@ class AccountingResult:
     def findings(self) -> list[str]:
         """What is wrong with the task's own step and evaluation, in words."""
         found = []
+        own = self.check[self.check.normalisation == "the task's train_step"]
+        off = own[~own.within_tolerance]
+        if len(off):
+            worst = off.iloc[int(off.max_relative_deviation.to_numpy().argmax())]
+            found.append(f"your train_step's gradient depends on how the update is split: "
+                         f"micro-batch x accumulation {worst['micro_batch x accumulation']} "
+                         f"differs from the whole update in one micro-batch by "
+                         f"{worst.max_relative_deviation:.3g} (relative) with "
+                         "dropout and batch norm held fixed - it normalises per micro-batch "
+                         "(e.g. back-propagates each micro-batch's mean): sum the losses and "
+                         "divide once by the update's targets")
         if self.step_loss is not None and not self.step_loss.agree.all():
             row = self.step_loss.iloc[0]
             found.append(f"your train_step computes another loss than `loss` on the same batch "
@@ -503,7 +530,8 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
     budget = account.compare(hold, value, (accumulation // 2 or 1, accumulation,
                                            accumulation * 2), targets_per_example)
     loop_account = BatchAccount(replace(shape, replicas=1),
-                                min(len(items), params["reconcile_examples"]),
+                                reconcile_size(task, shape, min(len(items),
+                                                                params["reconcile_examples"])),
                                 params["drop_partial"])
     cfg = loop_account.shape.train_config(updates=params["reconcile_updates"],
                                           drop_partial=params["drop_partial"],

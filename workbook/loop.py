@@ -598,6 +598,23 @@ def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = 
         epoch, skip = epoch + 1, 0
 
 
+def single_example_batch_norm(exc: Exception, batches: list[Batch], examples: int,
+                              cfg: TrainConfig) -> WorkbookError | None:
+    """The error to show when batch norm refused a micro-batch of one example in training (the
+    last micro-batch of a pass): the campaign meets it at the same place, so say where."""
+    text = str(exc.__cause__ or exc) if isinstance(exc, WorkbookError) else str(exc)
+    if "Expected more than 1 value per channel when training" not in text:
+        return None
+    sizes = [len(b) for b in batches]
+    return WorkbookError(
+        f"batch norm cannot train on a micro-batch of 1 example (this update's micro-batches "
+        f"hold {sizes}: {examples} training examples in updates of {cfg.shape.micro_batch} x "
+        f"{cfg.shape.accumulation} leave one over at the end of each pass) - the campaign "
+        "meets the same at the end of every pass",
+        "drop the partial update (drop_partial=True, DataLoader drop_last=True), or choose a "
+        "micro-batch or number of examples that leaves no single example")
+
+
 def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module | None = None,
           val_items: list[Item] | None = None,
           on_update: Callable[[StepRecord, Stepper, Position], str | None] | None = None,
@@ -629,12 +646,18 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
         position, batches = next(stream)
         data_s = time.perf_counter() - begin
         lr = stepper.optimizer.param_groups[0]["lr"]
-        if own:
-            loss, targets, norm = stepper.own_update(batches)
-        else:
-            loss_sum, targets = stepper.accumulate(batches)
-            norm = stepper.step()
-            loss = float(loss_sum) / targets
+        try:
+            if own:
+                loss, targets, norm = stepper.own_update(batches)
+            else:
+                loss_sum, targets = stepper.accumulate(batches)
+                norm = stepper.step()
+                loss = float(loss_sum) / targets
+        except (ValueError, WorkbookError) as exc:
+            named = single_example_batch_norm(exc, batches, len(items), cfg)
+            if named is None:
+                raise
+            raise named from exc
         ids = [i for b in batches for i in b.ids]
         record = StepRecord(step, position.epoch, len(batches), len(ids), targets, loss, lr,
                             float(norm), time.perf_counter() - begin, data_s, ids)
