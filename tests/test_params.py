@@ -27,18 +27,19 @@ def test_int_is_accepted_for_float_and_defaults_fill_in():
 
 
 def test_check_reads_a_notebook_namespace_and_skips_ipython_names():
-    namespace = {"Out": {}, "_": None, "task": "a:b", "examples": 3, "json": json}
+    namespace = {"Out": {}, "_": None, "task": "a:b", "examples": 3, "lr": 1e-3, "json": json}
     assert check(namespace, "02_overfit")["examples"] == 3
     with pytest.raises(WorkbookError, match="no parameter 'exampels'"):
         check({**namespace, "exampels": 3}, "02_overfit")
 
 
 def test_in_a_kernel_only_the_parameter_cells_count():
-    history = ["", 'task = "a:b"\nexamples = 3  # comment', "# Parameters\nexampels = 4\n",
+    history = ["", 'task = "a:b"\nexamples = 3  # comment\nlr = 0.001',
+               "# Parameters\nexampels = 4\n",
                "import workbook as wb\np = wb.params.check(globals(), '02_overfit')",
                "n = len(items)\nratio = 0.5"]
-    namespace = {"In": history, "task": "a:b", "examples": 3, "exampels": 4, "ratio": 0.5,
-                 "n": 7}
+    namespace = {"In": history, "task": "a:b", "examples": 3, "lr": 1e-3, "exampels": 4,
+                 "ratio": 0.5, "n": 7}
     with pytest.raises(WorkbookError, match="no parameter 'exampels'"):
         check(namespace, "02_overfit")
     history[2] = "# Parameters\nexamples = 4\n"

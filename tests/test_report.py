@@ -97,3 +97,74 @@ def test_human_units_never_show_nan():
                                 "empty": [None, None]}))
     assert list(frame.columns) == ["x (MiB)", "why not"]
     assert frame.astype(str).apply(lambda c: c.str.lower().str.contains("nan")).sum().sum() == 0
+
+
+class Decision(HTMLParser):
+    """The text of the decision section, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.depth, self.text = 0, []
+
+    def handle_starttag(self, tag, attrs):
+        if self.depth or (tag == "div" and dict(attrs).get("class") == "decision"):
+            self.depth += tag == "div"
+
+    def handle_endtag(self, tag):
+        if self.depth and tag == "div":
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if self.depth and data.strip():
+            self.text.append(data.strip())
+
+
+HEADLINE = ("your learning rate diverges: the loss rose from 1.51 to 1.142e+15 within the first "
+            "3 updates at lr 1000 (the task's Task.lr); try 0.001 <b>")
+
+
+def test_a_diverging_learning_rate_leads_the_decision(tmp_path):
+    index = _run(tmp_path)
+    fit = tmp_path / "02_overfit"
+    fit.mkdir()
+    (fit / "summary.json").write_text(json.dumps(
+        {"verdict": "fail", "figures": {"lr": 1000.0, "lr_from": "task", "lr_diverges": True},
+         "failed": ["learning rate does not diverge"], "headline": HEADLINE}))
+    index = pd.concat([index.iloc[:1], pd.DataFrame([
+        {"notebook": "02_overfit", "verdict": "fail", "seconds": 0.4,
+         "executed": "02_overfit.ipynb", "error": ""}]), index.iloc[1:]])
+    html = write_report(tmp_path, index, "my.task:task").read_text()
+    decision = Decision()
+    decision.feed(html)
+    assert decision.text[0] == HEADLINE, decision.text
+    assert "Rental decision" in decision.text[1:], "08's conclusion follows it"
+    assert "<b>" not in html.split('class="decision">')[1].split("</p>")[0], "escaped"
+
+
+def test_the_decision_exists_for_a_diverging_learning_rate_without_a_plan(tmp_path):
+    fit = tmp_path / "02_overfit"
+    fit.mkdir()
+    (fit / "summary.json").write_text(json.dumps({"verdict": "fail", "figures": {},
+                                                  "headline": HEADLINE}))
+    (tmp_path / "01_inspect_examples").mkdir()
+    (tmp_path / "01_inspect_examples" / "summary.json").write_text("{not json")
+    index = pd.DataFrame([{"notebook": s, "verdict": v, "seconds": 0.1, "executed": f"{s}.ipynb",
+                           "error": ""} for s, v in [("01_inspect_examples", "pass"),
+                                                     ("02_overfit", "fail")]])
+    page, decision = Page(), Decision()
+    html = write_report(tmp_path, index, "t:task").read_text()
+    page.feed(html)
+    decision.feed(html)
+    assert [h for h in page.headings if h][:3] == ["Pilot report: t:task", "BANNER", "Decision"]
+    assert decision.text == [HEADLINE]
+
+
+def test_no_headline_no_decision_without_a_plan(tmp_path):
+    (tmp_path / "02_overfit").mkdir()
+    (tmp_path / "02_overfit" / "summary.json").write_text(json.dumps(
+        {"verdict": "pass", "figures": {"lr": 0.003, "lr_from": "fallback"}}))
+    index = pd.DataFrame([{"notebook": "02_overfit", "verdict": "pass", "seconds": 0.1,
+                           "executed": "02_overfit.ipynb", "error": ""}])
+    page = Page()
+    page.feed(write_report(tmp_path, index, "t:task").read_text())
+    assert "Decision" not in page.headings

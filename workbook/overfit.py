@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,17 @@ from .loop import (
     train,
     update_by,
 )
-from .records import to_frame
+from .records import StepRecord, to_frame
 from .task import Task, contributes, task_from_params
+
+# 02's learning rate when its `lr` is 0 and the task declares no Task.lr: the samples memorise
+# 8 examples in 150 updates (4 in the 80 of --smoke) at it with a wide margin, while the general
+# fallback 1e-3 leaves the generation sample's smoke run at 0.048 against the bar of 0.05
+FALLBACK_LR = 3e-3
+LR_FROM = {"task": "the task's Task.lr", "parameter": "the lr parameter",
+           "fallback": "02's fallback; the task declares no Task.lr"}
+# the rule of notebook 06: the median loss of the last 5 updates above 3 x the first update's
+DIVERGENCE_MULTIPLE = 3.0
 
 
 @dataclass
@@ -34,37 +44,109 @@ class OverfitResult:
     checks: pd.DataFrame
     reproduction: pd.DataFrame
     figures: dict
+    diagnosis: str = ""  # the failure in words, the most basic first ("" when it passes)
 
     @property
     def verdict(self) -> str:
         return "pass" if bool(self.checks.passed.all()) else "fail"
 
 
-def exact_targets(task: Task, model: torch.nn.Module, items: list[Item],
-                  device: torch.device) -> list[bool]:
-    """Per example: does the argmax reproduce every contributing target id? With teacher
-    forcing this is the same as greedy decoding reproducing the whole target sequence."""
+def learning_rate(task: Task, lr: float, lr_from: str = "") -> tuple[float, str]:
+    """The learning rate 02 trains at and where it comes from: `lr` when given ("parameter",
+    or `lr_from`), for 0 the task's own Task.lr ("task"), else 02's FALLBACK_LR ("fallback")."""
+    if not lr:
+        return (float(task.lr), "task") if task.lr else (FALLBACK_LR, "fallback")
+    return float(lr), lr_from or "parameter"
+
+
+def learning_rate_of(params: dict[str, Any], task: Task) -> tuple[float, str]:
+    """`learning_rate` for checked parameters: workbook.params filled an lr of 0 (with
+    Task.lr, else 02's fallback) and says where it came from in `lr_from`."""
+    return learning_rate(task, params["lr"], params.get("lr_from") or "")
+
+
+def divergence(steps: list[StepRecord]) -> str:
+    """Why these updates diverged, in numbers ("" when they did not): after a first update
+    with a finite loss and gradient (before it the learning rate has done nothing, so a
+    non-finite value there is the model's or the loss's), a non-finite loss or gradient, or
+    the median loss of the last 5 updates above DIVERGENCE_MULTIPLE x the first update's.
+    Slow learning never rises, so it is never called divergence."""
+    first = steps[0] if steps else None
+    if first is None or not (math.isfinite(first.loss) and math.isfinite(first.grad_norm)):
+        return ""
+    last = steps[-1]
+    finite = [s.loss for s in steps if math.isfinite(s.loss)]
+    peak = last.loss if not math.isfinite(last.loss) else max(finite)
+    went = (f"the loss {'rose' if peak > first.loss else 'went'} from {first.loss:.4g} "
+            f"to {peak:.4g}")
+    within = f"within the first {last.step} updates"
+    if len(steps) > 1 and not math.isfinite(last.loss):
+        return f"{went} (non-finite) {within}"
+    if len(steps) > 1 and not math.isfinite(last.grad_norm):
+        return f"{went} and the gradient norm became non-finite ({last.grad_norm}) {within}"
+    recent = statistics.median(s.loss for s in steps[-5:])
+    if len(steps) >= 3 and first.loss > 0 and recent > DIVERGENCE_MULTIPLE * first.loss:
+        return f"{went} {within}"
+    return ""
+
+
+def divergence_message(found: str, lr: float, lr_from: str) -> str:
+    """The sentence a user reads first when the learning rate diverges."""
+    lower = 1e-3 if lr > 1e-3 else lr / 10
+    where = {"task": "fix Task.lr in the task", "fallback": "set Task.lr in the task"}.get(
+        lr_from, "lower the lr parameter")
+    return (f"your learning rate diverges: {found} at lr {lr:g} ({LR_FROM[lr_from]}); try "
+            f"{lower:g} ({where}, or give the pilot -p lr={lower:g}), then lower it 10x at a "
+            "time until 02 passes")
+
+
+def target_variance(task: Task, train_split: list[dict], most: int = 1024) -> float:
+    """The variance of the training split's regression targets (of `most` examples spread
+    evenly over it), the loss of predicting their mean; 1.0 when there is no spread to read."""
+    sample = train_split[::max(1, math.ceil(len(train_split) / most))]
+    labels = [it.tensors["labels"].reshape(-1).float() for it in encode_examples(task, sample)]
+    values = torch.cat(labels) if labels else torch.zeros(0)
+    values = values[contributes(values)]
+    spread = float(values.var()) if values.numel() > 1 else 0.0
+    return spread if spread > 0 and math.isfinite(spread) else 1.0
+
+
+def reproduced(task: Task, model: torch.nn.Module, items: list[Item], device: torch.device,
+               tolerance: float) -> pd.DataFrame:
+    """Per example, on one eval-mode forward of the whole subset (the mode and batch the final
+    loss is measured on): does it give its targets back? Regression: every target within
+    `tolerance` (sqrt of the loss bar: each target's own squared error under the bar the mean
+    must meet). Ids: the argmax at every contributing position (with teacher forcing, greedy
+    decoding); a target's loss under the bar (< ln 2) implies it, as p > exp(-bar) > 1/2."""
     batch = collate_items(task, items).to(device).tensors
     labels = task.targets(batch["labels"])
     with eval_mode(model):
-        predicted = task.predicted(task.forward(model, batch), labels)
-    keep = contributes(labels)
-    if task.kind == "regression":  # within 5% of the targets' spread (or 1e-3)
-        tolerance = max(float(labels[keep].float().std()) * 0.05 if keep.sum() > 1 else 0, 1e-3)
-        wrong = ((predicted - labels).abs() > tolerance) & keep
-    else:
-        wrong = (predicted != labels) & keep
-    return [not bool(w.any()) for w in wrong.reshape(len(items), -1)]
+        outputs = task.forward(model, batch).float()
+    keep = contributes(labels).reshape(len(items), -1)
+    if task.kind == "regression":
+        error = (task.predicted(outputs, labels) - labels.float()).abs().reshape(len(items), -1)
+        worst = torch.where(keep, error, torch.zeros_like(error)).max(1).values
+        return pd.DataFrame({"exact_ids": (worst <= tolerance).tolist(),
+                             "max_abs_error": worst.tolist()})
+    wrong = ((task.predicted(outputs, labels) != labels).reshape(len(items), -1) & keep)
+    size = outputs.shape[-1]  # an id beyond the output layer has no probability (01 flags it)
+    p = outputs.log_softmax(-1).gather(-1, labels.clamp(0, size - 1).unsqueeze(-1)).exp()
+    p = p.reshape(len(items), -1).masked_fill((labels >= size).reshape(len(items), -1), math.nan)
+    p = torch.where(keep, p, torch.ones_like(p))
+    return pd.DataFrame({"exact_ids": (~wrong.any(1)).tolist(),
+                         "min_target_p": p.min(1).values.tolist()})
 
 
-def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
+def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
             loss_threshold: float = 0.05, init_tolerance: float = 0.5, seed: int = 0,
-            device: str = "cpu", progress: bool = False) -> OverfitResult:
+            device: str = "cpu", progress: bool = False, lr_from: str = "") -> OverfitResult:
     """Train on the first `examples` training examples until memorised and check the mechanics:
-    initial loss near ln(outputs), finite at every step, below the threshold, exact ids back."""
+    initial loss near ln(outputs), no divergence, finite at every step, below the threshold,
+    the targets back. `lr` 0: the task's Task.lr, else FALLBACK_LR (see `learning_rate`)."""
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise WorkbookError(f"examples must be a positive integer, got {examples!r}",
                             "set examples to the size of the subset to memorise (8 is usual)")
+    lr, lr_from = learning_rate(task, lr, lr_from)
     train_split = prepare(task, encode=()).raw["train"]
     raw = train_split[:examples]
     items = encode_examples(task, raw)
@@ -80,15 +162,27 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
                                    .tensors).shape[-1])
     labels = collate_items(task, items).tensors["labels"]
     expected = task.expected_initial_loss(outputs, labels)
-    # the bar for "memorised": absolute for ids, relative to predicting the mean for regression
-    scale = float(labels[contributes(labels)].float().var()) if task.kind == "regression" else 1.0
-    result = train(task, items, cfg, model=model)
-    final = evaluate(task, result.model, items, len(items), dev, updates)
+    # the bar for "memorised": absolute for ids (nats per target), and for regression relative
+    # to the loss of predicting the mean of the training targets - their spread, the units the
+    # task's targets live in (not the subset's: 8 rows of one group are near-duplicates)
+    scale = target_variance(task, train_split) if task.kind == "regression" else 1.0
+    bar = loss_threshold * scale
+    tolerance = math.sqrt(bar)  # per regression target, in the targets' units
+    seen: list[StepRecord] = []
+
+    def watch(record: StepRecord, *_) -> str | None:
+        seen.append(record)
+        return divergence(seen) or None  # a diverged run stops: the rest would be noise
+
+    result = train(task, items, cfg, model=model, on_update=watch)
+    diverged = divergence(result.steps)
+    final = evaluate(task, result.model, items, len(items), dev, len(result.steps))
     steps = to_frame(result.steps).drop(columns=["example_ids"])
-    exact = exact_targets(task, result.model, items, dev)
+    judged = reproduced(task, result.model, items, dev, tolerance)
+    exact = judged.exact_ids.tolist()
     rows = []
-    for ex, it, ok in zip(raw, items, exact, strict=True):
-        row = {"example": it.id, "exact_ids": ok}
+    for ex, it, judge in zip(raw, items, judged.to_dict("records"), strict=True):
+        row = {"example": it.id, **judge}
         if task.kind == "generation" and task.generate is not None:
             row["target"] = ex[task.response_field]
             row["greedy"] = task.generate(result.model, ex)
@@ -108,58 +202,88 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 3e-3,
         rows.append(row)
     reproduction = pd.DataFrame(rows)
     finite = bool(steps.loss.map(math.isfinite).all() and steps.grad_norm.map(math.isfinite).all())
-    init_gap = abs(initial.loss - expected) / max(expected, 1e-12)
+    # regression: the gap in the units of the training targets' spread too - untrained outputs
+    # near 0 are far, relatively, from a subset's targets that are themselves near 0
+    reach = max(expected, scale) if task.kind == "regression" else expected
+    init_gap = abs(initial.loss - expected) / max(reach, 1e-12)
+    message = divergence_message(diverged, lr, lr_from) if diverged else ""
+    regression = task.kind == "regression"
     checks = pd.DataFrame([
-        {"check": "initial loss near " + ("mean(target^2)" if task.kind == "regression"
-                                           else "ln(outputs)"),
+        {"check": "initial loss near " + ("mean(target^2)" if regression else "ln(outputs)"),
          "value": round(initial.loss, 4),
-         "expected": f"{expected:.4f} +/- {init_tolerance:.0%}",
-         "passed": init_gap <= init_tolerance},
+         "expected": f"{expected:.4f} +/- " + (f"{init_tolerance * reach:.4g}" if regression
+                                                else f"{init_tolerance:.0%}"),
+         "passed": init_gap <= init_tolerance, "detail": ""},
+        {"check": "learning rate does not diverge", "value": f"lr {lr:g} ({lr_from})",
+         "expected": f"no rise above {DIVERGENCE_MULTIPLE:g} x the first loss, finite",
+         "passed": not diverged, "detail": message},
         {"check": "loss finite at every step", "value": finite, "expected": True,
-         "passed": finite},
+         "passed": finite, "detail": ""},
         {"check": "final loss below threshold" + (
-            " x the loss of predicting the mean" if task.kind == "regression" else ""),
-         "value": round(final.loss, 4), "expected": f"< {loss_threshold * scale:.4g}",
-         "passed": final.loss < loss_threshold * scale},
-        {"check": "targets reproduced within 5% of their spread" if task.kind == "regression"
+            " x the loss of predicting the mean" if regression else ""),
+         "value": round(final.loss, 4), "expected": f"< {bar:.4g}",
+         "passed": final.loss < bar, "detail": ""},
+        {"check": "targets reproduced within sqrt(final loss bar)" if regression
          else "exact target ids reproduced", "value": f"{sum(exact)}/{len(exact)}",
-         "expected": f"{len(exact)}/{len(exact)}", "passed": all(exact)},
+         "expected": f"{len(exact)}/{len(exact)}" + (f", |error| <= {tolerance:.4g}"
+                                                     if regression else ""),
+         "passed": all(exact), "detail": ""},
     ])
     if "greedy_exact" in reproduction:
         greedy = int(reproduction.greedy_exact.sum())
         checks.loc[len(checks)] = {"check": "greedy decoding gives the responses back",
                                    "value": f"{greedy}/{len(items)}",
                                    "expected": f"{len(items)}/{len(items)}",
-                                   "passed": greedy == len(items)}
-    figures = {"examples": len(items), "updates": updates, "lr": lr,
-               "update_by": update_by(task, cfg),
+                                   "passed": greedy == len(items), "detail": ""}
+    figures = {"examples": len(items), "updates": updates, "updates_run": len(result.steps),
+               "lr": lr, "lr_from": lr_from, "update_by": update_by(task, cfg),
                "initial_loss": round(initial.loss, 4), "expected_initial_loss": round(expected, 4),
                "final_loss": round(final.loss, 4), "exact_examples": sum(exact),
-               "finite": finite, "loss_threshold": loss_threshold,
-               "final_loss_bar": round(loss_threshold * scale, 6),
-               "initial_loss_rule": "mean(target^2)" if task.kind == "regression"
-               else "ln(outputs)"}
-    return OverfitResult(task, steps, checks, reproduction, figures)
+               "finite": finite, "lr_diverges": bool(diverged),
+               "loss_threshold": loss_threshold, "final_loss_bar": round(bar, 6),
+               "initial_loss_rule": "mean(target^2)" if regression else "ln(outputs)"}
+    if regression:
+        figures["target_variance"] = round(scale, 6)
+        figures["reproduction_tolerance"] = round(tolerance, 6)
+    return OverfitResult(task, steps, checks, reproduction, figures,
+                         message or _diagnosis(checks, initial.loss, final.loss, bar, updates, lr))
+
+
+def _diagnosis(checks: pd.DataFrame, initial: float, final: float, bar: float,
+               updates: int, lr: float) -> str:
+    """The failure in words when the learning rate does not diverge ("" on a pass)."""
+    failed = checks.loc[~checks.passed, "check"].tolist()
+    if not failed:
+        return ""
+    if any(c.startswith("final loss") for c in failed) and math.isfinite(final) \
+            and final < initial:
+        return (f"not memorised: the loss fell from {initial:.4g} to {final:.4g} in {updates} "
+                f"updates at lr {lr:g}, not below the bar {bar:.4g}, without diverging; give it "
+                "more updates, or compare learning rates with notebook 06")
+    return "failed: " + "; ".join(failed)
 
 
 def run(params: dict[str, Any], out_dir: Path | None = None,
         progress: bool = False) -> OverfitResult:
     """Notebook 02 from its parameters (it writes nothing until `save`)."""
-    return overfit(task_from_params(params), examples=params["examples"],
-                   updates=params["updates"], lr=params["lr"],
-                   loss_threshold=params["loss_threshold"],
+    task = task_from_params(params)
+    lr, lr_from = learning_rate_of(params, task)
+    return overfit(task, examples=params["examples"], updates=params["updates"], lr=lr,
+                   lr_from=lr_from, loss_threshold=params["loss_threshold"],
                    init_tolerance=params["init_tolerance"], seed=params["seed"],
                    device=params["device"], progress=progress)
 
 
 def save(result: OverfitResult, out_dir: Path) -> str:
     """Write the curve, checks, reproduction table and `summary.json` of notebook 02; the
-    verdict."""
+    verdict. A diverging learning rate is the summary's `headline`: the report leads with it."""
     from .runs import save_table, write_summary
 
     save_table(result.steps, out_dir, "steps")
     save_table(result.checks, out_dir, "checks")
     save_table(result.reproduction, out_dir, "reproduction")
+    extra = {"headline": result.diagnosis} if result.figures["lr_diverges"] else {}
     write_summary(out_dir, result.verdict, result.figures, task=result.task.name,
-                  failed=result.checks.loc[~result.checks.passed, "check"].tolist())
+                  failed=result.checks.loc[~result.checks.passed, "check"].tolist(),
+                  diagnosis=result.diagnosis, **extra)
     return result.verdict

@@ -103,7 +103,7 @@ def check(namespace: dict[str, Any], notebook: str) -> dict[str, Any]:
     else:
         given = {k: v for k, v in namespace.items()
                  if not k.startswith("_") and k not in _IPYTHON and isinstance(v, _LITERALS)}
-    return task_learning_rates(validate(given, notebook, spec))
+    return task_learning_rates(validate(given, notebook, spec), notebook)
 
 
 def of(notebook: str, small: bool = False, **given: Any) -> dict[str, Any]:
@@ -111,19 +111,25 @@ def of(notebook: str, small: bool = False, **given: Any) -> dict[str, Any]:
     its parameters cell, the `--smoke` sizes when `small`, then `given` - checked as the
     notebook checks them."""
     return task_learning_rates(validate({**(smoke(notebook) if small else {}), **given},
-                                        notebook))
+                                        notebook), notebook)
 
 
-def task_learning_rates(p: dict[str, Any]) -> dict[str, Any]:
-    """Fill `lr` 0 with the task's own learning rate (`Task.lr`, else 1e-3), and an empty `lrs`
-    with the task's (else 1e-4) as the control, then half and double it."""
+def task_learning_rates(p: dict[str, Any], notebook: str = "") -> dict[str, Any]:
+    """Fill `lr` 0 with the task's own learning rate (`Task.lr`, else the notebook's fallback,
+    1e-3 for most), recording where it came from in `lr_from` ("parameter", "task",
+    "fallback"); fill an empty `lrs` with the task's (else 1e-4) as the control, then half and
+    double it."""
+    if "lr" in p:
+        p["lr_from"] = "parameter" if p["lr"] else None
     if not ("lr" in p and not p["lr"]) and not ("lrs" in p and not p["lrs"]):
         return p
+    from .overfit import FALLBACK_LR  # 02 memorises in a short budget
     from .task import load_task
 
     own = load_task(p["task"], **p.get("task_options", {})).lr
     if "lr" in p and not p["lr"]:
-        p["lr"] = own or 1e-3
+        fallback = FALLBACK_LR if notebook == "02_overfit" else 1e-3
+        p["lr"], p["lr_from"] = (own, "task") if own else (fallback, "fallback")
     if "lrs" in p and not p["lrs"]:
         control = own or 1e-4
         p["lrs"] = [control, control / 2, control * 2]

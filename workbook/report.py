@@ -28,7 +28,7 @@ h1{font-size:1.6em}h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-
 .chip{color:#fff;border-radius:6px;padding:6px 10px;font-weight:600;text-decoration:none}
 .overall{font-size:1.3em;padding:10px 14px;border-radius:8px;color:#fff;display:inline-block}
 .decision{background:#f6f8fa;border:1px solid #d0d7de;border-radius:8px;padding:4px 18px}
-.decision h1{font-size:1.2em}
+.decision h1{font-size:1.2em}.headline{color:#cf222e;font-weight:600}
 table{border-collapse:collapse;font-size:13px;margin:8px 0;max-width:100%}
 td,th{border:1px solid #d0d7de;padding:3px 6px;text-align:left;vertical-align:top;
 overflow-wrap:break-word}
@@ -130,6 +130,16 @@ def _key_figures(summary: dict | None) -> str:
     return pd.DataFrame(rows).to_html(index=False, escape=True, border=0) if rows else ""
 
 
+def _summary(folder: Path) -> dict | None:
+    """A notebook's summary.json (None when it wrote none, or one that does not parse)."""
+    path = folder / "summary.json"
+    try:
+        summary = json.loads(path.read_text()) if path.exists() else None
+    except ValueError:
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def export_html(notebook: Path) -> Path | None:
     """The executed notebook as HTML beside it (opens in any browser); None if it cannot."""
     try:
@@ -142,7 +152,8 @@ def export_html(notebook: Path) -> Path | None:
 
 
 def write_report(run: Path, index: pd.DataFrame, task: str) -> Path:
-    """report.html in the run folder."""
+    """report.html in the run folder. The decision leads with every summary's `headline` (a
+    finding no plan can outweigh, e.g. 02's diverging learning rate), then 08's conclusion."""
     import mistune
 
     rows = index.to_dict(orient="records")
@@ -154,16 +165,19 @@ def write_report(run: Path, index: pd.DataFrame, task: str) -> Path:
     parts = [f"<h1>Pilot report: {_escape(task)}</h1>",
              f'<div class="overall" style="background:{COLOURS[overall]}">overall: '
              f'{overall}</div><div class="banner">{chips}</div>']
+    summaries = {r["notebook"]: _summary(run / r["notebook"]) for r in rows}
+    first = [f'<p class="headline">{_escape(s["headline"])}</p>'
+             for s in summaries.values() if s and s.get("headline")]
     conclusion = run / "08_rental_plan" / "conclusion.md"
-    if conclusion.exists():
+    if first or conclusion.exists():
         render = mistune.create_markdown(escape=True)
-        parts.append(f'<h2 id="decision">Decision</h2><div class="decision">'
-                     f"{render(conclusion.read_text())}</div>")
+        parts.append(f'<h2 id="decision">Decision</h2><div class="decision">{"".join(first)}'
+                     + (render(conclusion.read_text()) if conclusion.exists() else "")
+                     + "</div>")
     for r in rows:
         stem = r["notebook"]
         folder = run / stem
-        summary_path = folder / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        summary = summaries[stem]
         executed = run / r["executed"]
         exported = export_html(executed) if executed.exists() else None
         links = [f'<a href="{_escape(exported.name)}">executed notebook</a>' if exported else
