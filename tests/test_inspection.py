@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from workbook import load_task
+from workbook import tokenizer as tok
+from workbook.data import prepare
 from workbook.inspection import batch_view, browser, inspect_task, render_tokens
 from workbook.samples import classification, generation
-from workbook.samples.models import TrigramClassifier
+from workbook.samples.models import TinyDecoder, TrigramClassifier
 
 
 def checks(task):
@@ -144,3 +146,173 @@ def test_the_browser_moves_across_splits_and_finds_ids_and_groups(gen_task, monk
     assert split.value == "test" and group in status.value
     query.value = "no-such-id"
     assert "no example" in status.value
+
+
+# --- a model forward that raises: a flag naming the cause, the other checks still run
+
+
+def _lm(**changes):
+    return dataclasses.replace(load_task("examples.shifted_lm:task"), **changes)
+
+
+def test_an_embedding_one_row_short_is_a_flag_and_the_other_checks_still_run():
+    from examples.shifted_lm import LeftPaddedDecoder
+    from workbook.task import split_by_group_hash
+
+    short = _lm(build_model=partial(LeftPaddedDecoder, tok.VOCAB_SIZE - 1, 32, 1),
+                split_of=lambda ex: split_by_group_hash(ex["id"], (0.8, 0.1, 0.1)))
+    ins = inspect_task(short)  # raised a bare "IndexError: index out of range in self"
+    found = {f.check: f for f in ins.flags}
+    forward = found["model forward fails"]
+    assert "the data holds token id 258 but the model's embedding `embed` has 258 rows" in \
+        forward.message and "IndexError" in forward.message
+    assert "make the vocabulary size at least max id + 1 = 259" in forward.fix
+    assert forward.count == ins.figures["examples"], "every example holds the end token 258"
+    assert "group crosses splits" in found, "the checks without the model still ran"
+    assert ins.verdict == "fail" and ins.figures["num_outputs"] is None
+    # the clean twin: the same model with every row
+    assert inspect_task(_lm(build_model=partial(LeftPaddedDecoder, tok.VOCAB_SIZE, 32,
+                                                1))).flags == []
+
+
+def test_label_ids_beyond_the_classification_head_name_the_head(cls_task):
+    ins = inspect_task(dataclasses.replace(cls_task, build_model=partial(TrigramClassifier,
+                                                                         259, 4)))
+    found = {f.check: f for f in ins.flags}
+    assert set(found) == {"loss fails", "label ids out of range"}
+    assert "the labels hold id 4, beyond the model's 4 outputs (ids 0..3" in \
+        found["loss fails"].message
+    assert "at least max label id + 1 = 5 wide" in found["loss fails"].fix
+
+
+class _FixedBatch(torch.nn.Module):
+    """A planted model that only runs batches of 8 (a reshape with a hard-coded batch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(259, 8), torch.nn.Linear(8, 259)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.head(self.embed(input_ids).reshape(8, input_ids.shape[1], 8))
+
+
+class _Unexplained(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(8, 259)
+
+    def forward(self, input_ids, attention_mask=None):
+        raise ValueError("planted: the model refuses")
+
+
+def _collate_inputs_padded_with_ignore_index(items):
+    batch = generation.collate(items)
+    batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    return batch
+
+
+@pytest.mark.parametrize("changes, message, fix", [
+    ({"build_model": partial(TinyDecoder, tok.VOCAB_SIZE, 32, 1, 4, 12)},
+     "embedding `pos` is looked up with index 28 but has 12 rows: a sequence of 29 positions "
+     "is longer than this position table", "cut the data to at most 12 positions"),
+    ({"build_model": lambda: torch.nn.Sequential(torch.nn.Embedding(259, 8),
+                                                 torch.nn.Linear(9, 259))},
+     "(mat1 and mat2 shapes cannot be multiplied (232x8 and 9x259)) on a batch of 8 examples: "
+     "a shape mismatch", "make the model's sizes match"),
+    ({"build_model": _FixedBatch}, "on a batch of 1 example: a shape mismatch",
+     "make the model's sizes match"),
+    ({"build_model": _Unexplained},
+     "raised ValueError (planted: the model refuses) on a batch of 8 examples",
+     "call task.forward(model, batch) on one batch"),
+    ({"collate": _collate_inputs_padded_with_ignore_index},
+     "the inputs hold id -100 for the model's embedding `embed`", "pad inputs with a pad token"),
+])
+def test_a_failing_forward_names_the_cause_it_can_find(gen_task, changes, message, fix):
+    ins = inspect_task(dataclasses.replace(gen_task, model_inputs=("input_ids",), **changes))
+    (forward,) = [f for f in ins.flags if f.check == "model forward fails"]
+    assert message in forward.message and fix in forward.fix
+
+
+# --- prompt tokens without a prompt_mask: 01 finds the prompt itself
+
+
+def _unmasked(encode):
+    """`encode` without its prompt_mask, and a collate that needs none."""
+    def encoded(ex):
+        out = dict(encode(ex))
+        out.pop("prompt_mask")
+        return out
+
+    def collate(items):
+        batch = generation.collate([{**it, "prompt_mask": torch.zeros_like(it["labels"])}
+                                    for it in items])
+        batch.pop("prompt_mask")
+        return batch
+    return encoded, collate
+
+
+def test_prompt_targets_without_a_prompt_mask_are_flagged(gen_task):
+    encode, collate = _unmasked(partial(generation.encode, max_length=64, prompt_in_loss=True))
+    ins = inspect_task(dataclasses.replace(gen_task, encode=encode, collate=collate))
+    (flag,) = ins.flags
+    assert flag.check == "loss on prompt" and flag.message.startswith(
+        "4350 of 4350 examples have targets on prompt tokens")
+    assert "the loss learns to predict the instruction" in flag.message
+    assert "set labels to -100 on the prompt" in flag.fix
+    assert ins.figures["targets_on_prompt"] == flag.count and ins.notes == []
+    # the clean twin: the same encode with the prompt masked, still without a prompt_mask
+    encode, collate = _unmasked(partial(generation.encode, max_length=64,
+                                        prompt_in_loss=False))
+    clean = inspect_task(dataclasses.replace(gen_task, encode=encode, collate=collate))
+    assert clean.flags == [] and clean.notes == [] and clean.figures["targets_on_prompt"] == 0
+    view = batch_view(clean.task, clean.items["train"][:1])
+    assert view.prompt.any() and not (view.prompt & view.contributes).any()
+
+
+def test_shifted_labels_without_a_prompt_mask_are_judged_at_their_shift():
+    from examples import shifted_lm
+
+    def left_collate(items):  # shifted_lm's left padding, without a prompt_mask
+        batch = shifted_lm.collate([{**it, "prompt_mask": torch.zeros_like(it["labels"])}
+                                    for it in items])
+        batch.pop("prompt_mask")
+        return batch
+
+    def unmasked(ex, keep_prompt):  # planted: labels on the prompt (its <s> aside)
+        out = shifted_lm.encode(ex, 64)
+        out.pop("prompt_mask")
+        if keep_prompt:
+            out["labels"] = out["input_ids"].clone()
+            out["labels"][0] = -100
+        return out
+
+    clean = inspect_task(_lm(encode=partial(unmasked, keep_prompt=False), collate=left_collate))
+    assert clean.flags == [] and clean.notes == []
+    planted = inspect_task(_lm(encode=partial(unmasked, keep_prompt=True), collate=left_collate))
+    assert [f.check for f in planted.flags] == ["loss on prompt"]
+    # the token view of the clean task shows no "bug" box (the prompt moves with the labels)
+    assert "outline" not in render_tokens(batch_view(clean.task, clean.items["train"][:2]))
+    lm = _lm()  # with its prompt_mask: the last prompt position predicts the response
+    assert "outline" not in render_tokens(batch_view(lm, prepare(lm, limits={"train": 2}).train))
+
+
+def test_prompt_masking_that_cannot_be_checked_is_a_note_not_a_failure(gen_task):
+    def refuses_empty(ex, keep):
+        if not ex["response"]:
+            raise ValueError("no response")
+        return keep(ex)
+
+    def response_first(ex):  # the prompt-only encoding is no prefix of the full one
+        return keep({**ex, "instruction": ex["response"], "response": ex["instruction"]})
+
+    keep, collate = _unmasked(partial(generation.encode, max_length=64, prompt_in_loss=False))
+    for encode, words in ((partial(refuses_empty, keep=keep), "raised ValueError: no "
+                           "response"), (response_first, "is not a prefix of the full one")):
+        ins = inspect_task(dataclasses.replace(gen_task, encode=encode, collate=collate))
+        assert ins.verdict == "pass" and ins.flags == []
+        (note,) = ins.notes
+        assert note.message.startswith("01 could not check prompt masking on any example")
+        assert words in note.message and "prompt_mask" in note.fix
+        table = ins.flag_table()
+        assert table.check.tolist() == ["no flags", "prompt masking not checked"]
+        assert "(see the notes)" in table.message[0]

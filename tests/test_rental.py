@@ -1,11 +1,17 @@
-"""Notebook 08: the selection sheet's arithmetic, bad GPU input, packing."""
+"""Notebook 08: the selection sheet's arithmetic, bad GPU input, packing, and candidates the
+prediction cannot size (rows with the reason and a plain decision, never a crash)."""
 
+import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from workbook import WorkbookError
+from workbook import WorkbookError, params, rental
+from workbook import predict as predict_module
+from workbook.data import prepare
+from workbook.frontend import readable
 from workbook.loop import UpdateShape
 from workbook.predict import Overheads, Plan
 from workbook.rental import (
@@ -14,6 +20,7 @@ from workbook.rental import (
     candidates_from,
     cheapest,
     check_gpus,
+    check_variants,
     choose,
     conclusion,
     gpu,
@@ -21,6 +28,7 @@ from workbook.rental import (
     selection_sheet,
     stack_check,
 )
+from workbook.workload import TRAINING_PHASES
 
 from .conftest import GENERATION
 
@@ -159,3 +167,128 @@ def test_a_candidate_that_does_not_apply_says_why_in_the_plan():
                            "note": "not applicable: the model has no blocks to checkpoint"}])
     plan = pack([{"name": "v", "priority": 1, "candidate": "checkpointed"}], sheet, "g", 3, 0.2)
     assert plan.why_not[0] == "not applicable: the model has no blocks to checkpoint"
+
+
+def _every_phase_unpredicted(monkeypatch, phases=TRAINING_PHASES, why="planted: the real run "
+                             "that checks the prediction failed"):
+    """The prediction marks `phases` "not predicted", as 03 does for a model it cannot size."""
+    monkeypatch.setattr(predict_module, "calibration_limits",
+                        lambda *args, **kwargs: dict.fromkeys(phases, why))
+
+
+def test_no_candidate_sized_gives_rows_with_the_reason_and_a_plain_decision(monkeypatch,
+                                                                            tmp_path):
+    _every_phase_unpredicted(monkeypatch)
+    out = tmp_path / "08_rental_plan"
+    out.mkdir()
+    p = params.of("08_rental_plan", small=True, train_limit=20, candidates=[
+        {"name": "control", "micro_batch": 2, "length": 64, "precision": "fp32"}],
+        variants=[{"name": "control", "priority": 1, "candidate": "control"}])
+    result = rental.run(p, out)  # crashed: "ValueError: Encountered all NA values"
+    sheet = result.sheet
+    assert not sheet.fits.any() and sheet.predicted_peak_gib.isna().all()
+    assert sheet.note.str.startswith("not predicted (forward + loss, backward, update "
+                                     "(first), update (later), validation): planted").all()
+    assert sheet.flops_per_update.notna().all(), "the FLOPs and hours do not need the memory"
+    assert "**No candidate could be sized**" in result.conclusion
+    assert "No candidate fits any GPU" not in result.conclusion, "not sized is not too big"
+    assert result.options.why.str.startswith("not predicted").all()
+    assert result.plans.why_not.str.startswith("not predicted").all()
+    readable(sheet)
+    assert rental.save(result, out) == "fail"
+    assert json.loads((out / "summary.json").read_text())["figures"]["not_sized"] == ["control"]
+
+
+def test_a_model_whose_kernels_hide_memory_is_not_sized_on_the_one_phase_predicted(tmp_path):
+    from examples.module_families import family_task
+
+    task = family_task("lstm")  # the CPU's LSTM workspace: 4 of 5 phases "not predicted"
+    data = prepare(task, limits={"train": 30})
+    cand = Candidate("c", Plan(UpdateShape(4, 1, precision="fp32")))
+    sheet = selection_sheet(task, data.train, data.validation, [cand], {"g": 80}, {"g": 100},
+                            10, 0.2, Assumptions())
+    assert not sheet.fits.any(), "a fit read from `update (first)` alone would be a guess"
+    assert "fake tensors do not see (suspects: LSTM)" in sheet.note[0]
+
+
+def test_validation_alone_not_predicted_still_sizes_on_the_training_phases(monkeypatch,
+                                                                           gen_task, gen_items):
+    _every_phase_unpredicted(monkeypatch, ["validation"], "planted: the fused kernel")
+    cand = Candidate("c", Plan(UpdateShape(2, 1, precision="fp32"), length=64))
+    sheet = selection_sheet(gen_task, gen_items["train"][:20], gen_items["validation"][:8],
+                            [cand], {"toy": 1.0, "big": 80}, {"toy": 10, "big": 100}, 10, 0.2,
+                            Assumptions()).set_index("gpu")
+    assert sheet.loc["big", "fits"] and not sheet.loc["toy", "fits"]
+    assert sheet.loc["big", "peak_phase"] != "validation"
+    assert sheet.loc["big", "note"] == ("not predicted (validation): planted: the fused kernel; "
+                                        "the fit rests on the training phases")
+    plan = pack([{"name": "v", "priority": 1, "candidate": "c"}], sheet.reset_index(), "toy",
+                3, 0.2)
+    assert plan.why_not[0] == "does not fit the GPU's memory", "sized: the note is not why"
+
+
+def test_a_prediction_or_flop_count_that_raises_is_a_row_not_a_crash(monkeypatch, gen_task,
+                                                                      gen_items):
+    def boom(*args, **kwargs):
+        raise RuntimeError("planted crash\nsecond line")
+
+    cand = Candidate("c", Plan(UpdateShape(2, 1, precision="fp32"), length=64))
+    args = (gen_task, gen_items["train"][:20], gen_items["validation"][:8], [cand],
+            {"toy": 1.0, "big": 80}, {"toy": 10, "big": 100}, 10, 0.2,
+            Assumptions(prices={"toy": 0.1, "big": 1.0}))
+    monkeypatch.setattr(rental, "flops", boom)
+    sheet = selection_sheet(*args)
+    assert sheet.set_index("gpu").loc["big", "fits"] and sheet.budget_hours.isna().all()
+    assert sheet.note[0] == "FLOPs not counted, so no time or cost: RuntimeError: planted crash"
+    options = cheapest(sheet, "big")
+    assert options.cheapest_gpu[0] == "big" and "no time or cost to compare" in options.why[0]
+    readable(sheet)  # a FLOP column without any count divides (None / 1e9 did not)
+    assert "time not known" in conclusion(Path("/nonexistent"), choose(sheet, "big"), "big",
+                                          pack([], sheet, "big", 3, 0.2), pd.DataFrame(
+                                              columns=["item", "verified"]), options)
+    monkeypatch.setattr(rental, "predict", boom)
+    sheet = selection_sheet(*args)
+    assert sheet.note.str.startswith("not predicted: the prediction raised RuntimeError: "
+                                     "planted crash").all()
+
+
+def test_the_cheapest_is_by_cost_even_when_another_candidate_has_none():
+    def row(cand, gpu, hours, cost, fits=True):
+        return {"candidate": cand, "gpu": gpu, "fits": fits, "gpu_hours": hours,
+                "budget_hours": hours, "cost": cost, "price_per_hour": None if cost is None
+                else cost / hours, "headroom_gib": 10.0, "required_gib": 1.0,
+                "currency": "USD", "predicted_peak_gib": None if cost is None else 0.5,
+                "note": "not applicable: planted" if cost is None else ""}
+    sheet = pd.DataFrame([row("a", "fast", 1.0, 4.0), row("a", "slow", 3.0, 1.5),
+                          row("b", "fast", None, None, False), row("b", "slow", None, None,
+                                                                   False)])
+    options = cheapest(sheet, "fast").set_index("candidate")
+    assert options.loc["a", "cheapest_gpu"] == "slow", "by cost, not by hours"
+    assert options.loc["b", "why"] == "not applicable: planted"
+
+
+@pytest.mark.parametrize("variants, words", [
+    ({"name": "x"}, "must be a list"),
+    ([{"name": "x", "candidate": "control"}], "missing \\['priority'\\]"),
+    ([{"name": "x", "priority": 1, "candidate": "control", "repeat": 2}],
+     "unknown keys \\['repeat'\\]"),
+    ([{"name": "x", "priority": 1, "candidate": "contrl"}], "names candidate 'contrl'"),
+    ([{"name": "x", "priority": 1, "candidate": "control", "repeats": 0}], "repeats 0"),
+    ([{"name": "x", "priority": "high", "candidate": "control"}], "priority 'high'"),
+])
+def test_bad_variants_are_named_before_anything_is_sized(variants, words):
+    with pytest.raises(WorkbookError, match=words):
+        check_variants(variants, candidates_from([{"name": "control", "micro_batch": 2}]))
+
+
+def test_no_variants_leave_empty_plans_that_say_so():
+    sheet = pd.DataFrame([{"candidate": "a", "gpu": "g", "fits": True, "budget_hours": 1.0}])
+    plans = pd.concat([pack([], sheet, "g", d, 0.2) for d in (3, 7, 30)], ignore_index=True)
+    assert plans.empty and "why_not" in plans
+    check_variants([], candidates_from([{"name": "a", "micro_batch": 2}]))
+    options = pd.DataFrame([{"candidate": "a", "cheapest_gpu": "g", "currency": "USD",
+                             "cheapest_cost": None, "why": "g is the cheapest GPU that fits"}])
+    text = conclusion(Path("/nonexistent"), None, "g", plans,
+                      pd.DataFrame(columns=["item", "verified"]), options)
+    assert "- no variants given: nothing to plan into 3, 7 or 30 days" in text
+

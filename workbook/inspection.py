@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +14,19 @@ import pandas as pd
 import torch
 
 from .data import SPLITS, Item, collate_items, prepare
+from .errors import WorkbookError, reason
 from .frontend import headless
 from .records import Flag
 from .task import IGNORE_INDEX, Task, contributes, shift_labels, task_from_params
+
+
+@dataclass
+class Note:
+    """A check that could not be made on this task, said plainly; it fails nothing."""
+
+    check: str
+    message: str
+    fix: str
 
 
 @dataclass
@@ -30,6 +41,7 @@ class Inspection:
     figures: dict[str, float | int]
     flags: list[Flag] = field(default_factory=list)
     classes: pd.DataFrame | None = None
+    notes: list[Note] = field(default_factory=list)  # checks that could not be made
 
     @property
     def verdict(self) -> str:
@@ -39,13 +51,16 @@ class Inspection:
         return pd.Series(self.figures, dtype=object, name="value").to_frame()
 
     def flag_table(self) -> pd.DataFrame:
-        """The flags, one row each; with none, one row that says so (never an empty table)."""
+        """The flags, one row each; with none, one row that says so (never an empty table);
+        then the checks that could not be made, as notes (count 0: they fail nothing)."""
         cols = ["check", "count", "message", "fix", "examples"]
-        if not self.flags:
-            return pd.DataFrame([{"check": "no flags", "count": 0,
-                                  "message": "every notebook-01 check passed", "fix": "-",
-                                  "examples": []}], columns=cols)
-        return pd.DataFrame([{c: getattr(f, c) for c in cols} for f in self.flags], columns=cols)
+        rows = [{c: getattr(f, c) for c in cols} for f in self.flags] or [
+            {"check": "no flags", "count": 0, "message": "every notebook-01 check passed" +
+             (" that could be made (see the notes)" if self.notes else ""), "fix": "-",
+             "examples": []}]
+        rows += [{"check": n.check, "count": 0, "message": n.message, "fix": n.fix,
+                  "examples": []} for n in self.notes]
+        return pd.DataFrame(rows, columns=cols)
 
     def flag_records(self) -> list[dict]:
         cols = ["check", "count", "message", "fix", "examples"]
@@ -70,7 +85,7 @@ def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
             "class": task.decode([int(labels[b])]) if int(labels[b]) != IGNORE_INDEX else "",
             "contributes": int(labels[b]) != IGNORE_INDEX,
         } for b in range(len(items))])
-    prompt = batch.get("prompt_mask", torch.zeros_like(labels)).bool()
+    prompt = target_prompt(task, batch, items)
     targets = task.targets(labels)  # what position t is trained to predict
     rows = []
     for b in range(len(items)):
@@ -85,6 +100,23 @@ def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
                 "contributes": label != IGNORE_INDEX,
             })
     return pd.DataFrame(rows)
+
+
+def target_prompt(task: Task, batch: dict, items: list[Item]) -> torch.Tensor:
+    """Which positions of a collated batch are trained to predict a prompt token: the
+    prompt_mask (label positions) moved as the labels are, or, without one, the prompt found
+    by `prompt_span` on each example."""
+    labels = batch["labels"]
+    if "prompt_mask" in batch:
+        return task.targets(batch["prompt_mask"].long()) > 0
+    prompt = torch.zeros_like(labels, dtype=torch.bool)
+    left = task.side(batch) == "left"
+    for b, it in enumerate(items):
+        span = prompt_span(task, it)
+        if isinstance(span, int):
+            start = labels.shape[1] - task.length(it.tensors) if left else 0
+            prompt[b, start:start + max(span - 1, 0)] = True
+    return prompt
 
 
 def render_tokens(view: pd.DataFrame) -> str:
@@ -117,11 +149,14 @@ def render_tokens(view: pd.DataFrame) -> str:
     return legend + "".join(lines)
 
 
-def loss_coverage(task: Task, items: list[Item], batch_size: int = 64) -> pd.DataFrame:
-    """Per example: real positions, contributing targets, and those on padding or the prompt."""
+def loss_coverage(task: Task, items: list[Item], batch_size: int = 64,
+                  spans: list[int | str] | None = None) -> pd.DataFrame:
+    """Per example: real positions, contributing targets, and those on padding or the prompt
+    (from the batch's prompt_mask, else from `spans`: see `prompt_spans`)."""
     rows = []
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
+        spanned = spans[start:start + batch_size] if spans else [None] * len(chunk)
         batch = collate_items(task, chunk).tensors
         labels = batch["labels"]
         counted = contributes(labels)
@@ -131,15 +166,73 @@ def loss_coverage(task: Task, items: list[Item], batch_size: int = 64) -> pd.Dat
                              "on_padding": 0, "on_prompt": 0})
             continue
         mask = batch.get("attention_mask", torch.ones_like(labels)).bool()
-        prompt = batch.get("prompt_mask", torch.zeros_like(labels)).bool()
-        for b, it in enumerate(chunk):
+        prompt = batch["prompt_mask"].bool() if "prompt_mask" in batch else None
+        for b, (it, span) in enumerate(zip(chunk, spanned, strict=True)):
             rows.append({
                 "example": it.id, "positions": int(mask[b].sum()),
                 "targets": int(counted[b].sum()),
                 "on_padding": int((counted[b] & ~mask[b]).sum()),
-                "on_prompt": 0 if task.prompt_in_loss else int((counted[b] & prompt[b]).sum()),
+                "on_prompt": 0 if task.prompt_in_loss else int((counted[b] & prompt[b]).sum())
+                if prompt is not None else targets_on_prompt(task, it, span),
             })
     return pd.DataFrame(rows)
+
+
+def prompt_span(task: Task, item: Item) -> int | str:
+    """How many leading input positions of an example hold its prompt, found by encoding it
+    again with the response emptied (that encoding's inputs are a prefix of the full one's, an
+    end token aside); or why that cannot be told."""
+    if not task.response_field or item.raw is None:
+        return "the task names no response_field to empty" if not task.response_field \
+            else "the raw example is not kept"
+    full = task.main_input(item.tensors).reshape(-1)
+    if item.tensors["labels"].numel() != full.numel():
+        return "its labels and inputs differ in length"
+    try:
+        short = task.main_input(task.encode({**item.raw, task.response_field: ""})).reshape(-1)
+    except Exception as exc:
+        return f"encoding an example with an empty response raised {type(exc).__name__}: " \
+               f"{reason(exc, 120)}"
+    same = (full[:short.numel()] == short[:full.numel()]).long().cumprod(0)
+    common = int(same.sum())
+    if torch.equal(full, short) and str(item.raw.get(task.response_field, "")):
+        return (f"emptying {task.response_field!r} leaves the encoding unchanged (the "
+                "example is cut inside its prompt, or encode does not read that field)")
+    if common == 0 or common < min(short.numel() - 1, full.numel()):
+        return "the encoding with an empty response is not a prefix of the full one"
+    return common
+
+
+def prompt_spans(task: Task, items: list[Item]) -> list[int | str] | None:
+    """`prompt_span` of each example, when 01 must find the prompt itself: a generation task
+    that excludes its prompt from the loss while encode gives no prompt_mask; None otherwise."""
+    if task.kind != "generation" or task.prompt_in_loss or not items or \
+            any("prompt_mask" in it.tensors for it in items):
+        return None
+    return [prompt_span(task, it) for it in items]
+
+
+def targets_on_prompt(task: Task, item: Item, span: int | str | None) -> int:
+    """Targets of one example that are prompt tokens: position t predicts input t + 1 (labels
+    aligned by `label_shift`), so the first span - 1 targets are the prompt's."""
+    if not isinstance(span, int):
+        return 0
+    targets = task.targets(item.tensors["labels"].reshape(-1))
+    return int(contributes(targets[:max(span - 1, 0)]).sum())
+
+
+def prompt_notes(spans: list[int | str] | None) -> list[Note]:
+    """Say plainly when prompt masking could not be checked (on some or all examples)."""
+    unchecked = Counter(s for s in spans or [] if isinstance(s, str))
+    if not unchecked:
+        return []
+    why, _ = unchecked.most_common(1)[0]
+    n = sum(unchecked.values())
+    share = "any example" if n == len(spans) else f"{n} of {len(spans)} examples"
+    return [Note("prompt masking not checked", f"01 could not check prompt masking on {share}: "
+                 f"{why} (encode gives no prompt_mask, so 01 looks for the prompt itself)",
+                 "return a prompt_mask from encode (True on the prompt's label positions), so "
+                 "01 counts the targets on the prompt")]
 
 
 def coverage_flags(coverage: pd.DataFrame) -> list[Flag]:
@@ -151,16 +244,21 @@ def coverage_flags(coverage: pd.DataFrame) -> list[Flag]:
                           "(often truncation cut the whole response)", len(zero),
                           "raise max_length, or drop these examples deliberately and record it",
                           zero.example.head(5).tolist()))
-    for column, what, fix in (
-        ("on_padding", "padding positions", "pad labels with -100 (the ignore index)"),
-        ("on_prompt", "prompt positions although the task excludes the prompt",
-         "set the labels of prompt tokens to -100, or declare prompt_in_loss=True"),
-    ):
-        bad = coverage[coverage[column] > 0]
-        if len(bad):
-            flags.append(Flag(f"loss on {column[3:]}", f"{int(bad[column].sum())} targets on "
-                              f"{what}, in {len(bad)} examples", int(bad[column].sum()), fix,
-                              bad.example.head(5).tolist()))
+    bad = coverage[coverage.on_padding > 0]
+    if len(bad):
+        flags.append(Flag("loss on padding", f"{int(bad.on_padding.sum())} targets on padding "
+                          f"positions, in {len(bad)} examples", int(bad.on_padding.sum()),
+                          "pad labels with -100 (the ignore index)",
+                          bad.example.head(5).tolist()))
+    bad = coverage[coverage.on_prompt > 0]
+    if len(bad):
+        flags.append(Flag("loss on prompt", f"{len(bad)} of {len(coverage)} examples have "
+                          f"targets on prompt tokens ({int(bad.on_prompt.sum())} targets) "
+                          "although the task excludes the prompt: the loss learns to predict "
+                          "the instruction", int(bad.on_prompt.sum()),
+                          "set labels to -100 on the prompt (or declare prompt_in_loss=True "
+                          "if the instruction is meant to be learned)",
+                          bad.example.head(5).tolist()))
     return flags
 
 
@@ -173,9 +271,8 @@ def loss_probe(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Fl
         try:
             loss, count = task.loss(logits, batch)
         except Exception as exc:  # e.g. a label id beyond the output layer
-            return [Flag("loss fails", f"the task's loss raised {exc!r} on a probe batch", 1,
-                         "see the label flags; the loss must accept every batch",
-                         [it.id for it in items])]
+            return [model_failure(task, model, batch, items, exc, outputs=logits.shape[-1],
+                                  step="loss")]
         labels = batch["labels"]
         if task.kind == "regression":
             return (_count_flags(task, labels, count) + padding_probe(task, model, items, logits)
@@ -290,7 +387,11 @@ def padding_probe(task: Task, model: torch.nn.Module, items: list[Item],
                          "model.eval() (nn.Dropout does; a functional dropout needs "
                          "training=self.training)", [it.id for it in items[:5]])]
         for b, it in enumerate(items):
-            alone = task.forward(model, collate_items(task, [it]).tensors).float()[0]
+            one = collate_items(task, [it]).tensors
+            try:
+                alone = task.forward(model, one).float()[0]
+            except Exception as exc:  # batched it ran: this example alone does not
+                return [model_failure(task, model, one, [it], exc)]
             mine = task.real_part(batched[b], alone.shape[0], side) if alone.dim() > 1 \
                 else batched[b]
             if not torch.allclose(alone, mine, rtol=1e-4, atol=1e-4):
@@ -306,8 +407,11 @@ def padding_probe(task: Task, model: torch.nn.Module, items: list[Item],
 
 
 def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list[Item]],
-                num_outputs: int) -> tuple[pd.DataFrame | None, list[Flag]]:
-    """Class histogram per split, the id <-> name round trip, and ids the model cannot output."""
+                num_outputs: int | None,
+                source: str = "") -> tuple[pd.DataFrame | None, list[Flag]]:
+    """Class histogram per split, the id <-> name round trip, and ids the model cannot output
+    (`num_outputs` None: unknown, not checked; `source`: where it was read, when not from a
+    forward)."""
     if task.kind == "regression":
         return target_statistics(items), []
     flags, bad_ids, mismatched = [], [], []
@@ -316,7 +420,7 @@ def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list
         for ex, it in zip(splits[name], items[name], strict=True):
             labels = it.tensors["labels"].reshape(-1)
             real = labels[labels != IGNORE_INDEX]
-            if ((real < 0) | (real >= num_outputs)).any():
+            if num_outputs is not None and ((real < 0) | (real >= num_outputs)).any():
                 bad_ids.append(it.id)
             if task.kind == "classification":
                 counts[name][task.decode(real.tolist())] += 1
@@ -324,7 +428,8 @@ def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list
                     mismatched.append((it.id, ex[task.label_field], task.decode(real.tolist())))
     if bad_ids:
         flags.append(Flag("label ids out of range", f"{len(bad_ids)} examples have label ids "
-                          f"outside 0..{num_outputs - 1}, which the model cannot output",
+                          f"outside 0..{num_outputs - 1}, which the model cannot output"
+                          + (f" ({source})" if source else ""),
                           len(bad_ids), "fix the label map or the model's output size",
                           bad_ids[:5]))
     if mismatched:
@@ -404,6 +509,146 @@ def nonfinite_audit(items: dict[str, list[Item]]) -> list[Flag]:
                  "were skipped: they cannot judge non-finite inputs)", bad[:5])]
 
 
+SHAPE_WORDS = re.compile(r"shape|size mismatch|sizes? of tensors|mat1 and mat2|must match "
+                         r"the size|expected input|dimension", re.IGNORECASE)
+
+
+def model_failure(task: Task, model: torch.nn.Module, batch: dict, items: list[Item],
+                  exc: Exception, data: list[Item] | None = None, outputs: int | None = None,
+                  step: str = "forward") -> Flag:
+    """A model forward (or the loss on its outputs: `step`) that raised, as a flag naming the
+    cause 01 can find - ids beyond an embedding table, label ids beyond the output layer, a
+    shape mismatch - or else the exception's text. `data`: every example, to count them."""
+    data = data or items
+    what = "the model's forward" if step == "forward" else "the task's loss"
+    batch_of = f"a batch of {len(items)} example{'s' if len(items) != 1 else ''}"
+    raised = f"{what} raised {type(exc).__name__} ({reason(exc, 160)}) on {batch_of}"
+    if isinstance(exc, WorkbookError):  # it names the problem itself
+        raised, causes = f"{what} failed on {batch_of}", [(exc.problem, exc.fix, [])]
+    else:
+        causes = (embedding_causes(task, model, batch, data) if step == "forward" else []) + \
+            label_causes(task, model, data, outputs)
+        if not causes and SHAPE_WORDS.search(str(exc)):
+            causes = [("a shape mismatch", "make the model's sizes match what the data gives "
+                       "(the message names both shapes): input features, sequence length, the "
+                       "head's input width", [])]
+    if not causes:
+        call = "task.forward(model, batch)" if step == "forward" else \
+            "task.loss(task.forward(model, batch), batch)"
+        causes = [("", f"make {what} run on every collated batch of this task (call {call} "
+                   "on one batch to see the whole traceback)", [])]
+    examples = list(dict.fromkeys(e for _, _, ids in causes for e in ids)) or \
+        [it.id for it in items]
+    found = [m for m, _, _ in causes if m]
+    message = raised + (": " + "; ".join(found) if found else "")
+    return Flag("model forward fails" if step == "forward" else "loss fails", message,
+                len(examples), "; ".join(dict.fromkeys(f for _, f, _ in causes)), examples[:5])
+
+
+def embedding_causes(task: Task, model: torch.nn.Module, batch: dict,
+                     data: list[Item]) -> list[tuple[str, str, list]]:
+    """Lookups beyond an `nn.Embedding` table in one forward on `batch` (each table's largest
+    index is read by a hook before its lookup): token ids beyond the vocabulary, positions
+    beyond a position table, negative ids."""
+    main = task.main_input(batch)
+    seen: dict[str, tuple[int, int, int, bool]] = {}
+
+    def watch(name: str):
+        def hook(module, args):
+            index = args[0] if args else None
+            if isinstance(index, torch.Tensor) and not index.is_floating_point() and \
+                    index.numel() and name not in seen:
+                seen[name] = (int(index.min()), int(index.max()), module.num_embeddings,
+                              index.shape == main.shape and bool(torch.equal(index, main)))
+        return hook
+
+    handles = [m.register_forward_pre_hook(watch(n)) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Embedding)]
+    try:
+        with torch.no_grad():
+            task.forward(model, batch)
+    except Exception:
+        pass  # the failure being explained
+    finally:
+        for h in handles:
+            h.remove()
+    causes = []
+    for name, (low, high, rows, token) in seen.items():
+        if low < 0:
+            causes.append((f"the inputs hold id {low} for the model's embedding `{name}`, "
+                           "which has no negative rows", "give the inputs real token ids (pad "
+                           "inputs with a pad token; -100 belongs in the labels only)", []))
+        elif high >= rows and token:
+            tops = [(it.id, int(ids.max())) for it in data
+                    if (ids := task.main_input(it.tensors)).numel()]
+            beyond = [i for i, t in tops if t >= rows]
+            top = max([high] + [t for _, t in tops])
+            causes.append((f"the data holds token id {top} but the model's embedding `{name}` "
+                           f"has {rows} rows ({len(beyond)} of {len(data)} examples hold ids "
+                           "beyond it)", f"make the vocabulary size at least max id + 1 = "
+                           f"{top + 1} (the rows of `{name}`), or map the ids into the table",
+                           beyond))
+        elif high >= rows:
+            length = main.shape[-1]
+            causes.append((f"the model's embedding `{name}` is looked up with index {high} but "
+                           f"has {rows} rows" + (f": a sequence of {length} positions is longer "
+                                                 "than this position table"
+                                                 if high == length - 1 else ""),
+                           f"cut the data to at most {rows} positions (max_length), or build "
+                           "the model for longer inputs" if high == length - 1 else
+                           f"give `{name}` at least {high + 1} rows, or keep the indices the "
+                           f"model computes below {rows}", []))
+    return causes
+
+
+def label_causes(task: Task, model: torch.nn.Module, data: list[Item],
+                 outputs: int | None) -> list[tuple[str, str, list]]:
+    """Label ids beyond the model's outputs (from a forward when it ran, else its last linear
+    layer), or negative ones other than -100."""
+    if task.kind == "regression":
+        return []
+    layer = None if outputs is not None else output_layer(model)
+    n = outputs if outputs is not None else layer[1] if layer else None
+    bad, top, low = [], None, None
+    for it in data:
+        real = it.tensors["labels"].reshape(-1)
+        real = real[real != IGNORE_INDEX]
+        if real.numel() and ((n is not None and int(real.max()) >= n) or int(real.min()) < 0):
+            bad.append(it.id)
+            top = max(top or 0, int(real.max()))
+            low = min(low if low is not None else 0, int(real.min()))
+    if not bad:
+        return []
+    if low is not None and low < 0:
+        return [(f"the labels hold id {low}, and only -100 is ignored", "give labels ids "
+                 "0..outputs-1, and -100 where nothing is learned", bad)]
+    where = f"the model's {n} outputs" if layer is None else \
+        f"the {n} outputs of the model's last linear layer `{layer[0]}`"
+    return [(f"the labels hold id {top}, beyond {where} (ids 0..{n - 1}; {len(bad)} of "
+             f"{len(data)} examples)",
+             f"make the output layer at least max label id + 1 = {top + 1} wide, or fix the "
+             "label map", bad)]
+
+
+def output_layer(model: torch.nn.Module) -> tuple[str, int] | None:
+    """The model's last `nn.Linear` (name, outputs): the output layer, when a forward cannot
+    say (the forward failed)."""
+    linears = [(n, m.out_features) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear)]
+    return linears[-1] if linears else None
+
+
+def probe_outputs(task: Task, model: torch.nn.Module, probe: list[Item],
+                  data: list[Item]) -> tuple[int | None, list[Flag]]:
+    """The size of the model's output layer from a forward on the probe batch; when that
+    forward raises, None and a flag naming the cause."""
+    try:
+        return num_outputs_of(task, model, probe), []
+    except Exception as exc:
+        return None, [model_failure(task, model, collate_items(task, probe).tensors, probe, exc,
+                                    data)]
+
+
 def num_outputs_of(task: Task, model: torch.nn.Module, items: list[Item]) -> int:
     """Size of the model's output layer, read from one forward pass."""
     with torch.no_grad():
@@ -419,19 +664,26 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
     train = items["train"]
     by_length = sorted(train, key=lambda it: task.length(it.tensors))
     probe = by_length[: probe_size // 2] + by_length[-(probe_size - probe_size // 2):]
-    outputs = num_outputs_of(task, model, probe)
-    coverage = pd.concat([loss_coverage(task, items[n]).assign(split=n) for n in SPLITS],
-                         ignore_index=True)
+    every = [it for n in SPLITS for it in items[n]]
+    outputs, forward = probe_outputs(task, model, probe, every)
+    spans = {n: prompt_spans(task, items[n]) for n in SPLITS}
+    coverage = pd.concat([loss_coverage(task, items[n], spans=spans[n]).assign(split=n)
+                          for n in SPLITS], ignore_index=True)
     split_table, split_flags = split_audit(task, splits, items)
-    classes, label_flags = label_audit(task, splits, items, outputs)
+    layer = output_layer(model) if outputs is None else None
+    classes, label_flags = label_audit(
+        task, splits, items, outputs if layer is None else layer[1],
+        "" if layer is None else f"the outputs of its last linear layer `{layer[0]}`, read "
+        "from the model since its forward failed")
     nonfinite = nonfinite_audit(items)
-    probed = loss_probe(task, model, probe) if not nonfinite else []
-    flags = (coverage_flags(coverage) + nonfinite + probed + copy_audit(task, items["train"])
-             + label_flags + split_flags)
+    probed = loss_probe(task, model, probe) if not nonfinite and outputs is not None else []
+    flags = (forward + coverage_flags(coverage) + nonfinite + probed
+             + copy_audit(task, items["train"]) + label_flags + split_flags)
     positions = int(coverage.positions.sum())
     figures = {
         "examples": len(coverage), "num_outputs": outputs,
-        "expected_initial_loss": round(task.expected_initial_loss(
+        "expected_initial_loss": None if outputs is None and task.kind != "regression" else
+        round(task.expected_initial_loss(
             outputs, torch.cat([it.tensors["labels"].reshape(-1) for it in train])), 4),
         "contributing_share": round(int(coverage.targets.sum()) / max(positions, 1), 4),
         "targets_per_example_mean": round(float(coverage.targets.mean()), 3),
@@ -442,7 +694,9 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
                                         "group crosses splits"), 0),
         "flags": len(flags),
     }
-    return Inspection(task, splits, items, split_table, coverage, figures, flags, classes)
+    notes = prompt_notes([x for n in SPLITS for x in spans[n] or []])
+    return Inspection(task, splits, items, split_table, coverage, figures, flags, classes,
+                      notes)
 
 
 def example_display(task: Task, items: list[Item]):
@@ -521,5 +775,6 @@ def save(ins: Inspection, out_dir: Path) -> str:
         save_table(ins.classes.reset_index(), out_dir, "classes")
     write_json(out_dir / "flags.json", ins.flag_records())
     write_summary(out_dir, ins.verdict, ins.figures, task=ins.task.name,
-                  flags=[f.check for f in ins.flags])
+                  flags=[f.check for f in ins.flags],
+                  notes=[f"{n.check}: {n.message}" for n in ins.notes])
     return ins.verdict

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .artifacts import read_json
 from .data import prepare
-from .errors import WorkbookError
+from .errors import WorkbookError, reason
 from .loop import UpdateShape, build_stepper, check_precision, resolve_device
 from .predict import (
     Overheads,
@@ -32,6 +32,7 @@ from .predict import (
     sized_batches,
 )
 from .task import Task, task_from_params
+from .workload import TRAINING_PHASES
 
 GIB = 2**30
 
@@ -127,7 +128,8 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
                     gpus: dict, tflops: dict, updates: int, headroom: float,
                     a: Assumptions) -> pd.DataFrame:
     """One row per candidate x GPU: memory needed (predicted) and whether it fits, FLOPs per
-    update (counted) and time per update (assumed utilisation), and the budget's hours."""
+    update (counted) and time per update (assumed utilisation), and the budget's hours. A
+    candidate the prediction cannot size has rows without memory whose `note` says why."""
     check_gpus(gpus, tflops, a.prices)
     rows = []
     eval_examples = a.eval_examples or len(val)
@@ -135,46 +137,19 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
     for cand in candidates:
         # no length given: the model's longest
         cand = replace(cand, plan=replace(cand.plan, length=cand.plan.length or longest))
-        replicas = cand.plan.shape.replicas
-        try:
-            predicted = predict(task, train, val, cand.plan)
-            counted = flops(task, train, val, cand)
-        except WorkbookError as exc:  # e.g. checkpointing a model without blocks: a row
-            rows += [{**cand.described(name, gib), "peak_phase": None, "predicted_peak_gib": None,
-                      "required_gib": None, "fits": False, "headroom_gib": None,
-                      "flops_per_update": None, "time_per_update_s": None,
-                      "time_floored": False, "budget_hours": None, "gpu_hours": None,
-                      "price_per_hour": a.prices.get(name), "cost": None,
-                      "currency": a.currency, "note": f"not applicable: {exc.problem}",
-                      "expected": cand.expected} for name, gib in gpus.items()]
-            continue
-        peak = predicted.loc[predicted.predicted_peak_bytes.idxmax()]
-        ddp = 0
-        if replicas > 1:
-            ddp = int(peak.parameter_bytes * a.ddp_bucket_share)
-        update_flops = counted["train_micro_batch"] * cand.plan.shape.accumulation  # a replica
+        predicted, note = predicted_phases(task, train, val, cand)
+        counted, flops_note = counted_flops(task, train, val, cand) \
+            if not note.startswith("not applicable") else (None, "")
+        note = "; ".join(n for n in (note, flops_note) if n)
         for name, gib in gpus.items():
-            fit = fit_table(predicted.assign(predicted_peak_bytes=predicted.predicted_peak_bytes
-                                             + ddp), gib, headroom, a.overheads)
-            rate = tflops[name] * 1e12 * a.utilisation
-            update_s = max(update_flops / rate, a.min_update_s)
-            eval_s = counted["eval_example"] * eval_examples / rate / replicas
-            hours = (updates * update_s + math.ceil(updates / a.eval_every) * eval_s +
-                     a.export_minutes * 60) / 3600
-            price = a.prices.get(name)
-            rows.append({
-                **cand.described(name, gib), "peak_phase": peak.phase,
-                "predicted_peak_gib": round((peak.predicted_peak_bytes + ddp) / GIB, 3),
-                "required_gib": round(fit.required_bytes.max() / GIB, 3),
-                "fits": bool(fit.fits.all()),
-                "headroom_gib": round(gib - fit.required_bytes.max() / GIB, 2),
-                "flops_per_update": update_flops, "time_per_update_s": update_s,
-                "time_floored": update_s == a.min_update_s,
-                "budget_hours": round(hours, 4), "gpu_hours": round(hours * replicas, 4),
-                "price_per_hour": price,
-                "cost": None if price is None else round(hours * replicas * price, 2),
-                "currency": a.currency, "note": "", "expected": cand.expected})
+            rows.append({**cand.described(name, gib),
+                         **memory_columns(predicted, cand, gib, headroom, a),
+                         **time_columns(counted, cand, tflops[name], updates, eval_examples,
+                                        a, a.prices.get(name)),
+                         "currency": a.currency, "note": note, "expected": cand.expected})
     sheet = pd.DataFrame(rows)
+    for column in NUMBERS:  # a column no candidate could fill is NaN, not None
+        sheet[column] = pd.to_numeric(sheet[column])
     sheet.attrs["sources"] = {
         "predicted_peak_gib": "predicted on fake tensors (notebook 03's prediction)",
         "required_gib": f"prediction x (1 + {a.overheads.cache_share:.0%} allocator cache) + "
@@ -190,6 +165,92 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
         "budget_hours": f"{updates} updates + evaluation every {a.eval_every} on "
                         f"{eval_examples} examples + {a.export_minutes} min export (assumed)"}
     return sheet
+
+
+# the training phases decide a fit; a validation row the prediction cannot size (the fused
+# inference kernel of nn.TransformerEncoderLayer) is named in the note and left out
+DECIDING = TRAINING_PHASES[:-1]
+NUMBERS = ("predicted_peak_gib", "required_gib", "headroom_gib", "flops_per_update",
+           "time_per_update_s", "budget_hours", "gpu_hours", "price_per_hour", "cost")
+
+
+def predicted_phases(task: Task, train: list, val: list,
+                     cand: Candidate) -> tuple[pd.DataFrame | None, str]:
+    """The predicted phases a candidate's fit rests on, and a note on what was not predicted;
+    None when a training phase has no prediction (the candidate cannot be sized)."""
+    try:
+        predicted = predict(task, train, val, cand.plan)
+    except WorkbookError as exc:  # a refused configuration, or an op fake tensors cannot run
+        word = "not predicted" if exc.problem.startswith("predicting") else "not applicable"
+        return None, f"{word}: {exc.problem}"
+    except Exception as exc:  # never a crash of the notebook: the row says what happened
+        return None, f"not predicted: the prediction raised {type(exc).__name__}: {reason(exc)}"
+    missing = predicted[predicted.predicted_peak_bytes.isna()]
+    if missing.phase.isin(DECIDING).any():
+        return None, "not predicted " + unpredicted(missing)
+    if len(missing):
+        return (predicted.dropna(subset=["predicted_peak_bytes"]),
+                f"not predicted {unpredicted(missing)}; the fit rests on the training phases")
+    return predicted, ""
+
+
+def unpredicted(missing: pd.DataFrame) -> str:
+    """'(phase, phase): reason; (phase): reason' for phases without a prediction."""
+    by_reason: dict[str, list[str]] = {}
+    for r in missing.itertuples():
+        why = str(r.note).removeprefix("not predicted: ") if isinstance(r.note, str) and r.note \
+            else "no reason given"
+        by_reason.setdefault(why, []).append(r.phase)
+    return "; ".join(f"({', '.join(phases)}): {why}" for why, phases in by_reason.items())
+
+
+def counted_flops(task: Task, train: list, val: list,
+                  cand: Candidate) -> tuple[dict[str, int] | None, str]:
+    """`flops`, or None and a note when the count fails on this model."""
+    try:
+        return flops(task, train, val, cand), ""
+    except Exception as exc:
+        problem = exc.problem if isinstance(exc, WorkbookError) else \
+            f"{type(exc).__name__}: {reason(exc)}"
+        return None, f"FLOPs not counted, so no time or cost: {problem}"
+
+
+def memory_columns(predicted: pd.DataFrame | None, cand: Candidate, gib: float,
+                   headroom: float, a: Assumptions) -> dict:
+    """The memory part of a sheet row on a GPU of `gib`: empty (and not fitting) when the
+    candidate was not sized."""
+    if predicted is None:
+        return {"peak_phase": None, "predicted_peak_gib": None, "required_gib": None,
+                "fits": False, "headroom_gib": None}
+    peak = predicted.loc[predicted.predicted_peak_bytes.idxmax()]
+    ddp = int(peak.parameter_bytes * a.ddp_bucket_share) if cand.plan.shape.replicas > 1 else 0
+    fit = fit_table(predicted.assign(predicted_peak_bytes=predicted.predicted_peak_bytes + ddp),
+                    gib, headroom, a.overheads)
+    return {"peak_phase": peak.phase,
+            "predicted_peak_gib": round((peak.predicted_peak_bytes + ddp) / GIB, 3),
+            "required_gib": round(fit.required_bytes.max() / GIB, 3),
+            "fits": bool(fit.fits.all()),
+            "headroom_gib": round(gib - fit.required_bytes.max() / GIB, 2)}
+
+
+def time_columns(counted: dict[str, int] | None, cand: Candidate, tflops: float, updates: int,
+                 eval_examples: int, a: Assumptions, price: float | None) -> dict:
+    """The time and cost part of a sheet row on a GPU of `tflops`: empty without a FLOP count."""
+    if counted is None:
+        return {"flops_per_update": None, "time_per_update_s": None, "time_floored": False,
+                "budget_hours": None, "gpu_hours": None, "price_per_hour": price, "cost": None}
+    replicas = cand.plan.shape.replicas
+    update_flops = counted["train_micro_batch"] * cand.plan.shape.accumulation  # a replica
+    rate = tflops * 1e12 * a.utilisation
+    update_s = max(update_flops / rate, a.min_update_s)
+    eval_s = counted["eval_example"] * eval_examples / rate / replicas
+    hours = (updates * update_s + math.ceil(updates / a.eval_every) * eval_s +
+             a.export_minutes * 60) / 3600
+    return {"flops_per_update": update_flops, "time_per_update_s": update_s,
+            "time_floored": update_s == a.min_update_s,
+            "budget_hours": round(hours, 4), "gpu_hours": round(hours * replicas, 4),
+            "price_per_hour": price,
+            "cost": None if price is None else round(hours * replicas * price, 2)}
 
 
 def stack_check(task_path: str, device: str, precision: str, replicas: int = 1,
@@ -270,6 +331,8 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
     evaluation, export and the unexpected. What does not fit is listed, not dropped."""
     usable = days * 24 * (1 - reserve_share)
     rows, clock = [], 0.0
+    if not variants:
+        return pd.DataFrame(columns=PLAN_COLUMNS)
     for v in sorted(variants, key=lambda v: v["priority"]):
         match = sheet[(sheet.candidate == v["candidate"]) & (sheet.gpu == gpu_name)]
         if match.empty:
@@ -289,13 +352,64 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
                      "end_hour": round(clock + hours, 3) if fits else None,
                      "scheduled": fits,
                      "why_not": "-" if fits else (
-                         note if isinstance(note := row.get("note"), str) and note else
+                         row.get("note") if not sized(row) else
                          "does not fit the GPU's memory" if not row.fits else
                          f"needs {hours:.1f} h, {usable - clock:.1f} h of the {usable:.0f} "
                          "usable hours left")})
         if fits:
             clock += hours
     return pd.DataFrame(rows)
+
+
+PLAN_COLUMNS = ["days", "priority", "variant", "candidate", "gpu", "repeats", "hours", "cost",
+                "start_hour", "end_hour", "scheduled", "why_not"]
+
+
+def sized(row: pd.Series) -> bool:
+    """Whether the prediction sized this sheet row (a row without a predicted peak has a note
+    that says why not)."""
+    note = row.get("note")
+    return not pd.isna(row.get("predicted_peak_gib")) or not (isinstance(note, str) and note)
+
+
+def not_sized(sheet: pd.DataFrame) -> dict[str, str]:
+    """Candidates the prediction could not size, in the order given, with the reason."""
+    if "predicted_peak_gib" not in sheet or "note" not in sheet:
+        return {}
+    rows = sheet[sheet.predicted_peak_gib.isna()]
+    return dict(zip(rows.candidate, rows.note, strict=True))
+
+
+def check_variants(variants: Any, candidates: list[Candidate]) -> None:
+    """Every variant has a name, a numeric priority and a candidate of the list (repeats, when
+    given, a positive integer), before anything is sized."""
+    names = [c.name for c in candidates]
+    if not isinstance(variants, list):
+        raise WorkbookError(f"variants must be a list, got {variants!r}",
+                            'give e.g. [{"name": "control", "priority": 1, "candidate": '
+                            f'{names[0]!r}, "repeats": 3}}]')
+    keys = {"name", "priority", "candidate", "repeats"}
+    problems = []
+    for v in variants:
+        if not isinstance(v, dict):
+            problems.append(f"{v!r} is not a dict")
+            continue
+        shown = v.get("name", v)
+        if set(v) - keys or keys - {"repeats"} - set(v):
+            problems.append(f"variant {shown!r}: unknown keys {sorted(set(v) - keys)}, missing "
+                            f"{sorted(keys - {'repeats'} - set(v))}")
+        elif isinstance(v["priority"], bool) or not isinstance(v["priority"], (int, float)):
+            problems.append(f"variant {shown!r}: priority {v['priority']!r} is not a number")
+        elif v["candidate"] not in names:
+            problems.append(f"variant {shown!r} names candidate {v['candidate']!r}, which is "
+                            "not in the candidates")
+        elif not (isinstance(r := v.get("repeats", 1), int) and not isinstance(r, bool)
+                  and r > 0):
+            problems.append(f"variant {shown!r}: repeats {r!r} is not a positive integer")
+    if problems:
+        raise WorkbookError("variants: " + "; ".join(problems),
+                            f"give each variant name, priority (a number), candidate (one of "
+                            f"{names}) and optionally repeats (a positive integer)")
 
 
 def _spend(row: pd.Series) -> float:
@@ -308,13 +422,18 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
     """Per candidate: the cheapest GPU that fits with headroom (by the budget's cost, or its
     hours when no prices are given), beside the GPU asked for, and why they differ."""
     rows = []
-    key = "cost" if sheet.cost.notna().all() else "gpu_hours"
     for name, group in sheet.groupby("candidate", sort=False):
         fitting = group[group.fits]
         asked = group[group.gpu == rental_gpu].iloc[0]
-        best = fitting.loc[fitting[key].idxmin()] if len(fitting) else None
+        # by cost where every fitting GPU has one; a GPU without time or cost comes last
+        key = "cost" if len(fitting) and fitting.cost.notna().all() else "gpu_hours"
+        best = fitting.sort_values(key, kind="stable", na_position="last").iloc[0] \
+            if len(fitting) else None
         if best is None:
-            reason = "fits no GPU of the list"
+            reason = asked.note if not sized(asked) else "fits no GPU of the list"
+        elif pd.isna(best[key]):
+            reason = (f"{best.gpu} fits with {best.headroom_gib:.1f} GiB to spare; no time or "
+                      f"cost to compare ({best.note})")
         elif best.gpu == rental_gpu:
             reason = f"{rental_gpu} is the cheapest GPU that fits"
         elif not asked.fits:
@@ -393,10 +512,33 @@ def unverified(stack: pd.DataFrame) -> list[str]:
     return words
 
 
+def hours(value: float | None) -> str:
+    return "time not known" if value is None or pd.isna(value) else f"{value:.1f} h"
+
+
+def decision_unsized(unsized: dict[str, str], candidates: int, rental_gpu: str) -> str:
+    """What the conclusion says of the candidates the prediction could not size: the decision
+    itself when none could be, else a sentence naming them and why."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in unsized.items():
+        by_reason.setdefault(why, []).append(name)
+    reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
+    if len(unsized) == candidates:
+        which, one = ("the only candidate", "it") if candidates == 1 else \
+            (f"any of the {candidates} candidates", "one")
+        return (f"**No candidate could be sized**: the memory prediction could not size {which}, "
+                f"so this sheet cannot say whether {one} fits the {rental_gpu} - do not rent on "
+                "it. Size by measuring instead (notebook 03 with a candidate's plan_* settings, "
+                f"on a machine that holds it). Why: {reasons}.")
+    return f" Not sized, so not judged: {reasons}."
+
+
 def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFrame,
-               stack: pd.DataFrame, options: pd.DataFrame) -> str:
+               stack: pd.DataFrame, options: pd.DataFrame,
+               unsized: dict[str, str] | None = None) -> str:
     """The campaign's conclusion in words, every figure rounded, from this notebook's sheet and
-    the summaries of the other notebooks of this run where they exist."""
+    the summaries of the other notebooks of this run where they exist (`unsized`: the
+    candidates the prediction could not size, with the reason)."""
     import json
     from pathlib import Path
 
@@ -407,14 +549,19 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
 
     lines = ["# Rental decision", ""]
     currency = options.currency.iloc[0] if len(options) else "USD"
-    if chosen is None:
+    unsized = unsized or {}
+    if chosen is None and unsized and len(unsized) == len(options):
+        lines.append(decision_unsized(unsized, len(options), rental_gpu))
+    elif chosen is None:
         fits_elsewhere = options.dropna(subset=["cheapest_gpu"])
+        nowhere = "No candidate that could be sized" if unsized else "No candidate"
         lines.append(f"No candidate fits the {rental_gpu}: do not rent it for this plan." + (
             " Candidates that fit another GPU: " + "; ".join(
                 f"{r.candidate} on {r.cheapest_gpu} ({money(r.cheapest_cost, r.currency)})"
                 for r in fits_elsewhere.itertuples()) + "." if len(fits_elsewhere) else
-            " No candidate fits any GPU of the list: reduce the micro-batch or the length, or "
-            "turn on activation checkpointing (notebook 05)."))
+            f" {nowhere} fits any GPU of the list: reduce the micro-batch or the length, or "
+            "turn on activation checkpointing (notebook 05).")
+            + (decision_unsized(unsized, len(options), rental_gpu) if unsized else ""))
     else:
         best = options.set_index("candidate").loc[chosen["candidate"]]
         shape = (f"{chosen['strategy']}, {chosen['precision']}, micro-batch "
@@ -425,7 +572,7 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                          f"**{chosen['candidate']}** ({shape}): the cheapest GPU that fits it "
                          "with headroom, "
                          f"{money(best.cheapest_cost, currency)} for the budget "
-                         f"({best.cheapest_hours:.1f} h). You planned on the {rental_gpu} "
+                         f"({hours(best.cheapest_hours)}). You planned on the {rental_gpu} "
                          f"({money(best.asked_cost, currency)}); {best.why}.")
         else:
             lines.append(f"**Rent {article(rental_gpu)} {rental_gpu}** for candidate "
@@ -433,8 +580,10 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                          f"{chosen['required_gib']:.2f} GiB needed with headroom, "
                          f"{chosen['headroom_gib']:.1f} GiB to spare, "
                          f"{money(chosen.get('cost'), currency)} for the budget "
-                         f"({chosen['budget_hours']:.1f} h); {best.why}.")
+                         f"({hours(chosen['budget_hours'])}); {best.why}.")
         lines += ["", f"Expected result: {chosen['expected'] or 'not stated'}."]
+        if unsized:
+            lines += ["", decision_unsized(unsized, len(options), rental_gpu).strip()]
     study = summary("06_lr_study")
     if study:
         fig = study["figures"]
@@ -460,6 +609,8 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
     if verdicts:
         lines += ["", "Other notebooks of this run: " + ", ".join(verdicts) + "."]
     lines.append("")
+    if plans.empty:
+        lines.append("- no variants given: nothing to plan into 3, 7 or 30 days")
     for days, plan in plans.groupby("days"):
         done = plan[plan.scheduled]
         left = plan[~plan.scheduled]
@@ -501,6 +652,7 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     task = task_from_params(params)
     data = prepare(task, limits={"train": params["train_limit"]})
     candidates = candidates_from(params["candidates"])
+    check_variants(params["variants"], candidates)
     rental_gpu = params["rental_gpu"]
     gpu(rental_gpu, params["gpus"])
     overheads = Overheads(int(params["cuda_context_gib"] * GIB),
@@ -519,12 +671,14 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     options = cheapest(sheet, rental_gpu)
     chosen = choose(sheet, rental_gpu)
     return RentalResult(task, rental_gpu, candidates, sheet, stack, plans, options, chosen,
-                        conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options))
+                        conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options,
+                                   not_sized(sheet)))
 
 
 def save(result: RentalResult, out_dir: Path) -> str:
     """Notebook 08's tables, `conclusion.md` and `summary.json`. The verdict fails when no
-    candidate fits the GPU to rent (there is nothing to plan with)."""
+    candidate fits the GPU to rent (there is nothing to plan with), and `not_sized` names the
+    candidates the prediction could not size."""
     from .runs import save_table, write_summary, write_text
 
     sheet, plans, options, stack, chosen = (result.sheet, result.plans, result.options,
@@ -539,6 +693,7 @@ def save(result: RentalResult, out_dir: Path) -> str:
         "recommended_gpu": options.set_index("candidate").cheapest_gpu.get(chosen["candidate"])
         if chosen else None,
         "fitting_rows": int(sheet.fits.sum()), "rows": len(sheet),
+        "not_sized": list(not_sized(sheet)),
         "scheduled": plans.groupby("days").scheduled.sum().to_dict()}, task=result.task.name)
     return verdict
 
