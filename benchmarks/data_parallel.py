@@ -1,7 +1,8 @@
 """Notebook 09's launch on both samples (the classification one with batch norm): the gradient
 of one update as 1 x 16 in one process against 2 x 8, 2 x (2 x 4) and 8 + 7 examples on two
-processes, exact resume in two new processes, every rule's verdict, and the seconds a launch
-costs on this machine.
+processes - with how far a mean per rank would be off on the same examples, the margin by which
+the check can catch that bug - exact resume in two new processes, every rule's verdict, and the
+seconds a launch costs on this machine.
 
     python benchmarks/data_parallel.py [--replicas 2]
 
@@ -50,7 +51,8 @@ def main() -> int:
         for check in result["gradient_check"]:
             print(f"  {check['case']:13s} {check['split']:>13s} vs 1 x {check['examples']}: "
                   f"max relative deviation {check['max_relative_deviation']:.1e}, targets per "
-                  f"rank {[int(t) for t in check['targets_per_rank']]}")
+                  f"rank {[int(t) for t in check['targets_per_rank']]}; a per-rank mean would "
+                  f"deviate by {check['rank_mean_deviation']:.1e}")
             worst = max(worst, check["max_relative_deviation"])
         counts = rules.verdict.value_counts().to_dict()
         print(f"  rules: {counts}; failing: {list(rules.rule[rules.verdict == 'fail'])}")

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbook.gates import PHASES, GateRun, GateSettings
+from workbook.gates import INPUT_BOUND_FLOOR_S, PHASES, GateRun, GateSettings, input_bound
 from workbook.loop import UpdateShape
 from workbook.samples import generation
 from workbook.samples.models import TinyDecoder, TrigramClassifier
@@ -160,6 +160,47 @@ def test_slow_data_loader_warns_on_the_data_gate(cls_task, cls_items, tmp_path):
                          tmp_path)
     assert rows["data"].verdict == "warn" and "input-bound" in rows["data"].detail
     assert report.verdict == "pass", "a warning does not fail the run"
+
+
+def test_input_bound_needs_a_median_wait_above_the_floor_not_a_share_alone(tmp_path):
+    """examples/regression.py's planted slow `__getitem__` (5 ms per example) is input-bound;
+    its clean twin - the same 8-feature MLP, sub-millisecond updates - is not, whatever share
+    its tiny data wait takes of them."""
+    from workbook import load_task
+    from workbook.data import prepare
+
+    def data_gate(**options):
+        task = load_task("examples.regression:task", **options)
+        data = prepare(task)
+        report = GateRun(task, SMALL, data.train[:64], data.validation[:20],
+                         tmp_path / ("slow" if options else "clean")).run()
+        return {r.phase: r for r in report.rows}["data"], report.pipeline
+    slow, timed = data_gate(slow_getitem=True)
+    assert len(timed) == 3, "medians over several updates, never one"
+    assert slow.verdict == "warn" and "input-bound" in slow.detail
+    assert "5 ms floor" in slow.detail and "medians of 3 updates" in slow.detail
+    clean, _ = data_gate()
+    assert clean.verdict == "pass", clean.detail
+    assert "ms per update" in clean.detail and "input-bound" not in clean.detail
+
+
+def test_a_share_of_a_tiny_update_or_one_slow_update_is_not_input_bound():
+    """The judgement on timed updates (seconds): a share with a sub-ms wait is noise, a single
+    slow update does not move the median, a long wait that is a small share is fine."""
+    import pandas as pd
+
+    def judged(waits_ms, updates_ms):
+        timed = pd.DataFrame({"data_s": [w / 1e3 for w in waits_ms],
+                              "time_s": [u / 1e3 for u in updates_ms]})
+        return input_bound(timed, GateSettings())
+    tiny, words = judged([0.21, 0.2, 0.22, 0.2], [0.6, 0.58, 0.61, 0.6])  # 35% of 0.6 ms
+    assert not tiny and "under the 5 ms floor per update, so no warning" in words
+    assert not judged([0.1, 0.1, 50.0, 0.1], [0.5, 0.5, 50.4, 0.5])[0], "one stall is no finding"
+    assert not judged([8.0, 8.0, 8.0], [100.0, 100.0, 100.0])[0], "8% of the update"
+    bound, words = judged([40.0, 41.0, 39.0], [43.0, 44.0, 42.0])
+    assert bound and "input-bound: above 30% of the update and the 5 ms floor" in words
+    assert INPUT_BOUND_FLOOR_S == 0.005
+    assert not input_bound(pd.DataFrame(columns=["data_s", "time_s"]), GateSettings())[0]
 
 
 def test_save_without_space_fails_the_save_gate_with_a_clear_message(gen_task, gen_items,

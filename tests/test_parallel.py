@@ -5,14 +5,35 @@ import dataclasses
 import json
 import subprocess
 import time
+from itertools import zip_longest
 
+import pandas as pd
 import pytest
+import torch
 
-from workbook import WorkbookError
+from workbook import WorkbookError, load_task, parallel
+from workbook.data import load_examples, prepare, split_examples
 from workbook.loop import UpdateShape
-from workbook.parallel import CAUGHT_BY, RULES, check_devices, launch, reduce_sums
+from workbook.parallel import (
+    CAUGHT_BY,
+    NOT_DEMONSTRABLE,
+    RULES,
+    check_devices,
+    demonstration,
+    launch,
+    planted_faults,
+    reduce_sums,
+)
 from workbook.pilot import run_pilot
-from workbook.replica import FAULTS, ReplicaSpec, _artifact, shard, update_groups
+from workbook.replica import (
+    FAULTS,
+    ReplicaSpec,
+    _artifact,
+    check_items,
+    example_targets,
+    shard,
+    update_groups,
+)
 
 from .conftest import CLASSIFICATION, GENERATION
 
@@ -36,16 +57,20 @@ def test_pilot_smoke_09_passes_and_lists_every_rule(tmp_path):
 
 
 def test_each_planted_multi_process_bug_fails_its_rule(tmp_path):
-    """The classification sample with batch norm, so every planted bug applies."""
-    run, index = run_pilot(CLASSIFICATION, out=str(tmp_path / "run"), smoke=True, only="09",
-                           task_options={"batch_norm": "batch"},
-                           params={"demonstrate_faults": True}, progress=False)
-    assert index.verdict.tolist() == ["pass"], index.error.tolist()
-    figures, rules = summary(run)["figures"], summary(run)["rules"]
+    """The classification sample with batch norm, so every planted bug applies. The notebook's
+    own calls (`run`, `save`) without a kernel: the pilot's path is the smoke test's."""
+    from workbook import params
+
+    p = params.of("09_data_parallel", small=True, task=CLASSIFICATION,
+                  task_options={"batch_norm": "batch"}, demonstrate_faults=True)
+    out = tmp_path / "09_data_parallel"
+    assert parallel.save(parallel.run(p, out), out) == "pass"
+    figures, rules = summary(tmp_path)["figures"], summary(tmp_path)["rules"]
     assert rules["batch-norm statistics synchronised"] == "pass"
     assert rules["resume in new processes is exact"] == "pass"
     assert figures["faults_caught"] == {FAULTS[f]: True for f in FAULTS}
-    rows = json.loads((run / "09_data_parallel" / "planted_faults.json").read_text())
+    assert figures["faults_not_demonstrable"] == {}
+    rows = json.loads((out / "planted_faults.json").read_text())
     assert {r["planted bug"]: r["rule"] for r in rows} == {FAULTS[f]: CAUGHT_BY[f]
                                                            for f in FAULTS}
 
@@ -136,3 +161,115 @@ def test_processes_sharing_one_gpu_use_gloo_and_say_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert backend("cuda", 2) == "nccl" and "NCCL" in check_devices("cuda", 2)
     assert backend("cpu", 2) == "gloo"
+
+
+# --- planted faults on data that can show them -----------------------------------------------
+def equal_shares_data(path):
+    """The generation sample's own examples, reordered so that the gradient check's default
+    partial case - the first 15 training examples, example i on rank i % 2 - gives both ranks
+    56 targets (8 x 7 and 14 + 10 + 10 + 7 + 5 + 5 + 5): a per-rank mean cannot show there."""
+    task = load_task(GENERATION)
+    examples = load_examples(task)
+    by_count = {}
+    for ex in split_examples(task, examples)["train"]:
+        by_count.setdefault(task.target_count(task.encode(ex)["labels"]), []).append(ex)
+    rank0, rank1 = by_count[7][:8], [by_count[c].pop() for c in (14, 10, 10, 7, 5, 5, 5)]
+    first = [ex for pair in zip_longest(rank0, rank1) for ex in pair if ex is not None]
+    ids = {ex["id"] for ex in first}
+    rows = first + [ex for ex in examples if ex["id"] not in ids]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def identical_data(path, n=80):
+    """One example repeated under n ids and conversations: every share has the same mean."""
+    rows = [{"conversation": f"conv{i}", "id": f"same-{i}", "instruction": "repeat: fosadu",
+             "response": "fosadu fosadu"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _task_and_items(data_file, limit=32):
+    task = load_task(GENERATION, data_file=data_file)
+    return task, prepare(task, ("train",), {"train": limit}).train
+
+
+def _partial_shares(task, items, world=2):
+    return [sum(example_targets(task, it) for it in items[r::world]) for r in range(world)]
+
+
+def test_a_per_rank_mean_is_caught_where_the_default_examples_hold_equal_targets(tmp_path):
+    """The user's case: the first 15 examples give each rank the same targets, so the check
+    picks others (the same 16, two swapped across ranks) and the planted bug is caught."""
+    data = equal_shares_data(tmp_path / "equal.jsonl")
+    task, items = _task_and_items(data)
+    assert _partial_shares(task, items[:15]) == [56, 56], "the default would hide the bug"
+    chosen = check_items(task, items, 16, 2)
+    assert len(set(_partial_shares(task, chosen[:15]))) == 2
+    assert {it.id for it in chosen} == {it.id for it in items[:16]}
+    spec = ReplicaSpec(GENERATION, {"data_file": data}, updates=2)
+    table = planted_faults(spec, items, tmp_path, None, ("rank_mean_loss",), task)
+    assert table.caught.tolist() == [True] and table.verdict.tolist() == ["fail"], table.measured
+    assert "targets per rank [56, 56]" not in table.measured[0]
+
+
+def test_a_fault_no_data_of_the_task_can_show_is_not_demonstrable_and_fails_nothing(tmp_path):
+    """Identical examples: every share has the same mean gradient, so a per-rank mean gives
+    the right gradient whatever is chosen; a model initialised without randomness cannot show
+    a seed per rank; batch-norm statistics that agree over ranks cannot show whose were saved.
+    Each says why, no launch runs, and the verdict still passes."""
+    task, items = _task_and_items(identical_data(tmp_path / "same.jsonl"))
+    spec = ReplicaSpec(GENERATION, {"data_file": str(tmp_path / "same.jsonl")})
+
+    def fixed_init():
+        model = task.build_model()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(0.01)
+        return model
+    fixed = dataclasses.replace(task, build_model=fixed_init)
+    agreeing = {"batch_norm_final": {"layers": 1, "ranks_differed_by": 0.0,
+                                     "rank0_vs_rank_mean": 0.0}}
+    faults = pd.concat([planted_faults(spec, items, tmp_path, None, ("rank_mean_loss",), task),
+                        planted_faults(spec, items, tmp_path, None, ("rank_seed",), fixed),
+                        planted_faults(spec, items, tmp_path, agreeing, ("bn_rank0",), task)],
+                       ignore_index=True)
+    assert faults.verdict.tolist() == ["not demonstrable"] * 3
+    assert faults.caught.tolist() == [None] * 3
+    assert all(m.startswith(NOT_DEMONSTRABLE) for m in faults.measured)
+    assert "same mean gradient per target" in faults.measured[0]
+    assert "bit-identical parameters" in faults.measured[1]
+    assert not list(tmp_path.glob("fault-*")), "nothing was launched"
+    clean = pd.DataFrame({"rule": list(RULES), "verdict": "pass"})
+    assert parallel.outcome(clean, faults) == "pass"
+    missed = pd.concat([faults, pd.DataFrame([{"planted bug": "x", "caught": False}])])
+    assert parallel.outcome(clean, missed) == "fail", "a missed bug still fails"
+
+
+def test_order_and_writer_demonstrations_pick_settings_that_show_their_fault():
+    """10 updates of 8 examples over 3,500 training examples never reach a second pass: the
+    order bug is planted on the most examples that still let every rank read one (72); a run
+    without a checkpoint gets one, so a second writer shows."""
+    items = list(range(3500))  # demonstration only counts them
+    spec = ReplicaSpec(GENERATION, shape=UpdateShape(2, 2, replicas=2), updates=10,
+                       train_limit=0, checkpoint_at=0)
+    demo = demonstration("fixed_order", spec, items)
+    assert not demo.why and demo.spec.train_limit == len(demo.items) == 72
+    assert demo.spec.check_examples == 16 and demo.spec.fault == "fixed_order"
+    assert all(1 in p for p in parallel._passes_read(72, demo.spec, 2))
+    assert not all(1 in p for p in parallel._passes_read(73, demo.spec, 2))
+    assert demonstration("fixed_order", spec, items[:40]).spec.train_limit == 0, "kept"
+    short = ReplicaSpec(GENERATION, shape=UpdateShape(1, 1, replicas=2), updates=2)
+    assert "raise updates" in demonstration("fixed_order", short, items).why
+    assert demonstration("all_ranks_write", spec, items).spec.checkpoint_at == 1
+
+
+def test_overlapping_shards_fail_before_the_first_pass_ends():
+    def result(ids_per_rank):
+        return {"ranks": [{"records": [{"epoch": 0, "ids": ids}]} for ids in ids_per_rank],
+                "first_step": 1, "train_ids": [str(i) for i in range(100)],
+                "spec": {"drop_partial": False}}
+    same = parallel._shard_rows(result([["1", "2"], ["1", "2"]]))[0]
+    assert same["verdict"] == "fail" and "coverage not checked" in same["measured"]
+    apart = parallel._shard_rows(result([["1", "2"], ["3", "4"]]))[0]
+    assert apart["verdict"] == "not applicable"

@@ -8,20 +8,35 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 from safetensors.torch import load_file
 
+from . import checkpoint as ckpt
 from .accounting import BatchAccount, reconcile
 from .artifacts import read_json
 from .data import Item, prepare
 from .errors import WorkbookError
-from .loop import LOSS, UpdateShape, resolve_device
+from .loop import LOSS, UpdateShape, resolve_device, seed_everything
 from .records import StepRecord
-from .replica import FAULTS, RESULT, WEIGHTS, ReplicaSpec, backend
+from .replica import (
+    FAULTS,
+    RESULT,
+    WEIGHTS,
+    ReplicaSpec,
+    backend,
+    check_items,
+    digest,
+    rank_mean_gradient,
+    reference_gradient,
+    relative_deviation,
+    shard,
+    update_groups,
+)
 from .runs import claim_dir, fresh_process, write_text
 from .runs import shown as shown_path
 from .task import Task, task_from_params
@@ -179,7 +194,11 @@ def _shard_rows(result: dict[str, Any]) -> list[dict[str, str]]:
     missing = set(result["train_ids"]) - set().union(*map(set, seen))
     if result["spec"]["drop_partial"]:
         missing = set()  # a dropped partial update leaves examples out by design
-    if not complete:
+    if not complete and overlap:  # disjointness shows before the pass ends, coverage not
+        shards = _row("disjoint shards covering the split", "fail",
+                      f"{len(overlap)} examples on more than one rank in the updates of the "
+                      "first pass (the run did not finish it: coverage not checked)")
+    elif not complete:
         shards = _row("disjoint shards covering the split", "not applicable",
                       "the run did not finish a pass (raise updates)")
     else:
@@ -219,14 +238,24 @@ def _gradient_rows(result: dict[str, Any], tolerance: float) -> list[dict[str, s
         check = checks[case]
         dev = check["max_relative_deviation"]
         ok = dev <= tolerance and check["identical_on_ranks"]
-        unequal = len(set(check["targets_per_rank"])) > 1
         rows.append(_row(rule, "pass" if ok else "fail",
                          f"{check['split']} on {len(check['targets_per_rank'])} ranks against "
                          f"1 x {check['examples']} in one process: max relative deviation "
                          f"{dev:.1e} (tolerance {tolerance:.0e}); targets per rank "
                          f"{[int(t) for t in check['targets_per_rank']]}"
-                         + ("" if unequal else " (equal: a per-rank mean would agree too)")))
+                         + _rank_mean_note(check, tolerance)))
     return rows
+
+
+def _rank_mean_note(check: dict[str, Any], tolerance: float) -> str:
+    """Said when a mean per rank would pass this check too (it cannot tell them apart)."""
+    if len(set(check["targets_per_rank"])) == 1:
+        return " (equal: a per-rank mean would agree too)"
+    alike = check.get("rank_mean_deviation")
+    if alike is not None and alike <= tolerance:
+        return (f" (a per-rank mean would agree too: it deviates by only {alike:.1e} on these "
+                "examples)")
+    return ""
 
 
 def _bn_row(result: dict[str, Any]) -> dict[str, str]:
@@ -350,25 +379,176 @@ def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder:
                 f"(tolerance {tolerance:g})"), table
 
 
+NOT_DEMONSTRABLE = "not demonstrable on this task: "
+
+
+@dataclass
+class Demonstration:
+    """The launch that plants one fault: its settings and the training items it runs on, or
+    (`why`) the reason no data of this task can show the fault."""
+
+    spec: ReplicaSpec
+    items: list[Item] = field(repr=False)
+    why: str = ""
+
+
+def demonstration(fault: str, spec: ReplicaSpec, items: list[Item],
+                  reference: dict[str, Any] | None = None, task: Task | None = None,
+                  tolerance: float = 1e-4) -> Demonstration:
+    """Settings and data on which the planted `fault` is observable: a demonstration whose data
+    cannot show its fault proves nothing about the rule, and its miss is no finding about the
+    task. What the launch without the fault measured (`reference`) or this process can compute
+    decides it; where nothing can show the fault, `why` says so."""
+    planted, world = replace(spec, fault=fault), spec.shape.replicas
+    if fault == "rank_seed" and task is not None and not _init_depends_on_seed(task, spec.seed):
+        return Demonstration(planted, items, f"build_model gives bit-identical parameters "
+                             f"after seeding with {spec.seed} and with {spec.seed + 1} "
+                             "(pretrained or fixed initialisation), so seeding with the rank "
+                             "changes nothing")
+    if fault == "all_ranks_write" and not spec.checkpoint_at:  # only a checkpoint shows it
+        planted = replace(planted, checkpoint_at=1)
+    if fault == "fixed_order":  # every rank must read examples of a second pass
+        n = _second_pass_examples(planted, len(items))
+        if n is None:
+            per_update = spec.shape.examples_per_update
+            return Demonstration(planted, items, f"{spec.updates} updates of {per_update} "
+                                 f"examples reach no second pass on every rank even with the "
+                                 f"fewest training examples the gradient check takes "
+                                 f"({2 * world}): raise updates")
+        if n < len(items):
+            check = min(spec.check_examples, n // (2 * world) * 2 * world)
+            planted, items = replace(planted, train_limit=n, check_examples=check), items[:n]
+    if fault == "bn_rank0":
+        checks = [c for c in ((reference or {}).get("batch_norm_final"),
+                              ((reference or {}).get("checkpoint") or {}).get("batch_norm"))
+                  if c and c.get("layers")]
+        off = max((c.get("rank0_vs_rank_mean", c["ranks_differed_by"]) for c in checks),
+                  default=None)
+        if off is not None and off <= 1e-6:
+            return Demonstration(planted, items, f"rank 0's batch-norm statistics were within "
+                                 f"{off:.1g} of the mean over ranks in the launch without the "
+                                 "bug (the ranks' statistics agree), so saving rank 0's saves "
+                                 "the mean")
+    if fault == "rank_mean_loss":
+        why = _rank_mean_alike(_partial_check(reference) or _rank_mean_here(task, items, spec),
+                               tolerance)
+        if why:
+            return Demonstration(planted, items, why)
+    return Demonstration(planted, items)
+
+
+def _init_depends_on_seed(task: Task, seed: int) -> bool:
+    """Whether the task's model is initialised differently under another seed (this process's
+    random state is left as it was)."""
+    state = ckpt.rng_state()
+    try:
+        digests = []
+        for s in (seed, seed + 1):
+            seed_everything(s)
+            digests.append(digest(task.build_model().state_dict()))
+    finally:
+        ckpt.set_rng_state(state)
+    return digests[0] != digests[1]
+
+
+def _passes_read(n: int, spec: ReplicaSpec, world: int) -> list[set[int]]:
+    """The passes in which each rank reads real examples during a launch of `spec` from
+    scratch on `n` training examples (the pass order is a pure function, nothing runs)."""
+    read: list[set[int]] = [set() for _ in range(world)]
+    step, epoch = 0, 0
+    while step < spec.updates:
+        groups = update_groups(n, spec, epoch, world)[: spec.updates - step]
+        for group in groups:
+            for r in range(world):
+                if shard(group, r, world, spec.shape.micro_batch, spec.fault)[0]:
+                    read[r].add(epoch)
+        step, epoch = step + len(groups), epoch + 1
+    return read
+
+
+def _second_pass_examples(spec: ReplicaSpec, available: int) -> int | None:
+    """The most training examples (at most `available`, at least what the gradient check
+    takes) on which every rank of the launch reads examples of a second pass."""
+    world, per_update = spec.shape.replicas, spec.shape.examples_per_update
+    for n in range(min(available, max(1, (spec.updates - 1) * per_update)), 2 * world - 1, -1):
+        if all(1 in passes for passes in _passes_read(n, spec, world)):
+            return n
+    return None
+
+
+def _partial_check(launched: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The partial case of a launch's gradient check, when it measured the per-rank mean."""
+    for check in (launched or {}).get("gradient_check") or []:
+        if check["case"] == "partial" and "rank_mean_deviation" in check:
+            return check
+    return None
+
+
+def _rank_mean_here(task: Task | None, items: list[Item],
+                    spec: ReplicaSpec) -> dict[str, Any] | None:
+    """The gradient check's partial case computed in this process (no launch): what a mean
+    per rank gives against the whole update's normalisation, at the launch's initial model."""
+    world, n = spec.shape.replicas, spec.check_examples
+    if task is None or n % (2 * world) or n > len(items):
+        return None  # the launch says what is wrong with the settings
+    chosen = check_items(task, items, n, world)[: n - 1]
+    state = ckpt.rng_state()
+    try:
+        seed_everything(spec.seed)
+        model = task.build_model()
+    finally:
+        ckpt.set_rng_state(state)
+    cpu = torch.device("cpu")
+    grads, counts = rank_mean_gradient(task, model, chosen, world, cpu)
+    return {"examples": n - 1, "targets_per_rank": counts,
+            "split": " + ".join(f"1 x {len(chosen[r::world])}" for r in range(world)),
+            "rank_mean_deviation": relative_deviation(grads, reference_gradient(
+                task, model, chosen, cpu))}
+
+
+def _rank_mean_alike(check: dict[str, Any] | None, tolerance: float) -> str:
+    """Why a mean per rank cannot be told from the right normalisation on the check's data
+    ("" when it can, or when nothing says)."""
+    if check is None or check["rank_mean_deviation"] > tolerance:
+        return ""
+    targets = [int(t) for t in check["targets_per_rank"]]
+    cause = ("the loss counts as many targets on every rank whichever examples are chosen"
+             if len(set(targets)) == 1 else
+             "every rank's share has the same mean gradient per target (alike examples)")
+    return (f"on the gradient check's {check['examples']} examples ({check['split']}, targets "
+            f"per rank {targets}) a mean per rank gives the whole update's gradient to "
+            f"{check['rank_mean_deviation']:.1e} (tolerance {tolerance:.0e}): {cause}")
+
+
 def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path,
-                   reference: dict[str, Any], faults: tuple[str, ...] = tuple(FAULTS),
-                   task: Task | None = None) -> pd.DataFrame:
-    """Each classic multi-process bug planted in its own launch: does the rule meant to name it
-    fail? A bug the task's model cannot have (batch norm without batch-norm layers) is listed,
-    not launched."""
+                   reference: dict[str, Any] | None, faults: tuple[str, ...] = tuple(FAULTS),
+                   task: Task | None = None, tolerance: float = 1e-4) -> pd.DataFrame:
+    """Each classic multi-process bug planted in its own launch, on data that can show it
+    (`demonstration`): does the rule meant to name it fail? A bug the task's model cannot have
+    (batch norm without batch-norm layers) is listed, not launched; one no data of this task
+    can show is "not demonstrable", with the reason - neither fails the verdict."""
     rows = []
     for fault in faults:
         expected = CAUGHT_BY[fault]
-        if fault == "bn_rank0" and not reference["batch_norm_final"].get("layers"):
-            rows.append({"planted bug": FAULTS[fault], "rule": expected,
-                         "verdict": "not applicable", "caught": None, "other failing rules": "",
+        row = {"planted bug": FAULTS[fault], "rule": expected}
+        bn = (reference or {}).get("batch_norm_final")
+        if fault == "bn_rank0" and bn is not None and not bn.get("layers"):
+            rows.append({**row, "verdict": "not applicable", "caught": None,
+                         "other failing rules": "",
                          "measured": "not planted: the model has no batch-norm layer"})
             continue
-        result = launch(replace(spec, fault=fault), folder / f"fault-{fault}")
-        table = rules(result, items, task=task).set_index("rule")
-        verdict = table.verdict[expected]
-        rows.append({"planted bug": FAULTS[fault], "rule": expected, "verdict": verdict,
-                     "caught": verdict == "fail",
+        demo = demonstration(fault, spec, items, reference, task, tolerance)
+        if not demo.why:
+            result = launch(demo.spec, folder / f"fault-{fault}")
+            table = rules(result, demo.items, tolerance, task=task).set_index("rule")
+            verdict = table.verdict[expected]
+            if verdict != "fail" and fault == "rank_mean_loss":  # the launch's own measure
+                demo.why = _rank_mean_alike(_partial_check(result), tolerance)
+        if demo.why:
+            rows.append({**row, "verdict": "not demonstrable", "caught": None,
+                         "other failing rules": "", "measured": NOT_DEMONSTRABLE + demo.why})
+            continue
+        rows.append({**row, "verdict": verdict, "caught": verdict == "fail",
                      "other failing rules": ", ".join(r for r in table.index[table.verdict ==
                                                                              "fail"]
                                                       if r != expected),
@@ -393,8 +573,6 @@ def check_devices(device: str, replicas: int) -> str:
         return f"{replicas} processes on the CPU, collectives over gloo"
     if chosen == "nccl":
         return f"{replicas} processes, one GPU each, collectives over NCCL"
-    import torch
-
     return (f"{replicas} processes share {torch.cuda.device_count()} GPU(s): NCCL needs one GPU "
             "per process, so gloo carries the collectives on CUDA tensors. The rules are the "
             "same; NCCL itself is not exercised - run with one GPU per process to check it")
@@ -408,6 +586,14 @@ def with_row(table: pd.DataFrame, row: dict[str, str]) -> pd.DataFrame:
 def verdict(table: pd.DataFrame) -> str:
     """"pass" when no rule failed (a rule that does not apply fails nothing)."""
     return "fail" if (table.verdict == "fail").any() else "pass"
+
+
+def outcome(rules: pd.DataFrame, faults: pd.DataFrame | None) -> str:
+    """Notebook 09's verdict: "fail" on a failing rule, and on a planted bug its rule missed (a
+    rule that misses its bug cannot be trusted on yours); a bug this task cannot show (caught
+    None: "not demonstrable", "not applicable") fails nothing."""
+    missed = faults is not None and any(c is False for c in faults.caught.tolist())
+    return "fail" if missed else verdict(rules)
 
 
 @dataclass
@@ -450,7 +636,8 @@ def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
     result = launch(spec, out_dir / "run", timeout=params["launch_timeout"])
     resume_row, resumed = resume_check(spec, result, out_dir / "run", out_dir / "resumed",
                                        params["resume_tolerance"])
-    faults = (planted_faults(spec, items, out_dir, result, task=task)
+    faults = (planted_faults(spec, items, out_dir, result, task=task,
+                             tolerance=params["tolerance"])
               if params["demonstrate_faults"] else None)
     rented = replace(spec, device="cuda", shape=replace(shape, replicas=8))
     return ParallelResult(
@@ -470,23 +657,26 @@ def save(result: ParallelResult, out_dir: Path) -> str:
     for table, name in ((rules, "rules"), (accounting, "accounting"), (phases, "phases"),
                         (resumed, "resume")):
         save_table(table, out_dir, name)
-    caught = None
+    caught = not_shown = None
     if faults is not None:
         save_table(faults, out_dir, "planted_faults")
         caught = {r["planted bug"]: r["caught"] for r in faults.to_dict("records")}
-    missed = caught is not None and any(c is False for c in caught.values())
-    outcome = "fail" if missed else verdict(rules)
+        not_shown = {r["planted bug"]: r["measured"] for r in faults.to_dict("records")
+                     if r.get("verdict") == "not demonstrable"}
+    verdict_ = outcome(rules, faults)
     checks = {c["case"]: float(f"{c['max_relative_deviation']:.2g}")
               for c in result.launch["gradient_check"]}
-    write_summary(out_dir, outcome, {
+    write_summary(out_dir, verdict_, {
         "replicas": result.spec.shape.replicas,
         "rules_failing": int((rules.verdict == "fail").sum()),
         "gradient_max_relative_deviation": checks, "faults_caught": caught,
+        "faults_not_demonstrable": not_shown,
         "all_reduce_median_s": float(phases[phases.phase == "all-reduce"].median_s.median())},
         task=result.task.name, rules=rules.set_index("rule").verdict.to_dict())
-    return outcome
+    return verdict_
 
 
-__all__ = ["CAUGHT_BY", "FAULTS", "RULES", "ParallelResult", "ReplicaSpec", "accounting", "command",
-           "evaluation_table", "launch", "phase_table", "planted_faults", "resume_check",
-           "rules", "run", "save", "shell_command", "verdict", "with_row"]
+__all__ = ["CAUGHT_BY", "FAULTS", "NOT_DEMONSTRABLE", "RULES", "Demonstration",
+           "ParallelResult", "ReplicaSpec", "accounting", "command", "demonstration",
+           "evaluation_table", "launch", "outcome", "phase_table", "planted_faults",
+           "resume_check", "rules", "run", "save", "shell_command", "verdict", "with_row"]

@@ -334,7 +334,9 @@ def bn_check(sync: dict[str, Any], saved: dict[str, torch.Tensor] | None) -> dic
     held = saved if saved is not None else {}
     off = max((float((held[k] - mean[k]).abs().max()) for k in mean if k in held),
               default=None)
+    rank0 = max(float((before[0][k] - mean[k]).abs().max()) for k in mean)
     return {"layers": len(mean) // 2, "ranks_differed_by": spread,
+            "rank0_vs_rank_mean": rank0,  # what saving rank 0's statistics would be off by
             "identical_after_sync": len(set(sync["after"])) == 1,
             "saved_vs_rank_mean": off}
 
@@ -356,19 +358,20 @@ def _eval_split(task: Task, model: nn.Module, items: list[Item], spec: ReplicaSp
 
 def gradient_check(task: Task, model: nn.Module, items: list[Item], spec: ReplicaSpec,
                    rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
-    """One update over the same N examples: 1 x N in one process (rank 0, the reference)
-    against R x N/R, R x (2 x N/2R) with accumulation, and N - 1 examples in unequal shares
-    (a partial update: the ranks' target counts differ on any task). Dropout and batch norm
-    in eval behaviour, as in notebook 04's check: they legitimately change with the batch."""
+    """One update over the same N examples (`check_items`): 1 x N in one process (rank 0, the
+    reference) against R x N/R, R x (2 x N/2R) with accumulation, and N - 1 examples in unequal
+    shares (a partial update). Rank 0 also computes what a mean per rank would give, so a
+    check that cannot tell the two apart says so. Dropout and batch norm in eval behaviour, as
+    in notebook 04's check: they legitimately change with the batch."""
     n = spec.check_examples
     if n % (2 * world) or n > len(items):
         raise WorkbookError(f"check_examples={n} must be a multiple of 2 x {world} replicas and "
                             f"at most the {len(items)} training examples",
                             f"use check_examples={2 * world * max(1, len(items) // (2 * world))}"
                             if len(items) >= 2 * world else "give the task more examples")
-    items = items[:n]
+    items = check_items(task, items, n, world)
     reference = None
-    rows = []
+    rows, rank_mean = [], {}
     for case, examples, accumulation in (("equal", n, 1), ("accumulation", n, 2),
                                          ("partial", n - 1, 1)):
         replica = copy.deepcopy(model).eval()
@@ -376,7 +379,10 @@ def gradient_check(task: Task, model: nn.Module, items: list[Item], spec: Replic
         stepper = Stepper(task, ddp, torch.optim.SGD(ddp.parameters(), lr=0.0), None, device,
                           grad_clip=0.0)
         if rank == 0:
-            reference = _reference_gradient(task, model, items[:examples], device)
+            reference = reference_gradient(task, model, items[:examples], device)
+            if examples not in rank_mean:  # accumulation does not change a rank's own mean
+                rank_mean[examples] = relative_deviation(rank_mean_gradient(
+                    task, model, items[:examples], world, device)[0], reference)
         mine = items[:examples][rank::world]  # the check's own split: normalisation only
         batches = list(micro_batches(task, mine, math.ceil(len(mine) / accumulation)))
         out = replica_update(stepper, clock, batches, [1.0] * len(batches), world, spec.fault,
@@ -388,22 +394,82 @@ def gradient_check(task: Task, model: nn.Module, items: list[Item], spec: Replic
                    f"{accumulation} x {math.ceil(k / accumulation)}" for k in shares),
                "examples": examples, "accumulation": accumulation, "all_reduces": clock.calls,
                "identical_on_ranks": len({r["digest"] for r in ranks}) == 1,
-               "targets_per_rank": [r["targets"] for r in ranks]}
+               "targets_per_rank": [r["targets"] for r in ranks],
+               "ids": [str(it.id) for it in items[:examples]]}
         if reference is not None:
-            row["max_relative_deviation"] = max(
-                float((grads[k] - reference[k]).abs().max() /
-                      reference[k].abs().max().clamp(min=1e-12)) for k in reference)
+            row["max_relative_deviation"] = relative_deviation(grads, reference)
+            row["rank_mean_deviation"] = rank_mean[examples]
         rows.append(row)
     return rows
 
 
-def _reference_gradient(task: Task, model: nn.Module, items: list[Item],
+def example_targets(task: Task, item: Item) -> int:
+    """The targets one example gives the loss, read from its labels (1 without labels)."""
+    labels = item.tensors.get("labels")
+    return 1 if labels is None else task.target_count(labels)
+
+
+def check_items(task: Task, items: list[Item], n: int, world: int) -> list[Item]:
+    """The gradient check's N examples: the first N of the split, unless their partial case
+    (the first N - 1, example i on rank i % R) gives every rank the same target count - there a
+    mean per rank gives the right gradient too, so the check could not catch it. Then two
+    examples of different target counts change places across ranks (or one from the rest of the
+    split comes in), which makes the shares unequal; the same on every rank (a pure function)."""
+    chosen = list(items[:n])
+    counts = [example_targets(task, it) for it in chosen]
+    shares = [sum(counts[i] for i in range(r, n - 1, world)) for r in range(world)]
+    if len(set(shares)) > 1:
+        return chosen
+    counts += [example_targets(task, it) for it in items[n:]]
+    for i in range(n - 1):
+        for j in range(i + 1, len(items)):  # inside the N first: the same examples, reordered
+            moves = j >= n - 1 or j % world != i % world  # to another rank, or out of the share
+            if moves and counts[j] != counts[i]:
+                if j < n:
+                    chosen[i], chosen[j] = chosen[j], chosen[i]
+                else:
+                    chosen[i] = items[j]
+                return chosen
+    return chosen  # every example gives the same count and the shares are equal: no choice
+
+
+def reference_gradient(task: Task, model: nn.Module, items: list[Item],
                         device: torch.device) -> dict[str, torch.Tensor]:
     """The gradient of one update over `items` as one micro-batch in this process alone."""
     ref = copy.deepcopy(model).eval()
     Stepper(task, ref, torch.optim.SGD(ref.parameters(), lr=0.0), None, device) \
         .accumulate(list(micro_batches(task, items, len(items))))
     return {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
+
+
+def rank_mean_gradient(task: Task, model: nn.Module, items: list[Item], world: int,
+                       device: torch.device) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The gradient the classic bug gives, in this process alone: each rank's share
+    (`items[rank::world]`) normalised by its own targets, then DDP's average over the ranks;
+    and the targets the loss counted per share."""
+    ref = copy.deepcopy(model).eval()
+    stepper = Stepper(task, ref, torch.optim.SGD(ref.parameters(), lr=0.0), None, device)
+    total: dict[str, torch.Tensor] = {}
+    counts = []
+    for r in range(world):
+        ref.zero_grad(set_to_none=True)
+        _, summed, count = stepper.forward_loss(next(micro_batches(
+            task, items[r::world], len(items))).to(device))
+        stepper.backward(summed)
+        counts.append(float(count))
+        scale = 1.0 / (max(counts[-1], 1.0) * world)
+        for k, p in ref.named_parameters():
+            if p.grad is not None:
+                total[k] = total.get(k, 0) + p.grad * scale
+    return total, counts
+
+
+def relative_deviation(grads: dict[str, torch.Tensor],
+                       reference: dict[str, torch.Tensor]) -> float:
+    """The largest difference from the reference gradient, relative to each tensor's largest
+    reference value."""
+    return max(float((grads[k] - reference[k]).abs().max() /
+                     reference[k].abs().max().clamp(min=1e-12)) for k in reference)
 
 
 def backend(device: str, world: int) -> str:
