@@ -28,7 +28,7 @@ class Order:
     """A stateful shuffle: one generator advanced pass after pass."""
 
     def __init__(self, n: int, seed: int):
-        self.n, self.generator = n, torch.Generator().manual_seed(seed)
+        self.n, self.seed, self.generator = n, seed, torch.Generator().manual_seed(seed)
 
     def __iter__(self):
         return iter(torch.randperm(self.n, generator=self.generator).tolist())
@@ -94,8 +94,8 @@ def make_restore(reseeds_sampler: bool = False):
         for name, obj in objects.items():
             if obj is not None and name in state:
                 obj.load_state_dict(state[name])
-        if reseeds_sampler and objects["sampler"] is not None:
-            objects["sampler"].generator.manual_seed(1234)
+        if reseeds_sampler and objects["sampler"] is not None:  # the order starts over
+            objects["sampler"].generator.manual_seed(objects["sampler"].seed)
     return restore_state
 
 

@@ -219,7 +219,10 @@ def test_divergence_is_a_rise_or_a_non_finite_value_after_a_finite_start():
                 for i, (loss, norm) in enumerate(zip(losses, norms, strict=True))]
     assert divergence(steps(2.0, 1.9, 1.8, 1.7)) == "", "slow learning is no divergence"
     assert divergence(steps(2.0, 2.5, 1.5, 2.4, 1.2)) == "", "a bump is no divergence"
-    assert "rose from 2 to 50" in divergence(steps(2.0, 40.0, 50.0))
+    assert "rose from 2 to 5000" in divergence(steps(2.0, 4e3, 5e3)), "a runaway at once"
+    assert "rose from 2 to 12" in divergence(steps(2.0, 1.9, 2.1, 2.0, 2.2, 8, 9, 10, 11, 12))
+    noisy = (0.96, 5.9, 0.14, 4.2, 3.1, 4.4, 0.5, 5.0, 4.0, 3.9)  # small regression updates
+    assert divergence(steps(*noisy)) == "", "noise above the first update is no divergence"
     assert "(non-finite) within the first 2 updates" in divergence(steps(2.0, math.nan))
     assert divergence(steps(math.nan, math.nan)) == "", "non-finite before any update"
     assert "gradient norm became non-finite (inf)" in divergence(steps(2.0, 3.0,

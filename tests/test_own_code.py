@@ -102,31 +102,24 @@ def test_the_loop_evaluates_with_the_task_eval_step():
         assert sums["accuracy"][1] == counted
 
 
-def test_the_checkpoint_objects_carry_the_sampler_and_step_and_a_reseeding_restore_is_named(
+def test_the_checkpoint_objects_carry_the_sampler_and_step_and_a_restarting_restore_is_named(
         tmp_path):
-    for reseeds in (False, True):
-        task, items, _ = _items(restore_reseeds_sampler=reseeds)
-        from workbook.loop import build_stepper, make_sampler
+    from workbook.resume import recipe, run_recipe
 
-        cfg = UpdateShape(4, 2).train_config(updates=2)
-        stepper = build_stepper(task, cfg)
-        stepper.sampler = make_sampler(task, len(items), 0)
-        train(task, items, cfg, stepper=stepper)
-        path = ckpt.save_checkpoint(tmp_path / f"c{reseeds}", stepper.model, stepper.optimizer,
-                                    stepper.scheduler, counters={"step": 2}, own=task.save_state,
-                                    sampler=stepper.sampler)
-        saved = torch.load(path / "training.pt", weights_only=True)
-        assert saved["step"] == {"step": 2} and "generator" in saved["sampler"]
-        fresh = build_stepper(task, cfg)
-        sampler = make_sampler(task, len(items), 0)
-        args = (path, fresh.model, fresh.optimizer, fresh.scheduler)
-        if reseeds:
+    cfg = UpdateShape(4, 2).train_config(updates=6)
+    for restarts in (False, True):
+        spec = recipe(TASK, {"restore_reseeds_sampler": restarts}, cfg)
+        folder = tmp_path / str(restarts)
+        reference, weights = run_recipe(spec, 6, folder, checkpoint_at=(3,))
+        saved = torch.load(folder / "ckpt-000003" / "training.pt", weights_only=True)
+        assert saved["step"] == {"step": 3} and "generator" in saved["sampler"]
+        if restarts:  # the order starts over: the sampler is not what was saved
             with pytest.raises(WorkbookError, match="did not bring back the sampler state"):
-                ckpt.load_checkpoint(*args, own=task.restore_state, sampler=sampler)
+                run_recipe(spec, 6, start_from=folder / "ckpt-000003")
         else:
-            ckpt.load_checkpoint(*args, own=task.restore_state, sampler=sampler)
-            assert torch.equal(sampler.generator.get_state(),
-                               stepper.sampler.generator.get_state())
+            resumed, again = run_recipe(spec, 6, start_from=folder / "ckpt-000003")
+            assert resumed == reference[3:]
+            assert all(torch.equal(weights[k], again[k]) for k in weights)
 
 
 def test_a_restore_that_leaves_the_sampler_alone_leaves_it_to_the_workbook(tmp_path):

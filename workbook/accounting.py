@@ -492,30 +492,28 @@ class AccountingResult:
     def findings(self) -> list[str]:
         """What is wrong with the task's own step and evaluation, in words."""
         found = []
-        own = self.check[self.check.normalisation == "the task's train_step"]
-        off = own[~own.within_tolerance]
-        if len(off):
-            worst = off.iloc[int(off.max_relative_deviation.to_numpy().argmax())]
-            found.append(f"your train_step's gradient depends on how the update is split: "
-                         f"micro-batch x accumulation {worst['micro_batch x accumulation']} "
-                         f"differs from the whole update in one micro-batch by "
-                         f"{worst.max_relative_deviation:.3g} (relative) with "
-                         "dropout and batch norm held fixed - it normalises per micro-batch "
-                         "(e.g. back-propagates each micro-batch's mean): sum the losses and "
-                         "divide once by the update's targets")
-        if self.step_loss is not None and not self.step_loss.agree.all():
+        other_loss = self.step_loss is not None and not self.step_loss.agree.all()
+        if other_loss:
             row = self.step_loss.iloc[0]
             found.append(f"your train_step computes another loss than `loss` on the same batch "
                          f"({row.train_step_loss:.6g} against {row.task_loss:.6g}, relative "
                          f"difference {row.relative_difference:.3g}) - e.g. it drops the "
                          "attention mask, adds a term or reads other inputs: make both compute "
                          "the objective the campaign trains")
+        own = self.check[self.check.normalisation == "the task's train_step"]
+        off = own[~own.within_tolerance]
+        if len(off):
+            worst = off.iloc[int(off.max_relative_deviation.to_numpy().argmax())]
+            cause = ("its loss is not the task's either (above), which can be the cause: a "
+                     "mask it drops sees other padding in every split" if other_loss else
+                     "it normalises per micro-batch (e.g. back-propagates each micro-batch's "
+                     "mean): sum the losses and divide once by the update's targets")
+            found.append(f"your train_step's gradient depends on how the update is split: "
+                         f"micro-batch x accumulation {worst['micro_batch x accumulation']} "
+                         f"differs from the whole update in one micro-batch by "
+                         f"{worst.max_relative_deviation:.3g} (relative) with dropout and "
+                         f"batch norm held fixed - {cause}")
         return found + evaluation_findings(self.evaluation)
-
-    @property
-    def demonstrates_batch_norm(self) -> bool:
-        """The batch-norm rows are the classification sample's: the task's model has none."""
-        return "norm" in self.batch_norm
 
 
 def run(params: dict[str, Any], out_dir: Path | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -229,6 +230,32 @@ def loss_of(returned: Any, piece: str = "train_step") -> float:
         raise WorkbookError(f"the task's {piece} returned {shown}, not the update's loss",
                             "return the update's loss: a 0-d tensor, a float, or a dict "
                             'with "loss" (the loop records it every update)') from None
+
+
+DIVERGENCE_WINDOW = 5  # updates whose median is compared: one hard micro-batch is no divergence
+RUNAWAY_MULTIPLE = 1e3  # a rise this large over the first update is divergence at once
+
+
+def loss_rise(losses: list[float], multiple: float = 3.0) -> str:
+    """Why a run's losses diverged, in numbers ("" when they did not): the median of the last
+    DIVERGENCE_WINDOW updates above `multiple` x the median of the first DIVERGENCE_WINDOW
+    (per-update losses of small regression updates vary 40x between batches, so neither end
+    is one update), or above RUNAWAY_MULTIPLE x the first update's (a learning rate 1e6 too
+    large explodes before any window fills). Non-finite values are the caller's to judge."""
+    window = DIVERGENCE_WINDOW
+    if len(losses) < 3 or not losses[0] > 0:
+        return ""
+    recent = statistics.median(losses[-window:])
+    if recent > RUNAWAY_MULTIPLE * losses[0]:
+        return (f"median loss of the last {min(len(losses), window)} updates {recent:.3g} "
+                f"above {RUNAWAY_MULTIPLE:g} x the first update's {losses[0]:.3g}")
+    if len(losses) < 2 * window:
+        return ""
+    start = statistics.median(losses[:window])
+    if recent > multiple * start:
+        return (f"median loss of the last {window} updates {recent:.3g} above {multiple:g} x "
+                f"the median of the first {window}, {start:.3g}")
+    return ""
 
 
 def seed_everything(seed: int) -> None:

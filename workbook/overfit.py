@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from .loop import (
     UpdateShape,
     eval_mode,
     evaluate,
+    loss_rise,
     resolve_device,
     seed_everything,
     train,
@@ -69,7 +69,7 @@ def divergence(steps: list[StepRecord]) -> str:
     """Why these updates diverged, in numbers ("" when they did not): after a first update
     with a finite loss and gradient (before it the learning rate has done nothing, so a
     non-finite value there is the model's or the loss's), a non-finite loss or gradient, or
-    the median loss of the last 5 updates above DIVERGENCE_MULTIPLE x the first update's.
+    a rise by `loop.loss_rise` (06's rule).
     Slow learning never rises, so it is never called divergence."""
     first = steps[0] if steps else None
     if first is None or not (math.isfinite(first.loss) and math.isfinite(first.grad_norm)):
@@ -84,8 +84,7 @@ def divergence(steps: list[StepRecord]) -> str:
         return f"{went} (non-finite) {within}"
     if len(steps) > 1 and not math.isfinite(last.grad_norm):
         return f"{went} and the gradient norm became non-finite ({last.grad_norm}) {within}"
-    recent = statistics.median(s.loss for s in steps[-5:])
-    if len(steps) >= 3 and first.loss > 0 and recent > DIVERGENCE_MULTIPLE * first.loss:
+    if loss_rise([s.loss for s in steps], DIVERGENCE_MULTIPLE):
         return f"{went} {within}"
     return ""
 
@@ -215,7 +214,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                                                 else f"{init_tolerance:.0%}"),
          "passed": init_gap <= init_tolerance, "detail": ""},
         {"check": "learning rate does not diverge", "value": f"lr {lr:g} ({lr_from})",
-         "expected": f"no rise above {DIVERGENCE_MULTIPLE:g} x the first loss, finite",
+         "expected": f"no rise above {DIVERGENCE_MULTIPLE:g} x the first losses, finite",
          "passed": not diverged, "detail": message},
         {"check": "loss finite at every step", "value": finite, "expected": True,
          "passed": finite, "detail": ""},

@@ -100,6 +100,12 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
                             f"{task.name!r}", "resume it with the task that wrote it")
     stepper = build_stepper(task, cfg)
     stepper.sampler = make_sampler(task, examples, cfg.seed)
+    if callable(getattr(stepper.sampler, "state_dict", None)):
+        # off its initial state before restore_state sees it: a restore that starts the order
+        # over (reseeds) then changes it and is checked, instead of passing for one that left
+        # the sampler alone
+        for _ in stepper.sampler:
+            pass
     optimizer = None if "optimizer" in faults else stepper.optimizer
     info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
                                 stepper.scaler, restore_rng="rng" not in faults,

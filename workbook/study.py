@@ -11,7 +11,6 @@ import math
 import random
 import shlex
 import shutil
-import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from .artifacts import read_json, seal_file, verify_file
 from .data import Item, collate_items, prepare
 from .errors import WorkbookError
 from .ledger import Ledger
-from .loop import Stepper, UpdateShape, eval_mode, evaluate, resolve_device, train
+from .loop import Stepper, UpdateShape, eval_mode, evaluate, loss_rise, resolve_device, train
 from .records import EvalRecord, StepRecord
 from .runs import shown, task_args, write_json
 from .task import Task, contributes, load_recorded_task, load_task
@@ -50,7 +49,7 @@ class StudyDesign:
     metric: str = "loss"  # "loss" or a metric of the task, e.g. "accuracy"
     top_n: int = 2  # best checkpoints kept per trial, plus the last
     divergence_multiple: float = 3.0  # stop when the median loss of the last 5 updates exceeds
-    # this x the first update's
+    # this x the median of the first 5 (loop.loss_rise)
     prediction_examples: int = 4  # validation examples whose predictions are kept
     device: str = "cpu"
     notes: str = ""
@@ -239,13 +238,7 @@ class Study:
             losses.append(record.loss)
             if not math.isfinite(record.loss):
                 return f"non-finite loss ({record.loss}) at update {record.step}"
-            # the median of the last 5 updates against the first update's loss: one hard
-            # micro-batch (a heavy-tailed regression target, a long sequence) is no divergence
-            start, recent = losses[0], statistics.median(losses[-5:])
-            if len(losses) >= 3 and recent > design.divergence_multiple * start:
-                return (f"median loss of the last {min(len(losses), 5)} updates {recent:.3g} "
-                        f"above {design.divergence_multiple} x the first update's {start:.3g}")
-            return None
+            return loss_rise(losses, design.divergence_multiple) or None
 
         def on_eval(record: EvalRecord, stepper: Stepper) -> None:
             ledger.add_steps(tid, pending)
