@@ -515,6 +515,11 @@ class AccountingResult:
                          f"batch norm held fixed - {cause}")
         return found + evaluation_findings(self.evaluation)
 
+    @property
+    def demonstrates_batch_norm(self) -> bool:
+        """The batch-norm rows are the classification sample's: the task's model has none."""
+        return "norm" in self.batch_norm
+
 
 def run(params: dict[str, Any], out_dir: Path | None = None,
         progress: bool = False) -> AccountingResult:
