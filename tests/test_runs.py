@@ -50,3 +50,99 @@ def test_a_write_into_a_missing_folder_names_that_cause_not_the_disk(tmp_path):
     with pytest.raises(WorkbookError, match="create the folder .*not-made first"):
         write_file(missing / "x.bin", lambda tmp: tmp.write_bytes(b"x"), "weights")
     assert not tmp_path.joinpath("not-made").exists()
+
+
+def test_a_claimed_folder_cannot_be_claimed_again_even_before_anything_is_in_it(tmp_path):
+    claim_dir(tmp_path / "run")  # the other pilot has not written anything yet
+    with pytest.raises(WorkbookError, match="already holds a run"):
+        claim_dir(tmp_path / "run")
+    (tmp_path / "empty").mkdir()
+    claim_dir(tmp_path / "empty")  # an empty existing folder is taken once
+    with pytest.raises(WorkbookError, match="already holds a run"):
+        claim_dir(tmp_path / "empty")
+
+
+def test_of_many_processes_given_one_folder_at_once_one_gets_it(tmp_path):
+    import threading
+
+    start, won, refused = threading.Barrier(8), [], []
+
+    def claim():
+        start.wait()
+        try:
+            won.append(claim_dir(tmp_path / "run"))
+        except WorkbookError as exc:
+            refused.append(exc)
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(refused) == 7
+    assert all("already holds a run" in e.problem for e in refused)
+
+
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_umask_mode_whatever_the_temporary_had(umask, expected, tmp_path):
+    import os
+    import stat
+
+    from workbook.runs import write_json, write_text
+
+    before = os.umask(umask)
+    try:
+        write_json(tmp_path / "a.json", {"x": 1})  # through a temporary file made 0600
+        write_text(tmp_path / "b.txt", "new", overwrite=False)
+    finally:
+        os.umask(before)
+    for name in ("a.json", "b.txt"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == expected, name
+
+
+def test_an_output_written_as_new_is_never_overwritten_and_leaves_nothing(tmp_path):
+    from workbook.runs import write_text
+
+    write_text(tmp_path / "r.json", "first", overwrite=False)
+    with pytest.raises(WorkbookError, match="r.json already exists"):
+        write_text(tmp_path / "r.json", "second", overwrite=False)
+    assert (tmp_path / "r.json").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    write_text(tmp_path / "r.json", "replaced")  # the default replaces: index.json, summaries
+    assert (tmp_path / "r.json").read_text() == "replaced"
+
+
+EVIL = "x$(touch {marker}):task"
+
+
+def _pasted(line: str) -> None:
+    import subprocess
+
+    subprocess.run(["bash", "-c", f": {line}"], capture_output=True, timeout=30)
+
+
+def test_a_suggested_command_is_quoted_so_pasting_it_runs_nothing(tmp_path):
+    from workbook.runs import command_line, workbook_command
+
+    marker = tmp_path / "pwned"
+    words = ["trial", "--study", str(tmp_path / "a study"), "--task", EVIL.format(marker=marker)]
+    line = workbook_command(words)
+    assert f"'{EVIL.format(marker=marker)}'" in line
+    _pasted(line)
+    assert not marker.exists()
+    _pasted(" ".join(["python", "-m", "workbook", *words]))  # the twin, unquoted: it runs
+    assert marker.exists(), "the check above would prove nothing"
+    assert command_line(["a b", 3, "$HOME"]) == "'a b' 3 '$HOME'"
+
+
+def test_a_timed_out_command_names_itself_quoted(tmp_path):
+    from workbook.runs import fresh_process
+
+    marker = tmp_path / "pwned"
+    with pytest.raises(WorkbookError, match="did not finish within 0 s") as info:
+        fresh_process(["reload", "--archive", str(tmp_path), "--task",
+                       EVIL.format(marker=marker)], 0.2, "the reload")
+    line = info.value.fix.split("run ", 1)[1].rsplit(" by hand", 1)[0]
+    assert line.startswith("python -m workbook reload --archive ")
+    _pasted(line)
+    assert not marker.exists()

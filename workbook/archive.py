@@ -20,7 +20,7 @@ from .checkpoint import WEIGHTS, load_weights
 from .data import Item, collate_items, prepare
 from .errors import WorkbookError
 from .loop import eval_mode
-from .runs import fresh_process, task_args
+from .runs import fresh_result, outcome_error, task_args
 from .task import Task, load_recorded_task, load_task
 
 CONFIG = "config.json"
@@ -125,11 +125,12 @@ def read_json_list(path: Path) -> list[str]:
 
 def reload_in_new_process(path: str | Path, task: str, task_options: dict | None = None,
                           timeout: float = 600) -> dict:
-    """`python -m workbook reload --archive PATH --task TASK` in a fresh process: its result,
-    or `identical: False` with the error when it failed."""
-    done = fresh_process(["reload", "--archive", str(path), *task_args(task, task_options)],
-                         timeout, "the reload")
-    try:
-        return json.loads(done.stdout)
-    except json.JSONDecodeError:
-        return {"identical": False, "error": done.stderr.strip()[-600:]}
+    """`python -m workbook reload --archive PATH --task TASK` in a fresh process: the result it
+    hands back in a file (whatever the task prints), or `identical: False` with the error when
+    it failed."""
+    outcome, done = fresh_result(["reload", "--archive", str(path),
+                                  *task_args(task, task_options)], timeout, "the reload")
+    result = (outcome or {}).get("result")
+    if isinstance(result, dict) and isinstance(result.get("identical"), bool):
+        return result
+    return {"identical": False, "error": outcome_error(outcome, done, "the reload")}

@@ -1,12 +1,33 @@
-"""Command line: `python -m workbook pilot [--task MOD:ATTR] [--out DIR] [--smoke] [--only 01]`."""
+"""Command line: `python -m workbook pilot [--task MOD:ATTR] [--out DIR] [--smoke] [--only 01]`.
+
+Every command checks what it is given before any work, writes only new files (never over an
+existing one) and exits non-zero when it failed. `trial`, `resume` and `reload` hand their
+outcome back in the new file `--result PATH` (JSON): a parent process reads that, never the
+output, which the task's own prints share."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
+import math
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 from .errors import WorkbookError
+from .runs import (
+    CLAIM,
+    LAUNCH_CLAIM,
+    RESULT_OPTION,
+    claim_dir,
+    command_line,
+    hand_back,
+    refuse_existing,
+)
+
+SEED_MAX = 2**32 - 1  # seed_everything seeds NumPy too, whose seed is 0..2**32-1
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -19,8 +40,10 @@ def _option(text: str) -> tuple[str, object]:
         return key, value
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="workbook", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    """The commands and their options."""
+    parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     pilot = sub.add_parser("pilot", help="run the pilot notebooks into a new run folder")
     pilot.add_argument("--task", default="workbook.samples.generation:task",
@@ -37,58 +60,42 @@ def main(argv: list[str] | None = None) -> int:
     pilot.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="each notebook's time limit (default 3600, 600 with --smoke)")
     trial = sub.add_parser("trial", help="run one more trial of an existing study (the "
-                           "repro command of notebook 06)")
-    trial.add_argument("--study", required=True, help="the study folder (holds plan.json)")
+                           "repro command of notebook 06); exits 1 when the trial failed")
+    trial.add_argument("--study", required=True, help="the study folder (holds design.json)")
     _task_arguments(trial)
     trial.add_argument("--lr", type=float, required=True)
-    trial.add_argument("--seed", type=int, default=0)
+    trial.add_argument("--seed", type=int, default=0, help=f"0 to {SEED_MAX}")
     trial.add_argument("--repeats", type=int, help="the id of the trial this one repeats")
+    _result_argument(trial)
     resume = sub.add_parser("resume", help="continue a checkpoint in this (new) process")
     resume.add_argument("--checkpoint", required=True)
     _task_arguments(resume)
     resume.add_argument("--to", type=int, required=True, help="the update to stop after")
-    resume.add_argument("--out", required=True, help="writes OUT.json and OUT.safetensors")
+    resume.add_argument("--out", required=True, help="writes the new files OUT.json and "
+                        "OUT.safetensors (never over existing ones)")
     resume.add_argument("--fault", action="append", default=[],
                         help="plant a resume bug (optimizer, sampler, rng) to see it caught")
-    reload = sub.add_parser("reload", help="reload an archive and re-run its control inputs")
+    _result_argument(resume)
+    reload = sub.add_parser("reload", help="reload an archive and re-run its control inputs; "
+                            "exits 1 when they do not reproduce")
     reload.add_argument("--archive", required=True)
     _task_arguments(reload)
+    _result_argument(reload)
     ddp = sub.add_parser("ddp", help="one process of notebook 09's data-parallel run (started "
                          "by torchrun: torchrun --standalone --nproc_per_node=N -m workbook ddp)")
     ddp.add_argument("--spec", required=True, help="the run's settings as JSON (ReplicaSpec)")
-    ddp.add_argument("--out", required=True, help="the launch's folder (rank 0 writes there)")
+    ddp.add_argument("--out", required=True, help="the launch's folder: new or empty (rank 0 "
+                     "writes there)")
     ddp.add_argument("--resume-from", help="a checkpoint of an earlier launch to continue")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.command == "ddp":
-        import os
-
-        from .replica import main as replica_main
-
-        try:
-            code = replica_main(args.spec, args.out, args.resume_from)
-        except WorkbookError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            code = 2
-        # Everything is written (atomically) and the process group destroyed: leave without
-        # interpreter finalization, where gloo's threads freeing Python-held tensors abort the
-        # process now and then (SIGABRT, "terminate called without an active exception";
-        # pytorch/pytorch#179291 describes it) - one launch in six on a loaded 2-core machine.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    if args.command in ("resume", "reload"):
-        return _resume_or_reload(args)
-    if args.command == "trial":
-        from .study import Study
-
-        try:
-            tid = Study(args.study, task=args.task, task_options=dict(args.option)).run_trial(
-                args.lr, args.seed, args.repeats)
-        except WorkbookError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"trial {tid}")
-        return 0
+        return _ddp(args)
+    if args.command in COMMANDS:
+        return _handing_back(args)
     from .pilot import run_pilot
 
     try:
@@ -113,34 +120,165 @@ def _task_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="KEY=VALUE", help="an option for a task factory (repeatable)")
 
 
-def _resume_or_reload(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
+def _result_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(RESULT_OPTION, metavar="PATH", help="also write the outcome as JSON to "
+                        "this new file (how a parent process reads it; never over an existing "
+                        "file)")
 
+
+# --- trial, resume, reload: checked first, outcome handed back in --result ----------------
+def _handing_back(args: argparse.Namespace) -> int:
+    """Run `trial`, `resume` or `reload`: its outcome goes to --result (when given) whatever
+    happens, an error also to stderr; exit 0 (done), 1 (ran, and failed) or 2 (refused)."""
+    result = Path(args.result) if args.result else None
     try:
-        if args.command == "resume":
-            from .artifacts import read_json
-            from .checkpoint import META, load_state
-            from .resume import run_recipe, write_result
-            from .task import load_recorded_task
+        if result is not None:
+            refuse_existing([result], RESULT_OPTION)
+    except WorkbookError as exc:  # no result file can be written: stderr only
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        code, outcome, error = COMMANDS[args.command](args)
+    except WorkbookError as exc:
+        code, outcome, error = 2, None, exc
+    except Exception as exc:  # a bug, or the task's own code: the parent still learns of it
+        _hand_back(result, args.command, 1, None, WorkbookError(
+            f"{args.command} raised {type(exc).__name__}: {exc}"[:600],
+            "read the traceback in the command's error output"))
+        raise
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+    return _hand_back(result, args.command, code, outcome, error)
 
-            load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
-            spec = read_json(Path(args.checkpoint) / META, "checkpoint meta").get("recipe")
-            task = load_recorded_task(spec, args.task, dict(args.option),
-                                      f"checkpoint {args.checkpoint}")
-            records, weights = run_recipe(spec, args.to, start_from=Path(args.checkpoint),
-                                          faults=tuple(args.fault), task=task)
-            write_result(records, weights, Path(args.out))
-            print(f"resumed to update {args.to}")
-            return 0
-        from .archive import reload_archive
 
-        result = reload_archive(args.archive, args.task, dict(args.option))
-        print(json.dumps(result))
-        return 0 if result["identical"] else 1
+def _hand_back(result: Path | None, command: str, code: int, outcome: dict | None,
+               error: WorkbookError | None) -> int:
+    try:
+        hand_back(result, command, code, outcome, error)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return code or 2
+    return code
+
+
+def _trial(args: argparse.Namespace) -> tuple[int, dict, WorkbookError | None]:
+    from .study import Study
+
+    if not 0 <= args.seed <= SEED_MAX:
+        raise WorkbookError(f"--seed {args.seed} is outside 0..{SEED_MAX}",
+                            f"give a seed from 0 to {SEED_MAX}: the trial seeds Python, NumPy "
+                            "and torch from it, and NumPy takes no other")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise WorkbookError(f"--lr {args.lr} is not a positive finite number",
+                            "give a learning rate such as --lr 1e-3")
+    if args.repeats is not None and args.repeats < 1:
+        raise WorkbookError(f"--repeats {args.repeats} is not a trial id",
+                            "give the id of the trial this one repeats (see the study table)")
+    study = Study(args.study, task=args.task, task_options=dict(args.option))
+    try:
+        tid = study.run_trial(args.lr, args.seed, args.repeats)
+        row = study.ledger.trial(tid)
+    finally:
+        study.ledger.close()
+    outcome = {"trial": tid, "status": row["status"], "stop_reason": row["stop_reason"],
+               "stop_step": _plain(row["stop_step"])}
+    if row["status"] == "failed":
+        return 1, outcome, WorkbookError(
+            f"trial {tid} failed: {row['stop_reason']}",
+            "the ledger keeps its row and error; fix the cause, then run it again as a new "
+            f"trial: {study.repro(args.lr, args.seed, tid)}")
+    print(f"trial {tid}: {row['status']}" + (f" ({row['stop_reason']})"
+                                              if row["stop_reason"] else ""))
+    return 0, outcome, None
+
+
+def _plain(value: Any) -> Any:
+    """A ledger value as plain JSON (pandas gives numpy numbers and NaN for NULL)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _resume(args: argparse.Namespace) -> tuple[int, dict, None]:
+    from safetensors.torch import save_file
+
+    from .artifacts import read_json, write_file
+    from .checkpoint import META, load_state
+    from .resume import run_recipe
+    from .runs import write_text
+    from .task import load_recorded_task
+
+    out = Path(args.out)
+    records_path, weights_path = out.with_suffix(".json"), out.with_suffix(".safetensors")
+    refuse_existing([records_path, weights_path], "--out")
+    if args.to < 1:
+        raise WorkbookError(f"--to {args.to} is not an update", "give --to 1 or later")
+    load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
+    spec = read_json(Path(args.checkpoint) / META, "checkpoint meta").get("recipe")
+    task = load_recorded_task(spec, args.task, dict(args.option),
+                              f"checkpoint {args.checkpoint}")
+    records, weights = run_recipe(spec, args.to, start_from=Path(args.checkpoint),
+                                  faults=tuple(args.fault), task=task)
+    # the weights first, the records last: the records' file says the hand-back is complete
+    write_file(weights_path, lambda tmp: save_file(
+        {k: v.contiguous() for k, v in weights.items()}, str(tmp)), "resumed weights")
+    write_text(records_path, json.dumps(records), overwrite=False)
+    print(f"resumed to update {args.to}")
+    return 0, {"resumed_to": args.to, "updates": len(records), "records": str(records_path),
+               "weights": str(weights_path)}, None
+
+
+def _reload(args: argparse.Namespace) -> tuple[int, dict, None]:
+    from .archive import reload_archive
+
+    result = reload_archive(args.archive, args.task, dict(args.option))
+    print(json.dumps(result))
+    return (0 if result["identical"] else 1), result, None
+
+
+COMMANDS = {"trial": _trial, "resume": _resume, "reload": _reload}
+
+
+# --- ddp: one torchrun worker -----------------------------------------------------------------
+def _ddp(args: argparse.Namespace) -> int:
+    """One process of a launch. Outside torchrun, or with an --out that holds anything, it is
+    refused before anything starts; rank 0 claims --out (the other ranks wait for it in the
+    process group, so none writes first)."""
+    try:
+        claim_launch(args)
     except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from .replica import main as replica_main
+
+    try:
+        code = replica_main(args.spec, args.out, args.resume_from)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    # Everything is written (atomically) and the process group destroyed: leave without
+    # interpreter finalization, where gloo's threads freeing Python-held tensors abort the
+    # process now and then (SIGABRT, "terminate called without an active exception";
+    # pytorch/pytorch#179291 describes it) - one launch in six on a loaded 2-core machine.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def claim_launch(args: argparse.Namespace) -> None:
+    """Refuse `workbook ddp` outside torchrun (no RANK/WORLD_SIZE) with the command that starts
+    it; on rank 0, claim --out: new or empty (a launch of notebook 09 made and claimed it)."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if not (rank or "").isdigit() or not (world or "").isdigit():
+        again = ["ddp", "--spec", args.spec, "--out", args.out]
+        again += ["--resume-from", args.resume_from] if args.resume_from else []
+        raise WorkbookError(
+            "workbook ddp is started by torchrun (notebook 09 does that): RANK and WORLD_SIZE "
+            "are not set",
+            "run the notebook (09_data_parallel), or " + command_line(
+                ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "workbook", *again]))
+    if rank == "0":
+        claim_dir(args.out, LAUNCH_CLAIM, beside=(CLAIM,))
 
 
 if __name__ == "__main__":

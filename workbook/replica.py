@@ -601,7 +601,8 @@ def _restore(path: Path, stepper: Stepper, rank: int, world: int) -> tuple[Posit
     c = info["counters"]
     if int(c.get("world", 1)) != world:
         raise WorkbookError(f"checkpoint {path} was written by {c.get('world')} processes, this "
-                            f"launch has {world}", f"resume with --nproc_per_node={c.get('world')}")
+                            f"launch has {world}",
+                            f"resume with --nproc_per_node={int(c.get('world', 1))}")
     ckpt.set_rng_state(c["rank_rng"][rank])
     return Position(int(c["epoch"]), int(c["group"])), int(c["step"]) + 1
 

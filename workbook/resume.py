@@ -22,7 +22,7 @@ from .data import Item, prepare
 from .errors import WorkbookError
 from .loop import Position, Stepper, TrainConfig, UpdateShape, build_stepper, make_sampler, train
 from .records import StepRecord
-from .runs import fresh_process, task_args, write_text
+from .runs import fresh_process, task_args, workbook_command, write_text
 from .task import Task, load_task
 
 FAULTS = ("optimizer", "sampler", "rng")  # planted resume bugs, to show what the check catches
@@ -312,7 +312,9 @@ def run(params: dict[str, Any], out_dir: Path) -> ResumeResult:
     archive = write_archive(out_dir / "archive", params["task"], params["task_options"], model,
                             spec["config"],
                             pd.DataFrame(details["reference"]).drop(columns=["ids"]),
-                            [f"python -m workbook pilot --task {params['task']} --only 07"],
+                            [workbook_command(["pilot", *task_args(params["task"],
+                                                                   params["task_options"]),
+                                               "--only", "07"])],
                             params["controls"])
     reloaded = reload_in_new_process(archive, params["task"], params["task_options"])
     return ResumeResult(task, spec, len(items), per_pass, mid, boundary, cases, details, faults,

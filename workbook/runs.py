@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,14 +20,30 @@ from typing import Any
 
 import pandas as pd
 
-from .artifacts import write_error
+from .artifacts import file_mode, write_error
 from .errors import WorkbookError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 # Interactive runs land in the checkout's runs/ folder (ignored by git) unless WORKBOOK_RUNS is set.
 RUNS_ROOT = Path(os.environ.get("WORKBOOK_RUNS", CHECKOUT / "runs"))
+# Created exclusively in every folder claimed for a run: of two processes given one folder at
+# once, only one can create it. A launch of notebook 09 claims its folder with LAUNCH_CLAIM.
+CLAIM = ".workbook-claim"
+LAUNCH_CLAIM = ".workbook-launch"
+# The option a fresh process writes its outcome to (a new file the parent named): commands talk
+# to each other through files, never stdout, which the task's own prints share.
+RESULT_OPTION = "--result"
+
+
+def command_line(args: list[Any]) -> str:
+    """A command as a line to paste into a shell: every word quoted (`shlex.quote`), so a task
+    name, path or option such as `x$(rm -rf ~):task` stays one inert word."""
+    return shlex.join(str(a) for a in args)
+
+
+def workbook_command(args: list[Any], launcher: tuple[str, ...] = ()) -> str:
+    """`python [LAUNCHER] -m workbook ARGS`, quoted for a shell (see `command_line`)."""
+    return command_line(["python", *launcher, "-m", "workbook", *args])
 
 
 def shown(path: str | Path) -> str:
@@ -42,11 +60,14 @@ def fresh_process(args: list[str], timeout: float, what: str = "the command",
     """`python [LAUNCHER] -m workbook ARGS` in a new process (nothing shared with this one),
     within `timeout` seconds; the working folder is importable, as it is for the pilot's
     kernels. The process gets its own session, so a timeout kills it with every process it
-    started (torchrun's workers included)."""
+    started (torchrun's workers included). Its output is only for people (whatever bytes the
+    task prints are read, undecodable ones replaced); results come back in files
+    (`fresh_result`). It reads no input: a task asking for some gets end-of-file, not a hang."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
     command = [sys.executable, *launcher, "-m", "workbook", *args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
                             env=env, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -54,11 +75,63 @@ def fresh_process(args: list[str], timeout: float, what: str = "the command",
         stop_tree(proc)
         if isinstance(exc, subprocess.TimeoutExpired):
             raise WorkbookError(f"{what} did not finish within {timeout:.0f} s",
-                                "the machine may be overloaded or the task stuck; run `python "
-                                f"{shlex.join([*launcher, '-m', 'workbook', *args])}` by hand "
-                                "to see where") from None
+                                "the machine may be overloaded or the task stuck; run "
+                                f"{workbook_command(args, launcher)} by hand to see "
+                                "where") from None
         raise
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def fresh_result(args: list[str], timeout: float, what: str = "the command",
+                 launcher: tuple[str, ...] = ()) -> tuple[dict | None, subprocess.CompletedProcess]:
+    """`fresh_process` for a command that hands back its outcome in a file: the process is
+    given `--result PATH`, a new name in a private folder made for it (mode 0700), and writes
+    its outcome there atomically (`hand_back`). Returns that outcome (None when the process
+    wrote none, e.g. it crashed) and the finished process; the folder is removed."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="workbook-result-"))
+    except OSError as exc:
+        raise write_error("the result folder in", Path(tempfile.gettempdir()), exc) from exc
+    path = folder / "result.json"
+    try:
+        done = fresh_process([*args, RESULT_OPTION, str(path)], timeout, what, launcher)
+        return read_result(path), done
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_result(path: Path) -> dict | None:
+    """The outcome a command handed back in `path`, or None when there is none in our format."""
+    try:
+        outcome = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(outcome, dict) and isinstance(outcome.get("exit_code"), int) and \
+        isinstance(outcome.get("result"), (dict, type(None))) and \
+        isinstance(outcome.get("error"), (dict, type(None)))
+    return outcome if ok else None
+
+
+def hand_back(path: str | Path | None, command: str, exit_code: int, result: dict | None = None,
+              error: WorkbookError | None = None) -> None:
+    """Write a command's outcome to the result file its parent named (atomically, never over an
+    existing file): `{"command", "exit_code", "result", "error": {"problem", "fix"}}`."""
+    if path is None:
+        return
+    write_json(path, {"command": command, "exit_code": exit_code, "result": result,
+                      "error": None if error is None else {"problem": error.problem,
+                                                           "fix": error.fix}},
+               overwrite=False)
+
+
+def outcome_error(outcome: dict | None, done: subprocess.CompletedProcess, what: str) -> str:
+    """What went wrong in a fresh process, for a table: its handed-back error, else the end of
+    its error output, else its exit code."""
+    error = (outcome or {}).get("error")
+    if isinstance(error, dict):
+        return f"{error.get('problem')}\n  -> fix: {error.get('fix')}"
+    return done.stderr.strip()[-600:] or f"{what} exited with code {done.returncode} and " \
+        "handed back no result"
 
 
 def _descendants(pid: int) -> list[int]:
@@ -115,24 +188,46 @@ def task_args(task: str, options: dict | None = None) -> list[str]:
     return ["--task", task, *[f"--option={k}={v!r}" for k, v in sorted((options or {}).items())]]
 
 
-def claim_dir(path: str | Path) -> Path:
-    """Create `path` for a new run; an existing non-empty folder is refused, never reused."""
+def claim_dir(path: str | Path, marker: str = CLAIM, beside: tuple[str, ...] = ()) -> Path:
+    """Create `path` for a new run, or take an existing empty folder; a folder holding anything
+    (but the `beside` names: the claim of the process that made it for this one) is refused,
+    never reused. The claim is the file `marker`, created exclusively: of two processes given
+    one folder at once, one gets it and the other is refused, even before anything is in it."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise WorkbookError(f"output folder {path} is a file", "choose a new --out folder")
-    if path.exists() and any(path.iterdir()):
-        raise WorkbookError(f"output folder {path} already holds a run",
-                            "choose a new --out folder (runs are never overwritten)")
+    taken = WorkbookError(f"output folder {path} already holds a run",
+                          "choose a new --out folder (runs are never overwritten)")
+    if path.is_dir() and any(p.name not in beside for p in path.iterdir()):
+        raise taken
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-probe"
-        probe.write_text("")
-        probe.unlink()
+        handle = os.open(path / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        if path.is_dir():  # the marker: another process claimed it a moment ago
+            raise taken from None
+        raise WorkbookError(f"cannot create the output folder {path}: a file is in the way",
+                            "choose a new --out folder") from None
     except OSError as exc:
         raise WorkbookError(f"cannot create the output folder {path}: {exc.strerror or exc}",
                             "choose a writable --out folder (not under a file, /proc or a "
                             "read-only mount)") from None
+    with contextlib.suppress(OSError), os.fdopen(handle, "w") as claim:  # empty, it still holds
+        claim.write(json.dumps({"pid": os.getpid(), "claimed": datetime.now().isoformat()}))
     return path
+
+
+def refuse_existing(paths: list[Path], option: str) -> None:
+    """Before any work: each output a command will write must be new, in a folder that exists
+    (outputs are never overwritten; a missing folder is named now, not after the work)."""
+    for path in map(Path, paths):
+        if os.path.lexists(path):
+            raise WorkbookError(f"{option}: {path} already exists",
+                                f"give {option} a new name (outputs are never overwritten)")
+        if not path.parent.is_dir():
+            raise WorkbookError(f"{option}: the folder {path.parent} does not exist",
+                                f"create it first, or give {option} a path in an existing "
+                                "folder")
 
 
 def new_run_dir(label: str, root: str | Path | None = None) -> Path:
@@ -168,21 +263,52 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    """Write a text file atomically: a temporary file in the same folder, then a rename. A
-    failed write (disk full, permissions) leaves neither a partial file nor the temporary one
-    and becomes a `WorkbookError` naming the path."""
+def public_mode(path: str | Path) -> None:
+    """Give a file the mode an ordinary new file gets (0666 less the umask: 0644 under 022),
+    whatever its writer chose: a temporary file is made 0600, which would keep another account
+    from reading the result."""
+    os.chmod(path, file_mode())
+
+
+def publish(tmp: str | Path, path: str | Path, overwrite: bool = True) -> None:
+    """Move a complete temporary file to its final name: `os.replace`, or with `overwrite`
+    False a hard link that fails on an existing name (no-replace, atomic), then the temporary
+    name is removed. Where links are not supported it checks and renames."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise WorkbookError(f"{path} already exists",
+                            "give the output a new name (outputs are never overwritten)") from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        if os.path.lexists(path):
+            raise WorkbookError(f"{path} already exists", "give the output a new name "
+                                "(outputs are never overwritten)") from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def write_text(path: str | Path, text: str, overwrite: bool = True) -> Path:
+    """Write a text file atomically: a temporary file in the same folder, then a rename (with
+    `overwrite` False, never over an existing file: see `publish`). The file gets the umask's
+    mode. A failed write (disk full, permissions) leaves neither a partial file nor the
+    temporary one and becomes a `WorkbookError` naming the path."""
     path = Path(path)
     tmp = None
     try:
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp",
-                                         prefix=f".{path.name}.") as handle:
+                                         prefix=f".{path.name}.", encoding="utf-8") as handle:
             tmp = handle.name
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # a temporary file is private; the result is not
-        os.replace(tmp, path)
+        public_mode(tmp)  # a temporary file is private; the result is not
+        publish(tmp, path, overwrite)
     except OSError as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -194,9 +320,9 @@ def write_text(path: str | Path, text: str) -> Path:
     return path
 
 
-def write_json(path: str | Path, data: Any) -> Path:
+def write_json(path: str | Path, data: Any, overwrite: bool = True) -> Path:
     """Write JSON atomically (see `write_text`)."""
-    return write_text(path, json.dumps(_clean(data), indent=1, sort_keys=True))
+    return write_text(path, json.dumps(_clean(data), indent=1, sort_keys=True), overwrite)
 
 
 def write_summary(out_dir: Path, verdict: str, figures: dict[str, Any], **extra: Any) -> Path:

@@ -223,7 +223,12 @@ class Study:
         tid = ledger.start_trial(design.name, {"lr": lr, "seed": seed},
                                  self.repro(lr, seed, repeats), repeats)
         folder = self.folder / "trials" / str(tid)
-        folder.mkdir(parents=True)
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            raise WorkbookError(f"trial folder {folder} already exists but the ledger does not "
+                                "know it", "the study folder was edited; start a new study (a "
+                                "new out_dir)") from None
         cfg = design.shape.train_config(
             updates=design.updates, lr=lr, seed=seed, device=design.device,
             eval_every=design.eval_every, eval_batch=design.eval_batch, progress=progress)
@@ -299,6 +304,8 @@ class Study:
         argmax at every target position (teacher forcing; regression: the output values), in one
         forward pass."""
         items = self.val_items[: self.design.prediction_examples]
+        if not items:
+            return
         batch = collate_items(self.task, items).to(resolve_device(self.design.device)).tensors
         labels = self.task.targets(batch["labels"])
         with eval_mode(model):

@@ -433,8 +433,9 @@ def load_recorded_task(recorded: Any, task: str | None, options: dict | None,
     rec_task, rec_options = recorded.get("task"), recorded.get("task_options") or {}
     given = json.loads(json.dumps(options or {}, default=str))
     if task is None or task != rec_task or given != rec_options:
-        shown = " ".join([f"--task {rec_task}"] + [f"--option {k}={v!r}"
-                                                   for k, v in sorted(rec_options.items())])
+        from .runs import command_line, task_args
+
+        shown = command_line(task_args(str(rec_task), rec_options))
         raise WorkbookError(
             f"{where} records the task {rec_task!r} with options {rec_options}; given "
             f"{task!r} with options {given}",
