@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import workbook as wb
+from examples.regression import Shuffle
 
 CLASSES = ["low", "mid", "high"]
 
@@ -24,20 +25,12 @@ class Readings:
         self.sensor = [f"s{i // 3}" for i in range(n)]
 
 
-class Order:
-    """A stateful shuffle: one generator advanced pass after pass."""
+class Order(Shuffle):
+    """A stateful shuffle (one generator advanced pass after pass) that remembers its seed."""
 
     def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.generator = n, seed, torch.Generator().manual_seed(seed)
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=self.generator).tolist())
-
-    def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        super().__init__(n, seed)
+        self.seed = seed
 
 
 def build_model() -> nn.Module:
