@@ -45,6 +45,10 @@ def test_held_behaviour_keeps_eval_behaviour_and_gives_every_mode_back():
     assert held.sets_train_mode
     assert model.training and not model[3].training and model[1].training
     assert "train" not in vars(model) and "train" not in vars(model[1])
+    own = model.train = lambda mode=True: model  # a task's own override on the instance
+    with HeldBehaviour(model):
+        model.train()
+    assert vars(model)["train"] is own
 
 
 def test_the_step_loss_agrees_with_the_task_loss_and_another_loss_is_named():

@@ -26,6 +26,7 @@ def test_04_fails_when_the_tasks_own_step_depends_on_the_split(tmp_path):
         return pd.DataFrame({
             "normalisation": ["targets of the whole update (loop)"] * 2
             + ["per micro-batch mean (wrong)"] * 2 + ["the task's train_step"] * 2,
+            "micro_batch x accumulation": ["8 x 1", "1 x 8"] * 3,
             "max_relative_deviation": [0.0, 1e-7, 0.0, 0.3, 0.0, 1e-7 if own_ok else 0.2],
             "within_tolerance": [True, True, True, False, True, own_ok]})
 
@@ -39,6 +40,7 @@ def test_04_fails_when_the_tasks_own_step_depends_on_the_split(tmp_path):
         assert accounting.save(result(reconciled, check(own_ok)), out) == expected
         figures = summary(out)["figures"]
         assert figures["own_train_step_ok"] is own_ok and figures["wrong_normalisation_caught"]
+        assert bool(figures["findings"]) is not own_ok  # the split dependence, in words
     out = tmp_path / "counters"
     out.mkdir()
     assert accounting.save(result(reconciled.assign(match=False), check(True)), out) == "fail"

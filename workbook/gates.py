@@ -19,6 +19,7 @@ from .data import Item, collate_items, prepare
 from .errors import WorkbookError
 from .loop import (
     RUNAWAY_MULTIPLE,
+    HeldBehaviour,
     TrainConfig,
     UpdateShape,
     build_stepper,
@@ -408,7 +409,8 @@ def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
         # a few targets' mean loss is noise (a regression MLP with batch norm on 2 rows missed
         # the 50% band 41% of the time): judge the untrained model over more examples
         sample = run.train_items[:INIT_EXAMPLES]
-        record = evaluate(run.task, model, sample, run.settings.eval_batch, run.device)
+        with HeldBehaviour(model):  # every mode flag as it was after: the gates after judge them
+            record = evaluate(run.task, model, sample, run.settings.eval_batch, run.device)
         labels = torch.cat([it.tensors["labels"].reshape(-1) for it in sample]) \
             if run.task.kind == "regression" else labels
         loss, count = record.loss, record.targets

@@ -197,6 +197,8 @@ class HeldBehaviour:
 
     def __enter__(self) -> "HeldBehaviour":
         self.modes = {m: m.training for m in self.model.modules()}
+        # a train() the task set on an instance (an override of its own) comes back after
+        self.own_train = {m: vars(m)["train"] for m in self.modes if "train" in vars(m)}
         for m in self.modes:
             m.training = False
             # an instance attribute: Module.train (and eval) recurses through these
@@ -211,6 +213,8 @@ class HeldBehaviour:
     def __exit__(self, *exc: Any) -> None:
         for m, mode in self.modes.items():
             del m.train
+            if m in self.own_train:
+                m.train = self.own_train[m]
             m.training = mode
 
     @property

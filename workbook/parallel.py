@@ -153,6 +153,13 @@ def accounting(result: dict[str, Any], items: list[Item], task: Task | None = No
     return reconcile(account, merged_steps(result), by_str, task)
 
 
+def final_names(files: list[str]) -> str:
+    """The files a rank wrote, as people read them: the temporary names a writer renames from
+    (`.NAME.partial-...`) left out, unless nothing else was written."""
+    final = [f for f in files if ".partial-" not in f] or list(files)
+    return ", ".join(final)
+
+
 def rules(result: dict[str, Any], items: list[Item], tolerance: float = 1e-4,
           eval_tolerance: float = 1e-5, task: Task | None = None) -> pd.DataFrame:
     """One row per multi-host rule with its verdict ("pass", "fail" or "not applicable"), what was
@@ -161,8 +168,8 @@ def rules(result: dict[str, Any], items: list[Item], tolerance: float = 1e-4,
     rows = []
     others = {r: files for r, files in enumerate(result["writes"]) if r and files}
     rows.append(_row("only rank 0 writes", "fail" if others else "pass",
-                     "; ".join(f"rank {r} wrote {', '.join(f)}" for r, f in others.items())
-                     or f"rank 0 wrote {', '.join(result['writes'][0]) or 'nothing'}; the "
+                     "; ".join(f"rank {r} wrote {final_names(f)}" for r, f in others.items())
+                     or f"rank 0 wrote {final_names(result['writes'][0]) or 'nothing'}; the "
                      f"other {world - 1} rank(s) nothing"))
     for rule, key in (("identical initial parameters", "init"),
                       ("replicas identical after training", "final")):
