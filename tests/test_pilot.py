@@ -16,7 +16,9 @@ def summary(run, stem):
     return json.loads((run / stem / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("task", [GENERATION, CLASSIFICATION])
+# the generation sample's 01-09 run under nbval (the committed notebooks), so the pilot's own
+# smoke runs take the classification sample
+@pytest.mark.parametrize("task", [CLASSIFICATION])
 def test_pilot_smoke_passes_01_and_02(task, tmp_path):
     run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="01,02",
                            progress=False)
@@ -107,7 +109,7 @@ def test_pilot_smoke_lr_study(tmp_path):
     assert (run / "06_lr_study" / "study" / "ledger.sqlite").exists()
 
 
-@pytest.mark.parametrize("task", [GENERATION, CLASSIFICATION])
+@pytest.mark.parametrize("task", [CLASSIFICATION])
 def test_pilot_smoke_resume_and_rental_plan_with_the_report(task, tmp_path):
     run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="03,07,08",
                            progress=False)
