@@ -105,3 +105,28 @@ def test_a_loss_may_report_a_float_target_count(gen_task, gen_items):
     result = train(task, gen_items["train"][:8], TrainConfig(UpdateShape(2, 2), updates=2,
                                                              device="cpu"))
     assert all(r.loss > 0 for r in result.steps)
+
+
+def test_the_tasks_own_pieces_failing_are_named_with_the_fix():
+    """A model factory returning a non-module, examples that are not dicts, a collate that
+    raises or returns something else: each a WorkbookError naming the piece, not a traceback
+    from deep inside a notebook; the clean twin loads and collates."""
+    from workbook.data import collate_items, load_examples, prepare
+
+    task = load_task("tests.own_task:task")
+    items = prepare(task, ("train",)).train[:4]
+    assert isinstance(task.build_model(), torch.nn.Module)
+    assert set(collate_items(task, items).tensors) == {"x", "labels"}
+    with pytest.raises(WorkbookError, match="build_model returned a type, not a torch.nn.Module"):
+        dataclasses.replace(task, build_model=lambda: torch.nn.Linear).build_model()
+    with pytest.raises(WorkbookError, match="build_model failed: ValueError"):
+        dataclasses.replace(task, build_model=lambda: int("x")).build_model()
+    with pytest.raises(WorkbookError, match="position 1 is a str"):
+        load_examples(dataclasses.replace(task, load_examples=lambda: [{"id": 0}, "row"]))
+
+    def broken(rows):
+        raise RuntimeError("stack expects each tensor to be equal size")
+    with pytest.raises(WorkbookError, match=r"collate raised RuntimeError \(stack expects"):
+        collate_items(dataclasses.replace(task, collate=broken), items)
+    with pytest.raises(WorkbookError, match="collate returned list, not a dict of tensors"):
+        collate_items(dataclasses.replace(task, collate=lambda rows: rows), items)

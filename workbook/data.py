@@ -13,7 +13,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .errors import WorkbookError, reason
-from .task import Task
+from .task import Task, own_code
 
 SPLITS = ("train", "validation", "test")
 
@@ -48,7 +48,14 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 def load_examples(task: Task) -> list[dict]:
     """The task's raw examples, checked for ids and group keys."""
-    examples = list(task.load_examples())
+    examples = list(own_code("load_examples", task.load_examples,
+                             receives="no arguments and returns a list of dicts"))
+    wrong = [(i, type(ex).__name__) for i, ex in enumerate(examples) if not isinstance(ex, dict)]
+    if wrong:
+        raise WorkbookError(f"{len(wrong)} of {len(examples)} raw examples are not dicts (e.g. "
+                            f"position {wrong[0][0]} is a {wrong[0][1]})",
+                            f"make load_examples return dicts with {task.id_key!r}, "
+                            f"{task.group_key!r} and the fields encode reads")
     if not examples:
         raise WorkbookError(f"task {task.name!r} returned no examples",
                             "make load_examples return the raw examples")
@@ -174,8 +181,24 @@ class ItemDataset(Dataset):
 
 
 def collate_items(task: Task, items: list[Item]) -> Batch:
-    """Collate items with the task's collate and keep their ids."""
-    return Batch([it.id for it in items], task.collate([it.tensors for it in items]))
+    """Collate items with the task's collate and keep their ids; a collate that raises, or
+    returns anything but a dict of tensors, is named with the examples it was given."""
+    ids = [it.id for it in items]
+    try:
+        batch = task.collate([it.tensors for it in items])
+    except Exception as exc:
+        raise WorkbookError(f"the task's collate raised {type(exc).__name__} "
+                            f"({reason(exc, 200)}) on a batch of {len(ids)} examples (ids "
+                            f"{ids[:5]})", "collate receives a list of encode's dicts and "
+                            "returns one batch dict of padded tensors: run it on these "
+                            "examples to see the whole traceback") from exc
+    if not isinstance(batch, dict) or not all(isinstance(v, Tensor) for v in batch.values()):
+        shown = {k: type(v).__name__ for k, v in batch.items()} if isinstance(batch, dict) \
+            else type(batch).__name__
+        raise WorkbookError(f"the task's collate returned {shown}, not a dict of tensors",
+                            "return {name: tensor} with the model inputs and 'labels' (e.g. "
+                            "torch.utils.data.default_collate over encode's dicts)")
+    return Batch(ids, batch)
 
 
 def micro_batches(task: Task, items: list[Item], size: int) -> Iterator[Batch]:

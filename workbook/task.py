@@ -104,6 +104,31 @@ def split_by_group_hash(group: str, fractions: Sequence[float]) -> str:
     return "test"
 
 
+class ModelFactory:
+    """A task's `build_model`, run as the task's own code: its failure names the piece, and
+    anything but an `nn.Module` is refused with the fix (every notebook builds through it)."""
+
+    def __init__(self, build: Callable[[], nn.Module]):
+        self.build = build
+
+    def __call__(self) -> nn.Module:
+        try:
+            model = self.build()
+        except (MemoryError, torch.OutOfMemoryError, WorkbookError):
+            raise  # out of memory is the machine's answer, not a bug in the factory
+        except Exception as exc:
+            raise WorkbookError(f"the task's build_model failed: {type(exc).__name__}: "
+                                f"{reason(exc, 300)}",
+                                "fix build_model: it receives no arguments and returns the "
+                                "model") from exc
+        if not isinstance(model, nn.Module):
+            raise WorkbookError(f"the task's build_model returned a {type(model).__name__}, not "
+                                "a torch.nn.Module", "return the model itself (an nn.Module "
+                                "instance, e.g. a transformers model), not a class, a tuple or "
+                                "a state dict")
+        return model
+
+
 @dataclass
 class Task:
     """A training task as the pilot sees it. Required fields first; the rest have defaults.
@@ -174,6 +199,8 @@ class Task:
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        if callable(self.build_model) and not isinstance(self.build_model, ModelFactory):
+            self.build_model = ModelFactory(self.build_model)
         if self.kind == "regression" and self.loss is token_cross_entropy:
             self.loss = squared_error
         if self.kind == "regression" and self.metrics is target_accuracy:
