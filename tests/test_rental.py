@@ -144,6 +144,13 @@ def test_the_conclusion_names_the_cheapest_gpu_and_the_study_in_words(gen_task, 
                                        "best_lr": 2e-4, "best_trial": 3, "control_lr": 1e-4,
                                        "control_remains_best": False, "trials": 3,
                                        "statuses": {"finished": 2, "diverged": 1}}}))
+    (tmp_path / "01_inspect_examples").mkdir()
+    (tmp_path / "01_inspect_examples" / "summary.json").write_text(json.dumps({"verdict": "pass"}))
+    (tmp_path / "04_batch_accounting").mkdir()
+    (tmp_path / "04_batch_accounting" / "summary.json").write_text(json.dumps({
+        "verdict": "error", "error": "AttributeError: no attribute 'x'", "figures": {}}))
+    (tmp_path / "07_resume_reload").mkdir()
+    (tmp_path / "07_resume_reload" / "summary.json").write_text("[1, 2")  # cut short
     variants = [{"name": "control", "priority": 1, "candidate": "control", "repeats": 2},
                 {"name": "huge", "priority": 2, "candidate": "wide", "repeats": 10**6}]
     plans = pd.concat([pack(variants, sheet, "big", d, 0.2) for d in (3, 7)])
@@ -156,6 +163,9 @@ def test_the_conclusion_names_the_cheapest_gpu_and_the_study_in_words(gen_task, 
     assert "best validation loss 2.953 at lr 0.0002 (trial 3); lr 0.0002 beat the control " \
         "(lr 0.0001)" in text and "2 finished, 1 diverged" in text
     assert "{" not in text and "2.953021" not in text
+    assert "Other notebooks of this run: inspection pass, batch accounting error " \
+        "(AttributeError: no attribute 'x'), resume and reload unreadable " \
+        "(07_resume_reload/summary.json cannot be read)." in text  # never read as passes
     assert "no GPU was present" in text and "1 of 2 variants scheduled" in text
     assert not plans.why_not.isin(["", None]).any() and plans.why_not.notna().all()
     assert "needs" in plans.set_index("variant").loc["huge", "why_not"].iloc[0]

@@ -603,9 +603,15 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                                                             "batch accounting"),
                         ("05_memory_variants", "memory variants"),
                         ("07_resume_reload", "resume and reload")):
-        s = summary(stem)
-        if s:
-            verdicts.append(f"{label} {s['verdict']}")
+        path = Path(run_dir) / stem / "summary.json"
+        try:
+            s = json.loads(path.read_text()) if path.exists() else None
+        except (ValueError, OSError):
+            s = {"verdict": "unreadable", "error": f"{stem}/summary.json cannot be read"}
+        if isinstance(s, dict) and s.get("verdict"):  # an error too: never read as a pass
+            verdicts.append(f"{label} {s['verdict']}" + (
+                f" ({str(s.get('error', ''))[:120]})" if s["verdict"] != "pass" and
+                s.get("error") else ""))
     if verdicts:
         lines += ["", "Other notebooks of this run: " + ", ".join(verdicts) + "."]
     lines.append("")
