@@ -102,3 +102,141 @@ def test_a_parameter_of_other_notebooks_names_them():
     with pytest.raises(WorkbookError, match=r"no parameter 'lr' \(it belongs to 02_overfit, "
                        r"03_phase_gates.*\)(.|\n)*fix: select the notebooks that take it"):
         validate({"lr": 0.1}, "the selected notebooks", defaults("01_inspect_examples"))
+
+
+# --- ranges ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("stem", stems())
+def test_every_notebooks_defaults_and_smoke_values_are_in_range(stem):
+    assert validate(defaults(stem), stem) == defaults(stem)
+    validate(smoke(stem), stem)
+    validate(smoke(stem), f"{stem}.yaml for notebook {stem}", defaults(stem))
+
+
+@pytest.mark.parametrize(("stem", "bad", "good", "match"), [
+    ("04_batch_accounting", {"budget": 1e999}, {"budget": 1e9},
+     r"'budget' of 04_batch_accounting is inf; it must be a finite number"),
+    ("04_batch_accounting", {"budget": float("nan")}, {"budget": 2.5}, r"'budget' .* is nan"),
+    ("08_rental_plan", {"utilisation": 0}, {"utilisation": 1},
+     r"parameter 'utilisation' of 08_rental_plan is 0; it must be in \(0, 1\] \(the share of "
+     r"peak FLOP/s the training reaches\)"),
+    ("01_inspect_examples", {"probe_size": -3}, {"probe_size": 1},
+     r"'probe_size' of 01_inspect_examples is -3; it must be >= 1"),
+    ("02_overfit", {"examples": 0}, {"examples": 100000},
+     r"'examples' of 02_overfit is 0; it must be >= 1"),
+    ("02_overfit", {"updates": -1}, {"updates": 1}, r"'updates' .* is -1; it must be >= 1"),
+    ("02_overfit", {"lr": -1e-3}, {"lr": 0.0}, r"'lr' .* it must be >= 0 \(0: the task's own"),
+    ("03_phase_gates", {"headroom": 1.0}, {"headroom": 0.0}, r"'headroom' .* in \[0, 1\)"),
+    ("03_phase_gates", {"device_memory_gib": -24}, {"device_memory_gib": 0},
+     r"'device_memory_gib' .* >= 0 \(GiB of the rental GPU; 0: not given\)"),
+    ("03_phase_gates", {"length": -1}, {"length": 0}, r"'length' .* >= 0"),
+    ("03_phase_gates", {"plan_micro_batch": 0}, {"plan_micro_batch": 1},
+     r"'plan_micro_batch' .* >= 1"),
+    ("04_batch_accounting", {"reconcile_examples": 0}, {"reconcile_examples": 1},
+     r"'reconcile_examples' .* >= 1"),
+    ("04_batch_accounting", {"replicas": 0}, {"replicas": 1}, r"'replicas' .* >= 1"),
+    ("06_lr_study", {"seeds": []}, {"seeds": [0, 1]}, r"'seeds' .* a non-empty list"),
+    ("06_lr_study", {"seeds": [0, -1]}, {"seeds": [2**32 - 1]}, r"'seeds\[1\]' .* is -1"),
+    ("06_lr_study", {"lrs": [1e-3, 0.0]}, {"lrs": []}, r"'lrs\[1\]' .* is 0.0; it must be > 0"),
+    ("06_lr_study", {"divergence_multiple": 1.0}, {"divergence_multiple": 1.5},
+     r"'divergence_multiple' .* > 1"),
+    ("07_resume_reload", {"mid_step": 0}, {"mid_step": 1}, r"'mid_step' .* >= 1"),
+    ("07_resume_reload", {"boundary_step": -1}, {"boundary_step": 0}, r"'boundary_step' .* >= 0"),
+    ("08_rental_plan", {"gpus": {"L4": float("inf")}}, {"gpus": {"L4": 24}},
+     r"\"gpus\['L4'\]\" of 08_rental_plan is inf"),
+    ("08_rental_plan", {"candidates": [{"name": "c", "micro_batch": 0}]},
+     {"candidates": [{"name": "c", "micro_batch": 1}]},
+     r"'candidates\[0\].micro_batch' of 08_rental_plan is 0; it must be >= 1"),
+    ("08_rental_plan", {"variants": [{"name": "v", "candidate": "control", "repeats": 0}]},
+     {"variants": [{"name": "v", "candidate": "control", "repeats": 1}]},
+     r"'variants\[0\].repeats' .* >= 1"),
+    ("08_rental_plan", {"reserve_share": 1.0}, {"reserve_share": 0.0}, r"'reserve_share'"),
+    ("02_overfit", {"task_options": {"dropout": float("nan")}}, {"task_options": {"dropout": 0.1}},
+     r"'task_options.dropout' of 02_overfit is nan"),
+    ("02_overfit", {"examples": 2**64}, {"examples": 2**62}, r"'examples' .* a 64-bit integer"),
+])
+def test_a_value_out_of_range_is_refused_and_its_clean_twin_passes(stem, bad, good, match):
+    with pytest.raises(WorkbookError, match=match) as caught:
+        validate(bad, stem)
+    assert "fix: give it a value in its range" in str(caught.value)
+    assert validate(good, stem)[next(iter(good))] == next(iter(good.values()))
+
+
+def test_task_options_keep_their_own_names():
+    """task_options are the task's keyword arguments: only finiteness applies to them."""
+    assert validate({"task_options": {"updates": -1}}, "02_overfit")["task_options"]
+
+
+def test_every_problem_is_named_at_once_and_the_pilot_union_is_checked():
+    known = {**defaults("02_overfit"), **defaults("08_rental_plan")}
+    with pytest.raises(WorkbookError, match=r"'updates' of the selected notebooks is 0(.|\n)*"
+                       r"'utilisation' of the selected notebooks is 0(.|\n)*each a value"):
+        validate({"updates": 0, "utilisation": 0}, "the selected notebooks", known)
+
+
+def test_a_smoke_file_out_of_range_is_refused(tmp_path, monkeypatch):
+    import workbook.params as params
+
+    (tmp_path / "02_overfit.yaml").write_text("updates: 0\n")
+    monkeypatch.setattr(params, "SMOKE_DIR", tmp_path)
+    with pytest.raises(WorkbookError, match="'updates' of 02_overfit.yaml for notebook "
+                       "02_overfit is 0"):
+        smoke("02_overfit")
+
+
+def test_a_namespace_out_of_range_stops_the_notebook():
+    with pytest.raises(WorkbookError, match="'examples' of 02_overfit is -2"):
+        check({"task": "a:b", "examples": -2, "lr": 1e-3}, "02_overfit")
+
+
+def test_every_rule_is_reachable_by_some_parameter():
+    """No rule in the table is dead: each pattern names a parameter (or a record key)."""
+    from workbook.params import RULES
+
+    names = {n for stem in stems() for n in defaults(stem)}
+    names |= {k for stem in stems() for v in defaults(stem).values() if isinstance(v, list)
+              for item in v if isinstance(item, dict) for k in item}
+    import fnmatch
+    assert [p for p, _ in RULES if not fnmatch.filter(names, p)] == []
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("8", 8), ("-3", -3), ("1e-3", 1e-3), ("[0, 1]", [0, 1]), ('{"max_length": 64}',
+                                                               {"max_length": 64}),
+    ("cuda", "cuda"), ("workbook.samples.generation:task", "workbook.samples.generation:task"),
+    ("it's", "it's"), ("{[1]: 2}", "{[1]: 2}"), ("-" * 20 + "1", "-" * 20 + "1"),
+    ("[" * 19 + "]" * 19, [[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]),
+])
+def test_parse_literal_reads_literals_and_keeps_other_text(text, value):
+    from workbook.params import parse_literal
+
+    assert parse_literal(text) == value
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("-" * 100_000 + "1", "longer than 10000 characters"),
+    ("-" * 5_000 + "1", "nests brackets or signs deeper than 20"),
+    ("-" * 21 + "1", "deeper than 20"),
+    ("[" * 30 + "]" * 30, "deeper than 20"),
+    ("[" * 100_000, "longer than"),
+])
+def test_parse_literal_bounds_length_and_nesting(text, match):
+    import argparse
+
+    from workbook.params import parse_literal
+
+    with pytest.raises(WorkbookError, match=match) as caught:
+        parse_literal(text)
+    assert isinstance(caught.value, argparse.ArgumentTypeError), "argparse reports it cleanly"
+    assert len(str(caught.value)) < 300, "the value is shown shortened"
+
+
+def test_parse_literal_as_an_argparse_type_gives_a_usage_error(capsys):
+    import argparse
+
+    from workbook.params import parse_literal
+
+    parser = argparse.ArgumentParser(prog="t")
+    parser.add_argument("-p", type=parse_literal)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["-p", "[" * 5000 + "1"])
+    assert exited.value.code == 2 and "deeper than 20" in capsys.readouterr().err

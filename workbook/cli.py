@@ -8,7 +8,6 @@ output, which the task's own prints share."""
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import WorkbookError
+from .params import parse_literal
 from .runs import (
     CLAIM,
     LAUNCH_CLAIM,
@@ -34,10 +34,7 @@ def _option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    try:
-        return key, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return key, value
+    return key, parse_literal(value)  # bounded: a value nested 10^5 deep is refused
 
 
 def parser() -> argparse.ArgumentParser:
