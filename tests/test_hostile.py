@@ -29,6 +29,11 @@ def test_a_parameter_that_cannot_work_is_refused_before_any_work(notebook, modul
     import workbook
     from workbook import WorkbookError, params
 
-    with pytest.raises(WorkbookError, match=message):
-        getattr(workbook, module).run(params.of(notebook, small=True, **given), tmp_path)
+    checked = params.of(notebook, small=True)
+    with pytest.raises(WorkbookError, match=message):  # the module's own check, for scripts
+        getattr(workbook, module).run({**checked, **given}, tmp_path)
     assert not any(tmp_path.iterdir()), "nothing written"
+    if not isinstance(next(iter(given.values())), str):  # the parameters' range, named first
+        (name, value), = given.items()
+        with pytest.raises(WorkbookError, match=f"parameter '{name}' of {notebook} is {value}"):
+            params.of(notebook, small=True, **given)

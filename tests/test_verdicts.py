@@ -120,6 +120,9 @@ def test_a_bad_update_shape_is_refused_before_any_notebook_runs(tmp_path):
 
     for notebook, module in (("03_phase_gates", gates), ("05_memory_variants", variants),
                              ("06_lr_study", study), ("07_resume_reload", resume)):
+        with pytest.raises(WorkbookError, match=f"parameter 'micro_batch' of {notebook} is 0"):
+            params.of(notebook, small=True, micro_batch=0)
+        given = {**params.of(notebook, small=True), "micro_batch": 0}  # a script's own dict
         with pytest.raises(WorkbookError, match="micro_batch must be a positive integer"):
-            module.run(params.of(notebook, small=True, micro_batch=0), tmp_path / notebook)
+            module.run(given, tmp_path / notebook)
         assert not (tmp_path / notebook).exists(), "refused before anything is written"
