@@ -56,6 +56,7 @@ def test_pilot_smoke_09_passes_and_lists_every_rule(tmp_path):
     assert report.count(">not applicable<") == 1, "a verdict the CSV round trip must keep"
 
 
+@pytest.mark.slow  # 74 s; nbval's 09 plants every fault that applies to the generation sample
 def test_each_planted_multi_process_bug_fails_its_rule(tmp_path):
     """The classification sample with batch norm, so every planted bug applies. The notebook's
     own calls (`run`, `save`) without a kernel: the pilot's path is the smoke test's."""
