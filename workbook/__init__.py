@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_MODULES = ("accounting", "archive", "artifacts", "checkpoint", "frontend", "gates",
+_MODULES = ("accounting", "archive", "artifacts", "campaign", "checkpoint", "frontend", "gates",
             "inspection", "loop", "memory", "overfit", "parallel", "params", "plots", "predict",
             "rental", "resume", "runs", "study", "variants")
 _NAMES = {"encode_examples": "data", "load_examples": "data", "prepare": "data",

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import campaign
 from . import checkpoint as ckpt
 from .data import Item, collate_items, prepare
 from .errors import WorkbookError
@@ -711,8 +712,11 @@ def run(params: dict[str, Any], out_dir: Path) -> GatesResult:
     device = resolve_device(params["device"])
 
     def predicted(plan: Plan, judged_here: bool = False) -> pd.DataFrame:
+        # the plan sizes the campaign model (when the task declares one); the pilot-size
+        # prediction is of the model measured here, the twin
         return predicted_or_reason(task, report.train_items, report.val_items, plan,
-                                   device=str(device), cpu_exact=judged_here)
+                                   device=str(device), cpu_exact=judged_here,
+                                   campaign=not judged_here)
 
     plan = Plan.from_params(params, task)
     planned = predicted(plan)
@@ -723,7 +727,7 @@ def run(params: dict[str, Any], out_dir: Path) -> GatesResult:
     return GatesResult(task, settings, report, check, plan, planned,
                        overheads, fit_table(planned, settings.device_memory_gib,
                                             settings.headroom, overheads),
-                       rule_of_thumb(task, planned))
+                       rule_of_thumb(task, planned, campaign=True))
 
 
 def save(result: GatesResult, out_dir: Path) -> str:
@@ -737,7 +741,7 @@ def save(result: GatesResult, out_dir: Path) -> str:
     save_table(result.fit, out_dir, "plan_fit")
     figures = {**report.figures,
                **summary_figures(result.check, result.plan, result.planned, result.fit),
-               "plan_fits": result.fits,
+               "plan_fits": result.fits, "models": campaign.models(result.task).lines(),
                "overheads": "measured" if result.overheads.measured else "assumed"}
     write_summary(out_dir, result.verdict, figures, task=result.task.name)
     return result.verdict

@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import campaign as models
 from .data import Batch, Item
 from .errors import WorkbookError, reason
 from .loop import (
@@ -42,7 +43,8 @@ class PhaseTracker(MemTracker):
         return sum(s.get("Total", 0) for s in self._curr_mem_snap.values())
 
     def _update_peak_stats(self, peak_state) -> None:
-        super()._update_peak_stats(peak_state)
+        # only the whole-process peak per phase is read: the stock per-module peaks cost a scan
+        # of every module's statistics per operator (minutes for a 7 B model's step)
         total = self._total()
         if total > self.phase_peak:
             self.phase_peak = total
@@ -89,12 +91,13 @@ class Plan:
                 f"{shape.precision}{' +ckpt' if shape.activation_checkpointing else ''}")
 
 
-def max_positions(task: Task) -> tuple[int, str] | None:
+def max_positions(task: Task, campaign: bool = False) -> tuple[int, str] | None:
     """The longest sequence the task's model accepts and where that limit comes from: a Hugging
     Face config (`max_position_embeddings`, `n_positions`) or a position-embedding table (an
     `nn.Embedding` whose name says "pos"). None when the model states no limit. The model is
-    built on the meta device: nothing is allocated."""
-    model = meta_model(task)
+    built on the meta device: nothing is allocated. `campaign`: of the campaign model, when the
+    task declares one."""
+    model = meta_model(task, campaign)
     if model is None:
         return None
     config = getattr(model, "config", None)
@@ -108,26 +111,27 @@ def max_positions(task: Task) -> tuple[int, str] | None:
     return None
 
 
-def meta_model(task: Task) -> torch.nn.Module | None:
-    """The task's model built on the meta device (nothing allocated), or None when it cannot be
-    built without data."""
+def meta_model(task: Task, campaign: bool = False) -> torch.nn.Module | None:
+    """The task's model (its campaign model with `campaign`, when declared) built on the meta
+    device (nothing allocated), or None when it cannot be built without data."""
     try:
-        with torch.device("meta"):
-            return task.build_model()
+        return models.on_meta(models.factory(task, campaign))
     except Exception:
         return None
 
 
-def longest_accepted(task: Task | None) -> int | None:
-    """The planned length when none is given: the model's limit, else None (the data's)."""
-    limit = max_positions(task) if task is not None and task.kind != "classification" else None
+def longest_accepted(task: Task | None, campaign: bool = True) -> int | None:
+    """The planned length when none is given: the (campaign) model's limit, else None (the
+    data's)."""
+    limit = max_positions(task, campaign) if task is not None and task.kind != "classification" \
+        else None
     return limit[0] if limit else None
 
 
-def check_length(task: Task, plan: Plan) -> None:
+def check_length(task: Task, plan: Plan, campaign: bool = False) -> None:
     """Refuse a planned length beyond what the model accepts, before any batch is built."""
     longest = max(plan.length or 0, plan.eval_length or 0)
-    limit = max_positions(task) if longest else None
+    limit = max_positions(task, campaign) if longest else None
     if limit and longest > limit[0]:
         raise WorkbookError(f"planned length {longest} exceeds the {limit[0]} positions the "
                             f"model of {task.name!r} accepts ({limit[1]})",
@@ -165,20 +169,22 @@ def accepts_length(task: Task, batch: Batch) -> None:
                             f"context={length})") from exc
 
 
-def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode) -> torch.nn.Module:
+def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode,
+               campaign: bool = False) -> torch.nn.Module:
     """The task's model with every parameter and buffer a fake tensor of `fake`, on the
     configured device. It is built on the meta device and its tensors are re-made in `fake`:
     building inside the fake mode fails for modules that deep-copy their layers
     (`nn.TransformerEncoder` clones one layer N times, and a deep-copied fake tensor lands in
-    another fake mode). Shared tensors (tied weights) stay shared."""
+    another fake mode). Shared tensors (tied weights) stay shared. `campaign`: the campaign
+    model, when the task declares one."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
+    build = models.factory(task, campaign)
     try:
-        with torch.device("meta"):
-            model = task.build_model()
+        model = models.on_meta(build)
     except Exception:  # a model that reads values while it is built: build it in the fake mode
         with torch.device(device):
-            model = task.build_model()
+            model = build()
     remade: dict[int, torch.Tensor] = {}
 
     def home(t: torch.Tensor) -> torch.Tensor:
@@ -199,21 +205,34 @@ def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode) -> torch.nn.M
 
 
 def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: float = 1e-3,
-            device: str = "cpu", seed: int = 0, cpu_exact: bool = False) -> pd.DataFrame:
+            device: str = "cpu", seed: int = 0, cpu_exact: bool = False,
+            campaign: bool = False) -> pd.DataFrame:
     """Predicted peak bytes per training phase for `plan`, with the breakdown at each peak. A
     phase the prediction cannot size is a row without bytes whose `note` says why (see
     `path_limits` and `calibration_limits`). `cpu_exact` is for a prediction judged against
-    this CPU itself (the benchmark): bf16/fp16 is then checked at the plan's own shapes."""
-    check_length(task, plan)
+    this CPU itself (the benchmark): bf16/fp16 is then checked at the plan's own shapes.
+    `campaign`: size the task's campaign model (when declared) on fake tensors; the checks
+    against real runs are made on the twin the pilot trains, whose layers are the campaign's."""
+    campaign = campaign and models.declared(task)
+    if campaign:
+        models.check_twin(task)
+    check_length(task, plan, campaign)
     batch, group, eval_batch = sized_batches(task, train, val, plan)
-    if plan.length or plan.eval_length:
+    longest = max(plan.length or 0, plan.eval_length or 0)
+    twin_limit = max_positions(task) if campaign and longest else None
+    if longest and not (twin_limit and twin_limit[0] < longest):
         accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
                        else batch)
     limits = {**calibration_limits(task, train, val, plan, device, cpu_exact),
               **path_limits(task, batch, group, eval_batch)}
     cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
-    frame = pd.DataFrame(fake_phases(task, cfg, batch, group, eval_batch, plan.label()))
+    # the campaign model at its full depth: a figure's growth per layer changes with the depth
+    # (under bf16 autocast the forward's peak moves from the loss to the last layer past 14
+    # layers of a 7 B Llama), so no figure is extrapolated from shallower runs
+    frame = pd.DataFrame(fake_phases(task, cfg, batch, group, eval_batch, plan.label(),
+                                     campaign))
     frame.insert(0, "config", plan.label())
+    frame.insert(1, "model", models.which(task, campaign))
     unknown = frame.phase.isin(list(limits))
     frame.loc[unknown, frame.columns.str.endswith("_bytes")] = float("nan")
     frame["note"] = frame.phase.map(lambda p: f"not predicted: {limits[p]}" if p in limits
@@ -230,14 +249,14 @@ def fake_batch(fake: FakeTensorMode, batch: Batch, device: torch.device) -> Batc
 
 
 def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
-                eval_batch: Batch, label: str) -> list[dict]:
+                eval_batch: Batch, label: str, campaign: bool = False) -> list[dict]:
     """Every training phase run on fake tensors under the tracker: its peak and breakdown."""
     device, rows = resolve_device(cfg.device), []
     targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:
         def to_fake(b: Batch) -> Batch:
             return fake_batch(fake, b, device)
-        stepper = build_stepper(task, cfg, fake_model(task, cfg, fake))
+        stepper = build_stepper(task, cfg, fake_model(task, cfg, fake, campaign))
         work = Workload(stepper, to_fake(batch), [to_fake(b) for b in group],
                         to_fake(eval_batch), targets, group_targets)
         tracker = PhaseTracker()
@@ -408,7 +427,9 @@ def predicted_or_reason(task: Task, train: list[Item], val: list[Item], plan: Pl
     try:
         return predict(task, train, val, plan, **kwargs)
     except WorkbookError as exc:
-        return pd.DataFrame({"config": plan.label(), "phase": TRAINING_PHASES,
+        return pd.DataFrame({"config": plan.label(),
+                             "model": models.which(task, kwargs.get("campaign", False)),
+                             "phase": TRAINING_PHASES,
                              "predicted_peak_bytes": float("nan"),
                              "note": f"not predicted: {exc.problem}"})
 
@@ -418,9 +439,10 @@ def model_size_rule(model: torch.nn.Module) -> int:
     return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def rule_of_thumb(task: Task, predicted: pd.DataFrame) -> pd.DataFrame:
-    """Each phase's prediction next to the "4 x model size" rule and how far the rule is off."""
-    rule = model_size_rule(task.build_model())
+def rule_of_thumb(task: Task, predicted: pd.DataFrame, campaign: bool = False) -> pd.DataFrame:
+    """Each phase's prediction next to the "4 x model size" rule and how far the rule is off
+    (the model built on the meta device: the campaign model with `campaign`)."""
+    rule = model_size_rule(models.on_meta(models.factory(task, campaign)))
     peak = predicted.predicted_peak_bytes
     return predicted[["phase", "predicted_peak_bytes"]].assign(
         four_x_model_bytes=rule, rule_error_pct=(100 * (rule - peak) / peak).round(1))

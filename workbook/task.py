@@ -108,8 +108,9 @@ class ModelFactory:
     """A task's `build_model`, run as the task's own code: its failure names the piece, and
     anything but an `nn.Module` is refused with the fix (every notebook builds through it)."""
 
-    def __init__(self, build: Callable[[], nn.Module]):
+    def __init__(self, build: Callable[[], nn.Module], piece: str = "build_model"):
         self.build = build
+        self.piece = piece
 
     def __call__(self) -> nn.Module:
         try:
@@ -117,12 +118,12 @@ class ModelFactory:
         except (MemoryError, torch.OutOfMemoryError, WorkbookError):
             raise  # out of memory is the machine's answer, not a bug in the factory
         except Exception as exc:
-            raise WorkbookError(f"the task's build_model failed: {type(exc).__name__}: "
+            raise WorkbookError(f"the task's {self.piece} failed: {type(exc).__name__}: "
                                 f"{reason(exc, 300)}",
-                                "fix build_model: it receives no arguments and returns the "
+                                f"fix {self.piece}: it receives no arguments and returns the "
                                 "model") from exc
         if not isinstance(model, nn.Module):
-            raise WorkbookError(f"the task's build_model returned a {type(model).__name__}, not "
+            raise WorkbookError(f"the task's {self.piece} returned a {type(model).__name__}, not "
                                 "a torch.nn.Module", "return the model itself (an nn.Module "
                                 "instance, e.g. a transformers model), not a class, a tuple or "
                                 "a state dict")
@@ -145,7 +146,7 @@ class Task:
     load_examples: Callable[[], list[dict]]
     encode: Callable[[dict], dict[str, Tensor]]
     collate: Callable[[list[dict[str, Tensor]]], dict[str, Tensor]]
-    build_model: Callable[[], nn.Module]
+    build_model: Callable[[], nn.Module]  # the model the pilot machine trains
     decode: Callable[[Sequence[int]], str]
     loss: Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, Tensor]] = token_cross_entropy
     metrics: Callable[[Tensor, dict[str, Tensor]], dict[str, tuple[float, float]]] = (
@@ -196,11 +197,19 @@ class Task:
     make_sampler: Callable[[int, int], Any] | None = None
     save_state: Callable[[Any, dict[str, Any]], None] | None = None
     restore_state: Callable[[Any, dict[str, Any]], None] | None = None
+    # the model the rental will train, when it is bigger than the pilot machine: build_model is
+    # then its pilot twin (same code and module types, fewer layers, narrower). Notebooks 03, 05
+    # and 08 size this model on fake tensors only - it is never allocated here - and check the
+    # prediction against a real run of the twin; every other notebook trains the twin
+    # (workbook.campaign.from_config derives both from a transformers config)
+    campaign_model: Callable[[], nn.Module] | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if callable(self.build_model) and not isinstance(self.build_model, ModelFactory):
             self.build_model = ModelFactory(self.build_model)
+        if callable(self.campaign_model) and not isinstance(self.campaign_model, ModelFactory):
+            self.campaign_model = ModelFactory(self.campaign_model, "campaign_model")
         if self.kind == "regression" and self.loss is token_cross_entropy:
             self.loss = squared_error
         if self.kind == "regression" and self.metrics is target_accuracy:
@@ -345,7 +354,8 @@ def validate_task(task: Any, path: str = "task") -> Task:
     if (task.save_state is None) != (task.restore_state is None):
         problems.append("`save_state` and `restore_state` come together (a checkpoint written "
                         "one way is read back the same way)")
-    for name in ("save_state", "restore_state", "make_sampler", "train_step", "eval_step"):
+    for name in ("save_state", "restore_state", "make_sampler", "train_step", "eval_step",
+                 "campaign_model"):
         if getattr(task, name) is not None and not callable(getattr(task, name)):
             problems.append(f"`{name}` must be callable or None")
     if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from . import campaign
 from .data import Item, encode_examples, prepare
 from .errors import WorkbookError
 from .loop import (
@@ -176,8 +177,9 @@ class VariantStudy:
                               accumulation=self.plan.shape.accumulation)
             plan = replace(self.plan, shape=planned, length=length)
             predicted = predicted_or_reason(task, train_items, val_items, plan, lr=self.lr,
-                                            device=self.device)
+                                            device=self.device, campaign=True)
             row["plan"] = plan.label()
+            row["plan_model"] = campaign.which(task)
             row["plan_peak_bytes"] = predicted.predicted_peak_bytes.max()
             row["flags"] += [f"plan {r.phase}: {r.note}" for r in predicted.itertuples()
                              if r.note]

@@ -1,0 +1,118 @@
+"""The campaign model and its pilot twin: the twin derived from a config, a twin of another kind
+refused, the campaign model sized on fake tensors only (never allocated), and a task without a
+campaign model sized as before."""
+
+import dataclasses
+from functools import partial
+
+import pytest
+import torch
+
+import workbook as wb
+from workbook import campaign
+from workbook.errors import WorkbookError
+from workbook.loop import UpdateShape
+from workbook.memory import _rss_peak, _rss_reset
+from workbook.predict import Plan, predict
+from workbook.samples.generation import TinyDecoder
+from workbook.tokenizer import VOCAB_SIZE
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_the_twin_of_a_llama_config_keeps_the_architecture_and_shrinks_depth_and_width():
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008,
+                                      num_hidden_layers=32, num_attention_heads=32,
+                                      num_key_value_heads=8, vocab_size=32000,
+                                      max_position_embeddings=4096)
+    twin = campaign.twin_config(config, layers=2, width=128, heads=4)
+    assert (twin.num_hidden_layers, twin.hidden_size, twin.num_attention_heads) == (2, 128, 4)
+    assert twin.num_key_value_heads == 1  # the grouped-query ratio 32:8 kept as 4:1
+    assert twin.intermediate_size == 11008 * 128 // 4096  # the feed-forward ratio kept
+    assert (twin.vocab_size, twin.max_position_embeddings) == (32000, 4096)
+    assert config.num_hidden_layers == 32  # the campaign config is untouched
+    models = campaign.from_config(transformers.LlamaForCausalLM, config)
+    task = dataclasses.replace(wb.load_task("workbook.samples.generation:task"), **models)
+    campaign.check_twin(task)  # same class, same module types
+    counted = campaign.models(task)
+    assert counted.sized_parameters > 5e9 > 2e7 > counted.trained_parameters
+
+
+def test_the_twin_of_a_gpt2_config_goes_through_its_attribute_names():
+    config = transformers.GPT2Config(n_layer=24, n_embd=1024, n_head=16, vocab_size=500)
+    twin = campaign.twin_config(config, layers=2, width=64)
+    assert (twin.n_layer, twin.n_embd, twin.n_head) == (2, 64, 4)
+
+
+def test_a_config_without_depth_or_width_is_refused_with_the_fix():
+    with pytest.raises(WorkbookError, match="names no depth") as err:
+        campaign.twin_config(object())
+    assert "build_model" in err.value.fix
+
+
+def test_a_twin_of_another_kind_of_model_is_refused_naming_the_difference():
+    sample = wb.load_task("workbook.samples.generation:task")
+    other = dataclasses.replace(sample, campaign_model=lambda: torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB_SIZE, 8), torch.nn.Linear(8, VOCAB_SIZE)))
+    with pytest.raises(WorkbookError, match="Sequential.*TinyDecoder|only the campaign"):
+        campaign.check_twin(other)
+    train = wb.prepare(sample).train[:8]
+    with pytest.raises(WorkbookError, match="not the campaign model's kind"):
+        predict(other, train, train, Plan(UpdateShape(1, 1), 16), campaign=True)
+
+
+def test_a_campaign_model_of_gigabytes_is_sized_without_being_allocated(gen_task, gen_items):
+    # a 1.1 B-parameter decoder (4.3 GiB of fp32 weights, 17 GiB with its step) beside the
+    # sample's small model as its twin: sizing it must not grow the resident memory
+    big = partial(TinyDecoder, VOCAB_SIZE, 4096, 5, 32, 4096, 0.0)
+    task = dataclasses.replace(gen_task, campaign_model=big)
+    assert campaign.models(task).sized_parameters > 1e9
+    train, val = gen_items["train"][:40], gen_items["validation"][:10]
+    plan = Plan(UpdateShape(2, 1), 256)
+    predict(task, train, val, plan)  # calibration on the twin, imports: before the reset
+    if not _rss_reset():
+        pytest.skip("no /proc/self/clear_refs here")
+    before = _rss_peak()
+    sized = predict(task, train, val, plan, campaign=True)
+    grown = _rss_peak() - before
+    assert grown < 512 * 2**20, grown
+    assert set(sized.model) == {"campaign model"}
+    assert sized.predicted_peak_bytes.max() > 4 * 4 * 1e9  # weights, grads, two Adam states
+    twin = predict(task, train, val, plan)
+    assert set(twin.model) == {"pilot twin"}
+    assert (twin.predicted_peak_bytes < sized.predicted_peak_bytes / 100).all()
+
+
+def test_a_task_without_campaign_model_is_sized_as_before(gen_task, gen_items):
+    train, val = gen_items["train"][:40], gen_items["validation"][:10]
+    plan = Plan(UpdateShape(2, 1), 64)
+    plain, asked = predict(gen_task, train, val, plan), predict(gen_task, train, val, plan,
+                                                                 campaign=True)
+    assert plain.predicted_peak_bytes.tolist() == asked.predicted_peak_bytes.tolist()
+    assert set(asked.model) == {"the task's model"}
+
+
+def test_figures_that_add_up_per_layer_are_extrapolated_along_the_depth_and_others_not():
+    deep = campaign.Deep(lambda layers: torch.nn.Linear(layers, 1), layers=40)
+    task = dataclasses.replace(wb.load_task("workbook.samples.generation:task"),
+                               campaign_model=deep)
+    calls = []
+
+    def linear(t):
+        n = t.campaign_model.build.layers
+        calls.append(n)
+        return {"flops": 100 + 7 * n}
+
+    figures, how = campaign.by_depth(task, linear)
+    assert figures == {"flops": 100 + 7 * 40} and calls == [2, 3, 4] and "extrapolated" in how
+    calls.clear()
+
+    def bent(t):
+        n = t.campaign_model.build.layers
+        calls.append(n)
+        return {"flops": n * n}
+
+    figures, how = campaign.by_depth(task, bent)
+    assert figures == {"flops": 1600} and calls == [2, 3, 4, 40] and "full depth" in how
+    with pytest.raises(WorkbookError, match="positive integer"):
+        campaign.Deep(lambda layers: None, layers=0)
