@@ -116,3 +116,37 @@ def test_figures_that_add_up_per_layer_are_extrapolated_along_the_depth_and_othe
     assert figures == {"flops": 1600} and calls == [2, 3, 4, 40] and "full depth" in how
     with pytest.raises(WorkbookError, match="positive integer"):
         campaign.Deep(lambda layers: None, layers=0)
+
+
+def _deep_decoder(layers: int, width: int = 64) -> torch.nn.Module:
+    return TinyDecoder(VOCAB_SIZE, width, layers, 4, 256, 0.0)
+
+
+@pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("bf16", True)])
+def test_a_deep_campaign_model_is_sized_from_two_shallow_traces_to_the_byte(
+        gen_task, gen_items, precision, checkpointing):
+    deep = campaign.Deep(_deep_decoder, layers=7)
+    task = dataclasses.replace(gen_task, campaign_model=deep)
+    train, val = gen_items["train"][:20], gen_items["validation"][:5]
+    plan = Plan(UpdateShape(2, 2, precision, checkpointing), 64)
+    traced = predict(task, train, val, plan, campaign=True)
+    assert "carried from fake runs at 3 and 4 layers to 7" in traced.attrs["sized"]
+    full = predict(dataclasses.replace(task, campaign_model=partial(_deep_decoder, 7)), train,
+                   val, plan, campaign=True)
+    assert full.attrs["sized"] == "run at its full depth"
+    assert traced.predicted_peak_bytes.tolist() == full.predicted_peak_bytes.tolist()
+    assert traced.filter(like="_bytes").equals(full.filter(like="_bytes"))
+
+
+def test_a_stack_that_does_not_line_up_layer_for_layer_is_run_at_its_full_depth(gen_task,
+                                                                               gen_items):
+    def uneven(layers: int) -> torch.nn.Module:
+        model = _deep_decoder(layers)
+        model.blocks.append(torch.nn.Identity())  # the stack is no longer one type
+        return model
+
+    task = dataclasses.replace(gen_task, campaign_model=campaign.Deep(uneven, layers=6),
+                               build_model=partial(uneven, 2))
+    train, val = gen_items["train"][:20], gen_items["validation"][:5]
+    sized = predict(task, train, val, Plan(UpdateShape(1, 1), 64), campaign=True)
+    assert sized.attrs["sized"].startswith("run at its full depth")

@@ -35,17 +35,39 @@ CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp
 class PhaseTracker(MemTracker):
     """MemTracker whose peak can be restarted at each phase (the stock peak only grows)."""
 
+    layers: str | None = None  # fqn of the model's layer list: record every operator (trace)
+
     def begin(self) -> None:
         self.phase_peak = self._total()
         self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+        self.trace: list[tuple[int | None, tuple[int, ...]]] = \
+            [(None, self._categories())] if self.layers is not None else []
+
+    def _categories(self) -> tuple[int, ...]:
+        return tuple(sum(int(snap.get(k, 0)) for snap in self._curr_mem_snap.values())
+                     for k in CATEGORIES)
 
     def _total(self) -> int:
         return sum(s.get("Total", 0) for s in self._curr_mem_snap.values())
+
+    def _layer(self) -> int | None:
+        """The index of the layer (of `layers`) the current operator runs in, else None."""
+        prefix = self.layers + "."
+        inside = [p[len(prefix):].split(".", 1)[0] for p in self._mod_tracker.parents
+                  if p.startswith(prefix)]
+        if not inside:
+            return None
+        # in backward the tracker leaves a layer among the parents until its inputs' gradients
+        # are done, so the layers being differentiated are the later ones: the current is the
+        # lowest
+        return (min if self._mod_tracker.is_bw else max)(int(k) for k in inside)
 
     def _update_peak_stats(self, peak_state) -> None:
         # only the whole-process peak per phase is read: the stock per-module peaks cost a scan
         # of every module's statistics per operator (minutes for a 7 B model's step)
         total = self._total()
+        if self.layers is not None:
+            self.trace.append((self._layer(), self._categories()))
         if total > self.phase_peak:
             self.phase_peak = total
             self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
@@ -226,13 +248,12 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
     limits = {**calibration_limits(task, train, val, plan, device, cpu_exact),
               **path_limits(task, batch, group, eval_batch)}
     cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
-    # the campaign model at its full depth: a figure's growth per layer changes with the depth
-    # (under bf16 autocast the forward's peak moves from the loss to the last layer past 14
-    # layers of a 7 B Llama), so no figure is extrapolated from shallower runs
-    frame = pd.DataFrame(fake_phases(task, cfg, batch, group, eval_batch, plan.label(),
-                                     campaign))
+    rows, how = (campaign_phases(task, cfg, batch, group, eval_batch, plan.label()) if campaign
+                 else (fake_phases(task, cfg, batch, group, eval_batch, plan.label()), ""))
+    frame = pd.DataFrame(rows)
     frame.insert(0, "config", plan.label())
     frame.insert(1, "model", models.which(task, campaign))
+    frame.attrs["sized"] = how
     unknown = frame.phase.isin(list(limits))
     frame.loc[unknown, frame.columns.str.endswith("_bytes")] = float("nan")
     frame["note"] = frame.phase.map(lambda p: f"not predicted: {limits[p]}" if p in limits
@@ -249,8 +270,10 @@ def fake_batch(fake: FakeTensorMode, batch: Batch, device: torch.device) -> Batc
 
 
 def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
-                eval_batch: Batch, label: str, campaign: bool = False) -> list[dict]:
-    """Every training phase run on fake tensors under the tracker: its peak and breakdown."""
+                eval_batch: Batch, label: str, campaign: bool = False,
+                layers: str | None = None) -> list[dict]:
+    """Every training phase run on fake tensors under the tracker: its peak and breakdown
+    (and with `layers`, the fqn of the model's layer list, each operator's memory: `trace`)."""
     device, rows = resolve_device(cfg.device), []
     targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:
@@ -260,6 +283,7 @@ def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
         work = Workload(stepper, to_fake(batch), [to_fake(b) for b in group],
                         to_fake(eval_batch), targets, group_targets)
         tracker = PhaseTracker()
+        tracker.layers = layers
         tracker.track_external(stepper.model, stepper.optimizer, *work.tensors())
         with tracker:
             for phase in TRAINING_PHASES:
@@ -275,8 +299,41 @@ def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
                     ) from exc
                 rows.append({"phase": phase, "predicted_peak_bytes": tracker.phase_peak,
                              **{f"{k.lower()}_bytes": v for k, v in
-                                tracker.breakdown().items()}})
+                                tracker.breakdown().items()},
+                             **({"trace": tracker.trace} if layers else {})})
     return rows
+
+
+def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
+                    eval_batch: Batch, label: str) -> tuple[list[dict], str]:
+    """`fake_phases` of the campaign model, and how it was sized. A deep one (a
+    `campaign.Deep` factory) runs at 3 and 4 layers with every operator's memory recorded, and
+    each operator's memory is carried to the full depth (`campaign.extrapolate`); the full depth
+    is run when the two traces do not line up layer for layer."""
+    deep = models.depth_of(task)
+    shallow = {n: replace(task, campaign_model=deep.with_layers(n))
+               for n in models.TRACE_DEPTHS} if deep else {}
+    lists = {n: models.layer_list(models.on_meta(t.campaign_model), n)
+             for n, t in shallow.items()}
+    if deep and all(lists.values()):
+        runs = {n: fake_phases(t, cfg, batch, group, eval_batch, label, campaign=True,
+                               layers=lists[n]) for n, t in shallow.items()}
+        rows = []
+        for i, phase in enumerate(TRAINING_PHASES):
+            categories = models.extrapolate(*(runs[n][i]["trace"] for n in models.TRACE_DEPTHS),
+                                            deep.layers)
+            if categories is None:
+                break
+            rows.append({"phase": phase, "predicted_peak_bytes": sum(categories),
+                         **{f"{k.lower()}_bytes": v
+                            for k, v in zip(CATEGORIES, categories, strict=True)}})
+        else:
+            return rows, (f"each operator's memory carried from fake runs at "
+                          f"{' and '.join(map(str, models.TRACE_DEPTHS))} layers to "
+                          f"{deep.layers}")
+    how = "run at its full depth" + (
+        " (the shallow runs did not line up layer for layer)" if deep else "")
+    return fake_phases(task, cfg, batch, group, eval_batch, label, campaign=True), how
 
 
 CALIBRATION_TOLERANCE = 0.02  # the prediction's target on the CPU
