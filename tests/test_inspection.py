@@ -9,7 +9,7 @@ import torch
 from workbook import load_task
 from workbook import tokenizer as tok
 from workbook.data import prepare
-from workbook.inspection import batch_view, browser, inspect_task, render_tokens
+from workbook.inspection import batch_view, browser, browser_view, inspect_task, render_tokens
 from workbook.samples import classification, generation
 from workbook.samples.models import TinyDecoder, TrigramClassifier
 
@@ -134,18 +134,38 @@ def test_a_headless_run_creates_no_widget(gen_task, gen_items, monkeypatch):
 def test_the_browser_moves_across_splits_and_finds_ids_and_groups(gen_task, monkeypatch):
     monkeypatch.setenv("WORKBOOK_HEADLESS", "0")
     ins = inspect_task(gen_task, probe_size=2)
-    view = browser(gen_task, ins.items, ins.splits)
-    (split, query), index, status = view.children[0].children, view.children[1], \
+    view = browser_view(gen_task, ins.items, ins.splits)
+    (split, query, again), index, status = view.children[0].children, view.children[1], \
         view.children[2]
-    assert split.options == ("train", "validation", "test") and index.max == 3530
+    assert split.options == ("train", "validation", "test") and index.max == 3531
+    assert (index.min, index.value) == (1, 1) and status.value.startswith("train 1 of 3531")
     target = ins.items["validation"][5]
     query.value = str(target.id)
-    assert (split.value, index.value) == ("validation", 5) and str(target.id) in status.value
+    assert (split.value, index.value) == ("validation", 6) and str(target.id) in status.value
+    assert status.value.startswith("validation 6 of")  # the slider and the line agree
+    index.value = 2  # moved away, the same search again (the button) comes back
+    again.click()
+    assert index.value == 6 and str(target.id) in status.value
     group = str(ins.splits["test"][3][gen_task.group_key])
     query.value = group
     assert split.value == "test" and group in status.value
+    query.value = group.upper()  # another case
+    assert split.value == "test" and group in status.value
+    query.value = group[:-1]  # a part: the first match, and how many there are
+    assert "matching" in status.value and group[:-1] in status.value
     query.value = "no-such-id"
     assert "no example" in status.value
+
+
+def test_the_browser_displays_itself_whatever_the_cell_ends_in(gen_task, gen_items,
+                                                               monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    monkeypatch.setenv("WORKBOOK_HEADLESS", "0")
+    assert browser(gen_task, gen_items["train"][:3]) is None
+    assert [type(s).__name__ for s in shown].count("VBox") == 1
 
 
 # --- a model forward that raises: a flag naming the cause, the other checks still run

@@ -579,10 +579,23 @@ def example_display(task: Task, items: list[Item]):
 
 
 def browser(task: Task, items: dict[str, list[Item]] | list[Item],
-            raw: dict[str, list[dict]] | None = None):
+            raw: dict[str, list[dict]] | None = None) -> None:
+    """`browser_view` displayed (the cell shows it whether or not it ends in `;`); a headless
+    run shows the static view of the first example instead and creates no widget."""
+    from IPython.display import display
+
+    view = browser_view(task, items, raw)
+    if view is not None:
+        display(view)
+
+
+def browser_view(task: Task, items: dict[str, list[Item]] | list[Item],
+                 raw: dict[str, list[dict]] | None = None):
     """Browse examples one at a time, as `example_display` shows them: a split selector, a slider
-    across the split and a search by example id or group. A headless run (no frontend) shows
-    the static view of the first example instead and creates no widget."""
+    across the split (counting from 1, as the status line does) and a search by example id or
+    group (exact first, else the first that contains the text, case-insensitive; the button
+    searches again), as a widget. A headless run (no frontend) displays the static view of the
+    first example instead, creates no widget and returns None."""
     from IPython.display import display
 
     by_split = {k: v for k, v in (items if isinstance(items, dict) else
@@ -595,40 +608,60 @@ def browser(task: Task, items: dict[str, list[Item]] | list[Item],
     groups = {name: [str(ex[task.group_key]) for ex in raw[name]] for name in by_split} \
         if raw else {}
     split = widgets.Dropdown(options=list(by_split), description="split")
-    index = widgets.IntSlider(0, 0, len(by_split[split.value]) - 1, description="example",
+    index = widgets.IntSlider(1, 1, len(by_split[split.value]), description="example",
                               continuous_update=False, layout=widgets.Layout(width="95%"))
     query = widgets.Text(placeholder="example id or group", description="find",
                          continuous_update=False)
+    again = widgets.Button(description="find", tooltip="search (again) for the text")
     status, out = widgets.HTML(), widgets.Output()
 
-    def show(*_):
-        it = by_split[split.value][index.value]
-        group = groups[split.value][index.value] if groups else "?"
-        status.value = (f"{split.value} {index.value + 1} of {len(by_split[split.value])}: "
-                        f"id {html.escape(str(it.id))}, group {html.escape(group)}")
+    def show(*_, note: str = ""):
+        it = by_split[split.value][index.value - 1]
+        group = groups[split.value][index.value - 1] if groups else "?"
+        status.value = (f"{split.value} {index.value} of {len(by_split[split.value])}: "
+                        f"id {html.escape(str(it.id))}, group {html.escape(group)}"
+                        + (f" ({html.escape(note)})" if note else ""))
         out.clear_output(wait=True)
         with out:
             display(example_display(task, [it]))
 
     def change_split(_):
-        index.max, index.value = len(by_split[split.value]) - 1, 0
+        index.max, index.value = len(by_split[split.value]), 1
         show()
 
-    def find(_):
+    def matches(wanted: str) -> list[tuple[str, int]]:
+        order = [split.value] + [n for n in by_split if n != split.value]
+        keys = [(name, i, (str(it.id), groups[name][i] if groups else ""))
+                for name in order for i, it in enumerate(by_split[name])]
+        exact = [(n, i) for n, i, k in keys if wanted in k]
+        low = wanted.lower()
+        return exact or [(n, i) for n, i, k in keys if any(low in v.lower() for v in k)]
+
+    def find(*_):
         wanted = query.value.strip()
-        for name in [split.value] + [n for n in by_split if n != split.value]:
-            for i, it in enumerate(by_split[name]):
-                if wanted in (str(it.id), groups[name][i] if groups else None):
-                    split.value, index.value = name, i
-                    show()
-                    return
-        status.value = f"no example with id or group {html.escape(wanted)!r}"
+        if not wanted:
+            return
+        found = matches(wanted)
+        if not found:
+            status.value = f"no example whose id or group contains {html.escape(wanted)!r}"
+            return
+        name, i = found[0]
+        with index.hold_trait_notifications():
+            if split.value != name:
+                split.unobserve(change_split, "value")
+                split.value, index.max = name, len(by_split[name])
+                split.observe(change_split, "value")
+            index.unobserve(show, "value")
+            index.value = i + 1
+            index.observe(show, "value")
+        show(note=f"first of {len(found)} matching {wanted!r}" if len(found) > 1 else "")
 
     split.observe(change_split, "value")
     index.observe(show, "value")
     query.observe(find, "value")
+    again.on_click(find)
     show()
-    return widgets.VBox([widgets.HBox([split, query]), index, status, out])
+    return widgets.VBox([widgets.HBox([split, query, again]), index, status, out])
 
 
 def run(params: dict[str, Any], out_dir: Path | None = None) -> Inspection:

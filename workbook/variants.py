@@ -207,6 +207,8 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     out.insert(8, "peak_mib", (table.peak_bytes / 2**20).round(2))
     if "plan_peak_bytes" in table:
         out["plan_peak_mib"] = (table.plan_peak_bytes / 2**20).round(1)
+        if "plan_model" in table:  # measured on the pilot's model, the plan of this one
+            out["plan_model"] = table.plan_model
     return out
 
 
