@@ -38,3 +38,25 @@ def hung_rank(rank: str = "1"):
             time.sleep(3600)
         return clean.load_examples()
     return dataclasses.replace(clean, load_examples=load)
+
+
+def stuck_child(pid_file: str, grandchild: bool = False, only_in: str = "reload"):
+    """The README's own task whose examples never load in `python -m workbook <only_in>` (a
+    fresh process of the workbook): it writes its pid (and, with `grandchild`, the pid of a
+    process it starts in a session of its own, as torchrun's workers are) to `pid_file`, then
+    sleeps. Everywhere else (the probe, a kernel) it is the clean task."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    def load():
+        if sys.argv[1:2] == [only_in]:
+            pids = [os.getpid()]
+            if grandchild:
+                pids.append(subprocess.Popen(["sleep", "3600"], start_new_session=True).pid)
+            tmp = Path(f"{pid_file}.tmp")
+            tmp.write_text(" ".join(map(str, pids)))
+            tmp.rename(pid_file)
+            time.sleep(3600)
+        return clean.load_examples()
+    return dataclasses.replace(clean, load_examples=load)

@@ -146,3 +146,75 @@ def test_a_timed_out_command_names_itself_quoted(tmp_path):
     assert line.startswith("python -m workbook reload --archive ")
     _pasted(line)
     assert not marker.exists()
+
+
+def test_a_child_ends_with_its_parent_but_not_with_the_thread_that_started_it():
+    """PR_SET_PDEATHSIG fires when the *thread* that started a child ends: a child started
+    from the main thread is asked to die with the process (the probes of
+    tests/hostile_probes.py kill the parent), one started from another thread is not wrapped,
+    so it outlives that thread and is stopped at exit or by stop_tree instead."""
+    import sys
+    import threading
+    import time
+
+    from workbook import runs
+
+    started = {}
+
+    def start():
+        started["proc"] = runs.start_child([sys.executable, "-c", "import time; time.sleep(30)"])
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    proc = started["proc"]
+    try:
+        time.sleep(0.5)
+        assert proc.poll() is None, "the child died with the thread that started it"
+        assert proc.args[:2] == [sys.executable, "-c"] and proc in runs._CHILDREN
+    finally:
+        runs.stop_children()
+    assert proc.poll() is not None and proc not in runs._CHILDREN, "stopped at exit"
+
+
+def test_the_pilot_keeps_space_for_its_index_and_gives_it_back_when_the_disk_fills(tmp_path):
+    from workbook.pilot import RESERVE, RESERVE_BYTES, _Reserve
+
+    space = _Reserve(tmp_path)
+    reserve = tmp_path / RESERVE
+    assert reserve.stat().st_blocks * 512 >= RESERVE_BYTES, "allocated on the disk"
+    space.check("")  # a notebook that passed on a roomy disk: the space stays kept
+    assert reserve.exists() and not space.low
+    space.check("WorkbookError: cannot write checkpoint x: No space left on device")
+    assert not reserve.exists() and space.low, "given back for the index and the report"
+    calls = []
+
+    def index():
+        calls.append(1)
+        if len(calls) == 1:
+            raise WorkbookError("cannot write file index.json: No space left on device", "")
+    space = _Reserve(tmp_path)
+    space.write(index)  # refused once, written after the space is given back
+    assert len(calls) == 2 and not reserve.exists() and space.low
+
+
+def test_an_executed_notebook_save_the_disk_refuses_keeps_the_last_complete_one(
+        tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from workbook.pilot import _atomic, _AtomicIO
+
+    path = tmp_path / ".01.partial.ipynb"
+    target = _atomic(path)
+    assert target.startswith("workbook-atomic://")
+    _AtomicIO().write('{"cells": []}', target)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(WorkbookError, match="No space left on device") as info:
+        _AtomicIO().write('{"cells": [1]}', target)
+    assert "free space on" in info.value.fix
+    assert path.read_text() == '{"cells": []}', "the last complete save stays"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name], "no temporary file"

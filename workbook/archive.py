@@ -15,7 +15,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
-from .artifacts import read_json, verify, write_folder
+from . import schemas
+from .artifacts import read_json, read_plain, verify, write_folder
 from .checkpoint import WEIGHTS, load_weights
 from .data import Item, collate_items, prepare
 from .errors import WorkbookError
@@ -92,7 +93,11 @@ def reload_archive(path: str | Path, task: str | None, task_options: dict | None
     runs) and re-run the control inputs."""
     path = Path(path)
     verify(path, "archive")
+    fix = "the archive is damaged or was edited; use an intact copy"
     config = read_json(path / CONFIG, "archive configuration")
+    schemas.check(schemas.ArchiveConfig, config, path / CONFIG, "archive configuration", fix)
+    revision = read_json(path / "revision.json", "code revision")
+    schemas.check(schemas.Revision, revision, path / "revision.json", "code revision", fix)
     loaded = load_recorded_task(config, task, task_options, f"archive {path}")
     model = loaded.build_model()
     load_weights(model, path / WEIGHTS, "archive")
@@ -102,25 +107,32 @@ def reload_archive(path: str | Path, task: str | None, task_options: dict | None
         raise WorkbookError("the control inputs are no longer the same examples",
                             "reload with the data the archive was made from")
     try:
-        stored = load_file(str(path / CONTROL_OUTPUTS))["logits"]
-    except (SafetensorError, KeyError, OSError) as exc:
+        tensors = load_file(str(path / CONTROL_OUTPUTS))
+    except (SafetensorError, OSError) as exc:
         raise WorkbookError(f"{path / CONTROL_OUTPUTS} cannot be read ({exc})",
                             "the archive is damaged; use an intact copy") from None
     fresh = control_outputs(loaded, model, items)
-    same_shape = stored.shape == fresh.shape
-    diff = float((stored - fresh).abs().max()) if same_shape else float("inf")
-    return {"identical": bool(same_shape and torch.equal(stored, fresh)), "max_abs_diff": diff,
-            "control_inputs": len(ids), "revision": read_json(path / "revision.json")}
+    if set(tensors) != {"logits"}:
+        raise WorkbookError(f"{path / CONTROL_OUTPUTS} holds the tensors {sorted(tensors)[:5]}, "
+                            "not the one 'logits' the workbook writes", fix)
+    stored = tensors["logits"]
+    why = schemas.tensor_mismatch("its tensor 'logits'", (stored.dtype, stored.shape), fresh,
+                                  "the fresh outputs'")
+    if why:
+        raise WorkbookError(f"{path / CONTROL_OUTPUTS} does not hold the control outputs of "
+                            f"this model on {len(ids)} inputs: {why}", fix)
+    diff = float((stored - fresh).abs().max()) if stored.numel() else 0.0
+    return {"identical": bool(torch.equal(stored, fresh)), "max_abs_diff": diff,
+            "control_inputs": len(ids), "revision": revision}
 
 
 def read_json_list(path: Path) -> list[str]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise WorkbookError(f"cannot read {path}: {exc}", "use an intact archive") from None
-    if not isinstance(data, list):
-        raise WorkbookError(f"{path} is not a list of example ids", "use an intact archive")
-    return [str(x) for x in data]
+    """The control inputs' example ids (a list of strings), parsed bounded and checked."""
+    fix = "use an intact archive"
+    data = schemas.parse_json(read_plain(path, "control inputs", fix), path, "control inputs",
+                              fix)
+    schemas.check(schemas.ControlInputs, {"ids": data}, path, "list of control inputs", fix)
+    return data
 
 
 def reload_in_new_process(path: str | Path, task: str, task_options: dict | None = None,

@@ -10,6 +10,7 @@ named pipe or a device is refused with its name. Files written get the mode the 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -20,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from . import schemas
 from .errors import WorkbookError, reason
 
 MANIFEST = "manifest.json"
@@ -137,11 +139,21 @@ def write_error(what: str, path: Path, exc: Exception, left: str = "") -> Workbo
         fix = f"create the folder {Path(path).parent} first, or write into an existing one"
     elif isinstance(exc, PermissionError):
         fix = "choose a folder you can write to"
-    elif code in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free disk space (or raise the quota) and run again"
+    elif code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc):
+        fix = f"free space on {mount_point(path)} (or raise the quota) and run again"
     else:
         fix = "free disk space or choose a writable folder"
     return WorkbookError(f"cannot write {what} {path}: {why}", fix + left)
+
+
+def mount_point(path: str | Path) -> str:
+    """The mount point of the file system that holds (or would hold) `path`."""
+    current = os.path.abspath(path)
+    while not os.path.exists(current) and os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+    while not os.path.ismount(current) and os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+    return current
 
 
 def _exists(path: Path, what: str) -> WorkbookError:
@@ -256,7 +268,9 @@ def write_file(path: Path, write: Callable[[Path], None], what: str = "file") ->
     return path
 
 
-def _read_plain(path: Path, what: str, fix: str) -> bytes:
+def read_plain(path: Path, what: str, fix: str) -> bytes:
+    """The bytes of a plain file (never through a link, a pipe or a device), or a
+    WorkbookError naming it."""
     try:
         with open_plain(path) as handle:
             return handle.read()
@@ -284,19 +298,13 @@ def verify(path: str | Path, what: str = "folder") -> dict[str, dict]:
     for name, mode in sorted(entries.items()):
         if not stat.S_ISREG(mode):
             raise not_plain(what, path, name, mode)
-    raw = _read_plain(path / MANIFEST, f"the manifest of {what}", f"use an intact {what}")
-    try:
-        manifest = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise WorkbookError(f"{path / MANIFEST} is not valid JSON ({exc})",
-                            f"the {what} is damaged; use an intact copy") from None
-    ours = isinstance(manifest, dict) and manifest.get("format") == FORMAT
-    files = manifest.get("files") if ours else None
-    if not isinstance(files, dict) or not files or not all(
-            isinstance(v, dict) and isinstance(v.get("sha256"), str) and
-            isinstance(v.get("bytes"), int) for v in files.values()):
-        raise WorkbookError(f"{path / MANIFEST} lists no files in the {FORMAT} format",
-                            f"the {what} is damaged or forged; use an intact copy")
+    raw = read_plain(path / MANIFEST, f"the manifest of {what}", f"use an intact {what}")
+    fix = f"the {what} is damaged or forged; use an intact copy"
+    data = schemas.parse_json(raw, path / MANIFEST, "manifest", fix)
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not data.get("files"):
+        raise WorkbookError(f"{path / MANIFEST} lists no files in the {FORMAT} format", fix)
+    files = {n: e.model_dump() for n, e in
+             schemas.check(schemas.Manifest, data, path / MANIFEST, "manifest", fix).files.items()}
     present = set(entries) - {MANIFEST}
     odd = sorted(n for n in files if "/" in n or "\\" in n or n in ("", ".", "..", MANIFEST))
     extra, missing = sorted(present - set(files)), sorted(set(files) - present)
@@ -320,18 +328,70 @@ def verify(path: str | Path, what: str = "folder") -> dict[str, dict]:
 
 
 def read_json(path: Path, what: str = "file") -> dict:
-    """A JSON object from a verified folder, or a clear error when it is not one (a link is
-    never followed)."""
+    """A JSON object from a verified folder, parsed bounded (size, nesting, integer length:
+    `schemas.parse_json`), or a clear error when it is not one (a link is never followed)."""
     path = Path(path)
-    raw = _read_plain(path, what, "the folder is damaged; use an intact copy")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise WorkbookError(f"cannot read {what} {path}: {exc}",
-                            "the folder is damaged; use an intact copy") from None
+    fix = "the folder is damaged; use an intact copy"
+    data = schemas.parse_json(read_plain(path, what, fix), path, what, fix)
     if not isinstance(data, dict):
         raise WorkbookError(f"{what} {path} is not a JSON object", "use an intact copy")
     return data
+
+
+def copy_folder(source: str | Path, path: str | Path, changes: dict[str, bytes] | None = None,
+                what: str = "copy") -> Path:
+    """A copy of the folder `source` at the new name `path`, with the files in `changes`
+    replaced by their bytes: filled in a private temporary folder and renamed, so a full disk
+    leaves no 0-byte or truncated file under a final name (and no temporary one)."""
+    source, path = Path(source), Path(path)
+    if os.path.lexists(path):
+        raise _exists(path, what)
+    tmp = None
+    try:
+        tmp = _temporary(path)
+        for entry in sorted(os.scandir(source), key=lambda e: e.name):
+            if not entry.is_file(follow_symlinks=False):
+                raise not_plain("folder", source, entry.name,
+                                entry.stat(follow_symlinks=False).st_mode)
+            shutil.copyfile(entry.path, tmp / entry.name, follow_symlinks=False)
+        for name, data in (changes or {}).items():
+            (tmp / name).write_bytes(data)
+        for name in os.listdir(tmp):
+            _seal_entry(tmp, name, what)
+        os.chmod(tmp, 0o777 & ~umask())
+        _fsync_folder(tmp)
+        os.rename(tmp, path)
+        _fsync_folder(path.parent)
+    except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, WorkbookError) and \
+                write_failure(exc):
+            raise write_error(what, path, exc, "; nothing was left behind") from exc
+        raise
+    return path
+
+
+def replace_file(path: str | Path, data: bytes, what: str = "file") -> Path:
+    """Write `data` to `path`, replacing what is there, through a temporary name in its
+    folder and a rename: the old file or the new one, never a truncated one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, file_mode())
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise write_error(what, path, exc) from exc
+        raise
+    return path
 
 
 def reseal(path: str | Path) -> None:
@@ -344,7 +404,8 @@ def reseal(path: str | Path) -> None:
         if f.name != MANIFEST:
             with f.open("rb") as handle:
                 files[f.name] = {"bytes": f.stat().st_size, "sha256": _digest(handle)}
-    (path / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
+    replace_file(path / MANIFEST, json.dumps({"format": FORMAT, "files": files},
+                                             indent=1).encode(), "manifest")
 
 
 def seal_file(path: str | Path) -> Path:
@@ -372,11 +433,13 @@ def verify_file(path: str | Path, what: str = "file") -> None:
         mode = os.lstat(f).st_mode if os.path.lexists(f) else stat.S_IFREG
         if not stat.S_ISREG(mode):
             raise not_plain(what, path.parent, f.name, mode)
-    entry = read_json(manifest, f"manifest of {path.name}").get("files", {})
-    entry = entry.get(path.name) if isinstance(entry, dict) else None
+    fix = f"do not use this {what}; start a new one in a new folder"
+    files = schemas.check(schemas.Manifest, read_json(manifest, f"manifest of {path.name}"),
+                          manifest, "manifest", fix).files
+    entry = files.get(path.name)
     try:
-        same = isinstance(entry, dict) and os.lstat(path).st_size == entry.get("bytes") and \
-            sha256(path) == entry.get("sha256")
+        same = entry is not None and os.lstat(path).st_size == entry.bytes and \
+            sha256(path) == entry.sha256
     except OSError:
         same = False
     if not same:

@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
+from . import schemas
 from .artifacts import MANIFEST, read_json, write_folder
 from .artifacts import verify as verify_folder
 from .errors import WorkbookError, reason
@@ -25,8 +26,8 @@ WEIGHTS = "model.safetensors"
 STATE = "state.pt"
 META = "meta.json"
 __all__ = ["MANIFEST", "WEIGHTS", "STATE", "META", "save_checkpoint", "load_checkpoint",
-           "load_state", "load_weights", "verify", "rng_state", "set_rng_state", "tied_groups",
-           "StepCount", "own_objects"]
+           "load_state", "load_meta", "load_weights", "verify", "rng_state", "set_rng_state",
+           "tied_groups", "StepCount", "own_objects"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -41,8 +42,11 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
+def set_rng_state(state: dict[str, Any], where: Any = "the checkpoint") -> None:
+    """Restore what `rng_state` captured, checked first (`schemas.RandomStates`: a state of
+    another type, length or range is refused naming the field, before any generator is set)."""
+    schemas.check(schemas.RandomStates, state, where, "random state",
+                  "resume from an intact checkpoint")
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal.tolist()), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
@@ -154,21 +158,51 @@ def verify(path: str | Path) -> dict[str, dict]:
 
 
 def load_state(path: str | Path) -> dict[str, Any]:
-    """The non-weight state, loaded with `weights_only=True` after the manifest check."""
+    """The non-weight state, loaded with `weights_only=True` after the manifest check, and
+    checked against `schemas.CheckpointState` (counters never negative, random states of their
+    types and lengths) before any of it is used."""
     verify(path)
     try:
-        return torch.load(Path(path) / STATE, weights_only=True)
+        state = torch.load(Path(path) / STATE, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise WorkbookError(f"{path}/{STATE} needs arbitrary code to load; refused ({exc})",
                             "only load checkpoints whose provenance you know") from exc
-    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+    except (RuntimeError, EOFError, ValueError, OSError, RecursionError) as exc:
         raise WorkbookError(f"{path}/{STATE} cannot be read: {reason(exc)}",
                             "the checkpoint is damaged; resume from an earlier one") from None
+    try:
+        schemas.check(schemas.CheckpointState, state, Path(path) / STATE, "checkpoint state",
+                      "the checkpoint is damaged; resume from an earlier one")
+    except RecursionError:
+        raise WorkbookError(f"{path}/{STATE} nests its values too deep to be a checkpoint "
+                            "state", "resume from an intact checkpoint") from None
+    return state
+
+
+def load_meta(path: str | Path) -> dict[str, Any]:
+    """meta.json of a verified checkpoint, parsed bounded and checked against
+    `schemas.CheckpointMeta` (thread count 1..4096, the recorded task...)."""
+    meta = Path(path) / META
+    data = read_json(meta, "checkpoint meta")
+    schemas.check(schemas.CheckpointMeta, data, meta, "checkpoint meta",
+                  "the checkpoint is damaged; resume from an earlier one")
+    return data
 
 
 def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
     """Safetensors weights into `model` (no code runs); a file that does not fit the model, or
     is not safetensors at all, is refused with its name."""
+    fix = f"load the {what} into the model of the task and options that wrote it"
+    try:
+        stored = schemas.safetensors_header(path)
+    except (OSError, ValueError, WorkbookError) as exc:
+        raise WorkbookError(f"{path} cannot be loaded into the model: {reason(exc, 300)}",
+                            fix) from None
+    own = model.state_dict()
+    for name, entry in stored.items():
+        why = schemas.tensor_mismatch(name, entry, own[name]) if name in own else None
+        if why:  # load_state_dict would cast another dtype silently (fp16-rounded weights)
+            raise WorkbookError(f"{path} cannot be loaded into the model: {why}", fix)
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except (SafetensorError, RuntimeError, ValueError, OSError) as exc:
@@ -191,7 +225,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     was saved. The sampler and step are checked only when restore_state changed them: one that
     leaves them alone leaves them to the workbook, which restores the data position itself."""
     state = load_state(path)
-    meta = read_json(Path(path) / META, "checkpoint meta")
+    meta = load_meta(path)
     objects = own_objects(model, optimizer, scheduler, scaler, sampler)
     if meta.get("own_state"):
         if own is None:
@@ -204,7 +238,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         check_restored(path, {k: v for k, v in (meta.get("digests") or {}).items()
                               if k not in untouched or k in handled}, objects)
         if restore_rng:
-            set_rng_state(state["rng"])
+            set_rng_state(state["rng"], Path(path) / STATE)
         return {"counters": state["counters"], "meta": meta}
     load_weights(model, Path(path) / WEIGHTS, "checkpoint")
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
@@ -213,13 +247,18 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         if state[name] is None:
             raise WorkbookError(f"checkpoint {path} has no {name} state; training cannot resume "
                                 "exactly", f"save the {name} with the checkpoint")
+        why = schemas.optimizer_mismatch(state[name], obj) if name == "optimizer" else None
+        if why:  # torch would cast it silently, or fail only at the first step
+            raise WorkbookError(f"checkpoint {path}: the optimizer state does not fit this "
+                                f"optimizer: {why}", "resume with the model, optimizer and "
+                                "configuration that wrote it")
         try:
             obj.load_state_dict(state[name])
         except (ValueError, KeyError, RuntimeError) as exc:
             raise WorkbookError(f"checkpoint {path}: the {name} state does not fit ({exc})",
                                 "resume with the configuration that wrote it") from None
     if restore_rng:
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng"], Path(path) / STATE)
     return {"counters": state["counters"], "meta": meta}
 
 

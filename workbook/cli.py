@@ -8,9 +8,11 @@ output, which the task's own prints share."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,19 @@ def _option(text: str) -> tuple[str, object]:
     return key, parse_literal(value)  # bounded: a value nested 10^5 deep is refused
 
 
+def _seconds(text: str) -> float:
+    """A time limit in seconds: a finite number above 0 (inf, nan, 0 and negatives are
+    refused: a limit that never ends, or ends at once, is no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive finite number of seconds "
+                                         "(give e.g. --timeout 1800)")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     """The commands and their options."""
     parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
@@ -54,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
     pilot.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     pilot.add_argument("--only", help="comma list of notebook numbers, e.g. 01,02")
     pilot.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    pilot.add_argument("--timeout", type=float, metavar="SECONDS",
+    pilot.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                        help="each notebook's time limit (default 3600, 600 with --smoke)")
     trial = sub.add_parser("trial", help="run one more trial of an existing study (the "
                            "repro command of notebook 06); exits 1 when the trial failed")
@@ -135,9 +150,16 @@ def _handing_back(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        code, outcome, error = COMMANDS[args.command](args)
+        with _signals_as_interrupt():
+            code, outcome, error = COMMANDS[args.command](args)
     except WorkbookError as exc:
         code, outcome, error = 2, None, exc
+    except KeyboardInterrupt:  # SIGINT, SIGTERM (its parent ended): files cleaned up on the way
+        with contextlib.suppress(WorkbookError, OSError):
+            hand_back(result, args.command, 130, None, WorkbookError(
+                f"{args.command} was interrupted", "run it again"))
+        print(f"interrupted: {args.command} stopped before it finished", file=sys.stderr)
+        return 130
     except Exception as exc:  # a bug, or the task's own code: the parent still learns of it
         _hand_back(result, args.command, 1, None, WorkbookError(
             f"{args.command} raised {type(exc).__name__}: {exc}"[:600],
@@ -146,6 +168,25 @@ def _handing_back(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
     return _hand_back(result, args.command, code, outcome, error)
+
+
+@contextlib.contextmanager
+def _signals_as_interrupt():
+    """SIGTERM and SIGHUP end the command like Ctrl-C: as KeyboardInterrupt, so every writer's
+    cleanup runs (no temporary file or partial folder is left) and it exits 130."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _hand_back(result: Path | None, command: str, code: int, outcome: dict | None,
@@ -199,9 +240,9 @@ def _plain(value: Any) -> Any:
 def _resume(args: argparse.Namespace) -> tuple[int, dict, None]:
     from safetensors.torch import save_file
 
-    from .artifacts import read_json, write_file
-    from .checkpoint import META, load_state
-    from .resume import run_recipe
+    from .artifacts import write_file
+    from .checkpoint import META, load_meta, load_state
+    from .resume import check_recipe, run_recipe
     from .runs import write_text
     from .task import load_recorded_task
 
@@ -211,7 +252,8 @@ def _resume(args: argparse.Namespace) -> tuple[int, dict, None]:
     if args.to < 1:
         raise WorkbookError(f"--to {args.to} is not an update", "give --to 1 or later")
     load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
-    spec = read_json(Path(args.checkpoint) / META, "checkpoint meta").get("recipe")
+    spec = check_recipe(load_meta(args.checkpoint).get("recipe"),
+                        Path(args.checkpoint) / META, "recipe")
     task = load_recorded_task(spec, args.task, dict(args.option),
                               f"checkpoint {args.checkpoint}")
     records, weights = run_recipe(spec, args.to, start_from=Path(args.checkpoint),

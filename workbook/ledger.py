@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 import pandas as pd
 
+from . import schemas
 from .artifacts import shown_name
 from .errors import WorkbookError
 from .runs import process_alive, shown
@@ -345,9 +346,10 @@ class Ledger:
     def _gone(self, tid: int, pid: int | None, process: str | None) -> str:
         """Why the process that ran a trial has certainly ended, or "" while it may still run
         it (a trial recorded on another machine stays running: only that machine can tell)."""
-        try:
-            rec = json.loads(process) if process else {}
-        except ValueError:
+        try:  # bounded: a planted 5,000-digit number or deep array reads as no record
+            rec = schemas.parse_json(str(process), self.path, "trial process") if process \
+                else {}
+        except WorkbookError:
             rec = {}
         rec = rec if isinstance(rec, dict) else {}
         host, boot = _machine()

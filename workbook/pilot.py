@@ -6,17 +6,21 @@ interrupted pilot (SIGINT/SIGTERM, or even SIGKILL) leaves a valid index of what
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 
+from . import schemas
 from .errors import WorkbookError
 from .frontend import HEADLESS_ENV
 from .loop import resolve_device
@@ -85,9 +89,10 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     known = {k: v for stem in selected for k, v in defaults(stem).items()}
     validate(params, "the selected notebooks", known)
     limit = float(TIME_LIMIT["smoke" if smoke else "full"] if timeout is None else timeout)
-    if not limit > 0:
-        raise WorkbookError(f"--timeout must be positive, got {timeout}",
-                            "give each notebook's limit in seconds")
+    if not (math.isfinite(limit) and limit > 0):
+        raise WorkbookError(f"--timeout must be a positive finite number of seconds, got "
+                            f"{timeout}", "give each notebook's limit in seconds, e.g. "
+                            "--timeout 1800")
     parameters = {}
     for stem in selected:  # check every notebook's parameters before running (or creating) any
         given = {"task": task, "task_options": task_options or {}, "device": device,
@@ -101,25 +106,95 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     meta = {"task": task, "task_options": task_options or {}, "smoke": smoke,
             "time_limit_s": limit}
     rows: list[dict[str, Any]] = []
-    with _headless_kernels(), _sigterm_as_interrupt():
-        try:
-            for stem in selected:
-                rows.append(execute(stem, run, parameters[stem], kernel, limit, progress))
+    space = _Reserve(run)  # what index and report still need when a notebook fills the disk
+    try:
+        with _headless_kernels(), _sigterm_as_interrupt():
+            try:
+                for stem in selected:
+                    rows.append(execute(stem, run, parameters[stem], kernel, limit, progress))
+                    space.check(rows[-1]["error"])
+                    space.write(lambda: write_index(run, rows, meta))
+                    print(f"{stem}: {rows[-1]['verdict']} ({rows[-1]['seconds']} s) "
+                          f"{rows[-1]['error']}", flush=True)
+            except KeyboardInterrupt:
+                done = {r["notebook"] for r in rows}
+                for stem in selected:
+                    if stem not in done:
+                        rows.append(_row(stem, "interrupted", "the pilot was interrupted "
+                                         "(SIGINT/SIGTERM) before this notebook finished"))
+                space.release()
                 write_index(run, rows, meta)
-                print(f"{stem}: {rows[-1]['verdict']} ({rows[-1]['seconds']} s) "
-                      f"{rows[-1]['error']}", flush=True)
-        except KeyboardInterrupt:
-            done = {r["notebook"] for r in rows}
-            for stem in selected:
-                if stem not in done:
-                    rows.append(_row(stem, "interrupted", "the pilot was interrupted "
-                                     "(SIGINT/SIGTERM) before this notebook finished"))
-            write_index(run, rows, meta)
-            write_report(run, pd.DataFrame(rows), task)
-            raise
-    index = pd.DataFrame(rows)
-    write_report(run, index, task)
+                write_report(run, pd.DataFrame(rows), task, export=not space.low)
+                raise
+        index = pd.DataFrame(rows)
+        space.release()
+        write_report(run, index, task, export=not space.low)
+    finally:
+        space.release()
     return run, index
+
+
+# Kept free in the run folder while the notebooks run (a file of this size, allocated on the
+# disk): when a notebook fills the disk, it is given back, so index.json, index.csv and
+# report.html of what finished can still be written.
+RESERVE_BYTES = 4 * 2**20
+RESERVE = ".workbook-reserve"
+
+
+class _Reserve:
+    """Space set aside for the index and the report (RESERVE_BYTES), given back when the disk
+    is nearly full (`check`), when a write of the index fails (`write`) and at the end."""
+
+    def __init__(self, run: Path):
+        self.path: Path | None = Path(run) / RESERVE
+        self.low = False
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            self.path = None
+            return
+        try:
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            except (AttributeError, OSError) as exc:
+                if getattr(exc, "errno", None) == errno.ENOSPC:
+                    raise
+                for _ in range(RESERVE_BYTES // 2**20):  # no fallocate on this file system
+                    os.write(fd, bytes(2**20))
+        except OSError:  # not even this much space: the pilot runs without a reserve
+            os.close(fd)
+            self.release()
+            return
+        os.close(fd)
+
+    def check(self, error: str) -> None:
+        """Give the space back when a notebook met a full disk or little is left."""
+        try:
+            free = shutil.disk_usage(self.path.parent).free if self.path else RESERVE_BYTES
+        except OSError:
+            free = 0
+        if free < RESERVE_BYTES or any(w in error for w in ("No space left", "free space on",
+                                                            "Disk quota")):
+            self.low = True
+            self.release()
+
+    def write(self, write: Callable[[], Any]) -> None:
+        """Run a write of the index; when the disk refuses it, give the space back and retry
+        once (a second refusal names the path and the fix)."""
+        try:
+            write()
+        except WorkbookError:
+            if self.path is None:
+                raise
+            self.low = True
+            self.release()
+            write()
+
+    def release(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            self.path = None
 
 
 def _row(stem: str, verdict: str = "error", error: str = "", seconds: float = 0.0) -> dict:
@@ -146,11 +221,13 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
     row = _row(stem)
     partial = run / f".{stem}.partial.ipynb"  # papermill saves as it goes; renamed when done
     try:
-        pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", partial,
+        pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", _atomic(partial),
                             parameters=parameters, kernel_name=kernel, progress_bar=progress,
                             cwd=os.getcwd(), timeout_func=remaining,
-                            start_timeout=int(min(120, limit)))
-        row["verdict"] = json.loads((run / stem / "summary.json").read_text())["verdict"]
+                            start_timeout=int(min(120, limit)),
+                            kernel_manager_class=_kernel_manager(run / KERNEL_LOG))
+        row["verdict"] = schemas.read(run / stem / "summary.json", schemas.Summary,
+                                      "notebook summary", "run the notebook again").verdict
     except pm.PapermillExecutionError as exc:  # recorded; the other notebooks still run
         row["error"] = f"{exc.ename}: {exc.evalue}"[:500]
     except CellTimeoutError:
@@ -172,15 +249,73 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
     return row
 
 
+# papermill saves the executed notebook after its cells through this scheme: each save is a
+# whole file under a temporary name, renamed over the last one (`write_text`), so a full disk
+# or a kill leaves the last complete save, never a truncated notebook.
+ATOMIC = "workbook-atomic://"
+# Kernels' own output (not the notebooks': that is in each executed notebook): warnings, and
+# what a kernel shut down while a cell ran says as it goes (zmq's "Socket operation on
+# non-socket" after SIGTERM or Ctrl-C), kept here rather than printed over the pilot's output.
+KERNEL_LOG = "kernels.log"
+
+
+class _AtomicIO:
+    """papermill's I/O handler for ATOMIC paths (a local file written atomically)."""
+
+    @staticmethod
+    def _path(path: str) -> str:
+        return path[len(ATOMIC):]
+
+    def read(self, path: str) -> str:
+        return Path(self._path(path)).read_text(encoding="utf-8")
+
+    def listdir(self, path: str) -> list[str]:
+        return [os.path.join(self._path(path), f) for f in os.listdir(self._path(path))]
+
+    def write(self, buf: str, path: str) -> None:
+        write_text(Path(self._path(path)), buf)
+
+    def pretty_path(self, path: str) -> str:
+        return self._path(path)
+
+
+def _atomic(path: Path) -> str:
+    from papermill.iorw import papermill_io
+
+    if not any(scheme == ATOMIC for scheme, _ in papermill_io._handlers):
+        papermill_io.register(ATOMIC, _AtomicIO())
+    return ATOMIC + str(Path(path).resolve())
+
+
+def _kernel_manager(log: Path) -> type:
+    """A kernel manager whose kernels write their own output (not the cells') to `log`."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class QuietKernelManager(AsyncKernelManager):
+        async def start_kernel(self, **kw: Any) -> None:
+            try:
+                handle = open(log, "ab")  # noqa: SIM115 - the kernel holds it while it runs
+            except OSError:
+                handle = subprocess.DEVNULL
+            try:
+                return await super().start_kernel(**{"stdout": handle, "stderr": handle, **kw})
+            finally:
+                if handle is not subprocess.DEVNULL:
+                    handle.close()  # the kernel has its own copy
+
+    return QuietKernelManager
+
+
 def _record_error(folder: Path, error: str) -> None:
     """A notebook that failed keeps what it found: its summary.json (written now when the
     notebook never got that far, with the files it did write) carries the error."""
     path = folder / "summary.json"
     try:
-        summary = json.loads(path.read_text()) if path.exists() else {
-            "verdict": "error", "figures": {},
-            "found": sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []}
-    except ValueError:
+        summary = schemas.read(path, schemas.Summary, "notebook summary").model_dump() \
+            if path.exists() else {
+                "verdict": "error", "figures": {},
+                "found": sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []}
+    except WorkbookError:
         summary = {"verdict": "error", "figures": {}}
     folder.mkdir(parents=True, exist_ok=True)
     write_json(path, {**summary, "error": error})
@@ -222,19 +357,22 @@ def _headless_kernels() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, `kill`) ends the pilot like Ctrl-C: index first, then exit."""
+    """SIGTERM (a CI job cancelled, `kill`) and SIGHUP (the terminal closed) end the pilot like
+    Ctrl-C: the kernel is shut down (its children end with it: `runs.start_child`), the
+    executed notebook kept or removed, the index and report written, then exit 130."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
+    previous = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            with contextlib.suppress(ValueError, OSError):  # not the main thread: left alone
+                previous[sig] = signal.signal(sig, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def write_index(run: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:

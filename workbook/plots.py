@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogLocator, ScalarFormatter
+
+from .artifacts import replace_file
 
 VERDICT_COLOURS = {"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red"}
 
@@ -23,8 +26,10 @@ def _plain_log_axis(axis) -> None:
 
 def _done(fig, save: Path | None):
     fig.tight_layout()
-    if save is not None:
-        fig.savefig(save, dpi=100)
+    if save is not None:  # rendered in memory, then written whole (a full disk leaves none)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=100, format=Path(save).suffix.lstrip(".") or "png")
+        replace_file(save, buffer.getvalue(), "figure")
     plt.close(fig)
     return fig
 

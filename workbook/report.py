@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 
+from . import schemas
+from .errors import WorkbookError
 from .frontend import readable
 from .runs import write_text
 
@@ -134,26 +136,73 @@ def _summary(folder: Path) -> dict | None:
     """A notebook's summary.json (None when it wrote none, or one that does not parse)."""
     path = folder / "summary.json"
     try:
-        summary = json.loads(path.read_text()) if path.exists() else None
-    except ValueError:
+        return schemas.read(path, schemas.Summary, "notebook summary").model_dump() \
+            if path.exists() else None
+    except WorkbookError:
         return None
-    return summary if isinstance(summary, dict) else None
+
+
+# Attributes that make a browser follow or load a URL; a scheme other than these is dropped.
+_URL_ATTRIBUTES = ("href", "src", "action", "formaction", "xlink:href", "poster", "background",
+                   "cite", "data", "srcset", "ping", "manifest", "codebase", "longdesc",
+                   "dynsrc", "lowsrc")
+_SCHEMES = ("http", "https", "mailto")
+_IMAGES = re.compile(r"data:image/(png|jpeg|gif|webp);base64,[a-z0-9+/=\s]*$", re.I)
+_ATTRIBUTE = re.compile(r"""(\s(?:%s)\s*=\s*)("[^"]*"|'[^']*'|[^\s"'>]+)"""
+                        % "|".join(re.escape(a) for a in _URL_ATTRIBUTES), re.I)
+_HANDLER = re.compile(r"""\son[a-z]+\s*=\s*("[^"]*"|'[^']*'|[^\s"'>]+)""", re.I)
+_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*):")
+SAFE_URL = "#link-removed"
+
+
+def safe_url(url: str, loads: bool = False) -> bool:
+    """Whether a URL may stay live in a page the workbook writes: http(s), mailto, a relative
+    path or an #anchor; for what a page loads (`loads`: src) also an embedded PNG/JPEG/GIF/WebP.
+    Entities, whitespace and control characters are undone first, as a browser does
+    (`java&#x09;script:` is `javascript:`)."""
+    text = "".join(c for c in html.unescape(url) if c.isprintable() and not c.isspace())
+    scheme = _SCHEME.match(text.lower())
+    if scheme is None:
+        return not text.lower().startswith(("&", "\\"))
+    if loads and _IMAGES.match(html.unescape(url).strip()):
+        return True
+    return scheme.group(1) in _SCHEMES
+
+
+def safe_links(page: str) -> str:
+    """`page` with every link or loaded URL of another scheme (javascript:, vbscript:, data:
+    outside an embedded image, file:...) replaced by SAFE_URL and every inline event handler
+    (onclick=...) removed. The whole page is searched, not only what looks like a tag (a `>`
+    inside a quoted value cannot hide an attribute; text holds these only escaped). Applied to
+    every HTML file the workbook writes from what parameters, tasks and notebooks hold."""
+    def attribute(match: re.Match) -> str:
+        value = match.group(2)
+        url = value[1:-1] if value[:1] in "\"'" else value
+        loads = not match.group(1).strip().lower().startswith(("href", "xlink", "action",
+                                                              "formaction", "ping", "cite"))
+        return match.group(0) if safe_url(url, loads) else f'{match.group(1)}"{SAFE_URL}"'
+
+    return _ATTRIBUTE.sub(attribute, _HANDLER.sub(" ", page))
 
 
 def export_html(notebook: Path) -> Path | None:
-    """The executed notebook as HTML beside it (opens in any browser); None if it cannot."""
+    """The executed notebook as HTML beside it (opens in any browser), its links made safe
+    (`safe_links`: a parameter that holds a javascript: link shows as text, never runs); None
+    if it cannot."""
     try:
         from nbconvert import HTMLExporter
 
         body, _ = HTMLExporter().from_filename(str(notebook))
-        return write_text(notebook.with_suffix(".html"), body)
+        return write_text(notebook.with_suffix(".html"), safe_links(body))
     except Exception:  # a broken notebook keeps its .ipynb link
         return None
 
 
-def write_report(run: Path, index: pd.DataFrame, task: str) -> Path:
+def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True) -> Path:
     """report.html in the run folder. The decision leads with every summary's `headline` (a
-    finding no plan can outweigh, e.g. 02's diverging learning rate), then 08's conclusion."""
+    finding no plan can outweigh, e.g. 02's diverging learning rate), then 08's conclusion.
+    With `export` False (the disk is full: the report comes first) the executed notebooks are
+    linked as they are, not exported to HTML."""
     import mistune
 
     rows = index.to_dict(orient="records")
@@ -179,7 +228,7 @@ def write_report(run: Path, index: pd.DataFrame, task: str) -> Path:
         folder = run / stem
         summary = summaries[stem]
         executed = run / r["executed"]
-        exported = export_html(executed) if executed.exists() else None
+        exported = export_html(executed) if export and executed.exists() else None
         links = [f'<a href="{_escape(exported.name)}">executed notebook</a>' if exported else
                  (f'<a href="{_escape(r["executed"])}">executed notebook (.ipynb)</a>'
                   if executed.exists() else ""),
@@ -193,10 +242,11 @@ def write_report(run: Path, index: pd.DataFrame, task: str) -> Path:
             + _key_figures(summary) + (_figures(folder) if folder.exists() else ""))
         parts += _tables(run, stem)
     path = run / "report.html"
-    write_text(path, "<!doctype html><html lang='en'><meta charset='utf-8'>"
-               "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-               f"<title>pilot report: {_escape(task)}</title><style>{STYLE}</style><body>"
-               + "".join(parts) + "</body></html>")
+    write_text(path, safe_links(
+        "<!doctype html><html lang='en'><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>pilot report: {_escape(task)}</title><style>{STYLE}</style><body>"
+        + "".join(parts) + "</body></html>"))
     return path
 
 

@@ -16,9 +16,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from . import checkpoint as ckpt
+from . import schemas
 from .archive import reload_in_new_process, write_archive
-from .artifacts import read_json, reseal, write_file
-from .data import Item, prepare
+from .artifacts import copy_folder, reseal, write_file
+from .data import Item, epoch_updates, prepare
 from .errors import WorkbookError
 from .loop import Position, Stepper, TrainConfig, UpdateShape, build_stepper, make_sampler, train
 from .records import StepRecord
@@ -34,19 +35,34 @@ def recipe(task: str, task_options: dict, cfg: TrainConfig, train_limit: int = 0
             "config": asdict(cfg)}
 
 
-def rebuild(spec: dict, task: Task | None = None) -> tuple[Task, list[Item], TrainConfig]:
+def rebuild(spec: dict, task: Task | None = None, source: Any = "the recipe"
+            ) -> tuple[Task, list[Item], TrainConfig]:
     """The task, training items and configuration of a recipe. A recipe read from a checkpoint
     comes with the `task` its user named (`load_recorded_task`); only a recipe built in this
     process may name the task to load."""
+    spec = check_recipe(spec, source, "recipe" if source != "the recipe" else "")
     task = task if task is not None else load_task(spec["task"], **spec["task_options"])
     try:
         cfg = TrainConfig.from_dict(spec["config"])
-        limit = int(spec.get("train_limit") or 0)
+        limit = spec["train_limit"]
     except (TypeError, ValueError, KeyError) as exc:
         raise WorkbookError(f"the recipe's configuration is not one this workbook wrote ({exc})",
                             "resume with the workbook version that wrote the checkpoint, or "
                             "use an intact checkpoint") from None
     return task, prepare(task, ("train",), {"train": limit}).train, cfg
+
+
+def check_recipe(spec: Any, source: Any = "the recipe", field: str = "") -> dict:
+    """A recipe (read from `source`, e.g. a checkpoint's meta.json) checked against
+    `schemas.Recipe` before any of it is used: a task and its options, a train_limit of 0 or
+    more, and a configuration of finite, in-range values (grad_clip NaN, a string lr or a
+    negative seed are refused by name). A recipe written before the shape was one field is
+    read too. Returns it with its defaults filled in."""
+    if isinstance(spec, dict) and isinstance(spec.get("config"), dict):
+        spec = {**spec, "config": UpdateShape.nested(spec["config"])}
+    return schemas.check(schemas.Recipe, spec, source, "recipe",
+                         "resume with the workbook version that wrote the checkpoint, or use "
+                         "an intact checkpoint", field).model_dump()
 
 
 def _record(r: StepRecord) -> dict:
@@ -59,7 +75,8 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
                task: Task | None = None) -> tuple[list[dict], dict]:
     """Train to update `to_step` (from scratch, or continuing `start_from`), checkpointing after
     the updates in `checkpoint_at`. Returns the per-update records and the final weights."""
-    task, items, cfg = rebuild(spec, task)
+    task, items, cfg = rebuild(spec, task, "the recipe" if start_from is None else
+                               Path(start_from) / ckpt.META)
     cfg.updates = to_step
     stepper, position, first = None, Position(), 1
     if start_from is not None:
@@ -94,7 +111,7 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
     if unknown:
         raise WorkbookError(f"unknown planted faults {sorted(unknown)}", f"use {FAULTS}")
     ckpt.verify(path)
-    meta = read_json(Path(path) / ckpt.META, "checkpoint meta")
+    meta = ckpt.load_meta(path)
     if meta.get("task_name") not in (None, task.name):
         raise WorkbookError(f"checkpoint {path} was written by task {meta['task_name']!r}, not "
                             f"{task.name!r}", "resume it with the task that wrote it")
@@ -110,12 +127,37 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
     info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
                                 stepper.scaler, restore_rng="rng" not in faults,
                                 own=task.restore_state, sampler=stepper.sampler)
-    torch.set_num_threads(int(info["meta"].get("threads", torch.get_num_threads())))
+    torch.set_num_threads(info["meta"]["threads"])  # 1..4096: checked by load_meta
     c = info["counters"]
+    schemas.check(schemas.ResumeCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
+                  "resume from a checkpoint of notebook 07's run", "counters")
+    check_position(path, c, task, cfg, examples)
     position = Position(c["epoch"], c["group"], c.get("sampler_state"))
     if "sampler" in faults:  # the classic: the data order restarts from the pass's beginning
         position = Position(c["epoch"], 0, c.get("sampler_state"))
     return stepper, position, int(c["step"]) + 1
+
+
+def check_position(path: Path, counters: dict, task: Task, cfg: TrainConfig,
+                   examples: int) -> None:
+    """The data position a checkpoint records must lie inside a pass of this run: the next
+    update of the pass at most the pass's last plus one (the end of the pass), and the step
+    count the one that pass and position give. A position beyond the pass would be skipped
+    silently into the next one. (A task's own sampler may change a pass's length: its position
+    is its own to check.)"""
+    if task.make_sampler is not None or not examples:
+        return
+    per_pass = len(epoch_updates(list(range(examples)), cfg.shape.micro_batch,
+                                 cfg.shape.accumulation, cfg.drop_partial))
+    epoch, group, step = counters["epoch"], counters["group"], counters["step"]
+    fix = "resume from an intact checkpoint of this run (same task, options and configuration)"
+    if group > per_pass:
+        raise WorkbookError(f"checkpoint {path}: its data position (update {group} of pass "
+                            f"{epoch}) lies beyond the pass, which has {per_pass} updates", fix)
+    if step != epoch * per_pass + group:
+        raise WorkbookError(f"checkpoint {path}: its step {step} is not the one its data "
+                            f"position gives (pass {epoch}, update {group} of {per_pass}: step "
+                            f"{epoch * per_pass + group})", fix)
 
 
 FRESH_PROCESS_TIMEOUT = 600  # seconds for one resume in a new process (a few updates)
@@ -132,8 +174,20 @@ def resume_in_new_process(checkpoint: Path, to_step: int, out: Path, spec: dict,
     if done.returncode:
         raise WorkbookError(f"the resumed process failed: {done.stderr.strip()[-600:]}",
                             "read the error above; the checkpoint or task may be broken")
-    return json.loads(out.with_suffix(".json").read_text()), load_file(
+    return read_records(out.with_suffix(".json")), load_file(
         str(out.with_suffix(".safetensors")))
+
+
+def read_records(path: Path) -> list[dict]:
+    """The per-update records a resumed process handed back, parsed bounded and checked
+    (`schemas.ResumedRecord`: steps from 1, finite non-negative learning rates)."""
+    from .artifacts import read_plain
+
+    fix = "run the resume again into a new --out"
+    data = schemas.parse_json(read_plain(path, "resumed records", fix), path,
+                              "resumed records", fix)
+    schemas.check(schemas.ResumedRecords, {"records": data}, path, "resumed records", fix)
+    return data
 
 
 def write_result(records: list[dict], weights: dict, out: Path) -> None:
@@ -237,17 +291,17 @@ def tamper_checks(checkpoint: Path, folder: Path) -> pd.DataFrame:
     """A changed file and a pickle that would run code: both must be refused, and the code must
     not run."""
     import pickle
-    import shutil
 
     rows = []
-    changed = shutil.copytree(checkpoint, folder / "tampered")
-    data = bytearray((changed / ckpt.STATE).read_bytes())
+    data = bytearray((checkpoint / ckpt.STATE).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (changed / ckpt.STATE).write_bytes(bytes(data))
+    # each copy is made whole in a temporary folder and renamed (a full disk leaves none)
+    changed = copy_folder(checkpoint, folder / "tampered", {ckpt.STATE: bytes(data)},
+                          "tampered copy")
     rows.append(_refused("a byte changed in state.pt", changed))
-    evil = shutil.copytree(checkpoint, folder / "malicious")
     marker = folder / "payload-ran"
-    (evil / ckpt.STATE).write_bytes(pickle.dumps(_Payload(str(marker)), protocol=2))
+    evil = copy_folder(checkpoint, folder / "malicious", {
+        ckpt.STATE: pickle.dumps(_Payload(str(marker)), protocol=2)}, "malicious copy")
     reseal(evil)  # a forger can fix the manifest
     rows.append({**_refused("a pickle that runs code (manifest forged)", evil),
                  "code ran": marker.exists()})

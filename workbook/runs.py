@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import json
@@ -20,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from .artifacts import file_mode, write_error
+from .artifacts import file_mode, open_plain, write_error
 from .errors import WorkbookError
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -66,9 +67,7 @@ def fresh_process(args: list[str], timeout: float, what: str = "the command",
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
     command = [sys.executable, *launcher, "-m", "workbook", *args]
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
-                            env=env, start_new_session=True)
+    proc = start_child(command, env=env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except BaseException as exc:
@@ -79,7 +78,57 @@ def fresh_process(args: list[str], timeout: float, what: str = "the command",
                                 f"{workbook_command(args, launcher)} by hand to see "
                                 "where") from None
         raise
+    finally:
+        _CHILDREN.discard(proc)
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+# Run by a child before it becomes the command it was started for (os.execv keeps its pid):
+# on Linux it asks for SIGTERM when its parent ends (PR_SET_PDEATHSIG), so a child outlives
+# neither a parent killed by SIGKILL nor a kernel the pilot shut down; SIGTERM reaches torchrun,
+# which stops its workers, and `python -m workbook` ends through its cleanup (exit 130).
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(130)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n")
+_CHILDREN: set[subprocess.Popen] = set()
+
+
+def start_child(command: list[str], **popen: Any) -> subprocess.Popen:
+    """Start `command` (its first word an executable path) so that it never outlives this
+    process: in a session of its own (a timeout or an exit stops it with everything it started,
+    `stop_tree`), ended by SIGTERM when this process ends however it ends (on Linux, through
+    PR_SET_PDEATHSIG, set when it is started from the main thread: the signal follows the
+    thread that started it), and stopped at this process's normal exit. It reads no input; its
+    output comes back through pipes (text, undecodable bytes replaced). The helper for every
+    child process the workbook starts (`fresh_process`; notebook 09's torchrun launches go
+    through it too)."""
+    import threading
+
+    wrap = sys.platform.startswith("linux") and \
+        threading.current_thread() is threading.main_thread()
+    argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command] if wrap \
+        else list(command)
+    popen = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+             "encoding": "utf-8", "errors": "replace", **popen}
+    proc = subprocess.Popen(argv, start_new_session=True, **popen)
+    proc.args = list(command)
+    _CHILDREN.add(proc)
+    return proc
+
+
+@atexit.register
+def stop_children() -> None:
+    """Stop every child `start_child` started that still runs (at exit, or on a signal)."""
+    for proc in list(_CHILDREN):
+        if proc.poll() is None:
+            stop_tree(proc, grace=2.0)
+        _CHILDREN.discard(proc)
 
 
 def fresh_result(args: list[str], timeout: float, what: str = "the command",
@@ -102,14 +151,15 @@ def fresh_result(args: list[str], timeout: float, what: str = "the command",
 
 def read_result(path: Path) -> dict | None:
     """The outcome a command handed back in `path`, or None when there is none in our format."""
+    from . import schemas
+
     try:
-        outcome = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open_plain(Path(path)) as handle:
+            outcome = schemas.parse_json(handle.read(), path, "result")
+        schemas.check(schemas.Outcome, outcome, path, "result")
+    except (OSError, WorkbookError):
         return None
-    ok = isinstance(outcome, dict) and isinstance(outcome.get("exit_code"), int) and \
-        isinstance(outcome.get("result"), (dict, type(None))) and \
-        isinstance(outcome.get("error"), (dict, type(None)))
-    return outcome if ok else None
+    return outcome
 
 
 def hand_back(path: str | Path | None, command: str, exit_code: int, result: dict | None = None,

@@ -5,7 +5,6 @@ the best is chosen afterwards."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -20,7 +19,8 @@ import pandas as pd
 import torch
 
 from . import checkpoint as ckpt
-from .artifacts import read_json, seal_file, verify_file
+from . import schemas
+from .artifacts import read_json, replace_file, seal_file, verify_file
 from .data import Item, collate_items, prepare
 from .errors import WorkbookError
 from .ledger import Ledger
@@ -138,19 +138,26 @@ def periodicity(steps: list[int], values: list[float], period_updates: int,
 
 
 def read_design(path: Path) -> StudyDesign:
-    """design.json back as a StudyDesign, or a clear error for a damaged or edited file."""
+    """design.json back as a StudyDesign, or a clear error for a damaged or edited file: it is
+    verified against its manifest, parsed bounded and checked against `schemas.StudyDesign`
+    (every field present and of its type, learning rates positive and finite, seeds in NumPy's
+    range, a divergence multiple above 1, counts of 1 or more) before any value is used."""
     verify_file(path, "study design")
     data = UpdateShape.nested(read_json(path, "study design"))
-    fields = {f.name for f in dataclasses.fields(StudyDesign)}
-    if set(data) != fields:
-        raise WorkbookError(f"{path} is not a study design this workbook wrote (unknown fields "
-                            f"{sorted(set(data) - fields)}, missing {sorted(fields - set(data))})",
-                            "use an intact study folder, or start a new study (a new out_dir)")
+    fix = "use an intact study folder, or start a new study (a new out_dir)"
+    schemas.check(schemas.StudyDesign, data, path, "study design", fix)
     try:
         return StudyDesign(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
     except (TypeError, ValueError, WorkbookError) as exc:
         raise WorkbookError(f"{path} cannot be read as a study design ({exc})",
                             "use an intact study folder") from None
+
+
+def trial_params(text: Any, where: Any) -> dict:
+    """A trial's parameters as the ledger holds them (JSON {"lr", "seed"}), checked."""
+    fix = "the ledger was edited; start a new study (a new out_dir)"
+    data = schemas.parse_json(str(text), where, "trial parameters", fix)
+    return schemas.check(schemas.TrialParams, data, where, "trial's parameters", fix).model_dump()
 
 
 class Study:
@@ -209,8 +216,10 @@ class Study:
 
     def run_all(self, progress: bool = False) -> list[int]:
         """Run every planned trial not yet run; a diverged or failed one does not stop the rest."""
-        done = {(json.loads(p)["lr"], json.loads(p)["seed"])
-                for p in self.ledger.frame("trials").params}
+        trials = self.ledger.frame("trials")
+        done = {(p["lr"], p["seed"]) for p in (
+            trial_params(text, f"trial {tid} in {self.ledger.path}")
+            for tid, text in zip(trials.id, trials.params, strict=True))}
         return [self.run_trial(t["lr"], t["seed"], progress=progress)
                 for t in self.design.trials() if (t["lr"], t["seed"]) not in done]
 
@@ -317,8 +326,10 @@ class Study:
                          "target": self.task.decode(labels[b][keep].reshape(-1).tolist()),
                          "prediction": self.task.decode(predicted[b][keep].reshape(-1)
                                                         .tolist())})
-        with (folder / "predictions.jsonl").open("a") as handle:
-            handle.writelines(json.dumps(r) + "\n" for r in rows)
+        path = folder / "predictions.jsonl"  # appended whole: a full disk truncates no line
+        before = path.read_bytes() if path.exists() else b""
+        replace_file(path, before + "".join(json.dumps(r) + "\n" for r in rows).encode(),
+                     "predictions")
 
     def _full_evaluation(self, tid: int, path: Path, step: int) -> None:
         """The best checkpoint of a trial evaluated on the whole validation set."""
@@ -333,7 +344,9 @@ class Study:
     # --- reading the study --------------------------------------------------------------
     def trial_table(self) -> pd.DataFrame:
         trials = self.ledger.frame("trials")
-        params = pd.DataFrame([json.loads(p) for p in trials.params], index=trials.index)
+        params = pd.DataFrame([trial_params(p, f"trial {tid} in {self.ledger.path}")
+                               for tid, p in zip(trials.id, trials.params, strict=True)],
+                              index=trials.index, columns=["lr", "seed"])
         table = pd.concat([trials[["id"]], params, trials.drop(columns=["id", "params"])],
                           axis=1)
         return table[["id", "lr", "seed", "status", "stop_reason", "stop_step", "best_step",
