@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_MODULES = ("accounting", "archive", "artifacts", "campaign", "checkpoint", "frontend", "gates",
-            "inspection", "loop", "memory", "overfit", "parallel", "params", "plots", "predict",
-            "rental", "resume", "runs", "study", "variants")
+_MODULES = ("accounting", "adapters", "archive", "artifacts", "campaign", "checkpoint",
+            "frontend", "gates", "inspection", "loop", "memory", "overfit", "parallel", "params",
+            "plots", "predict", "rental", "resume", "runs", "study", "variants")
 _NAMES = {"encode_examples": "data", "load_examples": "data", "prepare": "data",
           "read_jsonl": "data", "split_examples": "data", "WorkbookError": "errors",
           "TrainConfig": "loop", "UpdateShape": "loop", "evaluate": "loop", "train": "loop",

@@ -1,0 +1,108 @@
+"""from_torch: a plain Dataset, collate_fn, model and criterion as a Task - the criterion's mean
+turned into (sum, count), padding copies and ignored targets weighing nothing, groups from the
+user's function, and what cannot be mapped refused with the piece named."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import workbook as wb
+from workbook.errors import WorkbookError
+from workbook.inspection import inspect_task
+
+
+class Pairs(Dataset):
+    def __init__(self, n=40, regression=False):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 3, generator=g)
+        self.y = self.x.sum(1, keepdim=True) if regression else (self.x[:, 0] > 0).long()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def _model():
+    return nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Dropout(0.1), nn.Linear(8, 2))
+
+
+def _batch(task, ids):
+    return task.collate([task.encode({"id": i}) for i in ids])
+
+
+def test_a_mean_criterion_becomes_the_sum_over_targets_with_their_count():
+    data = Pairs()
+    task = wb.adapters.from_torch(data, _model, nn.CrossEntropyLoss(), name="pairs")
+    assert task.model_inputs == ("inputs",) and task.label_names == ["0", "1"]
+    batch = _batch(task, range(6))
+    logits = torch.randn(6, 2)
+    total, count = task.loss(logits, batch)
+    assert int(count) == 6
+    assert math.isclose(float(total) / 6, float(nn.functional.cross_entropy(logits, batch[
+        "labels"])), rel_tol=1e-6)
+    batch["labels"][4:] = -100  # padding copies of an evaluation's last batch
+    total2, count2 = task.loss(logits, batch)
+    assert int(count2) == 4 and math.isclose(float(total2), float(nn.functional.cross_entropy(
+        logits[:4], batch["labels"][:4], reduction="sum")), rel_tol=1e-6)
+
+
+def test_a_weighted_criterion_divides_by_the_targets_weights():
+    data = Pairs()
+    weight = torch.tensor([1.0, 3.0])
+    task = wb.adapters.from_torch(data, _model, nn.CrossEntropyLoss(weight=weight), name="w")
+    batch, logits = _batch(task, range(8)), torch.randn(8, 2)
+    total, count = task.loss(logits, batch)
+    expected = nn.functional.cross_entropy(logits, batch["labels"], weight=weight)
+    assert math.isclose(float(total / count), float(expected), rel_tol=1e-6)
+
+
+def test_regression_ignores_nan_targets_and_runs_on_fake_tensors():
+    data = Pairs(regression=True)
+    task = wb.adapters.from_torch(data, lambda: nn.Linear(3, 1), nn.MSELoss(), name="reg",
+                                  kind="regression")
+    batch = _batch(task, range(5))
+    batch["labels"][3:] = float("nan")
+    out = torch.randn(5, 1)
+    total, count = task.loss(out, batch)
+    assert int(count) == 3 and math.isclose(
+        float(total), float(((out[:3] - batch["labels"][:3]) ** 2).sum()), rel_tol=1e-6)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as fake:  # the rental is sized on fake tensors: no data-dependent shape
+        task.loss(fake.from_tensor(out), {k: fake.from_tensor(v) for k, v in batch.items()})
+
+
+def test_groups_come_from_the_users_function_and_keep_near_duplicates_in_one_split():
+    from examples.torch_dataset import make_task
+
+    task = make_task(sources=24)
+    ins = inspect_task(task)
+    assert ins.verdict == "pass", ins.flag_table()
+    splits = {}
+    for ex in task.load_examples():
+        splits.setdefault(ex["group"], set()).add(task.split(ex))
+    assert len(splits) == 24 and all(len(s) == 1 for s in splits.values())
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: wb.adapters.from_torch([1, 2], _model, nn.CrossEntropyLoss(), name="x"),
+     "dataset item 0 is a int"),
+    (lambda: wb.adapters.from_torch(iter([]), _model, nn.CrossEntropyLoss(), name="x"),
+     "not a map-style Dataset"),
+    (lambda: wb.adapters.from_torch(Pairs(), _model, nn.Identity(), name="x"),
+     "has no `reduction`"),
+    (lambda: wb.adapters.from_torch(Pairs(), _model, nn.CrossEntropyLoss(), name="x",
+                                    kind="generation"), "maps classification and regression"),
+    (lambda: wb.adapters.from_torch([{"x": torch.ones(2)}], _model, nn.CrossEntropyLoss(),
+                                    name="x"), "has no 'labels'"),
+    (lambda: wb.adapters.from_torch(Pairs(), _model, nn.CrossEntropyLoss(), name="x",
+                                    fields=("a", "b", "c")), "has 2 elements"),
+])
+def test_what_cannot_be_mapped_is_refused_naming_the_piece(build, match):
+    with pytest.raises(WorkbookError, match=match):
+        build()
