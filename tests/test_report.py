@@ -168,3 +168,29 @@ def test_no_headline_no_decision_without_a_plan(tmp_path):
     page = Page()
     page.feed(write_report(tmp_path, index, "t:task").read_text())
     assert "Decision" not in page.headings
+
+
+def test_key_figures_read_as_words_and_the_rented_shape_is_said_to_be_predicted(tmp_path):
+    index = _run(tmp_path)
+    (tmp_path / "03_phase_gates" / "summary.json").write_text(json.dumps(
+        {"verdict": "pass", "figures": {
+            "plan_fits": None, "states_restored": False, "overlap": True,
+            "faults": {"checkpoint by rank 0 only": True, "tied after sharding": None},
+            "ran_at": "mb2 x acc1 lendata fp32 on cpu", "plan": "mb16 x acc2 len1024 bf16",
+            "models": ["pilot twin (trained here): X, 1.00 M parameters",
+                       "campaign model (sized on fake tensors, never allocated here): X, "
+                       "6.74 B parameters"]}}))
+    page = Page()
+    page.feed(write_report(tmp_path, index, "t:task").read_text())
+    text = " ".join(page.cells)
+    assert "not judged: no device memory given" in text
+    assert "states restored no" in " ".join(page.cells[i] + " " + page.cells[i + 1]
+                                            for i in range(len(page.cells) - 1))
+    assert "checkpoint by rank 0 only: yes; tied after sharding: -" in text
+    for word in ("True", "False", "None", "..."):
+        assert word not in text, word
+    html = (tmp_path / "report.html").read_text()
+    decision = html[html.index('id="decision"'):html.index('id="03_phase_gates"')]
+    assert "The gates ran mb2 x acc1 lendata fp32 on cpu; the rented shape mb16 x acc2 len1024 " \
+        "bf16 was predicted on fake tensors, not run." in decision
+    assert "Campaign model (sized on fake tensors, never allocated here)" in decision

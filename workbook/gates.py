@@ -742,6 +742,7 @@ def save(result: GatesResult, out_dir: Path) -> str:
     figures = {**report.figures,
                **summary_figures(result.check, result.plan, result.planned, result.fit),
                "plan_fits": result.fits, "models": campaign.models(result.task).lines(),
+               "ran_at": f"{result.settings.plan().label()} on {report.table().device.iloc[0]}",
                "overheads": "measured" if result.overheads.measured else "assumed"}
     write_summary(out_dir, result.verdict, figures, task=result.task.name)
     return result.verdict

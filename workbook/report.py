@@ -11,6 +11,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from . import schemas
@@ -53,6 +54,13 @@ def _number(value):
     return float(f"{value:.4g}")
 
 
+def _word(value):
+    """True/False (or their strings, from a CSV read back) as yes/no; anything else as it is."""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    return {"True": "yes", "False": "no"}.get(value, value) if isinstance(value, str) else value
+
+
 def human(frame: pd.DataFrame) -> pd.DataFrame:
     """`frontend.readable` (MiB, GFLOP) plus what a page needs: seconds in ms below one second,
     rounded floats, no all-empty column, empty cells shown as '-' (never NaN), and headers in
@@ -69,8 +77,8 @@ def human(frame: pd.DataFrame) -> pd.DataFrame:
                 (column * (1000 if small else 1)).round(1 if small else 2)
         elif pd.api.types.is_float_dtype(column):
             out[name] = column.map(_number)
-        else:
-            out[name] = column
+        else:  # True/False in words (a CSV read back gives bools or the strings)
+            out[name] = column.map(_word)
     frame = pd.DataFrame(out).astype(object).where(lambda f: f.notna(), "-")
     units = {"_mib": " (MiB)", "_ms": " (ms)", "_s": " (s)"}
 
@@ -103,10 +111,16 @@ def _figures(folder: Path) -> str:
     return "".join(parts)
 
 
+NOT_GIVEN = {"plan_fits": "not judged: no device memory given (device_memory_gib)"}
+
+
 def _shown(name: str, value) -> str:
-    """A key figure as text: bytes in MiB, floats to 4 significant digits, lists joined."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
+    """A key figure as words: yes/no, '-' (or why) for none, bytes in MiB, floats to 4
+    significant digits, lists and dicts joined whole (never cut with '...')."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return NOT_GIVEN.get(name, "-")
     if isinstance(value, (int, float)) and name.endswith("_bytes"):
         return f"{value / 2**20:,.2f} MiB"
     if isinstance(value, float):
@@ -116,9 +130,21 @@ def _shown(name: str, value) -> str:
     if isinstance(value, list):
         return ", ".join(map(str, value)) if value else "none"
     if isinstance(value, dict):
-        text = ", ".join(f"{k}: {_shown(str(k), v)}" for k, v in value.items())
-        return text if len(text) < 240 else text[:237] + "..."
+        return "; ".join(f"{k}: {_shown(str(k), v)}" for k, v in value.items()) or "none"
     return str(value)
+
+
+def run_and_predicted(summaries: dict) -> list[str]:
+    """What ran here and what was only predicted, from 03's summary: the gates' shape on this
+    machine against the rented shape sized on fake tensors, and the models they belong to."""
+    gates = (summaries.get("03_phase_gates") or {}).get("figures", {})
+    lines = []
+    if gates.get("ran_at") and gates.get("plan"):
+        lines.append(f"The gates ran {gates['ran_at']}; the rented shape {gates['plan']} was "
+                     "predicted on fake tensors, not run.")
+    lines += [f"{line[0].upper()}{line[1:]}." for line in gates.get("models") or []
+              if len(gates.get("models")) > 1]
+    return lines
 
 
 def _key_figures(summary: dict | None) -> str:
@@ -218,11 +244,12 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
     first = [f'<p class="headline">{_escape(s["headline"])}</p>'
              for s in summaries.values() if s and s.get("headline")]
     conclusion = run / "08_rental_plan" / "conclusion.md"
-    if first or conclusion.exists():
+    scope = "".join(f"<p>{_escape(line)}</p>" for line in run_and_predicted(summaries))
+    if first or conclusion.exists() or scope:
         render = mistune.create_markdown(escape=True)
         parts.append(f'<h2 id="decision">Decision</h2><div class="decision">{"".join(first)}'
                      + (render(conclusion.read_text()) if conclusion.exists() else "")
-                     + "</div>")
+                     + scope + "</div>")
     for r in rows:
         stem = r["notebook"]
         folder = run / stem
