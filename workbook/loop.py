@@ -671,7 +671,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
     stream = _updates(task, items, cfg, start, stepper.sampler)
     bar = progress_bar(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
-               desc=f"train {task.name}")
+               desc=f"lr {cfg.lr:g} seed {cfg.seed}")  # says which trial of a study runs
     for step in range(first_step, cfg.updates + 1):
         begin = time.perf_counter()
         position, batches = next(stream)
