@@ -122,7 +122,8 @@ def _shown(name: str, value) -> str:
     if value is None:
         return NOT_GIVEN.get(name, "-")
     if isinstance(value, (int, float)) and name.endswith("_bytes"):
-        return f"{value / 2**20:,.2f} MiB"
+        return f"{value / 2**30:,.2f} GiB" if value >= 10 * 2**30 else \
+            f"{value / 2**20:,.2f} MiB"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, int):
