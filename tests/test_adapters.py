@@ -106,3 +106,51 @@ def test_groups_come_from_the_users_function_and_keep_near_duplicates_in_one_spl
 def test_what_cannot_be_mapped_is_refused_naming_the_piece(build, match):
     with pytest.raises(WorkbookError, match=match):
         build()
+
+
+# --- from_hf: a Trainer's pieces
+
+def _hf(**options):
+    pytest.importorskip("transformers")
+    from examples.hf_trainer import make_task
+
+    return make_task(conversations=120, **options)
+
+
+def test_a_trainer_setup_keeps_the_hf_convention_and_the_collators_own_labels():
+    task = _hf()
+    assert (task.kind, task.label_shift, task.padding_side) == ("generation", 1, "right")
+    assert task.model_inputs == ("input_ids", "attention_mask") and task.lr == 3e-3
+    examples = task.load_examples()
+    assert {task.split(ex) for ex in examples} == {"train", "validation"}
+    one = task.encode(examples[0])
+    assert torch.equal(one["labels"], one["input_ids"])  # the collator's labels, one row
+    batch = task.collate([task.encode(ex) for ex in examples[:4]])
+    padded = batch["attention_mask"] == 0
+    assert padded.any() and (batch["labels"][padded] == -100).all()
+    copy = {**task.encode(examples[1]), "labels": torch.full_like(one["labels"], -100)}
+    with_copy = task.collate([task.encode(examples[0]), copy])  # evaluation's padding copy
+    assert (with_copy["labels"][1] == -100).all() and (with_copy["labels"][0] != -100).any()
+    assert inspect_task(task).verdict == "pass"
+
+
+def test_a_collator_that_leaves_pad_ids_in_the_labels_is_named_by_01():
+    flags = {f.check for f in inspect_task(_hf(pad_in_labels=True)).flags}
+    assert "loss on padding" in flags
+
+
+def test_what_from_hf_cannot_map_is_refused_naming_the_piece():
+    transformers = pytest.importorskip("transformers")
+    task = _hf()
+    rows = [task.encode(ex) for ex in task.load_examples()[:2]]
+    config = transformers.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=8)
+    with pytest.raises(WorkbookError, match="not BertModel"):
+        wb.adapters.from_hf(lambda: transformers.BertModel(config), rows, rows, task.collate,
+                            None, name="x")
+    llama = task.build_model.build
+    with pytest.raises(WorkbookError, match="not dicts of token ids"):
+        wb.adapters.from_hf(llama, ["a b"], ["a"], task.collate, None, name="x")
+    with pytest.raises(WorkbookError, match="returns no labels"):
+        wb.adapters.from_hf(llama, [{"input_ids": [1, 2]}], [{"input_ids": [1]}],
+                            lambda rows: {"input_ids": torch.tensor([[1, 2]])}, None, name="x")

@@ -1,8 +1,10 @@
 """Adapters: the code a user already has turned into a `workbook.Task`, one file per framework
-(`from_torch`: a plain `Dataset`, `collate_fn`, model and criterion). Each runs the user's own
+(`from_torch`: a plain `Dataset`, `collate_fn`, model and criterion; `from_hf`: a Hugging Face
+Trainer's pieces, needs `transformers`). Each runs the user's own
 pieces, so every notebook checks them rather than a hand translation, and refuses what it cannot
 map with the piece named."""
 
+from .hf import from_hf
 from .torch import from_torch
 
-__all__ = ["from_torch"]
+__all__ = ["from_hf", "from_torch"]

@@ -1,0 +1,73 @@
+"""A Hugging Face Trainer setup piloted in one call: a word-level tokenizer built in memory (no
+download), the generation sample's conversations tokenized with `tokenizer(...)`, a tiny
+`LlamaForCausalLM` from its config, `DataCollatorForLanguageModeling(tokenizer, mlm=False)` and
+the Trainer's hyper-parameters - handed to `workbook.adapters.from_hf` as they are. Needs
+`pip install -e .[hf]`.
+
+    python -m workbook pilot --task examples.hf_trainer:task --smoke
+
+Planted bugs: `pad_in_labels=True` (a collator that copies input_ids into labels without masking
+the padding: notebook 01 names targets on padding), `lr_typo=True` (learning_rate 3e3 instead
+of 3e-3: notebook 02 names the diverging learning rate).
+"""
+
+from __future__ import annotations
+
+import types
+
+import workbook as wb
+from workbook.samples import DATA_DIR
+
+
+def tokenizer_from(texts: list[str]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({w for t in texts for w in t.split()})
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "<eos>", *words])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>",
+                                   unk_token="<unk>", eos_token="<eos>")
+
+
+class CopyCollator:
+    """The planted collator: labels are input_ids as padded, pad ids included."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, rows):
+        batch = self.tokenizer.pad([{k: r[k] for k in ("input_ids", "attention_mask")}
+                                    for r in rows], return_tensors="pt")
+        batch["labels"] = batch["input_ids"].clone()
+        return batch
+
+
+def make_task(conversations: int = 400, pad_in_labels: bool = False,
+              lr_typo: bool = False) -> wb.Task:
+    from transformers import DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM
+
+    rows = wb.read_jsonl(DATA_DIR / "generation.jsonl")[:conversations]
+    texts = [f"{r['instruction']} {r['response']}" for r in rows]
+    tokenizer = tokenizer_from(texts)
+    tokenized = [{**tokenizer(t + " <eos>", truncation=True, max_length=48),
+                  "conversation": r["conversation"]} for t, r in zip(texts, rows, strict=True)]
+    # split by conversation, not by row: rows of one conversation share their words (the
+    # pilot's 01 names 53 conversations in both splits when split by row)
+    train = [r for r in tokenized if int(r["conversation"][4:]) % 10 < 8]
+    evaluation = [r for r in tokenized if int(r["conversation"][4:]) % 10 >= 8]
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    # what TrainingArguments holds (it needs `accelerate`; any object with these fields works)
+    args = types.SimpleNamespace(learning_rate=3e3 if lr_typo else 3e-3, weight_decay=0.01,
+                                 adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
+    collator = CopyCollator(tokenizer) if pad_in_labels else \
+        DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    return wb.adapters.from_hf(lambda: LlamaForCausalLM(config), train, evaluation, collator,
+                               tokenizer, args, name="hf-trainer", group_column="conversation")
+
+
+task = make_task
