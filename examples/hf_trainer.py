@@ -7,8 +7,8 @@ the Trainer's hyper-parameters - handed to `workbook.adapters.from_hf` as they a
     python -m workbook pilot --task examples.hf_trainer:task --smoke
 
 Planted bugs: `pad_in_labels=True` (a collator that copies input_ids into labels without masking
-the padding: notebook 01 names targets on padding), `lr_typo=True` (learning_rate 3e3 instead
-of 3e-3: notebook 02 names the diverging learning rate).
+the padding: notebook 01 names targets on padding), `lr_typo=True` (learning_rate 1e4 instead
+of 1e-2: notebook 02 names the diverging learning rate).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def make_task(conversations: int = 400, pad_in_labels: bool = False,
                          max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id)
     # what TrainingArguments holds (it needs `accelerate`; any object with these fields works)
-    args = types.SimpleNamespace(learning_rate=3e3 if lr_typo else 3e-3, weight_decay=0.01,
+    args = types.SimpleNamespace(learning_rate=1e4 if lr_typo else 1e-2, weight_decay=0.01,
                                  adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
     collator = CopyCollator(tokenizer) if pad_in_labels else \
         DataCollatorForLanguageModeling(tokenizer, mlm=False)

@@ -120,7 +120,7 @@ def _hf(**options):
 def test_a_trainer_setup_keeps_the_hf_convention_and_the_collators_own_labels():
     task = _hf()
     assert (task.kind, task.label_shift, task.padding_side) == ("generation", 1, "right")
-    assert task.model_inputs == ("input_ids", "attention_mask") and task.lr == 3e-3
+    assert task.model_inputs == ("input_ids", "attention_mask") and task.lr == 1e-2
     examples = task.load_examples()
     assert {task.split(ex) for ex in examples} == {"train", "validation"}
     one = task.encode(examples[0])

@@ -51,6 +51,12 @@ def test_pilot_smoke_09_passes_and_lists_every_rule(tmp_path):
     assert rules["batch-norm statistics synchronised"] == "not applicable"  # no batch norm
     assert {v for k, v in rules.items() if k != "batch-norm statistics synchronised"} == {"pass"}
     assert max(figures["gradient_max_relative_deviation"].values()) < 1e-4
+    fsdp = figures["fsdp"]  # the FSDP section: its rules pass, its planted checkpoint is caught
+    assert set(fsdp["rules"]) == set(parallel.FSDP_RULES)
+    assert fsdp["rules"].pop("tied weights stay one tensor under sharding") == "not applicable"
+    assert set(fsdp["rules"].values()) == {"pass"}
+    assert fsdp["faults_caught"] == {"checkpoint saved by rank 0 only under FSDP": True,
+                                     "model sharded before its tied weights are tied": None}
     report = (run / "report.html").read_text()
     assert "Multi-host rules" in report and "only rank 0 writes" in report
     assert report.count(">not applicable<") == 1, "a verdict the CSV round trip must keep"

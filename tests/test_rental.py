@@ -302,3 +302,68 @@ def test_no_variants_leave_empty_plans_that_say_so():
                       pd.DataFrame(columns=["item", "verified"]), options)
     assert "- no variants given: nothing to plan into 3, 7 or 30 days" in text
 
+
+
+def _sheet_with_fsdp(gen_task, gen_items, gpus):
+    single = Candidate("single", Plan(UpdateShape(1, 8, precision="fp32"), length=64,
+                                      eval_batch=4))
+    sharded = Candidate("sharded", single.plan, "same update sharded", "fsdp")
+    a = Assumptions(utilisation=0.5, eval_every=10, eval_examples=8, export_minutes=6.0,
+                    overheads=Overheads(0, 0.0, False), min_update_s=0.0,
+                    prices={g: 2.0 if g == "small" else 3.0 for g in gpus})
+    return selection_sheet(gen_task, gen_items["train"][:40], gen_items["validation"][:8],
+                           [single, sharded], gpus, dict.fromkeys(gpus, 100.0), updates=100,
+                           headroom=0.0, a=a)
+
+
+def test_fsdp_is_picked_when_the_model_fits_no_single_gpu_and_single_when_it_fits(
+        gen_task, gen_items):
+    plan = Plan(UpdateShape(1, 8, precision="fp32"), length=64, eval_batch=4)
+    one = predict_module.predict(gen_task, gen_items["train"][:40],
+                                 gen_items["validation"][:8], plan).predicted_peak_bytes.max()
+    # a GPU just below the single device's peak: single does not fit, fsdp over some N does
+    gpus = {"big": 1.0, "small": 0.97 * one / GIB}
+    sheet = _sheet_with_fsdp(gen_task, gen_items, gpus)
+    rows = sheet.set_index(["candidate", "gpu"])
+    assert rows.loc[("single", "big"), "fits"] and not rows.loc[("single", "small"), "fits"]
+    small = rows.loc[("sharded", "small")]
+    assert small.fits and small.gpus in (2, 4, 8) and small.strategy.startswith("FSDP2")
+    assert small.examples_per_update == 8 and small.micro_batch * small.accumulation * \
+        small.gpus == 8, "every world trains the same update"
+    # cost arithmetic: hours x GPUs x price; each GPU makes its share of the update
+    assert small.gpu_hours == pytest.approx(small.budget_hours * small.gpus, abs=1e-3)
+    assert small.cost == pytest.approx(small.budget_hours * small.gpus * 2.0, abs=0.02)
+    single = rows.loc[("single", "small")]
+    assert small.time_per_update_s == pytest.approx(single.time_per_update_s / small.gpus,
+                                                    rel=0.02)
+    assert small.budget_hours >= 0.1, "6 minutes of export"
+    options = cheapest(sheet, "small")
+    chosen = choose(sheet, "small")
+    assert chosen["candidate"] == "sharded"
+    text = conclusion(Path("/nonexistent"), chosen, "small", pd.DataFrame(columns=["days"]),
+                      pd.DataFrame(columns=["item", "here", "verified", "on the rental"]),
+                      options, {}, ["model: 0.01 M parameters"])
+    assert f"**Rent {int(small.gpus)} x small** for candidate **sharded** (FSDP2 full " \
+           f"sharding x{int(small.gpus)}" in text and "GiB needed with headroom per GPU" in text
+    assert "USD" in text and "Sized for: model" in text
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"strategy": "fsdp", "world": 1}, "sized over 2 to 64 GPUs"),
+    ({"strategy": "fsdp", "world": 65}, "sized over 2 to 64 GPUs"),
+    ({"strategy": "fsdp", "replicas": 2}, "every GPU of the world is a data-parallel rank"),
+    ({"strategy": "zero"}, "strategy 'zero' is not one of"),
+    ({"offload_optimizer": True}, "belong to strategy fsdp"),
+    ({"strategy": "ddp"}, "ddp needs replicas of 2 or more"),
+])
+def test_bad_strategies_are_named(spec, words):
+    with pytest.raises(WorkbookError, match=words):
+        candidates_from([{"name": "c", **spec}])
+
+
+def test_the_sharded_default_keeps_the_first_candidates_update():
+    first = candidates_from([{"name": "control", "micro_batch": 16, "accumulation": 2}])[0]
+    extra = rental.sharded_default(first)
+    shape = extra.plan.shape
+    assert extra.kind == "fsdp" and extra.world is None and shape.activation_checkpointing
+    assert shape.micro_batch * shape.accumulation == 32 and shape.micro_batch == 2

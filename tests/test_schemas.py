@@ -187,3 +187,11 @@ def test_launch_settings_of_the_wrong_type_are_named():
 
     spec = asdict(ReplicaSpec("a:b"))
     assert schemas.check(schemas.LaunchSpec, spec, "--spec", "launch spec").model_dump() == spec
+
+
+def test_a_launch_spec_with_a_string_lr_is_refused_naming_the_field():
+    from workbook.replica import ReplicaSpec
+
+    with pytest.raises(WorkbookError, match="field 'lr' should be a valid number"):
+        ReplicaSpec.from_dict({"task": "workbook.samples.generation:task", "lr": "0.1"})
+    assert ReplicaSpec.from_dict({"task": "workbook.samples.generation:task", "lr": 0.1}).lr == 0.1

@@ -18,6 +18,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from . import campaign as models
+from . import sharding
 from .artifacts import read_json
 from .data import prepare
 from .errors import WorkbookError, reason
@@ -37,28 +39,59 @@ from .workload import TRAINING_PHASES
 GIB = 2**30
 
 
+STRATEGIES = ("single", "ddp", "fsdp")
+
+
 @dataclass
 class Candidate:
-    """One configuration to rent for: a named plan and the result it is meant to produce."""
+    """One configuration to rent for: a named plan and the result it is meant to produce, and
+    how it spreads over GPUs (`strategy`): "single" (one GPU), "ddp" (data parallel, one whole
+    copy of the model per GPU, `plan.shape.replicas` GPUs) or "fsdp" (FSDP2 full sharding over
+    `world` GPUs, 2..64, `gpus_per_node` per node; no `world`: every count of
+    `sharding.WORLDS` is sized and each GPU type gets the smallest that fits). Under fsdp
+    micro_batch x accumulation is the whole update, split evenly over the GPUs
+    (`sharding.per_gpu_split`), so every count trains the same experiment; `offload_optimizer`
+    keeps the sharded state in host memory (FSDP2 CPUOffloadPolicy)."""
 
     name: str
     plan: Plan
     expected: str = ""
+    strategy: str = ""  # "" : "single" or "ddp" by the plan's replicas
+    world: int | None = None
+    gpus_per_node: int = 8
+    offload_optimizer: bool = False
 
     @property
-    def strategy(self) -> str:
+    def kind(self) -> str:
+        if self.strategy:
+            return self.strategy
+        return "single" if self.plan.shape.replicas == 1 else "ddp"
+
+    def label(self, world: int | None = None) -> str:
+        """The strategy in words, as the sheet's `strategy` column shows it."""
+        if self.kind == "fsdp":
+            world = world or self.world
+            nodes = sharding.nodes(world, self.gpus_per_node) if world else None
+            return (f"FSDP2 full sharding x{world or 'N'}" +
+                    (f" ({nodes} nodes of {self.gpus_per_node})" if nodes and nodes > 1
+                     else "") + (" + optimizer offload" if self.offload_optimizer else ""))
         replicas = self.plan.shape.replicas
         return "single device" if replicas == 1 else f"data parallel x{replicas}"
 
-    def described(self, gpu: str, gib: float) -> dict:
-        """The first columns of its selection-sheet row on `gpu`."""
-        shape = self.plan.shape
+    def described(self, gpu: str, gib: float, world: int | None = None,
+                  shape: UpdateShape | None = None) -> dict:
+        """The first columns of its selection-sheet row on `gpu` (`world` GPUs, each making
+        `shape`'s micro-batches, for fsdp)."""
+        shape = shape or self.plan.shape
+        count = world if self.kind == "fsdp" else shape.replicas
         return {"candidate": self.name, "gpu": gpu, "gpu_memory_gib": gib,
                 "precision": shape.precision, "micro_batch": shape.micro_batch,
                 "accumulation": shape.accumulation,
                 "activation_checkpointing": shape.activation_checkpointing,
-                "strategy": self.strategy, "max_length": self.plan.length,
-                "examples_per_update": shape.examples_per_update}
+                "strategy": self.label(world), "gpus": count,
+                "nodes": sharding.nodes(count, self.gpus_per_node) if count else None,
+                "max_length": self.plan.length,
+                "examples_per_update": shape.micro_batch * shape.accumulation * (count or 1)}
 
 
 def check_gpus(gpus: dict, tflops: dict, prices: dict | None = None) -> None:
@@ -90,13 +123,21 @@ def gpu(name: str, gpus: dict) -> float:
 
 
 def flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]:
-    """FLOPs of one training micro-batch (forward + backward) and of one evaluation example,
-    counted by torch.utils.flop_counter on fake tensors (nothing is allocated)."""
+    """FLOPs of one training micro-batch (forward + backward) and of one evaluation example of
+    the model the rental trains (the campaign model, when the task declares one), counted by
+    torch.utils.flop_counter on fake tensors (nothing is allocated). A deep campaign model is
+    counted at 2, 3 and 4 layers and extrapolated along its depth (`campaign.by_depth`: FLOPs
+    add up per layer)."""
+    counted, _ = models.by_depth(task, lambda t: _flops(t, train, val, cand))
+    return {k: int(round(v)) for k, v in counted.items()}
+
+
+def _flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]:
     batch, _, eval_batch = sized_batches(task, train, val, cand.plan)
     # FLOPs: no autocast, and the same count on any device (the batches stay on the CPU)
     cfg = replace(cand.plan.shape, precision="fp32").train_config(device="cpu")
     with FakeTensorMode() as fake:
-        stepper = build_stepper(task, cfg, fake_model(task, cfg, fake))
+        stepper = build_stepper(task, cfg, fake_model(task, cfg, fake, campaign=True))
         fb = {k: fake.from_tensor(v) for k, v in batch.tensors.items()}
         fe = {k: fake.from_tensor(v) for k, v in eval_batch.tensors.items()}
         with FlopCounterMode(display=False) as counter:
@@ -134,9 +175,14 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
     rows = []
     eval_examples = a.eval_examples or len(val)
     longest = longest_accepted(task)
+    which = models.which(task)
     for cand in candidates:
         # no length given: the model's longest
         cand = replace(cand, plan=replace(cand.plan, length=cand.plan.length or longest))
+        if cand.kind == "fsdp":
+            rows += [{**row, "model": which} for row in sharded_rows(
+                task, train, val, cand, gpus, tflops, updates, headroom, eval_examples, a)]
+            continue
         predicted, note = predicted_phases(task, train, val, cand)
         counted, flops_note = counted_flops(task, train, val, cand) \
             if not note.startswith("not applicable") else (None, "")
@@ -146,12 +192,17 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
                          **memory_columns(predicted, cand, gib, headroom, a),
                          **time_columns(counted, cand, tflops[name], updates, eval_examples,
                                         a, a.prices.get(name)),
-                         "currency": a.currency, "note": note, "expected": cand.expected})
+                         "currency": a.currency, "note": note, "expected": cand.expected,
+                         "model": which})
     sheet = pd.DataFrame(rows)
     for column in NUMBERS:  # a column no candidate could fill is NaN, not None
         sheet[column] = pd.to_numeric(sheet[column])
+    sheet.attrs["models"] = models.models(task).lines()
     sheet.attrs["sources"] = {
-        "predicted_peak_gib": "predicted on fake tensors (notebook 03's prediction)",
+        "model": "the model every figure is for: " + "; ".join(sheet.attrs["models"]),
+        "predicted_peak_gib": "predicted on fake tensors (notebook 03's prediction); fsdp rows "
+                              "per GPU, over a fake process group of that many ranks "
+                              "(workbook.sharding)",
         "required_gib": f"prediction x (1 + {a.overheads.cache_share:.0%} allocator cache) + "
                         f"{a.overheads.context_bytes / GIB:.2f} GiB context, x (1 + "
                         f"{headroom:.0%} headroom); overheads "
@@ -161,7 +212,7 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
                              f"never below {a.min_update_s * 1000:.0f} ms (launch overhead; "
                              "`time_floored` marks the rows held at that floor)",
         "cost": f"assumed prices per GPU-hour in {a.currency} (edit gpu_price_per_hour) x "
-                "budget hours x replicas",
+                "budget hours x GPUs (replicas, or the FSDP world)",
         "budget_hours": f"{updates} updates + evaluation every {a.eval_every} on "
                         f"{eval_examples} examples + {a.export_minutes} min export (assumed)"}
     return sheet
@@ -179,7 +230,7 @@ def predicted_phases(task: Task, train: list, val: list,
     """The predicted phases a candidate's fit rests on, and a note on what was not predicted;
     None when a training phase has no prediction (the candidate cannot be sized)."""
     try:
-        predicted = predict(task, train, val, cand.plan)
+        predicted = predict(task, train, val, cand.plan, campaign=True)
     except WorkbookError as exc:  # a refused configuration, or an op fake tensors cannot run
         word = "not predicted" if exc.problem.startswith("predicting") else "not applicable"
         return None, f"{word}: {exc.problem}"
@@ -234,23 +285,107 @@ def memory_columns(predicted: pd.DataFrame | None, cand: Candidate, gib: float,
 
 
 def time_columns(counted: dict[str, int] | None, cand: Candidate, tflops: float, updates: int,
-                 eval_examples: int, a: Assumptions, price: float | None) -> dict:
-    """The time and cost part of a sheet row on a GPU of `tflops`: empty without a FLOP count."""
+                 eval_examples: int, a: Assumptions, price: float | None,
+                 gpus: int | None = None, accumulation: int | None = None) -> dict:
+    """The time and cost part of a sheet row on `gpus` GPUs (default: the plan's replicas) of
+    `tflops` each, every GPU making `accumulation` micro-batches per update (default: the
+    plan's): empty without a FLOP count. Cost = budget hours x GPUs x price per GPU-hour."""
     if counted is None:
         return {"flops_per_update": None, "time_per_update_s": None, "time_floored": False,
                 "budget_hours": None, "gpu_hours": None, "price_per_hour": price, "cost": None}
-    replicas = cand.plan.shape.replicas
-    update_flops = counted["train_micro_batch"] * cand.plan.shape.accumulation  # a replica
+    count = gpus or cand.plan.shape.replicas
+    update_flops = counted["train_micro_batch"] * (accumulation or cand.plan.shape.accumulation)
     rate = tflops * 1e12 * a.utilisation
-    update_s = max(update_flops / rate, a.min_update_s)
-    eval_s = counted["eval_example"] * eval_examples / rate / replicas
+    update_s = max(update_flops / rate, a.min_update_s)  # every GPU works in parallel
+    eval_s = counted["eval_example"] * eval_examples / rate / count
     hours = (updates * update_s + math.ceil(updates / a.eval_every) * eval_s +
              a.export_minutes * 60) / 3600
     return {"flops_per_update": update_flops, "time_per_update_s": update_s,
             "time_floored": update_s == a.min_update_s,
-            "budget_hours": round(hours, 4), "gpu_hours": round(hours * replicas, 4),
+            "budget_hours": round(hours, 4), "gpu_hours": round(hours * count, 4),
             "price_per_hour": price,
-            "cost": None if price is None else round(hours * replicas * price, 2)}
+            "cost": None if price is None else round(hours * count * price, 2)}
+
+
+def sharded_rows(task: Task, train: list, val: list, cand: Candidate, gpus: dict, tflops: dict,
+                 updates: int, headroom: float, eval_examples: int,
+                 a: Assumptions) -> list[dict]:
+    """The sheet rows of an fsdp candidate: per GPU type the smallest world of the candidate's
+    (its `world`, or every one of `sharding.WORLDS`) whose per-GPU peak of every phase fits
+    with headroom (the largest world sized, not fitting, when none does). One fake run per
+    per-GPU micro-batch size (`sharding.sharded_run`), the other worlds derived from it."""
+    shape = cand.plan.shape
+    worlds = [cand.world] if cand.world else list(sharding.WORLDS)
+    notes: dict[int, str] = {}
+    split: dict[int, tuple[int, int]] = {}
+    for w in worlds:
+        each = sharding.per_gpu_split(shape.micro_batch, shape.accumulation, w)
+        if each is None:
+            notes[w] = (f"{shape.micro_batch * shape.accumulation} examples per update do not "
+                        f"split evenly over {w} GPUs")
+        else:
+            split[w] = each
+    frames: dict[int, pd.DataFrame | None] = {}
+    counted: dict[int, dict | None] = {}
+    for micro in sorted({m for m, _ in split.values()}, reverse=True):
+        group = [w for w, (m, _) in split.items() if m == micro]
+        longest_acc = max(split[w][1] for w in group)
+        plan = replace(cand.plan, shape=replace(shape, micro_batch=micro,
+                                                accumulation=min(longest_acc, 2)))
+        try:
+            run = sharding.sharded_run(task, train, val, plan, min(group),
+                                       offload_optimizer=cand.offload_optimizer, campaign=True)
+            note = ""
+        except WorkbookError as exc:
+            run, note = None, (f"not predicted: {exc.problem}" if exc.problem.startswith(
+                "predicting") else f"not applicable: {exc.problem}")
+        except Exception as exc:
+            run, note = None, (f"not predicted: the sharded prediction raised "
+                               f"{type(exc).__name__}: {reason(exc)}")
+        sized_here = run is not None and not any(p in run.limits for p in DECIDING)
+        flop_count, flops_note = counted_flops(task, train, val, replace(cand, plan=plan)) \
+            if sized_here else (None, "")
+        for w in group:
+            frame = run.at(w) if run is not None else None
+            why = note
+            if frame is not None:
+                missing = frame[frame.predicted_peak_bytes.isna()]
+                if missing.phase.isin(DECIDING + (sharding.CHECKPOINT_SAVE,)).any():
+                    frame, why = None, "not predicted " + unpredicted(missing)
+                elif len(missing):
+                    frame = frame.dropna(subset=["predicted_peak_bytes"])
+                    why = (f"not predicted {unpredicted(missing)}; the fit rests on the "
+                           "training phases and the checkpoint save")
+            frames[w], counted[w] = frame, flop_count
+            notes[w] = "; ".join(n for n in (why, flops_note) if n)
+    rows = []
+    sized_worlds = [w for w in worlds if frames.get(w) is not None]
+    for name, gib in gpus.items():
+        chosen, memory = None, None
+        for w in sized_worlds:
+            memory = memory_columns(frames[w], cand, gib, headroom, a)
+            chosen = w
+            if memory["fits"]:
+                break
+        if chosen is None:  # nothing sized: the first world's reason
+            chosen = next((w for w in worlds if w in split), worlds[0])
+            memory = memory_columns(None, cand, gib, headroom, a)
+        micro, acc = split.get(chosen, (shape.micro_batch, shape.accumulation))
+        per_gpu = replace(shape, micro_batch=micro, accumulation=acc)
+        skipped = [f"x{w}: {notes[w]}" for w in worlds if w not in sized_worlds and notes.get(w)]
+        derived = frames.get(chosen) is not None and bool(frames[chosen].note.str.contains(
+            "derived from").any())
+        note = "; ".join(n for n in (
+            notes.get(chosen, "") if chosen in sized_worlds else "",
+            "per-GPU peaks derived from the fake run at another world size (the sharded "
+            "state scaled as 1/N)" if derived else "",
+            ("not sized: " + "; ".join(skipped)) if skipped and sized_worlds else
+            "; ".join(skipped) if skipped else "") if n)
+        rows.append({**cand.described(name, gib, chosen, per_gpu), **memory,
+                     **time_columns(counted.get(chosen), cand, tflops[name], updates,
+                                    eval_examples, a, a.prices.get(name), chosen, acc),
+                     "currency": a.currency, "note": note, "expected": cand.expected})
+    return rows
 
 
 def stack_check(task_path: str, device: str, precision: str, replicas: int = 1,
@@ -302,6 +437,19 @@ def data_parallel_row(replicas: int, run_dir: str | Path | None) -> dict[str, ob
     return {"item": f"data parallel x{replicas} (torchrun + DDP)", "here": here, "verified": ok,
             "on the rental": "NCCL, SyncBatchNorm and the interconnect: run notebook 09 there "
                              f"with --device cuda -p replicas={replicas}"}
+
+
+def sharded_row(candidates: list[Candidate], sheet: pd.DataFrame) -> dict[str, object]:
+    """What this machine verified of FSDP2 full sharding: the per-GPU prediction only."""
+    worlds = sorted({int(w) for w in sheet[sheet.candidate.isin([c.name for c in candidates])]
+                     .gpus.dropna()})
+    return {"item": "FSDP2 full sharding (fully_shard) x" + "/".join(map(str, worlds or ["N"])),
+            "here": "sized on fake tensors over a fake process group (nothing run sharded "
+                    "here; notebook 09 runs the loop under FSDP2 on CPU processes)",
+            "verified": False,
+            "on the rental": "NCCL over the GPUs and nodes, a torch.distributed.checkpoint save "
+                             "by every rank and an exact resume from it, and the per-GPU peak "
+                             "(torch.cuda.max_memory_allocated) against the sheet"}
 
 
 def task_imports(module_name: str) -> list[tuple[str, str | None, str | None]]:
@@ -444,6 +592,13 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
             reason = (f"{best.gpu} fits with {best.headroom_gib:.1f} GiB to spare and costs "
                       f"{ratio:.1f}x less than {rental_gpu} for this budget")
         rows.append({"candidate": name, "cheapest_gpu": None if best is None else best.gpu,
+                     "cheapest_gpus": None if best is None else best.get("gpus"),
+                     "cheapest_strategy": None if best is None else best.get("strategy"),
+                     "cheapest_micro_batch": None if best is None else best.get("micro_batch"),
+                     "cheapest_accumulation": None if best is None else
+                     best.get("accumulation"),
+                     "cheapest_required_gib": None if best is None else best.required_gib,
+                     "cheapest_gpu_hours": None if best is None else best.gpu_hours,
                      "cheapest_cost": None if best is None else best.cost,
                      "cheapest_hours": None if best is None else best.budget_hours,
                      "asked_gpu": rental_gpu, "asked_fits": bool(asked.fits),
@@ -451,11 +606,15 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+STRATEGY_KEYS = {"strategy", "world", "gpus_per_node", "offload_optimizer"}
+
+
 def candidates_from(specs: list[dict]) -> list[Candidate]:
     """Candidates from the notebook's list of flat dicts (name, the update shape's fields,
-    length, eval_batch, expected; precision bf16 unless given); an unknown key is named."""
+    length, eval_batch, expected; precision bf16 unless given; strategy "single", "ddp" or
+    "fsdp" with world, gpus_per_node and offload_optimizer); an unknown key is named."""
     shape_keys = set(UpdateShape.__dataclass_fields__)
-    keys = {"name", "length", "eval_batch", "expected"} | shape_keys
+    keys = {"name", "length", "eval_batch", "expected"} | shape_keys | STRATEGY_KEYS
     if not isinstance(specs, list) or not specs:
         raise WorkbookError(f"candidates must be a non-empty list, got {specs!r}",
                             'give at least one, e.g. [{"name": "control", "micro_batch": 16, '
@@ -467,11 +626,63 @@ def candidates_from(specs: list[dict]) -> list[Candidate]:
             raise WorkbookError(f"candidate {spec.get('name', spec)!r}: unknown keys "
                                 f"{sorted(unknown)}" if unknown else f"candidate {spec} has "
                                 "no name", f"use the keys {sorted(keys)}")
-        shape = UpdateShape.from_params({"precision": "bf16", **spec})
-        out.append(Candidate(spec["name"], Plan(shape, spec.get("length"),
-                                                spec.get("eval_batch")),
-                             spec.get("expected", "")))
+        shape = UpdateShape.from_params({"precision": "bf16",
+                                         **{k: v for k, v in spec.items() if k in shape_keys}})
+        cand = Candidate(spec["name"], Plan(shape, spec.get("length"), spec.get("eval_batch")),
+                         spec.get("expected", ""), spec.get("strategy", ""), spec.get("world"),
+                         spec.get("gpus_per_node", 8), spec.get("offload_optimizer", False))
+        check_strategy(cand)
+        out.append(cand)
     return out
+
+
+def check_strategy(cand: Candidate) -> None:
+    """A candidate's strategy and its settings agree, named when they do not."""
+    problems = []
+    kind, replicas = cand.kind, cand.plan.shape.replicas
+    if kind not in STRATEGIES:
+        problems.append(f"strategy {kind!r} is not one of {list(STRATEGIES)}")
+    elif kind == "single" and replicas != 1:
+        problems.append(f"strategy single with replicas={replicas} (that is ddp)")
+    elif kind == "ddp" and replicas < 2:
+        problems.append("strategy ddp needs replicas of 2 or more")
+    elif kind == "fsdp":
+        if replicas != 1:
+            problems.append(f"strategy fsdp with replicas={replicas}: under FSDP every GPU of "
+                            "the world is a data-parallel rank; give the GPU count as world")
+        if cand.world is not None:
+            try:
+                sharding.check_world(cand.world)
+            except WorkbookError as exc:
+                problems.append(exc.problem)
+    if kind != "fsdp" and (cand.world is not None or cand.offload_optimizer):
+        problems.append("world and offload_optimizer belong to strategy fsdp")
+    gpn = cand.gpus_per_node
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+        problems.append(f"gpus_per_node {gpn!r} is not a positive integer")
+    if not isinstance(cand.offload_optimizer, bool):
+        problems.append(f"offload_optimizer {cand.offload_optimizer!r} is not True or False")
+    if problems:
+        raise WorkbookError(f"candidate {cand.name!r}: " + "; ".join(problems),
+                            'e.g. {"name": "sharded", "strategy": "fsdp", "micro_batch": 2, '
+                            '"accumulation": 16, "activation_checkpointing": True} (world '
+                            "2..64, or none: the smallest that fits each GPU)")
+
+
+def sharded_default(first: Candidate) -> Candidate:
+    """The fsdp candidate added when no candidate fits one GPU: the first candidate's update
+    (the same examples per update and precision) sharded over the smallest world that fits
+    each GPU, micro-batches of at most 2 per GPU (padded, as a campaign's are) and activation
+    checkpointing."""
+    shape = first.plan.shape
+    total = shape.examples_per_update
+    micro = min(2, shape.micro_batch) if total % 2 == 0 else 1
+    return Candidate(
+        "sharded", Plan(replace(shape, micro_batch=micro, accumulation=total // micro,
+                                replicas=1, activation_checkpointing=True),
+                        first.plan.length, first.plan.eval_batch, first.plan.eval_length),
+        f"the update of candidate {first.name} ({total} examples) sharded over N GPUs with "
+        "FSDP2 and activation checkpointing: added because no candidate fits one GPU", "fsdp")
 
 
 def choose(sheet: pd.DataFrame, rental_gpu: str) -> dict | None:
@@ -533,9 +744,22 @@ def decision_unsized(unsized: dict[str, str], candidates: int, rental_gpu: str) 
     return f" Not sized, so not judged: {reasons}."
 
 
+def per_gpu(required_gib: float | None, count: int) -> str:
+    """', X GiB per GPU needed with headroom' for a row of several GPUs."""
+    if required_gib is None or pd.isna(required_gib):
+        return ""
+    return f", {required_gib:.1f} GiB {'per GPU ' if count > 1 else ''}needed with headroom"
+
+
+def gpu_hours(value: float | None, count: int) -> str:
+    return "" if count == 1 or value is None or pd.isna(value) else \
+        f" on {count} GPUs, {value:,.0f} GPU-hours"
+
+
 def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFrame,
                stack: pd.DataFrame, options: pd.DataFrame,
-               unsized: dict[str, str] | None = None) -> str:
+               unsized: dict[str, str] | None = None,
+               models_lines: list[str] | None = None) -> str:
     """The campaign's conclusion in words, every figure rounded, from this notebook's sheet and
     the summaries of the other notebooks of this run where they exist (`unsized`: the
     candidates the prediction could not size, with the reason)."""
@@ -564,23 +788,40 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
             + (decision_unsized(unsized, len(options), rental_gpu) if unsized else ""))
     else:
         best = options.set_index("candidate").loc[chosen["candidate"]]
-        shape = (f"{chosen['strategy']}, {chosen['precision']}, micro-batch "
-                 f"{chosen['micro_batch']} x accumulation {chosen['accumulation']}")
+
+        def shape(strategy, micro, acc):
+            return (f"{strategy}, {chosen['precision']}, micro-batch {int(micro)} x accumulation "
+                f"{int(acc)}")
+
         if best.cheapest_gpu != rental_gpu:
             gpu_name = best.cheapest_gpu
-            lines.append(f"**Rent {article(gpu_name)} {gpu_name}** for candidate "
-                         f"**{chosen['candidate']}** ({shape}): the cheapest GPU that fits it "
-                         "with headroom, "
+            count = int(best.get("cheapest_gpus") or 1)
+            what = f"{article(gpu_name)} {gpu_name}" if count == 1 else f"{count} x {gpu_name}"
+            how = shape(best.cheapest_strategy, best.cheapest_micro_batch,
+                        best.cheapest_accumulation)
+            spent = hours(best.cheapest_hours) + gpu_hours(best.cheapest_gpu_hours, count)
+            lines.append(f"**Rent {what}** for candidate "
+                         f"**{chosen['candidate']}** ({how}"
+                         f"{per_gpu(best.cheapest_required_gib, count)}): the cheapest GPU that "
+                         "fits it with headroom, "
                          f"{money(best.cheapest_cost, currency)} for the budget "
-                         f"({hours(best.cheapest_hours)}). You planned on the {rental_gpu} "
+                         f"({spent}). You planned on the {rental_gpu} "
                          f"({money(best.asked_cost, currency)}); {best.why}.")
         else:
-            lines.append(f"**Rent {article(rental_gpu)} {rental_gpu}** for candidate "
-                         f"**{chosen['candidate']}** ({shape}): "
-                         f"{chosen['required_gib']:.2f} GiB needed with headroom, "
+            count = int(chosen.get("gpus") or 1)
+            what = f"{article(rental_gpu)} {rental_gpu}" if count == 1 else \
+                f"{count} x {rental_gpu}"
+            how = shape(chosen["strategy"], chosen["micro_batch"], chosen["accumulation"])
+            lines.append(f"**Rent {what}** for candidate "
+                         f"**{chosen['candidate']}** ({how}): "
+                         f"{chosen['required_gib']:.2f} GiB needed with headroom"
+                         f"{' per GPU' if count > 1 else ''}, "
                          f"{chosen['headroom_gib']:.1f} GiB to spare, "
                          f"{money(chosen.get('cost'), currency)} for the budget "
-                         f"({hours(chosen['budget_hours'])}); {best.why}.")
+                         f"({hours(chosen['budget_hours'])}"
+                         f"{gpu_hours(chosen.get('gpu_hours'), count)}); {best.why}.")
+        if models_lines:
+            lines += ["", "Sized for: " + "; ".join(models_lines) + "."]
         lines += ["", f"Expected result: {chosen['expected'] or 'not stated'}."]
         if unsized:
             lines += ["", decision_unsized(unsized, len(options), rental_gpu).strip()]
@@ -669,8 +910,23 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     sheet = selection_sheet(task, data.train, data.validation, candidates, params["gpus"],
                             params["gpu_tflops"], params["updates"], params["headroom"],
                             assumptions)
+    if models.declared(task) and not sheet.fits.any() and \
+            not any(c.kind == "fsdp" for c in candidates):
+        # the campaign model fits no GPU of the list alone: plan it sharded
+        extra = sharded_default(candidates[0])
+        candidates = [*candidates, extra]
+        more = selection_sheet(task, data.train, data.validation, [extra], params["gpus"],
+                               params["gpu_tflops"], params["updates"], params["headroom"],
+                               assumptions)
+        attrs = sheet.attrs
+        sheet = pd.concat([sheet, more], ignore_index=True)
+        sheet.attrs = attrs
     stack = stack_check(params["task"], params["device"], candidates[0].plan.shape.precision,
                         max(c.plan.shape.replicas for c in candidates), out_dir.parent)
+    sharded = [c for c in candidates if c.kind == "fsdp"]
+    if sharded:
+        stack = pd.concat([stack, pd.DataFrame([sharded_row(sharded, sheet)])],
+                          ignore_index=True)
     plans = pd.concat([pack(params["variants"], sheet, rental_gpu, days,
                             params["reserve_share"]) for days in (3, 7, 30)],
                       ignore_index=True)
@@ -678,7 +934,12 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     chosen = choose(sheet, rental_gpu)
     return RentalResult(task, rental_gpu, candidates, sheet, stack, plans, options, chosen,
                         conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options,
-                                   not_sized(sheet)))
+                                   not_sized(sheet), sheet.attrs.get("models")))
+
+
+def _plain(value):
+    """A count from a table cell as a plain int (None for a missing one), for JSON."""
+    return None if value is None or pd.isna(value) else int(value)
 
 
 def save(result: RentalResult, out_dir: Path) -> str:
@@ -698,6 +959,11 @@ def save(result: RentalResult, out_dir: Path) -> str:
         "rental_gpu": result.rental_gpu, "chosen": chosen and chosen["candidate"],
         "recommended_gpu": options.set_index("candidate").cheapest_gpu.get(chosen["candidate"])
         if chosen else None,
+        "recommended_gpus": _plain(options.set_index("candidate").cheapest_gpus.get(
+            chosen["candidate"])) if chosen else None,
+        "recommended_strategy": options.set_index("candidate").cheapest_strategy.get(
+            chosen["candidate"]) if chosen else None,
+        "sized_model": "; ".join(sheet.attrs.get("models") or []),
         "fitting_rows": int(sheet.fits.sum()), "rows": len(sheet),
         "not_sized": list(not_sized(sheet)),
         "scheduled": plans.groupby("days").scheduled.sum().to_dict()}, task=result.task.name)

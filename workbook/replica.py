@@ -29,6 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt
+from . import schemas
 from .artifacts import write_file
 from .data import Batch, Item, epoch_order, loader, micro_batches, prepare
 from .errors import WorkbookError
@@ -88,6 +89,8 @@ class ReplicaSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise WorkbookError(f"unknown replica settings {unknown}", f"use {sorted(known)}")
+        schemas.check(schemas.LaunchSpec, data, "--spec", "launch spec",
+                      "give --spec with values of the right types")
         spec = cls(**{**data, "shape": UpdateShape.from_dict(data.get("shape", {}))})
         if spec.fault and spec.fault not in FAULTS:
             raise WorkbookError(f"unknown planted fault {spec.fault!r}", f"use {list(FAULTS)}")
@@ -599,6 +602,8 @@ def _restore(path: Path, stepper: Stepper, rank: int, world: int) -> tuple[Posit
     info = ckpt.load_checkpoint(path, stepper.model.module, stepper.optimizer,
                                 stepper.scheduler, stepper.scaler, restore_rng=False)
     c = info["counters"]
+    schemas.check(schemas.ReplicaCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
+                  "resume from a checkpoint of notebook 09's launch", "counters")
     if int(c.get("world", 1)) != world:
         raise WorkbookError(f"checkpoint {path} was written by {c.get('world')} processes, this "
                             f"launch has {world}",
@@ -618,13 +623,15 @@ def main(spec_json: str, out: str, resume_from: str | None) -> int:
         raise WorkbookError(f"--spec is not JSON ({exc.msg} at character {exc.pos})",
                             "quote the whole object for the shell: --spec '{\"task\": ...}'") \
             from None
+    if isinstance(data, dict) and data.get("strategy") == "fsdp":  # notebook 09's FSDP launches
+        from .sharded_replica import main as sharded_main
+
+        return sharded_main(data, out, resume_from)
     spec = ReplicaSpec.from_dict(data)
     task = None
     if resume_from is not None:
-        from .artifacts import read_json
-
         ckpt.load_state(resume_from)
-        recorded = read_json(Path(resume_from) / ckpt.META, "checkpoint meta").get("recipe")
+        recorded = ckpt.load_meta(resume_from).get("recipe")
         task = load_recorded_task(recorded, spec.task, spec.task_options,
                                   f"checkpoint {resume_from}")
     run_replica(spec, Path(out), Path(resume_from) if resume_from else None, task)

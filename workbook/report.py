@@ -296,6 +296,13 @@ def _tables(run: Path, stem: str) -> list[str]:
                     "days", "priority", "variant", "candidate", "gpu", "repeats", "hours",
                     "cost", "scheduled", "why_not"])]
     if stem == "09_data_parallel":
-        return ["<h3>Multi-host rules</h3>", _table(_csv(run / stem / "rules.csv"), [
+        parts = ["<h3>Multi-host rules</h3>", _table(_csv(run / stem / "rules.csv"), [
             "rule", "verdict", "measured", "remediation"])]
+        if (run / stem / "fsdp_rules.csv").exists():  # the FSDP2 launches ran
+            parts += ["<h3>Rules under FSDP2 sharding</h3>", _table(
+                _csv(run / stem / "fsdp_rules.csv"), ["rule", "verdict", "measured",
+                                                      "remediation"]),
+                      "<h3>Planted FSDP faults</h3>",
+                      _table(_csv(run / stem / "fsdp_planted_faults.csv"))]
+        return parts
     return []

@@ -1,0 +1,128 @@
+"""Campaign-scale sizing (issue 23). Prints its figures; none of them is a unit test.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/campaign_scale.py [--only c] [--configs 7b,70b]
+
+(a) the twin path against a real run of campaign models that fit the pilot box   [placeholder]
+(b) FSDP2 on 2 and 4 gloo processes against the measured per-rank peak          [placeholder]
+(c) 7 B and 70 B Llama configs: seconds and peak resident memory of the FSDP2 sizing, per-GPU
+    peak of every phase for N = 8, 16, 64 (each config sized in a fresh process, so its peak
+    resident memory is its own).
+
+The last line is `campaign_scale_max_abs_error_pct: <value>` over the parts that report errors
+(a and b; part c has none to report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+# the campaign shape of part (c): micro-batch 2 (a padded batch: at 1, Hugging Face's SDPA path
+# skips its attention mask for a batch without padding, a choice fake tensors cannot see) x
+# 4096 positions, bf16, activation checkpointing, AdamW; the twin's data shapes the batches
+SHAPE = {"micro_batch": 2, "accumulation": 2, "precision": "bf16",
+         "activation_checkpointing": True, "length": 4096}
+CONFIGS = {"7b": {},  # examples/llama_campaign.py's defaults (Llama-2 7B shape)
+           "70b": {"layers": 80, "width": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672}}
+WORLDS = (8, 16, 64)
+
+
+# --- part (a): the lead adds it here. It returns a list of |error| percentages. -------------
+def part_a() -> list[float]:
+    return []
+
+
+# --- part (b): another helper adds it here. It returns a list of |error| percentages. -------
+def part_b() -> list[float]:
+    return []
+
+
+# --- part (c) -------------------------------------------------------------------------------
+def size_one(name: str) -> dict:
+    """Runs in a fresh process: one config sized at N = 8 (the fake run), 16 and 64 derived,
+    and 64 also sized directly to show the derivation's gap."""
+    import resource
+    import time
+
+    from examples.llama_campaign import make_task
+    from workbook import campaign, sharding
+    from workbook.data import prepare
+    from workbook.loop import UpdateShape
+    from workbook.predict import Plan
+
+    task = make_task(**CONFIGS[name])
+    data = prepare(task, limits={"train": 50})
+    shape = {k: v for k, v in SHAPE.items() if k != "length"}
+    plan = Plan(UpdateShape(**shape), SHAPE["length"], SHAPE["micro_batch"])
+    params = campaign.parameter_count(campaign.on_meta(task.campaign_model))
+    start = time.perf_counter()
+    run = sharding.sharded_run(task, data.train, data.validation, plan, WORLDS[0])
+    seconds = time.perf_counter() - start
+    frames = {w: run.at(w) for w in WORLDS}
+    start = time.perf_counter()
+    direct = sharding.sharded_run(task, data.train, data.validation, plan, WORLDS[-1]).at(
+        WORLDS[-1])
+    direct_seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    gap = max(abs(a - b) / b * 100 for a, b in zip(frames[WORLDS[-1]].predicted_peak_bytes,
+                                                 direct.predicted_peak_bytes, strict=True))
+    return {"config": name, "parameters": params, "seconds": seconds,
+            "direct_seconds": direct_seconds, "peak_rss_bytes": rss,
+            "derived_vs_direct_pct": gap,
+            "per_gpu": {w: dict(zip(f.phase, f.predicted_peak_bytes.astype(float), strict=True))
+                        for w, f in frames.items()}}
+
+
+def part_c(names: list[str]) -> None:
+    print(f"(c) FSDP2 per-GPU sizing, shape {SHAPE} (micro_batch x accumulation per GPU), "
+          f"AdamW; machine: {os.cpu_count()} CPU cores")
+    for name in names:
+        out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True,
+                             text=True, cwd=ROOT, timeout=1800,
+                             env={**os.environ, "PYTHONPATH": str(ROOT),
+                                  "OMP_NUM_THREADS": "1"})
+        if out.returncode:
+            print(f"  {name}: failed\n{out.stderr[-2000:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"  {name}: {r['parameters'] / 1e9:.2f} B parameters; sizing {r['seconds']:.1f} s "
+              f"(the fake run at N={WORLDS[0]}; N={WORLDS[-1]} sized directly too: "
+              f"{r['direct_seconds']:.1f} s, derived vs direct max gap "
+              f"{r['derived_vs_direct_pct']:.2f}%); peak resident memory "
+              f"{r['peak_rss_bytes'] / 2**20:.0f} MiB")
+        phases = list(next(iter(r["per_gpu"].values())))
+        print("    per-GPU peak, GiB      " + "".join(f"{p[:16]:>18}" for p in phases))
+        for w, peaks in r["per_gpu"].items():
+            print(f"    N={int(w):<3}                " +
+                  "".join(f"{peaks[p] / GIB:>18.2f}" for p in phases))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="abc")
+    parser.add_argument("--configs", default="7b,70b")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(size_one(args.one)))
+        return
+    errors: list[float] = []
+    if "a" in args.only:
+        errors += part_a()
+    if "b" in args.only:
+        errors += part_b()
+    if "c" in args.only:
+        part_c(args.configs.split(","))
+    worst = max(errors) if errors else float("nan")
+    print(f"campaign_scale_max_abs_error_pct: {worst:.3f}" if errors else
+          "campaign_scale_max_abs_error_pct: nan (no part that reports errors ran)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""FSDP2 sizing on fake tensors over a fake process group (workbook.sharding): the sharded state
+shrinks as 1/N and activations do not, worlds derived from one run agree with direct runs, the
+campaign model is never allocated, and bad input is named."""
+
+import resource
+
+import pytest
+import torch
+from torch import nn
+
+from workbook import WorkbookError, sharding
+from workbook.loop import UpdateShape
+from workbook.predict import Plan, predict
+from workbook.sharding import CHECKPOINT_SAVE, SHARDED_PHASES, predict_sharded
+
+PLAN = Plan(UpdateShape(4, 2, precision="fp32"), length=64, eval_batch=4)
+
+
+@pytest.fixture(scope="module")
+def small(gen_items):
+    return gen_items["train"][:40], gen_items["validation"][:8]
+
+
+@pytest.fixture(scope="module")
+def worlds(gen_task, small):
+    train, val = small
+    return {w: predict_sharded(gen_task, train, val, PLAN, w).set_index("phase")
+            for w in (2, 4)}
+
+
+def test_sharded_state_shrinks_as_one_over_n_and_activations_do_not(gen_task, small, worlds):
+    single = predict(gen_task, *small, PLAN).set_index("phase")
+    two, four = worlds[2], worlds[4]
+    assert list(two.index) == list(SHARDED_PHASES) and (two.world == 2).all()
+    state = {w: f.loc["update (first)", "breakdown"]["sharded_state"] for w, f in worlds.items()}
+    # parameters, gradients and optimizer state of one device, sharded over 2 and over 4
+    full = single.loc["update (later)", ["parameter_bytes", "gradient_bytes",
+                                          "optstate_bytes"]].sum()
+    steady = {w: f.loc[CHECKPOINT_SAVE, "breakdown"]["sharded_state"] for w, f in worlds.items()}
+    assert steady[2] == pytest.approx(2 * steady[4], rel=0.02)
+    assert steady[2] == pytest.approx((single.loc["validation", "parameter_bytes"] +
+                                       single.loc["validation", "optstate_bytes"]) / 2, rel=0.02)
+    assert state[2] == pytest.approx(2 * state[4], rel=0.05) and state[2] < full
+    # activations are every rank's own: the forward's peak hardly moves with N, and matches
+    # the single device's less the state it does not hold
+    act = {w: f.loc["forward + loss", "breakdown"]["activations"] for w, f in worlds.items()}
+    assert act[2] == act[4]
+    assert act[2] == pytest.approx(single.loc["forward + loss", "activation_bytes"], rel=0.02)
+    assert four.loc["update (first)", "predicted_peak_bytes"] < \
+        two.loc["update (first)", "predicted_peak_bytes"] < \
+        single.loc["update (first)", "predicted_peak_bytes"]
+
+
+def test_a_world_derived_from_one_run_matches_the_direct_run(gen_task, small, worlds):
+    derived = sharding.predict_sharded_worlds(gen_task, *small, PLAN, (2, 4), at=2)
+    four = derived[derived.world == 4].set_index("phase")
+    for phase in SHARDED_PHASES:
+        assert four.loc[phase, "predicted_peak_bytes"] == pytest.approx(
+            worlds[4].loc[phase, "predicted_peak_bytes"], rel=0.01), phase
+    assert four.note.str.contains("derived from the fake run at 2 GPUs").all()
+
+
+@pytest.mark.parametrize("world", [0, 1, 65, 2.0, True])
+def test_a_world_outside_2_to_64_is_refused(gen_task, small, world):
+    with pytest.raises(WorkbookError, match=r"FSDP full sharding is sized over 2 to 64 GPUs"):
+        predict_sharded(gen_task, *small, PLAN, world)
+
+
+def test_a_model_without_blocks_is_named(gen_task, small):
+    import dataclasses
+
+    class Flat(nn.Module):  # no ModuleList, no _no_split_modules: nothing to shard by block
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(gen_task.build_model().config.vocab_size
+                                      if hasattr(gen_task.build_model(), "config") else 64, 8)
+            self.out = nn.Linear(8, self.embed.num_embeddings)
+
+        def forward(self, input_ids, **_):
+            return self.out(self.embed(input_ids))
+
+    flat = dataclasses.replace(gen_task, build_model=Flat)
+    with pytest.raises(WorkbookError, match=r"needs blocks to shard one by one, and Flat"):
+        predict_sharded(flat, *small, PLAN, 2)
+    assert not torch.distributed.is_initialized(), "the fake process group is torn down"
+
+
+def test_a_process_group_already_up_is_refused(gen_task, small):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        with pytest.raises(WorkbookError, match="a default process group is already"):
+            predict_sharded(gen_task, *small, PLAN, 2)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_offload_leaves_the_sharded_state_in_host_memory(gen_task, small, worlds):
+    off = predict_sharded(gen_task, *small, PLAN, 2, offload_optimizer=True).set_index("phase")
+    first = off.loc["update (first)"]
+    assert "sharded_state_in_host_memory" in first.breakdown
+    assert first.predicted_peak_bytes < worlds[2].loc["update (first)", "predicted_peak_bytes"]
+    assert "host memory" in first.note
+
+
+def test_the_campaign_model_is_never_allocated(small):
+    # a Llama of 0.7 B parameters (2.8 GiB of fp32 weights, 11 GiB with gradients and Adam) sized
+    # over 8 fake ranks: the process grows by far less than one copy of its weights
+    from examples.llama_campaign import make_task
+
+    task = make_task(layers=2, width=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
+    from workbook.data import prepare
+
+    data = prepare(task, limits={"train": 20})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    frame = predict_sharded(task, data.train, data.validation,
+                            Plan(UpdateShape(2, 2, precision="bf16"), 128, 2), 8)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    peak = frame.predicted_peak_bytes.max()
+    assert frame.model.iloc[0] == "campaign model"
+    assert peak > 2**30, "the prediction is of the big model"
+    assert grown < 512 * 2**20, f"resident memory grew by {grown / 2**20:.0f} MiB"
+
+
+def test_an_update_splits_evenly_or_not_at_all():
+    assert sharding.per_gpu_split(2, 16, 8) == (2, 2)
+    assert sharding.per_gpu_split(16, 2, 4) == (8, 1)
+    assert sharding.per_gpu_split(2, 16, 32) == (1, 1)
+    assert sharding.per_gpu_split(2, 16, 64) is None
+    assert sharding.nodes(16, 8) == 2 and sharding.nodes(4, 8) == 1
