@@ -18,20 +18,20 @@ from workbook.sharded_replica import (
     untie,
 )
 
-from .conftest import CLASSIFICATION, GENERATION
+from .conftest import GENERATION
 
 TIED = {"tie_embeddings": True}
 
 
-def test_blocks_are_the_predictions_blocks():
-    """The worker shards the blocks the prediction shards (it keeps its own copy of the choice
-    so that every process need not import the fake tracker)."""
-    for name, options in ((GENERATION, {}), (GENERATION, {"layers": 3}), (CLASSIFICATION, {})):
-        task = load_task(name, **options)
-        model = task.build_model()
-        assert blocks(task, model) == sharding.blocks(task, model)
+def test_blocks_are_the_outermost_layers_and_never_a_container_without_forward():
     task = load_task(GENERATION)
     assert len(blocks(task, task.build_model())) == 2  # the decoder's two layers
+    assert sharding.blocks is blocks  # the prediction shards what the worker shards
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2)}),
+                                        torch.nn.Linear(2, 2)])
+    chosen = blocks(task, model)  # fully_shard refuses a ModuleDict: it has no forward
+    assert chosen == [model.layers[1]]
 
 
 def test_tied_groups_untie_and_tie_again():

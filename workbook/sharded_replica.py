@@ -96,10 +96,11 @@ class ShardedSpec:
 
 # --- sharding ---------------------------------------------------------------------------------
 def blocks(task: Task, model: nn.Module) -> list[nn.Module]:
-    """The modules sharded one by one before the root, chosen as the prediction chooses them
-    (`sharding.blocks`; a test keeps the two equal - importing it here would bring the fake
-    tracker into every process): the task's `checkpoint_blocks`, else a Hugging Face model's
-    `_no_split_modules` classes, else the items of every nn.ModuleList; the outermost only."""
+    """The modules `fully_shard` wraps one by one before the root, here and in the prediction
+    (`sharding` imports it): the task's `checkpoint_blocks` rule (the one activation
+    checkpointing uses), else a Hugging Face model's `_no_split_modules` classes, else the items
+    of every `nn.ModuleList`; the outermost ones only (a block inside a block stays in its
+    parent's group), never a container without forward (its items are taken instead)."""
     if task.checkpoint_blocks is not None:
         def pick(m: nn.Module) -> bool:
             return bool(task.checkpoint_blocks(m))
@@ -118,7 +119,7 @@ def blocks(task: Task, model: nn.Module) -> list[nn.Module]:
     for name, module in model.named_modules():
         if module is model or any(name.startswith(p) for p in prefixes):
             continue
-        if pick(module):
+        if pick(module) and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
             chosen.append(module)
             prefixes.append(name + ".")
     return chosen

@@ -37,6 +37,7 @@ from .predict import (
     path_limits,
     sized_batches,
 )
+from .sharded_replica import blocks
 from .task import Task
 from .workload import TRAINING_PHASES, Workload, targets_of
 
@@ -187,36 +188,6 @@ def _tracker_class():
             return again
 
     return ShardedPhaseTracker
-
-
-def blocks(task: Task, model: nn.Module) -> list[nn.Module]:
-    """The modules `fully_shard` wraps one by one: the task's `checkpoint_blocks` rule (the one
-    activation checkpointing uses), else a Hugging Face model's `_no_split_modules` classes,
-    else the items of every `nn.ModuleList`; the outermost ones only (a block inside a block
-    stays in its parent's group)."""
-    if task.checkpoint_blocks is not None:
-        def pick(m):
-            return bool(task.checkpoint_blocks(m))
-    elif getattr(model, "_no_split_modules", None):
-        names = set(model._no_split_modules)
-
-        def pick(m):
-            return type(m).__name__ in names
-    else:
-        items = {id(m) for lst in model.modules() if isinstance(lst, nn.ModuleList)
-                 for m in lst}
-
-        def pick(m):
-            return id(m) in items
-    chosen, prefixes = [], []
-    for name, module in model.named_modules():
-        if module is model or any(name.startswith(p) for p in prefixes):
-            continue
-        if pick(module) and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
-            # a container without forward cannot be sharded on its own: its items can
-            chosen.append(module)
-            prefixes.append(name + ".")
-    return chosen
 
 
 def no_blocks(task: Task, model: nn.Module, campaign: bool) -> WorkbookError:
