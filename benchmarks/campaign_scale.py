@@ -2,8 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/campaign_scale.py [--only c] [--configs 7b,70b]
 
-(a) the twin path against a real run of campaign models that fit the pilot box   [placeholder]
-(b) FSDP2 on 2 and 4 gloo processes against the measured per-rank peak          [placeholder]
+(a) the twin path against a real run of campaign models that fit the pilot box, every phase
+(b) FSDP2 on 2 and 4 gloo processes against the measured per-rank peak, every phase
 (c) 7 B and 70 B Llama configs: seconds and peak resident memory of the FSDP2 sizing, per-GPU
     peak of every phase for N = 8, 16, 64 (each config sized in a fresh process, so its peak
     resident memory is its own).
@@ -14,13 +14,25 @@ The last line is `campaign_scale_max_abs_error_pct: <value>` over the parts that
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import workbook as wb  # noqa: E402
+from workbook.loop import UpdateShape  # noqa: E402
+from workbook.predict import Plan, predict, sized_batches  # noqa: E402
+from workbook.samples.models import TinyDecoder  # noqa: E402
+from workbook.tokenizer import VOCAB_SIZE  # noqa: E402
+from workbook.workload import TRAINING_PHASES, measured_peaks  # noqa: E402
+
 GIB = 2**30
 
 # the campaign shape of part (c): micro-batch 2 (a padded batch: at 1, Hugging Face's SDPA path
@@ -33,14 +45,76 @@ CONFIGS = {"7b": {},  # examples/llama_campaign.py's defaults (Llama-2 7B shape)
 WORLDS = (8, 16, 64)
 
 
-# --- part (a): the lead adds it here. It returns a list of |error| percentages. -------------
+# --- part (a): the twin path against a real run of the campaign model -------------------
+def twin_cases():
+    """(label, task, plan): a 0.20 B Llama (12 x 1024, grouped-query attention) from a config and
+    a 0.10 B plain decoder of the samples' own code wrapped as `campaign.Deep`."""
+    llama = wb.load_task("examples.llama_campaign:task", layers=12, width=1024, heads=16,
+                         kv_heads=4, ffn=2816, positions=512)
+    sample = wb.load_task("workbook.samples.generation:task")
+    deep = wb.campaign.Deep(lambda layers: TinyDecoder(VOCAB_SIZE, 768, layers, 12, 512),
+                            layers=14)
+    plain = dataclasses.replace(sample, campaign_model=deep,
+                                build_model=partial(TinyDecoder, VOCAB_SIZE, 64, 2, 4, 512))
+    return [("llama 0.20 B (12 x 1024) fp32 mb2 x acc2 len256", llama,
+             Plan(UpdateShape(2, 2), 256)),
+            ("decoder 0.10 B (14 x 768) fp32 mb4 x acc2 len256 +ckpt", plain,
+             Plan(UpdateShape(4, 2, activation_checkpointing=True), 256))]
+
+
+def twin_path_rows(label: str, task: wb.Task, plan: Plan) -> list[dict]:
+    """One row per phase: predicted through the twin path, measured on the campaign model."""
+    split = wb.prepare(task)
+    train, val = split.train[:64], split.items["validation"][:16]
+    begin = time.perf_counter()
+    predicted = predict(task, train, val, plan, campaign=True)
+    sizing_s = time.perf_counter() - begin
+    real = dataclasses.replace(task, build_model=task.campaign_model, campaign_model=None)
+    measured = measured_peaks(real, plan.shape.train_config(device="cpu"),
+                              *sized_batches(real, train, val, plan))
+    rows = []
+    for phase, p in zip(TRAINING_PHASES, predicted.predicted_peak_bytes, strict=True):
+        m = measured[phase]
+        rows.append({"case": label, "phase": phase, "predicted_mib": p / 2**20,
+                     "measured_mib": m / 2**20, "error_pct": 100 * (p - m) / m,
+                     "sizing_s": sizing_s, "sized": predicted.attrs.get("sized", "")})
+    return rows
+
+
 def part_a() -> list[float]:
-    return []
+    """Campaign models that still fit here, sized through their twin (`predict(...,
+    campaign=True)`) against a real measured run of the campaign model, every phase."""
+    print("(a) the twin path against a real run of the campaign model (fp32 on this CPU)")
+    errors = []
+    for label, task, plan in twin_cases():
+        rows = twin_path_rows(label, task, plan)
+        print(f"  {label}: {rows[0]['sized']}, sized in {rows[0]['sizing_s']:.1f} s")
+        for r in rows:
+            print(f"    {r['phase']:16s} predicted {r['predicted_mib']:9.1f} MiB  measured "
+                  f"{r['measured_mib']:9.1f} MiB  {r['error_pct']:+.3f}%")
+            errors.append(abs(r["error_pct"]))
+    return errors
 
 
-# --- part (b): another helper adds it here. It returns a list of |error| percentages. -------
+# --- part (b): FSDP2 on gloo processes against the measured per-rank peak -----------------
 def part_b() -> list[float]:
-    return []
+    """The generation sample (tied embeddings) under FSDP2 on 2 and 4 gloo processes: each
+    rank's measured live-tensor peak against `sharding.predict_sharded`, every phase. Gloo's
+    reduce_scatter allocates a temporary as large as its input on every call (NCCL does not;
+    the prediction models NCCL), so backward and the later update read low here."""
+    from workbook.parallel import measure_fsdp
+
+    print("(b) FSDP2 per-rank peak, predicted against measured on gloo")
+    errors = []
+    for world in (2, 4):
+        table = measure_fsdp("workbook.samples.generation:task", {"tie_embeddings": True},
+                             Plan(UpdateShape(2, 2)), world)
+        for phase, rows in table.groupby("phase", sort=False):
+            pct = rows.error_pct.astype(float)
+            print(f"  x{world} {phase:16s} error {pct.min():+7.2f}% .. {pct.max():+7.2f}% "
+                  f"over {len(rows)} ranks")
+            errors += [abs(v) for v in pct.dropna()]
+    return errors
 
 
 # --- part (c) -------------------------------------------------------------------------------
