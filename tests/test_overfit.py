@@ -243,3 +243,27 @@ def test_a_target_id_beyond_the_output_layer_has_no_probability_and_no_crash(cls
     judged = reproduced(cls_task, Narrow(), items, torch.device("cpu"), tolerance=0.0)
     beyond = (labels >= size).tolist()
     assert judged.min_target_p.isna().tolist() == beyond and not judged.exact_ids[beyond].any()
+
+
+def test_ids_that_follow_the_same_context_differently_are_not_asked_for():
+    from workbook.overfit import ambiguity
+
+    task = load_task("workbook.samples.generation:task")
+    # rows 0 and 1 start alike ("5 6") and then differ; row 2 shares no context
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 0], [5, 6, 8, 9], [4, 6, 7, 0]]),
+             "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]]),
+             "labels": torch.tensor([[6, 7, -100, -100], [6, 8, 9, -100], [6, 7, -100, -100]])}
+    mask, floor, count = ambiguity(task, batch)  # label_shift 0: position t predicts labels[t]
+    assert count == 2 and mask[0, 1] and mask[1, 1] and not mask[0, 0] and not mask[2].any()
+    assert floor == pytest.approx(2 * math.log(2) / 7)
+    same = dict(batch, labels=torch.tensor([[6, 7, -100, -100], [6, 7, 9, -100],
+                                            [6, 7, -100, -100]]))
+    assert ambiguity(task, same)[2] == 0  # the same ids after the same context: learnable
+
+
+def test_a_language_model_on_whole_texts_is_memorised_up_to_what_no_model_can_know():
+    pytest.importorskip("transformers")
+    task = load_task("examples.hf_trainer:task")
+    result = overfit(task, examples=4, updates=80)
+    assert result.verdict == "pass", result.checks
+    assert result.figures["ambiguous_targets"] == 2 and result.figures["least_loss"] > 0.1
