@@ -43,22 +43,21 @@ def summary(run):
 
 
 def test_pilot_smoke_09_passes_and_lists_every_rule(tmp_path):
+    # the FSDP launches are left out here (35 s): nbval runs 09 with them on the generation
+    # sample, test_conventions on a tied, shifted model, and test_fsdp's slow tests plant both
+    # faults; this run checks the data-parallel rules and that fsdp=false is honoured
     run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="09",
-                           progress=False)
+                           progress=False, params={"fsdp": False})
     assert index.verdict.tolist() == ["pass"], index.error.tolist()
     figures, rules = summary(run)["figures"], summary(run)["rules"]
     assert set(rules) == set(RULES)
     assert rules["batch-norm statistics synchronised"] == "not applicable"  # no batch norm
     assert {v for k, v in rules.items() if k != "batch-norm statistics synchronised"} == {"pass"}
     assert max(figures["gradient_max_relative_deviation"].values()) < 1e-4
-    fsdp = figures["fsdp"]  # the FSDP section: its rules pass, its planted checkpoint is caught
-    assert set(fsdp["rules"]) == set(parallel.FSDP_RULES)
-    assert fsdp["rules"].pop("tied weights stay one tensor under sharding") == "not applicable"
-    assert set(fsdp["rules"].values()) == {"pass"}
-    assert fsdp["faults_caught"] == {"checkpoint saved by rank 0 only under FSDP": True,
-                                     "model sharded before its tied weights are tied": None}
+    assert not figures.get("fsdp") and not (run / "09_data_parallel" / "fsdp").exists()
     report = (run / "report.html").read_text()
     assert "Multi-host rules" in report and "only rank 0 writes" in report
+    assert "Rules under FSDP2 sharding" not in report
     assert report.count(">not applicable<") == 1, "a verdict the CSV round trip must keep"
 
 

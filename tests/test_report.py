@@ -194,3 +194,22 @@ def test_key_figures_read_as_words_and_the_rented_shape_is_said_to_be_predicted(
     assert "The gates ran mb2 x acc1 lendata fp32 on cpu; the rented shape mb16 x acc2 len1024 " \
         "bf16 was predicted on fake tensors, not run." in decision
     assert "Campaign model (sized on fake tensors, never allocated here)" in decision
+
+
+def test_the_fsdp_rules_and_planted_faults_are_shown_when_09_ran_them(tmp_path):
+    folder = tmp_path / "09_data_parallel"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"verdict": "pass", "figures": {}}))
+    pd.DataFrame({"rule": ["only rank 0 writes"], "verdict": ["pass"], "measured": ["ok"],
+                  "remediation": ["-"]}).to_csv(folder / "rules.csv", index=False)
+    index = pd.DataFrame([{"notebook": "09_data_parallel", "verdict": "pass", "seconds": 1.0,
+                           "executed": "09_data_parallel.ipynb", "error": ""}])
+    assert "Rules under FSDP2 sharding" not in write_report(tmp_path, index, "t").read_text()
+    pd.DataFrame({"rule": ["every rank writes its shard of the checkpoint"],
+                  "verdict": ["pass"], "measured": ["2 shards"], "remediation": ["-"]}).to_csv(
+        folder / "fsdp_rules.csv", index=False)
+    pd.DataFrame({"planted bug": ["checkpoint saved by rank 0 only under FSDP"],
+                  "caught": [True]}).to_csv(folder / "fsdp_planted_faults.csv", index=False)
+    page = write_report(tmp_path, index, "t").read_text()
+    assert "Rules under FSDP2 sharding" in page and "every rank writes its shard" in page
+    assert "checkpoint saved by rank 0 only under FSDP" in page and ">yes<" in page

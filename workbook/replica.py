@@ -89,9 +89,10 @@ class ReplicaSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise WorkbookError(f"unknown replica settings {unknown}", f"use {sorted(known)}")
+        shape = UpdateShape.from_dict(data.get("shape", {}))  # names unknown shape fields
         schemas.check(schemas.LaunchSpec, data, "--spec", "launch spec",
                       "give --spec with values of the right types")
-        spec = cls(**{**data, "shape": UpdateShape.from_dict(data.get("shape", {}))})
+        spec = cls(**{**data, "shape": shape})
         if spec.fault and spec.fault not in FAULTS:
             raise WorkbookError(f"unknown planted fault {spec.fault!r}", f"use {list(FAULTS)}")
         return spec
