@@ -137,14 +137,16 @@ def _shown(name: str, value) -> str:
 
 def run_and_predicted(summaries: dict) -> list[str]:
     """What ran here and what was only predicted, from 03's summary: the gates' shape on this
-    machine against the rented shape sized on fake tensors, and the models they belong to."""
+    machine against the rented shape sized on fake tensors, and - unless 08's conclusion says
+    it ("Sized for: ...") - the models they belong to."""
     gates = (summaries.get("03_phase_gates") or {}).get("figures", {})
     lines = []
     if gates.get("ran_at") and gates.get("plan"):
         lines.append(f"The gates ran {gates['ran_at']}; the rented shape {gates['plan']} was "
                      "predicted on fake tensors, not run.")
-    lines += [f"{line[0].upper()}{line[1:]}." for line in gates.get("models") or []
-              if len(gates.get("models")) > 1]
+    if not summaries.get("08_rental_plan"):
+        lines += [f"{line[0].upper()}{line[1:]}." for line in gates.get("models") or []
+                  if len(gates.get("models")) > 1]
     return lines
 
 
