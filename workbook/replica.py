@@ -484,18 +484,25 @@ def backend(device: str, world: int) -> str:
     return "gloo"
 
 
-def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
-                task: Task | None = None) -> None:
-    """The body of one process of a launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
+def join_launch(device_name: str, timeout_s: float) -> tuple[int, int, torch.device]:
+    """This process's rank, the world and its device (one GPU per local rank, shared when
+    there are fewer), with the process group joined (shared by the DDP and FSDP launches)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = spec.device.startswith("cuda")
+    cuda = device_name.startswith("cuda")
     gpus = torch.cuda.device_count() if cuda else 0
     device = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % max(gpus, 1)}"
                             if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend(spec.device, world),
-                            timeout=datetime.timedelta(seconds=spec.collective_timeout_s))
+    dist.init_process_group(backend(device_name, world),
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, world, device
+
+
+def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
+                task: Task | None = None) -> None:
+    """The body of one process of a launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
+    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
     try:
         audit = WriteAudit(out)
         result = _launch(spec, out, resume_from, task, rank, world, device, audit)

@@ -14,7 +14,6 @@ Verdicts are decided in `parallel`, in the notebook's process."""
 from __future__ import annotations
 
 import copy
-import datetime
 import io
 import os
 import shutil
@@ -35,7 +34,7 @@ from .data import Batch, Item, prepare
 from .errors import WorkbookError
 from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, rebased, storage_bytes
-from .replica import RESULT, WEIGHTS, backend, digest, gather, replica_updates
+from .replica import RESULT, WEIGHTS, digest, gather, join_launch, replica_updates
 from .runs import write_json
 from .task import Task, load_task
 from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
@@ -515,17 +514,7 @@ def load_sharded(path: Path, stepper: Stepper) -> dict[str, Any]:
 # --- the launches -----------------------------------------------------------------------------
 def run_sharded(spec: ShardedSpec, out: Path, resume_from: Path | None = None) -> None:
     """The body of one process of an FSDP launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
-    from .loop import resolve_device
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = spec.device.startswith("cuda")
-    gpus = torch.cuda.device_count() if cuda else 0
-    device = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % max(gpus, 1)}"
-                            if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend(spec.device, world),
-                            timeout=datetime.timedelta(seconds=spec.collective_timeout_s))
+    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
     try:
         audit = FileAudit(out)
         task = load_task(spec.task, **spec.task_options)
