@@ -459,7 +459,8 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) 
     model.train()
     optimizer = task.optimizer(model, cfg.lr)
     warmup = max(cfg.warmup_updates, 0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
+    scheduler = task.build_scheduler(optimizer) if task.build_scheduler else None
+    scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     scaler = torch.amp.GradScaler(device.type) if cfg.shape.precision == "fp16" else None
     return Stepper(task, model, optimizer, scheduler, device, cfg.shape.precision, cfg.grad_clip,

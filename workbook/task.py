@@ -154,6 +154,10 @@ class Task:
     )
     build_optimizer: Callable[[nn.Module, float], torch.optim.Optimizer] = adamw  # (model, lr)
     lr: float | None = None  # the task's own learning rate: notebooks whose `lr` is 0 use it
+    # the task's own learning-rate schedule: build_scheduler(optimizer) -> an object with
+    # step(), state_dict() and load_state_dict() (an LRScheduler), stepped after every update
+    # in place of the workbook's warm-up (`warmup_updates` is then unused); None: the warm-up
+    build_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
     id_key: str = "id"
     group_key: str = "group"
     model_inputs: tuple[str, ...] = ("input_ids", "attention_mask")

@@ -13,6 +13,7 @@ from ..errors import WorkbookError, reason
 from ..task import Task, contributes
 
 LABELS = "labels"
+SPLITS = ("train", "validation", "test")
 
 
 def _as_dict(item: Any, fields: Sequence[str] | None, where: str) -> dict[str, Any]:
@@ -60,44 +61,66 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
     tuples named by `fields`), the user's `collate_fn` (default: torch's `default_collate`),
     model factory and criterion (`reduction="mean"` or `"sum"`, as you train with it: the task's
     loss is its sum over targets with their number, so every batch is normalised over the whole
-    update). `group_of(index,
+    update). `dataset` may also be a dict of splits ({"train": ..., "validation": ...,
+    "test": ...}, a framework's own datasets); one dataset is split by group. `group_of(index,
     item)` names each example's group, the unit of leakage (default: the index - say what
     leaks: patient, document, source image). Classification labels are class ids; `label_names`
-    (default: the ids seen) name them. Other Task fields (`lr`, `build_optimizer`, `train_step`,
-    `save_state`, ...) pass through."""
-    if kind not in ("classification", "regression"):
-        raise WorkbookError(f"from_torch maps classification and regression, not {kind!r}",
-                            "build a generation task with workbook.Task (README 'Bring your "
-                            "own task')")
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-        raise WorkbookError(f"the dataset is a {type(dataset).__name__}, not a map-style "
-                            "Dataset (__len__ and __getitem__)",
-                            "pass a map-style dataset; wrap an iterable one in a list first")
+    (default: the ids seen) name them. Generation (token ids in, token ids as labels, -100
+    where nothing is learned) needs `decode` and takes `criterion=None` for the task's token
+    cross-entropy. Other Task fields (`lr`, `build_optimizer`, `train_step`, `save_state`,
+    ...) pass through."""
+    if kind not in ("classification", "regression", "generation"):
+        raise WorkbookError(f"from_torch maps classification, regression and generation, not "
+                            f"{kind!r}", "give kind='classification', 'regression' or "
+                            "'generation'")
+    if kind == "generation" and "decode" not in task_fields:
+        raise WorkbookError("a generation task needs decode (token ids -> text)",
+                            "pass decode=your_tokenizer.decode")
+    splits = dict(dataset) if isinstance(dataset, dict) else {None: dataset}
+    for split, data in splits.items():
+        if split not in (None, *SPLITS):
+            raise WorkbookError(f"the datasets are named {sorted(map(str, splits))}; "
+                                f"{split!r} is not a split", f"name them {list(SPLITS)}")
+        if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+            raise WorkbookError(f"the {split or ''} dataset is a {type(data).__name__}, not a "
+                                "map-style Dataset (__len__ and __getitem__)".replace("  ", " "),
+                                "pass a map-style dataset; wrap an iterable one in a list first")
+    if "train" in splits and not len(splits["train"]):
+        raise WorkbookError("the train dataset has no items", "pass the data you train on")
     collate = collate_fn or default_collate
-    each = _per_target(criterion)
+    each = _per_target(criterion) if criterion is not None or kind != "generation" else None
     weight = getattr(criterion, "weight", None) if isinstance(
         criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) else None
-    tuple_items = not isinstance(dataset[0], dict) if len(dataset) else False
+    index = [(split, i) for split, data in splits.items() for i in range(len(data))]
+    first_data = next(iter(splits.values()))
+    tuple_items = not isinstance(first_data[0], dict) if len(first_data) else False
+
+    def raw(i: int) -> Any:
+        split, j = index[i]
+        try:
+            return splits[split][j]
+        except Exception as exc:
+            raise WorkbookError(f"the {split or ''} dataset raised on item {j}: "
+                                f"{reason(exc)}".replace("  ", " "),
+                                "fix the dataset's __getitem__") from exc
 
     def item(i: int) -> dict[str, Any]:
-        try:
-            raw = dataset[i]
-        except Exception as exc:
-            raise WorkbookError(f"the dataset raised on item {i}: {reason(exc)}",
-                                "fix the dataset's __getitem__") from exc
-        out = _as_dict(raw, fields, f"dataset item {i}")
+        out = _as_dict(raw(i), fields, f"dataset item {i}")
         if LABELS not in out:
             raise WorkbookError(f"dataset item {i} has no 'labels' (keys {sorted(out)})",
                                 "name the labels 'labels' (fields=(..., 'labels') for tuples)")
         return {k: torch.as_tensor(v) for k, v in out.items()}
 
-    first = item(0) if len(dataset) else {}
+    first = item(0) if index else {}
     inputs = tuple(k for k in first if k != LABELS)
 
     def load() -> list[dict]:
         rows = []
-        for i in range(len(dataset)):
-            ex = {"id": i, "group": str(group_of(i, dataset[i]) if group_of else i)}
+        for i, (split, j) in enumerate(index):
+            ex = {"id": i, "group": str(group_of(j, raw(i)) if group_of else
+                                        (f"{split}-{j}" if split else i))}
+            if split:
+                ex["split"] = split
             if kind == "classification":
                 label = item(i)[LABELS]
                 if label.numel() != 1:
@@ -110,7 +133,7 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
 
     names = label_names
     if kind == "classification" and names is None:
-        seen = sorted({int(item(i)[LABELS]) for i in range(len(dataset))})
+        seen = sorted({int(item(i)[LABELS]) for i in range(len(index))})
         names = [str(c) for c in range(max(seen) + 1)] if seen else []
 
     def encoded(ex: dict) -> dict[str, Tensor]:
@@ -136,12 +159,16 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
         return losses.sum(), keep.sum()
 
     fields_given = dict(task_fields)
+    if each is not None:
+        fields_given["loss"] = loss
+    if None not in splits:
+        fields_given.setdefault("split_of", lambda ex: ex["split"])
     decode = fields_given.pop("decode", None) or (
         (lambda ids: ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{int(i)}?>"
                                for i in ids)) if kind == "classification"
         else (lambda values: ", ".join(f"{float(v):.3g}" for v in values)))
     return Task(name=name, kind=kind, load_examples=load, encode=encoded, collate=collated,
-                build_model=build_model, decode=decode, loss=loss, model_inputs=inputs,
+                build_model=build_model, decode=decode, model_inputs=inputs,
                 label_names=names if kind == "classification" else None,
                 label_field="label" if kind == "classification" else None,
                 **fields_given)
