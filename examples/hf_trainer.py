@@ -1,7 +1,8 @@
 """A Hugging Face Trainer setup piloted in one call: a word-level tokenizer built in memory (no
-download), the generation sample's conversations tokenized with `tokenizer(...)`, a tiny
-`LlamaForCausalLM` from its config, `DataCollatorForLanguageModeling(tokenizer, mlm=False)` and
-the Trainer's hyper-parameters - handed to `workbook.adapters.from_hf` as they are. Needs
+download), the generation sample's conversations tokenized with `tokenizer(...)` into in-memory
+`datasets.Dataset`s, a tiny `LlamaForCausalLM` from its config,
+`DataCollatorForLanguageModeling(tokenizer, mlm=False)` and `TrainingArguments` - handed to
+`workbook.adapters.from_hf` as they are. Needs
 `pip install -e .[hf]`.
 
     python -m workbook pilot --task examples.hf_trainer:task --smoke
@@ -12,8 +13,6 @@ of 1e-2: notebook 02 names the diverging learning rate).
 """
 
 from __future__ import annotations
-
-import types
 
 import workbook as wb
 from workbook.samples import DATA_DIR
@@ -44,9 +43,17 @@ class CopyCollator:
         return batch
 
 
-def make_task(conversations: int = 400, pad_in_labels: bool = False,
-              lr_typo: bool = False) -> wb.Task:
-    from transformers import DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM
+def trainer_pieces(conversations: int = 400, pad_in_labels: bool = False,
+                   lr_typo: bool = False) -> dict:
+    """What `transformers.Trainer(...)` receives: model_init, datasets, collator, tokenizer,
+    arguments (benchmarks/frameworks.py hands them to the Trainer itself)."""
+    from datasets import Dataset
+    from transformers import (
+        DataCollatorForLanguageModeling,
+        LlamaConfig,
+        LlamaForCausalLM,
+        TrainingArguments,
+    )
 
     rows = wb.read_jsonl(DATA_DIR / "generation.jsonl")[:conversations]
     texts = [f"{r['instruction']} {r['response']}" for r in rows]
@@ -61,13 +68,23 @@ def make_task(conversations: int = 400, pad_in_labels: bool = False,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id)
-    # what TrainingArguments holds (it needs `accelerate`; any object with these fields works)
-    args = types.SimpleNamespace(learning_rate=1e4 if lr_typo else 1e-2, weight_decay=0.01,
-                                 adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
+    args = TrainingArguments(output_dir="hf-trainer-out", learning_rate=1e4 if lr_typo else 1e-2,
+                             weight_decay=0.01, per_device_train_batch_size=8, report_to="none",
+                             use_cpu=True)
     collator = CopyCollator(tokenizer) if pad_in_labels else \
         DataCollatorForLanguageModeling(tokenizer, mlm=False)
-    return wb.adapters.from_hf(lambda: LlamaForCausalLM(config), train, evaluation, collator,
-                               tokenizer, args, name="hf-trainer", group_column="conversation")
+    return {"model_init": lambda: LlamaForCausalLM(config),
+            "train_dataset": Dataset.from_list(train), "eval_dataset": Dataset.from_list(
+                evaluation), "data_collator": collator, "processing_class": tokenizer,
+            "args": args}
+
+
+def make_task(conversations: int = 400, pad_in_labels: bool = False,
+              lr_typo: bool = False) -> wb.Task:
+    p = trainer_pieces(conversations, pad_in_labels, lr_typo)
+    return wb.adapters.from_hf(p["model_init"], p["train_dataset"], p["eval_dataset"],
+                               p["data_collator"], p["processing_class"], p["args"],
+                               name="hf-trainer", group_column="conversation")
 
 
 task = make_task

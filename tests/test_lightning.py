@@ -125,3 +125,16 @@ def test_a_training_step_without_loss_is_refused_with_the_fix():
     batch = task.collate([task.encode(ex) for ex in task.load_examples()[:2]])
     with pytest.raises(WorkbookError, match="training_step returns a dict without 'loss'"):
         task.train_step(model, task.optimizer(model, 0.1), [batch])
+
+
+def test_a_mean_step_off_only_on_a_final_partial_micro_batch_is_a_warning_not_a_finding():
+    from workbook import params
+    from workbook.accounting import run
+
+    result = run(params.of("04_batch_accounting", small=True, task=TASK,
+                           task_options={"conversations": 60}))
+    assert result.findings == [] and len(result.warnings) == 1, result.warnings
+    assert "final partial micro-batch" in result.warnings[0]
+    padded = run(params.of("04_batch_accounting", small=True, task=TASK,
+                           task_options={"conversations": 60, "padded_training": True}))
+    assert any("depends on how the update is split" in f for f in padded.findings)

@@ -474,8 +474,16 @@ def _update_check(expected_step: int, run: GateRun, before: dict, _) -> tuple[st
         problems.append(f"frozen parameters changed: {frozen_moved[:5]}")
     if steps and steps != {expected_step}:
         problems.append(f"optimizer step counter {sorted(steps)}, expected {expected_step}")
-    if not math.isclose(lr, run.settings.lr, rel_tol=1e-9):
-        problems.append(f"lr {lr} is not the scheduled {run.settings.lr}")
+    if run.task.build_scheduler is None:
+        scheduled, base = run.settings.lr, run.settings.lr
+    else:  # the task's own schedule: at its own rate now, from the lr this run asked for
+        scheduled = run.work.stepper.scheduler.get_last_lr()[0]
+        base = optimizer.param_groups[0].get("initial_lr", run.settings.lr)
+    if not math.isclose(lr, scheduled, rel_tol=1e-9):
+        problems.append(f"lr {lr} is not the scheduled {scheduled}")
+    if not math.isclose(base, run.settings.lr, rel_tol=1e-9):
+        problems.append(f"the task's schedule starts from lr {base}, not the {run.settings.lr} "
+                        "this run asked for")
     norm = float(run.work.state["grad_norm"])
     if not math.isfinite(norm):
         problems.append(f"gradient norm {norm}")
@@ -675,6 +683,22 @@ def display_table(report: GateReport) -> pd.DataFrame:
         out[col.replace("_bytes", "_mib")] = (t[col].astype(float) / 2**20).round(3)
     out["verdict"] = t.verdict
     return out
+
+
+def show_gates(report: GateReport) -> None:
+    """Notebook 03's full gate table for people, in two parts that fit beside JupyterLab's file
+    browser at 1280 px (one table of ten columns was cut at the right, its long detail squeezed
+    into rows 280 px tall): what each gate measured - memory in MiB, time in ms, headers in
+    words, no empty column - then its verdict and what it checked, the detail given the width."""
+    from IPython.display import display
+
+    from .report import human
+
+    t = report.table()
+    for columns in (["phase", "counter", "baseline_bytes", "peak_allocated_bytes",
+                     "peak_reserved_bytes", "rss_peak_bytes", "time_s"],
+                    ["phase", "verdict", "detail"]):
+        display(human(t[columns]).set_index("phase").rename_axis(None))
 
 
 @dataclass

@@ -242,8 +242,9 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         return tuple(rows[k] for k in (*inputs, LABELS)) if tuple_items else rows
 
     def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        module = getattr(model, "module", model)  # 09 passes it inside DistributedDataParallel
         opt, sched = _optimizer_and_schedule(_call("configure_optimizers",
-                                                   model.configure_optimizers))
+                                                   module.configure_optimizers))
         if lr != own_lr:
             _rescale(opt, sched, lr / own_lr)
         if sched is not None:
@@ -296,7 +297,7 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
     def save_state(folder: Any, objects: dict) -> None:
         model, opt, sched = objects["model"], objects["optimizer"], objects.get("scheduler")
         checkpoint = {"state_dict": model.state_dict(),
-                      "optimizer_states": [opt.state_dict()],
+                      "optimizer_states": [opt.state_dict()] if opt is not None else [],
                       "lr_schedulers": [sched.state_dict()] if sched is not None else []}
         _call("on_save_checkpoint", model.on_save_checkpoint, checkpoint)
         torch.save(checkpoint, Path(folder) / CHECKPOINT)
@@ -311,6 +312,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
                                 "tensors, numbers, strings, lists and dicts") from exc
         _call("on_load_checkpoint", model.on_load_checkpoint, checkpoint)
         model.load_state_dict(checkpoint["state_dict"])
+        if opt is None:  # a model-only restore (06 evaluates a saved trial)
+            return
         if not checkpoint.get("optimizer_states"):
             raise WorkbookError("the checkpoint holds no optimizer state after "
                                 "on_load_checkpoint (Lightning: 'Trying to restore optimizer "
