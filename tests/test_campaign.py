@@ -122,7 +122,8 @@ def _deep_decoder(layers: int, width: int = 64) -> torch.nn.Module:
     return TinyDecoder(VOCAB_SIZE, width, layers, 4, 256, 0.0)
 
 
-@pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("bf16", True)])
+@pytest.mark.parametrize("precision, checkpointing", [
+    ("fp32", False), pytest.param("bf16", True, marks=pytest.mark.slow)])
 def test_a_deep_campaign_model_is_sized_from_two_shallow_traces_to_the_byte(
         gen_task, gen_items, precision, checkpointing):
     deep = campaign.Deep(_deep_decoder, layers=7)

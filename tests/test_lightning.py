@@ -138,3 +138,12 @@ def test_a_mean_step_off_only_on_a_final_partial_micro_batch_is_a_warning_not_a_
     padded = run(params.of("04_batch_accounting", small=True, task=TASK,
                            task_options={"conversations": 60, "padded_training": True}))
     assert any("depends on how the update is split" in f for f in padded.findings)
+
+
+@pytest.mark.slow  # about 6 minutes each on 2 cores: the whole pilot, as the README runs it
+@pytest.mark.parametrize("task", [TASK, "examples.hf_trainer:task"])
+def test_each_framework_example_passes_all_nine_notebooks(task, tmp_path):
+    from workbook.pilot import run_pilot
+
+    _, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, progress=False)
+    assert index.verdict.tolist() == ["pass"] * 9, index[["notebook", "verdict", "error"]]

@@ -34,9 +34,16 @@ def compared_texts(nb: dict) -> list[tuple[int, str]]:
         if cell["cell_type"] != "code" or "NBVAL_IGNORE_OUTPUT" in source \
                 or "NBVAL_SKIP" in source:
             continue
-        for out in cell["outputs"]:
+        stream = None  # consecutive prints of one stream as one text (a loaded machine
+        for out in cell["outputs"]:  # flushes them in pieces; nbval coalesces them too)
             if out["output_type"] == "stream":
-                texts.append((i, "".join(out["text"])))
+                if stream == (i, out["name"]):
+                    texts[-1] = (i, texts[-1][1] + "".join(out["text"]))
+                else:
+                    texts.append((i, "".join(out["text"])))
+                stream = (i, out["name"])
+                continue
+            stream = None
             for key, value in out.get("data", {}).items():
                 if key.startswith("text/"):
                     texts.append((i, "".join(value)))
