@@ -6,6 +6,7 @@ download), the generation sample's conversations tokenized with `tokenizer(...)`
 `pip install -e .[hf]`.
 
     python -m workbook pilot --task examples.hf_trainer:task --smoke
+    python -m workbook pilot --task examples.hf_trainer:classifier --smoke   (a classifier)
 
 Planted bugs: `pad_in_labels=True` (a collator that copies input_ids into labels without masking
 the padding: notebook 01 names targets on padding), `lr_typo=True` (learning_rate 1e4 instead
@@ -88,3 +89,49 @@ def make_task(conversations: int = 400, pad_in_labels: bool = False,
 
 
 task = make_task
+
+
+def classifier_pieces(examples: int = 600) -> dict:
+    """A sequence classifier's Trainer pieces: the classification sample's texts tokenized,
+    `LlamaForSequenceClassification` with the sample's label names, `DataCollatorWithPadding`;
+    split by author (an author's posts share their words)."""
+    import json
+
+    from datasets import Dataset
+    from transformers import (
+        DataCollatorWithPadding,
+        LlamaConfig,
+        LlamaForSequenceClassification,
+        TrainingArguments,
+    )
+
+    rows = wb.read_jsonl(DATA_DIR / "classification.jsonl")[:examples]
+    label2id = json.loads((DATA_DIR / "classification_labels.json").read_text())
+    tokenizer = tokenizer_from([r["text"] for r in rows])
+    tokenized = [{**tokenizer(r["text"], truncation=True, max_length=32),
+                  "labels": label2id[r["label"]], "author": r["author"]} for r in rows]
+    train = [r for r in tokenized if int(r["author"][6:]) % 10 < 8]
+    evaluation = [r for r in tokenized if int(r["author"][6:]) % 10 >= 8]
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                         num_labels=len(label2id), label2id=label2id,
+                         id2label={i: name for name, i in label2id.items()})
+    args = TrainingArguments(output_dir="hf-classifier-out", learning_rate=3e-3,
+                             weight_decay=0.01, per_device_train_batch_size=8, report_to="none",
+                             use_cpu=True)
+    return {"model_init": lambda: LlamaForSequenceClassification(config),
+            "train_dataset": Dataset.from_list(train),
+            "eval_dataset": Dataset.from_list(evaluation),
+            "data_collator": DataCollatorWithPadding(tokenizer), "processing_class": tokenizer,
+            "args": args}
+
+
+def make_classifier(examples: int = 600) -> wb.Task:
+    p = classifier_pieces(examples)
+    return wb.adapters.from_hf(p["model_init"], p["train_dataset"], p["eval_dataset"],
+                               p["data_collator"], p["processing_class"], p["args"],
+                               name="hf-classifier", group_column="author")
+
+
+classifier = make_classifier

@@ -158,3 +158,14 @@ def test_what_from_hf_cannot_map_is_refused_naming_the_piece():
     with pytest.raises(WorkbookError, match="returns no labels"):
         wb.adapters.from_hf(llama, [{"input_ids": [1, 2]}], [{"input_ids": [1]}],
                             lambda rows: {"input_ids": torch.tensor([[1, 2]])}, None, name="x")
+
+
+def test_a_sequence_classifier_reads_its_label_names_from_the_config_and_passes_01():
+    pytest.importorskip("transformers")
+    from examples.hf_trainer import make_classifier
+
+    task = make_classifier(examples=200)
+    assert (task.kind, task.label_names[0]) == ("classification", "cooking")
+    batch = task.collate([task.encode(ex) for ex in task.load_examples()[:3]])
+    assert batch["labels"].shape == (3,) and task.decode([0, 4]) == "cooking, weather"
+    assert inspect_task(task).verdict == "pass"

@@ -137,12 +137,16 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         fields["build_optimizer"] = adamw
     fields.update(task_fields)
     first = collated([encode({"split": "train", "index": 0})])
+    def decode(ids) -> str:  # token ids, or a classifier's class ids, for people
+        if kind == "generation":
+            return tokenizer.decode([int(i) for i in ids if int(i) >= 0])
+        return ", ".join(label_names[int(i)] if 0 <= int(i) < len(label_names)
+                         else f"<{int(i)}?>" for i in ids)
+
+    shown = {"decode": decode, "decode_input": lambda ids: tokenizer.decode([int(i) for i in ids])}
     generation = {"label_shift": shift, "padding_side": tokenizer.padding_side,
-                  "prompt_in_loss": task_fields.get("prompt_field") is None,
-                  "decode_input": lambda ids: tokenizer.decode(ids)} \
+                  "prompt_in_loss": task_fields.get("prompt_field") is None} \
         if kind == "generation" else {"label_names": label_names, "label_field": "label"}
     return Task(name=name, kind=kind, load_examples=load, encode=encode, collate=collated,
-                build_model=model_factory,
-                decode=lambda ids: tokenizer.decode([int(i) for i in ids if int(i) >= 0]),
-                model_inputs=tuple(k for k in INPUTS if k in first),
-                split_of=lambda ex: ex["split"], **{**generation, **fields})
+                build_model=model_factory, model_inputs=tuple(k for k in INPUTS if k in first),
+                split_of=lambda ex: ex["split"], **{**shown, **generation, **fields})
