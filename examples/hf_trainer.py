@@ -23,7 +23,7 @@ def tokenizer_from(texts: list[str]):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = sorted({w for t in texts for w in t.split()})
+    words = sorted({w for t in texts for w in t.split()} - {"<pad>", "<unk>", "<eos>"})
     vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "<eos>", *words])}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -135,3 +135,62 @@ def make_classifier(examples: int = 600) -> wb.Task:
 
 
 classifier = make_classifier
+
+
+ANSWER = "### Answer:"
+
+
+class CompletionOnlyCollator:
+    """Supervised fine-tuning as TRL's completion-only collator does it: the language-modelling
+    collator's labels, -100 up to and including the response template (the prompt)."""
+
+    def __init__(self, tokenizer, response_template: str = ANSWER):
+        from transformers import DataCollatorForLanguageModeling
+
+        self.lm = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+        self.marker = tokenizer(response_template, add_special_tokens=False)["input_ids"]
+
+    def __call__(self, rows):
+        batch = self.lm(rows)
+        for b, ids in enumerate(batch["input_ids"].tolist()):
+            k = len(self.marker)
+            ends = [i + k for i in range(len(ids) - k + 1) if ids[i:i + k] == self.marker]
+            batch["labels"][b, : ends[0] if ends else len(ids)] = -100
+        return batch
+
+
+def make_sft(conversations: int = 400, prompt_in_labels: bool = False) -> wb.Task:
+    """Supervised fine-tuning: "instruction ### Answer: response" rows, the prompt masked by
+    CompletionOnlyCollator. The pilot finds the prompt by the same `response_template`, so 01
+    checks the masking the collator really does. Planted: `prompt_in_labels` (the plain
+    language-modelling collator: the prompt is trained on; 01 names it)."""
+    from datasets import Dataset
+    from transformers import (
+        DataCollatorForLanguageModeling,
+        LlamaConfig,
+        LlamaForCausalLM,
+        TrainingArguments,
+    )
+
+    rows = wb.read_jsonl(DATA_DIR / "generation.jsonl")[:conversations]
+    texts = [f"{r['instruction']} {ANSWER} {r['response']}" for r in rows]
+    tokenizer = tokenizer_from(texts)
+    tokenized = [{**tokenizer(t + " <eos>", truncation=True, max_length=48),
+                  "conversation": r["conversation"]} for t, r in zip(texts, rows, strict=True)]
+    train = [r for r in tokenized if int(r["conversation"][4:]) % 10 < 8]
+    evaluation = [r for r in tokenized if int(r["conversation"][4:]) % 10 >= 8]
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    args = TrainingArguments(output_dir="hf-sft-out", learning_rate=1e-2, weight_decay=0.01,
+                             report_to="none", use_cpu=True)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False) if prompt_in_labels \
+        else CompletionOnlyCollator(tokenizer)
+    return wb.adapters.from_hf(lambda: LlamaForCausalLM(config), Dataset.from_list(train),
+                               Dataset.from_list(evaluation), collator, tokenizer, args,
+                               name="hf-sft", group_column="conversation",
+                               response_template=ANSWER)
+
+
+sft = make_sft

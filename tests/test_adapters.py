@@ -169,3 +169,36 @@ def test_a_sequence_classifier_reads_its_label_names_from_the_config_and_passes_
     batch = task.collate([task.encode(ex) for ex in task.load_examples()[:3]])
     assert batch["labels"].shape == (3,) and task.decode([0, 4]) == "cooking, weather"
     assert inspect_task(task).verdict == "pass"
+
+
+def test_a_completion_only_collator_is_checked_against_the_response_template():
+    pytest.importorskip("transformers")
+    from examples.hf_trainer import make_sft
+
+    clean = make_sft(conversations=120)
+    assert not clean.prompt_in_loss
+    one = clean.encode(clean.load_examples()[0])
+    assert int(one["prompt_mask"].sum()) == 4 and not (one["labels"][one["prompt_mask"]]
+                                                      != -100).any()
+    assert inspect_task(clean).verdict == "pass"
+    flags = {f.check for f in inspect_task(make_sft(conversations=120,
+                                                    prompt_in_labels=True)).flags}
+    assert "loss on prompt" in flags
+
+
+def test_the_prompt_of_a_chat_row_comes_from_the_chat_template():
+    pytest.importorskip("transformers")
+    from examples.hf_trainer import tokenizer_from
+    from workbook.adapters.hf import _prompts
+
+    tokenizer = tokenizer_from(["user: assistant: repeat: x x"])
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} "
+                               "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    messages = [{"role": "user", "content": "repeat: x"},
+                {"role": "assistant", "content": "x x"}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=True)
+    ids = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    row = {"input_ids": ids, "messages": messages}
+    assert _prompts(tokenizer, None, row)(row) == 4  # user: repeat: x assistant:
+    assert _prompts(tokenizer, "assistant:", row)(row) == 4
+    assert _prompts(tokenizer, None, {"input_ids": ids}) is None  # no messages: no segmentation

@@ -343,8 +343,6 @@ def validate_task(task: Any, path: str = "task") -> Task:
     if task.kind == "classification" and not task.label_field:
         problems.append("`label_field` (raw field with the class name) is required for "
                         "classification")
-    if task.kind == "generation" and not task.prompt_in_loss and not task.prompt_field:
-        problems.append("`prompt_field` is required when prompt tokens are excluded from the loss")
     fr = task.split_fractions
     if len(fr) != 3 or any(f < 0 for f in fr) or not math.isclose(sum(fr), 1.0):
         problems.append(f"`split_fractions` must be three non-negative shares summing to 1, "

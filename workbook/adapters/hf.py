@@ -15,6 +15,7 @@ from ..task import IGNORE_INDEX, Task, adamw
 
 SPLITS = ("train", "validation", "test")
 INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
+PROMPT = "prompt_mask"  # True on a row's prompt tokens (labels aligned with input_ids)
 
 
 def _kind(model: nn.Module) -> tuple[str, int]:
@@ -46,10 +47,41 @@ def _rows(dataset: Any, split: str) -> Any:
     return dataset
 
 
+def _prompts(tokenizer: Any, response_template: str | None,
+             first: dict) -> Callable[[dict], int] | None:
+    """How many leading tokens of a row are its prompt: up to and including the first
+    `response_template`, or the chat template's rendering of every message but the last with
+    the generation prompt; 0 where it is not found (a completion-only collator then masks the
+    whole row, which 01 names as an example without targets)."""
+    if response_template is not None:
+        marker = tokenizer(response_template, add_special_tokens=False)["input_ids"]
+        if not marker:
+            raise WorkbookError(f"the response template {response_template!r} tokenizes to "
+                                "nothing", "give the text that starts every answer")
+
+        def after_marker(row: dict) -> int:
+            ids = list(row["input_ids"])
+            for i in range(len(ids) - len(marker) + 1):
+                if ids[i:i + len(marker)] == marker:
+                    return i + len(marker)
+            return 0
+        return after_marker
+    if "messages" in first and getattr(tokenizer, "chat_template", None):
+        def chat_prompt(row: dict) -> int:
+            rendered = tokenizer.apply_chat_template(
+                row["messages"][:-1], add_generation_prompt=True, tokenize=True)
+            prefix = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+            ids = list(row["input_ids"])
+            return len(prefix) if ids[:len(prefix)] == prefix else 0
+        return chat_prompt
+    return None
+
+
 def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dataset: Any,
             data_collator: Callable, tokenizer: Any, args: Any = None, *, name: str,
             test_dataset: Any = None, group_column: str | None = None,
-            label_column: str = "labels", **task_fields: Any) -> Task:
+            label_column: str = "labels", response_template: str | None = None,
+            **task_fields: Any) -> Task:
     """A Task over tokenized rows (dicts with input_ids; a `datasets.Dataset` or a list), the
     user's `data_collator` and `tokenizer` (decoding, padding side), `args` (a
     `TrainingArguments` or any object with `learning_rate`, `weight_decay`, `adam_beta1/2`,
@@ -57,7 +89,12 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     convention (labels aligned with input_ids, `label_shift=1`; its loss is the model's own,
     summed over the targets of the whole update as `num_items_in_batch` does); a sequence
     classifier reads `label_column` and the model config's `id2label`. `group_column` names
-    the unit of leakage (default: each row its own group). Other Task fields pass through."""
+    the unit of leakage (default: each row its own group). The prompt of a causal LM's row is
+    found by `response_template` (the text that starts the answer, as a completion-only
+    collator finds it) or, for rows with a `messages` column, by the tokenizer's chat template
+    (every message but the last, with the generation prompt): 01 then checks the collator
+    keeps it out of the loss (`prompt_in_loss=True` says it should be in). Other Task fields
+    pass through."""
     try:
         with torch.device("meta"):
             probe = model_factory()
@@ -76,6 +113,8 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         if kind == "classification" else None
 
     own_labels = label_column in data["train"][0]  # else the collator makes them
+    prompt_of = _prompts(tokenizer, response_template, data["train"][0]) \
+        if kind == "generation" else None
 
     def tensors(row: dict) -> dict[str, torch.Tensor]:
         return {k: torch.as_tensor(v) for k, v in row.items()
@@ -84,7 +123,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     def collated(rows: list[dict]) -> dict[str, torch.Tensor]:
         # the rows as the dataset holds them: labels made by encode (from the collator) stay out
         given = [{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in r.items()
-                  if k != "labels" or own_labels} for r in rows]
+                  if (k != "labels" or own_labels) and k != PROMPT} for r in rows]
         try:
             out = dict(data_collator(given))
         except Exception as exc:
@@ -102,14 +141,28 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                                 f"{sorted(out)})", "use a collator that makes labels "
                                 "(DataCollatorForLanguageModeling(tokenizer, mlm=False) for a "
                                 "causal LM) or give the rows a labels column")
-        return {k: torch.as_tensor(v) for k, v in out.items()}
+        out = {k: torch.as_tensor(v) for k, v in out.items()}
+        if rows and all(PROMPT in r for r in rows):  # padded as the collator padded input_ids
+            width = out["input_ids"].shape[1]
+            mask = torch.zeros(len(rows), width, dtype=torch.bool)
+            for b, r in enumerate(rows):
+                n = min(len(r[PROMPT]), width)
+                if tokenizer.padding_side == "left":
+                    mask[b, width - n:] = r[PROMPT][-n:] if n else False
+                else:
+                    mask[b, :n] = r[PROMPT][:n]
+            out[PROMPT] = mask
+        return out
 
     def encode(ex: dict) -> dict[str, torch.Tensor]:
-        one = tensors(data[ex["split"]][ex["index"]])
+        row = data[ex["split"]][ex["index"]]
+        one = tensors(row)
         if "labels" not in one and label_column not in one:  # the collator's labels, one row
             one["labels"] = collated([one])["labels"][0]
         if label_column in one and label_column != "labels":
             one["labels"] = one.pop(label_column)
+        if prompt_of is not None:
+            one[PROMPT] = torch.arange(len(one["input_ids"])) < prompt_of(row)
         return one
 
     def load() -> list[dict]:
@@ -145,7 +198,8 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
 
     shown = {"decode": decode, "decode_input": lambda ids: tokenizer.decode([int(i) for i in ids])}
     generation = {"label_shift": shift, "padding_side": tokenizer.padding_side,
-                  "prompt_in_loss": task_fields.get("prompt_field") is None} \
+                  "prompt_in_loss": prompt_of is None and task_fields.get("prompt_field")
+                  is None} \
         if kind == "generation" else {"label_names": label_names, "label_field": "label"}
     return Task(name=name, kind=kind, load_examples=load, encode=encode, collate=collated,
                 build_model=model_factory, model_inputs=tuple(k for k in INPUTS if k in first),
