@@ -367,3 +367,167 @@ def test_the_sharded_default_keeps_the_first_candidates_update():
     shape = extra.plan.shape
     assert extra.kind == "fsdp" and extra.world is None and shape.activation_checkpointing
     assert shape.micro_batch * shape.accumulation == 32 and shape.micro_batch == 2
+
+
+# --- a decision that cannot contradict itself (planted sheets and summaries) ---------------
+def _sheet_row(cand, gpu, price, fits=True, hours=0.1, floored=True, gpus=1,
+               strategy="single device"):
+    update_s = 0.005 if floored else 0.05
+    return {"candidate": cand, "gpu": gpu, "gpu_memory_gib": 80, "precision": "bf16",
+            "micro_batch": 16, "accumulation": 2, "strategy": strategy, "gpus": gpus,
+            "fits": fits, "predicted_peak_gib": 1.0, "required_gib": 1.4,
+            "headroom_gib": 20.0, "time_per_update_s": update_s, "time_floored": floored,
+            "budget_hours": hours, "gpu_hours": hours * gpus, "price_per_hour": price,
+            "cost": round(hours * gpus * price, 2), "currency": "USD", "note": "",
+            "expected": "the rate the study supports, at campaign scale"}
+
+
+def _sheet(floored=True, hours=0.1):
+    # "cheap" costs less per hour; "planned" is the GPU planned on
+    return pd.DataFrame([_sheet_row("control", "cheap", 0.8, floored=floored, hours=hours),
+                         _sheet_row("control", "planned", 2.2, floored=floored,
+                                    hours=hours if floored else hours / 2)])
+
+
+VARIANTS = [{"name": "control", "priority": 1, "candidate": "control", "repeats": 3,
+             "lr": "control"},
+            {"name": "best study lr", "priority": 2, "candidate": "control", "repeats": 3,
+             "lr": "study"}]
+NO_STACK = pd.DataFrame(columns=["item", "here", "verified", "on the rental"])
+
+
+def _study(run_dir, warnings=(), best_lr=2e-4):
+    (run_dir / "06_lr_study").mkdir(parents=True, exist_ok=True)
+    (run_dir / "06_lr_study" / "summary.json").write_text(json.dumps({
+        "verdict": "pass", "figures": {
+            "metric": "loss", "best_metric": 2.95, "best_lr": best_lr, "best_trial": 3,
+            "control_lr": 1e-4, "control_remains_best": best_lr == 1e-4, "trials": 3,
+            "statuses": {"finished": 3}, "seeds": 1, "warnings": list(warnings),
+            "conclusive": not warnings, "supported_lr": best_lr}}))
+
+
+def _decide(run_dir, sheet, rental_gpu, variants=VARIANTS):
+    options, chosen = cheapest(sheet, rental_gpu), choose(sheet, rental_gpu)
+    study = rental.study_result(run_dir)
+    planned = rental.planned_variants(variants, sheet, {}, study)
+    plans = pd.concat([pack(planned, sheet, g, d, 0.2, role)
+                       for g, role in rental.priced_gpus(chosen, options, rental_gpu)
+                       for d in (3, 7, 30)], ignore_index=True)
+    return plans, conclusion(run_dir, chosen, rental_gpu, plans, NO_STACK, options,
+                             study=study)
+
+
+def test_plans_are_priced_on_the_recommended_gpu_and_on_the_planned_one_saying_which(
+        tmp_path):
+    _study(tmp_path)
+    plans, text = _decide(tmp_path, _sheet(), "planned")
+    assert "**Rent a cheap** for candidate **control**" in text
+    assert set(zip(plans.gpu, plans.priced_on, strict=True)) == {("cheap", "recommended"),
+                                                                  ("planned", "planned on")}
+    cheap = plans[plans.gpu == "cheap"]
+    assert cheap.cost.tolist() == [0.24, 0.24] * 3, "priced at the recommended GPU's price"
+    assert "plans on the cheap (recommended):" in text
+    assert "plans on the planned (the GPU you planned on):" in text
+    assert text.index("on the cheap (recommended)") < text.index("on the planned (the GPU")
+    # the clean twin: planned on the GPU the decision recommends - one set of plans
+    plans, text = _decide(tmp_path, _sheet(), "cheap")
+    assert set(zip(plans.gpu, plans.priced_on, strict=True)) == {
+        ("cheap", "recommended and planned on")}
+    assert "on the cheap (recommended; the GPU you planned on)" in text
+    assert "on the planned" not in text and len(plans) == 6
+
+
+def test_a_budget_that_fits_in_hours_says_so_and_a_long_one_does_not(tmp_path):
+    plans, text = _decide(tmp_path, _sheet(hours=0.1), "cheap")
+    assert "- 3, 7 and 30-day plans on the cheap (recommended; the GPU you planned on): all " \
+        "the same - every variant (control x3, best study lr x3) fits in 3 days: 0.6 h, " \
+        "USD 0.48 in all. The whole budget takes 0.6 h (36 minutes), under an hour: rent by " \
+        "the hour, not by the day." in text
+    big = pd.concat([_sheet(), pd.DataFrame([_sheet_row("big", "cheap", 0.8, fits=False)])])
+    _, text = _decide(tmp_path, big, "cheap", [*VARIANTS, {"name": "big", "priority": 3,
+                                                           "candidate": "big"}])
+    assert "fit in 3 days: 0.6 h, USD 0.48 in all; not scheduled in any: big (does not fit " \
+        "the GPU's memory). The whole budget takes 0.6 h (36 minutes), under an hour" in text
+    plans, text = _decide(tmp_path, _sheet(hours=10.0), "cheap")  # 60 h of 57.6 usable
+    assert "rent by the hour" not in text and "all the same" not in text
+    assert "- 3-day plan on the cheap (recommended; the GPU you planned on): 1 of 2 variants " \
+        "scheduled" in text and "- 7-day plan" in text and "- 30-day plan" in text
+
+
+def test_when_every_time_is_floored_the_cheapest_gpu_is_by_price_alone(tmp_path):
+    _, text = _decide(tmp_path, _sheet(floored=True), "planned")
+    assert "cheap fits with 20.0 GiB to spare and costs 2.8x less than planned for this " \
+        "budget; by price alone: every GPU's time per update is the 5 ms launch floor" in text
+    assert "cannot tell the GPUs' speeds apart" in text
+    _, text = _decide(tmp_path, _sheet(floored=False), "planned")  # a real speed difference
+    assert "by price alone" not in text and "launch floor" not in text
+    assert "costs 1.4x less than planned for this budget." in text
+
+
+def test_the_decision_plans_the_rate_the_study_supports_and_carries_its_warnings(tmp_path):
+    edge = ("the best lr 0.0002 is the largest tried (5e-05, 0.0001, 0.0002): a larger one "
+            "may be better - extend the range upward")
+    _study(tmp_path, [edge])
+    plans, text = _decide(tmp_path, _sheet(), "cheap")
+    assert f"**Learning rate: 0.0002 for now**, the best of notebook 06's study, which beat " \
+        f"the control (lr 0.0001) on one seed - provisional: {edge}." in text
+    assert "one seed (no spread)" in text and "1 warning: see the learning rate above" in text
+    assert text.count("extend the range upward") == 1
+    rows = plans[plans.days == 3].set_index("variant")
+    assert rows.loc["best study lr", "lr"] == 2e-4 and rows.loc["control", "lr"] == 1e-4
+    assert rows.loc["best study lr", "lr_from"] == "06's best, provisional"
+    assert "best study lr at lr 0.0002 x3" in text and "control at lr 0.0001 x3" in text
+    # the clean twin: the best inside the grid, nothing to warn of
+    _study(tmp_path, [])
+    plans, text = _decide(tmp_path, _sheet(), "cheap")
+    assert "**Learning rate: 0.0002**, the best of notebook 06's study, which beat the control" \
+        in text and "provisional" not in text and "extend the range" not in text
+    assert plans.set_index("variant").lr_from.loc["best study lr"].iloc[0] == "06's best"
+    _study(tmp_path, [], best_lr=1e-4)
+    _, text = _decide(tmp_path, _sheet(), "cheap")
+    assert "**Learning rate: 0.0001**, the control: notebook 06's study found no better rate" \
+        in text
+
+
+def test_without_the_study_the_decision_says_no_rate_was_chosen(tmp_path):
+    plans, text = _decide(tmp_path, _sheet(), "cheap")
+    assert "**Learning rate: not chosen by a study** - notebook 06 did not run in this run " \
+        "folder: run it before the campaign." in text
+    assert "Learning-rate study:" not in text
+    assert plans.lr.isna().all() and (plans.lr_from == "none: 06 did not run").all()
+    (tmp_path / "06_lr_study").mkdir()
+    (tmp_path / "06_lr_study" / "summary.json").write_text(json.dumps({
+        "verdict": "fail", "figures": {"metric": "loss", "best_metric": None, "best_lr": None,
+                                       "control_lr": 1e-4, "trials": 1,
+                                       "statuses": {"diverged": 1},
+                                       "finding": "every learning rate tried diverged (1000)"}}))
+    _, text = _decide(tmp_path, _sheet(), "cheap")
+    assert "**Learning rate: not chosen** - notebook 06's study is inconclusive: every " \
+        "learning rate tried diverged (1000)." in text
+
+
+def test_variants_of_a_candidate_that_fits_no_single_gpu_are_planned_sharded():
+    sheet = pd.DataFrame([
+        _sheet_row("control", "g", 2.0, fits=False),
+        _sheet_row("other", "g", 2.0, fits=False),
+        _sheet_row("sharded", "g", 2.0, gpus=4, strategy="FSDP2 full sharding x4")])
+    variants = [{"name": "control", "priority": 1, "candidate": "control"},
+                {"name": "other", "priority": 2, "candidate": "other"}]
+    planned = rental.planned_variants(variants, sheet, {"control": "sharded"},
+                                      rental.study_result("/nonexistent"))
+    plan = pack(planned, sheet, "g", 3, 0.2, "recommended").set_index("variant")
+    assert plan.loc["control", "candidate"] == "sharded" and plan.loc["control", "scheduled"]
+    assert plan.loc["control", "gpus"] == 4 and plan.loc["control", "strategy"].startswith(
+        "FSDP2")
+    assert plan.loc["control", "planned_as"] == ("candidate control fits no single GPU: its "
+                                                 "update sharded (candidate sharded)")
+    assert not plan.loc["other", "scheduled"] and plan.loc["other", "planned_as"] == "", \
+        "no sharded candidate trains its update"
+    lines = rental.plan_lines(pd.concat([pack(planned, sheet, "g", d, 0.2, "recommended")
+                                         for d in (3, 7, 30)]), "g", "USD")
+    assert lines[-1] == ("- control: its candidate fits no single GPU, so it is planned on "
+                         "candidate sharded, the same update sharded.")
+    # the clean twin: a candidate that fits one GPU keeps its own plan
+    fits = sheet.assign(fits=True)
+    planned = rental.planned_variants(variants, fits, {"control": "sharded"}, {})
+    assert [v["candidate"] for v in planned] == ["control", "other"]

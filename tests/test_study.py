@@ -184,3 +184,101 @@ def test_killing_a_trial_leaves_finished_rows_and_marks_it_interrupted(tmp_path)
 
     verify(tmp_path / "s" / best)  # the best recorded checkpoint is complete
     assert len(reopened.curves().query(f"trial == {finished}")) == 300
+
+
+# --- what the study supports: warnings and spreads, on planted trial tables ----------------
+def _trials(rows):
+    """A trial table as `Study.trial_table` gives it, from (lr, seed, best_metric, best_step)
+    rows: every trial finished at update 20 (evaluations every 5)."""
+    import pandas as pd
+
+    return pd.DataFrame([{"id": i + 1, "lr": lr, "seed": seed, "status": "finished",
+                          "stop_step": 20, "best_step": step, "best_metric": metric}
+                         for i, (lr, seed, metric, step) in enumerate(rows)])
+
+
+GRID = [1e-4, 5e-5, 2e-4]  # the control first
+
+
+@pytest.mark.parametrize("best_lr, edge, words", [
+    (2e-4, "upward", "the best lr 0.0002 is the largest tried (5e-05, 0.0001, 0.0002): a "
+                     "larger one may be better - extend the range upward"),
+    (5e-5, "downward", "the best lr 5e-05 is the smallest tried (5e-05, 0.0001, 0.0002): a "
+                       "smaller one may be better - extend the range downward"),
+])
+def test_a_best_lr_at_the_edge_of_the_grid_is_a_warning(best_lr, edge, words):
+    from workbook.study import findings
+
+    losses = {lr: 2.0 if lr == best_lr else 3.0 for lr in GRID}
+    found = findings(_trials([(lr, 0, losses[lr], 10) for lr in GRID]),
+                     plan(lrs=GRID, metric="loss"))
+    assert found["best_lr"] == best_lr and found["best_at_edge"] == edge
+    assert found["warnings"] == [words] and not found["conclusive"]
+    assert f"provisional - {words}" in found["finding"]
+    assert found["supported_lr"] == best_lr, "still the rate to plan on, for now"
+
+
+def test_a_best_lr_inside_the_grid_and_done_improving_warns_of_nothing():
+    from workbook.study import findings
+
+    losses = {1e-4: 2.0, 5e-5: 3.0, 2e-4: 2.5}  # the control wins, in the middle of the grid
+    found = findings(_trials([(lr, 0, losses[lr], 10) for lr in GRID]),
+                     plan(lrs=GRID, metric="loss"))
+    assert found["warnings"] == [] and found["conclusive"] and found["best_at_edge"] == ""
+    assert found["still_improving"] == [] and found["control_remains_best"]
+    assert found["finding"].startswith("the control (lr 0.0001) remains the best choice")
+    assert "provisional" not in found["finding"] and "extend" not in found["finding"]
+
+
+def test_a_best_trial_still_improving_at_its_last_update_is_a_warning():
+    from workbook.study import findings
+
+    design = plan(lrs=GRID, metric="loss")
+    middle = {1e-4: 2.0, 5e-5: 3.0, 2e-4: 2.5}
+    improving = findings(_trials([(lr, 0, middle[lr], 20) for lr in GRID]), design)
+    assert improving["still_improving"] == [1, 2, 3]
+    assert improving["warnings"] == ["every trial (3 of 3) was still improving at its last "
+                                     "update (20 of 20): the budget is too short to call a "
+                                     "winner - lengthen it"]
+    best_only = findings(_trials([(lr, 0, middle[lr], 20 if lr == 1e-4 else 10)
+                                  for lr in GRID]), design)
+    assert best_only["warnings"][0].startswith("the best trial (1) was still improving")
+    others = findings(_trials([(lr, 0, middle[lr], 10 if lr == 1e-4 else 20)
+                               for lr in GRID]), design)
+    assert others["warnings"] == [] and others["conclusive"], "only the best one's trend counts"
+    one_eval = findings(_trials([(lr, 0, middle[lr], 20) for lr in GRID]),
+                        plan(lrs=GRID, metric="loss", eval_every=20))
+    assert one_eval["warnings"] == [], "a single evaluation shows no trend"
+
+
+def test_one_seed_has_no_spread_and_two_seeds_have_one():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from types import SimpleNamespace
+
+    from workbook.study import findings, lr_figure, lr_summary
+
+    middle = {1e-4: 2.0, 5e-5: 3.0, 2e-4: 2.5}
+    one = _trials([(lr, 0, middle[lr], 10) for lr in GRID])
+    summary = lr_summary(one)
+    assert not {"best_std", "best_min", "best_max"} & set(summary.columns)
+    assert summary.seeds_with_value.tolist() == [1, 1, 1]
+    found = findings(one, plan(lrs=GRID, metric="loss"))
+    assert "on one seed, so no spread" in found["finding"] and found["seeds"] == 1
+    two = _trials([(lr, s, middle[lr] + 0.1 * s, 10) for lr in GRID for s in (0, 1)])
+    spread = lr_summary(two).set_index("lr")
+    assert spread.loc[1e-4, "best_std"] == pytest.approx(0.0707, abs=1e-4)
+    assert "on 2 seeds" in findings(two, plan(lrs=GRID, seeds=[0, 1], metric="loss"))["finding"]
+
+    def legend(trials, seeds):
+        fake = SimpleNamespace(lr_summary=lambda: lr_summary(trials), trial_table=lambda: trials,
+                               design=plan(lrs=GRID, seeds=seeds, metric="loss"))
+        fig = lr_figure(fake)
+        ax = fig.axes[0]
+        return [t.get_text() for t in ax.get_legend().get_texts()], ax.get_title()
+
+    labels, title = legend(one, [0])
+    assert "mean +/- std" not in labels and "each seed" in labels and "one seed" in title
+    labels, title = legend(two, [0, 1])
+    assert "mean +/- std" in labels and "one seed" not in title

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import json
 import math
 import sys
 from dataclasses import dataclass, field, replace
@@ -474,9 +475,11 @@ def task_imports(module_name: str) -> list[tuple[str, str | None, str | None]]:
 
 
 def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
-         reserve_share: float) -> pd.DataFrame:
-    """Variants by priority into `days` of one rental, keeping `reserve_share` of the time for
-    evaluation, export and the unexpected. What does not fit is listed, not dropped."""
+         reserve_share: float, priced_on: str = "") -> pd.DataFrame:
+    """Variants by priority into `days` of one rental of `gpu_name`, keeping `reserve_share` of
+    the time for evaluation, export and the unexpected. What does not fit is listed, not
+    dropped. `priced_on` says what the GPU is to the decision ("recommended", "planned on");
+    a variant's `lr`/`lr_from` and `planned_as` (`planned_variants`) are carried over."""
     usable = days * 24 * (1 - reserve_share)
     rows, clock = [], 0.0
     if not variants:
@@ -492,8 +495,12 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
         hours = 0.0 if pd.isna(row.budget_hours) else row.budget_hours * repeats
         fits = bool(row.fits) and clock + hours <= usable
         cost = row.get("cost")
-        rows.append({"days": days, "priority": v["priority"], "variant": v["name"],
-                     "candidate": v["candidate"], "gpu": gpu_name, "repeats": repeats,
+        lr = v.get("lr")
+        rows.append({"days": days, "priced_on": priced_on, "priority": v["priority"],
+                     "variant": v["name"], "candidate": v["candidate"], "gpu": gpu_name,
+                     "gpus": _plain(row.get("gpus")), "strategy": row.get("strategy"),
+                     "lr": float(lr) if isinstance(lr, (int, float)) else None,
+                     "lr_from": v.get("lr_from", ""), "repeats": repeats,
                      "hours": round(hours, 3), "cost": None if pd.isna(cost) else
                      round(float(cost) * repeats, 2),
                      "start_hour": round(clock, 3) if fits else None,
@@ -503,14 +510,86 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
                          row.get("note") if not sized(row) else
                          "does not fit the GPU's memory" if not row.fits else
                          f"needs {hours:.1f} h, {usable - clock:.1f} h of the {usable:.0f} "
-                         "usable hours left")})
+                         "usable hours left"),
+                     "planned_as": v.get("planned_as", "")})
         if fits:
             clock += hours
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=PLAN_COLUMNS)
 
 
-PLAN_COLUMNS = ["days", "priority", "variant", "candidate", "gpu", "repeats", "hours", "cost",
-                "start_hour", "end_hour", "scheduled", "why_not"]
+PLAN_COLUMNS = ["days", "priced_on", "priority", "variant", "candidate", "gpu", "gpus",
+                "strategy", "lr", "lr_from", "repeats", "hours", "cost", "start_hour",
+                "end_hour", "scheduled", "why_not", "planned_as"]
+
+# what a plan's GPU is to the decision, in the words of the conclusion
+RECOMMENDED, PLANNED, BOTH = "recommended", "planned on", "recommended and planned on"
+
+
+def priced_gpus(chosen: dict | None, options: pd.DataFrame,
+                rental_gpu: str) -> list[tuple[str, str]]:
+    """The GPUs the 3/7/30-day plans are priced on, each with what it is to the decision: the
+    GPU the decision recommends for the chosen candidate (the cheapest that fits it), and the
+    GPU planned on (`rental_gpu`) when that is another one."""
+    recommended = None
+    if chosen is not None and len(options):
+        best = options.set_index("candidate").cheapest_gpu.get(chosen["candidate"])
+        recommended = None if best is None or pd.isna(best) else best
+    if recommended is None:
+        return [(rental_gpu, PLANNED)]
+    if recommended == rental_gpu:
+        return [(rental_gpu, BOTH)]
+    return [(recommended, RECOMMENDED), (rental_gpu, PLANNED)]
+
+
+def same_update(a: Candidate, b: Candidate) -> bool:
+    """Whether two candidates train the same experiment: the same examples per update, the
+    precision and the length (how they are spread over GPUs aside)."""
+    sa, sb = a.plan.shape, b.plan.shape
+    return (sa.examples_per_update, sa.precision, a.plan.length) == \
+        (sb.examples_per_update, sb.precision, b.plan.length)
+
+
+def planned_variants(variants: list[dict], sheet: pd.DataFrame, stand_ins: dict[str, str],
+                     study: dict, task_lr: float | None = None) -> list[dict]:
+    """The variants as they are planned: each with its learning rate (`lr`, `lr_from`:
+    `variant_lr`), and - when its candidate fits no GPU of the list alone and a sharded
+    candidate trains the same update (`stand_ins`: {candidate: sharded candidate}) - planned
+    on that sharded candidate, which `planned_as` says."""
+    out = []
+    for v in variants:
+        lr, lr_from = variant_lr(v, study, task_lr)
+        planned = {**v, "lr": lr, "lr_from": lr_from, "planned_as": ""}
+        stand_in = stand_ins.get(v["candidate"])
+        if stand_in and not sheet[sheet.candidate == v["candidate"]].fits.any():
+            planned.update(candidate=stand_in, planned_as=(
+                f"candidate {v['candidate']} fits no single GPU: its update sharded "
+                f"(candidate {stand_in})"))
+        out.append(planned)
+    return out
+
+
+def variant_lr(variant: dict, study: dict, task_lr: float | None = None
+               ) -> tuple[float | None, str]:
+    """A variant's learning rate and where it comes from: "study" is the rate notebook 06's
+    study supports, "control" its control (the task's own lr when 06 did not run), 0 the
+    task's own lr, another number is given; no `lr`: none (None, "")."""
+    lr = variant.get("lr")
+    if lr is None:
+        return None, ""
+    short = study.get("short", "06 did not run")
+    if lr == 0:
+        return (task_lr, "the task's lr") if task_lr else (None, "none: the task gives no lr")
+    if lr == "study":
+        if study.get("lr") is None:
+            return None, f"none: {short}"
+        words = "06's control, which remains the best" if study.get("control_best") else \
+            "06's best"
+        return study["lr"], words + ("" if study.get("conclusive") else ", provisional")
+    if lr == "control":
+        if study.get("control_lr") is not None:
+            return study["control_lr"], "06's control"
+        return (task_lr, f"the task's lr ({short})") if task_lr else (None, f"none: {short}")
+    return float(lr), "given"
 
 
 def sized(row: pd.Series) -> bool:
@@ -536,16 +615,17 @@ def check_variants(variants: Any, candidates: list[Candidate]) -> None:
         raise WorkbookError(f"variants must be a list, got {variants!r}",
                             'give e.g. [{"name": "control", "priority": 1, "candidate": '
                             f'{names[0]!r}, "repeats": 3}}]')
-    keys = {"name", "priority", "candidate", "repeats"}
+    keys = {"name", "priority", "candidate", "repeats", "lr"}
+    optional = {"repeats", "lr"}
     problems = []
     for v in variants:
         if not isinstance(v, dict):
             problems.append(f"{v!r} is not a dict")
             continue
         shown = v.get("name", v)
-        if set(v) - keys or keys - {"repeats"} - set(v):
+        if set(v) - keys or keys - optional - set(v):
             problems.append(f"variant {shown!r}: unknown keys {sorted(set(v) - keys)}, missing "
-                            f"{sorted(keys - {'repeats'} - set(v))}")
+                            f"{sorted(keys - optional - set(v))}")
         elif isinstance(v["priority"], bool) or not isinstance(v["priority"], (int, float)):
             problems.append(f"variant {shown!r}: priority {v['priority']!r} is not a number")
         elif v["candidate"] not in names:
@@ -554,10 +634,20 @@ def check_variants(variants: Any, candidates: list[Candidate]) -> None:
         elif not (isinstance(r := v.get("repeats", 1), int) and not isinstance(r, bool)
                   and r > 0):
             problems.append(f"variant {shown!r}: repeats {r!r} is not a positive integer")
+        elif "lr" in v and v["lr"] not in VARIANT_LRS and (
+                isinstance(v["lr"], bool) or not isinstance(v["lr"], (int, float)) or
+                not v["lr"] >= 0):
+            problems.append(f"variant {shown!r}: lr {v['lr']!r} is not a number of 0 or more "
+                            "(0: the task's own), 'control' or 'study'")
     if problems:
         raise WorkbookError("variants: " + "; ".join(problems),
                             f"give each variant name, priority (a number), candidate (one of "
-                            f"{names}) and optionally repeats (a positive integer)")
+                            f"{names}) and optionally repeats (a positive integer) and lr (a "
+                            "number, 0 for the task's own, 'control': 06's control, or "
+                            "'study': the rate 06's study supports)")
+
+
+VARIANT_LRS = ("control", "study")
 
 
 def _spend(row: pd.Series) -> float:
@@ -591,6 +681,8 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
             ratio = _spend(asked) / _spend(best)
             reason = (f"{best.gpu} fits with {best.headroom_gib:.1f} GiB to spare and costs "
                       f"{ratio:.1f}x less than {rental_gpu} for this budget")
+        if best is not None and not pd.isna(best[key]):
+            reason += floored_words(fitting, key)
         rows.append({"candidate": name, "cheapest_gpu": None if best is None else best.gpu,
                      "cheapest_gpus": None if best is None else best.get("gpus"),
                      "cheapest_strategy": None if best is None else best.get("strategy"),
@@ -604,6 +696,23 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
                      "asked_gpu": rental_gpu, "asked_fits": bool(asked.fits),
                      "asked_cost": asked.cost, "currency": asked.currency, "why": reason})
     return pd.DataFrame(rows)
+
+
+def floored_words(fitting: pd.DataFrame, key: str) -> str:
+    """'; by price alone: ...' when every fitting GPU's time per update is held at the launch
+    floor (`time_floored`): the GPUs then take the same hours, and the choice says nothing of
+    speed; '' otherwise."""
+    timed = fitting[fitting.time_per_update_s.notna()] if "time_per_update_s" in fitting \
+        else fitting.iloc[0:0]
+    if timed.empty or "time_floored" not in timed or not timed.time_floored.astype(bool).all():
+        return ""
+    floor = f"{timed.time_per_update_s.iloc[0] * 1000:.0f} ms"
+    if len(timed) == 1:
+        return (f"; its time per update is the {floor} launch floor (the model is too small "
+                "for its FLOPs to set the time)")
+    return (f"; {'by price alone' if key == 'cost' else 'not by speed'}: every GPU's time per "
+            f"update is the {floor} launch floor (the model is too small for its FLOPs to set "
+            "the time), so this sheet cannot tell the GPUs' speeds apart")
 
 
 STRATEGY_KEYS = {"strategy", "world", "gpus_per_node", "offload_optimizer"}
@@ -756,21 +865,175 @@ def gpu_hours(value: float | None, count: int) -> str:
         f" on {count} GPUs, {value:,.0f} GPU-hours"
 
 
+def study_result(run_dir, task_lr: float | None = None) -> dict[str, Any]:
+    """Notebook 06's result as this plan uses it, from its summary.json in the run folder.
+    `state`: "ran" (a learning rate is supported; `conclusive` False when 06 warned - a best lr
+    at the edge of the grid, a best trial still improving), "no result" (06 ran, no rate can be
+    chosen), "error" (06 stopped, or its summary cannot be read) or "not run". `lr` is the rate
+    to plan on (None without one), `control_lr` 06's control, `short` the state in a few
+    words, `said` the decision's sentence on the learning rate and `study` the study's line
+    (None when 06 gave no figures)."""
+    path = Path(run_dir) / "06_lr_study" / "summary.json"
+    out: dict[str, Any] = {"state": "not run", "lr": None, "control_lr": None,
+                           "control_best": False, "conclusive": False, "warnings": [],
+                           "seeds": None, "study": None, "short": "06 did not run"}
+    own = f" (the task's own lr is {task_lr:g}, untested against others)" if task_lr else ""
+    try:
+        summary = json.loads(path.read_text()) if path.exists() else None
+        if summary is not None and not isinstance(summary, dict):
+            raise ValueError("not an object")
+    except (ValueError, OSError):
+        summary = {"verdict": "error", "error": "06_lr_study/summary.json cannot be read"}
+    if summary is None:
+        out["said"] = ("**Learning rate: not chosen by a study** - notebook 06 did not run in "
+                       f"this run folder{own}: run it before the campaign.")
+        return out
+    fig = summary.get("figures") if isinstance(summary.get("figures"), dict) else {}
+    if summary.get("verdict") == "error" or not fig:
+        why = str(summary.get("error") or "no figures")[:120]
+        out.update(state="error", short="06 stopped with an error",
+                   said=f"**Learning rate: not chosen by a study** - notebook 06 stopped with "
+                        f"an error ({why}){own}: fix it and run it before the campaign.")
+        return out
+    control = fig.get("control_lr")
+    lr = fig.get("supported_lr", fig.get("best_lr"))
+    warnings = [str(w) for w in fig.get("warnings") or []]
+    seeds = fig.get("seeds")
+    out.update(control_lr=control, warnings=warnings, seeds=seeds, study=study_line(fig))
+    if lr is None:
+        finding = fig.get("finding") or "no trial produced a metric"
+        out.update(state="no result", short="06 found no rate",
+                   said=f"**Learning rate: not chosen** - notebook 06's study is "
+                        f"inconclusive: {finding}.")
+        return out
+    conclusive = bool(fig.get("conclusive", not warnings))
+    control_best = control is not None and lr == control
+    out.update(state="ran", lr=lr, control_best=control_best, conclusive=conclusive,
+               short="06's result")
+    why = ("the control: notebook 06's study found no better rate" if control_best else
+           f"the best of notebook 06's study, which beat the control (lr {control:g})"
+           if control is not None else "the best of notebook 06's study")
+    one = " on one seed" if seeds == 1 else f" over {seeds} seeds" if seeds else ""
+    if conclusive:
+        out["said"] = f"**Learning rate: {lr:g}**, {why}{one}."
+    else:
+        out["said"] = (f"**Learning rate: {lr:g} for now**, {why}{one} - provisional: "
+                       + "; ".join(warnings) + ". Settle it before the campaign.")
+    return out
+
+
+def study_line(fig: dict) -> str:
+    """'Learning-rate study: ...' from 06's figures: the trials, the best value and lr, the
+    verdict, the seeds, and how many warnings (the decision's learning-rate sentence, always
+    written before it, says them)."""
+    statuses = ", ".join(f"{n} {status}" for status, n in (fig.get("statuses") or {}).items())
+    found = (f"best validation {fig['metric']} {fig['best_metric']:.3f} at lr "
+             f"{fig['best_lr']:g} (trial {fig['best_trial']})"
+             if fig.get("best_metric") is not None else "no trial produced a metric")
+    seeds = fig.get("seeds")
+    if seeds == 1:
+        found += ", one seed (no spread)"
+    elif seeds:
+        found += f", {seeds} seeds"
+    verdict = (f"the control (lr {fig['control_lr']:g}) remains the best choice"
+               if fig.get("control_remains_best") else
+               f"lr {fig['best_lr']:g} beat the control (lr {fig['control_lr']:g})"
+               if fig.get("best_lr") is not None else "no learning rate can be chosen yet")
+    warnings = fig.get("warnings") or []
+    return (f"Learning-rate study: {fig.get('trials')} trials ({statuses}); {found}; "
+            f"{verdict}" + (f" ({len(warnings)} warning{'s' if len(warnings) > 1 else ''}: "
+                            "see the learning rate above)" if warnings else "") + ".")
+
+
+def duration(hours_: float) -> str:
+    """A whole plan's hours in words: under an hour, under a day, or days."""
+    if hours_ < 1:
+        return f"{hours_:.1f} h ({max(1, round(hours_ * 60))} minutes), under an hour"
+    if hours_ < 24:
+        return f"{hours_:.1f} h, under a day"
+    return f"{hours_:.1f} h ({hours_ / 24:.1f} days)"
+
+
+def variant_words(r) -> str:
+    """'control at lr 0.0001 x3' for a plan row."""
+    lr = getattr(r, "lr", None)
+    return (f"{r.variant}" + (f" at lr {lr:g}" if lr is not None and not pd.isna(lr) else "")
+            + (f" x{int(r.repeats)}" if r.repeats and int(r.repeats) > 1 else ""))
+
+
+def plan_lines(plans: pd.DataFrame, rental_gpu: str, currency: str) -> list[str]:
+    """The conclusion's 3/7/30-day lines, per GPU priced on (saying which is recommended and
+    which was planned on). When the longer plans schedule nothing more (every variant fits the
+    shortest, or what is left out is so for another reason than time) one line says they are
+    the same, with the whole budget's hours in words ("under an hour: rent by the hour")."""
+    if plans.empty:
+        return ["- no variants given: nothing to plan into 3, 7 or 30 days"]
+    if "priced_on" not in plans:
+        plans = plans.assign(priced_on="")
+    roles = {RECOMMENDED: " (recommended)", PLANNED: " (the GPU you planned on)",
+             BOTH: " (recommended; the GPU you planned on)"}
+    lines = []
+    for (gpu_name, role), group in plans.groupby(["gpu", "priced_on"], sort=False):
+        where = f"on the {gpu_name}{roles.get(role, '')}"
+        by_days = dict(list(group.groupby("days")))
+        shortest = by_days[min(by_days)]
+        # the same in every plan, and nothing left out for want of time: one line, in hours
+        same = all(plan.scheduled.tolist() == shortest.scheduled.tolist()
+                   for plan in by_days.values()) and not shortest[~shortest.scheduled] \
+            .why_not.astype(str).str.startswith("needs ").any()
+        if len(by_days) > 1 and same:
+            done, left = shortest[shortest.scheduled], shortest[~shortest.scheduled]
+            total = done.hours.sum()
+            cost = done.cost.sum() if done.cost.notna().all() else None
+            days = sorted(by_days)
+            named = ", ".join(map(str, days[:-1])) + f" and {days[-1]}"
+            which = ", ".join(variant_words(r) for r in done.itertuples())
+            fit = (f"every variant ({which}) fits" if left.empty else
+                   f"{len(done)} of {len(shortest)} variants ({which}) fit")
+            rent = ("rent by the hour, not by the day" if total < 24 else
+                    f"a rental longer than {days[0]} days adds nothing")
+            lines.append(
+                f"- {named}-day plans {where}: " + (
+                    f"all the same - {fit} in {days[0]} days: {total:.1f} h, "
+                    f"{money(cost, currency)} in all" if len(done) else
+                    f"none of the {len(shortest)} variants scheduled")
+                + ("; not scheduled in any: " + "; ".join(f"{r.variant} ({r.why_not})"
+                                                          for r in left.itertuples())
+                   if len(left) else "") + "." +
+                (f" The whole budget takes {duration(total)}: {rent}." if len(done) else ""))
+            continue
+        for days, plan in by_days.items():
+            done = plan[plan.scheduled]
+            left = plan[~plan.scheduled]
+            cost = done.cost.sum() if done.cost.notna().all() else None
+            which = ", ".join(variant_words(r) for r in done.itertuples())
+            lines.append(f"- {days}-day plan {where}: {len(done)} of {len(plan)} variants "
+                         "scheduled" + (f" ({which})" if len(done) else "") +
+                         f", {done.hours.sum():.1f} h, {money(cost, currency)}"
+                         + ("; not scheduled: " + "; ".join(f"{r.variant} ({r.why_not})"
+                                                            for r in left.itertuples())
+                            if len(left) else ""))
+    sharded = plans[plans.planned_as.fillna("") != ""] if "planned_as" in plans else plans[:0]
+    if len(sharded):
+        names = list(dict.fromkeys(sharded.variant))
+        many = len(names) > 1
+        whose = "their candidates fit" if many else "its candidate fits"
+        lines.append(f"- {', '.join(names)}: {whose} no single GPU, so "
+                     f"{'they are' if many else 'it is'} planned on "
+                     f"candidate {sharded.candidate.iloc[0]}, the same update sharded.")
+    return lines
+
+
 def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFrame,
                stack: pd.DataFrame, options: pd.DataFrame,
                unsized: dict[str, str] | None = None,
-               models_lines: list[str] | None = None) -> str:
+               models_lines: list[str] | None = None, study: dict | None = None) -> str:
     """The campaign's conclusion in words, every figure rounded, from this notebook's sheet and
     the summaries of the other notebooks of this run where they exist (`unsized`: the
-    candidates the prediction could not size, with the reason)."""
-    import json
-    from pathlib import Path
-
-    def summary(stem):  # a notebook that stopped with an error has no figures to quote
-        path = Path(run_dir) / stem / "summary.json"
-        data = json.loads(path.read_text()) if path.exists() else None
-        return data if data and data.get("verdict") != "error" else None
-
+    candidates the prediction could not size, with the reason; `study`: 06's result as
+    `study_result` reads it from the run folder, by default). The plans are told per GPU
+    priced on, recommended or planned on (`priced_gpus`)."""
+    study = study if study is not None else study_result(run_dir)
     lines = ["# Rental decision", ""]
     currency = options.currency.iloc[0] if len(options) else "USD"
     unsized = unsized or {}
@@ -820,24 +1083,16 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                          f"{money(chosen.get('cost'), currency)} for the budget "
                          f"({hours(chosen['budget_hours'])}"
                          f"{gpu_hours(chosen.get('gpu_hours'), count)}); {best.why}.")
+        lines += ["", study["said"]]
         if models_lines:
             lines += ["", "Sized for: " + "; ".join(models_lines) + "."]
         lines += ["", f"Expected result: {chosen['expected'] or 'not stated'}."]
         if unsized:
             lines += ["", decision_unsized(unsized, len(options), rental_gpu).strip()]
-    study = summary("06_lr_study")
-    if study:
-        fig = study["figures"]
-        statuses = ", ".join(f"{n} {status}" for status, n in fig["statuses"].items())
-        found = (f"best validation {fig['metric']} {fig['best_metric']:.3f} at lr "
-                 f"{fig['best_lr']:g} (trial {fig['best_trial']})"
-                 if fig.get("best_metric") is not None else "no trial produced a metric")
-        verdict = (f"the control (lr {fig['control_lr']:g}) remains the best choice"
-                   if fig.get("control_remains_best") else
-                   f"lr {fig['best_lr']:g} beat the control (lr {fig['control_lr']:g})"
-                   if fig.get("best_lr") is not None else "no learning rate can be chosen yet")
-        lines += ["", f"Learning-rate study: {fig['trials']} trials ({statuses}); {found}; "
-                  f"{verdict}."]
+    if chosen is None:
+        lines += ["", study["said"]]
+    if study.get("study"):
+        lines += ["", study["study"]]
     verdicts = []
     for stem, label in (("01_inspect_examples", "inspection"), ("02_overfit", "overfit"),
                         ("03_phase_gates", "phase gates"), ("04_batch_accounting",
@@ -855,19 +1110,7 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                 s.get("error") else ""))
     if verdicts:
         lines += ["", "Other notebooks of this run: " + ", ".join(verdicts) + "."]
-    lines.append("")
-    if plans.empty:
-        lines.append("- no variants given: nothing to plan into 3, 7 or 30 days")
-    for days, plan in plans.groupby("days"):
-        done = plan[plan.scheduled]
-        left = plan[~plan.scheduled]
-        cost = done.cost.sum() if done.cost.notna().all() else None
-        lines.append(f"- {days}-day plan on the {rental_gpu}: {len(done)} of {len(plan)} "
-                     "variants scheduled, "
-                     f"{done.hours.sum():.1f} h, {money(cost, currency)}"
-                     + ("; not scheduled: " + "; ".join(f"{r.variant} ({r.why_not})"
-                                                         for r in left.itertuples())
-                        if len(left) else ""))
+    lines += ["", *plan_lines(plans, rental_gpu, currency)]
     todo = unverified(stack)
     lines += ["", "Still to verify on the rental before adopting it: " +
               ("; ".join(todo) if todo else "nothing beyond matching the versions listed") + ".",
@@ -891,6 +1134,7 @@ class RentalResult:
     options: pd.DataFrame
     chosen: dict | None  # the first candidate that fits the GPU to rent
     conclusion: str  # markdown
+    study: dict = field(default_factory=dict)  # 06's result as planned on (`study_result`)
 
 
 def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
@@ -910,10 +1154,13 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     sheet = selection_sheet(task, data.train, data.validation, candidates, params["gpus"],
                             params["gpu_tflops"], params["updates"], params["headroom"],
                             assumptions)
+    stand_ins: dict[str, str] = {}
     if models.declared(task) and not sheet.fits.any() and \
             not any(c.kind == "fsdp" for c in candidates):
-        # the campaign model fits no GPU of the list alone: plan it sharded
+        # the campaign model fits no GPU of the list alone: plan it sharded, and the variants
+        # of every candidate with the same update on the sharded one
         extra = sharded_default(candidates[0])
+        stand_ins = {c.name: extra.name for c in candidates if same_update(c, candidates[0])}
         candidates = [*candidates, extra]
         more = selection_sheet(task, data.train, data.validation, [extra], params["gpus"],
                                params["gpu_tflops"], params["updates"], params["headroom"],
@@ -927,14 +1174,18 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     if sharded:
         stack = pd.concat([stack, pd.DataFrame([sharded_row(sharded, sheet)])],
                           ignore_index=True)
-    plans = pd.concat([pack(params["variants"], sheet, rental_gpu, days,
-                            params["reserve_share"]) for days in (3, 7, 30)],
-                      ignore_index=True)
     options = cheapest(sheet, rental_gpu)
     chosen = choose(sheet, rental_gpu)
+    study = study_result(out_dir.parent, task.lr)
+    variants = planned_variants(params["variants"], sheet, stand_ins, study, task.lr)
+    # priced on the GPU the decision recommends, and on the one planned on when it differs
+    plans = pd.concat([pack(variants, sheet, name, days, params["reserve_share"], role)
+                       for name, role in priced_gpus(chosen, options, rental_gpu)
+                       for days in (3, 7, 30)], ignore_index=True)
     return RentalResult(task, rental_gpu, candidates, sheet, stack, plans, options, chosen,
                         conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options,
-                                   not_sized(sheet), sheet.attrs.get("models")))
+                                   not_sized(sheet), sheet.attrs.get("models"), study),
+                        study)
 
 
 def _plain(value):
@@ -945,7 +1196,9 @@ def _plain(value):
 def save(result: RentalResult, out_dir: Path) -> str:
     """Notebook 08's tables, `conclusion.md` and `summary.json`. The verdict fails when no
     candidate fits the GPU to rent (there is nothing to plan with), and `not_sized` names the
-    candidates the prediction could not size."""
+    candidates the prediction could not size. `planned_lr` and `study` give the learning rate
+    planned on and 06's state, `plans_priced_on` the GPUs priced ({gpu: recommended / planned
+    on}) and `scheduled` the variants scheduled per days on the first of them."""
     from .runs import save_table, write_summary, write_text
 
     sheet, plans, options, stack, chosen = (result.sheet, result.plans, result.options,
@@ -955,6 +1208,8 @@ def save(result: RentalResult, out_dir: Path) -> str:
                         (stack, "stack")):
         save_table(table, out_dir, name)
     verdict = "pass" if chosen is not None else "fail"
+    first = plans[plans.priced_on == plans.priced_on.iloc[0]] if len(plans) else plans
+    study = result.study or {}
     write_summary(out_dir, verdict, {
         "rental_gpu": result.rental_gpu, "chosen": chosen and chosen["candidate"],
         "recommended_gpu": options.set_index("candidate").cheapest_gpu.get(chosen["candidate"])
@@ -966,6 +1221,14 @@ def save(result: RentalResult, out_dir: Path) -> str:
         "sized_model": "; ".join(sheet.attrs.get("models") or []),
         "fitting_rows": int(sheet.fits.sum()), "rows": len(sheet),
         "not_sized": list(not_sized(sheet)),
-        "scheduled": plans.groupby("days").scheduled.sum().to_dict()}, task=result.task.name)
+        "planned_lr": study.get("lr"), "study": study.get("state", "not run"),
+        "study_conclusive": bool(study.get("conclusive")),
+        "plans_priced_on": {str(g): r for g, r in zip(*(
+            plans.drop_duplicates(["gpu", "priced_on"])[c] for c in ("gpu", "priced_on")),
+            strict=True)} if len(plans) else {},
+        # the plans on the first GPU priced (the recommended one), by days
+        "scheduled": {int(d): int(n) for d, n in
+                      first.groupby("days").scheduled.sum().items()}},
+        task=result.task.name)
     return verdict
 

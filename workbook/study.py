@@ -363,17 +363,15 @@ class Study:
         trials = self.trial_table().dropna(subset=["best_metric"])
         if trials.empty:
             return None
-        row = trials.sort_values("best_metric", ascending=self.design.mode == "min").iloc[0]
+        row = trials.sort_values("best_metric", ascending=self.design.mode == "min",
+                                 kind="stable").iloc[0]
         return row.to_dict()
 
     def lr_summary(self) -> pd.DataFrame:
-        """Per learning rate: every seed's best metric, and their mean and spread."""
-        table = self.trial_table()
-        return table.groupby("lr").agg(
-            trials=("id", "count"), seeds=("seed", lambda s: sorted(s.tolist())),
-            statuses=("status", lambda s: ", ".join(sorted(set(s)))),
-            best_mean=("best_metric", "mean"), best_std=("best_metric", "std"),
-            best_min=("best_metric", "min"), best_max=("best_metric", "max")).reset_index()
+        """Per learning rate: every seed's best metric, and their mean; the spread (std, min,
+        max) only when a learning rate has two or more seeds with a value - one seed has no
+        spread, and none is shown."""
+        return lr_summary(self.trial_table())
 
     def study_table(self) -> pd.DataFrame:
         """The spreadsheet view: one row for the study."""
@@ -394,6 +392,106 @@ class Study:
             rows.append({"trial": tid, **periodicity(rows_.step.tolist(), rows_.loss.tolist(),
                                                      per_pass)})
         return pd.DataFrame(rows)
+
+
+def lr_summary(trials: pd.DataFrame) -> pd.DataFrame:
+    """`Study.lr_summary` from a trial table (id, lr, seed, status, best_metric)."""
+    summary = trials.groupby("lr").agg(
+        trials=("id", "count"), seeds=("seed", lambda s: sorted(s.tolist())),
+        statuses=("status", lambda s: ", ".join(sorted(set(s)))),
+        seeds_with_value=("best_metric", "count"), best_mean=("best_metric", "mean"),
+        best_std=("best_metric", "std"), best_min=("best_metric", "min"),
+        best_max=("best_metric", "max")).reset_index()
+    if not (summary.seeds_with_value >= 2).any():  # one seed each: a mean of one value, no spread
+        summary = summary.drop(columns=["best_std", "best_min", "best_max"])
+    return summary
+
+
+def lr_figure(study: Study, save: Path | None = None):
+    """`plots.lr_summary` for this study: mean +/- std bars only from two or more seeds; with
+    one seed each, the dots alone, and the title says so."""
+    from . import plots
+
+    summary, trials = study.lr_summary(), study.trial_table()
+    if "best_std" in summary:
+        return plots.lr_summary(summary, trials, study.design.metric, save=save)
+    fig = plots.lr_summary(summary.assign(best_std=float("nan")), trials, study.design.metric)
+    ax = fig.axes[0]
+    for container in list(ax.containers):  # the "mean +/- std" of one value: no bar
+        container.remove()
+    ax.set_title("per learning rate (one seed: no spread)")
+    if ax.get_legend() is not None:
+        ax.legend(fontsize="small")
+    return plots._done(fig, save)
+
+
+def _grid(lrs: list[float]) -> str:
+    return ", ".join(f"{lr:g}" for lr in sorted(set(lrs)))
+
+
+def findings(trials: pd.DataFrame, design: StudyDesign) -> dict[str, Any]:
+    """What the study supports, from its trial table (`Study.trial_table`): the best learning
+    rate, how many seeds stand behind it, and the warnings that make it provisional - the best
+    at the edge of the grid ("extend the range upward" or "downward"), the best trial still
+    improving at its last update (the budget is too short to call a winner), a single learning
+    rate. Keys: best_lr, best_metric, best_trial, control_lr, control_remains_best, seeds,
+    lrs, best_at_edge ("upward", "downward" or ""), still_improving (trial ids), warnings,
+    conclusive (no warning), supported_lr (the rate to plan on; None when none can be
+    chosen) and finding (the result in one sentence)."""
+    control = design.lrs[0]
+    lrs = sorted(set(design.lrs))
+    seeds = len(design.seeds)
+    done = trials.dropna(subset=["best_metric"])
+    out: dict[str, Any] = {"control_lr": control, "lrs": lrs, "seeds": seeds,
+                           "best_at_edge": "", "still_improving": [], "warnings": []}
+    if done.empty:
+        every = bool(len(trials)) and bool((trials.status == "diverged").all())
+        out.update(best_lr=None, best_metric=None, best_trial=None, conclusive=False,
+                   supported_lr=None, control_remains_best=False, finding=(
+                       f"every learning rate tried diverged ({_grid(design.lrs)}): nothing "
+                       "was learned to compare - lower the range (check the task's lr for a "
+                       "typo, e.g. 1e3 for 1e-3)") if every else
+                   "no trial produced a metric: no learning rate can be chosen yet")
+        return out
+    row = done.sort_values("best_metric", ascending=design.mode == "min", kind="stable").iloc[0]
+    best_lr, best_id = float(row.lr), int(row.id)
+    warnings = out["warnings"]
+    if len(lrs) == 1:
+        warnings.append(f"one learning rate tried ({best_lr:g}): nothing was compared - add "
+                        "rates below and above it")
+    elif best_lr == lrs[-1]:
+        out["best_at_edge"] = "upward"
+        warnings.append(f"the best lr {best_lr:g} is the largest tried ({_grid(lrs)}): a "
+                        "larger one may be better - extend the range upward")
+    elif best_lr == lrs[0]:
+        out["best_at_edge"] = "downward"
+        warnings.append(f"the best lr {best_lr:g} is the smallest tried ({_grid(lrs)}): a "
+                        "smaller one may be better - extend the range downward")
+    # still improving: a finished trial whose best evaluation is its last one, after an
+    # earlier evaluation (a single evaluation shows no trend)
+    finished = done[done.status == "finished"]
+    improving = finished[(finished.best_step == finished.stop_step) &
+                         (finished.stop_step > design.eval_every)]
+    out["still_improving"] = [int(i) for i in improving.id]
+    if best_id in out["still_improving"]:
+        who = (f"every trial ({len(improving)} of {len(trials)})" if len(improving) ==
+               len(trials) else f"the best trial ({best_id})")
+        warnings.append(f"{who} was still improving at its last update "
+                        f"({int(row.stop_step)} of {design.updates}): the budget is too short "
+                        "to call a winner - lengthen it")
+    beat = best_lr != control
+    verdict = (f"lr {best_lr:g} beat the control (lr {control:g})" if beat else
+               f"the control (lr {control:g}) remains the best choice")
+    seeds_said = "one seed, so no spread" if seeds == 1 else \
+        f"{seeds} seeds (mean and spread per learning rate)"
+    finding = (f"{verdict}: best validation {design.metric} {float(row.best_metric):.4g} "
+               f"(trial {best_id}), on {seeds_said}")
+    if warnings:
+        finding += "; provisional - " + "; ".join(warnings)
+    out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
+               control_remains_best=not beat, conclusive=not warnings, supported_lr=best_lr,
+               finding=finding + ".")
+    return out
 
 
 def design_from_params(params: dict) -> StudyDesign:
@@ -417,7 +515,9 @@ def save(study: Study, out_dir: Path) -> str:
     """The study's tables and `summary.json`. The verdict fails when a trial failed (raised),
     a validation curve looks periodic, or every trial diverged (nothing was learned to compare:
     the range is wrong, often a typo in the task's lr); one diverged trial is a result, not a
-    failure."""
+    failure. `findings` goes into the figures: a best lr at the edge of the grid or a best
+    trial still improving at its last update are warnings (the result is provisional), never
+    a failure."""
     from .runs import save_table, write_summary
 
     trials = study.trial_table()
@@ -428,18 +528,16 @@ def save(study: Study, out_dir: Path) -> str:
     save_table(period, out_dir, "periodicity")
     periodic = bool(period.get("periodic", pd.Series(dtype=bool)).fillna(False).any())
     best = study.best() or {}
+    found = findings(trials, study.design)
     figures = {"trials": len(trials), "statuses": trials.status.value_counts().to_dict(),
                "best_trial": best.get("id"), "best_lr": best.get("lr"),
                "best_metric": best.get("best_metric"), "metric": study.design.metric,
                "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic,
                "control_lr": study.design.lrs[0],
-               "control_remains_best": best.get("lr") == study.design.lrs[0]}
+               "control_remains_best": best.get("lr") == study.design.lrs[0],
+               **{k: found[k] for k in ("seeds", "lrs", "best_at_edge", "still_improving",
+                                        "warnings", "conclusive", "supported_lr", "finding")}}
     all_diverged = bool(len(trials)) and bool((trials.status == "diverged").all())
-    if all_diverged:
-        tried = ", ".join(f"{lr:g}" for lr in study.design.lrs)
-        figures["finding"] = (f"every learning rate tried diverged ({tried}): nothing was "
-                              "learned to compare - lower the range (check the task's lr for "
-                              "a typo, e.g. 1e3 for 1e-3)")
     verdict = "fail" if (trials.status == "failed").any() or periodic or all_diverged \
         else "pass"
     write_summary(out_dir, verdict, figures, study=study.design.name)
