@@ -279,3 +279,18 @@ def test_overlapping_shards_fail_before_the_first_pass_ends():
     assert same["verdict"] == "fail" and "coverage not checked" in same["measured"]
     apart = parallel._shard_rows(result([["1", "2"], ["3", "4"]]))[0]
     assert apart["verdict"] == "not applicable"
+
+
+def test_the_rented_command_runs_the_rules_at_the_rentals_scale_and_parses_back():
+    import json
+    import shlex
+
+    from workbook.parallel import rented_spec, shell_command
+    from workbook.replica import ReplicaSpec
+
+    line = shell_command(rented_spec(ReplicaSpec("workbook.samples.generation:task")))
+    words = shlex.split(line)
+    spec = ReplicaSpec.from_dict(json.loads(words[words.index("--spec") + 1]))
+    assert "--nproc_per_node=8" in words and spec.device == "cuda"
+    assert (spec.shape.precision, spec.shape.replicas, spec.updates) == ("bf16", 8, 100)
+    assert (spec.train_limit, spec.validation_limit, spec.checkpoint_at) == (0, 0, 50)

@@ -130,3 +130,11 @@ def test_the_tasks_own_pieces_failing_are_named_with_the_fix():
         collate_items(dataclasses.replace(task, collate=broken), items)
     with pytest.raises(WorkbookError, match="collate returned list, not a dict of tensors"):
         collate_items(dataclasses.replace(task, collate=lambda rows: rows), items)
+
+
+def test_an_error_reason_drops_terminal_colours_and_says_where_it_was_cut():
+    from workbook.errors import reason
+
+    assert reason(ValueError("\x1b[1;31mshape\x1b[0m mismatch\nsecond line")) == "shape mismatch"
+    cut = reason(ValueError("the tensor " * 40), 40)
+    assert cut.endswith("\u2026") and len(cut) <= 40 and not cut[:-1].endswith(" ")

@@ -1,5 +1,7 @@
 """The one error type a user can cause: every message names the problem and the fix."""
 
+import re
+
 
 class WorkbookError(Exception):
     """A problem in the user's task, data or parameters, with the way to fix it."""
@@ -10,7 +12,21 @@ class WorkbookError(Exception):
         super().__init__(f"{problem}\n  -> fix: {fix}")
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colours some libraries put in errors
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """One line of text for a table or a message: terminal colour codes removed, the first
+    line only, and a cut made at a word and said with an ellipsis."""
+    lines = ANSI.sub("", text).strip().splitlines()
+    line = lines[0].strip() if lines else ""
+    if len(line) <= limit:
+        return line
+    head = line[:limit - 1]
+    return (head.rsplit(" ", 1)[0] if " " in head else head) + "\u2026"
+
+
 def reason(exc: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message (or its type when it has none), for messages."""
-    lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:limit]
+    """The first line of an exception's message (or its type when it has none), for messages
+    (`shorten`)."""
+    return shorten(str(exc), limit) or type(exc).__name__

@@ -121,6 +121,16 @@ def command(spec: ReplicaSpec, folder: Path,
     return {"launcher": launcher, "args": args}
 
 
+def rented_spec(spec: ReplicaSpec, gpus: int = 8) -> ReplicaSpec:
+    """The launch to run by hand on the rented machine before the campaign: the same rules at
+    the rental's scale - one process per GPU, bf16, 100 updates over the whole training and
+    validation splits, a checkpoint at update 50 - not the pilot's 10 fp32 updates on 32
+    examples."""
+    return replace(spec, device="cuda", shape=replace(spec.shape, replicas=gpus,
+                                                      precision="bf16"),
+                   updates=100, train_limit=0, validation_limit=0, checkpoint_at=50)
+
+
 def shell_command(spec: ReplicaSpec, out: str = "runs/ddp") -> str:
     """The command to run the same launch by hand, e.g. on a rented multi-GPU machine."""
     import shlex
@@ -652,7 +662,7 @@ def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
     faults = (planted_faults(spec, items, out_dir, result, task=task,
                              tolerance=params["tolerance"])
               if params["demonstrate_faults"] else None)
-    rented = replace(spec, device="cuda", shape=replace(shape, replicas=8))
+    rented = rented_spec(spec)
     sharded = (sharded_check(sharded_spec(spec), task, out_dir, params["tolerance"],
                              params["resume_tolerance"], params["launch_timeout"])
                if params.get("fsdp", True) else None)

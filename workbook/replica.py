@@ -494,6 +494,13 @@ def join_launch(device_name: str, timeout_s: float) -> tuple[int, int, torch.dev
                             if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
+    if dist.is_initialized():  # the task's own code joined already (transformers'
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world):  # TrainingArguments)
+            raise WorkbookError(f"the task's code joined a process group of rank "
+                                f"{dist.get_rank()} in {dist.get_world_size()}, but torchrun "
+                                f"launched rank {rank} of {world}",
+                                "do not initialise torch.distributed while building the task")
+        return rank, world, device
     dist.init_process_group(backend(device_name, world),
                             timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world, device

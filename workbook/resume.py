@@ -20,7 +20,7 @@ from . import schemas
 from .archive import reload_in_new_process, write_archive
 from .artifacts import copy_folder, reseal, write_file
 from .data import Item, epoch_updates, prepare
-from .errors import WorkbookError
+from .errors import WorkbookError, shorten
 from .loop import Position, Stepper, TrainConfig, UpdateShape, build_stepper, make_sampler, train
 from .records import StepRecord
 from .runs import fresh_process, task_args, workbook_command, write_text
@@ -323,7 +323,7 @@ def _refused(what: str, path: Path) -> dict:
         ckpt.load_state(path)
     except WorkbookError as exc:  # the message without this run's folder, to read and compare
         return {"case": what, "refused": True,
-                "message": exc.problem.replace(str(path.parent) + "/", "")[:200]}
+                "message": shorten(exc.problem.replace(str(path.parent) + "/", ""), 200)}
     return {"case": what, "refused": False, "message": "loaded!"}
 
 
