@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -659,6 +660,9 @@ def browser_view(task: Task, items: dict[str, list[Item]] | list[Item],
     split.observe(change_split, "value")
     index.observe(show, "value")
     query.observe(find, "value")
+    with warnings.catch_warnings():  # Enter again on the same text changes no value: only the
+        warnings.simplefilter("ignore", DeprecationWarning)  # submit event says it (ipywidgets 8
+        query.on_submit(find)  # keeps sending it, though it marks on_submit deprecated)
     again.on_click(find)
     show()
     return widgets.VBox([widgets.HBox([split, query, again]), index, status, out])

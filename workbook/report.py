@@ -1,7 +1,7 @@
-"""The pilot's report: one self-contained page (figures embedded, so it can be mailed) that a
-person decides from - the verdict of every notebook first, then the decision, then each
-notebook's key figures and figures, then the tables in human units. Every string that comes
-from a task, the data or a run is escaped."""
+"""The pilot's report: one page that a person decides from (figures and the decision's tables
+embedded; it says that its file links need the run folder) - the verdict of every notebook
+first, then the decision, then each notebook's key figures and figures, then the tables in
+human units. Every string that comes from a task, the data or a run is escaped."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ TITLES = {"01_inspect_examples": "01 Inspect examples", "02_overfit": "02 Overfi
           "05_memory_variants": "05 Memory variants", "06_lr_study": "06 Learning-rate study",
           "07_resume_reload": "07 Resume and reload", "08_rental_plan": "08 Rental plan"}
 STYLE = """
-body{font-family:system-ui,sans-serif;max-width:1180px;margin:0 auto;padding:0 16px;color:#1f2328}
+body{font-family:system-ui,sans-serif;max-width:1180px;margin:0 auto;padding:0 16px;color:#1f2328;
+overflow-wrap:break-word}
 h1{font-size:1.6em}h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:2em}
+.offline{color:#57606a;font-size:14px;margin-top:-6px}
 .banner{display:flex;flex-wrap:wrap;gap:8px;margin:12px 0}
 .chip{color:#fff;border-radius:6px;padding:6px 10px;font-weight:600;text-decoration:none}
 .overall{font-size:1.3em;padding:10px 14px;border-radius:8px;color:#fff;display:inline-block}
@@ -35,9 +37,20 @@ h1{font-size:1.6em}h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-
 table{border-collapse:collapse;font-size:13px;margin:8px 0;max-width:100%}
 td,th{border:1px solid #d0d7de;padding:3px 6px;text-align:left;vertical-align:top;
 overflow-wrap:break-word}
-th{background:#f6f8fa}.wide{overflow-x:auto;max-width:100%}
+th{background:#f6f8fa}.part{color:#57606a;font-size:12px;margin:10px 0 -4px}
 img{max-width:100%;height:auto;border:1px solid #eee;margin:6px 0}
 .links a{margin-right:14px}.error{color:#cf222e;overflow-wrap:anywhere}
+@media (max-width:640px){
+body{padding:0 10px}h1{font-size:1.35em}
+td{overflow-wrap:anywhere}table:not(.sheet) td:first-child{overflow-wrap:break-word}
+table.sheet,table.sheet tbody,table.sheet tr,table.sheet td{display:block;width:auto}
+table.sheet thead{display:none}
+table.sheet tr{border:1px solid #d0d7de;border-radius:6px;margin:8px 0}
+table.sheet td{border:none;border-top:1px solid #eaeef2;display:grid;
+grid-template-columns:minmax(7em,40%) minmax(0,1fr);gap:8px}
+table.sheet td:first-child{border-top:none;background:#f6f8fa;font-weight:600}
+table.sheet td::before{content:attr(data-label);color:#57606a;font-weight:400}
+}
 """
 
 
@@ -80,7 +93,7 @@ def human(frame: pd.DataFrame) -> pd.DataFrame:
         else:  # True/False in words (a CSV read back gives bools or the strings)
             out[name] = column.map(_word)
     frame = pd.DataFrame(out).astype(object).where(lambda f: f.notna(), "-")
-    units = {"_mib": " (MiB)", "_ms": " (ms)", "_s": " (s)"}
+    units = {"_mib": " (MiB)", "_gib": " (GiB)", "_ms": " (ms)", "_s": " (s)"}
 
     def header(name: str) -> str:
         unit = next((u for u in units if name.endswith(u)), None)
@@ -90,12 +103,58 @@ def human(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.rename(columns=header)
 
 
+# A sheet wider than the page (at 1180 px, 13 px text) is split into parts that each repeat
+# the columns that name a row; on a phone every row reads as a card of "header: value" lines.
+PAGE_CHARACTERS = 150  # characters of 13 px text across a 1180 px page, less cell padding
+WRAPPED = 30  # a text longer than this may wrap in its cell
+
+
+def _characters(frame: pd.DataFrame, name) -> int:
+    """About how many characters wide a column is laid out: its longest word (header or value)
+    and its longest value up to WRAPPED, plus two for the cell's padding."""
+    values = frame[name].astype(str)
+    words = [w for text in [str(name), *values] for w in text.split()]
+    return max(max(map(len, words), default=1), min(values.str.len().max(), WRAPPED)) + 2
+
+
+def _keys(frame: pd.DataFrame) -> int:
+    """How many leading columns name a row: the fewest (up to 3) whose values are unique."""
+    for n in range(1, min(3, len(frame.columns) - 1) + 1):
+        if not frame.iloc[:, :n].astype(str).duplicated().any():
+            return n
+    return 1
+
+
+def _sheet(frame: pd.DataFrame) -> str:
+    """One table whose cells carry their header (`data-label`) for the phone layout."""
+    head = "".join(f"<th>{_escape(c)}</th>" for c in frame.columns)
+    body = "".join("<tr>" + "".join(f'<td data-label="{_escape(c)}">{_escape(v)}</td>'
+                                    for c, v in zip(frame.columns, row, strict=True))
+                   + "</tr>"
+                   for row in frame.itertuples(index=False))
+    return f'<table class="sheet"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
 def _table(frame: pd.DataFrame | None, columns: list[str] | None = None) -> str:
+    """A sheet in human units (`human`); one wider than the page is split into parts, each
+    with the columns that name a row, never a box that scrolls or cuts."""
     if frame is None or frame.empty:
         return "<p><i>not produced in this run</i></p>"
     if columns:
         frame = frame[[c for c in columns if c in frame]]
-    return f'<div class="wide">{human(frame).to_html(index=False, escape=True, border=0)}</div>'
+    shown = human(frame)
+    widths = {c: _characters(shown, c) for c in shown.columns}
+    if sum(widths.values()) <= PAGE_CHARACTERS:
+        return _sheet(shown)
+    keys = list(shown.columns[:_keys(shown)])
+    room = PAGE_CHARACTERS - sum(widths[c] for c in keys)
+    groups: list[list] = [[]]
+    for name in shown.columns[len(keys):]:
+        if groups[-1] and sum(widths[c] for c in groups[-1]) + widths[name] > room:
+            groups.append([])
+        groups[-1].append(name)
+    return "".join(f'<p class="part">part {n} of {len(groups)}</p>' * (len(groups) > 1)
+                   + _sheet(shown[keys + group]) for n, group in enumerate(groups, 1))
 
 
 def _csv(path: Path) -> pd.DataFrame | None:
@@ -240,7 +299,14 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
     chips = "".join(f'<a class="chip" href="#{_escape(r["notebook"])}" style="background:'
                     f'{COLOURS.get(r["verdict"], "#57606a")}">{_escape(r["notebook"][:2])} '
                     f'{_escape(r["verdict"])}</a>' for r in rows)
-    parts = [f"<h1>Pilot report: {_escape(task)}</h1>",
+    # a task name is one long word: it may break after a dot, colon, slash or underscore
+    title = re.sub(r"([.:/_])", r"\1<wbr>", _escape(task))
+    parts = [f"<h1>Pilot report: {title}</h1>",
+             '<p class="offline">The verdicts, key figures, figures and the tables the decision '
+             "rests on are on this page. The links to the executed notebooks (every table) and "
+             f"to their folders are files in the run folder <b>{_escape(run.name)}</b>: they "
+             "open only while this page sits in that folder; to share them, send the whole "
+             "folder.</p>",
              f'<div class="overall" style="background:{COLOURS[overall]}">overall: '
              f'{overall}</div><div class="banner">{chips}</div>']
     summaries = {r["notebook"]: _summary(run / r["notebook"]) for r in rows}
