@@ -147,3 +147,32 @@ def test_each_framework_example_passes_all_nine_notebooks(task, tmp_path):
 
     _, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, progress=False)
     assert index.verdict.tolist() == ["pass"] * 9, index[["notebook", "verdict", "error"]]
+
+
+class _EvensFirst(torch.utils.data.Sampler):
+    def __init__(self, n):
+        self.n, self.seed = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter([*range(0, self.n, 2), *range(1, self.n, 2)])
+
+
+def test_the_train_loaders_own_sampler_orders_the_pass_and_a_batch_sampler_is_refused():
+    data = [(torch.ones(3), torch.tensor(i % 2)) for i in range(6)]
+    loader = DataLoader(data, batch_size=2, sampler=_EvensFirst(6))
+    task = wb.adapters.from_lightning(_Module, _Data(loader=loader), name="x",
+                                      criterion=nn.CrossEntropyLoss())
+    from workbook.loop import pass_order
+
+    own = task.make_sampler(6, 7)
+    assert own.seed == 7 and pass_order(own, 6, 7, 0)[0] == [0, 2, 4, 1, 3, 5]
+    assert task.make_sampler(4, 7) is None  # a subset: the pilot's own order
+    assert wb.adapters.from_lightning(_Module, _Data(), name="x",
+                                      criterion=nn.CrossEntropyLoss()).make_sampler is None
+    batches = DataLoader(data, batch_sampler=[[0, 1], [2, 3, 4]])
+    with pytest.raises(WorkbookError, match="batches with its own list"):
+        wb.adapters.from_lightning(_Module, _Data(loader=batches), name="x",
+                                   criterion=nn.CrossEntropyLoss())

@@ -9,6 +9,7 @@ datamodule's datasets and `collate_fn`. Needs `lightning` (`pip install -e .[lig
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import weakref
@@ -229,6 +230,12 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         loaders[split] = loader
     train_set = loaders["train"].dataset
     tuple_items = len(train_set) and not isinstance(train_set[0], dict)
+    if loaders["train"].batch_sampler is not None and type(
+            loaders["train"].batch_sampler) is not torch.utils.data.BatchSampler:
+        raise WorkbookError(f"the train loader batches with its own "
+                            f"{type(loaders['train'].batch_sampler).__name__}",
+                            "the pilot makes the micro-batches: give the loader a batch_size "
+                            "(and a sampler for the order) instead of a batch_sampler")
 
     base = from_torch({s: loader.dataset for s, loader in loaders.items()}, module_factory,
                       criterion, name=name, kind=kind, fields=fields, group_of=group_of,
@@ -323,9 +330,25 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         if sched is not None and checkpoint.get("lr_schedulers"):
             sched.load_state_dict(checkpoint["lr_schedulers"][0])
 
+    sampler = loaders["train"].sampler
+    own_order = not isinstance(sampler, (torch.utils.data.RandomSampler,
+                                         torch.utils.data.SequentialSampler))
+
+    def make_sampler(n: int, seed: int) -> Any:
+        """The train loader's own sampler, seeded, when the pilot trains on the whole train
+        set; on a subset (--smoke, train_limit) the pilot's own seeded order."""
+        if n != len(train_set):
+            return None
+        own = copy.deepcopy(sampler)
+        if isinstance(getattr(own, "generator", None), torch.Generator):
+            own.generator = torch.Generator().manual_seed(seed)
+        elif isinstance(getattr(own, "seed", None), int):
+            own.seed = seed
+        return own
+
     overridden = type(probe).validation_step is not pl.LightningModule.validation_step
     return dataclasses.replace(
         base, train_step=train_step, eval_step=eval_step if overridden else None,
         build_optimizer=build_optimizer, build_scheduler=SCHEDULES.get, save_state=save_state,
-        restore_state=restore_state,
+        restore_state=restore_state, make_sampler=make_sampler if own_order else None,
         lr=task_fields.get("lr", own_lr))
