@@ -101,3 +101,36 @@ def test_compared_outputs_survive_another_thread_count(stem, tmp_path):
     committed = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
     expected = [(i, sanitize(t)) for i, t in compared_texts(committed)]
     assert _outputs_with_threads(stem, tmp_path, 1) == expected
+
+
+def _long_float(cell: str) -> bool:
+    """A decimal with more than 4 significant digits (a count without a point is exact)."""
+    match = re.fullmatch(r"\s*-?([\d,]*\.\d+)(?:e-?\d+)?\s*", cell)
+    return bool(match) and len(match.group(1).replace(",", "").replace(".", "").strip("0")) > 4
+
+
+def _outputs(nb: dict):
+    for i, cell in enumerate(nb["cells"]):
+        for out in cell.get("outputs", []):
+            yield i, out
+
+
+@pytest.mark.parametrize("stem", stems())
+def test_committed_outputs_read_as_words(stem):
+    """No progress bar on stderr (an export shows it as a pink error block), no NaN, dict repr,
+    raw JSON, ANSI code or Python literal in a displayed table, and a last line that says why."""
+    nb = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
+    stderr = [i for i, out in _outputs(nb) if out.get("name") == "stderr"]
+    assert not stderr, f"{stem}: stderr output in cells {stderr}"
+    for i, out in _outputs(nb):
+        html = "".join(out.get("data", {}).get("text/html", ""))
+        if "<table" not in html:
+            continue
+        cells = re.findall(r"<td>(.*?)</td>", html, re.S)
+        bad = [c for c in cells if c.strip() in ("NaN", "nan", "None", "True", "False", "[]")
+               or c.lstrip().startswith("{") or "\x1b" in c or "[31m" in c
+               or _long_float(c) or c.strip() == "-0.000"]
+        assert not bad, f"{stem} cell {i}: {bad[:5]}"
+    last = "".join(next(out["text"] for out in nb["cells"][-1]["outputs"]
+                        if out.get("name") == "stdout")).strip().splitlines()[-1]
+    assert re.match(r"verdict: (pass|fail) - \S", last), f"{stem}: last line {last!r}"

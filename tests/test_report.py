@@ -88,8 +88,8 @@ def test_the_report_reads_in_order_with_figures_and_units(tmp_path):
     assert "time (ms)" in text or "time (s)" in text
     assert "peak reserved" not in text, "an all-empty column is left out"
     assert "nan" not in text.lower() and "0.1235" in text
-    assert "peak allocated 3.00 MiB" in " ".join(page.cells[i] + " " + page.cells[i + 1]
-                                                 for i in range(len(page.cells) - 1))
+    assert "peak allocated in the gates 3.00 MiB" in " ".join(
+        page.cells[i] + " " + page.cells[i + 1] for i in range(len(page.cells) - 1))
 
 
 def test_human_units_never_show_nan():
@@ -217,3 +217,24 @@ def test_the_fsdp_rules_and_planted_faults_are_shown_when_09_ran_them(tmp_path):
     page = write_report(tmp_path, index, "t").read_text()
     assert "Rules under FSDP2 sharding" in page and "every rank writes its shard" in page
     assert "checkpoint saved by rank 0 only under FSDP" in page and ">yes<" in page
+
+
+def test_key_figures_come_in_order_of_importance_with_labels_and_units(tmp_path):
+    index = _run(tmp_path)
+    (tmp_path / "03_phase_gates" / "summary.json").write_text(json.dumps(
+        {"verdict": "pass", "figures": {
+            "overheads": "assumed", "peak_allocated_bytes": 3 * 2**20, "plan_fits": True,
+            "device_memory_gib": 80.0, "gates": 9, "failed": [],
+            "plan_required_bytes": 3 * 2**30}}))
+    page = Page()
+    page.feed(write_report(tmp_path, index, "t:task").read_text())
+    cells = page.cells
+    start = cells.index("gates run")
+    labels = cells[start:start + 14:2]
+    assert labels == ["gates run", "gates failed", "plan fits the rental GPU",
+                      "rental GPU memory (GiB)", "plan needs (with headroom)",
+                      "peak allocated in the gates", "CUDA overheads"], labels
+    values = dict(zip(cells[start::2], cells[start + 1::2], strict=False))
+    assert values["plan fits the rental GPU"] == "yes"
+    assert values["plan needs (with headroom)"] == "3.00 GiB"
+    assert values["gates failed"] == "none"

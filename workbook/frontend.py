@@ -1,10 +1,16 @@
 """Headless or interactive: a run without a frontend (the pilot, papermill, nbval, CI) creates no
 live widget, because `ipywidgets.interact` under papermill/nbclient hangs now and then
-(papermill#723, nbclient#312). Interactive views always have a static equivalent."""
+(papermill#723, nbclient#312). Interactive views always have a static equivalent.
+
+Tables a notebook displays go through `table` (or `human`): words and units, never NaN, raw
+bytes, raw JSON, a dict repr, ANSI codes or more than 4 significant digits."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 
 HEADLESS_ENV = "WORKBOOK_HEADLESS"  # "1": no live widgets (set by the pilot and `make test`)
 
@@ -14,12 +20,48 @@ def headless() -> bool:
     return os.environ.get(HEADLESS_ENV, "") not in ("", "0")
 
 
-def progress_bar(**kwargs):
-    """A tqdm bar: a widget in JupyterLab, plain text in a headless run."""
-    if headless():  # a line at the start and the end, not one output per refresh
-        from tqdm.std import tqdm
+class QuietBar:
+    """A headless progress bar: nothing while it runs (no stderr block in an exported notebook,
+    which reads like an error), one short stdout line when it closes."""
 
-        return tqdm(mininterval=60, **kwargs)
+    def __init__(self, total=None, initial=0, disable=False, desc="", **_):
+        self.total, self.n, self.disable, self.desc, self.postfix = total, initial, disable, \
+            desc, {}
+        self.closed = False
+
+    def update(self, n=1):
+        self.n += n
+
+    def set_postfix(self, refresh=True, **kwargs):
+        self.postfix.update(kwargs)
+
+    def set_description(self, desc="", refresh=True):
+        self.desc = desc
+
+    def refresh(self):
+        pass
+
+    def close(self):
+        if self.closed or self.disable:
+            self.closed = True
+            return
+        self.closed = True
+        done = f"{self.n} of {self.total}" if self.total else f"{self.n}"
+        extra = "".join(f", {k} {v}" for k, v in self.postfix.items())
+        print(f"{self.desc + ': ' if self.desc else ''}{done} updates{extra}", flush=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def progress_bar(**kwargs):
+    """A tqdm bar in JupyterLab (a widget); headless, a `QuietBar`: no bar, no stderr, one
+    stdout line at the end."""
+    if headless():
+        return QuietBar(**kwargs)
     from tqdm.auto import tqdm
 
     return tqdm(**kwargs)
@@ -30,13 +72,181 @@ def readable(frame):
     rounded to two decimals, in place of the raw integers the records keep."""
     columns = {}
     for name in frame.columns:
-        if name.endswith("_bytes"):
+        if str(name).endswith("_bytes"):
             columns[name.removesuffix("_bytes") + "_mib"] = (frame[name] / 2**20).round(2)
-        elif name.startswith("flops"):
+        elif str(name).startswith("flops"):
             columns["g" + name] = (frame[name] / 1e9).round(2)
         else:
             columns[name] = frame[name]
     return frame.__class__(columns)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+SIGNIFICANT = 4
+
+
+def number(value: float) -> str:
+    """A float for reading: at most 4 significant digits, no '-0', thousands separated."""
+    if not math.isfinite(value):
+        return "-" if math.isnan(value) else ("infinite" if value > 0 else "-infinite")
+    if value == 0:
+        return "0"
+    if abs(value) >= 10**SIGNIFICANT:
+        digits = int(math.floor(math.log10(abs(value)))) + 1
+        return f"{round(value, SIGNIFICANT - digits):,.0f}"
+    text = f"{value:.{SIGNIFICANT}g}"
+    if "e" in text:  # 1e-05, 1.235e-07: keep it short
+        mantissa, exponent = text.split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return "0" if float(text) == 0 else text
+
+
+def word(value) -> str:
+    """Any cell as words: yes/no, '-' for none or NaN, floats to 4 significant digits, dicts
+    (or JSON objects) as 'key: value, ...', lists joined, ANSI codes removed."""
+    import numpy as np
+
+    if value is None:
+        return "-"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value)}"
+    if isinstance(value, (float, np.floating)):
+        return number(float(value))
+    if isinstance(value, bytes):
+        return f"{len(value):,} bytes"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {word(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple, set, np.ndarray)):
+        return ", ".join(word(v) for v in value) or "-"
+    try:
+        import pandas as pd
+
+        if pd.isna(value):
+            return "-"
+    except (TypeError, ValueError):
+        pass
+    text = ANSI.sub("", str(value))
+    if text in ("True", "False"):
+        return "yes" if text == "True" else "no"
+    if text in ("None", "nan", "NaN", ""):
+        return "-" if text else ""
+    if text[:1] in "{[" and text[-1:] in "}]":  # raw JSON (a metrics column read back)
+        try:
+            return word(json.loads(text))
+        except ValueError:
+            pass
+    return text
+
+
+UNITS = {"_mib": " (MiB)", "_gib": " (GiB)", "_ms": " (ms)", "_s": " (s)", "_pct": " (%)",
+         "_gflops": " (GFLOP)"}
+
+
+def header(name) -> str:
+    """A column name in words with its unit: 'peak_allocated_mib' -> 'peak allocated (MiB)'."""
+    name = str(name)
+    unit = next((u for u in UNITS if name.endswith(u)), None)
+    base = name.removesuffix(unit) + UNITS[unit] if unit else name
+    return base.replace("_", " ")
+
+
+def human(frame, words: bool = True):
+    """`readable` (MiB, GFLOP) plus what a person needs: seconds in ms below one second, no
+    all-empty column, headers in words with their unit, and - with `words` - every cell as
+    text (`word`): never NaN, a dict repr, raw JSON, ANSI codes or more than 4 significant
+    digits. Without `words`, floats are rounded to 4 significant digits and empty cells are '-'."""
+    import numpy as np
+    import pandas as pd
+
+    empty = [c for c in frame.columns
+             if frame[c].isna().all() or (frame[c].astype(str) == "").all()]
+    frame = readable(frame.drop(columns=empty))
+    out = {}
+    for name in frame.columns:
+        column = frame[name]
+        if str(name).endswith("_s") and pd.api.types.is_numeric_dtype(column) \
+                and not pd.api.types.is_bool_dtype(column):
+            small = column.abs().max() < 1
+            column = (column * (1000 if small else 1))
+            name = str(name).removesuffix("_s") + ("_ms" if small else "_s")
+        if words:
+            out[name] = column.map(word)
+        elif pd.api.types.is_float_dtype(column):
+            out[name] = column.map(lambda v: v if not math.isfinite(v) or v == 0
+                                   else float(f"{v:.4g}"))
+        else:
+            out[name] = column.map(lambda v: word(v) if isinstance(v, (bool, np.bool_, str))
+                                   else v)
+    shown = pd.DataFrame(out, index=frame.index).astype(object).where(lambda f: f.notna(), "-")
+    return shown.rename(columns=header)
+
+
+PAGE_CHARACTERS = 150  # characters of 13 px table text across ~1150 px, less cell padding
+WRAPPED = 30  # a text longer than this may wrap in its cell
+
+
+def characters(frame, name) -> int:
+    """About how many characters wide a column is laid out: its longest word (header or value)
+    and its longest value up to WRAPPED, plus two for the cell's padding."""
+    values = frame[name].astype(str)
+    words = [w for text in [str(name), *values] for w in text.split()]
+    return max(max(map(len, words), default=1),
+               min(values.str.len().max() if len(values) else 0, WRAPPED)) + 2
+
+
+def key_columns(frame) -> int:
+    """How many leading columns name a row: the fewest (up to 3) whose values are unique."""
+    for n in range(1, min(3, len(frame.columns) - 1) + 1):
+        if not frame.iloc[:, :n].astype(str).duplicated().any():
+            return n
+    return 1
+
+
+def parts(shown, width: int = PAGE_CHARACTERS) -> list:
+    """A table wider than `width` characters split into parts that each repeat the columns that
+    name a row (`key_columns`); one part when it fits."""
+    widths = {c: characters(shown, c) for c in shown.columns}
+    if sum(widths.values()) <= width or len(shown.columns) < 3:
+        return [shown]
+    keys = list(shown.columns[:key_columns(shown)])
+    room = width - sum(widths[c] for c in keys)
+    groups: list[list] = [[]]
+    for name in shown.columns[len(keys):]:
+        if groups[-1] and sum(widths[c] for c in groups[-1]) + widths[name] > room:
+            groups.append([])
+        groups[-1].append(name)
+    return [shown[keys + group] for group in groups]
+
+
+def table(frame, index: bool = False):
+    """A frame as a notebook shows it: `human` words and units, and - wider than a notebook
+    (~1150 px) - split into parts that each repeat the row's name, displayed one after the
+    other (then None is returned, so nothing shows twice). `index` keeps the frame's index
+    (a transposed table's row names). None stays None."""
+    import pandas as pd
+
+    if frame is None:  # a table a notebook's settings left out (demonstrate_faults=False)
+        return None
+    if isinstance(frame, pd.Series):
+        frame = frame.to_frame()
+    if index and list(frame.columns) == [0]:  # a transposed one-row table
+        frame = frame.rename(columns={0: "value"})
+    shown = human(frame)
+    if index:  # the row names in words, as the frame's index
+        shown.index = [header(i) for i in shown.index]
+    else:
+        shown = shown.reset_index(drop=True)
+    pieces = parts(shown)
+    if len(pieces) == 1:
+        return pieces[0]
+    from IPython.display import Markdown, display
+
+    for n, piece in enumerate(pieces, 1):
+        display(Markdown(f"*part {n} of {len(pieces)}*"))
+        display(piece)
+    return None
 
 
 def show_full_text() -> None:
@@ -44,3 +254,132 @@ def show_full_text() -> None:
     import pandas as pd
 
     pd.set_option("display.max_colwidth", None)
+
+
+# Each notebook's key figures, most important first, with the label (and unit) a person reads.
+# A figure not named here follows, its name in words (`header`).
+KEY_FIGURES: dict[str, dict[str, str]] = {
+    "01_inspect_examples": {
+        "flags": "flags raised", "examples": "examples", "num_outputs": "output classes / tokens",
+        "expected_initial_loss": "expected initial loss (ln outputs)",
+        "contributing_share": "share of positions that carry a target",
+        "targets_per_example_mean": "targets per example (mean)",
+        "zero_target_examples": "examples without a target",
+        "targets_on_padding": "targets on padding", "targets_on_prompt": "targets on the prompt",
+        "groups_crossing_splits": "groups in more than one split"},
+    "02_overfit": {
+        "final_loss": "final loss on the subset", "final_loss_bar": "loss to fall below",
+        "exact_examples": "examples reproduced exactly", "examples": "examples memorised",
+        "initial_loss": "initial loss", "expected_initial_loss": "expected initial loss",
+        "initial_loss_rule": "expected initial loss from", "finite": "loss finite throughout",
+        "lr_diverges": "learning rate diverges", "lr": "learning rate", "lr_from": "lr from",
+        "updates_run": "updates run", "updates": "updates planned",
+        "update_by": "update made by", "loss_threshold": "loss threshold"},
+    "03_phase_gates": {
+        "gates": "gates run", "failed": "gates failed", "warned": "gates warned",
+        "plan_fits": "plan fits the rental GPU", "device_memory_gib": "rental GPU memory (GiB)",
+        "plan": "plan (predicted, not run)", "plan_required_bytes": "plan needs (with headroom)",
+        "plan_peak_bytes": "plan peak (predicted)", "ran_at": "gates ran at",
+        "peak_allocated_bytes": "peak allocated in the gates", "peak_phase": "peak phase",
+        "prediction_max_abs_error_pct": "prediction error, largest (%)",
+        "prediction_notes": "prediction notes", "overheads": "CUDA overheads",
+        "models": "model"},
+    "04_batch_accounting": {
+        "reconciled": "loop counts match the calculator",
+        "normalisation_ok": "loss normalised over the update's targets",
+        "wrong_normalisation_caught": "wrong normalisation caught",
+        "max_deviation": "largest gradient deviation (relative)", "findings": "findings",
+        "warned": "warnings", "examples_per_update": "examples per update",
+        "updates_per_pass": "updates per pass",
+        "worked_example_updates": "updates in the worked example",
+        "own_train_step_ok": "task's own train_step agrees",
+        "own_step_loss_agrees": "task's own step loss agrees",
+        "own_eval_ok": "task's own evaluation agrees"},
+    "05_memory_variants": {
+        "measured": "variants measured", "variants": "variants",
+        "not_applicable": "not applicable here", "changes_experiment": "change the experiment",
+        "checkpointing_memory_ratio": "checkpointing: memory (x control)",
+        "checkpointing_time_ratio": "checkpointing: time (x control)"},
+    "06_lr_study": {
+        "finding": "finding", "supported_lr": "learning rate the study supports",
+        "conclusive": "conclusive", "warnings": "warnings", "best_lr": "best learning rate",
+        "best_metric": "best validation value", "metric": "metric",
+        "control_lr": "control learning rate", "control_remains_best": "control still best",
+        "best_at_edge": "best at the grid's edge", "still_improving": "trials still improving",
+        "trials": "trials", "statuses": "trial statuses", "seeds": "seeds", "lrs": "rates tried",
+        "best_trial": "best trial", "best_checkpoint": "best checkpoint",
+        "periodic_curve": "periodic validation curve"},
+    "07_resume_reload": {
+        "cases": "resume cases", "archive_identical": "archive reloads identically",
+        "tampering_refused": "tampered checkpoints refused",
+        "faults_caught": "planted faults caught (a no: the fault changed nothing here)"},
+    "08_rental_plan": {
+        "recommended_gpu": "recommended GPU", "recommended_gpus": "GPUs",
+        "recommended_strategy": "strategy", "chosen": "candidate planned",
+        "planned_lr": "learning rate planned", "study": "learning-rate study",
+        "study_conclusive": "study conclusive", "rental_gpu": "GPU planned on",
+        "plans_priced_on": "plans priced on", "scheduled": "variants scheduled (days: runs)",
+        "fitting_rows": "configurations that fit", "rows": "configurations sized",
+        "not_sized": "not sized", "sized_model": "model sized"},
+    "09_data_parallel": {
+        "rules_failing": "rules failing", "replicas": "replicas",
+        "faults_caught": "planted faults caught",
+        "faults_not_demonstrable": "faults not demonstrable here",
+        "gradient_max_relative_deviation": "gradient deviation against one process (relative)",
+        "all_reduce_median_s": "all-reduce, median", "fsdp": "FSDP2"},
+}
+
+
+def key_figures(stem: str, figures: dict) -> list[tuple[str, str]]:
+    """(label, value in words) of a notebook's key figures, in `KEY_FIGURES`' order of
+    importance; sizes in MiB/GiB, seconds in ms below one second, never a Python literal."""
+    labels = KEY_FIGURES.get(stem, {})
+    names = [n for n in labels if n in figures] + [n for n in figures if n not in labels]
+    return [(labels.get(n) or header(n.removesuffix("_bytes")), figure_word(n, figures[n]))
+            for n in names]
+
+
+def figure_word(name: str, value) -> str:
+    """One key figure in words: `word`, with sizes (`*_bytes`) in MiB or GiB and seconds
+    (`*_s`) in ms below one second; a dict of them as 'key: value; ...'."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if name.endswith("_bytes"):
+            return f"{value / 2**30:,.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.2f} MiB"
+        if name.endswith("_s"):
+            return f"{number(value * 1000)} ms" if abs(value) < 1 else f"{number(value)} s"
+    if isinstance(value, dict):
+        return "; ".join(f"{_key(k)}: {figure_word(str(k), v)}" for k, v in value.items()) \
+            or "none"
+    if isinstance(value, list):
+        if value and all(isinstance(v, dict) for v in value):  # records: "name: key value, ..."
+            return "; ".join(
+                f"{word(next(iter(r.values())))}: " + ", ".join(
+                    f"{_key(k)} {figure_word(str(k), v)}" for k, v in list(r.items())[1:]
+                    if v not in (None, "", [])) for r in value)
+        return ", ".join(word(v) for v in value) if value else "none"
+    return word(value)
+
+
+def _key(name) -> str:
+    """A dict key in words: an identifier ('max_param_diff') as 'max param diff', a phrase as
+    it is."""
+    name = str(name)
+    return header(name) if "_" in name and " " not in name else name
+
+
+def figure_table(figures: dict, stem: str = ""):
+    """A notebook's key figures as a table of words: a label (`KEY_FIGURES[stem]`, else the
+    name in words) and the value (`figure_word`), most important first."""
+    import pandas as pd
+
+    rows = key_figures(stem, figures)
+    return pd.DataFrame(rows, columns=["figure", "value"]).set_index("figure").rename_axis(None)
+
+
+def show(frame, index: bool = False) -> None:
+    """Display `table(frame)` (in parts when wide); for use inside a cell's code."""
+    from IPython.display import display
+
+    shown = table(frame, index=index)
+    if shown is not None:
+        display(shown)

@@ -692,7 +692,7 @@ def show_gates(report: GateReport) -> None:
     words, no empty column - then its verdict and what it checked, the detail given the width."""
     from IPython.display import display
 
-    from .report import human
+    from .frontend import human
 
     t = report.table()
     for columns in (["phase", "counter", "baseline_bytes", "peak_allocated_bytes",
@@ -765,7 +765,9 @@ def save(result: GatesResult, out_dir: Path) -> str:
     save_table(result.fit, out_dir, "plan_fit")
     figures = {**report.figures,
                **summary_figures(result.check, result.plan, result.planned, result.fit),
-               "plan_fits": result.fits, "models": campaign.models(result.task).lines(),
+               "plan_fits": result.fits,
+               "device_memory_gib": result.settings.device_memory_gib or None,
+               "models": campaign.models(result.task).lines(),
                "ran_at": f"{result.settings.plan().label()} on {report.table().device.iloc[0]}",
                "overheads": "measured" if result.overheads.measured else "assumed"}
     write_summary(out_dir, result.verdict, figures, task=result.task.name)

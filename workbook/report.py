@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 import re
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from . import schemas
+from . import frontend, schemas
 from .errors import WorkbookError
-from .frontend import readable
 from .runs import write_text
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700"}
@@ -58,73 +55,6 @@ def _escape(value) -> str:
     return html.escape(str(value))
 
 
-def _number(value):
-    """Rounded for reading: 4 significant digits, integers as they are."""
-    if isinstance(value, bool) or not isinstance(value, float):
-        return value
-    if not math.isfinite(value) or value == 0:
-        return value
-    return float(f"{value:.4g}")
-
-
-def _word(value):
-    """True/False (or their strings, from a CSV read back) as yes/no; anything else as it is."""
-    if isinstance(value, (bool, np.bool_)):
-        return "yes" if value else "no"
-    return {"True": "yes", "False": "no"}.get(value, value) if isinstance(value, str) else value
-
-
-def human(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frontend.readable` (MiB, GFLOP) plus what a page needs: seconds in ms below one second,
-    rounded floats, no all-empty column, empty cells shown as '-' (never NaN), and headers in
-    words with their unit."""
-    empty = [c for c in frame.columns
-             if frame[c].isna().all() or (frame[c].astype(str) == "").all()]
-    frame = readable(frame.drop(columns=empty))
-    out = {}
-    for name in frame.columns:
-        column = frame[name]
-        if name.endswith("_s") and pd.api.types.is_numeric_dtype(column):
-            small = column.abs().max() < 1
-            out[name.removesuffix("_s") + ("_ms" if small else "_s")] = \
-                (column * (1000 if small else 1)).round(1 if small else 2)
-        elif pd.api.types.is_float_dtype(column):
-            out[name] = column.map(_number)
-        else:  # True/False in words (a CSV read back gives bools or the strings)
-            out[name] = column.map(_word)
-    frame = pd.DataFrame(out).astype(object).where(lambda f: f.notna(), "-")
-    units = {"_mib": " (MiB)", "_gib": " (GiB)", "_ms": " (ms)", "_s": " (s)"}
-
-    def header(name: str) -> str:
-        unit = next((u for u in units if name.endswith(u)), None)
-        base = name.removesuffix(unit) + units[unit] if unit else name
-        return base.replace("_", " ")
-
-    return frame.rename(columns=header)
-
-
-# A sheet wider than the page (at 1180 px, 13 px text) is split into parts that each repeat
-# the columns that name a row; on a phone every row reads as a card of "header: value" lines.
-PAGE_CHARACTERS = 150  # characters of 13 px text across a 1180 px page, less cell padding
-WRAPPED = 30  # a text longer than this may wrap in its cell
-
-
-def _characters(frame: pd.DataFrame, name) -> int:
-    """About how many characters wide a column is laid out: its longest word (header or value)
-    and its longest value up to WRAPPED, plus two for the cell's padding."""
-    values = frame[name].astype(str)
-    words = [w for text in [str(name), *values] for w in text.split()]
-    return max(max(map(len, words), default=1), min(values.str.len().max(), WRAPPED)) + 2
-
-
-def _keys(frame: pd.DataFrame) -> int:
-    """How many leading columns name a row: the fewest (up to 3) whose values are unique."""
-    for n in range(1, min(3, len(frame.columns) - 1) + 1):
-        if not frame.iloc[:, :n].astype(str).duplicated().any():
-            return n
-    return 1
-
-
 def _sheet(frame: pd.DataFrame) -> str:
     """One table whose cells carry their header (`data-label`) for the phone layout."""
     head = "".join(f"<th>{_escape(c)}</th>" for c in frame.columns)
@@ -135,26 +65,24 @@ def _sheet(frame: pd.DataFrame) -> str:
     return f'<table class="sheet"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def human(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frontend.human` as a page needs it: MiB, GFLOP, seconds in ms below one second,
+    floats to 4 significant digits, no all-empty column, '-' for empty cells (never NaN), yes/no,
+    and headers in words with their unit."""
+    return frontend.human(frame, words=False)
+
+
 def _table(frame: pd.DataFrame | None, columns: list[str] | None = None) -> str:
-    """A sheet in human units (`human`); one wider than the page is split into parts, each
-    with the columns that name a row, never a box that scrolls or cuts."""
+    """A sheet in human units (`human`); one wider than the page is split into parts
+    (`frontend.parts`), each with the columns that name a row, never a box that scrolls or
+    cuts."""
     if frame is None or frame.empty:
         return "<p><i>not produced in this run</i></p>"
     if columns:
         frame = frame[[c for c in columns if c in frame]]
-    shown = human(frame)
-    widths = {c: _characters(shown, c) for c in shown.columns}
-    if sum(widths.values()) <= PAGE_CHARACTERS:
-        return _sheet(shown)
-    keys = list(shown.columns[:_keys(shown)])
-    room = PAGE_CHARACTERS - sum(widths[c] for c in keys)
-    groups: list[list] = [[]]
-    for name in shown.columns[len(keys):]:
-        if groups[-1] and sum(widths[c] for c in groups[-1]) + widths[name] > room:
-            groups.append([])
-        groups[-1].append(name)
-    return "".join(f'<p class="part">part {n} of {len(groups)}</p>' * (len(groups) > 1)
-                   + _sheet(shown[keys + group]) for n, group in enumerate(groups, 1))
+    pieces = frontend.parts(human(frame))
+    return "".join(f'<p class="part">part {n} of {len(pieces)}</p>' * (len(pieces) > 1)
+                   + _sheet(piece) for n, piece in enumerate(pieces, 1))
 
 
 def _csv(path: Path) -> pd.DataFrame | None:
@@ -174,24 +102,11 @@ NOT_GIVEN = {"plan_fits": "not judged: no device memory given (device_memory_gib
 
 
 def _shown(name: str, value) -> str:
-    """A key figure as words: yes/no, '-' (or why) for none, bytes in MiB, floats to 4
-    significant digits, lists and dicts joined whole (never cut with '...')."""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
+    """A key figure as words (`frontend.figure_word`): yes/no, '-' (or why) for none, bytes
+    in MiB or GiB, floats to 4 significant digits, lists and dicts joined whole (never cut)."""
     if value is None:
         return NOT_GIVEN.get(name, "-")
-    if isinstance(value, (int, float)) and name.endswith("_bytes"):
-        return f"{value / 2**30:,.2f} GiB" if value >= 10 * 2**30 else \
-            f"{value / 2**20:,.2f} MiB"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, list):
-        return ", ".join(map(str, value)) if value else "none"
-    if isinstance(value, dict):
-        return "; ".join(f"{k}: {_shown(str(k), v)}" for k, v in value.items()) or "none"
-    return str(value)
+    return frontend.figure_word(name, value)
 
 
 def run_and_predicted(summaries: dict) -> list[str]:
@@ -209,15 +124,25 @@ def run_and_predicted(summaries: dict) -> list[str]:
     return lines
 
 
-def _key_figures(summary: dict | None) -> str:
+def _key_figures(stem: str, summary: dict | None) -> str:
+    """A notebook's key figures in a fixed order of importance (`frontend.KEY_FIGURES`), with
+    human labels and units, yes/no, never a Python literal."""
     if not summary:
         return ""
-    rows = [{"figure": name.removesuffix("_bytes").replace("_", " "),
-             "value": _shown(name, value)} for name, value in summary.get("figures", {}).items()]
+    figures = summary.get("figures", {})
+    labels = frontend.KEY_FIGURES.get(stem, {})
+    rows = [{"figure": labels.get(name) or frontend.header(name.removesuffix("_bytes")),
+             "value": _shown(name, figures[name])} for name in _ordered(stem, figures)]
     flags = summary.get("flags")
     if flags:
-        rows.append({"figure": "flags", "value": ", ".join(map(str, flags))})
+        rows.append({"figure": "flagged checks", "value": ", ".join(map(str, flags))})
     return pd.DataFrame(rows).to_html(index=False, escape=True, border=0) if rows else ""
+
+
+def _ordered(stem: str, figures: dict) -> list[str]:
+    """The figure names in `frontend.key_figures`' order."""
+    labels = frontend.KEY_FIGURES.get(stem, {})
+    return [n for n in labels if n in figures] + [n for n in figures if n not in labels]
 
 
 def _summary(folder: Path) -> dict | None:
@@ -335,7 +260,7 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
             f'{_escape(r["verdict"])}</span> <small>({r["seconds"]} s)</small></h2>'
             f'<div class="links">{"".join(links)}</div>'
             + (f'<p class="error">{_escape(r["error"])}</p>' if r.get("error") else "")
-            + _key_figures(summary) + (_figures(folder) if folder.exists() else ""))
+            + _key_figures(stem, summary) + (_figures(folder) if folder.exists() else ""))
         parts += _tables(run, stem)
     path = run / "report.html"
     write_text(path, safe_links(

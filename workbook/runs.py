@@ -388,3 +388,141 @@ def save_table(frame: pd.DataFrame, out_dir: Path, name: str) -> Path:
     write_text(Path(out_dir) / f"{name}.csv", frame.to_csv(index=False))
     write_json(Path(out_dir) / f"{name}.json", frame.to_dict(orient="records"))
     return Path(out_dir) / f"{name}.csv"
+
+
+def verdict_line(out_dir: Path) -> str:
+    """A notebook's last line: its verdict and, in one sentence, why - built from the
+    `summary.json` that its `save` just wrote (e.g. "verdict: pass - 9 of 9 gates passed; the
+    plan mb16 x acc2 len1024 bf16 needs 1.38 GiB and fits the 80 GiB rental GPU")."""
+    try:
+        summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return "verdict: unknown - no summary.json was written"
+    verdict = summary.get("verdict", "unknown")
+    stem = re.sub(r"^\d{8}-\d{6}-", "", Path(out_dir).name)
+    try:
+        why = _why(stem, verdict == "pass", summary.get("figures") or {}, summary)
+    except Exception:  # a reason is a courtesy: never fail the notebook's last cell
+        why = ""
+    return f"verdict: {verdict}" + (f" - {why}" if why else "")
+
+
+def _gib(n) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _listed(items, empty="none") -> str:
+    items = list(items or [])
+    return ", ".join(map(str, items)) if items else empty
+
+
+def _n(value) -> str:
+    """A number in a sentence: at most 4 significant digits."""
+    from .frontend import word
+
+    return word(value)
+
+
+def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
+    """The reason behind a verdict, per notebook (one sentence, no Python literal)."""
+    if stem.startswith("01"):
+        flags = summary.get("flags") or []
+        return (f"no flag on {f.get('examples', 0):,} examples ({f.get('num_outputs')} outputs, "
+                f"expected initial loss {_n(f.get('expected_initial_loss'))})" if ok else
+                f"{len(flags)} flag{'s' * (len(flags) != 1)} raised: {_listed(flags)}")
+    if stem.startswith("02"):
+        if ok:
+            return (f"the loss fell from {_n(f.get('initial_loss'))} to "
+                    f"{_n(f.get('final_loss'))} (below {_n(f.get('final_loss_bar'))}) in "
+                    f"{f.get('updates_run')} updates and "
+                    f"{f.get('exact_examples')} of {f.get('examples')} examples are reproduced "
+                    "exactly")
+        return (f"failed: {_listed(summary.get('failed'))}"
+                + (f"; {summary['diagnosis']}" if summary.get("diagnosis") else ""))
+    if stem.startswith("03"):
+        failed, gates = f.get("failed") or [], f.get("gates", 0)
+        head = f"{gates - len(failed)} of {gates} gates passed" + (
+            f" (failed: {_listed(failed)})" if failed else "") + (
+            f", {len(f['warned'])} warned ({_listed(f['warned'])})" if f.get("warned") else "")
+        need = f.get("plan_required_bytes")
+        fits = f.get("plan_fits")
+        device = f.get("device_memory_gib")
+        on = f"the {device:g} GiB rental GPU" if device else "the rental GPU"
+        plan = f"; the plan {f.get('plan')} needs {_gib(need)}" if need else ""
+        if plan and fits is not None:
+            plan += f" and {'fits' if fits else 'does not fit'} {on}"
+        elif plan:
+            plan += " (no device memory given: fit not judged)"
+        return head + plan
+    if stem.startswith("04"):
+        parts = [("the loop's counts match the calculator", f.get("reconciled")),
+                 ("the loss is normalised over the update's targets", f.get("normalisation_ok")),
+                 ("the wrong normalisation is caught", f.get("wrong_normalisation_caught"))]
+        if ok:
+            return ", ".join(p for p, _ in parts) + (
+                f" (largest gradient deviation {f['max_deviation']:.1e})"
+                if isinstance(f.get("max_deviation"), float) else "")
+        bad = [p.replace(" match", " do not match").replace(" is ", " is not ")
+               for p, good in parts if good is False]
+        return "; ".join(bad + [f"finding: {x}" for x in f.get("findings") or []]) or "failed"
+    if stem.startswith("05"):
+        text = f"{f.get('measured')} of {f.get('variants')} variants measured" + (
+            f" (not applicable here: {_listed(f.get('not_applicable'))})"
+            if f.get("not_applicable") else "")
+        if f.get("checkpointing_memory_ratio") is not None:
+            text += (f"; activation checkpointing needs {f['checkpointing_memory_ratio']:.2f} "
+                     "of the control's peak memory")
+        return text if ok else "a measured variant gave a non-finite loss; " + text
+    if stem.startswith("06"):
+        statuses = f.get("statuses") or {}
+        done = ", ".join(f"{n} {s}" for s, n in statuses.items())
+        if not ok:
+            return f"trials: {done or 'none'}" + (
+                "; the periodic validation curve says the evaluation repeats itself"
+                if f.get("periodic_curve") else "")
+        text = f"{f.get('trials')} trials ({done}); best lr {f.get('best_lr'):g} " \
+            f"({f.get('metric')} {f.get('best_metric'):.4g})" \
+            if f.get("best_lr") is not None else f"{f.get('trials')} trials ({done})"
+        warnings = f.get("warnings") or []
+        return text + (f", provisional: {len(warnings)} warning"
+                       f"{'s' * (len(warnings) != 1)} (see the finding)" if warnings else "")
+    if stem.startswith("07"):
+        cases = f.get("cases") or []
+        exact = sum(bool(c.get("exact")) for c in cases)
+        caught = f.get("faults_caught") or {}
+        text = (f"{exact} of {len(cases)} resume cases exact, tampered checkpoints "
+                f"{'refused' if f.get('tampering_refused') else 'NOT refused'}, the archive "
+                f"{'reloads identically' if f.get('archive_identical') else 'reloads DIFFERENTLY'}")
+        if caught:
+            text += f"; {sum(bool(v) for v in caught.values())} of {len(caught)} planted " \
+                "faults caught"
+            missed = [k for k, v in caught.items() if v is False]
+            if missed:
+                text += (f" (not caught: {_listed(missed)} - resuming without it changed "
+                         "nothing, so this training draws no random numbers, e.g. no dropout)")
+        return text
+    if stem.startswith("08"):
+        if not ok:
+            return "no candidate fits any GPU of the sheet"
+        gpus = f.get("recommended_gpus") or 1
+        return (f"candidate {f.get('chosen')} on {gpus} x {f.get('recommended_gpu')} "
+                f"({f.get('recommended_strategy')}); {f.get('fitting_rows')} of {f.get('rows')} "
+                "configurations fit")
+    if stem.startswith("09"):
+        rules = summary.get("rules") or {}
+        failing = [r for r, v in rules.items() if v == "fail"]
+        caught = f.get("faults_caught") or {}
+        shown = {k: v for k, v in caught.items() if v is not None}
+        text = (f"{len(rules) - len(failing)} of {len(rules)} rules hold on "
+                f"{f.get('replicas')} replicas" if not failing else
+                f"{len(failing)} rules fail: {_listed(failing)}")
+        if shown:
+            text += (f"; {sum(bool(v) for v in shown.values())} of {len(shown)} planted faults "
+                     "caught")
+        fsdp = f.get("fsdp") or {}
+        if fsdp.get("rules"):
+            bad = [r for r, v in fsdp["rules"].items() if v == "fail"]
+            text += "; FSDP2: " + (f"{len(bad)} rules fail ({_listed(bad)})" if bad else
+                                   f"all {len(fsdp['rules'])} rules hold")
+        return text
+    return ""
