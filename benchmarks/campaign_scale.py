@@ -1,12 +1,16 @@
 """Campaign-scale sizing (issue 23). Prints its figures; none of them is a unit test.
 
     PYTHONPATH=. .venv/bin/python benchmarks/campaign_scale.py [--only c] [--configs 7b,70b]
+        [--against-full-depth]
 
 (a) the twin path against a real run of campaign models that fit the pilot box, every phase
 (b) FSDP2 on 2 and 4 gloo processes against the measured per-rank peak, every phase
 (c) 7 B and 70 B Llama configs: seconds and peak resident memory of the FSDP2 sizing, per-GPU
     peak of every phase for N = 8, 16, 64 (each config sized in a fresh process, so its peak
-    resident memory is its own).
+    resident memory is its own). The sizing runs the sharded step at 3 and 4 layers and carries
+    every operator to the full depth (`sharding.sharded_run`); `--against-full-depth` also runs
+    the sharded step at the full depth (the sizing before depth carrying: minutes) and prints
+    the largest difference in bytes of any phase at any N.
 
 The last line is `campaign_scale_max_abs_error_pct: <value>` over the parts that report errors
 (a and b; part c has none to report)."""
@@ -118,9 +122,10 @@ def part_b() -> list[float]:
 
 
 # --- part (c) -------------------------------------------------------------------------------
-def size_one(name: str) -> dict:
+def size_one(name: str, against_full_depth: bool = False) -> dict:
     """Runs in a fresh process: one config sized at N = 8 (the fake run), 16 and 64 derived,
-    and 64 also sized directly to show the derivation's gap."""
+    and 64 also sized directly to show the derivation's gap; with `against_full_depth`, N = 8
+    once more at the full depth, after the resident memory is read."""
     import resource
     import time
 
@@ -146,18 +151,35 @@ def size_one(name: str) -> dict:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     gap = max(abs(a - b) / b * 100 for a, b in zip(frames[WORLDS[-1]].predicted_peak_bytes,
                                                  direct.predicted_peak_bytes, strict=True))
-    return {"config": name, "parameters": params, "seconds": seconds,
+    full = {}
+    if against_full_depth:
+        start = time.perf_counter()
+        depth_of, campaign.depth_of = campaign.depth_of, lambda task: None  # no carrying
+        try:
+            whole = sharding.sharded_run(task, data.train, data.validation, plan, WORLDS[0])
+        finally:
+            campaign.depth_of = depth_of
+        full = {"full_depth_seconds": time.perf_counter() - start,
+                "carried_vs_full_depth_bytes": max(
+                    abs(a - b) for w in WORLDS for a, b in zip(
+                        run.at(w).predicted_peak_bytes, whole.at(w).predicted_peak_bytes,
+                        strict=True)),
+                "breakdowns_equal": all(run.at(w).breakdown.tolist() ==
+                                        whole.at(w).breakdown.tolist() for w in WORLDS)}
+    return {"config": name, "parameters": params, "seconds": seconds, "sized": run.sized,
             "direct_seconds": direct_seconds, "peak_rss_bytes": rss,
-            "derived_vs_direct_pct": gap,
+            "derived_vs_direct_pct": gap, **full,
             "per_gpu": {w: dict(zip(f.phase, f.predicted_peak_bytes.astype(float), strict=True))
                         for w, f in frames.items()}}
 
 
-def part_c(names: list[str]) -> None:
+def part_c(names: list[str], against_full_depth: bool = False) -> None:
     print(f"(c) FSDP2 per-GPU sizing, shape {SHAPE} (micro_batch x accumulation per GPU), "
           f"AdamW; machine: {os.cpu_count()} CPU cores")
     for name in names:
-        out = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True,
+        out = subprocess.run([sys.executable, __file__, "--one", name,
+                              *(["--against-full-depth"] if against_full_depth else [])],
+                             capture_output=True,
                              text=True, cwd=ROOT, timeout=1800,
                              env={**os.environ, "PYTHONPATH": str(ROOT),
                                   "OMP_NUM_THREADS": "1"})
@@ -170,6 +192,12 @@ def part_c(names: list[str]) -> None:
               f"{r['direct_seconds']:.1f} s, derived vs direct max gap "
               f"{r['derived_vs_direct_pct']:.2f}%); peak resident memory "
               f"{r['peak_rss_bytes'] / 2**20:.0f} MiB")
+        print(f"    sized: {r['sized']}")
+        if "full_depth_seconds" in r:
+            print(f"    against the sharded run at the full depth ({r['full_depth_seconds']:.1f} "
+                  f"s): largest difference of any phase at any N "
+                  f"{r['carried_vs_full_depth_bytes']:.0f} bytes; breakdowns "
+                  f"{'equal' if r['breakdowns_equal'] else 'DIFFER'}")
         phases = list(next(iter(r["per_gpu"].values())))
         print("    per-GPU peak, GiB      " + "".join(f"{p[:16]:>18}" for p in phases))
         for w, peaks in r["per_gpu"].items():
@@ -181,10 +209,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="abc")
     parser.add_argument("--configs", default="7b,70b")
+    parser.add_argument("--against-full-depth", action="store_true",
+                        help="part c: also run the sharded step at the full depth and compare")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(size_one(args.one)))
+        print(json.dumps(size_one(args.one, args.against_full_depth)))
         return
     errors: list[float] = []
     if "a" in args.only:
@@ -192,7 +222,7 @@ def main() -> None:
     if "b" in args.only:
         errors += part_b()
     if "c" in args.only:
-        part_c(args.configs.split(","))
+        part_c(args.configs.split(","), args.against_full_depth)
     worst = max(errors) if errors else float("nan")
     print(f"campaign_scale_max_abs_error_pct: {worst:.3f}" if errors else
           "campaign_scale_max_abs_error_pct: nan (no part that reports errors ran)")

@@ -296,16 +296,52 @@ def _roles(trace: list, depth: int) -> list[tuple[str, list]]:
     return out
 
 
-def extrapolate(shallow: list, deeper: list, depth: int) -> tuple[int, ...] | None:
-    """The memory (per category) at the peak of one phase of the model at `depth` layers, from
-    operator traces at `TRACE_DEPTHS` layers (`shallow`, `deeper`: lists of (layer index or
-    None, figures per category)). Each operator's memory is linear in the depth (what one more
-    layer keeps alive) and, inside the stack, in the layer's position (what each layer before
-    it left); the peak is the largest operator at `depth`, not the peak extrapolated (peaks of
-    different operators grow at different rates: under bf16 autocast the forward's moves from
-    the loss to the last layer past 14 layers of a 7 B Llama). Outside the stack a stretch whose
-    length changes with the depth (the optimizer's per-parameter steps) is carried by its first,
-    largest and last operator. None when the traces do not line up."""
+def layer_of(parents, layers: str, backward: bool) -> int | None:
+    """The index of the layer of the stack `layers` (a tracker name, `layer_list`) the current
+    operator runs in, from the module tracker's `parents`, else None. In backward the tracker
+    leaves a layer among the parents until its inputs' gradients are done, so the layers being
+    differentiated are the later ones: the current is the lowest."""
+    prefix = layers + "."
+    inside = [p[len(prefix):].split(".", 1)[0] for p in parents if p.startswith(prefix)]
+    if not inside:
+        return None
+    return (min if backward else max)(int(k) for k in inside)
+
+
+def attach_gaps(trace: list) -> list:
+    """The trace with every stretch of operators outside the stack that runs between layer k
+    and layer k +- 1 given to layer k: under FSDP2 a block's reshard after its forward
+    (and the hooks around it) runs after the module tracker has left the block and before the
+    next one is entered, a gap of the same operators after every layer; given to the layer it
+    ends, the stack's passes line up layer for layer again."""
+    out = list(trace)
+    i = 0
+    while i < len(out):
+        if out[i][0] is None and i > 0 and out[i - 1][0] is not None:
+            j = i
+            while j < len(out) and out[j][0] is None:
+                j += 1
+            if j < len(out) and out[j][0] is not None and \
+                    abs(out[j][0] - out[i - 1][0]) == 1:
+                layer = out[i - 1][0]
+                out[i:j] = [(layer, figures) for _, figures in out[i:j]]
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def carried(shallow: list, deeper: list, depth: int, key: Callable[[Any], Any] = sum,
+            stretch: Callable[[list, list], list | None] | None = None
+            ) -> list[list[int]] | None:
+    """The operators of one phase that can hold its peak at `depth` layers, each with its
+    memory (per category) carried from operator traces at `TRACE_DEPTHS` layers (`shallow`,
+    `deeper`: lists of (layer index or None, figures per category)); the peak under any
+    measure that is linear in the categories is the largest of them by that measure (`key`,
+    which also picks the largest operator of a stretch outside the stack whose length changes
+    with the depth). See `extrapolate`. `stretch(x, y)`, when given, pairs the operators of
+    such a stretch instead (a list of (shallower, deeper) figures to carry, None when they
+    cannot be paired). None when the traces do not line up."""
     a, b = _roles(shallow, TRACE_DEPTHS[0]), _roles(deeper, TRACE_DEPTHS[1])
     if [r for r, _ in a] != [r for r, _ in b]:
         return None
@@ -328,11 +364,30 @@ def extrapolate(shallow: list, deeper: list, depth: int) -> tuple[int, ...] | No
                                    in zip(first3, first4, second4, strict=True)])
         elif len(x) == len(y):
             candidates += [carry(xi, yi, zero) for xi, yi in zip(x, y, strict=True)]
+        elif role == "outside" and stretch is not None:
+            pairs = stretch(x, y)
+            if pairs is None:
+                return None
+            candidates += [carry(xi, yi, zero) for xi, yi in pairs]
         elif role == "outside":
             def largest(t):
-                return max(t, key=sum)
+                return max(t, key=key)
             for pick in (lambda t: t[0], largest, lambda t: t[-1]):
                 candidates.append(carry(pick(x), pick(y), zero))
         else:
             return None
+    return candidates or None
+
+
+def extrapolate(shallow: list, deeper: list, depth: int) -> tuple[int, ...] | None:
+    """The memory (per category) at the peak of one phase of the model at `depth` layers, from
+    operator traces at `TRACE_DEPTHS` layers (`shallow`, `deeper`: lists of (layer index or
+    None, figures per category)). Each operator's memory is linear in the depth (what one more
+    layer keeps alive) and, inside the stack, in the layer's position (what each layer before
+    it left); the peak is the largest operator at `depth`, not the peak extrapolated (peaks of
+    different operators grow at different rates: under bf16 autocast the forward's moves from
+    the loss to the last layer past 14 layers of a 7 B Llama). Outside the stack a stretch whose
+    length changes with the depth (the optimizer's per-parameter steps) is carried by its first,
+    largest and last operator. None when the traces do not line up (`carried`)."""
+    candidates = carried(shallow, deeper, depth)
     return tuple(max(candidates, key=sum)) if candidates else None

@@ -5,6 +5,15 @@ collectives do nothing, their buffers are allocated as on a GPU), and the traini
 `workbook.workload` run under a subclass of PyTorch's `FSDPMemTracker` that keeps one peak per
 phase. Nothing of the campaign model is ever allocated.
 
+A deep campaign model (`campaign.Deep`, or a `transformers` config) is not run at its depth: the
+sharded step runs at 3 and 4 layers with every operator's bytes recorded by kind and layer, and
+each operator is carried to the full depth as the single-device prediction carries it
+(`campaign.carried`); FSDP2's loops over the parameters outside the layer stack (the
+optimizer's state, made parameter by parameter) are paired operator for operator (`_paired`).
+Equal to the byte to the run at the full depth (tests/test_sharding.py, and
+`benchmarks/campaign_scale.py --against-full-depth` for 7 B and 70 B); a phase whose traces do
+not line up is run at the full depth, and `ShardedRun.sized` says how the depth was sized.
+
 What the prediction does not see: the CUDA context and the caching allocator (the rental sheet
 adds them as stated overheads), NCCL's own buffers, and the overlap of the next layer's
 all-gather with the current layer's compute (FSDP2 prefetches one block ahead on a GPU stream;
@@ -83,11 +92,29 @@ def _tracker_class():
         buffers do not). With `offload` the sharded state lives in host memory (FSDP2's
         CPUOffloadPolicy) and is not on the GPU."""
 
-        def __init__(self, model: nn.Module, optimizer, offload: bool):
+        def __init__(self, model: nn.Module, optimizer, offload: bool,
+                     layers: str | None = None):
             super().__init__(model, optimizer)
             self.offload = offload
             self.phase_peak, self.phase_snapshot, self.points = 0, {}, []
             self.quiet = 0
+            # the tracker's name of the layer stack: record every operator's memory by kind
+            # (`TRACE_KINDS`) with the layer it runs in (`trace`), to carry it to another depth
+            self.layers, self.trace, self.op = layers, [], "begin"
+
+        def _kinds(self, modelled: tuple[int, int] = (0, 0)) -> tuple[int, ...]:
+            snaps = self._curr_mem_snap.values()
+            out = [sum(int(snap.get(k, 0)) for snap in snaps for k in keys)
+                   for keys in groups.values()]
+            total = sum(int(snap.get("Total", 0)) for snap in snaps)
+            return (*out, total - sum(out), *modelled)
+
+        def _record(self, modelled: tuple[int, int] = (0, 0), outside: bool = False,
+                    op: str | None = None) -> None:
+            if self.layers is not None:
+                layer = None if outside else models.layer_of(
+                    self._mod_tracker.parents, self.layers, self._mod_tracker.is_bw)
+                self.trace.append((layer, _Op(self._kinds(modelled), op or self.op)))
 
         def _split(self) -> tuple[int, int]:
             fixed = shard = 0
@@ -105,6 +132,8 @@ def _tracker_class():
             self.points = [self._split()]
             self.phase_peak = self.on_gpu()
             self.phase_snapshot = self._merged()
+            self.trace = []
+            self._record(outside=True, op="begin")
 
         def _merged(self) -> dict[str, int]:
             out = {}
@@ -118,6 +147,10 @@ def _tracker_class():
         def add_point(self, fixed: int, shard: int) -> None:
             """A moment the tracker does not see (a modelled allocation)."""
             self.points.append((fixed, shard))
+            if self.layers is not None:
+                now_fixed, now_shard = self._split()
+                self._record((fixed - now_fixed, shard - now_shard), outside=True,
+                             op="modelled")
             on_gpu = fixed if self.offload else fixed + shard
             if on_gpu > self.phase_peak:
                 self.phase_peak = on_gpu
@@ -128,6 +161,7 @@ def _tracker_class():
             # modules: most of a 7 B step's time); only the phase peaks are read here
             point = self._split()
             self.points.append(point)
+            self._record()
             on_gpu = point[0] if self.offload else point[0] + point[1]
             if on_gpu > self.phase_peak:
                 self.phase_peak = on_gpu
@@ -173,6 +207,7 @@ def _tracker_class():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.quiet:
                 return func(*args, **(kwargs or {}))
+            self.op = str(func)
             return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _fsdp_state_pre_forward(self, fsdp_mod, orig):
@@ -225,7 +260,9 @@ def fake_world(world: int):
 @dataclass
 class ShardedRun:
     """One fake run at `world` ranks: each phase's per-GPU peak and breakdown, and per phase
-    the (fixed, sharded) bytes of every operator, from which `at(n)` gives another world size."""
+    the (fixed, sharded) bytes of every operator, from which `at(n)` gives another world size.
+    A phase carried from shallow traces (`sized`) keeps them (`carry`) and the (fixed,
+    sharded) bytes of the operators that can hold its peak."""
 
     config: str
     model: str
@@ -233,6 +270,7 @@ class ShardedRun:
     offload: bool
     phases: dict[str, dict]  # phase -> {"peak": int, "breakdown": {...}, "points": [(f, s)]}
     limits: dict[str, str] = field(default_factory=dict)  # phase -> why it is not predicted
+    sized: str = "run at its full depth"  # how the model's depth was sized
 
     def at(self, world: int) -> pd.DataFrame:
         """The per-GPU prediction at `world`, exact at the run's own world size and derived for
@@ -245,8 +283,12 @@ class ShardedRun:
                 peak, how = data["peak"], ""
             else:
                 scale = self.world / world
-                peak = max(f + (0 if self.offload else round(s * scale))
-                           for f, s in data["points"])
+                if "carry" in data:  # the operators carried again, the largest at this world
+                    on_gpu = _gpu_bytes(self.offload, scale)
+                    peak = max(map(on_gpu, _carried(data["carry"], on_gpu)))
+                else:
+                    peak = max(f + (0 if self.offload else round(s * scale))
+                               for f, s in data["points"])
                 how = (f"derived from the fake run at {self.world} GPUs: the sharded state "
                        "scaled as 1/N per operator")
             note = "; ".join(n for n in (data.get("note", ""), how) if n)
@@ -257,7 +299,9 @@ class ShardedRun:
                          "breakdown": data["breakdown"] if world == self.world else
                          {**data["breakdown"], "derived_from_world": self.world},
                          "note": note})
-        return pd.DataFrame(rows)
+        frame = pd.DataFrame(rows)
+        frame.attrs["sized"] = self.sized
+        return frame
 
 
 def _largest_shard(model: nn.Module, optimizer) -> int:
@@ -275,7 +319,11 @@ def _largest_shard(model: nn.Module, optimizer) -> int:
 def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, world: int, *,
                 offload_optimizer: bool = False, campaign: bool = True, lr: float = 1e-3,
                 seed: int = 0) -> ShardedRun:
-    """The fake run behind `predict_sharded` (see there)."""
+    """The fake run behind `predict_sharded` (see there). A deep campaign model
+    (`campaign.depth_of`) is run sharded at `campaign.TRACE_DEPTHS` layers with every
+    operator's memory recorded by kind and layer, and each phase's operators are carried to
+    the full depth (`campaign.carried`, as the single-device prediction does); a phase whose
+    two traces do not line up layer for layer is taken from a run at the full depth."""
     world = check_world(world)
     if plan.shape.replicas != 1:
         raise WorkbookError(f"plan {plan.label()} has replicas={plan.shape.replicas}: under "
@@ -294,97 +342,256 @@ def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, worl
     # real run of the twin (the campaign's layers) says a kernel hides memory from
     limits = {**calibration_limits(task, train, val, plan, "cpu", False),
               **path_limits(task, batch, group, eval_batch)}
+    which = models.which(task, campaign)
     if any(phase in limits for phase in TRAINING_PHASES[:-1]):
         # a training phase cannot be predicted: the fit cannot rest on this run, so it is not
         # made (rows without bytes, with the reason)
         blank = {phase: {"peak": 0, "breakdown": {}, "points": [(0, 0)]}
                  for phase in SHARDED_PHASES}
-        return ShardedRun(plan.label() + f" fsdp x{world}", models.which(task, campaign), world,
+        return ShardedRun(plan.label() + f" fsdp x{world}", which, world,
                           offload_optimizer, blank,
-                          {**limits, CHECKPOINT_SAVE: "the training phases were not predicted"})
+                          {**limits, CHECKPOINT_SAVE: "the training phases were not predicted"},
+                          sized="not run")
     # update (later): every micro-batch after the first starts from the same live state (the
     # update's gradients allocated, batches of the same planned shape), so one such micro-batch
     # and the step stand for the whole update (`_update_later`)
     group = group[:2]
-    targets = targets_of(task, batch)
-    group_targets = sum(targets_of(task, b) for b in group)
     label = plan.label() + f" fsdp x{world}" + (" +offload" if offload_optimizer else "")
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    from .loop import apply_activation_checkpointing
-
-    cfg = plan.shape.train_config(lr=lr, seed=seed, device="cpu")
-    plain = replace(plan.shape, activation_checkpointing=False).train_config(
-        lr=lr, seed=seed, device="cpu")
-    bf16 = plan.shape.precision == "bf16"
-    options: dict[str, Any] = {}
-    if bf16:
-        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                    reduce_dtype=torch.bfloat16)
+    run = _FakeRun(plan, world, batch, group, eval_batch, targets_of(task, batch),
+                   sum(targets_of(task, b) for b in group), offload_optimizer, campaign, lr,
+                   seed, label)
+    deep = models.depth_of(task) if campaign else None
+    phases: dict[str, dict] | None = None
+    sized = "run at its full depth"
+    if deep is not None:
+        traced = {}
+        for n in models.TRACE_DEPTHS:
+            traced[n] = run.phases(replace(task, campaign_model=deep.with_layers(n)), layers=n)
+            if traced[n] is None:  # no one layer stack of n blocks of one type
+                break
+        else:
+            phases, missing = _carry(traced, deep.layers, offload_optimizer)
+            sized = (f"each operator's memory carried from sharded fake runs at "
+                     f"{' and '.join(map(str, models.TRACE_DEPTHS))} layers to {deep.layers}")
+            if missing:
+                full = run.phases(task)
+                phases = {p: full[p] if p in missing else phases[p] for p in SHARDED_PHASES}
+                sized += (f"; {', '.join(missing)} run at the full depth (the shallow runs "
+                          "did not line up layer for layer)")
+    if phases is None:
+        phases = run.phases(task)
+        if deep is not None:
+            sized += " (the shallow runs have no layer stack of one module type)"
+    phases[CHECKPOINT_SAVE]["note"] = CHECKPOINT_NOTE
     if offload_optimizer:
-        options["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-    phases: dict[str, dict] = {}
-    with fake_world(world) as mesh, FakeTensorMode(allow_non_fake_inputs=False) as fake, \
-            warnings.catch_warnings():
-        # FSDP2 warns of a root output that is a view (an in-place op on it would skip the
-        # all-gather); the workload never writes into the model's outputs
-        warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-        model = fake_model(task, cfg, fake, campaign)
-        if plan.shape.activation_checkpointing:
-            apply_activation_checkpointing(task, model)
-        found = blocks(task, model)
-        if not found:
-            raise no_blocks(task, model, campaign)
-        for block in found:
-            fully_shard(block, mesh=mesh, **options)
-        fully_shard(model, mesh=mesh, **options)
-        stepper = build_stepper(task, plain, model)
-        for settings in stepper.optimizer.param_groups:
-            # PyTorch's default on CUDA (foreach=None picks the multi-tensor step there, the
-            # per-tensor one on the CPU): the rental's step and its temporaries
-            if "foreach" in settings and settings["foreach"] is None:
-                settings["foreach"] = True
+        host = phases["update (first)"]["breakdown"].get("sharded_state_in_host_memory", 0)
+        for data in phases.values():
+            data["note"] = "; ".join(n for n in (data.get("note", ""), (
+                f"optimizer offload: the sharded parameters, gradients and optimizer state "
+                f"({host / 2**30:.2f} GiB per rank at the first update) are in host "
+                "memory and the optimizer steps on the CPU")) if n)
+    return ShardedRun(label, which, world, offload_optimizer, phases, limits, sized=sized)
 
-        def to_fake(b: Batch) -> Batch:
-            return fake_batch(fake, b, torch.device("cpu"))
-        work = Workload(stepper, to_fake(batch), [to_fake(b) for b in group],
-                        to_fake(eval_batch), targets, group_targets)
-        tracker = _tracker_class()(stepper.model, stepper.optimizer, offload_optimizer)
-        tracker.track_inputs(tuple(work.tensors()))
-        with tracker:
-            for phase in SHARDED_PHASES:
-                tracker.begin()
-                try:
-                    if phase == CHECKPOINT_SAVE:
-                        _checkpoint_save(work, tracker)
-                    elif phase == "update (later)":
-                        _update_later(work, tracker)
-                    else:
-                        work.run(phase)
-                except WorkbookError:
-                    raise
-                except Exception as exc:
-                    raise WorkbookError(
-                        f"predicting {phase} for {label} failed: an operation of this model "
-                        f"does not run sharded on fake tensors ({reason(exc, 300)})",
-                        "size this configuration by measuring it on the rental (notebook 09 "
-                        "runs the loop under FSDP2 on 2 CPU processes)") from exc
-                phases[phase] = {"peak": tracker.phase_peak,
-                                 "breakdown": dict(tracker.phase_snapshot),
-                                 "points": tracker.points}
-        phases[CHECKPOINT_SAVE]["note"] = CHECKPOINT_NOTE
-        if offload_optimizer:
-            host = phases["update (first)"]["breakdown"].get("sharded_state_in_host_memory", 0)
-            for data in phases.values():
-                data["note"] = "; ".join(n for n in (data.get("note", ""), (
-                    f"optimizer offload: the sharded parameters, gradients and optimizer state "
-                    f"({host / 2**30:.2f} GiB per rank at the first update) are in host "
-                    "memory and the optimizer steps on the CPU")) if n)
-        del work, stepper, model, tracker
-        gc.collect()
-    return ShardedRun(label, models.which(task, campaign), world, offload_optimizer, phases,
-                      limits)
+
+# what a sharded trace records of every operator: the breakdown's kinds, the bytes the
+# tracker counts in no kind, and a modelled allocation (the checkpoint's staging copy) that
+# does not depend on the world size and one that does (a copy of a local shard)
+TRACE_KINDS = (*BREAKDOWN, "other", "modelled_fixed", "modelled_sharded")
+
+
+def _fixed_and_sharded(kinds) -> tuple[int, int]:
+    """(bytes that do not depend on the world size, bytes of the sharded state) of a traced
+    operator (`TRACE_KINDS`)."""
+    shard = kinds[0] + kinds[-1]
+    return sum(kinds) - shard, shard
+
+
+def _gpu_bytes(offload: bool, scale: float | None = None):
+    """The bytes one GPU holds at a traced operator; with `scale`, at another world size (the
+    sharded state scaled by `scale`, as `ShardedRun.at` does)."""
+    def on_gpu(kinds) -> int:
+        fixed, shard = _fixed_and_sharded(kinds)
+        if offload:
+            return fixed
+        return fixed + (shard if scale is None else round(shard * scale))
+    return on_gpu
+
+
+def _traced_breakdown(kinds, offload: bool) -> dict[str, int]:
+    """A traced operator's breakdown, keyed as the tracker's phase snapshot is."""
+    out = dict(zip(BREAKDOWN, kinds[:len(BREAKDOWN)], strict=True))
+    if offload:
+        out["sharded_state_in_host_memory"] = out.pop("sharded_state")
+    if kinds[-2] or kinds[-1]:
+        out["modelled"] = kinds[-2] + (0 if offload else kinds[-1])
+    return out
+
+
+class _Op(tuple):
+    """A traced operator's bytes by kind (`TRACE_KINDS`), and its name (`op`)."""
+
+    def __new__(cls, kinds, op: str):
+        self = super().__new__(cls, kinds)
+        self.op = op
+        return self
+
+
+def _tops(stretch: list) -> list:
+    """The operators of a stretch that hold some kind of bytes above the next operator (the
+    last included): the others are below their successor in every kind, so never above it at
+    any world size."""
+    return [op for op, after in zip(stretch, stretch[1:], strict=False)
+            if any(a > b for a, b in zip(op, after, strict=True))] + stretch[-1:]
+
+
+def _paired(x: list, y: list) -> list[tuple] | None:
+    """The operators of a stretch outside the layer stack whose length grows with the depth,
+    at the shallower (`x`) and the deeper (`y`) depth, paired one to one: FSDP2's and the
+    optimizer's loops over the parameters add a turn per layer (AdamW's state made parameter
+    by parameter, a device check per shard), and a turn frees nothing - it keeps what it
+    makes (a state) or makes nothing - so every turn is below the operator after it in every
+    kind, and so is the loop. The operators above their successor (`_tops`: the first
+    update's moment of every shard's temporaries, each collective's buffer before it is
+    freed, the largest shard's modelled copy) are then as many at both depths, one for one
+    by name, and are carried. This assumes an operator that frees nothing at the two depths
+    frees nothing at any depth. None when they are not as many or their names differ (the
+    phase is then run at its full depth)."""
+    a, b = _tops(x), _tops(y)
+    if len(a) != len(b) or any(p.op != q.op for p, q in zip(a, b, strict=True)):
+        return None
+    return list(zip(a, b, strict=True))
+
+
+def _carried(traces: tuple, key) -> list[list[int]] | None:
+    """`campaign.carried` of a sharded phase, loops outside the stack paired (`_paired`)."""
+    return models.carried(*traces, key=key, stretch=_paired)
+
+
+def _carry(traced: dict[int, dict], depth: int, offload: bool) -> tuple[dict, list[str]]:
+    """Each phase at `depth` layers from its sharded traces at `campaign.TRACE_DEPTHS` layers:
+    its operators carried (`campaign.carried`), the peak the largest of them on one GPU, its
+    breakdown that operator's. Every phase is carried, the root's all-gather, the optimizer
+    step and the modelled checkpoint copy included: outside the layer stack each is an
+    operator whose memory is linear in the depth (the root's parameters and the largest local
+    shard do not grow with it; the sharded state grows by one layer's shards per layer). The
+    stretches outside the stack whose length grows with the depth are paired operator for
+    operator (`_paired`), not carried by their largest operator at 3 and 4 layers as the
+    single-device prediction does: for a 70 B Llama over 8 GPUs the later update's largest
+    operator after the backward is the backward's end at 3 and 4 layers and the optimizer's
+    temporaries at 80, and the largest-operator carry was 6.7% low. Returns the phases and
+    those whose traces do not line up (run at the full depth)."""
+    shallow, deeper = (traced[n] for n in models.TRACE_DEPTHS)
+    on_gpu = _gpu_bytes(offload)
+    phases, missing = {}, []
+    for phase in SHARDED_PHASES:
+        traces = (models.attach_gaps(shallow[phase]["trace"]),
+                  models.attach_gaps(deeper[phase]["trace"]), depth)
+        candidates = _carried(traces, on_gpu)
+        if candidates is None:
+            missing.append(phase)
+            continue
+        top = max(candidates, key=on_gpu)
+        phases[phase] = {"peak": on_gpu(top), "breakdown": _traced_breakdown(top, offload),
+                         "points": [_fixed_and_sharded(c) for c in candidates],
+                         "carry": traces}
+    return phases, missing
+
+
+@dataclass
+class _FakeRun:
+    """What every fake sharded run of one sizing shares: the plan, the world, the batches."""
+
+    plan: Plan
+    world: int
+    batch: Batch
+    group: list[Batch]
+    eval_batch: Batch
+    targets: int
+    group_targets: int
+    offload: bool
+    campaign: bool
+    lr: float
+    seed: int
+    label: str
+
+    def phases(self, task: Task, layers: int | None = None) -> dict[str, dict] | None:
+        """Each phase's per-GPU peak, breakdown and (fixed, sharded) bytes per operator of
+        `task`'s model run sharded on fake tensors; with `layers` (the model's depth), every
+        operator's memory by kind (`TRACE_KINDS`) with its layer, as `trace` (None when the
+        sharded model has no one stack of `layers` blocks of one type)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        from .loop import apply_activation_checkpointing
+
+        plan, campaign, label = self.plan, self.campaign, self.label
+        cfg = plan.shape.train_config(lr=self.lr, seed=self.seed, device="cpu")
+        plain = replace(plan.shape, activation_checkpointing=False).train_config(
+            lr=self.lr, seed=self.seed, device="cpu")
+        bf16 = plan.shape.precision == "bf16"
+        options: dict[str, Any] = {}
+        if bf16:
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                        reduce_dtype=torch.bfloat16)
+        if self.offload:
+            options["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+        phases: dict[str, dict] = {}
+        with fake_world(self.world) as mesh, \
+                FakeTensorMode(allow_non_fake_inputs=False) as fake, warnings.catch_warnings():
+            # FSDP2 warns of a root output that is a view (an in-place op on it would skip the
+            # all-gather); the workload never writes into the model's outputs
+            warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+            model = fake_model(task, cfg, fake, campaign)
+            if plan.shape.activation_checkpointing:
+                apply_activation_checkpointing(task, model)
+            found = blocks(task, model)
+            if not found:
+                raise no_blocks(task, model, campaign)
+            for block in found:
+                fully_shard(block, mesh=mesh, **options)
+            fully_shard(model, mesh=mesh, **options)
+            # named as the tracker names modules, after sharding changed the classes
+            stack = models.layer_list(model, layers) if layers is not None else None
+            if layers is not None and stack is None:
+                return None
+            stepper = build_stepper(task, plain, model)
+            for settings in stepper.optimizer.param_groups:
+                # PyTorch's default on CUDA (foreach=None picks the multi-tensor step there, the
+                # per-tensor one on the CPU): the rental's step and its temporaries
+                if "foreach" in settings and settings["foreach"] is None:
+                    settings["foreach"] = True
+
+            def to_fake(b: Batch) -> Batch:
+                return fake_batch(fake, b, torch.device("cpu"))
+            work = Workload(stepper, to_fake(self.batch), [to_fake(b) for b in self.group],
+                            to_fake(self.eval_batch), self.targets, self.group_targets)
+            tracker = _tracker_class()(stepper.model, stepper.optimizer, self.offload, stack)
+            tracker.track_inputs(tuple(work.tensors()))
+            with tracker:
+                for phase in SHARDED_PHASES:
+                    tracker.begin()
+                    try:
+                        if phase == CHECKPOINT_SAVE:
+                            _checkpoint_save(work, tracker)
+                        elif phase == "update (later)":
+                            _update_later(work, tracker)
+                        else:
+                            work.run(phase)
+                    except WorkbookError:
+                        raise
+                    except Exception as exc:
+                        raise WorkbookError(
+                            f"predicting {phase} for {label} failed: an operation of this "
+                            f"model does not run sharded on fake tensors ({reason(exc, 300)})",
+                            "size this configuration by measuring it on the rental (notebook "
+                            "09 runs the loop under FSDP2 on 2 CPU processes)") from exc
+                    phases[phase] = {"peak": tracker.phase_peak,
+                                     "breakdown": dict(tracker.phase_snapshot),
+                                     "points": tracker.points,
+                                     **({"trace": tracker.trace} if stack else {})}
+            del work, stepper, model, tracker
+            gc.collect()
+        return phases
 
 
 CHECKPOINT_NOTE = ("modelled: a torch.distributed.checkpoint sharded save, each rank writing its "
@@ -402,11 +609,18 @@ def _update_later(work: Workload, tracker) -> None:
     from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
 
     if len(work.group) > 1:
-        for p in work.stepper.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-                local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                tracker._update_and_maybe_create_winfos(local, _FSDPRefType.SHARDED_GRAD)
+        # made out of the tracker's sight and then counted as sharded gradients (made in its
+        # sight, each would be an activation for an operator first): the bytes only grow here,
+        # so the next operator sees this loop's peak
+        tracker.quiet += 1
+        try:
+            for p in work.stepper.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                    local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    tracker._update_and_maybe_create_winfos(local, _FSDPRefType.SHARDED_GRAD)
+        finally:
+            tracker.quiet -= 1
     loss_sum, _ = work.stepper.accumulate(work.group[-1:], work.group_targets)
     work.state["later_loss"] = loss_sum
     work.state["grad_norm"] = work.stepper.step()
@@ -455,7 +669,9 @@ def predict_sharded_worlds(task: Task, train: list[Item], val: list[Item], plan:
     worlds = tuple(check_world(w) for w in worlds)
     run = sharded_run(task, train, val, plan, at or min(worlds),
                       offload_optimizer=offload_optimizer, campaign=campaign)
-    return pd.concat([run.at(w) for w in worlds], ignore_index=True)
+    frame = pd.concat([run.at(w) for w in worlds], ignore_index=True)
+    frame.attrs["sized"] = run.sized
+    return frame
 
 
 def nodes(world: int, gpus_per_node: int) -> int:
