@@ -135,9 +135,7 @@ def test_a_mean_step_off_only_on_a_final_partial_micro_batch_is_a_warning_not_a_
                            task_options={"conversations": 60}))
     assert result.findings == [] and len(result.warnings) == 1, result.warnings
     assert "final partial micro-batch" in result.warnings[0]
-    padded = run(params.of("04_batch_accounting", small=True, task=TASK,
-                           task_options={"conversations": 60, "padded_training": True}))
-    assert any("depends on how the update is split" in f for f in padded.findings)
+    # the planted padded_training still fails on equal splits: see the normalisation test above
 
 
 @pytest.mark.slow  # about 6 minutes each on 2 cores: the whole pilot, as the README runs it

@@ -42,6 +42,7 @@ def summary(run):
     return json.loads((run / "09_data_parallel" / "summary.json").read_text())
 
 
+@pytest.mark.slow  # nbval runs 09 (every rule, FSDP too) on the generation sample
 def test_pilot_smoke_09_passes_and_lists_every_rule(tmp_path):
     # the FSDP launches are left out here (35 s): nbval runs 09 with them on the generation
     # sample, test_conventions on a tied, shifted model, and test_fsdp's slow tests plant both

@@ -68,7 +68,8 @@ def test_07_fails_when_tampered_code_ran(tmp_path):
 
 def test_08_fails_when_nothing_fits(tmp_path):
     sheet = pd.DataFrame({"fits": [False]})
-    plans = pd.DataFrame({"days": [3], "scheduled": [1]})
+    plans = pd.DataFrame({"days": [3], "scheduled": [1], "gpu": ["L4"],
+                          "priced_on": ["recommended"]})
     options = pd.DataFrame({"candidate": ["a"], "cheapest_gpu": ["L4"]})
     result = rental.RentalResult(Named, "L4", [], sheet, pd.DataFrame(), plans, options, None,
                                  "nothing fits")
