@@ -151,3 +151,11 @@ def test_a_stack_that_does_not_line_up_layer_for_layer_is_run_at_its_full_depth(
     train, val = gen_items["train"][:20], gen_items["validation"][:5]
     sized = predict(task, train, val, Plan(UpdateShape(1, 1), 64), campaign=True)
     assert sized.attrs["sized"].startswith("run at its full depth")
+
+
+def test_a_tiny_models_parameters_are_counted_not_rounded_to_zero_millions():
+    from workbook.campaign import Models
+
+    tiny = Models(False, "MLP", 49, "MLP", 49).lines()
+    assert tiny == ["model: 49 parameters, trained and sized here"]
+    assert "8.59 M parameters" in Models(False, "x", 8_590_000, "x", 8_590_000).lines()[0]

@@ -234,12 +234,17 @@ class Models:
 
     def lines(self) -> list[str]:
         if not self.declared:
-            return [f"model: {self.trained_parameters / 1e6:,.2f} M parameters, trained and "
-                    "sized here"]
+            return [f"model: {parameters(self.trained_parameters)}, trained and sized here"]
         return [f"pilot twin (trained here): {self.trained}, "
-                f"{self.trained_parameters / 1e6:,.2f} M parameters",
+                f"{parameters(self.trained_parameters)}",
                 f"campaign model (sized on fake tensors, never allocated here): {self.sized}, "
                 f"{self.sized_parameters / 1e9:,.2f} B parameters"]
+
+
+def parameters(count: int) -> str:
+    """A parameter count for people: millions with two decimals, or the count itself below
+    ten thousand (a tiny model is not "0.00 M")."""
+    return f"{count:,} parameters" if count < 10_000 else f"{count / 1e6:,.2f} M parameters"
 
 
 def models(task) -> Models:
