@@ -16,7 +16,7 @@ export WORKBOOK_HEADLESS := 1
 # notebook's cells, which share one kernel, on one worker. One OpenMP thread per process: two
 # workers, each with kernels and subprocesses, on 2 cores stall in OpenMP's spin-waits otherwise.
 TEST_JOBS ?= 2
-PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile tests notebooks \
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile notebooks tests \
 	--nbval --nbval-kernel-name workbook --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	--nbval-cell-timeout 300
 # JupyterLab refuses to start as root without this flag (containers, CI images).

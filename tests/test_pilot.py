@@ -144,7 +144,7 @@ def test_an_unknown_rental_gpu_fails_the_plan_with_its_name(tmp_path):
     assert isinstance(summary["found"], list)
 
 
-@pytest.mark.parametrize("fault", ["hang", "die"])
+@pytest.mark.parametrize("fault", ["hang", pytest.param("die", marks=pytest.mark.slow)])
 def test_a_stuck_or_dead_kernel_becomes_an_error_row_and_the_pilot_goes_on(fault, tmp_path):
     flag = tmp_path / "fault-once"
     flag.write_text("")
@@ -205,6 +205,7 @@ def test_pilot_options_are_not_notebook_parameters(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow  # 35 s; test_predict sizes examples.transformer_lm (fake modes, fused path)
 def test_a_plain_transformer_encoder_task_passes_the_sizing_notebooks(tmp_path):
     """A clean nn.TransformerEncoder task once crashed 03, 05 and 08 (fake modes, a planned
     length beyond its 128 positions, a sheet without costs): a false alarm."""
