@@ -45,7 +45,7 @@ class CopyCollator:
 
 
 def trainer_pieces(conversations: int = 400, pad_in_labels: bool = False,
-                   lr_typo: bool = False) -> dict:
+                   lr_typo: bool = False, template: str | None = None) -> dict:
     """What `transformers.Trainer(...)` receives: model_init, datasets, collator, tokenizer,
     arguments (benchmarks/frameworks.py hands them to the Trainer itself)."""
     from datasets import Dataset
@@ -57,7 +57,8 @@ def trainer_pieces(conversations: int = 400, pad_in_labels: bool = False,
     )
 
     rows = wb.read_jsonl(DATA_DIR / "generation.jsonl")[:conversations]
-    texts = [f"{r['instruction']} {r['response']}" for r in rows]
+    texts = [" ".join([r["instruction"], *([template] if template else []), r["response"]])
+             for r in rows]
     tokenizer = tokenizer_from(texts)
     tokenized = [{**tokenizer(t + " <eos>", truncation=True, max_length=48),
                   "conversation": r["conversation"]} for t, r in zip(texts, rows, strict=True)]
@@ -73,6 +74,7 @@ def trainer_pieces(conversations: int = 400, pad_in_labels: bool = False,
                              weight_decay=0.01, per_device_train_batch_size=8, report_to="none",
                              use_cpu=True)
     collator = CopyCollator(tokenizer) if pad_in_labels else \
+        CompletionOnlyCollator(tokenizer, template) if template else \
         DataCollatorForLanguageModeling(tokenizer, mlm=False)
     return {"model_init": lambda: LlamaForCausalLM(config),
             "train_dataset": Dataset.from_list(train), "eval_dataset": Dataset.from_list(
@@ -164,31 +166,13 @@ def make_sft(conversations: int = 400, prompt_in_labels: bool = False) -> wb.Tas
     CompletionOnlyCollator. The pilot finds the prompt by the same `response_template`, so 01
     checks the masking the collator really does. Planted: `prompt_in_labels` (the plain
     language-modelling collator: the prompt is trained on; 01 names it)."""
-    from datasets import Dataset
-    from transformers import (
-        DataCollatorForLanguageModeling,
-        LlamaConfig,
-        LlamaForCausalLM,
-        TrainingArguments,
-    )
+    from transformers import DataCollatorForLanguageModeling
 
-    rows = wb.read_jsonl(DATA_DIR / "generation.jsonl")[:conversations]
-    texts = [f"{r['instruction']} {ANSWER} {r['response']}" for r in rows]
-    tokenizer = tokenizer_from(texts)
-    tokenized = [{**tokenizer(t + " <eos>", truncation=True, max_length=48),
-                  "conversation": r["conversation"]} for t, r in zip(texts, rows, strict=True)]
-    train = [r for r in tokenized if int(r["conversation"][4:]) % 10 < 8]
-    evaluation = [r for r in tokenized if int(r["conversation"][4:]) % 10 >= 8]
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    args = TrainingArguments(output_dir="hf-sft-out", learning_rate=1e-2, weight_decay=0.01,
-                             report_to="none", use_cpu=True)
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False) if prompt_in_labels \
-        else CompletionOnlyCollator(tokenizer)
-    return wb.adapters.from_hf(lambda: LlamaForCausalLM(config), Dataset.from_list(train),
-                               Dataset.from_list(evaluation), collator, tokenizer, args,
+    p = trainer_pieces(conversations, template=ANSWER)
+    if prompt_in_labels:
+        p["data_collator"] = DataCollatorForLanguageModeling(p["processing_class"], mlm=False)
+    return wb.adapters.from_hf(p["model_init"], p["train_dataset"], p["eval_dataset"],
+                               p["data_collator"], p["processing_class"], p["args"],
                                name="hf-sft", group_column="conversation",
                                response_template=ANSWER)
 
