@@ -103,9 +103,10 @@ def part_a() -> list[float]:
 # --- part (b): FSDP2 on gloo processes against the measured per-rank peak -----------------
 def part_b() -> list[float]:
     """The generation sample (tied embeddings) under FSDP2 on 2 and 4 gloo processes: each
-    rank's measured live-tensor peak against `sharding.predict_sharded`, every phase. Gloo's
-    reduce_scatter allocates a temporary as large as its input on every call (NCCL does not;
-    the prediction models NCCL), so backward and the later update read low here."""
+    rank's measured live-tensor peak against `sharding.predict_sharded`, every phase (the
+    measurement's FSDP collectives all-reduce in a scratch buffer, without the temporaries
+    gloo's own reduce-scatter and all-gather add and NCCL does not: see
+    `sharded_replica._collectives_in_place`)."""
     from workbook.parallel import measure_fsdp
 
     print("(b) FSDP2 per-rank peak, predicted against measured on gloo")

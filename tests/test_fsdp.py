@@ -132,6 +132,9 @@ def test_per_rank_memory_is_measured_and_predicted_for_every_phase(checked):
     assert set(memory.phase) == set(sharding.SHARDED_PHASES)
     assert memory.measured_peak_bytes.gt(0).all()
     assert memory.predicted_peak_bytes.notna().all() and memory.error_pct.notna().all()
+    # gloo's own collective temporaries are kept out of the measurement (NCCL has none): every
+    # phase within 2% of the prediction (a gloo reduce-scatter temporary read 4-25% above)
+    assert memory.error_pct.abs().max() < 2, memory
 
 
 def test_an_untied_model_cannot_show_the_tie_bug():

@@ -14,6 +14,7 @@ Verdicts are decided in `parallel`, in the notebook's process."""
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import os
 import shutil
@@ -211,8 +212,18 @@ def _local(t: Any) -> Any:
 def local_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
                 extra: list[torch.Tensor] = ()) -> list[torch.Tensor]:
     """This rank's own tensors of the sharded model: parameter and gradient shards, buffers,
-    optimizer state shards (the DTensors' local tensors)."""
+    optimizer state shards (the DTensors' local tensors), and the unsharded parameters FSDP
+    holds at this moment (the root's after a forward without backward)."""
+    from torch.distributed.fsdp import FSDPModule
+
     tensors = [_local(p) for p in model.parameters()] + [_local(b) for b in model.buffers()]
+    for module in model.modules():
+        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
+        for group in (state._fsdp_param_groups if state is not None else ()):
+            for param in group.fsdp_params:
+                tensors.append(param._sharded_param_data)
+                tensors += [t for t in (getattr(param, "_unsharded_param", None),)
+                            if t is not None]
     tensors += [_local(p.grad) for p in model.parameters() if p.grad is not None]
     if optimizer is not None:
         for state in optimizer.state.values():
@@ -361,6 +372,49 @@ def compared_run(task: Task, model: nn.Module, cfg, mine: list[tuple[list, list]
 
 
 # --- the measured phases ----------------------------------------------------------------------
+def _collectives_in_place(model: nn.Module) -> tuple[Any, Any]:
+    """FSDP2's all-gather and reduce-scatter for the CPU measurement, without an allocation the
+    prediction cannot know. Gloo's `all_gather_into_tensor` and `reduce_scatter_tensor` allocate
+    process-group temporaries as large as the full buffer on every call, and its worker thread
+    can drop the last reference to FSDP's buffer, a free the profiler does not see (both vary
+    run to run). NCCL works in FSDP's buffers without either, as the prediction models. So each
+    collective is an all-reduce in a scratch buffer made before the measurement (as large as
+    the whole unsharded model): the all-gather sums each rank's chunk with zeros, the
+    reduce-scatter keeps this rank's chunk of the sum - the same values."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGather,
+                                                                       DefaultReduceScatter)
+
+    # a group's buffer is at most every parameter, padded to the world size per parameter
+    world = dist.get_world_size()
+    scratch = torch.empty(sum(((p.numel() + world - 1) // world) * world * 4
+                              for p in model.parameters()), dtype=torch.uint8)
+
+    def in_scratch(t: torch.Tensor) -> torch.Tensor:
+        size = t.numel() * t.element_size()
+        if size > scratch.numel():
+            raise WorkbookError(f"an FSDP buffer of {size} bytes is larger than the scratch "
+                                f"buffer of the CPU measurement ({scratch.numel()} bytes)",
+                                "report this: the measurement sizes it from the parameters")
+        return scratch[:size].view(t.dtype)
+
+    class AllGather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            buf = in_scratch(output_tensor).view(group.size(), -1)
+            buf.zero_()
+            buf[group.rank()].copy_(input_tensor.reshape(-1))
+            dist.all_reduce(buf, group=group)
+            output_tensor.view(-1).copy_(buf.view(-1))
+
+    class ReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            buf = in_scratch(input_tensor)
+            buf.copy_(input_tensor.view(-1))
+            dist.all_reduce(buf, op=op, group=group)
+            output_tensor.view(-1).copy_(buf.view(group.size(), -1)[group.rank()])
+
+    return AllGather(), ReduceScatter()
+
+
 def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
                     device: torch.device, scratch: Path) -> dict[str, int]:
     """Per-rank peak live bytes of every training phase (notebook 03's workload, each phase
@@ -372,6 +426,14 @@ def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
 
     seed_everything(cfg.seed)
     model = shard_model(task, task.build_model().to(device), cfg.shape.precision)
+    if device.type == "cpu":
+        from torch.distributed.fsdp import FSDPModule
+
+        all_gather, reduce_scatter = _collectives_in_place(model)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_all_gather(all_gather)
+                module.set_custom_reduce_scatter(reduce_scatter)
     stepper = build_stepper(task, cfg, model)
     for options in stepper.optimizer.param_groups:  # as the prediction: the multi-tensor step
         if "foreach" in options and options["foreach"] is None:  # (PyTorch's default on CUDA)
@@ -394,6 +456,7 @@ def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
         reading = rebased(held.reading, live)
         live, peaks[phase] = reading.allocated_bytes, reading.peak_allocated_bytes
     work.state.clear()
+    gc.collect()  # as the prediction: what the training phases left unreachable is gone
     live = live_bytes(local_state(model, stepper.optimizer, work.tensors()))
     with measure(device) as held:
         msd, osd = get_state_dict(model, stepper.optimizer)

@@ -102,19 +102,18 @@ def _tracker_class():
             # (`TRACE_KINDS`) with the layer it runs in (`trace`), to carry it to another depth
             self.layers, self.trace, self.op = layers, [], "begin"
 
-        def _kinds(self, modelled: tuple[int, int] = (0, 0)) -> tuple[int, ...]:
+        def _kinds(self) -> tuple[int, ...]:
             snaps = self._curr_mem_snap.values()
             out = [sum(int(snap.get(k, 0)) for snap in snaps for k in keys)
                    for keys in groups.values()]
             total = sum(int(snap.get("Total", 0)) for snap in snaps)
-            return (*out, total - sum(out), *modelled)
+            return (*out, total - sum(out))
 
-        def _record(self, modelled: tuple[int, int] = (0, 0), outside: bool = False,
-                    op: str | None = None) -> None:
+        def _record(self, outside: bool = False, op: str | None = None) -> None:
             if self.layers is not None:
                 layer = None if outside else models.layer_of(
                     self._mod_tracker.parents, self.layers, self._mod_tracker.is_bw)
-                self.trace.append((layer, _Op(self._kinds(modelled), op or self.op)))
+                self.trace.append((layer, _Op(self._kinds(), op or self.op)))
 
         def _split(self) -> tuple[int, int]:
             fixed = shard = 0
@@ -143,18 +142,6 @@ def _tracker_class():
             if self.offload:
                 out["sharded_state_in_host_memory"] = out.pop("sharded_state")
             return out
-
-        def add_point(self, fixed: int, shard: int) -> None:
-            """A moment the tracker does not see (a modelled allocation)."""
-            self.points.append((fixed, shard))
-            if self.layers is not None:
-                now_fixed, now_shard = self._split()
-                self._record((fixed - now_fixed, shard - now_shard), outside=True,
-                             op="modelled")
-            on_gpu = fixed if self.offload else fixed + shard
-            if on_gpu > self.phase_peak:
-                self.phase_peak = on_gpu
-                self.phase_snapshot = {**self._merged(), "modelled": on_gpu - self.on_gpu()}
 
         def _update_peak_stats(self, peak_state) -> None:
             # the stock tracker scans every module's statistics per operator (a weak dict of
@@ -304,18 +291,6 @@ class ShardedRun:
         return frame
 
 
-def _largest_shard(model: nn.Module, optimizer) -> int:
-    """Bytes of the largest local tensor of the rank's state dict (a parameter shard or an
-    optimizer-state shard)."""
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
-    sizes = [local(p).numel() * p.element_size() for p in model.parameters()]
-    for state in optimizer.state.values():
-        sizes += [local(v).numel() * v.element_size() for v in state.values()
-                  if isinstance(v, torch.Tensor)]
-    return max(sizes, default=0)
-
-
 def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, world: int, *,
                 offload_optimizer: bool = False, campaign: bool = True, lr: float = 1e-3,
                 seed: int = 0) -> ShardedRun:
@@ -393,17 +368,15 @@ def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, worl
     return ShardedRun(label, which, world, offload_optimizer, phases, limits, sized=sized)
 
 
-# what a sharded trace records of every operator: the breakdown's kinds, the bytes the
-# tracker counts in no kind, and a modelled allocation (the checkpoint's staging copy) that
-# does not depend on the world size and one that does (a copy of a local shard)
-TRACE_KINDS = (*BREAKDOWN, "other", "modelled_fixed", "modelled_sharded")
+# what a sharded trace records of every operator: the breakdown's kinds and the bytes the
+# tracker counts in no kind
+TRACE_KINDS = (*BREAKDOWN, "other")
 
 
 def _fixed_and_sharded(kinds) -> tuple[int, int]:
     """(bytes that do not depend on the world size, bytes of the sharded state) of a traced
     operator (`TRACE_KINDS`)."""
-    shard = kinds[0] + kinds[-1]
-    return sum(kinds) - shard, shard
+    return sum(kinds) - kinds[0], kinds[0]
 
 
 def _gpu_bytes(offload: bool, scale: float | None = None):
@@ -422,8 +395,6 @@ def _traced_breakdown(kinds, offload: bool) -> dict[str, int]:
     out = dict(zip(BREAKDOWN, kinds[:len(BREAKDOWN)], strict=True))
     if offload:
         out["sharded_state_in_host_memory"] = out.pop("sharded_state")
-    if kinds[-2] or kinds[-1]:
-        out["modelled"] = kinds[-2] + (0 if offload else kinds[-1])
     return out
 
 
@@ -452,7 +423,7 @@ def _paired(x: list, y: list) -> list[tuple] | None:
     makes (a state) or makes nothing - so every turn is below the operator after it in every
     kind, and so is the loop. The operators above their successor (`_tops`: the first
     update's moment of every shard's temporaries, each collective's buffer before it is
-    freed, the largest shard's modelled copy) are then as many at both depths, one for one
+    freed) are then as many at both depths, one for one
     by name, and are carried. This assumes an operator that frees nothing at the two depths
     frees nothing at any depth. None when they are not as many or their names differ (the
     phase is then run at its full depth)."""
@@ -471,9 +442,8 @@ def _carry(traced: dict[int, dict], depth: int, offload: bool) -> tuple[dict, li
     """Each phase at `depth` layers from its sharded traces at `campaign.TRACE_DEPTHS` layers:
     its operators carried (`campaign.carried`), the peak the largest of them on one GPU, its
     breakdown that operator's. Every phase is carried, the root's all-gather, the optimizer
-    step and the modelled checkpoint copy included: outside the layer stack each is an
-    operator whose memory is linear in the depth (the root's parameters and the largest local
-    shard do not grow with it; the sharded state grows by one layer's shards per layer). The
+    step and the checkpoint save included: outside the layer stack each is an operator
+    whose memory is linear in the depth (the root's parameters do not grow with it; the sharded state grows by one layer's shards per layer). The
     stretches outside the stack whose length grows with the depth are paired operator for
     operator (`_paired`), not carried by their largest operator at 3 and 4 layers as the
     single-device prediction does: for a 70 B Llama over 8 GPUs the later update's largest
@@ -594,11 +564,11 @@ class _FakeRun:
         return phases
 
 
-CHECKPOINT_NOTE = ("modelled: a torch.distributed.checkpoint sharded save, each rank writing its "
-                   "own shards; the state dicts are read (get_state_dict, no copies) and the "
-                   "writer stages each local shard to host memory, so the GPU holds the steady "
-                   "state between updates plus, at most, one extra copy of the largest local "
-                   "shard (a contiguous or dtype copy); host-side staging is not counted")
+CHECKPOINT_NOTE = ("a torch.distributed.checkpoint sharded save after the evaluation, each rank "
+                   "writing its own shards: get_state_dict reads the shards without copies (and "
+                   "reshards the root the evaluation left gathered) and the writer copies each "
+                   "shard to host memory, so the GPU peak is what lives when the save starts; "
+                   "the host copies and DCP's pickled save plans (kilobytes) are not counted")
 
 
 def _update_later(work: Workload, tracker) -> None:
@@ -636,8 +606,6 @@ def _checkpoint_save(work: Workload, tracker) -> None:
     tracker.begin()
     model, optimizer = work.stepper.model, work.stepper.optimizer
     model_state, optim_state = get_state_dict(model, optimizer)
-    fixed, shard = tracker._split()
-    tracker.add_point(fixed, shard + _largest_shard(model, optimizer))
     del model_state, optim_state
 
 
