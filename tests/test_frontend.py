@@ -92,6 +92,14 @@ def test_the_last_line_says_why_a_notebook_passed_or_failed(tmp_path):
                                                                 "figures": failed}))
     assert line.startswith("verdict: fail - 8 of 9 gates passed (failed: backward)")
     assert "does not fit the 24 GiB rental GPU" in line
+    sharded = {**gates, "plan_fits": False, "plan_needs_sharding": True,
+               "plan_required_bytes": 316 * 2**30, "plan_update_required_bytes": 109 * 2**30,
+               "device_memory_gib": 80.0}
+    line = verdict_line(_summary(tmp_path, "03_phase_gates__", {"verdict": "pass",
+                                                                 "figures": sharded}))
+    assert line.endswith("needs 316.00 GiB and fits no single 80 GiB GPU: its first update "
+                         "alone needs 109.00 GiB (weights, gradients, optimizer state), so the "
+                         "campaign shards it - 08 sizes FSDP2 over several GPUs"), line
     line = verdict_line(_summary(tmp_path, "02_overfit", {
         "verdict": "fail", "failed": ["final loss below threshold"], "diagnosis": "",
         "figures": {}}))
@@ -99,5 +107,13 @@ def test_the_last_line_says_why_a_notebook_passed_or_failed(tmp_path):
     line = verdict_line(_summary(tmp_path, "01_inspect_examples", {
         "verdict": "fail", "flags": ["zero_target_examples"], "figures": {"examples": 10}}))
     assert line == "verdict: fail - 1 flag raised: zero_target_examples"
+    fsdp = {"rules": {"every rank writes its shard": "pass"}, "memory_max_abs_error_pct": 0.08}
+    ddp = {"verdict": "pass", "rules": {"identical initial parameters": "pass"},
+           "figures": {"replicas": 2, "faults_caught": {}, "fsdp": fsdp}}
+    line = verdict_line(_summary(tmp_path, "09_data_parallel", ddp))
+    assert line.endswith("FSDP2: all 1 rules hold, per-rank memory within 2% of the prediction")
+    fsdp["memory_max_abs_error_pct"] = 21.46
+    line = verdict_line(_summary(tmp_path, "09_data_parallel_", ddp))
+    assert line.endswith("per-rank memory up to 21.5% off the prediction")
     for line in [verdict_line(tmp_path / "nothing")]:
         assert line.startswith("verdict: unknown")

@@ -263,3 +263,21 @@ def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items,
     capped = predict(gen_task, train, val, plan, cpu_exact=True)
     assert capped.predicted_peak_bytes.isna().all()
     assert capped.note.str.contains("above the 0 MiB such a check may take here").all()
+
+
+def test_a_plan_whose_update_fits_no_gpu_needs_sharding_not_a_smaller_micro_batch():
+    import pandas as pd
+
+    from workbook.predict import needs_sharding
+
+    def fit(update_fits: bool, backward_fits: bool) -> pd.DataFrame:
+        return pd.DataFrame({"phase": ["backward", "update (first)"],
+                             "fits": pd.array([backward_fits, update_fits], dtype="boolean")})
+    # a 7 B full fine-tune: weights, gradients and AdamW state alone are over one GPU
+    assert needs_sharding(fit(update_fits=False, backward_fits=False))
+    # the activations are over (a smaller micro-batch or checkpointing fits it): not sharding
+    assert not needs_sharding(fit(update_fits=True, backward_fits=False))
+    # no device memory stated, or the update not predicted: nothing to say
+    unstated = fit(True, True).assign(fits=pd.array([None, None], dtype="boolean"))
+    assert not needs_sharding(unstated)
+    assert not needs_sharding(fit(True, True)[lambda f: f.phase != "update (first)"])

@@ -277,7 +277,10 @@ KEY_FIGURES: dict[str, dict[str, str]] = {
         "update_by": "update made by", "loss_threshold": "loss threshold"},
     "03_phase_gates": {
         "gates": "gates run", "failed": "gates failed", "warned": "gates warned",
-        "plan_fits": "plan fits the rental GPU", "device_memory_gib": "rental GPU memory (GiB)",
+        "plan_fits": "plan fits the rental GPU",
+        "plan_needs_sharding": "plan needs sharding (its update fits no one GPU)",
+        "plan_update_required_bytes": "plan's first update needs (with headroom)",
+        "device_memory_gib": "rental GPU memory (GiB)",
         "plan": "plan (predicted, not run)", "plan_required_bytes": "plan needs (with headroom)",
         "plan_peak_bytes": "plan peak (predicted)", "ran_at": "gates ran at",
         "peak_allocated_bytes": "peak allocated in the gates", "peak_phase": "peak phase",

@@ -539,6 +539,15 @@ def fit_table(predicted: pd.DataFrame, device_memory_gib: float, headroom: float
     return out
 
 
+def needs_sharding(fit: pd.DataFrame) -> bool:
+    """Whether a plan that does not fit one GPU cannot fit it at any micro-batch: its first
+    update - the weights, gradients and optimizer state a whole-model replica holds, no
+    activations - is itself over the GPU (`fit_table` rows). Such a model is sharded over
+    several GPUs (notebook 08 sizes FSDP2); a smaller micro-batch cannot help."""
+    update = fit[fit.phase == "update (first)"].fits
+    return bool(len(update)) and update.notna().all() and not update.astype(bool).any()
+
+
 def compare(predicted: pd.DataFrame, gates: pd.DataFrame) -> pd.DataFrame:
     """Predicted against measured peak per training phase, with the error in percent (none
     where a gate failed or was blocked before measuring)."""
@@ -566,4 +575,6 @@ def summary_figures(check: pd.DataFrame, plan: Plan, planned: pd.DataFrame,
     return {"prediction_max_abs_error_pct": most(check.error_pct, float), "plan": plan.label(),
             "plan_peak_bytes": most(planned.predicted_peak_bytes),
             "plan_required_bytes": most(fit.required_bytes),
+            "plan_update_required_bytes": most(
+                fit[fit.phase == "update (first)"].required_bytes),
             "prediction_notes": notes}

@@ -449,7 +449,12 @@ def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
         device = f.get("device_memory_gib")
         on = f"the {device:g} GiB rental GPU" if device else "the rental GPU"
         plan = f"; the plan {f.get('plan')} needs {_gib(need)}" if need else ""
-        if plan and fits is not None:
+        if plan and f.get("plan_needs_sharding"):
+            update = _gib(f.get("plan_update_required_bytes"))
+            plan += (f" and fits no single {device:g} GiB GPU: its first update alone needs "
+                     f"{update} (weights, gradients, optimizer state), so the campaign shards "
+                     "it - 08 sizes FSDP2 over several GPUs")
+        elif plan and fits is not None:
             plan += f" and {'fits' if fits else 'does not fit'} {on}"
         elif plan:
             plan += " (no device memory given: fit not judged)"
@@ -524,5 +529,9 @@ def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
             bad = [r for r, v in fsdp["rules"].items() if v == "fail"]
             text += "; FSDP2: " + (f"{len(bad)} rules fail ({_listed(bad)})" if bad else
                                    f"all {len(fsdp['rules'])} rules hold")
+            gap = fsdp.get("memory_max_abs_error_pct")
+            if gap is not None:  # shown, not judged: what the sizing misses on this machine
+                text += (", per-rank memory within 2% of the prediction" if gap < 2 else
+                         f", per-rank memory up to {gap:.3g}% off the prediction")
         return text
     return ""
