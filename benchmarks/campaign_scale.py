@@ -134,6 +134,7 @@ def size_one(name: str, against_full_depth: bool = False) -> dict:
     from workbook import campaign, sharding
     from workbook.data import prepare
     from workbook.loop import UpdateShape
+    from workbook.memory import _rss_peak
     from workbook.predict import Plan
 
     task = make_task(**CONFIGS[name])
@@ -149,7 +150,9 @@ def size_one(name: str, against_full_depth: bool = False) -> dict:
     direct = sharding.sharded_run(task, data.train, data.validation, plan, WORLDS[-1]).at(
         WORLDS[-1])
     direct_seconds = time.perf_counter() - start
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # this process's own high-water mark (VmHWM starts afresh at exec; ru_maxrss keeps the
+    # parent's resident size when the parent is large, as after part a)
+    rss = _rss_peak() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     gap = max(abs(a - b) / b * 100 for a, b in zip(frames[WORLDS[-1]].predicted_peak_bytes,
                                                  direct.predicted_peak_bytes, strict=True))
     full = {}

@@ -50,24 +50,14 @@ class PhaseTracker(MemTracker):
     def _total(self) -> int:
         return sum(s.get("Total", 0) for s in self._curr_mem_snap.values())
 
-    def _layer(self) -> int | None:
-        """The index of the layer (of `layers`) the current operator runs in, else None."""
-        prefix = self.layers + "."
-        inside = [p[len(prefix):].split(".", 1)[0] for p in self._mod_tracker.parents
-                  if p.startswith(prefix)]
-        if not inside:
-            return None
-        # in backward the tracker leaves a layer among the parents until its inputs' gradients
-        # are done, so the layers being differentiated are the later ones: the current is the
-        # lowest
-        return (min if self._mod_tracker.is_bw else max)(int(k) for k in inside)
-
     def _update_peak_stats(self, peak_state) -> None:
         # only the whole-process peak per phase is read: the stock per-module peaks cost a scan
         # of every module's statistics per operator (minutes for a 7 B model's step)
         total = self._total()
         if self.layers is not None:
-            self.trace.append((self._layer(), self._categories()))
+            layer = models.layer_of(self._mod_tracker.parents, self.layers,
+                                    self._mod_tracker.is_bw)
+            self.trace.append((layer, self._categories()))
         if total > self.phase_peak:
             self.phase_peak = total
             self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
