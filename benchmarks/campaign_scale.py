@@ -102,23 +102,25 @@ def part_a() -> list[float]:
 
 # --- part (b): FSDP2 on gloo processes against the measured per-rank peak -----------------
 def part_b() -> list[float]:
-    """The generation sample (tied embeddings) under FSDP2 on 2 and 4 gloo processes: each
-    rank's measured live-tensor peak against `sharding.predict_sharded`, every phase (the
-    measurement's FSDP collectives all-reduce in a scratch buffer, without the temporaries
-    gloo's own reduce-scatter and all-gather add and NCCL does not: see
-    `sharded_replica._collectives_in_place`)."""
+    """FSDP2 on 2 and 4 gloo processes: each rank's measured live-tensor peak against
+    `sharding.predict_sharded`, every phase, for the generation sample (tied embeddings) and the
+    pilot twin of the 7 B Llama (transformers' LlamaForCausalLM, 2 x 128). The measurement's
+    FSDP collectives all-reduce in a scratch buffer, without the temporaries gloo's own
+    reduce-scatter and all-gather add and NCCL does not (`sharded_replica._collectives_in_place`)."""
     from workbook.parallel import measure_fsdp
 
     print("(b) FSDP2 per-rank peak, predicted against measured on gloo")
     errors = []
-    for world in (2, 4):
-        table = measure_fsdp("workbook.samples.generation:task", {"tie_embeddings": True},
-                             Plan(UpdateShape(2, 2)), world)
-        for phase, rows in table.groupby("phase", sort=False):
-            pct = rows.error_pct.astype(float)
-            print(f"  x{world} {phase:16s} error {pct.min():+7.2f}% .. {pct.max():+7.2f}% "
-                  f"over {len(rows)} ranks")
-            errors += [abs(v) for v in pct.dropna()]
+    for label, task, options in (("generation sample, tied", "workbook.samples.generation:task",
+                                  {"tie_embeddings": True}),
+                                 ("Llama 7B's twin", "examples.llama_campaign:task", {})):
+        for world in (2, 4):
+            table = measure_fsdp(task, options, Plan(UpdateShape(2, 2)), world)
+            for phase, rows in table.groupby("phase", sort=False):
+                pct = rows.error_pct.astype(float)
+                print(f"  {label} x{world} {phase:16s} error {pct.min():+7.2f}% .. "
+                      f"{pct.max():+7.2f}% over {len(rows)} ranks")
+                errors += [abs(v) for v in pct.dropna()]
     return errors
 
 
