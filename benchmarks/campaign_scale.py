@@ -106,7 +106,8 @@ def part_b() -> list[float]:
     `sharding.predict_sharded`, every phase, for the generation sample (tied embeddings) and the
     pilot twin of the 7 B Llama (transformers' LlamaForCausalLM, 2 x 128). The measurement's
     FSDP collectives all-reduce in a scratch buffer, without the temporaries gloo's own
-    reduce-scatter and all-gather add and NCCL does not (`sharded_replica._collectives_in_place`)."""
+    reduce-scatter and all-gather add and NCCL does not
+    (`sharded_replica._collectives_in_place`)."""
     from workbook.parallel import measure_fsdp
 
     print("(b) FSDP2 per-rank peak, predicted against measured on gloo")

@@ -167,3 +167,19 @@ def test_09_fails_on_a_failing_fsdp_rule_or_a_missed_planted_bug():
     assert parallel.sharded_verdict(check("pass", None)) == "pass"  # not demonstrable
     assert parallel.sharded_verdict(check("fail", True)) == "fail"
     assert parallel.sharded_verdict(check("pass", False)) == "fail"
+
+
+def test_the_memory_table_says_when_gloo_ran_its_own_collectives():
+    """On a PyTorch without FSDP2's custom collectives the CPU measurement keeps gloo's
+    temporaries: every row says so beside the prediction's own note."""
+    import pandas as pd
+
+    from workbook.sharded_replica import GLOO_NOTE
+
+    predicted = pd.DataFrame({"phase": ["backward"], "predicted_peak_bytes": [100]})
+    measured = [{"backward": 125}, {"backward": 100}]
+    table = parallel.memory_table(None, None, measured, predicted, "", GLOO_NOTE)
+    assert table.error_pct.round(1).tolist() == [-20.0, 0.0]
+    assert (table.note == GLOO_NOTE).all()
+    clean = parallel.memory_table(None, None, measured, predicted)
+    assert (clean.note == "").all()

@@ -936,12 +936,15 @@ def _predicted_sharded(task: Task, spec, world: int) -> tuple[pd.DataFrame | Non
 
 
 def memory_table(task: Task, spec, measured: list[dict[str, int]],
-                 predicted: pd.DataFrame | None = None, note: str = "") -> pd.DataFrame:
+                 predicted: pd.DataFrame | None = None, note: str = "",
+                 measured_note: str = "") -> pd.DataFrame:
     """Per rank and phase: the peak measured on this machine (live tensors: the CPU profiler's
     allocation events, the CUDA allocator on a GPU) against `sharding.predict_sharded` for the
-    same world and plan, and the error in percent."""
+    same world and plan, and the error in percent; the note says why a prediction is missing
+    or how the measurement differs from what the prediction models (`measured_note`)."""
     if predicted is None and not note:
         predicted, note = _predicted_sharded(task, spec, len(measured))
+    note = "; ".join(n for n in (note, measured_note) if n)
     if predicted is None and measured:
         predicted = pd.DataFrame(columns=["phase", "predicted_peak_bytes"])
     by_phase = ({} if predicted is None else
@@ -1010,7 +1013,8 @@ def sharded_check(spec, task: Task, folder: Path, tolerance: float = 1e-4,
     faults = sharded_faults(launched, resumed, tolerance) if spec.plant else \
         pd.DataFrame(columns=["planted bug", "rule", "verdict", "caught",
                               "other failing rules", "measured"])
-    memory = memory_table(task, spec, launched.get("memory") or [], predicted, note)
+    memory = memory_table(task, spec, launched.get("memory") or [], predicted, note,
+                          launched.get("memory_note", ""))
     return ShardedCheck(spec, launched, resumed, rules, faults, table, memory, seconds)
 
 
@@ -1035,7 +1039,8 @@ def measure_fsdp(task: str, task_options: dict, plan, world: int, *, folder: Pat
                        plan_eval_length=plan.eval_length or 0, train=False)
     with tempfile.TemporaryDirectory() as tmp:
         launched = launch(spec, Path(folder or tmp) / f"fsdp-memory-x{world}", timeout=timeout)
-    return memory_table(task_from_spec(task, task_options), spec, launched["memory"])
+    return memory_table(task_from_spec(task, task_options), spec, launched["memory"],
+                        measured_note=launched.get("memory_note", ""))
 
 
 def task_from_spec(task: str, options: dict) -> Task:

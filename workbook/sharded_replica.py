@@ -217,13 +217,13 @@ def local_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     from torch.distributed.fsdp import FSDPModule
 
     tensors = [_local(p) for p in model.parameters()] + [_local(b) for b in model.buffers()]
-    for module in model.modules():
+    for module in model.modules():  # FSDP2's own storages (private: read where present)
         state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
-        for group in (state._fsdp_param_groups if state is not None else ()):
-            for param in group.fsdp_params:
-                tensors.append(param._sharded_param_data)
-                tensors += [t for t in (getattr(param, "_unsharded_param", None),)
-                            if t is not None]
+        for group in getattr(state, "_fsdp_param_groups", None) or ():
+            for param in getattr(group, "fsdp_params", ()):
+                tensors += [t for t in (getattr(param, "_sharded_param_data", None),
+                                        getattr(param, "_unsharded_param", None))
+                            if isinstance(t, torch.Tensor)]
     tensors += [_local(p.grad) for p in model.parameters() if p.grad is not None]
     if optimizer is not None:
         for state in optimizer.state.values():
@@ -372,7 +372,7 @@ def compared_run(task: Task, model: nn.Module, cfg, mine: list[tuple[list, list]
 
 
 # --- the measured phases ----------------------------------------------------------------------
-def _collectives_in_place(model: nn.Module) -> tuple[Any, Any]:
+def _collectives_in_place(model: nn.Module) -> tuple[Any, Any] | None:
     """FSDP2's all-gather and reduce-scatter for the CPU measurement, without an allocation the
     prediction cannot know. Gloo's `all_gather_into_tensor` and `reduce_scatter_tensor` allocate
     process-group temporaries as large as the full buffer on every call, and its worker thread
@@ -380,9 +380,15 @@ def _collectives_in_place(model: nn.Module) -> tuple[Any, Any]:
     run to run). NCCL works in FSDP's buffers without either, as the prediction models. So each
     collective is an all-reduce in a scratch buffer made before the measurement (as large as
     the whole unsharded model): the all-gather sums each rank's chunk with zeros, the
-    reduce-scatter keeps this rank's chunk of the sum - the same values."""
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (DefaultAllGather,
-                                                                       DefaultReduceScatter)
+    reduce-scatter keeps this rank's chunk of the sum - the same values. None on a PyTorch
+    without FSDP2's custom collectives (gloo's own then run, and the table's note says so)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather,
+            DefaultReduceScatter,
+        )
+    except ImportError:  # a PyTorch without FSDP2's custom collectives
+        return None
 
     # a group's buffer is at most every parameter, padded to the world size per parameter
     world = dist.get_world_size()
@@ -415,25 +421,39 @@ def _collectives_in_place(model: nn.Module) -> tuple[Any, Any]:
     return AllGather(), ReduceScatter()
 
 
+GLOO_NOTE = ("this PyTorch has no FSDP2 custom collectives (set_custom_all_gather): gloo's "
+             "own ran, whose temporaries NCCL does not make - the backward and later update "
+             "can read above the prediction here")
+
+
+def _measure_without_gloo_temporaries(model: nn.Module) -> bool:
+    """Give every FSDP module `_collectives_in_place`; False (and nothing changed) when this
+    PyTorch cannot."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    comms = _collectives_in_place(model)
+    if comms is None or not all(hasattr(m, "set_custom_all_gather") and
+                                hasattr(m, "set_custom_reduce_scatter") for m in sharded):
+        return False
+    for module in sharded:
+        module.set_custom_all_gather(comms[0])
+        module.set_custom_reduce_scatter(comms[1])
+    return True
+
+
 def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
-                    device: torch.device, scratch: Path) -> dict[str, int]:
+                    device: torch.device, scratch: Path) -> tuple[dict[str, int], str]:
     """Per-rank peak live bytes of every training phase (notebook 03's workload, each phase
     from what the previous left) and of a DCP save of the model and optimizer, on a freshly
     built sharded model. On the CPU the profiler's allocation events; on CUDA the allocator's
-    counters."""
+    counters. With a note when the measurement differs from what the prediction models."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     seed_everything(cfg.seed)
     model = shard_model(task, task.build_model().to(device), cfg.shape.precision)
-    if device.type == "cpu":
-        from torch.distributed.fsdp import FSDPModule
-
-        all_gather, reduce_scatter = _collectives_in_place(model)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_custom_all_gather(all_gather)
-                module.set_custom_reduce_scatter(reduce_scatter)
+    note = "" if device.type != "cpu" or _measure_without_gloo_temporaries(model) else GLOO_NOTE
     stepper = build_stepper(task, cfg, model)
     for options in stepper.optimizer.param_groups:  # as the prediction: the multi-tensor step
         if "foreach" in options and options["foreach"] is None:  # (PyTorch's default on CUDA)
@@ -466,7 +486,7 @@ def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(scratch, ignore_errors=True)
-    return peaks
+    return peaks, note
 
 
 def plan_batches(task: Task, train: list[Item], val: list[Item], shape: UpdateShape,
@@ -615,8 +635,9 @@ def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, r
         t = _now(device)
         batches = plan_batches(task, items, val, spec.shape, spec.plan_length, spec.eval_batch,
                                spec.plan_eval_length)
-        result["memory"] = gather(measured_phases(task, cfg, batches, device,
-                                                  out / ".memory-probe"))
+        peaks, result["memory_note"] = measured_phases(task, cfg, batches, device,
+                                                       out / ".memory-probe")
+        result["memory"] = gather(peaks)
         times["memory"] = _now(device) - t
     if not spec.train:
         return {**result, "times": gather(times)}

@@ -439,17 +439,17 @@ def _carried(traces: tuple, key) -> list[list[int]] | None:
 
 
 def _carry(traced: dict[int, dict], depth: int, offload: bool) -> tuple[dict, list[str]]:
-    """Each phase at `depth` layers from its sharded traces at `campaign.TRACE_DEPTHS` layers:
-    its operators carried (`campaign.carried`), the peak the largest of them on one GPU, its
-    breakdown that operator's. Every phase is carried, the root's all-gather, the optimizer
-    step and the checkpoint save included: outside the layer stack each is an operator
-    whose memory is linear in the depth (the root's parameters do not grow with it; the sharded state grows by one layer's shards per layer). The
-    stretches outside the stack whose length grows with the depth are paired operator for
-    operator (`_paired`), not carried by their largest operator at 3 and 4 layers as the
-    single-device prediction does: for a 70 B Llama over 8 GPUs the later update's largest
-    operator after the backward is the backward's end at 3 and 4 layers and the optimizer's
-    temporaries at 80, and the largest-operator carry was 6.7% low. Returns the phases and
-    those whose traces do not line up (run at the full depth)."""
+    """Each phase at `depth` layers from its sharded traces at `campaign.TRACE_DEPTHS` layers: its
+    operators carried (`campaign.carried`), the peak the largest of them on one GPU, its
+    breakdown that operator's. Every phase is carried, the root's all-gather, the optimizer step
+    and the checkpoint save included: outside the layer stack each is an operator whose memory
+    is linear in the depth (the root's parameters do not grow with it; the sharded state grows
+    by one layer's shards per layer). The stretches outside the stack whose length grows with
+    the depth are paired operator for operator (`_paired`), not carried by their largest
+    operator at 3 and 4 layers as the single-device prediction does: for a 70 B Llama over 8
+    GPUs the later update's largest operator after the backward is the backward's end at 3 and 4
+    layers and the optimizer's temporaries at 80, and the largest-operator carry was 6.7% low.
+    Returns the phases and those whose traces do not line up (run at the full depth)."""
     shallow, deeper = (traced[n] for n in models.TRACE_DEPTHS)
     on_gpu = _gpu_bytes(offload)
     phases, missing = {}, []
