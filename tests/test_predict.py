@@ -268,16 +268,23 @@ def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items,
 def test_a_plan_whose_update_fits_no_gpu_needs_sharding_not_a_smaller_micro_batch():
     import pandas as pd
 
-    from workbook.predict import needs_sharding
+    from workbook.predict import Overheads, needs_sharding
 
-    def fit(update_fits: bool, backward_fits: bool) -> pd.DataFrame:
+    gib = 2**30
+    context = Overheads(gib, 0.1, False)  # 1 GiB context, 1.2 GiB with 20% headroom
+
+    def fit(update_fits: bool, backward_fits: bool, device_gib: float = 80) -> pd.DataFrame:
         return pd.DataFrame({"phase": ["backward", "update (first)"],
-                             "fits": pd.array([backward_fits, update_fits], dtype="boolean")})
+                             "fits": pd.array([backward_fits, update_fits], dtype="boolean"),
+                             "device_bytes": int(device_gib * gib)})
     # a 7 B full fine-tune: weights, gradients and AdamW state alone are over one GPU
-    assert needs_sharding(fit(update_fits=False, backward_fits=False))
+    assert needs_sharding(fit(update_fits=False, backward_fits=False), context, 0.2)
     # the activations are over (a smaller micro-batch or checkpointing fits it): not sharding
-    assert not needs_sharding(fit(update_fits=True, backward_fits=False))
+    assert not needs_sharding(fit(update_fits=True, backward_fits=False), context, 0.2)
+    # a GPU the context already fills fits nothing, sharded or not
+    assert not needs_sharding(fit(False, False, device_gib=0.5), context, 0.2)
     # no device memory stated, or the update not predicted: nothing to say
     unstated = fit(True, True).assign(fits=pd.array([None, None], dtype="boolean"))
-    assert not needs_sharding(unstated)
-    assert not needs_sharding(fit(True, True)[lambda f: f.phase != "update (first)"])
+    assert not needs_sharding(unstated, context, 0.2)
+    assert not needs_sharding(fit(True, True)[lambda f: f.phase != "update (first)"],
+                              context, 0.2)

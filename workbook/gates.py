@@ -725,7 +725,8 @@ class GatesResult:
     @property
     def needs_sharding(self) -> bool:
         """The plan fits no single GPU at any micro-batch (`predict.needs_sharding`)."""
-        return self.fits is False and needs_sharding(self.fit)
+        return self.fits is False and needs_sharding(self.fit, self.overheads,
+                                                     self.settings.headroom)
 
     @property
     def verdict(self) -> str:

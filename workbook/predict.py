@@ -529,13 +529,17 @@ def fit_table(predicted: pd.DataFrame, device_memory_gib: float, headroom: float
     return out
 
 
-def needs_sharding(fit: pd.DataFrame) -> bool:
-    """Whether a plan that does not fit one GPU cannot fit it at any micro-batch: its first
-    update - the weights, gradients and optimizer state a whole-model replica holds, no
-    activations - is itself over the GPU (`fit_table` rows). Such a model is sharded over
-    several GPUs (notebook 08 sizes FSDP2); a smaller micro-batch cannot help."""
-    update = fit[fit.phase == "update (first)"].fits
-    return bool(len(update)) and update.notna().all() and not update.astype(bool).any()
+def needs_sharding(fit: pd.DataFrame, overheads: Overheads, headroom: float) -> bool:
+    """Whether a plan that does not fit one GPU cannot fit it at any micro-batch, yet sharding
+    can help: its first update - the weights, gradients and optimizer state a whole-model
+    replica holds, no activations - is itself over the GPU (`fit_table` rows), while the
+    GPU's fixed overheads alone (context and workspaces, with headroom) are not. Such a model
+    is sharded over several GPUs (notebook 08 sizes FSDP2); a smaller micro-batch cannot
+    help, and a GPU that its overheads already fill fits nothing."""
+    update = fit[fit.phase == "update (first)"]
+    if not len(update) or update.fits.isna().any() or update.fits.astype(bool).any():
+        return False
+    return overheads.context_bytes * (1 + headroom) < int(update.device_bytes.iloc[0])
 
 
 def compare(predicted: pd.DataFrame, gates: pd.DataFrame) -> pd.DataFrame:
