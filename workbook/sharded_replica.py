@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import gc
 import io
+import math
 import os
 import shutil
 import sys
@@ -390,10 +391,17 @@ def _collectives_in_place(model: nn.Module) -> tuple[Any, Any] | None:
     except ImportError:  # a PyTorch without FSDP2's custom collectives
         return None
 
-    # a group's buffer is at most every parameter, padded to the world size per parameter
+    # a group's buffer holds at most every parameter, each padded along its first dimension to
+    # a multiple of the world size (FSDP2's dim-0 shards), in at most 4 bytes an element (an
+    # fp32 reduction; more for a wider parameter)
     world = dist.get_world_size()
-    scratch = torch.empty(sum(((p.numel() + world - 1) // world) * world * 4
-                              for p in model.parameters()), dtype=torch.uint8)
+
+    def padded_bytes(p: torch.Tensor) -> int:
+        shape = tuple(p.shape) or (1,)
+        rows = -(-shape[0] // world) * world
+        return rows * math.prod(shape[1:]) * max(p.element_size(), 4)
+
+    scratch = torch.empty(sum(padded_bytes(p) for p in model.parameters()), dtype=torch.uint8)
 
     def in_scratch(t: torch.Tensor) -> torch.Tensor:
         size = t.numel() * t.element_size()
