@@ -36,7 +36,7 @@ from .data import Batch, Item, prepare
 from .errors import WorkbookError
 from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, rebased, storage_bytes
-from .replica import RESULT, WEIGHTS, digest, gather, join_launch, replica_updates
+from .replica import RESULT, WEIGHTS, digest, gather, join_launch, replica_updates, sync_batch_norm
 from .runs import write_json
 from .task import Task, load_task
 from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
@@ -687,6 +687,7 @@ def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, r
     stepper = build_stepper(task, cfg, model)
     records, checkpoint = _steps(spec, task, items, stepper, Position(), 1, rank, world, device,
                                  out, audit)
+    sync_batch_norm(model, world)  # the final weights hold every rank's statistics
     params, optim = full_state(model, stepper.optimizer)
     if rank == 0:
         write_file(out / WEIGHTS, lambda tmp: save_file(params, str(tmp)), "final weights")
@@ -721,7 +722,10 @@ def _checkpoint(spec: ShardedSpec, stepper: Stepper, step: int, after: Position,
                 world: int, device: torch.device, out: Path,
                 audit: FileAudit) -> dict[str, Any]:
     """Every rank writes its shard of one DCP checkpoint (with `plant`, rank 0 alone also
-    writes one the classic way); the whole state's digests say what a resume must restore."""
+    writes one the classic way); the whole state's digests say what a resume must restore.
+    Batch-norm running statistics are averaged over the ranks first, as the DDP loop does:
+    FSDP2 leaves buffers unsharded, each rank's own, and DCP keeps one rank's copy of them."""
+    sync_batch_norm(stepper.model, world)
     rngs = gather(ckpt.rng_state())
     trainer = {"step": step, "epoch": after.epoch, "group": after.group, "world": world,
                "scheduler": stepper.scheduler.state_dict(), "rank_rng": rngs}
@@ -775,6 +779,7 @@ def _resume(spec: ShardedSpec, task: Task, out: Path, resume_from: Path, rank: i
     records, _ = _steps(spec, task, items, stepper, Position(int(trainer["epoch"]),
                                                                int(trainer["group"])), first,
                         rank, world, device, out, audit)
+    sync_batch_norm(stepper.model, world)
     params, _ = full_state(stepper.model)
     if rank == 0:
         write_file(out / WEIGHTS, lambda tmp: save_file(params, str(tmp)), "final weights")
