@@ -138,7 +138,8 @@ def test_a_mean_step_off_only_on_a_final_partial_micro_batch_is_a_warning_not_a_
     # the planted padded_training still fails on equal splits: see the normalisation test above
 
 
-@pytest.mark.slow  # about 6 minutes each on 2 cores: the whole pilot, as the README runs it
+@pytest.mark.slow  # about 5 minutes each on 2 cores: the whole pilot, as the README runs it
+@pytest.mark.timeout(1200)  # beside another test on 2 cores it ran past the default 300 s
 @pytest.mark.parametrize("task", [TASK, "examples.hf_trainer:task"])
 def test_each_framework_example_passes_all_nine_notebooks(task, tmp_path):
     from workbook.pilot import run_pilot
