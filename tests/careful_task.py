@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.utils import clip_grad_norm_
 
 import workbook as wb
 from examples.regression import Shuffle
@@ -40,7 +41,8 @@ def build_model() -> nn.Module:
 
 
 def make_train_step(mean_per_micro_batch: bool = False, label_smoothing: float = 0.0,
-                    returns: str = "dict"):
+                    returns: str = "dict", clip_by_name: bool = False,
+                    clip_norm: float = 1.0):
     def train_step(model, optimizer, micro_batches):
         model.train()
         optimizer.zero_grad(set_to_none=True)
@@ -53,7 +55,9 @@ def make_train_step(mean_per_micro_batch: bool = False, label_smoothing: float =
             # planted: each micro-batch's mean back-propagated as is (k times the gradient)
             (loss / len(batch["labels"]) if mean_per_micro_batch else loss / total).backward()
             summed += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        # as public scripts write it: imported by name, or through the module
+        (clip_grad_norm_ if clip_by_name else torch.nn.utils.clip_grad_norm_)(
+            model.parameters(), clip_norm)
         optimizer.step()
         mean = torch.tensor(summed / total)
         return {"loss": mean} if returns == "dict" else float(mean)
@@ -95,7 +99,8 @@ def make_restore(reseeds_sampler: bool = False):
 def make_task(mean_per_micro_batch: bool = False, label_smoothing: float = 0.0,
               returns: str = "dict", eval_counts_padding: bool = False,
               eval_leaves_eval_mode: bool = False, eval_without_eval_mode: bool = False,
-              restore_reseeds_sampler: bool = False) -> wb.Task:
+              restore_reseeds_sampler: bool = False, clip_by_name: bool = False,
+              clip_norm: float = 1.0) -> wb.Task:
     data = Readings()
     return wb.Task(
         name="careful-readings", kind="classification",
@@ -106,7 +111,8 @@ def make_task(mean_per_micro_batch: bool = False, label_smoothing: float = 0.0,
         decode=lambda ids: ", ".join(CLASSES[int(i)] for i in ids),
         label_names=CLASSES, label_field="level", group_key="sensor", model_inputs=("x",),
         lr=3e-3,
-        train_step=make_train_step(mean_per_micro_batch, label_smoothing, returns),
+        train_step=make_train_step(mean_per_micro_batch, label_smoothing, returns,
+                                   clip_by_name, clip_norm),
         eval_step=make_eval_step(eval_counts_padding, eval_leaves_eval_mode,
                                  eval_without_eval_mode),
         save_state=save_state, restore_state=make_restore(restore_reseeds_sampler),

@@ -28,11 +28,37 @@ def test_a_clean_step_with_model_train_dropout_and_batch_norm_passes_the_normali
     assert own.within_tolerance.all(), own  # was 0.46-1.6 with the step's model.train()
 
 
-def test_a_step_that_means_per_micro_batch_is_still_named_through_its_clipping():
-    task, items, _ = _items(mean_per_micro_batch=True)
+@pytest.mark.parametrize("clip_by_name", [False, True])
+def test_a_step_that_means_per_micro_batch_is_still_named_through_its_clipping(clip_by_name):
+    """Clipping held off however the step reaches it: `torch.nn.utils.clip_grad_norm_` or
+    `from torch.nn.utils import clip_grad_norm_` at the top of the user's module. The norm is
+    so small that every split is clipped: a step k times too large would read as exact."""
+    task, items, _ = _items(mean_per_micro_batch=True, clip_by_name=clip_by_name,
+                            clip_norm=1e-3)
     check = acc.normalisation_check(task, items[:8], (8, 2, 1))
     own = check[check.normalisation == "the task's train_step"]
     assert not own.within_tolerance.iloc[1:].any()
+    clean_task, _, _ = _items(clip_by_name=clip_by_name, clip_norm=1e-3)
+    clean = acc.normalisation_check(clean_task, items[:8], (8, 2, 1))
+    assert clean[clean.normalisation == "the task's train_step"].within_tolerance.all()
+    from tests import careful_task
+    assert careful_task.clip_grad_norm_ is torch.nn.utils.clip_grad_norm_  # given back
+
+
+def test_clipping_held_off_reaches_a_closure_and_gives_every_binding_back():
+    from torch.nn.utils import clip_grad_norm_ as clip
+
+    def step():
+        return clip
+
+    original = torch.nn.utils.clip_grad_norm_
+    with acc.clipping_held_off(step):
+        assert step() is not original and torch.nn.utils.clip_grad_norm_ is not original
+        weight = torch.nn.Parameter(torch.ones(3))
+        weight.grad = torch.full((3,), 10.0)
+        step()([weight], 1.0)
+        assert torch.equal(weight.grad, torch.full((3,), 10.0))  # measured, not clipped
+    assert step() is original and torch.nn.utils.clip_grad_norm_ is original
 
 
 def test_held_behaviour_keeps_eval_behaviour_and_gives_every_mode_back():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -17,6 +18,7 @@ import pandas as pd
 import torch
 
 from .data import Item, micro_batches, prepare
+from .deviation import relative_deviation
 from .errors import WorkbookError
 from .loop import HeldBehaviour, Stepper, UpdateShape, loss_of, train
 from .records import StepRecord
@@ -182,24 +184,46 @@ class GradientRecorder(torch.optim.SGD):
 
 
 @contextlib.contextmanager
-def clipping_held_off() -> Iterator[None]:
+def clipping_held_off(*own_code: Any) -> Iterator[None]:
     """PyTorch's gradient clipping measures and returns the norm but changes no gradient inside
     the block: clipping rescales a gradient that is N times too large to the same norm as the
-    right one, which would hide a normalisation error from the comparison."""
+    right one, which would hide a normalisation error from the comparison. Every binding is
+    held - `torch.nn.utils.clip_grad_norm_`, a module's `from torch.nn.utils import
+    clip_grad_norm_` (any imported module's namespace) and the closures of `own_code`."""
     utils = torch.nn.utils
 
     def norm_only(parameters, max_norm, *args, **kwargs):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         return utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
-    saved = utils.clip_grad_norm_, utils.clip_grad_value_
-    utils.clip_grad_norm_ = utils.clip_grad.clip_grad_norm_ = norm_only
-    utils.clip_grad_value_ = utils.clip_grad.clip_grad_value_ = lambda *a, **k: None
+    held = {id(utils.clip_grad.clip_grad_norm_): norm_only,
+            id(utils.clip_grad.clip_grad_value_): lambda *a, **k: None}
+    swapped: list[tuple[Any, Any, Any]] = []  # (namespace or cell, name, original)
+    for module in list(sys.modules.values()):
+        space = getattr(module, "__dict__", None)
+        if not isinstance(space, dict):
+            continue
+        for name, value in list(space.items()):
+            if id(value) in held:
+                swapped.append((space, name, value))
+    for fn in own_code:
+        for cell in getattr(getattr(fn, "__wrapped__", fn), "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                if id(cell.cell_contents) in held:
+                    swapped.append((cell, None, cell.cell_contents))
+    for where, name, value in swapped:
+        if name is None:
+            where.cell_contents = held[id(value)]
+        else:
+            where[name] = held[id(value)]
     try:
         yield
     finally:
-        utils.clip_grad_norm_ = utils.clip_grad.clip_grad_norm_ = saved[0]
-        utils.clip_grad_value_ = utils.clip_grad.clip_grad_value_ = saved[1]
+        for where, name, value in reversed(swapped):
+            if name is None:
+                where.cell_contents = value
+            else:
+                where[name] = value
 
 
 @dataclass
@@ -222,7 +246,8 @@ def run_own_step(task: Task, model: torch.nn.Module, items: list[Item], micro_ba
     model.zero_grad(set_to_none=True)
     recorder = GradientRecorder(model)
     batches = [b.tensors for b in micro_batches(task, items, micro_batch)]
-    with torch.random.fork_rng(devices=[]), HeldBehaviour(model) as held, clipping_held_off():
+    with torch.random.fork_rng(devices=[]), HeldBehaviour(model) as held, \
+            clipping_held_off(task.train_step):
         torch.manual_seed(seed)
         returned = own_code("train_step", task.train_step, model, recorder, batches,
                             receives="(model, optimizer, [batch dict per micro-batch])")
@@ -262,8 +287,7 @@ def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (
             grads = gradients(items, micro)
             if reference is None:
                 reference = grads
-            dev = max(float((grads[n] - reference[n]).abs().max() /
-                            reference[n].abs().max().clamp(min=1e-12)) for n in reference)
+            dev = relative_deviation(grads, reference)
             accumulation = math.ceil(len(items) / micro)
             rows.append({"normalisation": way,
                          "micro_batch x accumulation": f"{micro} x {accumulation}",

@@ -25,6 +25,7 @@ from . import checkpoint as ckpt
 from .accounting import BatchAccount, reconcile
 from .artifacts import read_json
 from .data import Item, prepare
+from .deviation import max_difference, relative_deviation
 from .errors import WorkbookError
 from .loop import LOSS, UpdateShape, resolve_device, seed_everything
 from .records import StepRecord
@@ -38,7 +39,6 @@ from .replica import (
     digest,
     rank_mean_gradient,
     reference_gradient,
-    relative_deviation,
     shard,
     update_groups,
 )
@@ -390,7 +390,7 @@ def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder:
                          a["ids"] == b["ids"] for a, b in zip(mine, theirs, strict=True))})
     table = pd.DataFrame(rows)
     a, b = load_file(str(reference_folder / WEIGHTS)), load_file(str(folder / WEIGHTS))
-    diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    diff = max_difference(a, b)
     exact = bool(len(table) and table.same_lr.all() and table.same_examples_on_every_rank.all()
                  and table.loss_diff.max() <= tolerance and diff <= tolerance
                  and table.step.iloc[-1] == spec.updates)
@@ -853,7 +853,7 @@ def sharded_resume_rule(launched: dict[str, Any], resumed: dict[str, Any], folde
                          a["ids"] == b["ids"] for a, b in zip(mine, theirs, strict=True))})
     table = pd.DataFrame(rows)
     a, b = load_file(str(folder / WEIGHTS)), load_file(str(resumed_folder / WEIGHTS))
-    diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    diff = max_difference(a, b)
     point, got = launched["checkpoint"], resumed["restored"]
     same_model = got["model_digest"] == point["model_digest"]
     same_optim = got["optim_digest"] == point["optim_digest"]

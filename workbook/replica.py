@@ -32,6 +32,7 @@ from . import checkpoint as ckpt
 from . import schemas
 from .artifacts import write_file
 from .data import Batch, Item, epoch_order, loader, micro_batches, prepare
+from .deviation import relative_deviation
 from .errors import WorkbookError
 from .loop import (
     Position,
@@ -466,14 +467,6 @@ def rank_mean_gradient(task: Task, model: nn.Module, items: list[Item], world: i
             if p.grad is not None:
                 total[k] = total.get(k, 0) + p.grad * scale
     return total, counts
-
-
-def relative_deviation(grads: dict[str, torch.Tensor],
-                       reference: dict[str, torch.Tensor]) -> float:
-    """The largest difference from the reference gradient, relative to each tensor's largest
-    reference value."""
-    return max(float((grads[k] - reference[k]).abs().max() /
-                     reference[k].abs().max().clamp(min=1e-12)) for k in reference)
 
 
 def backend(device: str, world: int) -> str:

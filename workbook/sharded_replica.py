@@ -33,6 +33,7 @@ from torch import nn
 from . import checkpoint as ckpt
 from .artifacts import write_file
 from .data import Batch, Item, prepare
+from .deviation import max_difference, relative_deviation
 from .errors import WorkbookError
 from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, rebased, storage_bytes
@@ -265,17 +266,6 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
             for fqn, state in osd.get("state", {}).items()
             for key, v in state.items() if isinstance(v, torch.Tensor)}
     return msd, flat
-
-
-def relative_deviation(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest difference of `a` from `b`, relative to each tensor's largest value in `b`."""
-    return max((float((a[k].float() - b[k].float()).abs().max() /
-                      b[k].float().abs().max().clamp(min=1e-12)) for k in b if k in a),
-               default=0.0)
-
-
-def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return max((float((a[k].float() - b[k].float()).abs().max()) for k in b), default=0.0)
 
 
 # --- one update across ranks ------------------------------------------------------------------
