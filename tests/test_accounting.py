@@ -125,7 +125,7 @@ def test_batch_norm_sees_the_micro_batch_not_the_effective_batch(cls_items):
     assert batch_norm_statistics(plain, cls_items["train"], UpdateShape(4, 4)).empty
 
 
-def test_a_gradient_zero_in_exact_arithmetic_cannot_fail_the_check_and_the_planted_mean_still_does():
+def test_a_gradient_zero_in_exact_arithmetic_cannot_fail_but_a_planted_mean_still_does():
     """BERT's attention key bias: softmax ignores a per-query constant, so its gradient is
     rounding noise (about 1e-13); relative to itself that read as 0.5-0.85 on a clean task.
     Judged on the whole update's gradient scale the loop is exact, and a per-micro-batch mean
