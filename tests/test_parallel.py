@@ -143,6 +143,15 @@ def test_a_worker_error_comes_back_with_its_message(tmp_path):
         launch(spec, tmp_path / "run")  # the failed launch's folder is kept, not reused
 
 
+def test_build_optimizer_gets_the_module_02_07_get_not_the_ddp_wrapper(tmp_path):
+    """A task whose optimizer reaches into the model by position (a head at its own rate):
+    the DistributedDataParallel wrapper has no `[-1]`, so handing it over failed every rank."""
+    spec = ReplicaSpec("tests.careful_task:task", {"head_lr_groups": True},
+                       UpdateShape(2, 2, replicas=2), updates=2, validation_limit=8)
+    result = launch(spec, tmp_path / "run")
+    assert [[r["step"] for r in rank["records"]] for rank in result["ranks"]] == [[1, 2]] * 2
+
+
 def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
     spec = ReplicaSpec("tests.stuck_task:hung_rank", updates=2)
     start = time.monotonic()

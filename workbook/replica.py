@@ -532,7 +532,8 @@ def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task |
         result["gradient_check"] = gradient_check(task, model, items, spec, rank, world, device)
         seed_everything(spec.seed + (rank if spec.fault == "rank_seed" else 0))
     ddp, clock = wrap(model, device)
-    stepper = build_stepper(task, cfg, ddp)
+    stepper = build_stepper(task, cfg, model)  # build_optimizer gets the module, as in 02-07
+    stepper.model = ddp
     if resume_from is not None:
         position, first = _restore(resume_from, stepper, rank, world)
     stream = replica_updates(task, items, spec, rank, world, position)
