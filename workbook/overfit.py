@@ -34,6 +34,7 @@ LR_FROM = {"task": "the task's Task.lr", "parameter": "the lr parameter",
            "fallback": "02's fallback; the task declares no Task.lr"}
 # the rule of notebook 06: the median loss of the last 5 updates above 3 x the first update's
 DIVERGENCE_MULTIPLE = 3.0
+MEMORISED_EVERY = 10  # updates between the early-stop checks once the loss is under its bar
 
 
 @dataclass
@@ -212,9 +213,14 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     tolerance = math.sqrt(bar)  # per regression target, in the targets' units
     seen: list[StepRecord] = []
 
-    def watch(record: StepRecord, *_) -> str | None:
+    def watch(record: StepRecord, stepper, _) -> str | None:
         seen.append(record)
-        return divergence(seen) or None  # a diverged run stops: the rest would be noise
+        if divergence(seen):
+            return divergence(seen)  # a diverged run stops: the rest would be noise
+        if record.loss < bar and len(seen) % MEMORISED_EVERY == 0 and memorised(
+                task, stepper.model, items, dev, bar, tolerance):
+            return "memorised"  # the rest of the budget would only confirm it
+        return None
 
     result = train(task, items, cfg, model=model, on_update=watch)
     diverged = divergence(result.steps)
@@ -250,6 +256,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     init_gap = abs(initial.loss - expected) / max(reach, 1e-12)
     message = divergence_message(diverged, lr, lr_from) if diverged else ""
     regression = task.kind == "regression"
+    falling = still_falling(steps.loss.tolist())
+    # the mechanics all work and the loss is on its way: the budget, not the loop, fell short
+    unfinished = (not diverged and finite and all(exact) and final.loss >= bar and falling
+                  and final.loss < initial.loss)
     checks = pd.DataFrame([
         {"check": "initial loss near " + ("mean(target^2)" if regression else "ln(outputs)"),
          "value": round(initial.loss, 4),
@@ -264,7 +274,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         {"check": "final loss below threshold" + (
             " x the loss of predicting the mean" if regression else ""),
          "value": round(final.loss, 4), "expected": f"< {bar:.4g}",
-         "passed": final.loss < bar, "detail": ""},
+         "passed": final.loss < bar or unfinished,
+         "detail": not_conclusive(initial.loss, final.loss, bar, len(result.steps))
+         if unfinished else ""},
         {"check": "targets reproduced within sqrt(final loss bar)" if regression
          else "exact target ids reproduced", "value": f"{sum(exact)}/{len(exact)}",
          "expected": f"{len(exact)}/{len(exact)}" + (f", |error| <= {tolerance:.4g}"
@@ -287,12 +299,45 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                "finite": finite, "lr_diverges": bool(diverged),
                "loss_threshold": loss_threshold, "final_loss_bar": round(bar, 6),
                "ambiguous_targets": ambiguous, "least_loss": round(floor, 6),
-               "initial_loss_rule": "mean(target^2)" if regression else "ln(outputs)"}
+               "initial_loss_rule": "mean(target^2)" if regression else "ln(outputs)",
+               "memorised": final.loss < bar and all(exact), "conclusive": not unfinished,
+               "stopped_memorised": result.stop_reason == "memorised"}
     if regression:
         figures["target_variance"] = round(scale, 6)
         figures["reproduction_tolerance"] = round(tolerance, 6)
     return OverfitResult(task, steps, checks, reproduction, figures,
                          message or _diagnosis(checks, initial.loss, final.loss, bar, updates, lr))
+
+
+def memorised(task: Task, model: torch.nn.Module, items: list[Item], device: torch.device,
+              bar: float, tolerance: float) -> bool:
+    """Memorised with a margin, on the final judgement's terms (eval mode, the whole subset):
+    the loss under half its bar and every target given back."""
+    was = model.training
+    try:
+        return (evaluate(task, model, items, len(items), device).loss < bar / 2
+                and bool(reproduced(task, model, items, device, tolerance).exact_ids.all()))
+    finally:
+        model.train(was)
+
+
+def still_falling(losses: list[float], share: float = 0.2, drop: float = 0.1) -> bool:
+    """The loss still falling steadily at the end of the run: the mean of its last fifth at
+    least 10% under the fifth before, and its last tenth under the tenth before that."""
+    n = max(int(len(losses) * share), 2)
+    if len(losses) < 2 * n or not all(map(math.isfinite, losses[-2 * n:])):
+        return False
+    mean = lambda part: sum(part) / len(part)  # noqa: E731
+    half = n // 2
+    return (mean(losses[-n:]) <= (1 - drop) * mean(losses[-2 * n:-n])
+            and mean(losses[-half:]) < mean(losses[-2 * half:-half]))
+
+
+def not_conclusive(initial: float, final: float, bar: float, updates: int) -> str:
+    return (f"not conclusive: give it more updates - every example is reproduced and the loss "
+            f"is still falling steadily ({initial:.4g} to {final:.4g} in {updates} updates, "
+            f"bar {bar:.4g}); with updates={2 * updates} it should pass (the run stops as soon "
+            "as the subset is memorised)")
 
 
 def _diagnosis(checks: pd.DataFrame, initial: float, final: float, bar: float,

@@ -431,6 +431,12 @@ def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
                 f"expected initial loss {_n(f.get('expected_initial_loss'))})" if ok else
                 f"{len(flags)} flag{'s' * (len(flags) != 1)} raised: {_listed(flags)}")
     if stem.startswith("02"):
+        if ok and f.get("conclusive") is False:
+            return (f"not conclusive: give it more updates - the loss fell from "
+                    f"{_n(f.get('initial_loss'))} to {_n(f.get('final_loss'))} in "
+                    f"{f.get('updates_run')} updates and is still falling (bar "
+                    f"{_n(f.get('final_loss_bar'))}); {f.get('exact_examples')} of "
+                    f"{f.get('examples')} examples are reproduced exactly")
         if ok:
             return (f"the loss fell from {_n(f.get('initial_loss'))} to "
                     f"{_n(f.get('final_loss'))} (below {_n(f.get('final_loss_bar'))}) in "
