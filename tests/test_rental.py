@@ -158,7 +158,11 @@ def test_the_conclusion_names_the_cheapest_gpu_and_the_study_in_words(gen_task, 
                            "on the rental": "driver"}])
     text = conclusion(tmp_path, choose(sheet, "big"), "big", plans, stack,
                       cheapest(sheet, "big"))
-    assert "**Rent a small** for candidate **control**" in text
+    # 04 ended with an error: the decision leads with it and says "Rent" nowhere
+    assert text.split("\n")[2].startswith("**Do not rent yet**: notebook 04 (batch "
+                                           "accounting) ended with error: AttributeError")
+    assert not re.search(r"\bRent\b", text)
+    assert "Once it passes, the plan is a small for candidate **control**" in text
     assert "You planned on the big (EUR" in text
     assert "best validation loss 2.953 at lr 0.0002 (trial 3); lr 0.0002 beat the control " \
         "(lr 0.0001)" in text and "2 finished, 1 diverged" in text
@@ -531,3 +535,25 @@ def test_variants_of_a_candidate_that_fits_no_single_gpu_are_planned_sharded():
     fits = sheet.assign(fits=True)
     planned = rental.planned_variants(variants, fits, {"control": "sharded"}, {})
     assert [v["candidate"] for v in planned] == ["control", "other"]
+
+
+def test_a_failed_inspection_leads_the_decision_with_its_first_flag_and_fix(tmp_path):
+    """01 failed: the decision's first line names it with the flag's own fix, and the plan
+    that follows never says 'Rent'; the clean twin (01 passed) rents as before."""
+    _study(tmp_path)
+    folder = tmp_path / "01_inspect_examples"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({
+        "verdict": "fail", "figures": {}, "flags": ["loss on padding"]}))
+    (folder / "flags.json").write_text(json.dumps([{
+        "check": "loss on padding", "count": 3, "message": "3 padding positions carry targets",
+        "fix": "set labels to -100 on padding in collate", "examples": []}]))
+    _, text = _decide(tmp_path, _sheet(), "planned")
+    assert text.split("\n")[2] == (
+        "**Do not rent yet**: notebook 01 (inspection) failed: 1 flag raised: loss on padding "
+        "- fix: set labels to -100 on padding in collate. Fix it and run the pilot again; the "
+        "plan below is what it would be once every notebook passes.")
+    assert not re.search(r"\bRent\b", text)
+    (folder / "summary.json").write_text(json.dumps({"verdict": "pass", "figures": {}}))
+    _, text = _decide(tmp_path, _sheet(), "planned")
+    assert "Do not rent" not in text and "**Rent a cheap** for candidate **control**" in text

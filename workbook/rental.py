@@ -1024,6 +1024,50 @@ def plan_lines(plans: pd.DataFrame, rental_gpu: str, currency: str) -> list[str]
     return lines
 
 
+EARLIER_NOTEBOOKS = (("01_inspect_examples", "inspection"), ("02_overfit", "overfit"),
+                     ("03_phase_gates", "phase gates"), ("04_batch_accounting",
+                                                         "batch accounting"),
+                     ("05_memory_variants", "memory variants"),
+                     ("07_resume_reload", "resume and reload"))
+
+
+def _summary(run_dir, stem: str) -> dict | None:
+    path = Path(run_dir) / stem / "summary.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except (ValueError, OSError):
+        return {"verdict": "unreadable", "error": f"{stem}/summary.json cannot be read"}
+
+
+def first_failure(run_dir) -> str | None:
+    """The first notebook of this run before 08 that did not pass, with why and its fix where
+    the notebook wrote one (01's first flag, 03's first failed gate); None when all passed."""
+    from .runs import verdict_line
+
+    for stem, label in EARLIER_NOTEBOOKS:
+        s = _summary(run_dir, stem)
+        if not isinstance(s, dict) or s.get("verdict") == "pass":
+            continue
+        folder = Path(run_dir) / stem
+        why = str(s.get("error") or "") if s.get("verdict") != "fail" else \
+            verdict_line(folder).removeprefix("verdict: fail").removeprefix(" - ")
+        fix = ""
+        with_fix = {"01": ("flags.json", "fix"), "03": ("gates.json", "remediation")}
+        if stem[:2] in with_fix:
+            name, key = with_fix[stem[:2]]
+            try:
+                rows = json.loads((folder / name).read_text())
+            except (OSError, ValueError):
+                rows = []
+            fixes = [r.get(key) for r in rows if isinstance(r, dict) and r.get(key) and
+                     r.get("verdict", "fail") == "fail"]
+            fix = str(fixes[0]) if fixes else ""
+        state = "failed" if s.get("verdict") == "fail" else f"ended with {s.get('verdict')!s}"
+        return (f"notebook {stem[:2]} ({label}) {state}" + (f": {why[:300]}" if why else "")
+                + (f" - fix: {fix[:300]}" if fix else ""))
+    return None
+
+
 def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFrame,
                stack: pd.DataFrame, options: pd.DataFrame,
                unsized: dict[str, str] | None = None,
@@ -1035,6 +1079,10 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
     priced on, recommended or planned on (`priced_gpus`)."""
     study = study if study is not None else study_result(run_dir)
     lines = ["# Rental decision", ""]
+    failure = first_failure(run_dir)
+    if failure:  # no plan outweighs a check that failed: it leads, and nothing says "Rent"
+        lines += [f"**Do not rent yet**: {failure}. Fix it and run the pilot again; the plan "
+                  "below is what it would be once every notebook passes.", ""]
     currency = options.currency.iloc[0] if len(options) else "USD"
     unsized = unsized or {}
     if chosen is None and unsized and len(unsized) == len(options):
@@ -1051,6 +1099,7 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
             + (decision_unsized(unsized, len(options), rental_gpu) if unsized else ""))
     else:
         best = options.set_index("candidate").loc[chosen["candidate"]]
+        lead = "Once it passes, the plan is" if failure else "**Rent"
 
         def shape(strategy, micro, acc):
             return (f"{strategy}, {chosen['precision']}, micro-batch {int(micro)} x accumulation "
@@ -1063,7 +1112,7 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
             how = shape(best.cheapest_strategy, best.cheapest_micro_batch,
                         best.cheapest_accumulation)
             spent = hours(best.cheapest_hours) + gpu_hours(best.cheapest_gpu_hours, count)
-            lines.append(f"**Rent {what}** for candidate "
+            lines.append(f"{lead} {what}{'**' * (not failure)} for candidate "
                          f"**{chosen['candidate']}** ({how}"
                          f"{per_gpu(best.cheapest_required_gib, count)}): the cheapest GPU that "
                          "fits it with headroom, "
@@ -1075,7 +1124,7 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
             what = f"{article(rental_gpu)} {rental_gpu}" if count == 1 else \
                 f"{count} x {rental_gpu}"
             how = shape(chosen["strategy"], chosen["micro_batch"], chosen["accumulation"])
-            lines.append(f"**Rent {what}** for candidate "
+            lines.append(f"{lead} {what}{'**' * (not failure)} for candidate "
                          f"**{chosen['candidate']}** ({how}): "
                          f"{chosen['required_gib']:.2f} GiB needed with headroom"
                          f"{' per GPU' if count > 1 else ''}, "
@@ -1094,16 +1143,8 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
     if study.get("study"):
         lines += ["", study["study"]]
     verdicts = []
-    for stem, label in (("01_inspect_examples", "inspection"), ("02_overfit", "overfit"),
-                        ("03_phase_gates", "phase gates"), ("04_batch_accounting",
-                                                            "batch accounting"),
-                        ("05_memory_variants", "memory variants"),
-                        ("07_resume_reload", "resume and reload")):
-        path = Path(run_dir) / stem / "summary.json"
-        try:
-            s = json.loads(path.read_text()) if path.exists() else None
-        except (ValueError, OSError):
-            s = {"verdict": "unreadable", "error": f"{stem}/summary.json cannot be read"}
+    for stem, label in EARLIER_NOTEBOOKS:
+        s = _summary(run_dir, stem)
         if isinstance(s, dict) and s.get("verdict"):  # an error too: never read as a pass
             verdicts.append(f"{label} {s['verdict']}" + (
                 f" ({str(s.get('error', ''))[:120]})" if s["verdict"] != "pass" and
