@@ -50,6 +50,27 @@ def test_a_study_whose_every_trial_diverged_fails_and_says_why(tmp_path):
     assert save(mixed, tmp_path / "mixed") == "pass"  # one diverged trial is a result
 
 
+def test_an_interrupted_trial_is_run_again_by_run_all_and_its_row_is_kept(tmp_path):
+    import sqlite3
+
+    study = Study(tmp_path / "s", plan(lrs=[1e-3, 2e-3], updates=4, eval_every=2))
+    first = study.run_trial(1e-3, 0)
+    study.ledger.close()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with sqlite3.connect(tmp_path / "s" / "ledger.sqlite") as db:  # its process was killed
+        db.execute("INSERT INTO trials (study, params, status, repro, pid, started) VALUES "
+                   "('lr', ?, 'running', 'r', ?, 0)", (json.dumps({"lr": 2e-3, "seed": 0}),
+                                                       dead.pid))
+    reopened = Study(tmp_path / "s", task=CLASSIFICATION)
+    killed = int(reopened.trial_table().id.max())
+    (again,) = reopened.run_all()  # was []: the interrupted trial counted as done
+    table = reopened.trial_table().set_index("id")
+    assert table.loc[killed, "status"] == "interrupted", "the interrupted row is kept"
+    assert table.loc[again, "status"] == "finished" and table.loc[again, "repeats"] == killed
+    assert reopened.run_all() == [] and table.loc[first, "status"] == "finished"
+
+
 def test_a_rerun_gets_a_new_id_and_a_link(tmp_path):
     study = Study(tmp_path / "s", plan(lrs=[10.0]))
     (first,) = study.run_all()

@@ -215,12 +215,19 @@ class Study:
         return shlex.join(cmd + (["--repeats", str(repeats)] if repeats else []))
 
     def run_all(self, progress: bool = False) -> list[int]:
-        """Run every planned trial not yet run; a diverged or failed one does not stop the rest."""
+        """Run every planned trial not yet run; a diverged or failed one does not stop the rest.
+        An interrupted trial is not done: it runs again as a new trial that repeats it (the
+        interrupted row and its checkpoints stay)."""
         trials = self.ledger.frame("trials")
-        done = {(p["lr"], p["seed"]) for p in (
-            trial_params(text, f"trial {tid} in {self.ledger.path}")
-            for tid, text in zip(trials.id, trials.params, strict=True))}
-        return [self.run_trial(t["lr"], t["seed"], progress=progress)
+        done, interrupted = set(), {}
+        for tid, text, status in zip(trials.id, trials.params, trials.status, strict=True):
+            p = trial_params(text, f"trial {tid} in {self.ledger.path}")
+            if status == "interrupted":
+                interrupted[(p["lr"], p["seed"])] = int(tid)
+            else:
+                done.add((p["lr"], p["seed"]))
+        return [self.run_trial(t["lr"], t["seed"], interrupted.get((t["lr"], t["seed"])),
+                               progress=progress)
                 for t in self.design.trials() if (t["lr"], t["seed"]) not in done]
 
     def run_trial(self, lr: float, seed: int, repeats: int | None = None,
