@@ -220,3 +220,13 @@ def test_a_plain_transformer_encoder_task_passes_the_memory_variants(tmp_path):
     run, index = run_pilot("examples.transformer_lm:task", out=str(tmp_path / "run"),
                            smoke=True, only="05", progress=False)
     assert index.verdict.tolist() == ["pass"], index.error.tolist()
+
+
+def test_03_judges_the_plan_against_the_gpu_08_rents():
+    from workbook.pilot import rental_memory
+
+    assert rental_memory({"rental_gpu": "L4"}) == {"device_memory_gib": 24.0}
+    assert rental_memory({"rental_gpu": "X", "gpus": {"X": 12}}) == {"device_memory_gib": 12.0}
+    assert rental_memory({"rental_gpu": "L4", "device_memory_gib": 16.0}) == {}  # given: kept
+    assert rental_memory({"rental_gpu": "B300"}) == {}  # unknown: 08 names it
+    assert rental_memory({}) == {}

@@ -71,6 +71,16 @@ def select(only: str | None) -> list[str]:
     return [s for s in all_stems if s.split("_")[0] in wanted]
 
 
+def rental_memory(params: dict[str, Any]) -> dict[str, Any]:
+    """03 judges the plan against the GPU 08 rents: `-p rental_gpu=L4` (with 08's `gpus`,
+    given or default) sets 03's `device_memory_gib` unless that is given too."""
+    if "rental_gpu" not in params or "device_memory_gib" in params:
+        return {}
+    gpus = params.get("gpus", defaults("08_rental_plan")["gpus"])
+    gib = gpus.get(params["rental_gpu"]) if isinstance(gpus, dict) else None
+    return {"device_memory_gib": float(gib)} if isinstance(gib, (int, float)) else {}
+
+
 def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str | None = None,
               task_options: dict | None = None, device: str = "cpu", progress: bool = True,
               params: dict[str, Any] | None = None,
@@ -94,6 +104,7 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
                             f"{timeout}", "give each notebook's limit in seconds, e.g. "
                             "--timeout 1800")
     parameters = {}
+    params = {**rental_memory(params), **params}
     for stem in selected:  # check every notebook's parameters before running (or creating) any
         given = {"task": task, "task_options": task_options or {}, "device": device,
                  **(smoke_sizes(stem) if smoke else {}),
