@@ -210,6 +210,11 @@ def test_resume_refuses_an_existing_output_before_any_work(checkpoint, tmp_path,
     code, _, err = cli("resume", "--checkpoint", checkpoint, "--to", 2, "--out",
                        tmp_path / "no-such" / "r", "--task", OWN)
     assert code == 2 and "the folder" in err and "does not exist" in err
+    (tmp_path / "notes.txt").write_text("mine")  # --out under a regular file: named as one
+    code, _, err = cli("resume", "--checkpoint", checkpoint, "--to", 2, "--out",
+                       tmp_path / "notes.txt" / "r", "--task", OWN)
+    assert code == 2 and f"{tmp_path / 'notes.txt'} is a file, not a folder" in err
+    assert "does not exist" not in err and (tmp_path / "notes.txt").read_text() == "mine"
 
 
 # --- ddp ---------------------------------------------------------------------------------------

@@ -218,3 +218,10 @@ def test_an_executed_notebook_save_the_disk_refuses_keeps_the_last_complete_one(
     assert "free space on" in info.value.fix
     assert path.read_text() == '{"cells": []}', "the last complete save stays"
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name], "no temporary file"
+
+
+def test_an_output_folder_under_a_regular_file_is_named_as_a_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(WorkbookError, match="notes.txt is a file, not a folder"):
+        claim_dir(tmp_path / "notes.txt" / "run" / "deeper")
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -250,6 +250,10 @@ def claim_dir(path: str | Path, marker: str = CLAIM, beside: tuple[str, ...] = (
                           "choose a new --out folder (runs are never overwritten)")
     if path.is_dir() and any(p.name not in beside for p in path.iterdir()):
         raise taken
+    blocking = file_in_the_way(path.parent)
+    if blocking is not None:
+        raise WorkbookError(f"cannot create the output folder {path}: {blocking} is a file, "
+                            "not a folder", "choose an --out folder that is not under a file")
     try:
         path.mkdir(parents=True, exist_ok=True)
         handle = os.open(path / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -267,6 +271,14 @@ def claim_dir(path: str | Path, marker: str = CLAIM, beside: tuple[str, ...] = (
     return path
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The regular file (or other non-folder) that `path` or one of its parents is, if any."""
+    for part in (path, *path.parents):
+        if os.path.lexists(part):
+            return None if part.is_dir() else part
+    return None
+
+
 def refuse_existing(paths: list[Path], option: str) -> None:
     """Before any work: each output a command will write must be new, in a folder that exists
     (outputs are never overwritten; a missing folder is named now, not after the work)."""
@@ -274,6 +286,11 @@ def refuse_existing(paths: list[Path], option: str) -> None:
         if os.path.lexists(path):
             raise WorkbookError(f"{option}: {path} already exists",
                                 f"give {option} a new name (outputs are never overwritten)")
+        blocking = file_in_the_way(path.parent)
+        if blocking is not None:
+            raise WorkbookError(f"{option}: {blocking} is a file, not a folder, so {path} "
+                                "cannot be written under it",
+                                f"give {option} a path in an existing folder")
         if not path.parent.is_dir():
             raise WorkbookError(f"{option}: the folder {path.parent} does not exist",
                                 f"create it first, or give {option} a path in an existing "
