@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbook import load_task, params
+from workbook import WorkbookError, load_task, params
 from workbook.data import encode_examples, prepare
 from workbook.overfit import (
     FALLBACK_LR,
@@ -300,3 +300,10 @@ def test_still_falling_needs_a_steady_fall_at_the_end():
     assert not still_falling([2.0 * 0.95 ** i for i in range(36)] + [0.4, 0.5, 0.6, 0.7])
     assert not still_falling([1.0, 0.5])  # too short to say
     assert not still_falling([2.0 * 0.95 ** i for i in range(39)] + [float("nan")])
+
+
+def test_a_subset_larger_than_the_training_split_is_refused_with_the_split_size(cls_task):
+    size = len(prepare(cls_task, encode=()).raw["train"])
+    with pytest.raises(WorkbookError, match=f"examples=100000 is more than the {size} "):
+        overfit(cls_task, examples=100000, updates=5)
+    assert overfit(cls_task, examples=size, updates=1).figures["examples"] == size  # the edge

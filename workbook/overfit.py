@@ -189,6 +189,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                             "set examples to the size of the subset to memorise (8 is usual)")
     lr, lr_from = learning_rate(task, lr, lr_from)
     train_split = prepare(task, encode=()).raw["train"]
+    if examples > len(train_split):
+        raise WorkbookError(f"examples={examples} is more than the {len(train_split)} examples "
+                            "of the training split", "02 memorises a small subset: give "
+                            f"examples 8 (the usual), at most {len(train_split)}")
     raw = train_split[:examples]
     items = encode_examples(task, raw)
     cfg = UpdateShape(len(items)).train_config(updates=updates, lr=lr, seed=seed, device=device,
