@@ -296,3 +296,34 @@ def test_a_batch_norm_regression_mlp_passes_the_initial_loss_on_any_seed_and_a_d
     rows = {r.phase: r for r in run.run().rows}
     assert rows["update (later)"].verdict == "fail"
     assert "the learning rate diverges" in rows["update (later)"].detail
+
+
+def _adamw_groups(model, decay_all, wd=0.1):
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2 or decay_all]
+    rest = [p for p in params if p.dim() < 2 and not decay_all]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": wd},
+                              {"params": rest, "weight_decay": 0.0}], lr=1e-3)
+
+
+def test_weight_decay_on_norms_and_biases_is_named_and_the_conventions_are_silent(gen_task):
+    from workbook.gates import decay_on_norms
+    from workbook.task import adamw
+
+    model = gen_task.build_model()
+    own = dataclasses.replace(gen_task, build_optimizer=lambda m, lr: _adamw_groups(m, True))
+    said = decay_on_norms(own, model, _adamw_groups(model, True))
+    norms = [n for n, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert said.startswith("weight decay 0.1 applies to") and f"{norms[0]}.weight" in said
+    assert decay_on_norms(own, model, _adamw_groups(model, False)) is None  # p.dim() >= 2 only
+    assert decay_on_norms(own, model, _adamw_groups(model, True, wd=0.0)) is None  # no decay
+    # the workbook's own default (PyTorch's AdamW, 0.01 on everything) is no choice of the task
+    assert decay_on_norms(gen_task, model, adamw(model, 1e-3)) is None
+    # a norm's 2-D parameter (none in torch's norms; a custom one) counts by its module's name
+    class WideNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(2, 4))
+    wide = WideNorm()
+    assert "scale" in decay_on_norms(own, wide, torch.optim.AdamW(wide.parameters(),
+                                                                  weight_decay=0.1))

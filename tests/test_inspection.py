@@ -336,3 +336,24 @@ def test_prompt_masking_that_cannot_be_checked_is_a_note_not_a_failure(gen_task)
         table = ins.flag_table()
         assert table.check.tolist() == ["no flags", "prompt masking not checked"]
         assert "(see the notes)" in table.message[0]
+
+
+def test_label_shift_is_offered_only_where_the_workbooks_loss_is_the_one_trained(gen_task):
+    """Labels that copy the input: label_shift=1 is the fix for a task trained on its `loss`;
+    a task whose own train_step (or model) computes the loss is told to shift its data."""
+    from workbook.inspection import copy_audit
+
+    def copying(ex, **kw):
+        out = generation.encode(ex, max_length=64, prompt_in_loss=True)
+        return {**out, "labels": out["input_ids"].clone()}
+
+    task = dataclasses.replace(gen_task, encode=copying, prompt_in_loss=True)
+    items = prepare(task, ("train",)).train[:16]
+    plain = copy_audit(task, items)
+    assert [f.check for f in plain] == ["targets copy the input"]
+    assert "label_shift=1" in plain[0].fix
+    own = copy_audit(dataclasses.replace(task, train_step=lambda m, o, b: 0.0), items)
+    assert [f.check for f in own] == ["targets copy the input"]
+    assert "label_shift=1" not in own[0].fix and "its own train_step" in own[0].fix
+    clean = prepare(gen_task, ("train",)).train[:16]
+    assert copy_audit(dataclasses.replace(gen_task, train_step=lambda m, o, b: 0.0), clean) == []

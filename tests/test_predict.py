@@ -288,3 +288,39 @@ def test_a_plan_whose_update_fits_no_gpu_needs_sharding_not_a_smaller_micro_batc
     assert not needs_sharding(unstated, context, 0.2)
     assert not needs_sharding(fit(True, True)[lambda f: f.phase != "update (first)"],
                               context, 0.2)
+
+
+def test_a_length_the_model_refuses_without_stating_a_limit_is_refused_in_its_own_words():
+    """A model whose position limit the workbook cannot read (no config attribute, no table
+    named for positions) refuses the plan's length in its forward: the plan is refused (03 then
+    fails, `GatesResult.plan_refused`) with its words."""
+    import dataclasses
+
+    from torch import nn
+
+    from workbook import load_task
+    from workbook.data import prepare
+    from workbook.predict import PlanRefused, predicted_or_reason
+
+    class Short(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(300, 16)
+            self.head = nn.Linear(16, 259)
+
+        def forward(self, input_ids, attention_mask=None):
+            if input_ids.shape[1] > 96:
+                raise ValueError(f"sequence of {input_ids.shape[1]} is over my 96")
+            return self.head(self.table(input_ids))
+
+    task = dataclasses.replace(load_task("workbook.samples.generation:task"), build_model=Short)
+    data = prepare(task, ("train", "validation"))
+    frame = predicted_or_reason(task, data.train[:8], data.validation[:4],
+                                Plan(UpdateShape(2, 1), length=128))
+    assert frame.predicted_peak_bytes.isna().all()
+    assert "ValueError: sequence of 128 is over my 96" in frame.attrs["refused"]
+    assert "plan a shorter length" in frame.attrs["refused"]
+    assert issubclass(PlanRefused, Exception)
+    fine = predicted_or_reason(task, data.train[:8], data.validation[:4],
+                               Plan(UpdateShape(2, 1), length=64))
+    assert "refused" not in fine.attrs and fine.predicted_peak_bytes.notna().all()

@@ -138,3 +138,114 @@ def test_an_error_reason_drops_terminal_colours_and_says_where_it_was_cut():
     assert reason(ValueError("\x1b[1;31mshape\x1b[0m mismatch\nsecond line")) == "shape mismatch"
     cut = reason(ValueError("the tensor " * 40), 40)
     assert cut.endswith("\u2026") and len(cut) <= 40 and not cut[:-1].endswith(" ")
+
+
+class _Returns(torch.nn.Module):
+    """A tiny LM whose forward returns what `shape` says, around the same logits."""
+
+    def __init__(self, shape="tensor"):
+        super().__init__()
+        self.embed = torch.nn.Embedding(300, 300)
+        self.shape = shape
+
+    def forward(self, input_ids, attention_mask=None):
+        logits = self.embed(input_ids)
+        loss = logits.float().logsumexp(-1).mean()
+        hidden = logits[..., :8]
+        return {"tensor": lambda: logits,
+                "tuple": lambda: (logits, loss),
+                "loss first": lambda: (loss, hidden.sum(-1), logits),
+                "dict": lambda: {"loss": loss, "logits": logits},
+                "dict without logits": lambda: {"scores": logits, "loss": loss},
+                "object": lambda: type("Out", (), {"logits": logits, "loss": None})(),
+                "two scalars": lambda: (logits, loss, loss * 2),
+                "last only": lambda: (logits[:, [-1]], None),
+                "string": lambda: "logits"}[self.shape]()
+
+
+@pytest.fixture(scope="module")
+def lm_batch():
+    from workbook.data import collate_items, prepare
+
+    task = load_task("workbook.samples.generation:task")
+    return task, collate_items(task, prepare(task, ("validation",)).validation[:2]).tensors
+
+
+@pytest.mark.parametrize("shape, has_loss", [("tensor", False), ("tuple", True),
+                                             ("dict", True), ("object", False),
+                                             ("two scalars", False)])
+def test_logits_and_the_models_loss_are_found_when_unambiguous(shape, has_loss, lm_batch):
+    task, batch = lm_batch
+    out = task.outputs(_Returns(shape), batch)
+    assert out.logits.shape == (*batch["labels"].shape, 300)
+    assert (out.loss is not None) == has_loss
+
+
+def test_a_tuple_whose_logits_are_not_first_is_found_by_the_batchs_leading_dims(lm_batch):
+    task, batch = lm_batch
+    out = task.outputs(_Returns("loss first"), batch)
+    assert out.logits.shape[-1] == 300 and out.loss.dim() == 0
+
+
+def test_logits_at_and_loss_at_say_where_they_are(lm_batch):
+    task, batch = lm_batch
+    told = dataclasses.replace(task, logits_at="scores", loss_at="loss")
+    out = told.outputs(_Returns("dict without logits"), batch)
+    assert out.logits.shape[-1] == 300 and out.loss.dim() == 0
+    by_index = dataclasses.replace(task, logits_at=2, loss_at=0)
+    assert by_index.outputs(_Returns("loss first"), batch).logits.shape[-1] == 300
+
+
+@pytest.mark.parametrize("shape, fields, words", [
+    ("dict without logits", {}, r"(?s)returned dict\(scores=Tensor\[2, \d+, 300\] float32, "
+                                r"loss=Tensor\[\] float32\).*logits_at"),
+    ("string", {}, r"(?s)returned str.*logits_at"),
+    ("tuple", {"logits_at": 5}, r"returned tuple\(.*\), which has no 5 \(the task's "
+                                r"logits_at=5\)"),
+    ("tuple", {"logits_at": 1}, r"logits_at=1 holds Tensor\[\] float32, not a tensor of "
+                                r"logits \(one number: its loss\?\)"),
+    ("last only", {}, r"(?s)cover 1 position of \d+.*model_inputs=\('input_ids', 'labels'\)"),
+    ("dict", {"loss_at": "nll"}, r"no 'nll' \(the task's loss_at='nll'\)"),
+])
+def test_ambiguous_outputs_name_what_was_returned_and_the_field(shape, fields, words, lm_batch):
+    task, batch = lm_batch
+    with pytest.raises(WorkbookError, match=words):
+        dataclasses.replace(task, **fields).forward(_Returns(shape), batch)
+
+
+def test_output_fields_of_the_wrong_type_are_refused_at_load(gen_task):
+    with pytest.raises(WorkbookError, match="(?s)`logits_at`.*`forward_names`"):
+        validate_task(dataclasses.replace(gen_task, logits_at=1.5, forward_names=["labels"]))
+
+
+def test_labels_reach_a_forward_that_takes_targets_and_forward_names_maps_others(lm_batch):
+    from torch import nn
+
+    class Script(nn.Module):  # nanoGPT's signature
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(300, 300)
+
+        def forward(self, idx, targets=None):
+            logits = self.embed(idx)
+            return logits, None if targets is None else nn.functional.cross_entropy(
+                logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+    class Named(Script):
+        def forward(self, tokens, y=None):
+            return super().forward(tokens, y)
+
+    task, batch = lm_batch
+    script = dataclasses.replace(task, model_inputs=("input_ids", "labels"))
+    args, kwargs = script.forward_arguments(Script(), batch)
+    assert len(args) == 1 and set(kwargs) == {"targets"}
+    assert script.outputs(Script(), batch).loss is not None
+    # inside DataParallel (as DDP), the names are read from the module it wraps
+    assert script.outputs(nn.DataParallel(Script()), batch).loss is not None
+    with pytest.raises(WorkbookError, match=r"(?s)takes no argument labels.*forward_names="
+                                            r"\{'labels': '<parameter>'\}"):
+        script.forward(Named(), batch)
+    mapped = dataclasses.replace(script, forward_names={"labels": "y"})
+    assert mapped.outputs(Named(), batch).loss is not None
+    assert script.loss_computed_by().startswith("its model")
+    assert task.loss_computed_by() is None

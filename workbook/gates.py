@@ -42,7 +42,7 @@ from .predict import (
     summary_figures,
 )
 from .records import to_frame
-from .task import Task, task_from_params
+from .task import Task, adamw, task_from_params
 from .workload import TRAINING_PHASES, Workload, targets_of
 
 PHASES = ("data", *TRAINING_PHASES, "checkpoint save", "export", "resume")
@@ -498,8 +498,53 @@ def _update_check(expected_step: int, run: GateRun, before: dict, _) -> tuple[st
                         f"{lr:g}: the learning rate diverges (02 says so too) - lower it")
     if problems:
         return "fail", "; ".join(problems)
-    return "pass", (f"{len(trainable)} tensors changed, step counter {expected_step}, "
-                    f"lr {lr:g}, grad norm {norm:.3g}")
+    detail = (f"{len(trainable)} tensors changed, step counter {expected_step}, "
+              f"lr {lr:g}, grad norm {norm:.3g}")
+    decayed = decay_on_norms(run.task, model, optimizer) if expected_step == 1 else None
+    return ("warn", f"{detail}; {decayed}") if decayed else ("pass", detail)
+
+
+NORM_LAYERS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.LocalResponseNorm,
+               torch.nn.modules.batchnorm._NormBase, *((torch.nn.RMSNorm,)
+                                                      if hasattr(torch.nn, "RMSNorm") else ()))
+
+
+def norms_and_biases(model: torch.nn.Module) -> dict[int, str]:
+    """The parameters the common convention keeps out of weight decay, by id: every 1-D
+    parameter (biases, norm scales) and every parameter of a normalisation layer (a torch norm
+    or a module whose class name ends in "Norm", as nanoGPT's LayerNorm)."""
+    out: dict[int, str] = {}
+    for mod_name, module in model.named_modules():
+        norm = isinstance(module, NORM_LAYERS) or type(module).__name__.endswith("Norm")
+        for name, p in module.named_parameters(recurse=False):
+            if norm or p.dim() < 2:
+                out.setdefault(id(p), f"{mod_name}.{name}" if mod_name else name)
+    return out
+
+
+def decay_on_norms(task: Task, model: torch.nn.Module,
+                   optimizer: torch.optim.Optimizer) -> str | None:
+    """The task's optimizer applies weight decay > 0 to norm weights and biases (the
+    convention - nanoGPT's and the Hugging Face Trainer's - decays only tensors of 2 or more
+    dims): the sentence naming them, or None. The workbook's own default (PyTorch's AdamW over
+    every parameter) is not judged: it is no choice the task made."""
+    if task.build_optimizer is adamw:
+        return None
+    excluded = norms_and_biases(model)
+    decayed: dict[str, float] = {}
+    for group in optimizer.param_groups:
+        wd = float(group.get("weight_decay", 0.0) or 0.0)
+        for p in group["params"]:
+            if wd > 0 and id(p) in excluded:
+                decayed.setdefault(excluded[id(p)], wd)
+    if not decayed:
+        return None
+    names = list(decayed)
+    rates = sorted(set(decayed.values()))
+    return (f"weight decay {'/'.join(f'{r:g}' for r in rates)} applies to {len(names)} norm "
+            f"weights and biases ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): "
+            "the common convention excludes them - put the parameters with p.dim() < 2 (and "
+            "those of norm layers) in a group with weight_decay=0.0")
 
 
 def _modes(run: GateRun) -> dict[str, bool]:
@@ -716,6 +761,8 @@ class GatesResult:
     overheads: Overheads
     fit: pd.DataFrame
     rule: pd.DataFrame  # the "4 x model size" rule against the plan's prediction
+    # why the model's forward refuses the plan's shape (its own words and the fix), or None
+    plan_refused: str | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -732,7 +779,10 @@ class GatesResult:
     def verdict(self) -> str:
         """Fails when a gate fails or the plan does not fit the stated device - unless its
         first update alone is over the device: then the model is sharded (notebook 08 sizes
-        FSDP2 over several GPUs), which 03's one-GPU fit does not judge."""
+        FSDP2 over several GPUs), which 03's one-GPU fit does not judge. A plan whose shape the
+        model refuses (a length beyond its position table) fails: nothing of it was sized."""
+        if self.plan_refused:
+            return "fail"
         if self.fits is False and not self.needs_sharding:
             return "fail"
         return self.report.verdict
@@ -762,7 +812,8 @@ def run(params: dict[str, Any], out_dir: Path) -> GatesResult:
     return GatesResult(task, settings, report, check, plan, planned,
                        overheads, fit_table(planned, settings.device_memory_gib,
                                             settings.headroom, overheads),
-                       rule_of_thumb(task, planned, campaign=True))
+                       rule_of_thumb(task, planned, campaign=True),
+                       planned.attrs.get("refused"))
 
 
 def save(result: GatesResult, out_dir: Path) -> str:
@@ -778,6 +829,7 @@ def save(result: GatesResult, out_dir: Path) -> str:
                **summary_figures(result.check, result.plan, result.planned, result.fit),
                "plan_fits": result.fits,
                "plan_needs_sharding": result.needs_sharding,
+               **({"plan_refused": result.plan_refused} if result.plan_refused else {}),
                "device_memory_gib": result.settings.device_memory_gib or None,
                "models": campaign.models(result.task).lines(),
                "ran_at": f"{result.settings.plan().label()} on {report.table().device.iloc[0]}",

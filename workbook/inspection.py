@@ -268,22 +268,49 @@ def loss_probe(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Fl
     (label -100 or padding): the loss and its target count must not change."""
     batch = collate_items(task, items).tensors
     with torch.no_grad():
-        logits = task.forward(model, batch).float()
+        outputs = task.outputs(model, batch)
+        logits = outputs.logits.float()
         try:
             loss, count = task.loss(logits, batch)
         except Exception as exc:  # e.g. a label id beyond the output layer
             return [model_failure(task, model, batch, items, exc, outputs=logits.shape[-1],
                                   step="loss")]
         labels = batch["labels"]
+        own = own_loss_flags(task, outputs.loss, loss, count, items)
         if task.kind == "regression":
-            return (_count_flags(task, labels, count) + padding_probe(task, model, items, logits)
+            return (_count_flags(task, labels, count) + own
+                    + padding_probe(task, model, items, logits)
                     + _padding_copy_flags(task, logits, batch, loss, count, items))
         loss2, count2 = _scrambled_loss(task, logits, batch, task.label_shift)
-    flags = _count_flags(task, labels, count)
+    flags = _count_flags(task, labels, count) + own
     if not torch.isclose(loss, loss2, rtol=1e-5, atol=1e-5) or int(count2) != int(count):
         flags.append(_misread(task, logits, batch, loss, loss2, items))
     flags += padding_probe(task, model, items, logits)
     return flags
+
+
+def own_loss_flags(task: Task, own: torch.Tensor | None, loss: torch.Tensor, count,
+                   items: list[Item]) -> list[Flag]:
+    """A model that computes its own loss (given the labels, as nanoGPT's forward(idx,
+    targets) and Hugging Face models do): on the same batch it must equal the task's loss per
+    target - the campaign trains on the model's, every check of the pilot reads the task's."""
+    if own is None:
+        return []
+    ids = [it.id for it in items[:5]]
+    if own.numel() != 1:
+        return [Flag("model's own loss", f"the model's own loss is a tensor of shape "
+                     f"{list(own.shape)}, not one number", 1, "return the mean over the "
+                     "targets (a 0-d tensor), or set loss_at to where that is", ids)]
+    mean = float(loss) / float(count) if float(count) else float("nan")
+    if math.isclose(float(own), mean, rel_tol=2e-5, abs_tol=1e-6):
+        return []
+    return [Flag("model's own loss", f"the model's own loss {float(own):.4f} is not the task's "
+                 f"loss {mean:.4f} ({float(loss):.4g} summed over {float(count):g} targets) on "
+                 "the same batch: the campaign trains on the model's loss, the pilot checks "
+                 "the task's", 1,
+                 "make them read the same targets: labels shifted in the data are not shifted "
+                 "again inside the forward, and both ignore -100 (or set the task's loss to "
+                 "what the model computes)", ids)]
 
 
 def _count_flags(task: Task, labels: torch.Tensor, count) -> list[Flag]:
@@ -338,11 +365,14 @@ def _misread(task: Task, logits: torch.Tensor, batch: dict, loss: torch.Tensor,
             said = {0: "labels aligned with the logits (position t predicts labels[t])",
                     1: "labels shifted by one (position t predicts labels[t + 1], the Hugging "
                        "Face causal-LM convention)"}
+            own = task.loss_computed_by()
             return Flag("label alignment", f"the loss uses {said[other]}, but the task "
                         f"declares label_shift={task.label_shift}: every per-token check would "
                         "pair positions with the wrong targets", 1,
                         f"set label_shift={other} in the Task (or make the loss match the "
-                        "declaration)", [it.id for it in items])
+                        "declaration)" + (f"; {own} computes the loss the campaign trains "
+                                          "on: check it aligns the labels as the declaration "
+                                          "says" if own else ""), [it.id for it in items])
     return Flag("loss reads ignored positions", f"the loss changed from {float(loss):.4f} to "
                 f"{float(loss2):.4f} when only ignored/padded positions changed", 1,
                 "compute the loss only where labels != -100 (ignore_index=-100)",
@@ -366,11 +396,15 @@ def copy_audit(task: Task, items: list[Item], share: float = 0.9) -> list[Flag]:
         total += int(keep.sum())
     if not total or copying / total < share:
         return []
+    own = task.loss_computed_by()
+    fix = ("shift the targets by one where the data are made (targets = the tokens one "
+           f"position on: y = data[i + 1:i + 1 + T]): {own} computes the loss the campaign "
+           "trains on, which label_shift does not move" if own else
+           "labels aligned with input_ids need a shift by one: set label_shift=1 (the default "
+           "loss then shifts), or shift them in encode")
     return [Flag("targets copy the input", f"{copying} of {total} targets equal the input token "
                  "at the same position: the model is trained to copy its input, not to predict "
-                 "the next token", 1, "labels aligned with input_ids need a shift by one: set "
-                 "label_shift=1 (the default loss then shifts), or shift them in encode",
-                 [it.id for it in items[:5]])]
+                 "the next token", 1, fix, [it.id for it in items[:5]])]
 
 
 def padding_probe(task: Task, model: torch.nn.Module, items: list[Item],

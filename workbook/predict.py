@@ -105,20 +105,21 @@ class Plan:
 
 def max_positions(task: Task, campaign: bool = False) -> tuple[int, str] | None:
     """The longest sequence the task's model accepts and where that limit comes from: a Hugging
-    Face config (`max_position_embeddings`, `n_positions`) or a position-embedding table (an
-    `nn.Embedding` whose name says "pos"). None when the model states no limit. The model is
-    built on the meta device: nothing is allocated. `campaign`: of the campaign model, when the
-    task declares one."""
+    Face config (`max_position_embeddings`, `n_positions`; nanoGPT's `block_size`) or a
+    position-embedding table (an `nn.Embedding` whose name says "pos", or GPT-2's `wpe`). None
+    when the model states no limit. The model is built on the meta device: nothing is
+    allocated. `campaign`: of the campaign model, when the task declares one."""
     model = meta_model(task, campaign)
     if model is None:
         return None
     config = getattr(model, "config", None)
-    for attr in ("max_position_embeddings", "n_positions", "max_seq_len"):
+    for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "block_size"):
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
             return value, f"config.{attr}"
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Embedding) and "pos" in name.rsplit(".", 1)[-1].lower():
+        last = name.rsplit(".", 1)[-1].lower()
+        if isinstance(module, torch.nn.Embedding) and ("pos" in last or last == "wpe"):
             return module.num_embeddings, f"its position embedding `{name}`"
     return None
 
@@ -140,16 +141,27 @@ def longest_accepted(task: Task | None, campaign: bool = True) -> int | None:
     return limit[0] if limit else None
 
 
+class PlanRefused(WorkbookError):
+    """The plan's shape is one the model's forward refuses (a sequence longer than its position
+    table): notebook 03 fails on it rather than leave every phase "not predicted"."""
+
+
+def _lengthen_fix(task: Task, limit: int | None, longest: int) -> str:
+    shorter = (f"plan at most {limit} positions (plan_length={limit}, or 0 for the model's "
+               "longest)") if limit else "plan a shorter length"
+    return (f"{shorter}, or build the model with a position table of at least {longest} "
+            "entries (its block_size or max_position_embeddings; the samples take the option "
+            f"context={longest})")
+
+
 def check_length(task: Task, plan: Plan, campaign: bool = False) -> None:
     """Refuse a planned length beyond what the model accepts, before any batch is built."""
     longest = max(plan.length or 0, plan.eval_length or 0)
     limit = max_positions(task, campaign) if longest else None
     if limit and longest > limit[0]:
-        raise WorkbookError(f"planned length {longest} exceeds the {limit[0]} positions the "
-                            f"model of {task.name!r} accepts ({limit[1]})",
-                            f"plan at most {limit[0]} (plan_length=0 takes the model's "
-                            "longest), or build the model with more positions (the samples "
-                            f"take the option context={longest})")
+        raise PlanRefused(f"planned length {longest} exceeds the {limit[0]} positions the "
+                          f"model of {task.name!r} accepts ({limit[1]})",
+                          _lengthen_fix(task, limit[0], longest))
 
 
 def sized_batches(task: Task, train: list[Item], val: list[Item],
@@ -167,18 +179,29 @@ def sized_batches(task: Task, train: list[Item], val: list[Item],
 def accepts_length(task: Task, batch: Batch) -> None:
     """Fake tensors carry no values, so an index beyond a position table goes unnoticed there:
     check one real example of the planned length first."""
+    words = refused_in_own_words(task, batch)
+    if words:
+        length = task.main_input(batch.tensors).shape[-1]
+        limit = max_positions(task)
+        raise PlanRefused(f"the model of {task.name!r} does not accept length {length}: {words}",
+                          _lengthen_fix(task, limit[0] if limit and limit[0] < length
+                                        else None, length))
+
+
+def refused_in_own_words(task: Task, batch: Batch) -> str:
+    """What the model's forward says (its exception, in its own words) on one real example of
+    the batch; "" when it runs."""
     one = Batch(batch.ids[:1], {k: v[:1] for k, v in batch.tensors.items()})
     torch.manual_seed(0)
     model = task.build_model().eval()
     try:
         with torch.no_grad():
             task.forward(model, one.tensors)
+    except WorkbookError:
+        raise
     except Exception as exc:
-        length = task.main_input(one.tensors).shape[-1]
-        raise WorkbookError(f"the model of {task.name!r} does not accept length {length} "
-                            f"({type(exc).__name__}: {str(exc)[:120]})",
-                            f"build the task for longer inputs (the samples take the option "
-                            f"context={length})") from exc
+        return f"{type(exc).__name__}: {reason(exc, 160)}"
+    return ""
 
 
 def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode,
@@ -228,7 +251,13 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
     campaign = campaign and models.declared(task)
     if campaign:
         models.check_twin(task)
-    check_length(task, plan, campaign)
+    try:
+        check_length(task, plan, campaign)
+    except PlanRefused as exc:
+        words = "" if campaign else refused_in_own_words(task, shaped_batch(
+            task, train, 1, max(plan.length or 0, plan.eval_length or 0)))
+        raise PlanRefused(exc.problem + (f"; its forward says {words}" if words else ""),
+                          exc.fix) from None
     batch, group, eval_batch = sized_batches(task, train, val, plan)
     longest = max(plan.length or 0, plan.eval_length or 0)
     twin_limit = max_positions(task) if campaign and longest else None
@@ -474,11 +503,14 @@ def predicted_or_reason(task: Task, train: list[Item], val: list[Item], plan: Pl
     try:
         return predict(task, train, val, plan, **kwargs)
     except WorkbookError as exc:
-        return pd.DataFrame({"config": plan.label(),
-                             "model": models.which(task, kwargs.get("campaign", False)),
-                             "phase": TRAINING_PHASES,
-                             "predicted_peak_bytes": float("nan"),
-                             "note": f"not predicted: {exc.problem}"})
+        frame = pd.DataFrame({"config": plan.label(),
+                              "model": models.which(task, kwargs.get("campaign", False)),
+                              "phase": TRAINING_PHASES,
+                              "predicted_peak_bytes": float("nan"),
+                              "note": f"not predicted: {exc.problem}"})
+        if isinstance(exc, PlanRefused):  # the model refuses the plan: 03 fails on it
+            frame.attrs["refused"] = f"{exc.problem} -> fix: {exc.fix}"
+        return frame
 
 
 def model_size_rule(model: torch.nn.Module) -> int:

@@ -10,6 +10,7 @@ import functools
 import importlib
 import inspect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,155 @@ KINDS = ("generation", "classification", "regression")
 def logits_of(outputs: Any) -> Tensor:
     """The logits of a model's output: a tensor, or an object with `.logits` (Hugging Face)."""
     return outputs.logits if hasattr(outputs, "logits") else outputs
+
+
+@dataclass
+class ModelOutputs:
+    """What the pilot reads from one forward: the logits, and the model's own loss (None when
+    it computes none)."""
+
+    logits: Tensor
+    loss: Tensor | None = None
+
+
+def describe(value: Any, depth: int = 0) -> str:
+    """A model's output for a message: types and tensor shapes, not values."""
+    if isinstance(value, Tensor):
+        return f"Tensor{list(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    if value is None or depth > 1:
+        return "None" if value is None else type(value).__name__
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k}={describe(v, depth + 1)}" for k, v in list(value.items())[:6])
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe(v, depth + 1) for v in value[:6])
+        return f"{type(value).__name__}({inner}{', ...' if len(value) > 6 else ''})"
+    return type(value).__name__
+
+
+def _leading(task: "Task", batch: dict[str, Tensor]) -> tuple[int, ...]:
+    """The leading dims a logits tensor of this batch has: the labels' shape (generation and
+    classification: one row of logits per target), else the batch size."""
+    labels = batch.get("labels")
+    if labels is not None and task.kind != "regression":
+        return tuple(labels.shape)
+    return (int(task.main_input(batch).shape[0]),)
+
+
+def _fits(t: Any, lead: tuple[int, ...], regression: bool) -> bool:
+    if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < len(lead):
+        return False
+    if not regression and t.dim() != len(lead) + 1:
+        return False
+    return tuple(t.shape[:len(lead)]) == lead
+
+
+def _pick(task: "Task", output: Any, where: int | str, name: str) -> Any:
+    """output[where] (tuple index, dict key) or output.where (attribute), or the error naming
+    what the model returned and the field."""
+    try:
+        if isinstance(where, str) and not isinstance(output, Mapping):
+            return getattr(output, where)
+        return output[where]
+    except (AttributeError, KeyError, IndexError, TypeError):
+        raise WorkbookError(f"the model of {task.name!r} returned {describe(output)}, which has "
+                            f"no {where!r} (the task's {name}={where!r})",
+                            f"set {name} to where its output holds it: an index into a tuple "
+                            "or a key/attribute name") from None
+
+
+def _find_logits(task: "Task", output: Any, batch: dict[str, Tensor]) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    found = output.get("logits") if isinstance(output, Mapping) else \
+        getattr(output, "logits", None)
+    if isinstance(found, Tensor):
+        return found
+    if isinstance(output, (tuple, list)):
+        lead = _leading(task, batch)
+        tensors = [t for t in output if isinstance(t, Tensor) and t.is_floating_point()]
+        fitting = [i for i, t in enumerate(output) if _fits(t, lead, task.kind == "regression")]
+        if fitting:
+            return output[fitting[0]]
+        last = _last_position_only(task, tensors[0], batch) if tensors else ""
+        raise WorkbookError(
+            f"the model of {task.name!r} returned {describe(output)}: none of its float "
+            f"tensors has the batch's leading dims {list(lead)}" + (f" - {last}" if last else ""),
+            _pass_targets(task) if last else "say where the logits are: logits_at=<index> (and "
+            "loss_at=<index> for the model's own loss)")
+    raise WorkbookError(
+        f"the model of {task.name!r} returned {describe(output)}: the workbook reads logits "
+        "from a tensor, an output with `.logits`, a dict with 'logits' or a tuple",
+        "say where the logits are: logits_at=<key, attribute or index>")
+
+
+def _find_loss(output: Any, logits: Tensor) -> Tensor | None:
+    if isinstance(output, Mapping):
+        found = output.get("loss")
+    elif isinstance(output, (tuple, list)):
+        scalars = [t for t in output if isinstance(t, Tensor) and t is not logits
+                   and t.is_floating_point() and t.dim() == 0]
+        found = scalars[0] if len(scalars) == 1 else None
+    else:
+        found = getattr(output, "loss", None)
+    return found if isinstance(found, Tensor) else None
+
+
+def _last_position_only(task: "Task", logits: Tensor, batch: dict[str, Tensor]) -> str:
+    """Why generation logits cover one position of many, in words; "" when they do not."""
+    labels = batch.get("labels")
+    if task.kind != "generation" or labels is None or labels.dim() != 2 or \
+            logits.dim() != 3 or logits.shape[1] != 1 or labels.shape[1] == 1:
+        return ""
+    return (f"its logits {describe(logits)} cover 1 position of {labels.shape[1]}: a forward "
+            "that computes every position's logits only when it is given the targets "
+            "(nanoGPT's `self.lm_head(x[:, [-1], :])` without them) needs the labels")
+
+
+def _pass_targets(task: "Task") -> str:
+    main = task.model_inputs[0]
+    return (f"pass the labels to the forward: model_inputs=({main!r}, 'labels') - they reach a "
+            "parameter named `targets` (or set forward_names={'labels': '<parameter>'})")
+
+
+def model_outputs(task: "Task", output: Any, batch: dict[str, Tensor]) -> ModelOutputs:
+    """The logits and the model's own loss in what a forward returned: where `logits_at` and
+    `loss_at` say, else found when unambiguous (`Task.logits_at`); anything else is a
+    WorkbookError naming what was returned and the field to set."""
+    logits = _pick(task, output, task.logits_at, "logits_at") if task.logits_at is not None \
+        else _find_logits(task, output, batch)
+    if not isinstance(logits, Tensor) or logits.dim() == 0:
+        raise WorkbookError(f"the model of {task.name!r} returned {describe(output)}; its "
+                            f"logits_at={task.logits_at!r} holds {describe(logits)}, not a "
+                            "tensor of logits" + (" (one number: its loss?)"
+                                                  if isinstance(logits, Tensor) else ""),
+                            "set logits_at to the index or key of the logits tensor")
+    last = _last_position_only(task, logits, batch)
+    if last:
+        raise WorkbookError(f"the model of {task.name!r} returned {describe(output)}: {last}",
+                            _pass_targets(task))
+    loss = _pick(task, output, task.loss_at, "loss_at") if task.loss_at is not None \
+        else _find_loss(output, logits)
+    if loss is not None and not isinstance(loss, Tensor):
+        raise WorkbookError(f"the model of {task.name!r} returned {describe(output)}; its "
+                            f"loss_at={task.loss_at!r} holds {describe(loss)}, not a tensor",
+                            "set loss_at to the index or key of the model's loss, or leave it "
+                            "None")
+    return ModelOutputs(logits, loss)
+
+
+def forward_owner(model: nn.Module) -> nn.Module:
+    """The module whose forward receives the inputs: inside DistributedDataParallel,
+    DataParallel and torch.compile, which pass them through."""
+    for _ in range(8):
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        else:
+            break
+    return model
 
 
 def shift_labels(labels: Tensor, shift: int) -> Tensor:
@@ -207,6 +357,16 @@ class Task:
     # prediction against a real run of the twin; every other notebook trains the twin
     # (workbook.campaign.from_config derives both from a transformers config)
     campaign_model: Callable[[], nn.Module] | None = None
+    # where the forward's output holds the logits and the model's own loss (`model_outputs`):
+    # None finds them (a tensor; `.logits`/`.loss`; a dict's "logits"/"loss"; a tuple's first
+    # float tensor with the batch's leading dims, and its one 0-d float tensor as the loss); an
+    # int indexes a tuple (nanoGPT's (logits, loss): 0 and 1), a str names a key or attribute
+    logits_at: int | str | None = None
+    loss_at: int | str | None = None
+    # batch key -> the forward's parameter that receives it, where the names differ (found
+    # without it: the main input goes in first when the forward has no parameter of its name,
+    # and "labels" reaches a forward's `targets`, as nanoGPT's forward(idx, targets) takes them)
+    forward_names: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -283,20 +443,62 @@ class Task:
         return self.main_input(tensors).numel()
 
     def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        """Call the model on the batch's model inputs and return logits: one input goes in as a
-        positional argument (plain modules, nn.Sequential), several as keyword arguments."""
+        """The logits of the model on the batch (`outputs`)."""
+        return self.outputs(model, batch).logits
+
+    def outputs(self, model: nn.Module, batch: dict[str, Tensor]) -> "ModelOutputs":
+        """The one place the package calls the model: the batch's model inputs go in as
+        `forward_arguments` lays them out, and the logits (and the model's own loss, when it
+        computes one) are read from what comes back (`model_outputs`)."""
+        args, kwargs = self.forward_arguments(model, batch)
+        return model_outputs(self, model(*args, **kwargs), batch)
+
+    def forward_arguments(self, model: nn.Module,
+                          batch: dict[str, Tensor]) -> tuple[list[Tensor], dict[str, Tensor]]:
+        """How the batch's model inputs are passed: one as a positional argument (plain
+        modules, nn.Sequential), several as keyword arguments under their names (or
+        `forward_names`) - the main input positionally when the forward has no parameter of its
+        name, and "labels" as `targets` to a forward that takes targets, not labels."""
         inputs = {k: batch[k] for k in self.model_inputs if k in batch}
-        if len(inputs) == 1:
-            return logits_of(model(*inputs.values()))
-        refused = unaccepted(type(model), tuple(inputs))
+        if len(inputs) == 1 and not self.forward_names:
+            return list(inputs.values()), {}
+        owner = type(forward_owner(model))
+        accepted = accepted_inputs(owner)
+        names = {k: self.forward_names.get(k, k) for k in inputs}
+        args: list[Tensor] = []
+        if "**" not in accepted and inputs:
+            main = next(iter(inputs))
+            first = positional_parameters(owner)[:1]
+            if main not in self.forward_names and names[main] not in accepted and first and \
+                    first[0] not in names.values():
+                args.append(inputs.pop(main))
+                names.pop(main)
+            if "labels" in names and "labels" not in self.forward_names and \
+                    "labels" not in accepted:
+                names["labels"] = next((alt for alt in ("targets", "target") if alt in accepted
+                                        and alt not in names.values()), "labels")
+        refused = [] if "**" in accepted else [k for k in inputs if names[k] not in accepted]
         if refused:
+            shown = ", ".join(names[k] if names[k] == k else f"{names[k]} (from {k})"
+                              for k in refused)
             raise WorkbookError(
-                f"the model of {self.name!r} takes no argument {', '.join(refused)} "
-                f"(its forward accepts {', '.join(accepted_inputs(type(model)))}), but the "
-                f"task's model_inputs pass {', '.join(inputs)}",
+                f"the model of {self.name!r} takes no argument {shown} "
+                f"(its forward accepts {', '.join(accepted)}), but the task's model_inputs "
+                f"pass {', '.join(self.model_inputs)}",
                 "set model_inputs to the batch keys the forward takes, e.g. "
-                f"model_inputs={tuple(k for k in inputs if k not in refused)!r}")
-        return logits_of(model(**inputs))
+                f"model_inputs={tuple(k for k in self.model_inputs if k not in refused)!r}, or "
+                "map a batch key to the forward's parameter: forward_names="
+                f"{{{refused[0]!r}: '<parameter>'}}")
+        return args, {names[k]: v for k, v in inputs.items()}
+
+    def loss_computed_by(self) -> str | None:
+        """Whose code computes the loss the campaign trains on, when it is not the task's
+        `loss` on the logits: its own train_step, or its model (given the labels)."""
+        if self.train_step is not None:
+            return "its own train_step"
+        if "labels" in self.model_inputs or self.loss_at is not None:
+            return "its model (the forward receives the labels and returns its own loss)"
+        return None
 
     def show_input(self, tensor: Tensor) -> str:
         """One example's main input for people: decoded text when the task says how."""
@@ -362,6 +564,16 @@ def validate_task(task: Any, path: str = "task") -> Task:
             problems.append(f"`{name}` must be callable or None")
     if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):
         problems.append(f"`lr` must be a positive number or None, got {task.lr!r}")
+    for name in ("logits_at", "loss_at"):
+        where = getattr(task, name)
+        if where is not None and (isinstance(where, bool) or not isinstance(where, (int, str))):
+            problems.append(f"`{name}` must be None, a tuple index or a key/attribute name, got "
+                            f"{where!r}")
+    names = task.forward_names
+    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in names.items()):
+        problems.append(f"`forward_names` must map batch keys to the forward's parameter "
+                        f"names (str -> str), got {names!r}")
     if task.padding_side not in ("auto", "left", "right"):
         problems.append(f"`padding_side` must be 'auto', 'left' or 'right', got "
                         f"{task.padding_side!r}")
@@ -453,6 +665,14 @@ def accepted_inputs(model_type: type) -> tuple[str, ...]:
         return ("**",)
     return tuple(p.name for p in params if p.name != "self" and
                  p.kind is not inspect.Parameter.VAR_POSITIONAL)
+
+
+@functools.lru_cache(maxsize=64)
+def positional_parameters(model_type: type) -> tuple[str, ...]:
+    """The forward's parameters that may be passed by position, in order."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in inspect.signature(model_type.forward).parameters.values()
+                 if p.name != "self" and p.kind in kinds)
 
 
 def unaccepted(model_type: type, names: tuple[str, ...]) -> list[str]:
