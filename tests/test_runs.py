@@ -225,3 +225,30 @@ def test_an_output_folder_under_a_regular_file_is_named_as_a_file(tmp_path):
     with pytest.raises(WorkbookError, match="notes.txt is a file, not a folder"):
         claim_dir(tmp_path / "notes.txt" / "run" / "deeper")
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_what_a_killed_run_left_half_written_is_swept_and_a_live_ones_is_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from workbook.runs import CLAIM, sweep_runs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed, live = tmp_path / "20261202-000000-killed", tmp_path / "20261202-000001-live"
+    for run, pid in ((killed, dead.pid), (live, os.getpid())):
+        (run / "02_overfit").mkdir(parents=True)
+        (run / CLAIM).write_text(json.dumps({"pid": pid}))
+        (run / ".02_overfit.partial.ipynb").write_text("{}")
+        (run / "02_overfit" / f".steps.csv.partial-{pid}-x1").mkdir()
+        (run / "02_overfit" / "steps.csv").write_text("step\n1\n")
+    (tmp_path / "not-a-run").mkdir()  # no claim: never touched
+    (tmp_path / "not-a-run" / f".x.partial-{dead.pid}-y").write_text("theirs")
+    removed = sweep_runs(tmp_path)
+    assert sorted(p.name for p in removed) == [".02_overfit.partial.ipynb",
+                                              f".steps.csv.partial-{dead.pid}-x1"]
+    assert (killed / "02_overfit" / "steps.csv").exists(), "finished files stay"
+    assert (live / ".02_overfit.partial.ipynb").exists()
+    assert (live / "02_overfit" / f".steps.csv.partial-{os.getpid()}-x1").exists()
+    assert (tmp_path / "not-a-run" / f".x.partial-{dead.pid}-y").exists()

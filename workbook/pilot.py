@@ -27,7 +27,7 @@ from .loop import resolve_device
 from .params import NOTEBOOK_DIR, defaults, stems, validate
 from .params import smoke as smoke_sizes
 from .report import write_report
-from .runs import claim_dir, new_run_dir, write_json, write_text
+from .runs import RUNS_ROOT, claim_dir, new_run_dir, sweep_runs, write_json, write_text
 from .task import load_task
 
 KERNEL = "workbook"
@@ -110,6 +110,7 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
                  **(smoke_sizes(stem) if smoke else {}),
                  **{k: v for k, v in params.items() if k in defaults(stem)}}
         parameters[stem] = validate(given, stem)
+    sweep_runs(Path(out).parent if out else RUNS_ROOT)  # what killed runs left half-written
     run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
     for stem in selected:
         parameters[stem]["out_dir"] = str((run / stem).resolve())

@@ -233,6 +233,43 @@ def process_alive(pid: int | None) -> bool:
     return True
 
 
+PARTIAL = re.compile(r"^\..+\.partial-(\d+)-")  # artifacts' temporary: .NAME.partial-PID-*
+
+
+def sweep_partials(run: Path) -> list[Path]:
+    """What a killed process (SIGKILL: no cleanup ran) left half-written in the run folder
+    `run` and its notebook folders: `.NAME.partial-PID-*` whose process is gone, and the
+    pilot's `.NN_name.partial.ipynb` once the process that claimed the run is gone. A run
+    folder is one holding the claim; anything else is left alone. Returns what was removed."""
+    try:
+        claimant = json.loads((Path(run) / CLAIM).read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return []
+    removed = []
+    for folder in (Path(run), *(p for p in Path(run).iterdir() if p.is_dir() and
+                                not p.is_symlink())):
+        for entry in folder.iterdir():
+            own = PARTIAL.match(entry.name)
+            stale = (not process_alive(int(own.group(1))) if own else
+                     folder == Path(run) and entry.name.endswith(".partial.ipynb") and
+                     entry.name.startswith(".") and not process_alive(claimant))
+            if stale:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+def sweep_runs(root: Path) -> list[Path]:
+    """`sweep_partials` over every run folder directly under `root`."""
+    if not Path(root).is_dir():
+        return []
+    return [p for run in Path(root).iterdir() if run.is_dir() and not run.is_symlink()
+            for p in sweep_partials(run)]
+
+
 def task_args(task: str, options: dict | None = None) -> list[str]:
     """`--task T --option K=V ...`: how a command in a new process is told its task."""
     return ["--task", task, *[f"--option={k}={v!r}" for k, v in sorted((options or {}).items())]]
