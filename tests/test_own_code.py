@@ -2,6 +2,7 @@
 written the way users write theirs (tests/careful_task.py): each planted classic is named, the
 clean twin raises nothing."""
 
+import pandas as pd
 import pytest
 import torch
 
@@ -192,6 +193,17 @@ def test_notebook_04_passes_the_careful_task_and_names_its_planted_step(tmp_path
     assert verdict == "fail"
     assert findings[0].startswith("your train_step's gradient depends on how the update is "
                                   "split")
+    # each micro-batch's mean back-propagated as is: exactly k times, and said so
+    assert "the loss is not divided by the number of micro-batches" in findings[0]
+    assert "(2 x 4: 4 times, 1 x 8: 8 times)" in findings[0]
+
+
+def test_a_gradient_k_times_too_large_is_told_apart_from_another_normalisation():
+    rows = pd.DataFrame({"micro_batch x accumulation": ["4 x 2", "2 x 4"],
+                         "max_relative_deviation": [1.0, 3.0000004]})
+    assert acc.k_times_too_large(rows) == "4 x 2: 2 times, 2 x 4: 4 times"
+    rows["max_relative_deviation"] = [0.31, 0.52]  # unequal micro-batches: another error
+    assert acc.k_times_too_large(rows) == ""
 
 
 def test_batch_norm_meeting_a_single_example_is_named_with_the_campaign_fix():

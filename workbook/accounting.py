@@ -493,6 +493,19 @@ def reconcile_size(task: Task, shape: UpdateShape, examples: int) -> int:
     return examples - 1 if has_norm else examples
 
 
+def k_times_too_large(rows: pd.DataFrame, tolerance: float = 1e-3) -> str:
+    """'2 x 4: 4 times, ...' when every split's gradient is exactly k times the reference for
+    its k micro-batches (the deviation on the whole update's scale is then k - 1); '' else."""
+    said = []
+    for split, dev in zip(rows["micro_batch x accumulation"], rows.max_relative_deviation,
+                          strict=True):
+        k = int(str(split).split(" x ")[1])
+        if k < 2 or abs(dev - (k - 1)) > tolerance * (k - 1):
+            return ""
+        said.append(f"{split}: {k} times")
+    return ", ".join(said)
+
+
 @dataclass
 class AccountingResult:
     """Everything notebook 04 shows: the calculator on the task's data, the budget held fixed
@@ -528,8 +541,14 @@ class AccountingResult:
         off = own[~own.within_tolerance]
         if len(off):
             worst = off.iloc[int(off.max_relative_deviation.to_numpy().argmax())]
+            times = k_times_too_large(off)
             cause = ("its loss is not the task's either (above), which can be the cause: a "
                      "mask it drops sees other padding in every split" if other_loss else
+                     f"the loss is not divided by the number of micro-batches: each split's "
+                     f"gradient is exactly that many times the whole update's ({times}), as "
+                     "when each micro-batch's mean is back-propagated as is - divide each "
+                     "by the number of micro-batches, or sum the losses and divide once by "
+                     "the update's targets" if times else
                      "it normalises per micro-batch (e.g. back-propagates each micro-batch's "
                      "mean): sum the losses and divide once by the update's targets")
             found.append(f"your train_step's gradient depends on how the update is split: "
