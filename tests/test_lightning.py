@@ -2,6 +2,8 @@
 planted bug of examples/lightning_module.py named by the check its notebook runs, the clean
 module passing every one, and what cannot be mapped refused with the piece named."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from workbook.loop import UpdateShape, train  # noqa: E402
 from workbook.task import load_task  # noqa: E402
 
 TASK = "examples.lightning_module:task"
+DOCS = "examples.lightning_docs:task"  # Lightning as its documentation writes it
 
 
 def _items(**options):
@@ -140,7 +143,7 @@ def test_a_mean_step_off_only_on_a_final_partial_micro_batch_is_a_warning_not_a_
 
 @pytest.mark.slow  # about 5 minutes each on 2 cores: the whole pilot, as the README runs it
 @pytest.mark.timeout(1200)  # beside another test on 2 cores it ran past the default 300 s
-@pytest.mark.parametrize("task", [TASK, "examples.hf_trainer:task"])
+@pytest.mark.parametrize("task", [TASK, DOCS, "examples.hf_trainer:task"])
 def test_each_framework_example_passes_all_nine_notebooks(task, tmp_path):
     from workbook.pilot import run_pilot
 
@@ -175,3 +178,231 @@ def test_the_train_loaders_own_sampler_orders_the_pass_and_a_batch_sampler_is_re
     with pytest.raises(WorkbookError, match="batches with its own list"):
         wb.adapters.from_lightning(_Module, _Data(loader=batches), name="x",
                                    criterion=nn.CrossEntropyLoss())
+
+
+# --- Lightning as its documentation writes it (examples/lightning_docs.py) -----------------
+
+
+def _docs(**options):
+    task = load_task(DOCS, rows=200, **options)
+    prepared = prepare(task)
+    return task, prepared.train, prepared.validation
+
+
+def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_epoch_metrics():
+    from workbook.loop import evaluate
+
+    task, items, val = _docs()
+    assert task.model_inputs == ("x",) and task.lr == 1e-2  # OneCycleLR's max_lr
+    cfg = UpdateShape(8, 2).train_config(updates=12, lr=task.lr, eval_every=6, eval_batch=16)
+    result = train(task, items, cfg, val_items=val)
+    lrs = [s.lr for s in result.steps]
+    assert len(lrs) == 12 and max(lrs) == pytest.approx(1e-2, rel=0.05)  # the cycle's peak
+    assert lrs[0] < 1e-3 and lrs[-1] < 1e-3  # up, then down within the pilot's 12 updates
+    assert "12 here" in task.campaign_differs_in["estimated_stepping_batches"]
+    model = result.model
+    record = evaluate(task, model, val, 16, torch.device("cpu"))  # 40 rows: last batch padded
+    model.eval()
+    with torch.no_grad():
+        batch = task.collate([it.tensors for it in val])
+        preds = model(batch["x"]).argmax(-1)
+    from examples.lightning_docs import macro_f1
+
+    assert record.metrics["val_acc"] == pytest.approx(float((preds == batch["labels"]).float()
+                                                            .mean()))
+    assert record.metrics["val_f1"] == pytest.approx(float(macro_f1(preds, batch["labels"], 3)))
+    again = evaluate(task, model, val[:32], 8, torch.device("cpu"))  # whole batches only
+    assert again.metrics["val_f1"] == pytest.approx(float(macro_f1(preds[:32],
+                                                                   batch["labels"][:32], 3)))
+
+
+def test_the_docs_modules_planted_bugs_are_named_and_the_clean_one_passes():
+    task, items, val = _docs()
+    assert acc.evaluation_findings(acc.evaluation_check(task, val[:21])) == []
+    own = acc.normalisation_check(task, items[:8], (8, 2, 1))
+    assert own[own.normalisation == "the task's train_step"].within_tolerance.all()
+    assert acc.step_loss_check(task, items[:8]).agree.all()
+    task, items, val = _docs(weighted_mean_step=True)
+    own = acc.normalisation_check(task, items[:8], (8, 2, 1))
+    assert not own[own.normalisation == "the task's train_step"].within_tolerance.iloc[1:].any()
+    assert not acc.step_loss_check(task, items[:8]).agree.any()
+    task, items, val = _docs(val_mean_of_batch_means=True)
+    found = acc.evaluation_findings(acc.evaluation_check(task, val[:21]))
+    assert any("'val_acc' changes with the evaluation batch" in f for f in found), found
+
+
+def _rows(n=10):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(3, generator=g), torch.tensor(i % 2), torch.tensor(0.5 + i / n))
+            for i in range(n)]
+
+
+def _weighted(items):
+    xs, ys, ws = zip(*items, strict=True)
+    return torch.stack(xs), torch.stack(ys), torch.stack(ws)
+
+
+class _Recorder(pl.LightningModule):
+    """Asserts the batch's structure in its steps and records what the trainer said."""
+
+    def __init__(self, structure="tuple", reads=()):
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+        self.structure, self.reads = structure, reads
+        self.seen, self.calls, self.outputs = [], [], []
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def _unpack(self, batch):
+        if self.structure == "tuple":
+            assert isinstance(batch, tuple) and len(batch) == 3, batch
+            x, y, w = batch
+        else:
+            assert isinstance(batch, dict) and list(batch) == ["inputs", "labels", "w"]
+            assert list(batch["inputs"]) == ["x"]
+            x, y, w = batch["inputs"]["x"], batch["labels"], batch["w"]
+        assert y.dtype == torch.long and w.is_floating_point() and x.shape[1:] == (3,)
+        return x, y, w
+
+    def training_step(self, batch, batch_idx):
+        x, y, w = self._unpack(batch)
+        t = self.trainer
+        self.seen.append(("train", batch_idx, t.global_step, t.current_epoch, t.training,
+                          t.validating))
+        return (nn.functional.cross_entropy(self(x), y, reduction="none") * w).mean()
+
+    def on_validation_model_eval(self):
+        self.calls.append("model_eval")
+        super().on_validation_model_eval()
+
+    def on_validation_model_train(self):
+        self.calls.append("model_train")
+        super().on_validation_model_train()
+
+    def on_validation_epoch_start(self):
+        self.calls.append("epoch_start")
+
+    def validation_step(self, batch, batch_idx):
+        x, y, w = self._unpack(batch)
+        self.calls.append(f"step {batch_idx} {'eval' if not self.training else 'train'}")
+        assert self.trainer.validating and not self.trainer.training
+        self.outputs.append(y)
+
+    def on_validation_epoch_end(self):
+        self.calls.append("epoch_end")
+        rows = torch.cat(self.outputs)
+        # whole-epoch values no per-batch mean gives: the rows seen, the largest label
+        self.log("val_rows", float(len(rows)))
+        self.log("val_top", float(rows.max()))
+        self.outputs.clear()
+
+    def configure_optimizers(self):
+        t = self.trainer
+        self.seen.append(("configure", {name: getattr(t, name) for name in (
+            "estimated_stepping_batches", "max_steps", "max_epochs", "accumulate_grad_batches",
+            "num_training_batches", "num_devices", "world_size", "is_global_zero",
+            "global_rank", "local_rank", "logger", "precision", "sanity_checking", *self.reads)}
+            | {"datamodule": t.datamodule, "module": t.lightning_module, "dir": t.log_dir}))
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class _RowsData(pl.LightningDataModule):
+    def __init__(self, items, collate=_weighted):
+        super().__init__()
+        self.items, self.collate = items, collate
+
+    def train_dataloader(self):
+        return DataLoader(self.items, batch_size=2, collate_fn=self.collate)
+
+    val_dataloader = train_dataloader
+
+
+def _recorder_task(structure="tuple", reads=(), n=10):
+    items = _rows(n)
+    if structure == "tuple":
+        data, fields = _RowsData(items), ("x", "labels", "w")
+    else:
+        items = [{"inputs": {"x": x}, "labels": y, "w": w} for x, y, w in items]
+        data, fields = _RowsData(items, torch.utils.data.default_collate), None
+    modules = []
+
+    def factory():
+        modules.append(_Recorder(structure, reads))
+        return modules[-1]
+    task = wb.adapters.from_lightning(factory, data, name="rec", fields=fields,
+                                      criterion=nn.CrossEntropyLoss())
+    return task, data, modules
+
+
+@pytest.mark.parametrize("structure", ["tuple", "dict"])
+def test_batches_reach_the_steps_as_the_loader_made_them_and_the_trainer_is_the_pilots(
+        structure):
+    task, data, modules = _recorder_task(structure)
+    assert task.model_inputs == (("x",) if structure == "tuple" else ("inputs.x",))
+    items = prepare(task).train
+    cfg = UpdateShape(2, 2).train_config(updates=5, lr=0.1)
+    result = train(task, items, cfg)
+    model = result.model
+    assert model is modules[-1] and model._trainer is None  # attached only during the hooks
+    configured = model.seen[0][1]
+    n = len(items)  # 10: a pass is 3 updates of 2 x 2 (4, 4 and 2 examples)
+    assert configured["estimated_stepping_batches"] == configured["max_steps"] == 5
+    assert configured["max_epochs"] == 2 and configured["num_training_batches"] == 5
+    assert configured["accumulate_grad_batches"] == 2 and configured["num_devices"] == 1
+    assert configured["world_size"] == 1 and configured["is_global_zero"]
+    assert configured["global_rank"] == configured["local_rank"] == 0
+    assert configured["logger"] is None and configured["precision"] == "32-true"
+    assert configured["datamodule"] is data and configured["module"] is model
+    assert not configured["sanity_checking"] and Path(configured["dir"]).is_dir()
+    steps = [s for s in model.seen if s[0] == "train"]
+    assert [s[2] for s in steps] == [r.step - 1 for r in result.steps  # global_step
+                                     for _ in range(r.micro_batches)]
+    assert [s[3] for s in steps] == [r.epoch for r in result.steps  # current_epoch
+                                     for _ in range(r.micro_batches)]
+    assert [s[1] for s in steps] == [0, 1, 2, 3, 4, 0, 1, 2, 3]  # batch_idx within the pass
+    assert all(s[4] and not s[5] for s in steps) and n == 10  # training, not validating
+    assert set(task.campaign_differs_in) >= {"estimated_stepping_batches", "max_epochs",
+                                             "num_devices", "logger"}
+
+
+def test_a_trainer_attribute_the_pilot_does_not_provide_is_named():
+    with pytest.raises(WorkbookError, match=r"self\.trainer\.strategy, which the pilot does "
+                                            r"not provide") as caught:
+        _recorder_task(reads=("strategy",))
+    assert "estimated_stepping_batches" in str(caught.value)  # what it does provide
+
+
+def test_the_validation_epoch_runs_its_hooks_in_lightnings_order_and_its_end_log_is_the_metric():
+    from workbook.loop import evaluate
+
+    task, _, modules = _recorder_task(n=10)
+    prepared = prepare(task)
+    model = task.build_model()
+    model.train()
+    val = prepared.validation  # 10 rows: batches of 4, 4 and a padded 2
+    record = evaluate(task, model, val, 4, torch.device("cpu"))
+    assert model.calls == ["model_eval", "epoch_start", "step 0 eval", "step 1 eval",
+                           "step 2 eval", "epoch_end", "model_train"]
+    assert record.metrics["val_rows"] == len(val) == 10  # the epoch's value, not a batch mean
+    assert record.metrics["val_top"] == 1.0
+    assert model.training and model.outputs == []  # the mode it was handed in; outputs cleared
+    model.calls.clear()
+    again = evaluate(task, model, val[:8], 4, torch.device("cpu"))  # ends on a whole batch
+    assert again.metrics["val_rows"] == 8
+    assert model.calls == ["model_eval", "epoch_start", "step 0 eval", "step 1 eval"]
+    opt = task.optimizer(model, 0.1)
+    batch = task.collate([it.tensors for it in val[:2]])
+    task.train_step(model, opt, [batch])  # training on ends the open epoch first
+    assert model.calls[-2:] == ["epoch_end", "model_train"]
+
+
+def test_a_one_cycle_schedule_on_the_estimate_holds_its_last_rate_past_a_short_configuration():
+    from workbook.loop import build_stepper
+
+    task, _, _ = _docs()
+    stepper = build_stepper(task, UpdateShape(4, 1).train_config(updates=1, lr=task.lr))
+    for _ in range(2):  # 03's gates: two updates on a configuration of one
+        stepper.optimizer.step()
+        stepper.scheduler.step()
+    assert stepper.scheduler.held == 1

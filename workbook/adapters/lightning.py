@@ -809,8 +809,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
 
     def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
         module = _unwrap(model)
+        close_validation(module, run_of(module))  # a validation left open ends before a new run
         run = RUNS[module] = _run_from_stack(len(train_set), loader_batch)
-        VALIDATION.pop(module, None)
         with hooks(module, run, "train"):
             opt, sched = _optimizer_and_schedule(_call("configure_optimizers",
                                                        module.configure_optimizers))
