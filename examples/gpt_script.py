@@ -233,7 +233,7 @@ def make_task(block_size: int = 64, n_layer: int = 2, n_embd: int = 64, dropout:
         build_model=partial(GPT, config, decay_everything, model_shifts),
         decode=decode,
         build_optimizer=build_optimizer,
-        lr=1e-3,
+        lr=3e-3,  # the script's baby-GPT config takes 1e-3 at 10 M parameters; this is 0.12 M
         group_key="document",
         model_inputs=("input_ids", "labels"),  # "labels" reaches forward's `targets`
         prompt_in_loss=True,  # pretraining: every byte is learned, there is no prompt
