@@ -129,3 +129,11 @@ def test_the_model_runs_on_fake_tensors_for_the_memory_prediction(clean, items):
     assert frame.predicted_peak_bytes.notna().all() and (frame.note == "").all()
     assert torch.is_tensor(clean.forward(clean.build_model(), collate_items(
         clean, items["validation"][:2]).tensors))
+
+
+def test_a_model_that_shifts_copied_targets_itself_is_offered_the_label_shift_declaration():
+    """Targets that copy the input, read by a model whose own loss shifts them (the Hugging
+    Face convention): declaring label_shift=1 is then the fix, not shifting the data."""
+    found = flags(targets_off_by_one=True, model_shifts=True)
+    assert "label_shift=1" in found["targets copy the input"].fix
+    assert "model's own loss" in found

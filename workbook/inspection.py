@@ -18,7 +18,14 @@ from .errors import reason
 from .forward_failure import model_failure, output_layer
 from .frontend import headless
 from .records import Flag
-from .task import IGNORE_INDEX, Task, contributes, shift_labels, task_from_params
+from .task import (
+    IGNORE_INDEX,
+    Task,
+    contributes,
+    shift_labels,
+    task_from_params,
+    token_cross_entropy,
+)
 
 
 @dataclass
@@ -379,7 +386,30 @@ def _misread(task: Task, logits: torch.Tensor, batch: dict, loss: torch.Tensor,
                 [it.id for it in items])
 
 
-def copy_audit(task: Task, items: list[Item], share: float = 0.9) -> list[Flag]:
+def own_loss_shift(task: Task, model: torch.nn.Module, items: list[Item]) -> int | None:
+    """Generation whose model computes its own loss: the label shift that loss applies (0: it
+    reads labels[t] at position t, as nanoGPT's; 1: it shifts them, as Hugging Face causal LMs
+    do), read by comparing it with the cross-entropy at each shift; None otherwise."""
+    if task.kind != "generation" or task.loss_computed_by() is None or not items:
+        return None
+    batch = collate_items(task, items).tensors
+    try:
+        with torch.no_grad():
+            out = task.outputs(model, batch)
+    except Exception:
+        return None  # the forward's failure is flagged by the probes
+    if out.loss is None or out.loss.numel() != 1 or out.logits.dim() != 3:
+        return None
+    for shift in (0, 1):
+        summed, count = token_cross_entropy(out.logits.float(), batch, shift)
+        if float(count) and math.isclose(float(out.loss), float(summed) / float(count),
+                                         rel_tol=2e-5, abs_tol=1e-6):
+            return shift
+    return None
+
+
+def copy_audit(task: Task, items: list[Item], share: float = 0.9,
+               model_shift: int | None = None) -> list[Flag]:
     """Generation: when nearly every position is trained to output its own input token, the
     model learns to copy - labels aligned with input_ids (the Hugging Face convention) while
     neither the loss nor `label_shift` moves them by one."""
@@ -396,7 +426,7 @@ def copy_audit(task: Task, items: list[Item], share: float = 0.9) -> list[Flag]:
         total += int(keep.sum())
     if not total or copying / total < share:
         return []
-    own = task.loss_computed_by()
+    own = task.loss_computed_by() if model_shift != 1 else None  # a model that shifts
     fix = ("shift the targets by one where the data are made (targets = the tokens one "
            f"position on: y = data[i + 1:i + 1 + T]): {own} computes the loss the campaign "
            "trains on, which label_shift does not move" if own else
@@ -584,7 +614,8 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
     nonfinite = nonfinite_audit(items)
     probed = loss_probe(task, model, probe) if not nonfinite and outputs is not None else []
     flags = (forward + coverage_flags(coverage) + nonfinite + probed
-             + copy_audit(task, items["train"]) + label_flags + split_flags)
+             + copy_audit(task, items["train"], model_shift=own_loss_shift(task, model, probe))
+             + label_flags + split_flags)
     positions = int(coverage.positions.sum())
     figures = {
         "examples": len(coverage), "num_outputs": outputs,
