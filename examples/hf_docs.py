@@ -109,13 +109,14 @@ def save_record_callback(raises: bool = False):
 def trainer_pieces(examples: int = 600, collator: str = "padding",
                    metrics_count_padding: bool = False, collator_drops_mask: bool = False,
                    save_only_model: bool = False, callback_raises: bool = False,
-                   f1: bool = False) -> dict:
+                   f1: bool = False, arch: str = "bert") -> dict:
     """What `transformers.Trainer(...)` receives, the docs' way."""
     from datasets import Dataset
     from transformers import (
         AutoModelForSequenceClassification,
         BertConfig,
         DataCollatorWithPadding,
+        LlamaConfig,
         TrainingArguments,
     )
 
@@ -143,10 +144,12 @@ def trainer_pieces(examples: int = 600, collator: str = "padding",
             "author": [r["author"] for r in part] + ["padding"] * pad,
         }).map(preprocess_function, batched=True)
 
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=128,
-                        max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-                        num_labels=len(label2id), id2label=id2label, label2id=label2id)
+    sizes = {"vocab_size": len(tokenizer), "hidden_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 64,
+             "pad_token_id": tokenizer.pad_token_id, "num_labels": len(label2id),
+             "id2label": id2label, "label2id": label2id}
+    config = BertConfig(**sizes) if arch == "bert" else LlamaConfig(**sizes,
+                                                                    num_key_value_heads=2)
     warmup = ({"warmup_ratio": 0.1} if "warmup_ratio" in TrainingArguments.__dataclass_fields__
               else {"warmup_steps": 0.1})  # transformers 5 reads a float below 1 as a ratio
     training_args = TrainingArguments(
@@ -167,9 +170,10 @@ def trainer_pieces(examples: int = 600, collator: str = "padding",
 def make_task(examples: int = 600, collator: str = "padding",
               metrics_count_padding: bool = False, collator_drops_mask: bool = False,
               save_only_model: bool = False, callback_raises: bool = False,
-              f1: bool = False) -> wb.Task:
+              f1: bool = False, arch: str = "bert") -> wb.Task:
+    """`arch="llama"`: the same pieces on a tiny LlamaForSequenceClassification."""
     p = trainer_pieces(examples, collator, metrics_count_padding, collator_drops_mask,
-                       save_only_model, callback_raises, f1)
+                       save_only_model, callback_raises, f1, arch)
     return wb.adapters.from_hf(p["model_init"], p["train_dataset"], p["eval_dataset"],
                                p["data_collator"], p["processing_class"], p["args"],
                                name="hf-docs", group_column="author",

@@ -158,25 +158,31 @@ def test_a_compute_metrics_that_counts_the_padding_rows_is_named():
 
 
 # --- 4. the Trainer's schedule ------------------------------------------------------------------
-def test_the_trainers_cosine_schedule_with_warmup_spans_the_pilots_updates(clean):
+def test_the_trainers_cosine_schedule_with_warmup(clean):
     from transformers import get_cosine_schedule_with_warmup
 
-    _, task = clean
-    cfg = TrainConfig(shape=UpdateShape(micro_batch=4, accumulation=1), updates=20, lr=1e-3,
-                      device="cpu")
-    stepper = build_stepper(task, cfg)
-    reference = get_cosine_schedule_with_warmup(
-        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3), 2, 20)
-    seen, wanted = [], []
-    reference.step()  # the Trainer's first update runs at lr 0: the pilot starts one step on
-    for _ in range(20):
-        seen.append(stepper.optimizer.param_groups[0]["lr"])
-        wanted.append(reference.get_last_lr()[0])
-        stepper.scheduler.step()
-        reference.step()
-    assert seen[0] == pytest.approx(5e-4) and max(seen) == pytest.approx(1e-3)
-    assert seen == pytest.approx(wanted, rel=1e-9)
-    assert stepper.optimizer.param_groups[0]["initial_lr"] == 1e-3  # 03's gate reads it
+    p, task = clean
+    own = 2 * math.ceil(len(p["train_dataset"]) / 16)  # 2 epochs of 16 rows: 22 updates
+    for updates, total in ((20, own), (40, 40)):  # a longer run stretches it to its updates
+        cfg = TrainConfig(shape=UpdateShape(micro_batch=4, accumulation=1), updates=updates,
+                          lr=1e-3, device="cpu")
+        stepper = build_stepper(task, cfg)
+        warmup = math.ceil(total * 0.1)
+        reference = get_cosine_schedule_with_warmup(
+            torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3), warmup, total)
+        rates = [reference.get_last_lr()[0]]
+        for _ in range(total):
+            reference.step()
+            rates.append(reference.get_last_lr()[0])
+        seen = []
+        for _ in range(updates):
+            seen.append(stepper.optimizer.param_groups[0]["lr"])
+            stepper.scheduler.step()
+        # the Trainer's first update runs at lr 0 and moves nothing: the warm-up counts from 1
+        wanted = [rates[k + 1] if k < warmup else rates[k] for k in range(updates)]
+        assert seen[0] > 0 and max(seen) == pytest.approx(1e-3)
+        assert seen == pytest.approx(wanted, rel=1e-9) and min(seen) > 0
+        assert stepper.optimizer.param_groups[0]["initial_lr"] == 1e-3  # 03's gate reads it
 
 
 def test_a_schedule_that_follows_a_metric_is_refused_naming_the_piece():

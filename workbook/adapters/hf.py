@@ -227,9 +227,11 @@ MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> 
 
 
 def _run_updates() -> int | None:
-    """The number of updates of the run whose stepper is being built: `build_scheduler`
-    receives only the optimizer, so it is read from the `TrainConfig` of the caller
-    (`loop.build_stepper(task, cfg, ...)`); None when no caller holds one."""
+    """The number of updates of the run whose stepper is being built, as its configuration
+    says: `build_scheduler` receives only the optimizer, so it is read from the `TrainConfig`
+    of the caller (`loop.build_stepper(task, cfg, ...)`); None when no caller holds one. A
+    stopgap until build_scheduler receives the run's updates (several callers build their
+    stepper from a configuration whose `updates` is the default, not the run's)."""
     frame = sys._getframe(1)
     for _ in range(6):
         frame = frame.f_back
@@ -369,7 +371,9 @@ def _scheduler_factory(args: Any, train_rows: int, hooks: _Callbacks | None,
                             "schedule's shape, not its trigger, is what the pilot checks)")
 
     def build_scheduler(optimizer: torch.optim.Optimizer) -> _Schedule:
-        total = _run_updates() or _trainer_updates(args, train_rows)
+        # the Trainer's own count, stretched to a pilot run that makes more updates (a
+        # schedule that ends before the run would train its last updates at lr 0)
+        total = max(_trainer_updates(args, train_rows), _run_updates() or 0, 2)
         warmup = _warmup(args, total)
         try:
             hf = get_scheduler(name, optimizer, num_warmup_steps=warmup,
@@ -383,11 +387,10 @@ def _scheduler_factory(args: Any, train_rows: int, hooks: _Callbacks | None,
         lambdas = getattr(hf, "lr_lambdas", None)
         if not lambdas or len(lambdas) != len(optimizer.param_groups):
             inner = hf
-        else:  # a warm-up from 0: the Trainer's first update moves nothing; start one step on
-            shift = 1 if lambdas[0](0) == 0 else 0
-
-            def factor(step: int, of: Callable = lambdas[0]) -> float:
-                return of(step + shift)
+        else:  # the Trainer's warm-up starts at lr 0, an update that moves nothing: the
+            # pilot's warm-up counts from 1 (update k of it at k / warmup), the rest is HF's
+            def factor(step: int, of: Callable = lambdas[0], warmup: int = warmup) -> float:
+                return of(step + 1 if step < warmup else step)
             for group in optimizer.param_groups:
                 group["lr"] = group["initial_lr"]
             inner = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -396,7 +399,7 @@ def _scheduler_factory(args: Any, train_rows: int, hooks: _Callbacks | None,
 
     notes.append(f"from_hf: the Trainer's schedule {name!r} (warm-up "
                  f"{getattr(args, 'warmup_steps', 0) or getattr(args, 'warmup_ratio', 0)}) over "
-                 "each pilot run's own number of updates")
+                 "the Trainer's own number of updates, or a pilot run's where it makes more")
     return build_scheduler
 
 
@@ -453,6 +456,21 @@ def _checkpoint_code(args: Any, hooks: _Callbacks | None, save_only_model: bool)
             sched.state.global_step = kept
 
     return save_state, restore_state
+
+
+def _parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """The Trainer's `create_optimizer` groups: weight decay on every trainable parameter but
+    biases and norm layers (`Trainer.get_decay_parameter_names`), none on those."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    try:
+        from transformers import Trainer
+
+        decay = set(Trainer.get_decay_parameter_names(None, model))
+    except Exception:  # an older or newer transformers without it: decay everywhere
+        decay = {n for n, _ in named}
+    groups = [{"params": [p for n, p in named if n in decay], "weight_decay": weight_decay},
+              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dataset: Any,
@@ -645,8 +663,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     if args is not None:
         def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
             optimizer = torch.optim.AdamW(
-                [p for p in model.parameters() if p.requires_grad], lr=lr,
-                weight_decay=getattr(args, "weight_decay", 0.0),
+                _parameter_groups(model, getattr(args, "weight_decay", 0.0)), lr=lr,
                 betas=(getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.999)),
                 eps=getattr(args, "adam_epsilon", 1e-8))
             MODELS[optimizer] = model
