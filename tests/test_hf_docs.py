@@ -249,3 +249,23 @@ def test_save_only_model_checkpoints_cannot_resume_and_say_why(tmp_path):
 def test_the_docs_task_passes_01(clean):
     _, task = clean
     assert inspect_task(task).verdict == "pass"
+
+
+def test_a_compute_metrics_that_raises_or_returns_no_numbers_is_named():
+    p = _pieces()
+
+    def broken(eval_pred):
+        raise ZeroDivisionError("division by zero")
+    with pytest.raises(WorkbookError, match=r"from_hf: compute_metrics raised "
+                                            r"ZeroDivisionError: division by zero"):
+        _task(p, compute_metrics=broken).load_examples()  # the padding probe calls it
+    task = _task(p, compute_metrics=lambda eval_pred: {"accuracy": "high"})
+    with pytest.raises(WorkbookError, match="compute_metrics returned .* not a dict of numbers"):
+        task.load_examples()
+
+
+def test_callbacks_without_training_arguments_are_refused():
+    p = _pieces()
+    p["args"] = type("Args", (), {"learning_rate": 1e-3})()
+    with pytest.raises(WorkbookError, match="callbacks need the TrainingArguments"):
+        _task(p)
