@@ -100,6 +100,11 @@ def test_the_last_line_says_why_a_notebook_passed_or_failed(tmp_path):
     assert line.endswith("needs 316.00 GiB and fits no single 80 GiB GPU: its first update "
                          "alone needs 109.00 GiB (weights, gradients, optimizer state), so the "
                          "campaign shards it - 08 sizes FSDP2 over several GPUs"), line
+    refused = {**gates, "plan_refused": "planned length 256 exceeds the 64 positions"}
+    line = verdict_line(_summary(tmp_path, "03_phase_gates___", {"verdict": "fail",
+                                                                  "figures": refused}))
+    assert line == ("verdict: fail - 9 of 9 gates passed; the plan is refused: planned length "
+                    "256 exceeds the 64 positions")
     line = verdict_line(_summary(tmp_path, "02_overfit", {
         "verdict": "fail", "failed": ["final loss below threshold"], "diagnosis": "",
         "figures": {}}))

@@ -504,6 +504,8 @@ def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
         head = f"{gates - len(failed)} of {gates} gates passed" + (
             f" (failed: {_listed(failed)})" if failed else "") + (
             f", {len(f['warned'])} warned ({_listed(f['warned'])})" if f.get("warned") else "")
+        if f.get("plan_refused"):
+            return head + f"; the plan is refused: {f['plan_refused']}"
         need = f.get("plan_required_bytes")
         fits = f.get("plan_fits")
         device = f.get("device_memory_gib")
