@@ -7,11 +7,11 @@ download would), `setup(stage)` (`random_split` with a seeded generator), `train
 `self.trainer.estimated_stepping_batches` stepped per update (Lightning's documented recipe);
 epoch-level metrics as the docs write them - an accumulator in the torchmetrics style (reset in
 `on_validation_epoch_start`, `compute()` logged in `on_validation_epoch_end`) and a list of
-`validation_step` outputs turned into a macro-F1 at the epoch's end, then cleared.
+`validation_step` outputs (each row's weighted loss) averaged at the epoch's end, then cleared.
 
     python -m workbook pilot --task examples.lightning_docs:task --smoke
 
-Planted bugs (task options), each named by notebook 04:
+Planted bugs (task options), each named by a notebook:
 - `weighted_mean_step`: `training_step` divides the weighted loss by the batch's sum of weights,
   so under `accumulate_grad_batches` each micro-batch's mean weighs as much as any other
   whatever its weights - the update's gradient depends on how it is split (04's normalisation
@@ -20,6 +20,11 @@ Planted bugs (task options), each named by notebook 04:
   accuracies (`torch.stack(self.validation_step_outputs).mean()`), so the epoch's `val_acc`
   weighs a short last batch as a full one and changes with the evaluation batch (04's
   evaluation check).
+- `macro_f1`: `on_validation_epoch_end` also logs a macro-F1 of the epoch's predictions. One
+  process reports it exactly (the whole epoch's value); under data parallelism each rank
+  computes it from its own outputs, and no sum over ranks gives the epoch's F1 (Lightning's
+  `sync_dist=True` averages the ranks' values): 09's "evaluation reduced as sums over ranks"
+  names it. Gather the outputs first (`self.all_gather`) or accumulate confusion counts.
 """
 
 from __future__ import annotations
@@ -131,7 +136,7 @@ def macro_f1(preds: torch.Tensor, target: torch.Tensor, classes: int) -> torch.T
 class LitClassifier(pl.LightningModule):
     def __init__(self, hidden: int = 64, dropout: float = 0.2, lr: float = 1e-2,
                  weight_decay: float = 1e-4, weighted_mean_step: bool = False,
-                 val_mean_of_batch_means: bool = False):
+                 val_mean_of_batch_means: bool = False, macro_f1: bool = False):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(FEATURES, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
@@ -158,23 +163,28 @@ class LitClassifier(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         x, y, w = batch
         logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y), prog_bar=True)
+        losses = F.cross_entropy(logits, y, reduction="none")
+        self.log("val_loss", losses.mean(), prog_bar=True)
         preds = logits.argmax(dim=-1)
         self.val_acc.update(preds, y)
         if self.hparams.val_mean_of_batch_means:
             self.validation_step_outputs.append((preds == y).float().mean())
         else:
-            self.validation_step_outputs.append((preds, y))
+            self.validation_step_outputs.append({"weighted_loss": losses * w, "preds": preds,
+                                                 "target": y})
 
     def on_validation_epoch_end(self):
+        outputs = self.validation_step_outputs
         if self.hparams.val_mean_of_batch_means:
-            self.log("val_acc", torch.stack(self.validation_step_outputs).mean())
+            self.log("val_acc", torch.stack(outputs).mean())
         else:
             self.log("val_acc", self.val_acc.compute())
-            preds = torch.cat([p for p, _ in self.validation_step_outputs])
-            target = torch.cat([t for _, t in self.validation_step_outputs])
-            self.log("val_f1", macro_f1(preds, target, CLASSES))
-        self.validation_step_outputs.clear()  # free memory
+            self.log("val_weighted_loss", torch.cat([o["weighted_loss"] for o in outputs]).mean())
+            if self.hparams.macro_f1:
+                preds = torch.cat([o["preds"] for o in outputs])
+                target = torch.cat([o["target"] for o in outputs])
+                self.log("val_f1", macro_f1(preds, target, CLASSES))
+        outputs.clear()  # free memory
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr,
@@ -196,10 +206,11 @@ def weighted_loss(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torc
 
 
 def make_task(rows: int = 600, weighted_mean_step: bool = False,
-              val_mean_of_batch_means: bool = False) -> wb.Task:
+              val_mean_of_batch_means: bool = False, macro_f1: bool = False) -> wb.Task:
     return wb.adapters.from_lightning(
         lambda: LitClassifier(weighted_mean_step=weighted_mean_step,
-                              val_mean_of_batch_means=val_mean_of_batch_means),
+                              val_mean_of_batch_means=val_mean_of_batch_means,
+                              macro_f1=macro_f1),
         RowsDataModule(rows=rows), name="lightning-docs", kind="classification",
         fields=("x", "labels", "w"), loss=weighted_loss,
         label_names=["common", "middle", "rare"])

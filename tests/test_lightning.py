@@ -192,9 +192,9 @@ def _docs(**options):
 def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_epoch_metrics():
     from workbook.loop import evaluate
 
-    task, items, val = _docs()
-    assert task.model_inputs == ("x",) and task.lr == 1e-2  # OneCycleLR's max_lr
-    cfg = UpdateShape(8, 2).train_config(updates=12, lr=task.lr, eval_every=6, eval_batch=16)
+    task, items, val = _docs(macro_f1=True)
+    assert task.model_inputs == ("x",) and task.lr == pytest.approx(1e-2 / 25)  # initial_lr
+    cfg = UpdateShape(8, 2).train_config(updates=12, lr=1e-2 / 25, eval_every=6, eval_batch=16)
     result = train(task, items, cfg, val_items=val)
     lrs = [s.lr for s in result.steps]
     assert len(lrs) == 12 and max(lrs) == pytest.approx(1e-2, rel=0.05)  # the cycle's peak
@@ -211,6 +211,7 @@ def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_e
     assert record.metrics["val_acc"] == pytest.approx(float((preds == batch["labels"]).float()
                                                             .mean()))
     assert record.metrics["val_f1"] == pytest.approx(float(macro_f1(preds, batch["labels"], 3)))
+    assert record.metrics["val_weighted_loss"] == pytest.approx(record.loss, rel=1e-5)
     again = evaluate(task, model, val[:32], 8, torch.device("cpu"))  # whole batches only
     assert again.metrics["val_f1"] == pytest.approx(float(macro_f1(preds[:32],
                                                                    batch["labels"][:32], 3)))

@@ -613,14 +613,12 @@ def _rescale(optimizer: torch.optim.Optimizer, schedule: _Schedule | None, ratio
 
 
 def _own_lr(optimizer: torch.optim.Optimizer, schedule: _Schedule | None) -> float:
-    """The rate the module configured: a one-cycle schedule's peak (`max_lr`), else the rate
-    before a warm-up scheduler lowered it."""
-    group = optimizer.param_groups[0]
-    if isinstance(group.get("max_lr"), (int, float)):
-        return float(group["max_lr"])
+    """The rate the module configured, as the workbook reads a schedule's start (its
+    `initial_lr`): the scheduler's base rate (before a warm-up lowered it; a one-cycle
+    schedule's max_lr / div_factor), else the optimizer's."""
     if schedule is not None and hasattr(schedule.scheduler, "base_lrs"):
         return float(schedule.scheduler.base_lrs[0])
-    return float(group["lr"])
+    return float(optimizer.param_groups[0]["lr"])
 
 
 # ---------------------------------------------------------------------------------------------
