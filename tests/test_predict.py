@@ -324,3 +324,41 @@ def test_a_length_the_model_refuses_without_stating_a_limit_is_refused_in_its_ow
     fine = predicted_or_reason(task, data.train[:8], data.validation[:4],
                                Plan(UpdateShape(2, 1), length=64))
     assert "refused" not in fine.attrs and fine.predicted_peak_bytes.notna().all()
+
+
+@pytest.mark.parametrize("off, sized", [(1.04, True), (1.25, False)])
+def test_a_phase_a_few_percent_off_a_real_run_is_sized_from_the_ratio_with_the_margin_said(
+        gen_task, gen_items, monkeypatch, off, sized):
+    """A Conv2d workspace (3-6% that fake tensors miss) sizes the rental from the measured
+    ratio plus 2%, saying so; 25% off is not predicted; judged against this CPU, 4% off is
+    the finding (not predicted), never scaled away."""
+    from workbook import predict as prediction
+
+    real = prediction.measured_peaks
+
+    def bigger(task, cfg, *batches):
+        return {phase: int(peak * off) for phase, peak in real(task, cfg, *batches).items()}
+    monkeypatch.setattr(prediction, "measured_peaks", bigger)
+    monkeypatch.setattr(prediction, "_calibrated", {})
+    train, val, plan = gen_items["train"][:20], gen_items["validation"][:4], Plan(
+        UpdateShape(2, 2))
+    frame = predict(gen_task, train, val, plan).set_index("phase")
+    monkeypatch.setattr(prediction, "measured_peaks", real)
+    monkeypatch.setattr(prediction, "_calibrated", {})
+    plain = predict(gen_task, train, val, plan).set_index("phase")
+    if sized:
+        assert frame.predicted_peak_bytes.notna().all()
+        ratio = frame.predicted_peak_bytes / plain.predicted_peak_bytes
+        assert ((ratio - off * 1.02).abs() < 1e-3).all(), ratio
+        assert (frame.other_bytes - plain.other_bytes ==
+                frame.predicted_peak_bytes - plain.predicted_peak_bytes).all()
+        assert frame.note.str.startswith("sized from the measured ratio: on a real run").all()
+        assert frame.note.str.contains(r"\+2% margin|plus a 2% margin").all()
+    else:
+        assert frame.predicted_peak_bytes.isna().all()
+        assert frame.note.str.startswith("not predicted: on a real run").all()
+    monkeypatch.setattr(prediction, "measured_peaks", bigger)
+    monkeypatch.setattr(prediction, "_calibrated", {})
+    judged = predict(gen_task, train, val, plan, cpu_exact=True)
+    assert judged.predicted_peak_bytes.isna().all(), judged.note.tolist()
+    assert judged.note.str.contains(r"-3\.[89]% off|-20\.0% off").all(), judged.note.tolist()

@@ -6,6 +6,7 @@ a laptop."""
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -275,8 +276,17 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
     frame.attrs["sized"] = how
     unknown = frame.phase.isin(list(limits))
     frame.loc[unknown, frame.columns.str.endswith("_bytes")] = float("nan")
+    scales = {p: v for p, v in calibration_scales(task, train, val, plan, device,
+                                                  cpu_exact).items() if p not in limits}
+    for phase, (factor, _, _) in scales.items():  # the memory fake tensors miss: "other"
+        rows_of = frame.phase == phase
+        peak = frame.loc[rows_of, "predicted_peak_bytes"]
+        extra = (peak * factor).map(math.ceil) - peak
+        frame.loc[rows_of, "predicted_peak_bytes"] = peak + extra
+        if "other_bytes" in frame:
+            frame.loc[rows_of, "other_bytes"] = frame.loc[rows_of, "other_bytes"] + extra
     frame["note"] = frame.phase.map(lambda p: f"not predicted: {limits[p]}" if p in limits
-                                    else "")
+                                    else scales[p][1] if p in scales else "")
     return frame
 
 
@@ -356,6 +366,9 @@ def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batc
 
 
 CALIBRATION_TOLERANCE = 0.02  # the prediction's target on the CPU
+SCALED_LIMIT = 0.10  # a phase off by more than 2% and at most this is sized from the ratio
+SCALE_MARGIN = 0.02  # added to a measured ratio a phase is sized from
+Scale = tuple[float, str, str]  # (factor, note, what the real run saw)
 # a real run at a low-precision plan's own size is made on the CPU only up to this peak
 EXACT_CHECK_BYTES = 512 * 2**20
 _calibrated: dict[tuple, dict[str, str]] = {}
@@ -373,7 +386,30 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     the plan's own shapes, up to `EXACT_CHECK_BYTES`, else those phases are not predicted;
     without it (sizing for a GPU, where those CPU kernels never run) the small run on the CPU is
     made in fp32, which shows the model's own hidden workspaces and no kernel of this CPU's.
-    Measured once per task and setting; a real run that fails leaves every phase unpredicted."""
+    Measured once per task and setting; a real run that fails leaves every phase unpredicted.
+    A phase off by no more than `SCALED_LIMIT` is here only with `cpu_exact` (the miss is then
+    the finding), else in `calibration_scales`."""
+    limits, scales = _calibration(task, train, val, plan, device, cpu_exact)
+    if not cpu_exact:
+        return limits
+    return {**{p: f"{seen} - size this configuration by measuring it"
+               for p, (_, _, seen) in scales.items()}, **limits}
+
+
+def calibration_scales(task: Task, train: list[Item], val: list[Item], plan: Plan,
+                       device: str = "cpu", cpu_exact: bool = False
+                       ) -> dict[str, Scale]:
+    """{phase: (factor, note, what the real run saw)} for phases the real run found off by
+    more than 2% and at most `SCALED_LIMIT` (a Conv2d workspace: 3-6%): sized as the
+    prediction times the measured ratio plus `SCALE_MARGIN` (never below the prediction), the
+    note saying so. Empty for a prediction judged against this CPU (`cpu_exact`): there the
+    miss is the finding."""
+    return {} if cpu_exact else _calibration(task, train, val, plan, device, cpu_exact)[1]
+
+
+def _calibration(task: Task, train: list[Item], val: list[Item], plan: Plan, device: str,
+                 cpu_exact: bool) -> tuple[dict[str, str], dict[str, Scale]]:
+    """(limits, scales) of `calibration_limits` / `calibration_scales`, measured once."""
     precision = plan.shape.precision
     on_cpu = resolve_device(device).type == "cpu"
     exact = cpu_exact and precision != "fp32" and on_cpu
@@ -391,34 +427,45 @@ def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Pla
     fake = {r["phase"]: r["predicted_peak_bytes"] for r in
             fake_phases(task, cfg, *batches, small.label())}
     if exact and max(fake.values()) > EXACT_CHECK_BYTES:
-        _calibrated[key] = dict.fromkeys(TRAINING_PHASES, (
+        _calibrated[key] = (dict.fromkeys(TRAINING_PHASES, (
             f"{precision} on the CPU: its kernels allocate float32 scratch memory that "
             "fake tensors do not see, in amounts that change with the shapes, so only a real "
             f"run at this size checks the prediction, and this one "
             f"({max(fake.values()) / 2**20:.0f} MiB) is above the "
             f"{EXACT_CHECK_BYTES / 2**20:.0f} MiB such a check may take here - measure it on "
-            "the GPU, or read the fp32 prediction"))
+            "the GPU, or read the fp32 prediction")), {})
         return _calibrated[key]
     try:
         real = measured_peaks(task, cfg, *batches)
     except Exception as exc:  # the gates name what is wrong with the step itself
         why = (f"the real run of {small.label()} that checks the prediction failed "
                f"({reason(exc, 200)})")
-        _calibrated[key] = dict.fromkeys(TRAINING_PHASES, why)
+        _calibrated[key] = (dict.fromkeys(TRAINING_PHASES, why), {})
         return _calibrated[key]
     model = meta_model(task)
     suspects = sorted({type(m).__name__ for m in (model.modules() if model else ())
                        if isinstance(m, HIDDEN_WORKSPACE)})
     if exact:
         suspects.append(f"float32 scratch buffers of the CPU's {precision} kernels")
-    _calibrated[key] = {
-        phase: (f"on a real run of {small.label()} on {device} this phase's prediction was "
-                f"{100 * (fake[phase] - real[phase]) / real[phase]:+.1f}% off the measured "
-                "peak: a kernel allocates memory that fake tensors do not see"
-                + (f" (suspects: {', '.join(suspects)})" if suspects else "")
-                + " - size this configuration by measuring it")
-        for phase in TRAINING_PHASES
-        if abs(fake[phase] - real[phase]) > CALIBRATION_TOLERANCE * real[phase]}
+    limits, scales = {}, {}
+    for phase in TRAINING_PHASES:
+        off = (fake[phase] - real[phase]) / real[phase]
+        if abs(off) <= CALIBRATION_TOLERANCE:
+            continue
+        seen = (f"on a real run of {small.label()} on {device} this phase's prediction was "
+                f"{100 * off:+.1f}% off the measured peak: a kernel allocates memory that fake "
+                "tensors do not see" + (f" (suspects: {', '.join(suspects)})" if suspects
+                                        else ""))
+        if abs(off) <= SCALED_LIMIT and not exact:
+            factor = max(1.0, real[phase] / fake[phase] * (1 + SCALE_MARGIN))
+            scales[phase] = (factor, f"sized from the measured ratio: {seen}, so the "
+                             f"prediction is taken x {factor:.3f} (the ratio plus a "
+                             f"{SCALE_MARGIN:.0%} margin; never below the prediction) - a "
+                             "GPU's kernels may need other workspace: check it on the rental",
+                             seen)
+        else:
+            limits[phase] = seen + " - size this configuration by measuring it"
+    _calibrated[key] = (limits, scales)
     return _calibrated[key]
 
 

@@ -240,10 +240,13 @@ def predicted_phases(task: Task, train: list, val: list,
     missing = predicted[predicted.predicted_peak_bytes.isna()]
     if missing.phase.isin(DECIDING).any():
         return None, "not predicted " + unpredicted(missing)
+    scaled = predicted[predicted.note.fillna("").str.startswith("sized from the measured")]
+    said = "; ".join(f"({r.phase}) {r.note}" for r in scaled.itertuples())
     if len(missing):
         return (predicted.dropna(subset=["predicted_peak_bytes"]),
-                f"not predicted {unpredicted(missing)}; the fit rests on the training phases")
-    return predicted, ""
+                f"not predicted {unpredicted(missing)}; the fit rests on the training phases"
+                + (f"; {said}" if said else ""))
+    return predicted, said
 
 
 def unpredicted(missing: pd.DataFrame) -> str:
