@@ -148,3 +148,19 @@ def test_cuda_resolves_to_the_current_device_index(monkeypatch):
     assert resolve_device("cuda") == torch.device("cuda", 0)
     assert resolve_device("auto") == torch.device("cuda", 0)
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
+
+
+def test_a_tasks_optimizer_factory_sees_the_run_it_is_built_for(cls_task, cls_items):
+    """Schedules sized by the run (OneCycleLR over Lightning's estimated_stepping_batches, a
+    Trainer's num_training_steps) read `current_run()` inside build_optimizer."""
+    from workbook.loop import RunLength, current_run
+
+    seen = []
+
+    def build_optimizer(model, lr):
+        seen.append(current_run())
+        return torch.optim.SGD(model.parameters(), lr=lr)
+    task = dataclasses.replace(cls_task, build_optimizer=build_optimizer)
+    shape = UpdateShape(2, 2)
+    train(task, cls_items["train"][:12], shape.train_config(updates=3))
+    assert seen == [RunLength(3, shape, 12)] and current_run() is None

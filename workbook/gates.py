@@ -66,6 +66,7 @@ REMEDIATION = {
 # an update of a model worth renting for takes tens of ms or more, and DataLoader workers
 # (num_workers > 0) prefetch a batch this cheap while the GPU computes.
 INPUT_BOUND_FLOOR_S = 0.005
+GATE_UPDATES = 2  # the updates the gates make on one stepper: the first and a later one
 INPUT_TIMED_UPDATES = 3  # at least this many updates are timed: the judgement takes medians
 INPUT_BOUND_CAUSES = ("data not next to the process (network or slow disk)",
                       "expensive online preprocessing (do it once, offline, or in DataLoader "
@@ -101,7 +102,7 @@ class GateSettings:
     def plan(self) -> Plan:
         return Plan(self.shape, self.length or None, self.eval_batch)
 
-    def train_config(self, updates: int = 1) -> TrainConfig:
+    def train_config(self, updates: int = GATE_UPDATES) -> TrainConfig:
         return self.shape.train_config(updates=updates, lr=self.lr, seed=self.seed,
                                        device=self.device)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import random
 import statistics
@@ -444,8 +445,32 @@ class StepWatch:
         self.norm = float(nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
-def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) -> Stepper:
-    """Model (built with the config's seed unless given), optimizer, schedule and scaler."""
+@dataclass(frozen=True)
+class RunLength:
+    """The run whose optimizer and schedule are being built: what a task's `build_optimizer` /
+    `build_scheduler` may size a schedule by (Lightning's `estimated_stepping_batches`, a
+    Trainer's `num_training_steps`). `examples` is None where the run's data is not known
+    (a stepper built outside `train`)."""
+
+    updates: int
+    shape: UpdateShape
+    examples: int | None = None
+    drop_partial: bool = False
+
+
+_RUN: contextvars.ContextVar[RunLength | None] = contextvars.ContextVar("run", default=None)
+
+
+def current_run() -> RunLength | None:
+    """The run being built while `build_stepper` calls the task's optimizer and schedule
+    factories; None anywhere else."""
+    return _RUN.get()
+
+
+def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None,
+                  examples: int | None = None) -> Stepper:
+    """Model (built with the config's seed unless given), optimizer, schedule and scaler; the
+    task's factories see the run's length through `current_run()` (`examples`: its data)."""
     device = resolve_device(cfg.device)
     check_precision(cfg.shape.precision, device)
     if model is None:
@@ -457,9 +482,13 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None) 
     if cfg.shape.activation_checkpointing:
         apply_activation_checkpointing(task, model)
     model.train()
-    optimizer = task.optimizer(model, cfg.lr)
+    token = _RUN.set(RunLength(cfg.updates, cfg.shape, examples, cfg.drop_partial))
+    try:
+        optimizer = task.optimizer(model, cfg.lr)
+        scheduler = task.build_scheduler(optimizer) if task.build_scheduler else None
+    finally:
+        _RUN.reset(token)
     warmup = max(cfg.warmup_updates, 0)
-    scheduler = task.build_scheduler(optimizer) if task.build_scheduler else None
     scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     scaler = torch.amp.GradScaler(device.type) if cfg.shape.precision == "fp16" else None
@@ -666,7 +695,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     own = runs_own_step(task, cfg)
     if own:  # only here: the phase gates and the prediction size the workbook's update
         check_precision(cfg.shape.precision, resolve_device(cfg.device), task)
-    stepper = stepper if stepper is not None else build_stepper(task, cfg, model)
+    stepper = stepper if stepper is not None else build_stepper(task, cfg, model, len(items))
     if stepper.sampler is None:
         stepper.sampler = make_sampler(task, len(items), cfg.seed)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))

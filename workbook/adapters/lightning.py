@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import WorkbookError, reason
-from ..loop import EXAMPLE_WEIGHT, TrainConfig
+from ..loop import EXAMPLE_WEIGHT, TrainConfig, current_run
 from ..task import Task, accepted_inputs
 from .torch import LABELS, from_torch
 
@@ -112,34 +112,18 @@ class _Run:
         return self.examples_seen // self.pass_examples
 
 
-def _run_from_stack(default_examples: int, micro_batch: int) -> _Run:
-    """The run being built: the loop builds every optimizer inside `build_stepper(task, cfg)`
-    (called by `train(task, items, cfg)`), and `build_optimizer(model, lr)` is not told the
-    run's length - so the `TrainConfig` named `cfg` (and the `items` beside it) are read from
-    the callers' frames. Without them (a direct call), DEFAULT_UPDATES updates of the train
-    loader's batch over the whole train set."""
-    cfg, examples = None, None
-    frame = inspect.currentframe()
-    try:
-        for _ in range(16):
-            if frame is None:
-                break
-            local = frame.f_locals
-            if cfg is None and isinstance(local.get("cfg"), TrainConfig):
-                cfg = local["cfg"]
-            if cfg is not None and local.get("cfg") is cfg and isinstance(local.get("items"),
-                                                                          list):
-                examples = len(local["items"])
-                break
-            frame = frame.f_back
-    finally:
-        del frame
-    if cfg is None:
+def _run_of_build(default_examples: int, micro_batch: int) -> _Run:
+    """The run whose optimizer is being built (`loop.current_run()`, set by `build_stepper`).
+    Outside one (a direct call), DEFAULT_UPDATES updates of the train loader's batch over the
+    whole train set."""
+    run = current_run()
+    if run is None:
         return _Run(DEFAULT_UPDATES, max(micro_batch, 1), 1, default_examples)
-    return _Run(cfg.updates, cfg.shape.micro_batch, cfg.shape.accumulation,
-                examples if examples is not None else default_examples, cfg.shape.precision,
-                cfg.shape.replicas, cfg.drop_partial,
-                "the run's configuration" + ("" if examples is not None else
+    shape = run.shape
+    return _Run(run.updates, shape.micro_batch, shape.accumulation,
+                run.examples if run.examples is not None else default_examples,
+                shape.precision, shape.replicas, run.drop_partial,
+                "the run's configuration" + ("" if run.examples is not None else
                                              " (examples: the whole train set)"))
 
 
@@ -808,7 +792,7 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
     def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
         module = _unwrap(model)
         close_validation(module, run_of(module))  # a validation left open ends before a new run
-        run = RUNS[module] = _run_from_stack(len(train_set), loader_batch)
+        run = RUNS[module] = _run_of_build(len(train_set), loader_batch)
         with hooks(module, run, "train"):
             opt, sched = _optimizer_and_schedule(_call("configure_optimizers",
                                                        module.configure_optimizers))
