@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 import tempfile
 import weakref
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import WorkbookError, reason
-from ..loop import EXAMPLE_WEIGHT, TrainConfig
+from ..loop import EXAMPLE_WEIGHT, current_run
 from ..task import IGNORE_INDEX, Task, accepted_inputs, adamw
 
 SPLITS = ("train", "validation", "test")
@@ -227,20 +226,10 @@ MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> 
 
 
 def _run_updates() -> int | None:
-    """The number of updates of the run whose stepper is being built, as its configuration
-    says: `build_scheduler` receives only the optimizer, so it is read from the `TrainConfig`
-    of the caller (`loop.build_stepper(task, cfg, ...)`); None when no caller holds one. A
-    stopgap until build_scheduler receives the run's updates (several callers build their
-    stepper from a configuration whose `updates` is the default, not the run's)."""
-    frame = sys._getframe(1)
-    for _ in range(6):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        cfg = next((v for v in frame.f_locals.values() if isinstance(v, TrainConfig)), None)
-        if cfg is not None:
-            return int(cfg.updates)
-    return None
+    """The number of updates of the run whose stepper `loop.build_stepper` is building
+    (`loop.current_run()`); None outside one."""
+    run = current_run()
+    return int(run.updates) if run is not None else None
 
 
 def _trainer_updates(args: Any, train_rows: int) -> int:
