@@ -217,6 +217,19 @@ def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_e
                                                                    batch["labels"][:32], 3)))
 
 
+def test_01_says_which_trainer_values_the_campaign_will_give_otherwise():
+    from workbook.inspection import inspect_task
+
+    task, _, _ = _docs()
+    ins = inspect_task(task)
+    assert ins.flags == []
+    (note,) = [n for n in ins.notes if n.check == "the campaign will differ in"]
+    assert note.message.startswith("the task's code reads estimated_stepping_batches (the "
+                                   "updates of the pilot's run")
+    plain = inspect_task(load_task("tests.own_task:task"))  # no stand-in: no such note
+    assert all(n.check != "the campaign will differ in" for n in plain.notes)
+
+
 def test_the_docs_modules_planted_bugs_are_named_and_the_clean_one_passes():
     task, items, val = _docs()
     assert acc.evaluation_findings(acc.evaluation_check(task, val[:21])) == []
