@@ -248,7 +248,11 @@ def test_save_only_model_checkpoints_cannot_resume_and_say_why(tmp_path):
 # --- the clean task as a whole ------------------------------------------------------------------
 def test_the_docs_task_passes_01(clean):
     _, task = clean
-    assert inspect_task(task).verdict == "pass"
+    ins = inspect_task(task)
+    assert ins.verdict == "pass"
+    # 01 shows what the adapter left out: the eval set's padding rows, said once
+    said = [n.message for n in ins.notes if n.check == "what the adapter mapped"]
+    assert len([m for m in said if "have label -100 (padding)" in m]) == 1, said
 
 
 def test_a_compute_metrics_that_raises_or_returns_no_numbers_is_named():

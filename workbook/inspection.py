@@ -631,22 +631,25 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
                                         "group crosses splits"), 0),
         "flags": len(flags),
     }
-    notes = prompt_notes([x for n in SPLITS for x in spans[n] or []]) + campaign_notes(task)
+    notes = prompt_notes([x for n in SPLITS for x in spans[n] or []]) + adapter_notes(task)
     return Inspection(task, splits, items, split_table, coverage, figures, flags, classes,
                       notes)
 
 
-def campaign_notes(task: Task) -> list[Note]:
-    """What a framework adapter's stand-ins gave the task's own code that the campaign will
-    give otherwise (`campaign_differs_in`, e.g. a Trainer's estimated_stepping_batches)."""
+def adapter_notes(task: Task) -> list[Note]:
+    """What a framework adapter mapped or left out (`adapter_notes`: from_hf's padding rows of
+    label -100) and what its stand-ins gave the task's own code that the campaign will give
+    otherwise (`campaign_differs_in`: a Trainer's estimated_stepping_batches)."""
+    notes = [Note("what the adapter mapped", str(n), "-")
+             for n in getattr(task, "adapter_notes", None) or []]
     differs = getattr(task, "campaign_differs_in", None) or {}
-    if not differs:
-        return []
-    said = "; ".join(f"{name} ({str(why).split(' here: ', 1)[-1]})"  # each run has its own
-                     for name, why in sorted(differs.items()))
-    return [Note("the campaign will differ in", f"the task's code reads {said}",
-                 "nothing to change: a schedule sized by these values follows the pilot's "
-                 "run here and the campaign's own length there")]
+    if differs:
+        said = "; ".join(f"{name} ({str(why).split(' here: ', 1)[-1]})"  # each run has its own
+                         for name, why in sorted(differs.items()))
+        notes.append(Note("the campaign will differ in", f"the task's code reads {said}",
+                          "nothing to change: a schedule sized by these values follows the "
+                          "pilot's run here and the campaign's own length there"))
+    return notes
 
 
 def example_display(task: Task, items: list[Item]):
