@@ -230,3 +230,35 @@ def test_03_judges_the_plan_against_the_gpu_08_rents():
     assert rental_memory({"rental_gpu": "L4", "device_memory_gib": 16.0}) == {}  # given: kept
     assert rental_memory({"rental_gpu": "B300"}) == {}  # unknown: 08 names it
     assert rental_memory({}) == {}
+
+
+def test_a_finished_kernel_is_shut_down_without_an_interrupt_and_a_time_limit_still_has_one(
+        tmp_path):
+    """jupyter_client sends SIGINT before every shutdown request, which wrote a
+    KeyboardInterrupt per notebook into kernels.log; the pilot's kernels end without it."""
+    import asyncio
+    import signal
+
+    from workbook.pilot import _kernel_manager, ensure_kernel
+
+    async def lifecycle():
+        km = _kernel_manager(tmp_path / "kernels.log")(kernel_name=ensure_kernel())
+        await km.start_kernel()
+        sent, send = [], km.provisioner.send_signal
+
+        async def spy(signum):
+            sent.append(signum)
+            return await send(signum)
+        km.provisioner.send_signal = spy
+        try:
+            await km.interrupt_kernel()  # what a cell's time limit does
+            interrupted = list(sent)
+            await km.shutdown_kernel()
+        finally:
+            if await km.is_alive():
+                await km.shutdown_kernel(now=True)
+        return interrupted, sent, await km.is_alive()
+
+    interrupted, sent, alive = asyncio.run(asyncio.wait_for(lifecycle(), 60))
+    assert interrupted == [signal.SIGINT] and sent == [signal.SIGINT] and not alive
+    assert "KeyboardInterrupt" not in (tmp_path / "kernels.log").read_text()

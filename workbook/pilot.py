@@ -315,6 +315,14 @@ def _kernel_manager(log: Path) -> type:
                 if handle is not subprocess.DEVNULL:
                     handle.close()  # the kernel has its own copy
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client interrupts (SIGINT) before every shutdown request: a kernel that
+            # finished its notebook then writes a KeyboardInterrupt into kernels.log. A stuck
+            # one is still ended - after the request, SIGTERM then SIGKILL - and a cell's time
+            # limit still interrupts (not during a shutdown).
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
     return QuietKernelManager
 
 
