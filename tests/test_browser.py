@@ -354,7 +354,11 @@ def open_notebook(driver, url: str, token: str, name: str, kernel: bool = True) 
     viewport(driver, 1280, 900)
     driver.get(f"{url}/lab/tree/{name}?token={token}")
     until(lambda: driver.execute_script(
-        "const a = window.jupyterapp; const w = a && a.shell.currentWidget;"
+        # the notebook's panel among the main area's widgets: JupyterLab 4.6 gives no
+        # currentWidget to a page that never had the focus (headless)
+        "const a = window.jupyterapp;"
+        "const w = a && Array.from(a.shell.widgets('main')).find("
+        " x => x.context && x.context.path.endsWith(arguments[0]));"
         "return !!(w && w.context && w.context.path.endsWith(arguments[0])"
         " && document.querySelector('.jp-Notebook .jp-Cell')"
         " && (!arguments[1] || (w.sessionContext && w.sessionContext.session"
