@@ -183,3 +183,16 @@ def test_the_memory_table_says_when_gloo_ran_its_own_collectives():
     assert (table.note == GLOO_NOTE).all()
     clean = parallel.memory_table(None, None, measured, predicted)
     assert (clean.note == "").all()
+
+
+def test_a_one_element_bias_whose_shard_is_empty_on_rank_1_passes_every_rule(tmp_path):
+    """examples/regression.py ends in Linear(64, 1): FSDP2 gives rank 1 an empty shard of its
+    1-element bias, and the resume check's max() over it raised on that rank (about 10 s)."""
+    task = "examples.regression:task"
+    spec = parallel.sharded_spec(ReplicaSpec(task, {}, UpdateShape(2, 2, replicas=2),
+                                             updates=10, validation_limit=8, eval_batch=6,
+                                             checkpoint_at=5))
+    check = parallel.sharded_check(spec, load_task(task), tmp_path / "fsdp")
+    verdicts = check.rules.set_index("rule").verdict
+    assert set(verdicts) <= {"pass", "not applicable"} and (verdicts == "pass").sum() >= 3, \
+        check.rules[["rule", "verdict", "measured"]].to_string()
