@@ -252,3 +252,17 @@ def test_what_a_killed_run_left_half_written_is_swept_and_a_live_ones_is_kept(tm
     assert (live / ".02_overfit.partial.ipynb").exists()
     assert (live / "02_overfit" / f".steps.csv.partial-{os.getpid()}-x1").exists()
     assert (tmp_path / "not-a-run" / f".x.partial-{dead.pid}-y").exists()
+
+
+def test_a_childs_error_is_said_without_its_progress_bars():
+    from workbook.errors import child_error
+
+    stderr = ("Map:   0%|          | 0/483 [00:00<?, ? examples/s]\rMap: 100%|##########| "
+              "483/483 [00:00<00:00, 9155.45 examples/s]\n\x1b[31mwarning: slow\x1b[0m\n"
+              "error: from_hf: the checkpoint holds no optimizer.pt, scheduler.pt\n"
+              "  -> fix: save with save_only_model=False\n")
+    said = child_error(stderr)
+    assert said == ("error: from_hf: the checkpoint holds no optimizer.pt, scheduler.pt\n"
+                    "-> fix: save with save_only_model=False")
+    assert child_error("Traceback (most recent call last):\n  boom\nValueError: x\n") == \
+        "Traceback (most recent call last):\nboom\nValueError: x"

@@ -30,3 +30,17 @@ def reason(exc: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message (or its type when it has none), for messages
     (`shorten`)."""
     return shorten(str(exc), limit) or type(exc).__name__
+
+
+PROGRESS = re.compile(r"\d+%\s*\||\d+/\d+ \[\d|it/s\]|s/it\]|examples/s\]")  # tqdm's bars
+
+
+def child_error(stderr: str, limit: int = 600) -> str:
+    """What a child process said when it failed, for a message: its progress bars (a
+    library's tqdm output, e.g. datasets' "Map: 100%|...") and colour codes left out, from
+    the workbook's own "error: ..." line when there is one; the last `limit` characters."""
+    lines = [line.strip() for line in ANSI.sub("", stderr).replace("\r", "\n").splitlines()]
+    lines = [line for line in lines if line and not PROGRESS.search(line)]
+    ours = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    text = "\n".join(lines[ours[-1]:] if ours else lines)
+    return text[-limit:]

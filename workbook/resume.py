@@ -20,7 +20,7 @@ from . import schemas
 from .archive import reload_in_new_process, write_archive
 from .artifacts import copy_folder, reseal, write_file
 from .data import Item, epoch_updates, prepare
-from .errors import WorkbookError, shorten
+from .errors import WorkbookError, child_error, shorten
 from .loop import Position, Stepper, TrainConfig, UpdateShape, build_stepper, make_sampler, train
 from .records import StepRecord
 from .runs import fresh_process, task_args, workbook_command, write_text
@@ -172,7 +172,7 @@ def resume_in_new_process(checkpoint: Path, to_step: int, out: Path, spec: dict,
                          + [f"--fault={f}" for f in faults],
                          FRESH_PROCESS_TIMEOUT, "the resumed process")
     if done.returncode:
-        raise WorkbookError(f"the resumed process failed: {done.stderr.strip()[-600:]}",
+        raise WorkbookError(f"the resumed process failed: {child_error(done.stderr)}",
                             "read the error above; the checkpoint or task may be broken")
     return read_records(out.with_suffix(".json")), load_file(
         str(out.with_suffix(".safetensors")))
