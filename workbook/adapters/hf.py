@@ -23,6 +23,7 @@ from torch import nn
 from ..errors import WorkbookError, reason
 from ..loop import EXAMPLE_WEIGHT, current_run
 from ..task import IGNORE_INDEX, Task, accepted_inputs, adamw
+from .torch import probe_on_meta
 
 SPLITS = ("train", "validation", "test")
 INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
@@ -489,13 +490,8 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     tokenizer's chat template (every message but the last, with the generation prompt): 01
     then checks the collator keeps it out of the loss (`prompt_in_loss=True` says it should be
     in). Other Task fields pass through."""
-    try:
-        with torch.device("meta"):
-            probe = model_factory()
-    except Exception as exc:
-        raise WorkbookError(f"the model factory failed on the meta device: {reason(exc)}",
-                            "pass a factory that builds the model from its config "
-                            "(no download inside it)") from exc
+    probe = probe_on_meta(model_factory, "model", "pass a factory that builds the model from "
+                          "its config (no download inside it)")
     kind, shift = _kind(probe)
     data = {split: _rows(d, split) for split, d in zip(SPLITS, (train_dataset, eval_dataset,
                                                                test_dataset), strict=True)}

@@ -30,7 +30,7 @@ from torch import nn
 from ..errors import WorkbookError, reason
 from ..loop import EXAMPLE_WEIGHT, TrainConfig, current_run
 from ..task import Task, accepted_inputs
-from .torch import LABELS, from_torch
+from .torch import LABELS, from_torch, probe_on_meta
 
 CHECKPOINT = "lightning.ckpt"
 SCALED = ("lr", "initial_lr", "max_lr", "min_lr")  # group keys a scheduler reads its rate from
@@ -728,13 +728,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         with _attached(module, trainer), _logged(module) as seen:
             yield seen
 
-    try:
-        with torch.device("meta"):
-            probe = module_factory()
-    except Exception as exc:
-        raise WorkbookError(f"the module factory failed on the meta device: {reason(exc)}",
-                            "pass a factory that builds the module (no download, no data "
-                            "inside it)") from exc
+    probe = probe_on_meta(module_factory, "module", "pass a factory that builds the module "
+                          "(no download, no data inside it)")
     if not isinstance(probe, pl.LightningModule):
         raise WorkbookError(f"the module factory builds a {type(probe).__name__}, not a "
                             "LightningModule", "pass the LightningModule class or a factory; "

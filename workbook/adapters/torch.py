@@ -16,6 +16,17 @@ LABELS = "labels"
 SPLITS = ("train", "validation", "test")
 
 
+def probe_on_meta(factory: Callable[[], nn.Module], what: str, fix: str) -> nn.Module:
+    """The user's `what` ("model", "module") built by `factory` on the meta device, to read
+    its class and shapes; a factory that fails says so with `fix`."""
+    try:
+        with torch.device("meta"):
+            return factory()
+    except Exception as exc:
+        raise WorkbookError(f"the {what} factory failed on the meta device: {reason(exc)}",
+                            fix) from exc
+
+
 def _as_dict(item: Any, fields: Sequence[str] | None, where: str) -> dict[str, Any]:
     """A dataset item or a collated batch as a dict: dicts as they are, tuples/lists by
     `fields` (default: every element but the last is an input, the last the labels)."""
