@@ -158,6 +158,8 @@ def test_a_compute_metrics_that_counts_the_padding_rows_is_named():
 
 
 # --- 4. the Trainer's schedule ------------------------------------------------------------------
+# both schedules are stepped with no optimizer step between: only their rates are compared
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
 def test_the_trainers_cosine_schedule_with_warmup(clean):
     from transformers import get_cosine_schedule_with_warmup
 
