@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine with Python 3.10+:
 #   make pilot   run the pilot notebooks on the default sample task into a new runs/ folder
-#   make test    lint, unit tests, notebook regression (papermill) and nbval
+#   make test    lint, the docs site, unit tests, notebook regression (papermill) and nbval
 # Each creates .venv if missing, installs the project and registers the `workbook` kernel.
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,7 +22,7 @@ PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadf
 # JupyterLab refuses to start as root without this flag (containers, CI images).
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: install pilot test test-all lint lab bench samples clean-venv
+.PHONY: install pilot test test-all lint docs lab bench samples clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,12 +40,17 @@ pilot: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check workbook tests notebooks benchmarks data_samples examples
 
+# The reference in docs/ as a site (build/site); --strict: a broken link or a page left out of
+# the navigation fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
 # Unit tests, planted bugs, papermill regression and nbval: within 10 minutes on 2 cores.
-test: lint
+test: lint docs
 	$(PYTEST) -m "not slow"
 
 # Everything, including the slow soak tests (kills at random points, both samples everywhere).
-test-all: lint
+test-all: lint docs
 	$(PYTEST)
 
 lab: $(STAMP)

@@ -1,4 +1,5 @@
-"""pyproject.toml is the single source of dependencies; environment.yml must name the same."""
+"""Project files: pyproject.toml is the single source of dependencies (environment.yml names the
+same), and the README stays a newcomer's page whose links resolve."""
 
 import re
 from pathlib import Path
@@ -35,3 +36,17 @@ def test_tokenizer_round_trip():
     text = "upper: déjà\n"
     assert tok.decode(tok.encode(text)) == text
     assert tok.decode([tok.BOS, *tok.encode("a"), tok.EOS], keep_special=True) == "<s>a</s>"
+
+
+def test_the_readme_stays_a_newcomers_page_and_its_links_resolve():
+    """The README keeps the two commands, what the pilot answers and the five-minute path; the
+    reference lives in docs/ (built by `make docs --strict`), and every link it makes exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    for part in ("make pilot", "make test", "## What the pilot answers",
+                 "## Your own code in five minutes", "from_lightning", "from_hf"):
+        assert part in text, part
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    assert links and all((ROOT / link).is_file() for link in links), links
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert all(page.name in nav for page in (ROOT / "docs").glob("*.md"))

@@ -532,7 +532,7 @@ def validate_task(task: Any, path: str = "task") -> Task:
         raise WorkbookError(
             f"{path} is a {type(task).__name__}, not a workbook.Task",
             "make the attribute a workbook.Task(...) or a function returning one "
-            "(see README 'Bring your own task')",
+            "(see docs/own-task.md, 'Bring your own task')",
         )
     problems = []
     for name in _CALLABLES:
@@ -580,7 +580,7 @@ def validate_task(task: Any, path: str = "task") -> Task:
     if problems:
         raise WorkbookError(
             f"{path} ({task.name!r}) is not a complete task:\n    - " + "\n    - ".join(problems),
-            "supply each capability named above (README 'Bring your own task' lists them)",
+            "supply each capability named above (docs/own-task.md lists them)",
         )
     return task
 

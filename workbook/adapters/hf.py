@@ -42,7 +42,7 @@ def _kind(model: nn.Module) -> tuple[str, int]:
     if name.endswith("ForSequenceClassification"):
         return "classification", 0
     raise WorkbookError(f"from_hf maps causal LMs and sequence classifiers, not {name}",
-                        "write a workbook.Task for it (README 'Bring your own task'); "
+                        "write a workbook.Task for it (docs/own-task.md); "
                         "seq2seq and token classification are not mapped yet")
 
 
