@@ -6,6 +6,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 import pandas as pd
@@ -331,10 +332,9 @@ def still_falling(losses: list[float], share: float = 0.2, drop: float = 0.1) ->
     n = max(int(len(losses) * share), 2)
     if len(losses) < 2 * n or not all(map(math.isfinite, losses[-2 * n:])):
         return False
-    mean = lambda part: sum(part) / len(part)  # noqa: E731
     half = n // 2
-    return (mean(losses[-n:]) <= (1 - drop) * mean(losses[-2 * n:-n])
-            and mean(losses[-half:]) < mean(losses[-2 * half:-half]))
+    return (fmean(losses[-n:]) <= (1 - drop) * fmean(losses[-2 * n:-n])
+            and fmean(losses[-half:]) < fmean(losses[-2 * half:-half]))
 
 
 def not_conclusive(initial: float, final: float, bar: float, updates: int) -> str:

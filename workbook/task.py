@@ -675,12 +675,6 @@ def positional_parameters(model_type: type) -> tuple[str, ...]:
                  if p.name != "self" and p.kind in kinds)
 
 
-def unaccepted(model_type: type, names: tuple[str, ...]) -> list[str]:
-    """The names a model class's forward would refuse as keyword arguments."""
-    accepted = accepted_inputs(model_type)
-    return [] if "**" in accepted else [n for n in names if n not in accepted]
-
-
 def load_recorded_task(recorded: Any, task: str | None, options: dict | None,
                        where: Any) -> Task:
     """Load the task the user names, after checking that it is the one a folder recorded.
