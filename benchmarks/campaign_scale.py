@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import workbook as wb  # noqa: E402
-from workbook.loop import UpdateShape  # noqa: E402
-from workbook.predict import Plan, predict, sized_batches  # noqa: E402
+from workbook.contract.tokenizer import VOCAB_SIZE  # noqa: E402
 from workbook.samples.models import TinyDecoder  # noqa: E402
-from workbook.tokenizer import VOCAB_SIZE  # noqa: E402
-from workbook.workload import TRAINING_PHASES, measured_peaks  # noqa: E402
+from workbook.training.loop import UpdateShape  # noqa: E402
+from workbook.training.predict import Plan, predict, sized_batches  # noqa: E402
+from workbook.training.workload import TRAINING_PHASES, measured_peaks  # noqa: E402
 
 GIB = 2**30
 
@@ -108,7 +108,7 @@ def part_b() -> list[float]:
     FSDP collectives all-reduce in a scratch buffer, without the temporaries gloo's own
     reduce-scatter and all-gather add and NCCL does not
     (`sharded_replica._collectives_in_place`)."""
-    from workbook.parallel import measure_fsdp
+    from workbook.notebooks.parallel import measure_fsdp
 
     print("(b) FSDP2 per-rank peak, predicted against measured on gloo")
     errors = []
@@ -134,11 +134,11 @@ def size_one(name: str, against_full_depth: bool = False) -> dict:
     import time
 
     from examples.llama_campaign import make_task
-    from workbook import campaign, sharding
-    from workbook.data import prepare
-    from workbook.loop import UpdateShape
-    from workbook.memory import _rss_peak
-    from workbook.predict import Plan
+    from workbook.contract.data import prepare
+    from workbook.training import campaign, sharding
+    from workbook.training.loop import UpdateShape
+    from workbook.training.memory import _rss_peak
+    from workbook.training.predict import Plan
 
     task = make_task(**CONFIGS[name])
     data = prepare(task, limits={"train": 50})

@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import workbook as wb  # noqa: E402
-from workbook.loop import UpdateShape  # noqa: E402
-from workbook.parallel import ReplicaSpec  # noqa: E402
+from workbook.notebooks.parallel import ReplicaSpec  # noqa: E402
+from workbook.training.loop import UpdateShape  # noqa: E402
 
 TASKS = (("workbook.samples.generation:task", {}),
          ("workbook.samples.classification:task", {"batch_norm": "batch"}))

@@ -42,13 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from workbook import WorkbookError  # noqa: E402
-from workbook import accounting as acc  # noqa: E402
-from workbook.data import prepare  # noqa: E402
-from workbook.inspection import inspect_task  # noqa: E402
-from workbook.loop import UpdateShape  # noqa: E402
-from workbook.overfit import overfit  # noqa: E402
-from workbook.resume import recipe, run_recipe  # noqa: E402
-from workbook.task import load_task  # noqa: E402
+from workbook.contract.data import prepare  # noqa: E402
+from workbook.contract.task import load_task  # noqa: E402
+from workbook.notebooks import accounting as acc  # noqa: E402
+from workbook.notebooks.inspection import inspect_task  # noqa: E402
+from workbook.notebooks.overfit import overfit  # noqa: E402
+from workbook.notebooks.resume import recipe, run_recipe  # noqa: E402
+from workbook.training.loop import UpdateShape  # noqa: E402
 
 LIGHTNING = "examples.lightning_module:task"
 HF = "examples.hf_trainer:task"
@@ -278,8 +278,8 @@ def pilot_notebooks(path: str, case: Case) -> str:
     """Run the pilot on `path` in smoke mode: the case's notebook alone for a planted bug (what
     it said, the parts with the case's `names` first; "nothing" when it passed without a word),
     all nine for a clean twin (each notebook whose verdict is not "pass", or "nothing")."""
-    from workbook.pilot import run_pilot
-    from workbook.runs import verdict_line
+    from workbook.commands.pilot import run_pilot
+    from workbook.storage.runs import verdict_line
 
     notebook, names = case.notebook, case.names
 

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from workbook import TrainConfig, encode_examples, load_examples, load_task, split_examples, train
-from workbook.data import collate_items, encode_example, epoch_order, epoch_updates
-from workbook.loop import UpdateShape
+from workbook.contract.data import collate_items, encode_example, epoch_order, epoch_updates
+from workbook.training.loop import UpdateShape
 
 
 def bare_loop(task, items, model, updates, micro, accum, lr):

@@ -27,16 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the examples package
 
-from workbook import (  # noqa: E402
-    WorkbookError,
-    encode_examples,
-    load_examples,
-    load_task,
-    split_examples,  # noqa: E402
-)
-from workbook.gates import GateRun, GateSettings  # noqa: E402
-from workbook.loop import UpdateShape
-from workbook.predict import compare, model_size_rule, predict  # noqa: E402
+from workbook import WorkbookError, encode_examples, load_examples, load_task, split_examples
+from workbook.notebooks.gates import GateRun, GateSettings  # noqa: E402
+from workbook.training.loop import UpdateShape
+from workbook.training.predict import compare, model_size_rule, predict  # noqa: E402
 
 GRID = [  # (task, micro_batch, length, precision, activation checkpointing)
     *[("generation", mb, length, "fp32", False) for mb in (1, 4, 16) for length in (64, 256, 512)],

@@ -16,10 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workbook import WorkbookError, loop  # noqa: E402
-from workbook import accounting as acc  # noqa: E402
-from workbook.data import prepare  # noqa: E402
-from workbook.task import load_task  # noqa: E402
+from workbook import WorkbookError
+from workbook.contract.data import prepare  # noqa: E402
+from workbook.contract.task import load_task  # noqa: E402
+from workbook.notebooks import accounting as acc  # noqa: E402
+from workbook.training import loop  # noqa: E402
 
 # (task path, the option planting the per-micro-batch mean, the planted evaluation options)
 TASKS = [("tests.careful_task:task", "mean_per_micro_batch",

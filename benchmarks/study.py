@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from workbook.study import Study, StudyDesign
+from workbook.notebooks.study import Study, StudyDesign
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loop_overhead import bare_loop  # noqa: E402

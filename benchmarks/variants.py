@@ -14,11 +14,11 @@ import time
 import pandas as pd
 import torch
 
-from workbook.data import encode_examples
-from workbook.gates import GateSettings
-from workbook.loop import UpdateShape, build_stepper
-from workbook.predict import sized_batches
-from workbook.variants import Variant, VariantStudy, default_variants
+from workbook.contract.data import encode_examples
+from workbook.notebooks.gates import GateSettings
+from workbook.notebooks.variants import Variant, VariantStudy, default_variants
+from workbook.training.loop import UpdateShape, build_stepper
+from workbook.training.predict import sized_batches
 
 
 def main():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from workbook import load_task
-from workbook.data import SPLITS, prepare
-from workbook.frontend import HEADLESS_ENV
+from workbook.base.frontend import HEADLESS_ENV
+from workbook.contract.data import SPLITS, prepare
 
 torch.set_num_threads(1)
 os.environ.setdefault(HEADLESS_ENV, "1")  # kernels started by the tests (nbval) show no widgets

@@ -20,10 +20,11 @@ import pandas as pd
 import torch
 
 from workbook import TrainConfig, WorkbookError
-from workbook.artifacts import reseal, seal_file
-from workbook.checkpoint import load_checkpoint, load_state, save_checkpoint
-from workbook.cli import main
-from workbook.loop import UpdateShape
+from workbook.commands.cli import main
+from workbook.storage.artifacts import reseal
+from workbook.storage.runs import seal_file
+from workbook.training.checkpoint import load_checkpoint, load_state, save_checkpoint
+from workbook.training.loop import UpdateShape
 
 OWN = "tests.own_task:task"
 
@@ -83,7 +84,7 @@ def _reseal(path: Path, name: str) -> None:
 
 
 def archive_names_another_task(tmp: Path) -> Outcome:
-    from workbook.archive import write_archive
+    from workbook.notebooks.archive import write_archive
 
     model = __import__("tests.own_task", fromlist=["task"]).task.build_model()
     path = write_archive(tmp / "archive", OWN, {}, model, {}, pd.DataFrame({"x": [1]}), [], 2)
@@ -94,7 +95,7 @@ def archive_names_another_task(tmp: Path) -> Outcome:
 
 
 def checkpoint_names_another_task(tmp: Path) -> Outcome:
-    from workbook.resume import recipe, run_recipe
+    from workbook.notebooks.resume import recipe, run_recipe
 
     spec = recipe(OWN, {}, TrainConfig(UpdateShape(4, 2), lr=1e-3), 64)
     run_recipe(spec, 2, tmp, checkpoint_at=(1,))
@@ -106,7 +107,7 @@ def checkpoint_names_another_task(tmp: Path) -> Outcome:
 
 
 def _study(tmp: Path):
-    from workbook.study import Study, StudyDesign
+    from workbook.notebooks.study import Study, StudyDesign
 
     design = StudyDesign(name="s", task=OWN, lrs=[1e-3], updates=4, shape=UpdateShape(4, 1),
                          eval_every=2, eval_batch=8, metric="accuracy", prediction_examples=0)
@@ -123,7 +124,7 @@ def design_names_another_task(tmp: Path) -> Outcome:
 
 
 def design_not_json(tmp: Path) -> Outcome:
-    from workbook.study import Study
+    from workbook.notebooks.study import Study
 
     folder = _study(tmp)
     (folder / "design.json").write_text("{ not json")
@@ -131,7 +132,7 @@ def design_not_json(tmp: Path) -> Outcome:
 
 
 def design_extended(tmp: Path) -> Outcome:
-    from workbook.study import Study
+    from workbook.notebooks.study import Study
 
     folder = _study(tmp)
     data = json.loads((folder / "design.json").read_text())
@@ -142,7 +143,7 @@ def design_extended(tmp: Path) -> Outcome:
 
 
 def design_edited(tmp: Path) -> Outcome:
-    from workbook.study import Study
+    from workbook.notebooks.study import Study
 
     folder = _study(tmp)
     data = json.loads((folder / "design.json").read_text())
@@ -151,7 +152,7 @@ def design_edited(tmp: Path) -> Outcome:
 
 
 def ledger_truncated(tmp: Path) -> Outcome:
-    from workbook.ledger import Ledger
+    from workbook.storage.ledger import Ledger
 
     folder = _study(tmp)
     ledger = folder / "ledger.sqlite"
@@ -191,7 +192,7 @@ def manifest_names_a_file_outside(tmp: Path) -> Outcome:
 
 
 def malicious_pickle(tmp: Path) -> Outcome:
-    from workbook.resume import tamper_checks
+    from workbook.notebooks.resume import tamper_checks
 
     table = tamper_checks(_checkpoint(tmp), tmp)
     ran = bool(table["code ran"].fillna(False).any())
@@ -233,7 +234,7 @@ def meta_not_json(tmp: Path) -> Outcome:
 
 
 def resume_to_an_earlier_update(tmp: Path) -> Outcome:
-    from workbook.resume import recipe, run_recipe
+    from workbook.notebooks.resume import recipe, run_recipe
 
     spec = recipe(OWN, {}, TrainConfig(UpdateShape(4, 2), lr=1e-3), 64)
     run_recipe(spec, 3, tmp, checkpoint_at=(2,))
@@ -243,7 +244,7 @@ def resume_to_an_earlier_update(tmp: Path) -> Outcome:
 
 
 def hostile_strings_in_the_report(tmp: Path) -> Outcome:
-    from workbook.report import write_report as report
+    from workbook.commands.report import write_report as report
 
     evil = "<img src=x onerror=alert(1)>"
     (tmp / "03_phase_gates").mkdir()
@@ -284,7 +285,7 @@ def full_disk_checkpoint(tmp: Path) -> Outcome:
 
 
 def full_disk_json(tmp: Path) -> Outcome:
-    from workbook.runs import write_json
+    from workbook.storage.files import write_json
 
     with _full_disk(tmp, "64k") as disk:
         if disk is None:
@@ -296,7 +297,7 @@ def full_disk_json(tmp: Path) -> Outcome:
 
 
 def out_under_a_file(tmp: Path) -> Outcome:
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     (tmp / "file").write_text("x")
     return _refused(lambda: run_pilot(OWN, out=str(tmp / "file" / "run"), only="01"),
@@ -304,14 +305,14 @@ def out_under_a_file(tmp: Path) -> Outcome:
 
 
 def out_is_a_file(tmp: Path) -> Outcome:
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     (tmp / "file").write_text("x")
     return _refused(lambda: run_pilot(OWN, out=str(tmp / "file"), only="01"), "is a file")
 
 
 def only_names_nothing(tmp: Path) -> Outcome:
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     out = _refused(lambda: run_pilot(OWN, out=str(tmp / "run"), only=","), "names no notebook")
     out.left = [p.name for p in tmp.iterdir()]
@@ -319,14 +320,14 @@ def only_names_nothing(tmp: Path) -> Outcome:
 
 
 def pilot_option_as_parameter(tmp: Path) -> Outcome:
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     return _refused(lambda: run_pilot(OWN, out=str(tmp / "run"), params={"out_dir": "/tmp"}),
                     "use --out instead of -p out_dir")
 
 
 def cuda_without_a_gpu(tmp: Path) -> Outcome:
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     if torch.cuda.is_available():
         return Outcome(False, skipped="a GPU is present")
@@ -359,7 +360,7 @@ def _own_variant(**changes):
 
 def nan_in_inputs(tmp: Path) -> Outcome:
     from tests.own_task import data
-    from workbook.inspection import inspect_task
+    from workbook.notebooks.inspection import inspect_task
 
     def encode(ex):
         item = dict(data[ex["id"]])
@@ -375,7 +376,7 @@ def nan_in_inputs(tmp: Path) -> Outcome:
 
 def every_label_ignored(tmp: Path) -> Outcome:
     from tests.own_task import data
-    from workbook.inspection import batch_view, inspect_task
+    from workbook.notebooks.inspection import batch_view, inspect_task
 
     task = _own_variant(encode=lambda ex: {"x": data[ex["id"]]["x"],
                                            "labels": torch.tensor(-100)})
@@ -390,7 +391,7 @@ def every_label_ignored(tmp: Path) -> Outcome:
 # --- fields of the wrong type, range or shape in files the workbook wrote -------------------
 def _resume_checkpoint(tmp: Path) -> Path:
     """A checkpoint of notebook 07's run (own task): after update 2 of 4."""
-    from workbook.resume import recipe, run_recipe
+    from workbook.notebooks.resume import recipe, run_recipe
 
     spec = recipe(OWN, {}, TrainConfig(UpdateShape(4, 2), lr=1e-3), 64)
     run_recipe(spec, 2, tmp, checkpoint_at=(2,))
@@ -529,7 +530,7 @@ def optimizer_state_in_another_dtype(tmp: Path) -> Outcome:
 
 
 def _archive(tmp: Path) -> Path:
-    from workbook.archive import write_archive
+    from workbook.notebooks.archive import write_archive
 
     model = __import__("tests.own_task", fromlist=["task"]).task.build_model()
     return write_archive(tmp / "archive", OWN, {}, model, {}, pd.DataFrame({"x": [1]}), [], 2)
@@ -565,7 +566,7 @@ def control_inputs_not_strings(tmp: Path) -> Outcome:
 
 def _design_probe(edit: Callable[[dict], object], *words: str) -> Callable[[Path], Outcome]:
     def run(tmp: Path) -> Outcome:
-        from workbook.study import Study
+        from workbook.notebooks.study import Study
 
         folder = _study(tmp)
         _edit_json(folder / "design.json", edit)
@@ -581,7 +582,7 @@ design_shape_of_the_wrong_type = _design_probe(_set("shape", [4, 1]), "field 'sh
 
 
 def design_nested_deep(tmp: Path) -> Outcome:
-    from workbook.study import Study
+    from workbook.notebooks.study import Study
 
     folder = _study(tmp)
     text = (folder / "design.json").read_text().rstrip()[:-1] + ', "x": ' + "[" * 5000 + \
@@ -592,7 +593,7 @@ def design_nested_deep(tmp: Path) -> Outcome:
 
 
 def resumed_records_of_the_wrong_type(tmp: Path) -> Outcome:
-    from workbook.resume import read_records
+    from workbook.notebooks.resume import read_records
 
     (tmp / "r.json").write_text(json.dumps([{"step": "1", "epoch": 0, "loss": 1.0, "lr": 0.1,
                                              "ids": []}]))
@@ -600,7 +601,7 @@ def resumed_records_of_the_wrong_type(tmp: Path) -> Outcome:
 
 
 def result_with_a_huge_exit_code(tmp: Path) -> Outcome:
-    from workbook.runs import read_result
+    from workbook.storage.runs import read_result
 
     (tmp / "r.json").write_text('{"exit_code": ' + "1" * 5000 + ', "result": null, '
                                 '"error": null}')
@@ -609,7 +610,7 @@ def result_with_a_huge_exit_code(tmp: Path) -> Outcome:
 
 def _no_result(text: str) -> Callable[[Path], Outcome]:
     def run(tmp: Path) -> Outcome:
-        from workbook.runs import read_result
+        from workbook.storage.runs import read_result
 
         (tmp / "r.json").write_text(text)
         return Outcome(read_result(tmp / "r.json") is None, "no result: not in the format")
@@ -625,7 +626,7 @@ result_exit_code_a_boolean = _no_result('{"exit_code": true, "result": {}, "erro
 def task_prints_while_loading(tmp: Path) -> Outcome:
     """A task that prints (a forged result among it) while the fresh `reload` loads it: the
     result comes from the file the child hands back, so the reload is identical."""
-    from workbook.archive import reload_in_new_process, write_archive
+    from workbook.notebooks.archive import reload_in_new_process, write_archive
 
     noisy = "tests.noisy_task:task"
     quiet = io.TextIOWrapper(io.BytesIO())  # its prints here (bytes too) stay out of the way
@@ -680,7 +681,7 @@ def archive_config_is_a_link(tmp: Path) -> Outcome:
 
 
 def design_is_a_link(tmp: Path) -> Outcome:
-    from workbook.study import Study
+    from workbook.notebooks.study import Study
 
     folder = _study(tmp)
     (folder / "design.json").rename(tmp / "design.json")
@@ -699,7 +700,7 @@ def named_pipe_in_a_checkpoint(tmp: Path) -> Outcome:
 
 # --- the ledger -----------------------------------------------------------------------------
 def _ledger(tmp: Path, trials: int = 2) -> Path:
-    from workbook.ledger import Ledger
+    from workbook.storage.ledger import Ledger
 
     folder = tmp / "study"
     folder.mkdir()
@@ -734,7 +735,7 @@ def _rows(path: Path, table: str = "trials") -> int:
 
 def _planted(statement: str, *words: str, write: bool = True) -> Callable[[Path], Outcome]:
     def run(tmp: Path) -> Outcome:
-        from workbook.ledger import Ledger
+        from workbook.storage.ledger import Ledger
 
         path = _ledger(tmp)
         _sql(path, statement)
@@ -765,7 +766,7 @@ foreign_column = _planted("ALTER TABLE trials ADD COLUMN extra TEXT",
 
 
 def ledger_of_zero_bytes(tmp: Path) -> Outcome:
-    from workbook.ledger import Ledger
+    from workbook.storage.ledger import Ledger
 
     path = _ledger(tmp)
     for extra in ("-wal", "-shm"):
@@ -777,7 +778,7 @@ def ledger_of_zero_bytes(tmp: Path) -> Outcome:
 
 
 def ledger_missing_a_column(tmp: Path) -> Outcome:
-    from workbook.ledger import Ledger
+    from workbook.storage.ledger import Ledger
 
     path = _ledger(tmp)
     _sql(path, "ALTER TABLE trials DROP COLUMN repro")
@@ -785,7 +786,7 @@ def ledger_missing_a_column(tmp: Path) -> Outcome:
 
 
 def trial_parameters_of_the_wrong_type(tmp: Path) -> Outcome:
-    from workbook.study import Study
+    from workbook.notebooks.study import Study
 
     folder = _study(tmp)
     study = Study(folder, task=OWN)
@@ -801,8 +802,8 @@ def ledger_locked_by_another_process(tmp: Path) -> Outcome:
     import subprocess
     import sys
 
-    from workbook import ledger as module
-    from workbook.ledger import Ledger
+    from workbook.storage import ledger as module
+    from workbook.storage.ledger import Ledger
 
     path = _ledger(tmp)
     hold = ("import sqlite3, sys\ndb = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
@@ -853,7 +854,7 @@ def result_file_exists(tmp: Path) -> Outcome:
 
 
 def pilot_out_holds_a_run(tmp: Path) -> Outcome:
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     (tmp / "run").mkdir()
     (tmp / "run" / "index.json").write_text("{}")
@@ -862,7 +863,7 @@ def pilot_out_holds_a_run(tmp: Path) -> Outcome:
 
 
 def two_pilots_claim_one_out(tmp: Path) -> Outcome:
-    from workbook.runs import claim_dir
+    from workbook.storage.runs import claim_dir
 
     claim_dir(tmp / "run")
     return _kept(tmp / "run" / ".workbook-claim", lambda: claim_dir(tmp / "run"),
@@ -876,7 +877,7 @@ def checkpoint_over_an_existing_one(tmp: Path) -> Outcome:
 
 
 def archive_over_an_existing_one(tmp: Path) -> Outcome:
-    from workbook.archive import write_archive
+    from workbook.notebooks.archive import write_archive
 
     path = _archive(tmp)
     model = __import__("tests.own_task", fromlist=["task"]).task.build_model()
@@ -888,7 +889,7 @@ def ddp_launch_folder_used_twice(tmp: Path) -> Outcome:
     import argparse
     import os
 
-    from workbook.cli import claim_launch
+    from workbook.commands.cli import claim_launch
 
     args = argparse.Namespace(spec="{}", out=str(tmp / "launch"), resume_from=None)
     env = {"RANK": "0", "WORLD_SIZE": "1"}
@@ -935,19 +936,19 @@ EVIL = "x$(touch PWNED)`touch PWNED`;touch PWNED"
 
 
 def repro_with_a_hostile_task_name(tmp: Path) -> Outcome:
-    from workbook.runs import task_args, workbook_command
+    from workbook.storage.runs import task_args, workbook_command
 
     return _pasted(workbook_command(["trial", *task_args(f"{EVIL}:task", {})]), tmp)
 
 
 def repro_with_a_hostile_option(tmp: Path) -> Outcome:
-    from workbook.runs import task_args, workbook_command
+    from workbook.storage.runs import task_args, workbook_command
 
     return _pasted(workbook_command(["pilot", *task_args(OWN, {"n": f"'; {EVIL} #"})]), tmp)
 
 
 def study_repro_with_a_hostile_folder(tmp: Path) -> Outcome:
-    from workbook.study import Study
+    from workbook.notebooks.study import Study
 
     folder = _study(tmp)
     evil = folder.rename(tmp / f"s {EVIL}")
@@ -968,7 +969,7 @@ def ddp_fix_with_a_hostile_spec(tmp: Path) -> Outcome:
 
 
 def timeout_fix_with_a_hostile_path(tmp: Path) -> Outcome:
-    from workbook.runs import fresh_process
+    from workbook.storage.runs import fresh_process
 
     try:
         fresh_process(["reload", "--archive", str(tmp / EVIL), "--task", OWN], 0.01)
@@ -1025,7 +1026,7 @@ def _piece(call: Callable[[], object], *words: str) -> Callable[[Path], Outcome]
 
 
 def _prepared(**changes):
-    from workbook.data import prepare
+    from workbook.contract.data import prepare
 
     return lambda: prepare(_own_variant(**changes))
 
@@ -1047,7 +1048,7 @@ encode_raises = _piece(_prepared(encode=_raises), "encode failed on example", "d
 
 
 def collate_raises(tmp: Path) -> Outcome:
-    from workbook.data import collate_items, prepare
+    from workbook.contract.data import collate_items, prepare
 
     task = _own_variant(collate=_raises)
     items = prepare(task).train[:2]
@@ -1077,7 +1078,7 @@ def _on_full_disk(size: str, write: Callable[[Path], object], *words: str
 
 
 def _archive_on(disk: Path) -> None:
-    from workbook.archive import write_archive
+    from workbook.notebooks.archive import write_archive
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 300_000))
     task = __import__("tests.own_task", fromlist=["task"]).task
@@ -1086,7 +1087,7 @@ def _archive_on(disk: Path) -> None:
 
 
 def _tampered_copy_on(disk: Path) -> None:
-    from workbook.artifacts import copy_folder
+    from workbook.storage.artifacts import copy_folder
 
     (disk / "src").mkdir()
     (disk / "src" / "big").write_bytes(b"x" * 150_000)
@@ -1096,7 +1097,7 @@ def _tampered_copy_on(disk: Path) -> None:
 def _figure_on(disk: Path) -> None:
     import numpy as np
 
-    from workbook.plots import _done
+    from workbook.notebooks.plots import _done
 
     plt = __import__("matplotlib.pyplot", fromlist=["figure"])
     fig = plt.figure(figsize=(6, 6))
@@ -1107,7 +1108,7 @@ def _figure_on(disk: Path) -> None:
 def _weights_on(disk: Path) -> None:
     from safetensors.torch import save_file
 
-    from workbook.artifacts import write_file
+    from workbook.storage.artifacts import write_file
 
     write_file(disk / "w.safetensors", lambda tmp: save_file({"w": torch.zeros(200_000)},
                                                              str(tmp)), "resumed weights")
@@ -1161,7 +1162,7 @@ JS = "javascript:alert(document.cookie)"
 def _exported(tmp: Path, cells: list, outputs: list) -> Outcome:
     import nbformat
 
-    from workbook.report import export_html
+    from workbook.commands.report import export_html
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [*cells, nbformat.v4.new_code_cell("x", outputs=outputs, execution_count=1)]
@@ -1209,7 +1210,7 @@ def export_data_frame(tmp: Path) -> Outcome:
 
 
 def report_conclusion_link(tmp: Path) -> Outcome:
-    from workbook.report import write_report
+    from workbook.commands.report import write_report
 
     (tmp / "08_rental_plan").mkdir()
     (tmp / "08_rental_plan" / "conclusion.md").write_text(
@@ -1224,7 +1225,7 @@ def report_conclusion_link(tmp: Path) -> Outcome:
 
 # --- processes ------------------------------------------------------------------------------
 def _alive(pid: int) -> bool:
-    from workbook.runs import process_alive
+    from workbook.storage.runs import process_alive
 
     return process_alive(pid)
 
@@ -1244,8 +1245,8 @@ STUCK = "tests.stuck_task:stuck_child"
 def _stuck_archive(tmp: Path, **options) -> tuple[Path, list[str]]:
     """An archive of the task that hangs while loading its examples in `workbook reload`
     (tests/stuck_task.py), and the arguments that reload it."""
-    from workbook.archive import write_archive
-    from workbook.runs import task_args
+    from workbook.notebooks.archive import write_archive
+    from workbook.storage.runs import task_args
 
     options = {"pid_file": str(tmp / "child.pid"), **options}
     model = __import__("tests.own_task", fromlist=["task"]).task.build_model()
@@ -1256,7 +1257,7 @@ def _stuck_archive(tmp: Path, **options) -> tuple[Path, list[str]]:
 
 PARENT = """
 import sys
-from workbook.runs import fresh_process
+from workbook.storage.runs import fresh_process
 fresh_process(sys.argv[1:], 600)
 """
 
@@ -1307,7 +1308,7 @@ def child_of_a_timeout_and_its_own_child(tmp: Path) -> Outcome:
     """A timeout stops the child and the process it started (torchrun's workers)."""
     import time
 
-    from workbook.runs import fresh_process
+    from workbook.storage.runs import fresh_process
 
     pid_file = tmp / "child.pid"
     _, args = _stuck_archive(tmp, grandchild=True)
@@ -1407,7 +1408,7 @@ def child_stopped_at_a_normal_exit(tmp: Path) -> Outcome:
 
     pid_file = tmp / "child.pid"
     _, args = _stuck_archive(tmp)
-    script = ("import sys, time\nfrom pathlib import Path\nfrom workbook.runs import "
+    script = ("import sys, time\nfrom pathlib import Path\nfrom workbook.storage.runs import "
               "start_child\nstart_child(sys.argv[2:])\nwhile not Path(sys.argv[1]).exists():\n"
               "    time.sleep(0.1)\n")
     done = subprocess.run(

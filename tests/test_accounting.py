@@ -2,9 +2,14 @@ import pytest
 import torch
 
 from workbook import TrainConfig, WorkbookError, load_task, train
-from workbook.accounting import BatchAccount, batch_norm_statistics, normalisation_check, reconcile
-from workbook.ghost_batch_norm import GhostBatchNorm
-from workbook.loop import UpdateShape
+from workbook.notebooks.accounting import (
+    BatchAccount,
+    batch_norm_statistics,
+    normalisation_check,
+    reconcile,
+)
+from workbook.training.ghost_batch_norm import GhostBatchNorm
+from workbook.training.loop import UpdateShape
 
 
 def test_the_worked_example():
@@ -131,7 +136,7 @@ def test_a_gradient_zero_in_exact_arithmetic_cannot_fail_but_a_planted_mean_stil
     Judged on the whole update's gradient scale the loop is exact, and a per-micro-batch mean
     over unequal micro-batches (6 + 6 + 4) still fails."""
     pytest.importorskip("transformers", reason="the [hf] extra is not installed")
-    from workbook.data import SPLITS, prepare
+    from workbook.contract.data import SPLITS, prepare
 
     task = load_task("examples.hf_families:bert")
     items = prepare(task, SPLITS).items["train"][:16]
@@ -143,7 +148,7 @@ def test_a_gradient_zero_in_exact_arithmetic_cannot_fail_but_a_planted_mean_stil
 
 
 def test_deviations_are_judged_on_the_whole_sets_scale_and_empty_shards_are_equal():
-    from workbook.deviation import max_difference, relative_deviation
+    from workbook.training.deviation import max_difference, relative_deviation
 
     reference = {"weight": torch.tensor([1.0, -2.0]), "key_bias": torch.tensor([1e-13]),
                  "empty_shard": torch.empty(0)}

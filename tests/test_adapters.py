@@ -10,8 +10,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import workbook as wb
-from workbook.errors import WorkbookError
-from workbook.inspection import inspect_task
+from workbook.base.errors import WorkbookError
+from workbook.notebooks.inspection import inspect_task
 
 
 class Pairs(Dataset):
@@ -189,7 +189,7 @@ def test_a_completion_only_collator_is_checked_against_the_response_template():
 def test_the_prompt_of_a_chat_row_comes_from_the_chat_template():
     pytest.importorskip("transformers")
     from examples.hf_trainer import tokenizer_from
-    from workbook.adapters.hf import _prompts
+    from workbook.contract.adapters.hf import _prompts
 
     tokenizer = tokenizer_from(["user: assistant: repeat: x x"])
     tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} "

@@ -304,7 +304,7 @@ return {scroll: document.documentElement.scrollWidth, width: window.innerWidth,
 
 
 def test_report_fits_1280_and_390_px_and_every_link_resolves(chrome, scratch):
-    from workbook.report import write_report
+    from workbook.commands.report import write_report
 
     run = scratch / "run"
     page = write_report(run, build_run(run), TASK)

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import workbook as wb
-from workbook import campaign
-from workbook.errors import WorkbookError
-from workbook.loop import UpdateShape
-from workbook.memory import _rss_peak, _rss_reset
-from workbook.predict import Plan, predict
+from workbook.base.errors import WorkbookError
+from workbook.contract.tokenizer import VOCAB_SIZE
 from workbook.samples.generation import TinyDecoder
-from workbook.tokenizer import VOCAB_SIZE
+from workbook.training import campaign
+from workbook.training.loop import UpdateShape
+from workbook.training.memory import _rss_peak, _rss_reset
+from workbook.training.predict import Plan, predict
 
 transformers = pytest.importorskip("transformers")
 
@@ -154,7 +154,7 @@ def test_a_stack_that_does_not_line_up_layer_for_layer_is_run_at_its_full_depth(
 
 
 def test_a_tiny_models_parameters_are_counted_not_rounded_to_zero_millions():
-    from workbook.campaign import Models
+    from workbook.training.campaign import Models
 
     tiny = Models(False, "MLP", 49, "MLP", 49).lines()
     assert tiny == ["model: 49 parameters, trained and sized here"]

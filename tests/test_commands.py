@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from workbook import TrainConfig, UpdateShape, WorkbookError
-from workbook.cli import SEED_MAX, claim_launch, main
-from workbook.ledger import Ledger
-from workbook.runs import CLAIM, claim_dir
+from workbook.commands.cli import SEED_MAX, claim_launch, main
+from workbook.storage.ledger import Ledger
+from workbook.storage.runs import CLAIM, claim_dir
 
 OWN = "tests.own_task:task"
 NOISY = "tests.noisy_task:task"
@@ -51,7 +51,7 @@ def pasted_runs_nothing(line: str, marker) -> bool:
 # --- reload ------------------------------------------------------------------------------------
 def archive_of(task_path, folder):
     from workbook import load_task
-    from workbook.archive import write_archive
+    from workbook.notebooks.archive import write_archive
 
     torch.manual_seed(0)
     model = load_task(task_path).build_model()
@@ -61,7 +61,7 @@ def archive_of(task_path, folder):
 
 def test_a_task_that_prints_while_loading_still_reloads_identical_in_a_new_process(
         tmp_path, umask_022):
-    from workbook.archive import reload_in_new_process
+    from workbook.notebooks.archive import reload_in_new_process
 
     path = archive_of(NOISY, tmp_path / "archive")
     assert {f.name: mode(f) for f in path.iterdir()} == {
@@ -85,7 +85,7 @@ def test_a_failed_reload_hands_back_its_error_in_the_result_file(tmp_path):
 
 
 def test_the_parent_reads_the_error_a_child_handed_back_or_its_stderr():
-    from workbook.runs import outcome_error
+    from workbook.storage.runs import outcome_error
 
     done = subprocess.CompletedProcess([], 2, "", "Traceback ...\nValueError: x")
     handed = {"exit_code": 2, "result": None, "error": {"problem": "bad", "fix": "mend it"}}
@@ -98,7 +98,7 @@ def test_the_parent_reads_the_error_a_child_handed_back_or_its_stderr():
 
 @pytest.mark.parametrize("content", ["not json", "[1]", '{"exit_code": "0"}'])
 def test_a_result_file_not_in_the_format_is_no_result(content, tmp_path):
-    from workbook.runs import read_result
+    from workbook.storage.runs import read_result
 
     (tmp_path / "r.json").write_text(content)
     assert read_result(tmp_path / "r.json") is None
@@ -120,7 +120,7 @@ def test_a_result_file_that_exists_or_has_no_folder_is_refused_before_any_work(t
 # --- trial -------------------------------------------------------------------------------------
 @pytest.fixture
 def study(tmp_path):
-    from workbook.study import Study, StudyDesign
+    from workbook.notebooks.study import Study, StudyDesign
 
     design = StudyDesign(name="s", task=OWN, lrs=[1e-3], updates=4, shape=UpdateShape(4, 1),
                          eval_every=2, eval_batch=8, metric="accuracy", prediction_examples=1)
@@ -158,7 +158,7 @@ def test_a_trial_exits_0_when_it_ran_and_1_when_it_failed(study, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("workbook.study.train", full_disk)
+    monkeypatch.setattr("workbook.notebooks.study.train", full_disk)
     code, _, err = cli("trial", "--study", study, "--task", OWN, "--lr", "1e-3",
                        "--result", study / "second.json")
     assert code == 1
@@ -172,7 +172,7 @@ def test_a_trial_exits_0_when_it_ran_and_1_when_it_failed(study, monkeypatch):
 # --- resume ------------------------------------------------------------------------------------
 @pytest.fixture
 def checkpoint(tmp_path):
-    from workbook.resume import recipe, run_recipe
+    from workbook.notebooks.resume import recipe, run_recipe
 
     spec = recipe(OWN, {}, TrainConfig(UpdateShape(4, 2), lr=1e-3), 64)
     run_recipe(spec, 2, tmp_path, checkpoint_at=(1,))
@@ -199,7 +199,7 @@ def test_resume_refuses_an_existing_output_before_any_work(checkpoint, tmp_path,
     def never(*args, **kwargs):
         raise AssertionError("the resume ran")
 
-    monkeypatch.setattr("workbook.resume.run_recipe", never)
+    monkeypatch.setattr("workbook.notebooks.resume.run_recipe", never)
     out = tmp_path / "resumed"
     out.with_suffix(".safetensors").write_bytes(b"theirs")
     code, _, err = cli("resume", "--checkpoint", checkpoint, "--to", 2, "--out", out,

@@ -5,12 +5,12 @@ task raises no flag; each classic mistake is named by the check meant for it."""
 import pytest
 
 from workbook import WorkbookError, load_task
-from workbook.checkpoint import tied_groups
-from workbook.data import SPLITS, prepare
-from workbook.gates import GateRun, GateSettings
-from workbook.inspection import inspect_task
-from workbook.loop import UpdateShape
-from workbook.overfit import overfit
+from workbook.contract.data import SPLITS, prepare
+from workbook.notebooks.gates import GateRun, GateSettings
+from workbook.notebooks.inspection import inspect_task
+from workbook.notebooks.overfit import overfit
+from workbook.training.checkpoint import tied_groups
+from workbook.training.loop import UpdateShape
 
 TASK = "examples.shifted_lm:task"
 
@@ -59,7 +59,7 @@ def test_gates_pass_with_left_padding_and_tied_weights(declared, tmp_path):
 def test_labels_aligned_with_the_inputs_but_never_shifted_are_named_as_copying():
     import dataclasses
 
-    from workbook.task import target_accuracy, token_cross_entropy
+    from workbook.contract.task import target_accuracy, token_cross_entropy
 
     task = dataclasses.replace(load_task(TASK, declared_shift=0), loss=token_cross_entropy,
                                metrics=target_accuracy)  # the bug: nothing shifts the labels
@@ -73,7 +73,7 @@ def test_labels_aligned_with_the_inputs_but_never_shifted_are_named_as_copying()
 # task_options), and 03's resume gate on hf_gpt2 (lm_head tied to wte) is tested above
 @pytest.mark.slow
 def test_tied_weights_and_shifted_labels_through_resume_archive_and_data_parallel(tmp_path):
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     run, index = run_pilot(TASK, out=str(tmp_path / "run"), smoke=True, only="07,09",
                            progress=False)
@@ -113,7 +113,7 @@ def test_a_hugging_face_users_own_step_and_checkpoint_run_and_their_planted_bugs
     and a `save_pretrained` checkpoint pass 04's gradient check and 03's save/resume gates; the
     pre-4.46 accumulation bug and a checkpoint without the optimizer are each named."""
     pytest.importorskip("transformers", reason="the [hf] extra is not installed")
-    from workbook.accounting import normalisation_check
+    from workbook.notebooks.accounting import normalisation_check
 
     def own_rows(**planted):
         task = load_task("examples.hf_gpt2:task", own_loop=True, **planted)

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from workbook import WorkbookError, load_examples, read_jsonl, split_examples
-from workbook.data import epoch_order, epoch_updates
+from workbook.contract.data import epoch_order, epoch_updates
 
 
 def test_malformed_jsonl_line_reports_file_and_line(tmp_path):
@@ -75,7 +75,7 @@ def test_workers_that_need_a_pickled_task_get_a_clear_error(monkeypatch):
     import multiprocessing
 
     from workbook import WorkbookError, load_task
-    from workbook.data import picklable_for_workers
+    from workbook.contract.data import picklable_for_workers
 
     task = load_task("examples.regression:task")  # built from lambdas
     monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "fork")

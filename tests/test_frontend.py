@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from workbook import frontend
-from workbook.runs import verdict_line
+from workbook.base import frontend
+from workbook.storage.runs import verdict_line
 
 
 def _text(frame: pd.DataFrame) -> str:

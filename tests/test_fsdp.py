@@ -5,10 +5,12 @@ updates against one process, tied weights) and the two planted FSDP bugs each ca
 import pytest
 import torch
 
-from workbook import load_task, parallel, sharding
-from workbook.loop import UpdateShape
-from workbook.replica import ReplicaSpec
-from workbook.sharded_replica import (
+from workbook import load_task
+from workbook.notebooks import parallel
+from workbook.training import sharding
+from workbook.training.loop import UpdateShape
+from workbook.training.replica import ReplicaSpec
+from workbook.training.sharded_replica import (
     PLANTED_PREFIX,
     SHARDED_FAULTS,
     ShardedSpec,
@@ -174,7 +176,7 @@ def test_the_memory_table_says_when_gloo_ran_its_own_collectives():
     temporaries: every row says so beside the prediction's own note."""
     import pandas as pd
 
-    from workbook.sharded_replica import GLOO_NOTE
+    from workbook.training.sharded_replica import GLOO_NOTE
 
     predicted = pd.DataFrame({"phase": ["backward"], "predicted_peak_bytes": [100]})
     measured = [{"backward": 125}, {"backward": 100}]

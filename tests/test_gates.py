@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbook.gates import INPUT_BOUND_FLOOR_S, PHASES, GateRun, GateSettings, input_bound
-from workbook.loop import UpdateShape
+from workbook.notebooks.gates import INPUT_BOUND_FLOOR_S, PHASES, GateRun, GateSettings, input_bound
 from workbook.samples import generation
 from workbook.samples.models import TinyDecoder, TrigramClassifier
+from workbook.training.loop import UpdateShape
 
 SMALL = GateSettings(UpdateShape(2, 2), eval_batch=8, input_updates=2)
 
@@ -117,7 +117,7 @@ def test_companion_dependence_names_only_causes_the_model_can_have(cls_task, cls
 
 
 def test_checkpoint_without_optimizer_state_fails_resume(gen_task, gen_items, tmp_path):
-    from workbook.checkpoint import save_checkpoint
+    from workbook.training.checkpoint import save_checkpoint
 
     def save_weights_only(path, model, optimizer, *rest, **kw):
         return save_checkpoint(path, model, None, *rest, **kw)
@@ -128,8 +128,8 @@ def test_checkpoint_without_optimizer_state_fails_resume(gen_task, gen_items, tm
 
 def test_tied_weights_survive_a_checkpoint_and_an_untying_restore_fails_resume(tmp_path):
     from workbook import load_task
-    from workbook.checkpoint import load_checkpoint, save_checkpoint, tied_groups
-    from workbook.data import SPLITS, prepare
+    from workbook.contract.data import SPLITS, prepare
+    from workbook.training.checkpoint import load_checkpoint, save_checkpoint, tied_groups
 
     task = load_task("workbook.samples.generation:task", tie_embeddings=True)
     items = prepare(task, SPLITS).items
@@ -167,7 +167,7 @@ def test_input_bound_needs_a_median_wait_above_the_floor_not_a_share_alone(tmp_p
     its clean twin - the same 8-feature MLP, sub-millisecond updates - is not, whatever share
     its tiny data wait takes of them."""
     from workbook import load_task
-    from workbook.data import prepare
+    from workbook.contract.data import prepare
 
     def data_gate(**options):
         task = load_task("examples.regression:task", **options)
@@ -205,7 +205,7 @@ def test_a_share_of_a_tiny_update_or_one_slow_update_is_not_input_bound():
 
 def test_save_without_space_fails_the_save_gate_with_a_clear_message(gen_task, gen_items,
                                                                     tmp_path, monkeypatch):
-    import workbook.checkpoint as ckpt
+    import workbook.training.checkpoint as ckpt
 
     def full_disk(*args, **kwargs):
         raise OSError(28, os.strerror(28))
@@ -259,8 +259,9 @@ def test_notebook_03_with_a_precision_this_device_cannot_run_fails_its_gates_not
     """fp16 on the CPU: the forward gate fails with the reason, the comparison with the
     prediction has no measured bytes (it crashed casting them), and a precision that does not
     exist is refused before any gate runs."""
-    from workbook import WorkbookError, params
-    from workbook import gates as notebook
+    from workbook import WorkbookError
+    from workbook.commands import params
+    from workbook.notebooks import gates as notebook
 
     p = params.of("03_phase_gates", small=True, precision="fp16", train_limit=100)
     result = notebook.run(p, tmp_path)
@@ -278,8 +279,8 @@ def test_a_batch_norm_regression_mlp_passes_the_initial_loss_on_any_seed_and_a_d
         tmp_path):
     """Two targets of a batch-norm MLP in training mode missed the 50% band 41% of the time:
     the initial loss is judged over more examples. At lr 1e3 the gradient norm runs away."""
-    from workbook.data import prepare
-    from workbook.task import load_task
+    from workbook.contract.data import prepare
+    from workbook.contract.task import load_task
 
     task = load_task("examples.mlp_dropout:task")
     items = prepare(task).items
@@ -307,8 +308,8 @@ def _adamw_groups(model, decay_all, wd=0.1):
 
 
 def test_weight_decay_on_norms_and_biases_is_named_and_the_conventions_are_silent(gen_task):
-    from workbook.gates import decay_on_norms
-    from workbook.task import adamw
+    from workbook.contract.task import adamw
+    from workbook.notebooks.gates import decay_on_norms
 
     model = gen_task.build_model()
     own = dataclasses.replace(gen_task, build_optimizer=lambda m, lr: _adamw_groups(m, True))

@@ -9,11 +9,12 @@ import math
 import pytest
 import torch
 
-from workbook import TrainConfig, WorkbookError, load_task, params, train
-from workbook.data import SPLITS, collate_items, prepare
-from workbook.gates import GateRun, GateSettings, run
-from workbook.inspection import inspect_task
-from workbook.loop import UpdateShape
+from workbook import TrainConfig, WorkbookError, load_task, train
+from workbook.commands import params
+from workbook.contract.data import SPLITS, collate_items, prepare
+from workbook.notebooks.gates import GateRun, GateSettings, run
+from workbook.notebooks.inspection import inspect_task
+from workbook.training.loop import UpdateShape
 
 TASK = "examples.gpt_script:task"
 
@@ -122,7 +123,7 @@ def test_no_weight_decay_at_all_raises_nothing(clean, items, tmp_path):
 
 
 def test_the_model_runs_on_fake_tensors_for_the_memory_prediction(clean, items):
-    from workbook.predict import Plan, predict
+    from workbook.training.predict import Plan, predict
 
     frame = predict(clean, items["train"][:32], items["validation"][:8],
                     Plan(UpdateShape(2, 2), 64, 4))

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import workbook as wb
-from workbook import checkpoint as ckpt
-from workbook.data import prepare
-from workbook.errors import WorkbookError
-from workbook.inspection import inspect_task
-from workbook.loop import TrainConfig, UpdateShape, build_stepper, evaluate, train
+from workbook.base.errors import WorkbookError
+from workbook.contract.data import prepare
+from workbook.notebooks.inspection import inspect_task
+from workbook.training import checkpoint as ckpt
+from workbook.training.loop import TrainConfig, UpdateShape, build_stepper, evaluate, train
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
@@ -140,7 +140,7 @@ def test_compute_metrics_through_the_sums_equals_the_trainers_on_the_whole_split
 
 
 def test_04s_evaluation_check_passes_the_clean_compute_metrics(clean):
-    from workbook.accounting import evaluation_check, evaluation_findings
+    from workbook.notebooks.accounting import evaluation_check, evaluation_findings
 
     _, task = clean
     data = prepare(task)

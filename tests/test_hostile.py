@@ -33,7 +33,8 @@ def test_hostile_input_is_handled(name, tmp_path):
 def test_a_parameter_that_cannot_work_is_refused_before_any_work(notebook, module, given,
                                                                  message, tmp_path):
     import workbook
-    from workbook import WorkbookError, params
+    from workbook import WorkbookError
+    from workbook.commands import params
 
     checked = params.of(notebook, small=True)
     with pytest.raises(WorkbookError, match=message):  # the module's own check, for scripts

@@ -7,9 +7,15 @@ import pytest
 import torch
 
 from workbook import load_task
-from workbook import tokenizer as tok
-from workbook.data import prepare
-from workbook.inspection import batch_view, browser, browser_view, inspect_task, render_tokens
+from workbook.contract import tokenizer as tok
+from workbook.contract.data import prepare
+from workbook.notebooks.inspection import (
+    batch_view,
+    browser,
+    browser_view,
+    inspect_task,
+    render_tokens,
+)
 from workbook.samples import classification, generation
 from workbook.samples.models import TinyDecoder, TrigramClassifier
 
@@ -82,7 +88,7 @@ def test_truncation_leaving_no_targets_is_flagged():
 
 
 def test_group_in_two_splits_is_flagged(gen_task):
-    from workbook.task import split_by_group_hash
+    from workbook.contract.task import split_by_group_hash
 
     by_example = dataclasses.replace(
         gen_task, split_of=lambda ex: split_by_group_hash(ex["id"], (0.8, 0.1, 0.1)))
@@ -177,7 +183,7 @@ def _lm(**changes):
 
 def test_an_embedding_one_row_short_is_a_flag_and_the_other_checks_still_run():
     from examples.shifted_lm import LeftPaddedDecoder
-    from workbook.task import split_by_group_hash
+    from workbook.contract.task import split_by_group_hash
 
     short = _lm(build_model=partial(LeftPaddedDecoder, tok.VOCAB_SIZE - 1, 32, 1),
                 split_of=lambda ex: split_by_group_hash(ex["id"], (0.8, 0.1, 0.1)))
@@ -341,7 +347,7 @@ def test_prompt_masking_that_cannot_be_checked_is_a_note_not_a_failure(gen_task)
 def test_label_shift_is_offered_only_where_the_workbooks_loss_is_the_one_trained(gen_task):
     """Labels that copy the input: label_shift=1 is the fix for a task trained on its `loss`;
     a task whose own train_step (or model) computes the loss is told to shift its data."""
-    from workbook.inspection import copy_audit
+    from workbook.notebooks.inspection import copy_audit
 
     def copying(ex, **kw):
         out = generation.encode(ex, max_length=64, prompt_in_loss=True)

@@ -17,8 +17,8 @@ import threading
 import pytest
 
 from workbook import WorkbookError
-from workbook import ledger as ledger_module
-from workbook.ledger import Ledger, process_identity
+from workbook.storage import ledger as ledger_module
+from workbook.storage.ledger import Ledger, process_identity
 
 STEP = {"step": 1, "loss": 1.0, "lr": 0.1, "examples": 2, "targets": 2, "time_s": 0.1}
 
@@ -394,8 +394,8 @@ def test_trials_of_another_machine_stay_running_and_a_restart_ends_them(tmp_path
 
 def test_a_study_reopened_on_an_emptied_or_restored_ledger_is_refused_not_a_traceback(tmp_path):
     """Through notebook 06's Study: the trial's folder once ended in FileExistsError."""
-    from workbook.loop import UpdateShape
-    from workbook.study import Study, StudyDesign
+    from workbook.notebooks.study import Study, StudyDesign
+    from workbook.training.loop import UpdateShape
 
     own = "tests.own_task:task"
     design = StudyDesign(name="s", task=own, lrs=[1e-3], updates=2, shape=UpdateShape(4, 1),

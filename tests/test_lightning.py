@@ -15,10 +15,10 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 import workbook as wb  # noqa: E402
 from workbook import WorkbookError  # noqa: E402
-from workbook import accounting as acc  # noqa: E402
-from workbook.data import prepare  # noqa: E402
-from workbook.loop import UpdateShape, train  # noqa: E402
-from workbook.task import load_task  # noqa: E402
+from workbook.contract.data import prepare  # noqa: E402
+from workbook.contract.task import load_task  # noqa: E402
+from workbook.notebooks import accounting as acc  # noqa: E402
+from workbook.training.loop import UpdateShape, train  # noqa: E402
 
 TASK = "examples.lightning_module:task"
 DOCS = "examples.lightning_docs:task"  # Lightning as its documentation writes it
@@ -62,7 +62,7 @@ def test_validation_step_logs_become_sums_and_counting_padding_is_named():
 
 
 def test_the_checkpoint_hooks_round_trip_and_dropping_the_optimizer_state_is_named(tmp_path):
-    from workbook.resume import recipe, run_recipe
+    from workbook.notebooks.resume import recipe, run_recipe
 
     cfg = UpdateShape(2, 2).train_config(updates=4)
     spec = recipe(TASK, {"conversations": 60}, cfg)
@@ -131,8 +131,8 @@ def test_a_training_step_without_loss_is_refused_with_the_fix():
 
 
 def test_a_mean_step_off_only_on_a_final_partial_micro_batch_is_a_warning_not_a_finding():
-    from workbook import params
-    from workbook.accounting import run
+    from workbook.commands import params
+    from workbook.notebooks.accounting import run
 
     result = run(params.of("04_batch_accounting", small=True, task=TASK,
                            task_options={"conversations": 60}))
@@ -145,7 +145,7 @@ def test_a_mean_step_off_only_on_a_final_partial_micro_batch_is_a_warning_not_a_
 @pytest.mark.timeout(1200)  # beside another test on 2 cores it ran past the default 300 s
 @pytest.mark.parametrize("task", [TASK, DOCS, "examples.hf_trainer:task"])
 def test_each_framework_example_passes_all_nine_notebooks(task, tmp_path):
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     _, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, progress=False)
     assert index.verdict.tolist() == ["pass"] * 9, index[["notebook", "verdict", "error"]]
@@ -167,7 +167,7 @@ def test_the_train_loaders_own_sampler_orders_the_pass_and_a_batch_sampler_is_re
     loader = DataLoader(data, batch_size=2, sampler=_EvensFirst(6))
     task = wb.adapters.from_lightning(_Module, _Data(loader=loader), name="x",
                                       criterion=nn.CrossEntropyLoss())
-    from workbook.loop import pass_order
+    from workbook.training.loop import pass_order
 
     own = task.make_sampler(6, 7)
     assert own.seed == 7 and pass_order(own, 6, 7, 0)[0] == [0, 2, 4, 1, 3, 5]
@@ -190,7 +190,7 @@ def _docs(**options):
 
 
 def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_epoch_metrics():
-    from workbook.loop import evaluate
+    from workbook.training.loop import evaluate
 
     task, items, val = _docs(macro_f1=True)
     assert task.model_inputs == ("x",) and task.lr == pytest.approx(1e-2 / 25)  # initial_lr
@@ -218,7 +218,7 @@ def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_e
 
 
 def test_01_says_which_trainer_values_the_campaign_will_give_otherwise():
-    from workbook.inspection import inspect_task
+    from workbook.notebooks.inspection import inspect_task
 
     task, _, _ = _docs()
     ins = inspect_task(task)
@@ -388,7 +388,7 @@ def test_a_trainer_attribute_the_pilot_does_not_provide_is_named():
 
 
 def test_the_validation_epoch_runs_its_hooks_in_lightnings_order_and_its_end_log_is_the_metric():
-    from workbook.loop import evaluate
+    from workbook.training.loop import evaluate
 
     task, _, modules = _recorder_task(n=10)
     prepared = prepare(task)
@@ -412,7 +412,7 @@ def test_the_validation_epoch_runs_its_hooks_in_lightnings_order_and_its_end_log
 
 
 def test_a_one_cycle_schedule_on_the_estimate_holds_its_last_rate_past_a_short_configuration():
-    from workbook.loop import build_stepper
+    from workbook.training.loop import build_stepper
 
     task, _, _ = _docs()
     stepper = build_stepper(task, UpdateShape(4, 1).train_config(updates=1, lr=task.lr))

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from workbook import WorkbookError
-from workbook.artifacts import (
+from workbook.storage.artifacts import (
     read_json,
     reseal,
-    seal_file,
     verify,
     verify_file,
     write_file,
     write_folder,
 )
-from workbook.checkpoint import load_checkpoint, load_state, save_checkpoint
+from workbook.storage.runs import seal_file
+from workbook.training.checkpoint import load_checkpoint, load_state, save_checkpoint
 
 
 def _checkpoint(tmp_path, name="ckpt"):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from workbook import TrainConfig, WorkbookError, evaluate, train
-from workbook.accounting import update_gradients
-from workbook.loop import UpdateShape, resolve_device
+from workbook.notebooks.accounting import update_gradients
+from workbook.training.loop import UpdateShape, resolve_device
 
 
 def _update_gradients(task, items, micro_batch, wrong=False):
@@ -99,7 +99,7 @@ def test_update_without_targets_is_an_error(gen_task, gen_items):
 
 
 def test_eval_mode_restores_the_mode_also_after_an_error():
-    from workbook.loop import eval_mode
+    from workbook.training.loop import eval_mode
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
     with pytest.raises(RuntimeError):
@@ -114,7 +114,7 @@ def test_eval_mode_restores_the_mode_also_after_an_error():
 
 
 def test_control_outputs_leave_a_training_model_training(gen_task, gen_items):
-    from workbook.archive import control_outputs
+    from workbook.notebooks.archive import control_outputs
 
     model = gen_task.build_model().train()
     control_outputs(gen_task, model, gen_items["validation"][:2])
@@ -153,7 +153,7 @@ def test_cuda_resolves_to_the_current_device_index(monkeypatch):
 def test_a_tasks_optimizer_factory_sees_the_run_it_is_built_for(cls_task, cls_items):
     """Schedules sized by the run (OneCycleLR over Lightning's estimated_stepping_batches, a
     Trainer's num_training_steps) read `current_run()` inside build_optimizer."""
-    from workbook.loop import RunLength, current_run
+    from workbook.training.loop import RunLength, current_run
 
     seen = []
 

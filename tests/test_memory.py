@@ -2,7 +2,7 @@
 
 import torch
 
-from workbook.memory import fmt_bytes, measure, state_tensors, storage_bytes
+from workbook.training.memory import fmt_bytes, measure, state_tensors, storage_bytes
 
 CPU = torch.device("cpu")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
-from workbook.params import NOTEBOOK_DIR, stems
-from workbook.pilot import ensure_kernel
+from workbook.commands.params import NOTEBOOK_DIR, stems
+from workbook.commands.pilot import ensure_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 def sanitizers():

@@ -6,9 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from workbook import WorkbookError, load_task, params
-from workbook.data import encode_examples, prepare
-from workbook.overfit import (
+from workbook import WorkbookError, load_task
+from workbook.commands import params
+from workbook.contract.data import encode_examples, prepare
+from workbook.contract.task import Task
+from workbook.notebooks.overfit import (
     FALLBACK_LR,
     divergence,
     learning_rate_of,
@@ -17,9 +19,8 @@ from workbook.overfit import (
     run,
     save,
 )
-from workbook.records import StepRecord
 from workbook.samples.models import TinyDecoder
-from workbook.task import Task
+from workbook.storage.records import StepRecord
 
 
 def test_generation_sample_memorises_its_subset(gen_task):
@@ -248,7 +249,7 @@ def test_a_target_id_beyond_the_output_layer_has_no_probability_and_no_crash(cls
 
 
 def test_ids_that_follow_the_same_context_differently_are_not_asked_for():
-    from workbook.overfit import ambiguity
+    from workbook.notebooks.overfit import ambiguity
 
     task = load_task("workbook.samples.generation:task")
     # rows 0 and 1 start alike ("5 6") and then differ; row 2 shares no context
@@ -275,8 +276,8 @@ def test_a_short_budget_with_every_example_back_and_the_loss_still_falling_is_no
         cls_task, tmp_path):
     """10 updates: all 8 examples reproduced, the loss at 0.44 and falling against a bar of
     0.05 - the budget fell short, not the loop: 'not conclusive', not a fail."""
-    from workbook.overfit import save
-    from workbook.runs import verdict_line
+    from workbook.notebooks.overfit import save
+    from workbook.storage.runs import verdict_line
 
     res = overfit(cls_task, examples=8, updates=10)
     assert res.verdict == "pass" and res.figures["conclusive"] is False
@@ -293,7 +294,7 @@ def test_a_short_budget_with_every_example_back_and_the_loss_still_falling_is_no
 
 
 def test_still_falling_needs_a_steady_fall_at_the_end():
-    from workbook.overfit import still_falling
+    from workbook.notebooks.overfit import still_falling
 
     assert still_falling([2.0 * 0.95 ** i for i in range(40)])
     assert not still_falling([2.0 * 0.95 ** i for i in range(20)] + [0.7] * 20)  # a plateau

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from workbook import WorkbookError
-from workbook import accounting as acc
-from workbook import checkpoint as ckpt
-from workbook.data import prepare
-from workbook.loop import HeldBehaviour, UpdateShape, train
-from workbook.task import load_task
+from workbook.contract.data import prepare
+from workbook.contract.task import load_task
+from workbook.notebooks import accounting as acc
+from workbook.training import checkpoint as ckpt
+from workbook.training.loop import HeldBehaviour, UpdateShape, train
 
 TASK = "tests.careful_task:task"
 
@@ -125,7 +125,7 @@ def test_eval_mode_left_behind_is_harmless_when_the_step_sets_train_mode_itself(
 
 
 def test_the_loop_evaluates_with_the_task_eval_step():
-    from workbook.loop import evaluation_sums
+    from workbook.training.loop import evaluation_sums
 
     for counts_padding, counted in ((False, 10), (True, 12)):  # 10 examples in batches of 4
         task, _, val = _items(eval_counts_padding=counts_padding)
@@ -135,7 +135,7 @@ def test_the_loop_evaluates_with_the_task_eval_step():
 
 def test_the_checkpoint_objects_carry_the_sampler_and_step_and_a_restarting_restore_is_named(
         tmp_path):
-    from workbook.resume import recipe, run_recipe
+    from workbook.notebooks.resume import recipe, run_recipe
 
     cfg = UpdateShape(4, 2).train_config(updates=6)
     for restarts in (False, True):
@@ -165,7 +165,7 @@ def test_a_restore_that_leaves_the_sampler_alone_leaves_it_to_the_workbook(tmp_p
         objects["model"].load_state_dict(torch.load(folder / "w.pt", weights_only=True))
 
     task = replace(task, save_state=model_only_save, restore_state=model_only_restore)
-    from workbook.loop import build_stepper, make_sampler
+    from workbook.training.loop import build_stepper, make_sampler
 
     cfg = UpdateShape(4, 2).train_config(updates=2)
     stepper = build_stepper(task, cfg)
@@ -179,7 +179,7 @@ def test_a_restore_that_leaves_the_sampler_alone_leaves_it_to_the_workbook(tmp_p
 
 
 def _notebook_04(tmp_path, **options):
-    from workbook import params
+    from workbook.commands import params
 
     p = params.of("04_batch_accounting", small=True, task=TASK, task_options=options)
     tmp_path.mkdir()

@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
-from workbook import WorkbookError, load_task, parallel
-from workbook.data import load_examples, prepare, split_examples
-from workbook.loop import UpdateShape
-from workbook.parallel import (
+from workbook import WorkbookError, load_task
+from workbook.commands.pilot import run_pilot
+from workbook.contract.data import load_examples, prepare, split_examples
+from workbook.notebooks import parallel
+from workbook.notebooks.parallel import (
     CAUGHT_BY,
     NOT_DEMONSTRABLE,
     RULES,
@@ -24,8 +25,8 @@ from workbook.parallel import (
     planted_faults,
     reduce_sums,
 )
-from workbook.pilot import run_pilot
-from workbook.replica import (
+from workbook.training.loop import UpdateShape
+from workbook.training.replica import (
     FAULTS,
     ReplicaSpec,
     _artifact,
@@ -66,7 +67,7 @@ def test_pilot_smoke_09_passes_and_lists_every_rule(tmp_path):
 def test_each_planted_multi_process_bug_fails_its_rule(tmp_path):
     """The classification sample with batch norm, so every planted bug applies. The notebook's
     own calls (`run`, `save`) without a kernel: the pilot's path is the smoke test's."""
-    from workbook import params
+    from workbook.commands import params
 
     p = params.of("09_data_parallel", small=True, task=CLASSIFICATION,
                   task_options={"batch_norm": "batch"}, demonstrate_faults=True)
@@ -126,7 +127,7 @@ def test_bad_settings_are_refused_with_the_fix():
         ReplicaSpec.from_dict({"task": GENERATION, "shape": {"micro_batch": 2, "world": 2}})
     spec = ReplicaSpec(GENERATION, shape=UpdateShape(4, 1, replicas=3))
     assert ReplicaSpec.from_dict(dataclasses.asdict(spec)) == spec
-    from workbook.replica import main as replica_main
+    from workbook.training.replica import main as replica_main
 
     for bad, message in (("{task: x}", "--spec is not JSON"), ("[1, 2]", "an object with"),
                          ('{"updates": 3}', "with a 'task' path")):
@@ -166,7 +167,7 @@ def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
 def test_processes_sharing_one_gpu_use_gloo_and_say_so(monkeypatch):
     import torch
 
-    from workbook.replica import backend
+    from workbook.training.replica import backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -295,8 +296,8 @@ def test_the_rented_command_runs_the_rules_at_the_rentals_scale_and_parses_back(
     import json
     import shlex
 
-    from workbook.parallel import rented_spec, shell_command
-    from workbook.replica import ReplicaSpec
+    from workbook.notebooks.parallel import rented_spec, shell_command
+    from workbook.training.replica import ReplicaSpec
 
     line = shell_command(rented_spec(ReplicaSpec("workbook.samples.generation:task")))
     words = shlex.split(line)

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from workbook import WorkbookError
-from workbook.params import check, defaults, smoke, stems, validate
+from workbook.commands.params import check, defaults, smoke, stems, validate
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -51,7 +51,7 @@ def test_defaults_are_read_from_the_parameters_cell(tmp_path, monkeypatch):
     """The parameters cell is the only table of defaults: editing it changes what is validated."""
     import shutil
 
-    import workbook.params as params
+    import workbook.commands.params as params
 
     shutil.copy(NOTEBOOK_DIR / "02_overfit.ipynb", tmp_path / "02_overfit.ipynb")
     monkeypatch.setattr(params, "NOTEBOOK_DIR", tmp_path)
@@ -80,7 +80,7 @@ def test_smoke_sizes_are_known_parameters_of_the_right_type(stem):
 
 
 def test_a_smoke_file_with_a_typo_is_refused(tmp_path, monkeypatch):
-    import workbook.params as params
+    import workbook.commands.params as params
 
     (tmp_path / "02_overfit.yaml").write_text("updatse: 3\n")
     monkeypatch.setattr(params, "SMOKE_DIR", tmp_path)
@@ -174,7 +174,7 @@ def test_every_problem_is_named_at_once_and_the_pilot_union_is_checked():
 
 
 def test_a_smoke_file_out_of_range_is_refused(tmp_path, monkeypatch):
-    import workbook.params as params
+    import workbook.commands.params as params
 
     (tmp_path / "02_overfit.yaml").write_text("updates: 0\n")
     monkeypatch.setattr(params, "SMOKE_DIR", tmp_path)
@@ -190,7 +190,7 @@ def test_a_namespace_out_of_range_stops_the_notebook():
 
 def test_every_rule_is_reachable_by_some_parameter():
     """No rule in the table is dead: each pattern names a parameter (or a record key)."""
-    from workbook.params import RULES
+    from workbook.commands.params import RULES
 
     names = {n for stem in stems() for n in defaults(stem)}
     names |= {k for stem in stems() for v in defaults(stem).values() if isinstance(v, list)
@@ -207,7 +207,7 @@ def test_every_rule_is_reachable_by_some_parameter():
     ("[" * 19 + "]" * 19, [[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]),
 ])
 def test_parse_literal_reads_literals_and_keeps_other_text(text, value):
-    from workbook.params import parse_literal
+    from workbook.commands.params import parse_literal
 
     assert parse_literal(text) == value
 
@@ -222,7 +222,7 @@ def test_parse_literal_reads_literals_and_keeps_other_text(text, value):
 def test_parse_literal_bounds_length_and_nesting(text, match):
     import argparse
 
-    from workbook.params import parse_literal
+    from workbook.commands.params import parse_literal
 
     with pytest.raises(WorkbookError, match=match) as caught:
         parse_literal(text)
@@ -233,7 +233,7 @@ def test_parse_literal_bounds_length_and_nesting(text, match):
 def test_parse_literal_as_an_argparse_type_gives_a_usage_error(capsys):
     import argparse
 
-    from workbook.params import parse_literal
+    from workbook.commands.params import parse_literal
 
     parser = argparse.ArgumentParser(prog="t")
     parser.add_argument("-p", type=parse_literal)

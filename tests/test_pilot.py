@@ -6,8 +6,8 @@ import papermill as pm
 import pytest
 
 from workbook import WorkbookError
-from workbook.cli import main
-from workbook.pilot import NOTEBOOK_DIR, ensure_kernel, run_pilot, select
+from workbook.commands.cli import main
+from workbook.commands.pilot import NOTEBOOK_DIR, ensure_kernel, run_pilot, select
 
 from .conftest import CLASSIFICATION, GENERATION
 
@@ -223,7 +223,7 @@ def test_a_plain_transformer_encoder_task_passes_the_memory_variants(tmp_path):
 
 
 def test_03_judges_the_plan_against_the_gpu_08_rents():
-    from workbook.pilot import rental_memory
+    from workbook.commands.pilot import rental_memory
 
     assert rental_memory({"rental_gpu": "L4"}) == {"device_memory_gib": 24.0}
     assert rental_memory({"rental_gpu": "X", "gpus": {"X": 12}}) == {"device_memory_gib": 12.0}
@@ -241,7 +241,7 @@ def test_a_finished_kernel_is_shut_down_without_an_interrupt_and_a_time_limit_st
     import asyncio
     import signal
 
-    from workbook.pilot import _kernel_manager, ensure_kernel
+    from workbook.commands.pilot import _kernel_manager, ensure_kernel
 
     async def lifecycle():
         km = _kernel_manager(tmp_path / "kernels.log")(kernel_name=ensure_kernel())

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbook.gates import GateRun, GateSettings
-from workbook.loop import UpdateShape
-from workbook.predict import Plan, model_size_rule, predict, predicted_or_reason
-from workbook.workload import TRAINING_PHASES, shaped_batch
+from workbook.notebooks.gates import GateRun, GateSettings
+from workbook.training.loop import UpdateShape
+from workbook.training.predict import Plan, model_size_rule, predict, predicted_or_reason
+from workbook.training.workload import TRAINING_PHASES, shaped_batch
 
 
 @pytest.mark.parametrize("fixture, settings", [
@@ -58,7 +58,7 @@ def test_a_length_beyond_the_model_is_a_clear_error(gen_task, gen_items):
 
 
 def test_prediction_allocates_nothing_real(gen_task, gen_items):
-    from workbook.memory import measure
+    from workbook.training.memory import measure
 
     with measure(torch.device("cpu")) as m:
         predict(gen_task, gen_items["train"][:10], gen_items["validation"][:5],
@@ -82,7 +82,7 @@ def test_a_transformer_encoder_model_is_predicted_without_mixing_fake_modes():
 def test_the_planned_length_comes_from_the_model_and_is_never_exceeded(gen_task, gen_items,
                                                                        cls_task):
     from workbook import WorkbookError, load_task
-    from workbook.predict import longest_accepted, max_positions
+    from workbook.training.predict import longest_accepted, max_positions
 
     assert max_positions(gen_task) == (1024, "its position embedding `pos`")
     assert max_positions(cls_task) is None and longest_accepted(cls_task) is None
@@ -118,7 +118,7 @@ def test_a_hugging_face_model_is_predicted_on_the_padded_path_or_says_why_not(tm
     predicted' rows with the reason."""
     pytest.importorskip("transformers", reason="the [hf] extra is not installed")
     from workbook import load_task, prepare
-    from workbook.predict import compare
+    from workbook.training.predict import compare
 
     task = load_task("examples.hf_families:llama")
     data = prepare(task, limits={"train": 60, "validation": 8})
@@ -138,7 +138,7 @@ def test_a_fused_inference_kernel_leaves_validation_unpredicted_and_nothing_else
     import pandas as pd
 
     from workbook import load_task, prepare
-    from workbook.predict import Overheads, compare, fit_table, summary_figures
+    from workbook.training.predict import Overheads, compare, fit_table, summary_figures
 
     task = load_task("examples.transformer_lm:task")
     data = prepare(task, limits={"train": 60, "validation": 8})
@@ -158,7 +158,7 @@ def test_a_fused_inference_kernel_leaves_validation_unpredicted_and_nothing_else
 
 def test_a_failing_calibration_run_leaves_every_phase_unpredicted_not_a_crash(
         gen_task, gen_items, monkeypatch):
-    from workbook import predict as prediction
+    from workbook.training import predict as prediction
 
     def broken(*args, **kwargs):
         raise RuntimeError("planted: the real run fails")
@@ -176,7 +176,7 @@ def test_sizing_a_gpu_from_the_cpu_checks_in_fp32_and_a_cpu_benchmark_at_the_pla
     # one CPU to the next (an AMX Xeon flagged 03's and 05's bf16 plans, another did not): a
     # rental is checked in fp32 at a small size; only a prediction judged against this CPU
     # itself (the benchmark) runs the plan's own precision and shapes
-    from workbook import predict as prediction
+    from workbook.training import predict as prediction
 
     checked = []
 
@@ -196,7 +196,8 @@ def test_03_judges_its_pilot_size_prediction_against_this_cpu_and_sizes_the_rent
         tmp_path, monkeypatch):
     # gates run in bf16 on the CPU: the comparison with them is a prediction judged against
     # this CPU (its bf16 kernels' scratch included), the rental plan one for a GPU
-    from workbook import gates, params
+    from workbook.commands import params
+    from workbook.notebooks import gates
 
     asked = []
 
@@ -219,8 +220,8 @@ def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_i
     # failed); FLOPs are device-free and counted on the CPU even where "auto" picks a GPU
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from workbook.predict import fake_batch, sized_batches
-    from workbook.rental import Candidate, flops
+    from workbook.notebooks.rental import Candidate, flops
+    from workbook.training.predict import fake_batch, sized_batches
 
     train, val = gen_items["train"][:20], gen_items["validation"][:10]
     batch, _, _ = sized_batches(gen_task, train, val, Plan(UpdateShape(2, 2), length=24))
@@ -241,7 +242,7 @@ def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items,
     # (0% off at the data's length, -4.1% at 128 positions in the backward with checkpointing on
     # one Xeon, -3.6% on one with AMX) - a smaller run cannot show it, so the check runs at the
     # plan's shapes: every row is within 2% of this CPU's measurement or says by how much not
-    from workbook import predict as pr
+    from workbook.training import predict as pr
 
     train, val = gen_items["train"][:50], gen_items["validation"][:20]
     plan = Plan(UpdateShape(2, 2, precision="bf16", activation_checkpointing=True), length=128,
@@ -268,7 +269,7 @@ def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items,
 def test_a_plan_whose_update_fits_no_gpu_needs_sharding_not_a_smaller_micro_batch():
     import pandas as pd
 
-    from workbook.predict import Overheads, needs_sharding
+    from workbook.training.predict import Overheads, needs_sharding
 
     gib = 2**30
     context = Overheads(gib, 0.1, False)  # 1 GiB context, 1.2 GiB with 20% headroom
@@ -299,8 +300,8 @@ def test_a_length_the_model_refuses_without_stating_a_limit_is_refused_in_its_ow
     from torch import nn
 
     from workbook import load_task
-    from workbook.data import prepare
-    from workbook.predict import PlanRefused, predicted_or_reason
+    from workbook.contract.data import prepare
+    from workbook.training.predict import PlanRefused, predicted_or_reason
 
     class Short(nn.Module):
         def __init__(self):
@@ -332,7 +333,7 @@ def test_a_phase_a_few_percent_off_a_real_run_is_sized_from_the_ratio_with_the_m
     """A Conv2d workspace (3-6% that fake tensors miss) sizes the rental from the measured
     ratio plus 2%, saying so; 25% off is not predicted; judged against this CPU, 4% off is
     the finding (not predicted), never scaled away."""
-    from workbook import predict as prediction
+    from workbook.training import predict as prediction
 
     real = prediction.measured_peaks
 

@@ -9,9 +9,9 @@ import pytest
 
 import workbook as wb
 from examples.module_families import FAMILIES, family_task
-from workbook.gates import GateRun, GateSettings
-from workbook.loop import UpdateShape
-from workbook.predict import compare, predict
+from workbook.notebooks.gates import GateRun, GateSettings
+from workbook.training.loop import UpdateShape
+from workbook.training.predict import compare, predict
 
 
 @pytest.mark.parametrize("name", [  # the GRU's 20 s run in make test-all

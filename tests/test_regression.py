@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from workbook import load_task
-from workbook.data import prepare
-from workbook.gates import GateRun, GateSettings
-from workbook.inspection import inspect_task
-from workbook.loop import UpdateShape, evaluate
-from workbook.overfit import overfit
-from workbook.predict import Plan, predict
+from workbook.contract.data import prepare
+from workbook.notebooks.gates import GateRun, GateSettings
+from workbook.notebooks.inspection import inspect_task
+from workbook.notebooks.overfit import overfit
+from workbook.training.loop import UpdateShape, evaluate
+from workbook.training.predict import Plan, predict
 
 TASK = "examples.regression:task"
 
@@ -94,7 +94,7 @@ def test_a_mean_loss_with_count_one_is_named():
 def test_one_hard_update_is_not_a_divergence(tmp_path):
     """Per-update regression losses are heavy-tailed; the study's divergence rule compares
     medians of 5 updates, so a clean task at a small learning rate finishes every trial."""
-    from workbook.study import Study, StudyDesign
+    from workbook.notebooks.study import Study, StudyDesign
 
     plan = StudyDesign(name="r", task=TASK, lrs=[1e-4, 3e-4], seeds=[0], updates=30,
                        shape=UpdateShape(2, 1), eval_every=10, eval_batch=16)
@@ -118,7 +118,7 @@ def test_an_optimizer_that_leaves_out_a_layer_fails_the_update_gate(tmp_path):
 
 
 def test_the_task_learning_rate_fills_lr_zero_and_the_study_lrs():
-    from workbook.params import task_learning_rates
+    from workbook.commands.params import task_learning_rates
 
     p = task_learning_rates({"task": TASK, "task_options": {}, "lr": 0.0, "lrs": []})
     assert p["lr"] == 3e-3 and p["lrs"] == [3e-3, 1.5e-3, 6e-3]
@@ -132,7 +132,7 @@ def test_an_old_style_build_optimizer_gets_a_clear_error():
     import dataclasses
 
     from workbook import WorkbookError
-    from workbook.loop import TrainConfig, build_stepper
+    from workbook.training.loop import TrainConfig, build_stepper
 
     task = dataclasses.replace(load_task(TASK), build_optimizer=lambda params, lr:
                                torch.optim.SGD(list(params), lr=lr))
@@ -143,8 +143,8 @@ def test_an_old_style_build_optimizer_gets_a_clear_error():
 def test_the_tasks_own_checkpoint_code_resumes_exactly_in_a_new_process(tmp_path):
     """save_state/restore_state are the task's: 03's resume gate and 07's resume in a new
     process run them; a checkpoint without the optimizer state is named by both."""
-    from workbook import resume
-    from workbook.loop import TrainConfig
+    from workbook.notebooks import resume
+    from workbook.training.loop import TrainConfig
 
     assert gates(tmp_path / "clean")["resume"].verdict == "pass"
     spec = resume.recipe(TASK, {}, TrainConfig(UpdateShape(4, 2), updates=6), 64)
@@ -174,7 +174,7 @@ def test_a_slow_getitem_makes_the_data_gate_warn_with_its_cost(tmp_path):
 def test_the_training_loader_encodes_on_every_pass(each_pass):
     import dataclasses
 
-    from workbook.loop import TrainConfig, train
+    from workbook.training.loop import TrainConfig, train
 
     base = load_task(TASK)
     calls = []
@@ -198,8 +198,8 @@ def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path)
     """make_sampler is the task's data order; a sampler whose state travels in the checkpoint
     resumes exactly at an epoch boundary in a new process, one without state restarts its
     order - the comparison names the first update whose examples differ."""
-    from workbook import resume
-    from workbook.loop import TrainConfig
+    from workbook.notebooks import resume
+    from workbook.training.loop import TrainConfig
 
     options = {"sampler_reseeded": True} if reseeded else {}
     spec = resume.recipe(TASK, options, TrainConfig(UpdateShape(4, 2), updates=12),
@@ -219,7 +219,7 @@ def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path)
 def test_the_tasks_own_train_step_gives_one_gradient_for_any_split(planted):
     """1 x N = 2 x N/2 = N x 1 through the task's own step (a recording optimizer takes the
     gradient at its one step); a step that back-propagates each micro-batch's mean is named."""
-    from workbook.accounting import normalisation_check
+    from workbook.notebooks.accounting import normalisation_check
 
     task = load_task(TASK, step_mean_per_micro_batch=planted)
     items = prepare(task).train[:16]
@@ -230,8 +230,8 @@ def test_the_tasks_own_train_step_gives_one_gradient_for_any_split(planted):
 
 
 def test_notebook_07_fails_a_lost_optimizer_state_with_the_cause_in_its_cases(tmp_path):
-    from workbook import resume
-    from workbook.loop import TrainConfig
+    from workbook.notebooks import resume
+    from workbook.training.loop import TrainConfig
 
     spec = resume.recipe(TASK, {"ckpt_without_optimizer": True},
                          TrainConfig(UpdateShape(4, 2), updates=8), 40)
@@ -247,7 +247,7 @@ def test_a_sampler_that_cannot_serve_the_loop_is_a_clear_error():
     import dataclasses
 
     from workbook import WorkbookError
-    from workbook.loop import Position, TrainConfig, train
+    from workbook.training.loop import Position, TrainConfig, train
 
     task = load_task(TASK)
     items = prepare(task).train[:16]
@@ -275,7 +275,7 @@ def test_a_save_state_that_raises_is_named_and_leaves_no_checkpoint(tmp_path):
     import dataclasses
 
     from workbook import WorkbookError
-    from workbook.checkpoint import save_checkpoint
+    from workbook.training.checkpoint import save_checkpoint
 
     def broken(folder, objects):
         raise OSError("planted: the user's save failed")
@@ -290,7 +290,7 @@ def test_a_train_step_that_steps_per_micro_batch_is_named():
     import dataclasses
 
     from workbook import WorkbookError
-    from workbook.accounting import normalisation_check
+    from workbook.notebooks.accounting import normalisation_check
 
     def every_micro_batch(model, optimizer, micro_batches):
         for batch in micro_batches:
@@ -315,7 +315,7 @@ def test_the_loop_runs_the_tasks_own_train_step_and_records_what_it_returns():
     import dataclasses
 
     from examples.regression import train_step
-    from workbook.loop import TrainConfig, train
+    from workbook.training.loop import TrainConfig, train
 
     calls = []
 
@@ -344,7 +344,7 @@ def test_the_loop_runs_the_tasks_own_train_step_and_records_what_it_returns():
 ])
 def test_a_train_step_the_loop_cannot_use_is_named(step, message):
     from workbook import WorkbookError
-    from workbook.loop import TrainConfig, train
+    from workbook.training.loop import TrainConfig, train
 
     task = _own(step)
     with pytest.raises(WorkbookError, match=message):
@@ -353,7 +353,7 @@ def test_a_train_step_the_loop_cannot_use_is_named(step, message):
 
 def test_fp16_with_the_tasks_own_step_is_refused_before_training():
     from workbook import WorkbookError
-    from workbook.loop import check_precision
+    from workbook.training.loop import check_precision
 
     task = load_task(TASK)  # brings its own train_step
     with pytest.raises(WorkbookError, match="GradScaler cannot reach inside it"):
@@ -365,7 +365,7 @@ def test_fp16_is_refused_only_where_the_tasks_step_runs(monkeypatch):
     """Training through the task's step in fp16 is refused before any model is built; the
     prediction and the phase gates size the workbook's update, whose fp16 stays allowed."""
     from workbook import WorkbookError
-    from workbook.loop import TrainConfig, check_precision, train
+    from workbook.training.loop import TrainConfig, check_precision, train
 
     task = load_task(TASK)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -8,13 +8,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbook import WorkbookError, params, rental
-from workbook import predict as predict_module
-from workbook.data import prepare
-from workbook.frontend import readable
-from workbook.loop import UpdateShape
-from workbook.predict import Overheads, Plan
-from workbook.rental import (
+from workbook import WorkbookError
+from workbook.base.frontend import readable
+from workbook.commands import params
+from workbook.contract.data import prepare
+from workbook.notebooks import rental
+from workbook.notebooks.rental import (
     Assumptions,
     Candidate,
     candidates_from,
@@ -28,7 +27,10 @@ from workbook.rental import (
     selection_sheet,
     stack_check,
 )
-from workbook.workload import TRAINING_PHASES
+from workbook.training import predict as predict_module
+from workbook.training.loop import UpdateShape
+from workbook.training.predict import Overheads, Plan
+from workbook.training.workload import TRAINING_PHASES
 
 from .conftest import GENERATION
 

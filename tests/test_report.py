@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 
 import pandas as pd
 
-from workbook.report import human, write_report
+from workbook.commands.report import human, write_report
 
 
 class Page(HTMLParser):

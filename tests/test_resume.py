@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from workbook import TrainConfig, UpdateShape, WorkbookError, load_task
-from workbook.archive import reload_archive, reload_in_new_process, write_archive
-from workbook.checkpoint import load_checkpoint, save_checkpoint, verify
-from workbook.resume import (
+from workbook.notebooks.archive import reload_archive, reload_in_new_process, write_archive
+from workbook.notebooks.resume import (
     check_cases,
     compare,
     latest_checkpoint,
@@ -23,6 +22,7 @@ from workbook.resume import (
     run_recipe,
     tamper_checks,
 )
+from workbook.training.checkpoint import load_checkpoint, save_checkpoint, verify
 
 from .conftest import CLASSIFICATION, GENERATION
 
@@ -97,8 +97,8 @@ def test_random_states_survive_weights_only_loading(tmp_path):
 SAVER = """
 import sys, torch
 from pathlib import Path
-from workbook.checkpoint import save_checkpoint
-from workbook.loop import UpdateShape
+from workbook.training.checkpoint import save_checkpoint
+from workbook.training.loop import UpdateShape
 model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)])
 opt = torch.optim.AdamW(model.parameters())
 step = int(sys.argv[2])

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from workbook import WorkbookError
-from workbook.runs import claim_dir, new_run_dir, notebook_dir, write_summary
+from workbook.storage.runs import claim_dir, new_run_dir, notebook_dir, write_summary
 
 
 def test_existing_run_is_never_reused(tmp_path):
@@ -24,7 +24,7 @@ def test_new_run_dirs_are_unique(tmp_path):
 
 
 def test_notebook_dir_without_out_dir_makes_a_new_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr("workbook.runs.RUNS_ROOT", tmp_path)
+    monkeypatch.setattr("workbook.storage.runs.RUNS_ROOT", tmp_path)
     assert notebook_dir("", "01_x").parent == tmp_path
 
 
@@ -40,8 +40,8 @@ def test_summary_is_json_with_verdict_and_safe_numbers(tmp_path):
 def test_a_write_into_a_missing_folder_names_that_cause_not_the_disk(tmp_path):
     import pandas as pd
 
-    from workbook.artifacts import write_file
-    from workbook.runs import save_table
+    from workbook.storage.artifacts import write_file
+    from workbook.storage.runs import save_table
 
     missing = tmp_path / "not-made"
     with pytest.raises(WorkbookError, match="create the folder .*not-made first") as info:
@@ -88,7 +88,7 @@ def test_written_files_get_the_umask_mode_whatever_the_temporary_had(umask, expe
     import os
     import stat
 
-    from workbook.runs import write_json, write_text
+    from workbook.storage.files import write_json, write_text
 
     before = os.umask(umask)
     try:
@@ -101,7 +101,7 @@ def test_written_files_get_the_umask_mode_whatever_the_temporary_had(umask, expe
 
 
 def test_an_output_written_as_new_is_never_overwritten_and_leaves_nothing(tmp_path):
-    from workbook.runs import write_text
+    from workbook.storage.files import write_text
 
     write_text(tmp_path / "r.json", "first", overwrite=False)
     with pytest.raises(WorkbookError, match="r.json already exists"):
@@ -122,7 +122,7 @@ def _pasted(line: str) -> None:
 
 
 def test_a_suggested_command_is_quoted_so_pasting_it_runs_nothing(tmp_path):
-    from workbook.runs import command_line, workbook_command
+    from workbook.storage.runs import command_line, workbook_command
 
     marker = tmp_path / "pwned"
     words = ["trial", "--study", str(tmp_path / "a study"), "--task", EVIL.format(marker=marker)]
@@ -136,7 +136,7 @@ def test_a_suggested_command_is_quoted_so_pasting_it_runs_nothing(tmp_path):
 
 
 def test_a_timed_out_command_names_itself_quoted(tmp_path):
-    from workbook.runs import fresh_process
+    from workbook.storage.runs import fresh_process
 
     marker = tmp_path / "pwned"
     with pytest.raises(WorkbookError, match="did not finish within 0 s") as info:
@@ -157,7 +157,7 @@ def test_a_child_ends_with_its_parent_but_not_with_the_thread_that_started_it():
     import threading
     import time
 
-    from workbook import runs
+    from workbook.storage import runs
 
     started = {}
 
@@ -178,7 +178,7 @@ def test_a_child_ends_with_its_parent_but_not_with_the_thread_that_started_it():
 
 
 def test_the_pilot_keeps_space_for_its_index_and_gives_it_back_when_the_disk_fills(tmp_path):
-    from workbook.pilot import RESERVE, RESERVE_BYTES, _Reserve
+    from workbook.commands.pilot import RESERVE, RESERVE_BYTES, _Reserve
 
     space = _Reserve(tmp_path)
     reserve = tmp_path / RESERVE
@@ -203,7 +203,7 @@ def test_an_executed_notebook_save_the_disk_refuses_keeps_the_last_complete_one(
     import errno
     import os
 
-    from workbook.pilot import _atomic, _AtomicIO
+    from workbook.commands.pilot import _atomic, _AtomicIO
 
     path = tmp_path / ".01.partial.ipynb"
     target = _atomic(path)
@@ -232,7 +232,7 @@ def test_what_a_killed_run_left_half_written_is_swept_and_a_live_ones_is_kept(tm
     import subprocess
     import sys
 
-    from workbook.runs import CLAIM, sweep_runs
+    from workbook.storage.runs import CLAIM, sweep_runs
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -255,7 +255,7 @@ def test_what_a_killed_run_left_half_written_is_swept_and_a_live_ones_is_kept(tm
 
 
 def test_a_childs_error_is_said_without_its_progress_bars():
-    from workbook.errors import child_error
+    from workbook.base.errors import child_error
 
     stderr = ("Map:   0%|          | 0/483 [00:00<?, ? examples/s]\rMap: 100%|##########| "
               "483/483 [00:00<00:00, 9155.45 examples/s]\n\x1b[31mwarning: slow\x1b[0m\n"

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from workbook import WorkbookError, schemas
-from workbook.report import SAFE_URL, safe_links, safe_url
+from workbook import WorkbookError
+from workbook.commands.report import SAFE_URL, safe_links, safe_url
+from workbook.storage import schemas
 
 
 def test_json_is_parsed_bounded_in_depth_integer_length_and_size(tmp_path, monkeypatch):
@@ -50,8 +51,8 @@ def test_a_failed_check_names_the_file_the_field_and_what_was_expected():
 def test_a_recipe_of_values_that_cannot_train_is_refused_by_field(change, field):
     from dataclasses import asdict
 
-    from workbook.loop import TrainConfig
-    from workbook.resume import check_recipe
+    from workbook.notebooks.resume import check_recipe
+    from workbook.training.loop import TrainConfig
 
     spec = {"task": "t:t", "task_options": {}, "train_limit": 0, "config": asdict(TrainConfig())}
     assert check_recipe(spec)["config"] == asdict(TrainConfig()), "clean twin"
@@ -60,7 +61,7 @@ def test_a_recipe_of_values_that_cannot_train_is_refused_by_field(change, field)
 
 
 def test_random_states_of_another_length_are_refused_before_any_generator_is_set():
-    from workbook.checkpoint import rng_state, set_rng_state
+    from workbook.training.checkpoint import rng_state, set_rng_state
 
     state = rng_state()
     set_rng_state(state)  # clean twin
@@ -95,7 +96,7 @@ def test_optimizer_state_is_checked_against_the_optimizer_it_loads_into():
 def test_weights_in_another_dtype_are_refused_naming_the_tensor(tmp_path):
     from safetensors.torch import save_model
 
-    from workbook.checkpoint import load_weights
+    from workbook.training.checkpoint import load_weights
 
     model = torch.nn.Linear(2, 2)
     save_model(model.to(torch.bfloat16), str(tmp_path / "w.safetensors"))
@@ -131,7 +132,7 @@ def test_safe_links_rewrites_attributes_anywhere_in_the_page_and_keeps_the_rest(
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-5", "soon"])
 def test_a_time_limit_must_be_positive_and_finite(value, capsys):
-    from workbook.cli import main
+    from workbook.commands.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["pilot", f"--timeout={value}"])
@@ -140,7 +141,7 @@ def test_a_time_limit_must_be_positive_and_finite(value, capsys):
 
 
 def test_a_pilot_timeout_given_directly_must_be_finite(tmp_path):
-    from workbook.pilot import run_pilot
+    from workbook.commands.pilot import run_pilot
 
     with pytest.raises(WorkbookError, match="--timeout must be a positive finite number"):
         run_pilot("tests.own_task:task", out=str(tmp_path / "r"), only="01",
@@ -154,7 +155,7 @@ def test_a_summary_of_another_verdict_is_named_and_the_report_still_renders(tmp_
     with pytest.raises(WorkbookError, match="field 'verdict' should be 'pass', 'fail' or "
                                             "'error'"):
         schemas.read(path, schemas.Summary, "notebook summary")
-    from workbook.report import _summary
+    from workbook.commands.report import _summary
 
     assert _summary(tmp_path) is None
     path.write_text(json.dumps({"verdict": "pass", "figures": {"x": 1}, "headline": "h"}))
@@ -164,7 +165,7 @@ def test_a_summary_of_another_verdict_is_named_and_the_report_still_renders(tmp_
 def test_a_checkpoint_without_the_launch_counters_cannot_resume_a_launch():
     """For replica._restore (a 07 checkpoint given to `workbook ddp --resume-from` was
     KeyError: 'rank_rng')."""
-    from workbook.checkpoint import rng_state
+    from workbook.training.checkpoint import rng_state
 
     seven = {"step": 2, "epoch": 0, "group": 2, "micro_batch_in_group": 0}
     with pytest.raises(WorkbookError, match="field 'counters.world' is missing"):
@@ -183,14 +184,14 @@ def test_launch_settings_of_the_wrong_type_are_named():
                       "--spec", "launch spec")
     from dataclasses import asdict
 
-    from workbook.replica import ReplicaSpec
+    from workbook.training.replica import ReplicaSpec
 
     spec = asdict(ReplicaSpec("a:b"))
     assert schemas.check(schemas.LaunchSpec, spec, "--spec", "launch spec").model_dump() == spec
 
 
 def test_a_launch_spec_with_a_string_lr_is_refused_naming_the_field():
-    from workbook.replica import ReplicaSpec
+    from workbook.training.replica import ReplicaSpec
 
     with pytest.raises(WorkbookError, match="field 'lr' should be a valid number"):
         ReplicaSpec.from_dict({"task": "workbook.samples.generation:task", "lr": "0.1"})

@@ -1,4 +1,4 @@
-"""FSDP2 sizing on fake tensors over a fake process group (workbook.sharding): the sharded state
+"""FSDP2 sizing on fake tensors over a fake process group (training/sharding.py): the sharded state
 shrinks as 1/N and activations do not, worlds derived from one run agree with direct runs, the
 campaign model is never allocated, and bad input is named."""
 
@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from workbook import WorkbookError, sharding
-from workbook.loop import UpdateShape
-from workbook.predict import Plan, predict
-from workbook.sharding import CHECKPOINT_SAVE, SHARDED_PHASES, predict_sharded
+from workbook import WorkbookError
+from workbook.training import sharding
+from workbook.training.loop import UpdateShape
+from workbook.training.predict import Plan, predict
+from workbook.training.sharding import CHECKPOINT_SAVE, SHARDED_PHASES, predict_sharded
 
 PLAN = Plan(UpdateShape(4, 2, precision="fp32"), length=64, eval_batch=4)
 
@@ -111,7 +112,7 @@ def test_the_campaign_model_is_never_allocated(small):
     from examples.llama_campaign import make_task
 
     task = make_task(layers=2, width=4096, heads=32, kv_heads=8, ffn=11008, vocab=32000)
-    from workbook.data import prepare
+    from workbook.contract.data import prepare
 
     data = prepare(task, limits={"train": 20})
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -141,7 +142,7 @@ def deep_llama():
     stretch carried by its largest operator at 3 and 4 layers misses (4.6% low in bf16 with
     checkpointing over 2 GPUs)."""
     from examples.llama_campaign import make_task
-    from workbook.data import prepare
+    from workbook.contract.data import prepare
 
     task = make_task(layers=8, width=512, heads=4, kv_heads=1, ffn=1792, vocab=8192,
                      positions=256)
@@ -156,7 +157,7 @@ def test_a_deep_campaign_model_is_sized_sharded_from_two_shallow_traces_to_the_b
     # every phase's per-GPU peak and breakdown carried from sharded runs at 3 and 4 layers
     # equals the sharded fake run at the full depth (8), at the run's world and at a world
     # derived from it
-    from workbook import campaign
+    from workbook.training import campaign
 
     task, train, val = deep_llama
     plan = Plan(UpdateShape(2, 2, precision=precision, activation_checkpointing=checkpointing),

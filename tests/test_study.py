@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from workbook import UpdateShape, WorkbookError, evaluate
-from workbook.ledger import Ledger
-from workbook.study import Study, StudyDesign, periodicity
+from workbook.notebooks.study import Study, StudyDesign, periodicity
+from workbook.storage.ledger import Ledger
 
 from .conftest import CLASSIFICATION, GENERATION
 
@@ -37,7 +37,7 @@ def test_divergence_is_recorded_and_the_study_goes_on(tmp_path):
 
 
 def test_a_study_whose_every_trial_diverged_fails_and_says_why(tmp_path):
-    from workbook.study import save
+    from workbook.notebooks.study import save
 
     study = Study(tmp_path / "s", plan(lrs=[1e3], updates=6))
     study.run_all()
@@ -93,7 +93,7 @@ def test_the_plan_is_written_first_and_cannot_change(tmp_path):
 
 
 def test_a_design_written_before_the_shape_was_one_field_reopens(tmp_path):
-    from workbook.artifacts import seal_file
+    from workbook.storage.runs import seal_file
 
     design = plan(shape=UpdateShape(4, 2))
     Study(tmp_path / "s", design)
@@ -201,7 +201,7 @@ def test_killing_a_trial_leaves_finished_rows_and_marks_it_interrupted(tmp_path)
     assert not list((tmp_path / "s" / "trials").glob("*/.*partial*"))
     best = table.loc[killed, "best_checkpoint"]
     assert best and (tmp_path / "s" / best / "manifest.json").exists()
-    from workbook.checkpoint import verify
+    from workbook.training.checkpoint import verify
 
     verify(tmp_path / "s" / best)  # the best recorded checkpoint is complete
     assert len(reopened.curves().query(f"trial == {finished}")) == 300
@@ -228,7 +228,7 @@ GRID = [1e-4, 5e-5, 2e-4]  # the control first
                        "smaller one may be better - extend the range downward"),
 ])
 def test_a_best_lr_at_the_edge_of_the_grid_is_a_warning(best_lr, edge, words):
-    from workbook.study import findings
+    from workbook.notebooks.study import findings
 
     losses = {lr: 2.0 if lr == best_lr else 3.0 for lr in GRID}
     found = findings(_trials([(lr, 0, losses[lr], 10) for lr in GRID]),
@@ -240,7 +240,7 @@ def test_a_best_lr_at_the_edge_of_the_grid_is_a_warning(best_lr, edge, words):
 
 
 def test_a_best_lr_inside_the_grid_and_done_improving_warns_of_nothing():
-    from workbook.study import findings
+    from workbook.notebooks.study import findings
 
     losses = {1e-4: 2.0, 5e-5: 3.0, 2e-4: 2.5}  # the control wins, in the middle of the grid
     found = findings(_trials([(lr, 0, losses[lr], 10) for lr in GRID]),
@@ -252,7 +252,7 @@ def test_a_best_lr_inside_the_grid_and_done_improving_warns_of_nothing():
 
 
 def test_a_best_trial_still_improving_at_its_last_update_is_a_warning():
-    from workbook.study import findings
+    from workbook.notebooks.study import findings
 
     design = plan(lrs=GRID, metric="loss")
     middle = {1e-4: 2.0, 5e-5: 3.0, 2e-4: 2.5}
@@ -278,7 +278,7 @@ def test_one_seed_has_no_spread_and_two_seeds_have_one():
     matplotlib.use("Agg")
     from types import SimpleNamespace
 
-    from workbook.study import findings, lr_figure, lr_summary
+    from workbook.notebooks.study import findings, lr_figure, lr_summary
 
     middle = {1e-4: 2.0, 5e-5: 3.0, 2e-4: 2.5}
     one = _trials([(lr, 0, middle[lr], 10) for lr in GRID])

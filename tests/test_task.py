@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from workbook import Task, WorkbookError, load_task
-from workbook.loop import UpdateShape
-from workbook.task import logits_of, token_cross_entropy, validate_task
+from workbook.contract.task import logits_of, token_cross_entropy, validate_task
+from workbook.training.loop import UpdateShape
 
 
 def test_load_sample_tasks_with_options():
@@ -72,7 +72,7 @@ def test_task_from_a_plain_dataset_is_short():
 def test_model_inputs_the_forward_does_not_take_are_named_with_the_fix():
     from torch import nn
 
-    from workbook.data import collate_items, prepare
+    from workbook.contract.data import collate_items, prepare
 
     class OnlyIds(nn.Module):  # a plain LM that takes no attention mask
         def __init__(self):
@@ -111,7 +111,7 @@ def test_the_tasks_own_pieces_failing_are_named_with_the_fix():
     """A model factory returning a non-module, examples that are not dicts, a collate that
     raises or returns something else: each a WorkbookError naming the piece, not a traceback
     from deep inside a notebook; the clean twin loads and collates."""
-    from workbook.data import collate_items, load_examples, prepare
+    from workbook.contract.data import collate_items, load_examples, prepare
 
     task = load_task("tests.own_task:task")
     items = prepare(task, ("train",)).train[:4]
@@ -133,7 +133,7 @@ def test_the_tasks_own_pieces_failing_are_named_with_the_fix():
 
 
 def test_an_error_reason_drops_terminal_colours_and_says_where_it_was_cut():
-    from workbook.errors import reason
+    from workbook.base.errors import reason
 
     assert reason(ValueError("\x1b[1;31mshape\x1b[0m mismatch\nsecond line")) == "shape mismatch"
     cut = reason(ValueError("the tensor " * 40), 40)
@@ -165,7 +165,7 @@ class _Returns(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def lm_batch():
-    from workbook.data import collate_items, prepare
+    from workbook.contract.data import collate_items, prepare
 
     task = load_task("workbook.samples.generation:task")
     return task, collate_items(task, prepare(task, ("validation",)).validation[:2]).tensors

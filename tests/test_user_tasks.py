@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import workbook as wb
-from workbook.data import prepare
+from workbook.contract.data import prepare
 
 MODULES = ("cnn_batchnorm", "encoder_lm", "mlp_dropout")
 

@@ -3,9 +3,9 @@
 import pytest
 
 from workbook import WorkbookError
-from workbook.loop import UpdateShape
-from workbook.predict import Plan
-from workbook.variants import Variant, VariantStudy, default_variants
+from workbook.notebooks.variants import Variant, VariantStudy, default_variants
+from workbook.training.loop import UpdateShape
+from workbook.training.predict import Plan
 
 from .conftest import CLASSIFICATION, GENERATION
 
@@ -83,7 +83,7 @@ def test_a_task_without_max_length_gets_a_not_applicable_row():
 
 
 def test_a_variant_that_trains_to_nan_fails_the_notebook_and_says_where(tmp_path):
-    from workbook.variants import VariantsResult, save
+    from workbook.notebooks.variants import VariantsResult, save
 
     # one pass of 7 updates of 64 reaches the rows whose features hold NaN
     study = VariantStudy("examples.regression:task", {"nan_inputs": True}, updates=7,

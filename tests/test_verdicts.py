@@ -5,9 +5,9 @@ import json
 
 import pandas as pd
 
-from workbook import accounting, parallel, rental, resume
-from workbook.accounting import BatchAccount
-from workbook.loop import UpdateShape
+from workbook.notebooks import accounting, parallel, rental, resume
+from workbook.notebooks.accounting import BatchAccount
+from workbook.training.loop import UpdateShape
 
 
 class Named:
@@ -97,8 +97,8 @@ def test_a_notebook_runs_from_a_script_with_the_notebooks_parameters(tmp_path):
     kernel; the parameters are checked as the notebook checks them."""
     import pytest
 
-    from workbook import params
-    from workbook.errors import WorkbookError
+    from workbook.base.errors import WorkbookError
+    from workbook.commands import params
 
     p = params.of("04_batch_accounting", small=True, task="examples.regression:task",
                   micro_batch=4)
@@ -116,8 +116,9 @@ def test_a_bad_update_shape_is_refused_before_any_notebook_runs(tmp_path):
     trials (06)."""
     import pytest
 
-    from workbook import gates, params, study, variants
-    from workbook.errors import WorkbookError
+    from workbook.base.errors import WorkbookError
+    from workbook.commands import params
+    from workbook.notebooks import gates, study, variants
 
     for notebook, module in (("03_phase_gates", gates), ("05_memory_variants", variants),
                              ("06_lr_study", study), ("07_resume_reload", resume)):

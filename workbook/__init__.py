@@ -1,18 +1,40 @@
 """The pilot workbook: evidence for every phase of a PyTorch training campaign, before renting.
 
-Notebooks import this package and call its top modules (one per notebook capability). The
-modules load on first use, so a process that needs few of them (a torchrun worker, a resume in
-a new process) starts quickly.
+The package is built in layers, each a folder that imports only the ones below it:
+`commands` (the pilot, the CLI) > `notebooks` (one module per notebook capability) >
+`training` (the one loop and its measurements) > `contract` (the task, its kinds, the adapters,
+the data) > `storage` (run folders, files, the ledger, records) > `base` (errors, units).
+
+Notebooks and users' task modules reach the public modules by their short names (`wb.inspection`,
+`wb.adapters`, `workbook.campaign`): they load on first use, so a process that needs few of them
+(a torchrun worker, a resume in a new process) starts quickly.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 from typing import Any
 
-_MODULES = ("accounting", "adapters", "archive", "artifacts", "campaign", "checkpoint",
-            "frontend", "gates", "inspection", "loop", "memory", "overfit", "parallel", "params",
-            "plots", "predict", "rental", "resume", "runs", "study", "variants")
+# The short name of each public module -> where it lives.
+_MODULES = {
+    "cli": "commands", "params": "commands", "pilot": "commands", "report": "commands",
+    "accounting": "notebooks", "archive": "notebooks", "forward_failure": "notebooks",
+    "gates": "notebooks", "inspection": "notebooks", "overfit": "notebooks",
+    "parallel": "notebooks", "plots": "notebooks", "rental": "notebooks", "resume": "notebooks",
+    "study": "notebooks", "variants": "notebooks",
+    "campaign": "training", "checkpoint": "training", "deviation": "training",
+    "ghost_batch_norm": "training", "loop": "training", "memory": "training",
+    "predict": "training", "replica": "training", "sharded_replica": "training",
+    "sharding": "training", "workload": "training",
+    "adapters": "contract", "data": "contract", "kinds": "contract", "task": "contract",
+    "tokenizer": "contract",
+    "artifacts": "storage", "files": "storage", "ledger": "storage", "records": "storage",
+    "runs": "storage", "schemas": "storage",
+    "errors": "base", "frontend": "base",
+}
 _NAMES = {"encode_examples": "data", "load_examples": "data", "prepare": "data",
           "read_jsonl": "data", "split_examples": "data", "WorkbookError": "errors",
           "TrainConfig": "loop", "UpdateShape": "loop", "evaluate": "loop", "train": "loop",
@@ -20,13 +42,40 @@ _NAMES = {"encode_examples": "data", "load_examples": "data", "prepare": "data",
 __all__ = sorted([*_MODULES, *_NAMES])
 
 
+def _full(short: str) -> str:
+    return f"{__name__}.{_MODULES[short]}.{short}"
+
+
 def __getattr__(name: str) -> Any:
     if name in _MODULES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(_full(name))
     if name in _NAMES:
-        return getattr(importlib.import_module(f".{_NAMES[name]}", __name__), name)
+        return getattr(importlib.import_module(_full(_NAMES[name])), name)
     raise AttributeError(f"module 'workbook' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     return __all__
+
+
+class _ShortNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`import workbook.campaign` (and `from workbook.adapters import from_hf`) keep working:
+    the short name is the same module object as its layered one, so a user's task module, an
+    older archive's recorded path and the docs' examples import what they always did."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        short = fullname.split(".")
+        if len(short) >= 2 and short[0] == __name__ and short[1] in _MODULES:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        _, short, *rest = spec.name.split(".")
+        return importlib.import_module(".".join([_full(short), *rest]))
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(f, _ShortNames) for f in sys.meta_path):
+    sys.meta_path.insert(0, _ShortNames())  # before the path finder: `workbook.adapters.hf` too

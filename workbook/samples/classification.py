@@ -13,11 +13,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
-from .. import tokenizer as tok
-from ..data import read_jsonl
-from ..errors import WorkbookError
-from ..ghost_batch_norm import GhostBatchNorm
-from ..task import Task
+from ..base.errors import WorkbookError
+from ..contract import tokenizer as tok
+from ..contract.data import read_jsonl
+from ..contract.task import Task
+from ..training.ghost_batch_norm import GhostBatchNorm
 from . import DATA_DIR
 from .models import TrigramClassifier
 

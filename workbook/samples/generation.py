@@ -12,9 +12,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
-from .. import tokenizer as tok
-from ..data import read_jsonl
-from ..task import IGNORE_INDEX, Task, logits_of
+from ..contract import tokenizer as tok
+from ..contract.data import read_jsonl
+from ..contract.task import IGNORE_INDEX, Task, logits_of
 from . import DATA_DIR
 from .models import TinyDecoder
 

@@ -1,0 +1,326 @@
+"""Command line: `python -m workbook pilot [--task MOD:ATTR] [--out DIR] [--smoke] [--only 01]`.
+
+Every command checks what it is given before any work, writes only new files (never over an
+existing one) and exits non-zero when it failed. `trial`, `resume` and `reload` hand their
+outcome back in the new file `--result PATH` (JSON): a parent process reads that, never the
+output, which the task's own prints share."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..base.errors import WorkbookError
+from ..storage.runs import (
+    CLAIM,
+    LAUNCH_CLAIM,
+    RESULT_OPTION,
+    claim_dir,
+    command_line,
+    hand_back,
+    refuse_existing,
+)
+from .params import parse_literal
+
+SEED_MAX = 2**32 - 1  # seed_everything seeds NumPy too, whose seed is 0..2**32-1
+
+
+def _option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, parse_literal(value)  # bounded: a value nested 10^5 deep is refused
+
+
+def _seconds(text: str) -> float:
+    """A time limit in seconds: a finite number above 0 (inf, nan, 0 and negatives are
+    refused: a limit that never ends, or ends at once, is no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive finite number of seconds "
+                                         "(give e.g. --timeout 1800)")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The commands and their options."""
+    parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    pilot = sub.add_parser("pilot", help="run the pilot notebooks into a new run folder")
+    pilot.add_argument("--task", default="workbook.samples.generation:task",
+                       help="the task as package.module:attribute")
+    pilot.add_argument("--option", type=_option, action="append", default=[],
+                       metavar="KEY=VALUE", help="an option for a task factory (repeatable)")
+    pilot.add_argument("-p", "--param", type=_option, action="append", default=[],
+                       metavar="NAME=VALUE", help="a notebook parameter, for every notebook "
+                       "that has it (repeatable), e.g. -p device_memory_gib=24")
+    pilot.add_argument("--out", help="a new folder for this run (default: runs/<time>-<task>)")
+    pilot.add_argument("--smoke", action="store_true", help="small sizes, for CI")
+    pilot.add_argument("--only", help="comma list of notebook numbers, e.g. 01,02")
+    pilot.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    pilot.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                       help="each notebook's time limit (default 3600, 600 with --smoke)")
+    trial = sub.add_parser("trial", help="run one more trial of an existing study (the "
+                           "repro command of notebook 06); exits 1 when the trial failed")
+    trial.add_argument("--study", required=True, help="the study folder (holds design.json)")
+    _task_arguments(trial)
+    trial.add_argument("--lr", type=float, required=True)
+    trial.add_argument("--seed", type=int, default=0, help=f"0 to {SEED_MAX}")
+    trial.add_argument("--repeats", type=int, help="the id of the trial this one repeats")
+    _result_argument(trial)
+    resume = sub.add_parser("resume", help="continue a checkpoint in this (new) process")
+    resume.add_argument("--checkpoint", required=True)
+    _task_arguments(resume)
+    resume.add_argument("--to", type=int, required=True, help="the update to stop after")
+    resume.add_argument("--out", required=True, help="writes the new files OUT.json and "
+                        "OUT.safetensors (never over existing ones)")
+    resume.add_argument("--fault", action="append", default=[],
+                        help="plant a resume bug (optimizer, sampler, rng) to see it caught")
+    _result_argument(resume)
+    reload = sub.add_parser("reload", help="reload an archive and re-run its control inputs; "
+                            "exits 1 when they do not reproduce")
+    reload.add_argument("--archive", required=True)
+    _task_arguments(reload)
+    _result_argument(reload)
+    ddp = sub.add_parser("ddp", help="one process of notebook 09's data-parallel run (started "
+                         "by torchrun: torchrun --standalone --nproc_per_node=N -m workbook ddp)")
+    ddp.add_argument("--spec", required=True, help="the run's settings as JSON (ReplicaSpec)")
+    ddp.add_argument("--out", required=True, help="the launch's folder: new or empty (rank 0 "
+                     "writes there)")
+    ddp.add_argument("--resume-from", help="a checkpoint of an earlier launch to continue")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "ddp":
+        return _ddp(args)
+    if args.command in COMMANDS:
+        return _handing_back(args)
+    from .pilot import run_pilot
+
+    try:
+        run, index = run_pilot(args.task, args.out, args.smoke, args.only, dict(args.option),
+                               args.device, params=dict(args.param), timeout=args.timeout)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: index.json lists the notebooks that finished", file=sys.stderr)
+        return 130
+    print(index[["notebook", "verdict", "seconds"]].to_string(index=False))
+    print(f"run folder: {run}")
+    return 0 if (index.verdict == "pass").all() else 1
+
+
+def _task_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", required=True, help="the task as package.module:attribute; "
+                        "it must be the one the folder records (a task path read from a folder "
+                        "is never imported)")
+    parser.add_argument("--option", type=_option, action="append", default=[],
+                        metavar="KEY=VALUE", help="an option for a task factory (repeatable)")
+
+
+def _result_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(RESULT_OPTION, metavar="PATH", help="also write the outcome as JSON to "
+                        "this new file (how a parent process reads it; never over an existing "
+                        "file)")
+
+
+# --- trial, resume, reload: checked first, outcome handed back in --result ----------------
+def _handing_back(args: argparse.Namespace) -> int:
+    """Run `trial`, `resume` or `reload`: its outcome goes to --result (when given) whatever
+    happens, an error also to stderr; exit 0 (done), 1 (ran, and failed) or 2 (refused)."""
+    result = Path(args.result) if args.result else None
+    try:
+        if result is not None:
+            refuse_existing([result], RESULT_OPTION)
+    except WorkbookError as exc:  # no result file can be written: stderr only
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with _signals_as_interrupt():
+            code, outcome, error = COMMANDS[args.command](args)
+    except WorkbookError as exc:
+        code, outcome, error = 2, None, exc
+    except KeyboardInterrupt:  # SIGINT, SIGTERM (its parent ended): files cleaned up on the way
+        with contextlib.suppress(WorkbookError, OSError):
+            hand_back(result, args.command, 130, None, WorkbookError(
+                f"{args.command} was interrupted", "run it again"))
+        print(f"interrupted: {args.command} stopped before it finished", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug, or the task's own code: the parent still learns of it
+        _hand_back(result, args.command, 1, None, WorkbookError(
+            f"{args.command} raised {type(exc).__name__}: {exc}"[:600],
+            "read the traceback in the command's error output"))
+        raise
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+    return _hand_back(result, args.command, code, outcome, error)
+
+
+@contextlib.contextmanager
+def _signals_as_interrupt():
+    """SIGTERM and SIGHUP end the command like Ctrl-C: as KeyboardInterrupt, so every writer's
+    cleanup runs (no temporary file or partial folder is left) and it exits 130."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _hand_back(result: Path | None, command: str, code: int, outcome: dict | None,
+               error: WorkbookError | None) -> int:
+    try:
+        hand_back(result, command, code, outcome, error)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return code or 2
+    return code
+
+
+def _trial(args: argparse.Namespace) -> tuple[int, dict, WorkbookError | None]:
+    from ..notebooks.study import Study
+
+    if not 0 <= args.seed <= SEED_MAX:
+        raise WorkbookError(f"--seed {args.seed} is outside 0..{SEED_MAX}",
+                            f"give a seed from 0 to {SEED_MAX}: the trial seeds Python, NumPy "
+                            "and torch from it, and NumPy takes no other")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise WorkbookError(f"--lr {args.lr} is not a positive finite number",
+                            "give a learning rate such as --lr 1e-3")
+    if args.repeats is not None and args.repeats < 1:
+        raise WorkbookError(f"--repeats {args.repeats} is not a trial id",
+                            "give the id of the trial this one repeats (see the study table)")
+    study = Study(args.study, task=args.task, task_options=dict(args.option))
+    try:
+        tid = study.run_trial(args.lr, args.seed, args.repeats)
+        row = study.ledger.trial(tid)
+    finally:
+        study.ledger.close()
+    outcome = {"trial": tid, "status": row["status"], "stop_reason": row["stop_reason"],
+               "stop_step": _plain(row["stop_step"])}
+    if row["status"] == "failed":
+        return 1, outcome, WorkbookError(
+            f"trial {tid} failed: {row['stop_reason']}",
+            "the ledger keeps its row and error; fix the cause, then run it again as a new "
+            f"trial: {study.repro(args.lr, args.seed, tid)}")
+    print(f"trial {tid}: {row['status']}" + (f" ({row['stop_reason']})"
+                                              if row["stop_reason"] else ""))
+    return 0, outcome, None
+
+
+def _plain(value: Any) -> Any:
+    """A ledger value as plain JSON (pandas gives numpy numbers and NaN for NULL)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _resume(args: argparse.Namespace) -> tuple[int, dict, None]:
+    from safetensors.torch import save_file
+
+    from ..contract.task import load_recorded_task
+    from ..notebooks.resume import check_recipe, run_recipe
+    from ..storage.artifacts import write_file
+    from ..storage.files import write_text
+    from ..training.checkpoint import META, load_meta, load_state
+
+    out = Path(args.out)
+    records_path, weights_path = out.with_suffix(".json"), out.with_suffix(".safetensors")
+    refuse_existing([records_path, weights_path], "--out")
+    if args.to < 1:
+        raise WorkbookError(f"--to {args.to} is not an update", "give --to 1 or later")
+    load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
+    spec = check_recipe(load_meta(args.checkpoint).get("recipe"),
+                        Path(args.checkpoint) / META, "recipe")
+    task = load_recorded_task(spec, args.task, dict(args.option),
+                              f"checkpoint {args.checkpoint}")
+    records, weights = run_recipe(spec, args.to, start_from=Path(args.checkpoint),
+                                  faults=tuple(args.fault), task=task)
+    # the weights first, the records last: the records' file says the hand-back is complete
+    write_file(weights_path, lambda tmp: save_file(
+        {k: v.contiguous() for k, v in weights.items()}, str(tmp)), "resumed weights")
+    write_text(records_path, json.dumps(records), overwrite=False)
+    print(f"resumed to update {args.to}")
+    return 0, {"resumed_to": args.to, "updates": len(records), "records": str(records_path),
+               "weights": str(weights_path)}, None
+
+
+def _reload(args: argparse.Namespace) -> tuple[int, dict, None]:
+    from ..notebooks.archive import reload_archive
+
+    result = reload_archive(args.archive, args.task, dict(args.option))
+    print(json.dumps(result))
+    return (0 if result["identical"] else 1), result, None
+
+
+COMMANDS = {"trial": _trial, "resume": _resume, "reload": _reload}
+
+
+# --- ddp: one torchrun worker -----------------------------------------------------------------
+def _ddp(args: argparse.Namespace) -> int:
+    """One process of a launch. Outside torchrun, or with an --out that holds anything, it is
+    refused before anything starts; rank 0 claims --out (the other ranks wait for it in the
+    process group, so none writes first)."""
+    try:
+        claim_launch(args)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from ..training import replica, sharded_replica
+
+    try:
+        data = replica.read_spec(args.spec)
+        sharded = isinstance(data, dict) and data.get("strategy") == "fsdp"  # 09's FSDP launches
+        code = (sharded_replica if sharded else replica).main(data, args.out, args.resume_from)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    # Everything is written (atomically) and the process group destroyed: leave without
+    # interpreter finalization, where gloo's threads freeing Python-held tensors abort the
+    # process now and then (SIGABRT, "terminate called without an active exception";
+    # pytorch/pytorch#179291 describes it) - one launch in six on a loaded 2-core machine.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def claim_launch(args: argparse.Namespace) -> None:
+    """Refuse `workbook ddp` outside torchrun (no RANK/WORLD_SIZE) with the command that starts
+    it; on rank 0, claim --out: new or empty (a launch of notebook 09 made and claimed it)."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if not (rank or "").isdigit() or not (world or "").isdigit():
+        again = ["ddp", "--spec", args.spec, "--out", args.out]
+        again += ["--resume-from", args.resume_from] if args.resume_from else []
+        raise WorkbookError(
+            "workbook ddp is started by torchrun (notebook 09 does that): RANK and WORLD_SIZE "
+            "are not set",
+            "run the notebook (09_data_parallel), or " + command_line(
+                ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "workbook", *again]))
+    if rank == "0":
+        claim_dir(args.out, LAUNCH_CLAIM, beside=(CLAIM,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

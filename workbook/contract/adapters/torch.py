@@ -1,0 +1,185 @@
+"""`from_torch`: a plain PyTorch `Dataset` + `collate_fn` + model + criterion as a Task."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import default_collate
+
+from ...base.errors import WorkbookError, reason
+from ..task import Task, contributes
+
+LABELS = "labels"
+SPLITS = ("train", "validation", "test")
+
+
+def probe_on_meta(factory: Callable[[], nn.Module], what: str, fix: str) -> nn.Module:
+    """The user's `what` ("model", "module") built by `factory` on the meta device, to read
+    its class and shapes; a factory that fails says so with `fix`."""
+    try:
+        with torch.device("meta"):
+            return factory()
+    except Exception as exc:
+        raise WorkbookError(f"the {what} factory failed on the meta device: {reason(exc)}",
+                            fix) from exc
+
+
+def _as_dict(item: Any, fields: Sequence[str] | None, where: str) -> dict[str, Any]:
+    """A dataset item or a collated batch as a dict: dicts as they are, tuples/lists by
+    `fields` (default: every element but the last is an input, the last the labels)."""
+    if isinstance(item, dict):
+        return item
+    if isinstance(item, (tuple, list)) and len(item) >= 2:
+        names = list(fields) if fields else [f"input{i}" if len(item) > 2 else "inputs"
+                                             for i in range(len(item) - 1)] + [LABELS]
+        if len(names) != len(item):
+            raise WorkbookError(f"{where} has {len(item)} elements but fields names "
+                                f"{len(names)} ({list(names)})",
+                                "give one name per element, the labels named 'labels'")
+        return dict(zip(names, item, strict=True))
+    raise WorkbookError(f"{where} is a {type(item).__name__}, not a dict or an (inputs..., "
+                        "labels) tuple", "return a dict of tensors with 'labels', or a tuple "
+                        "whose last element is the labels")
+
+
+def _per_target(criterion: Any) -> Callable[[Tensor, Tensor], Tensor]:
+    """The criterion per target (summed by the task's loss under a mask, never by indexing: a
+    data-dependent shape does not run on the fake tensors that size the rental): an `nn` loss
+    is copied with reduction 'none'; a function is called with `reduction="none"`."""
+    if isinstance(criterion, nn.Module):
+        if not hasattr(criterion, "reduction"):
+            raise WorkbookError(f"the criterion {type(criterion).__name__} has no `reduction`, so "
+                                "its sum over targets is unknown",
+                                "pass a torch.nn loss (CrossEntropyLoss, MSELoss, ...) or a "
+                                "function taking reduction='none', or write Task.loss yourself")
+        each = copy.copy(criterion)
+        each.reduction = "none"
+        return each
+    if callable(criterion):
+        return lambda outputs, labels: criterion(outputs, labels, reduction="none")
+    raise WorkbookError(f"the criterion is a {type(criterion).__name__}, not callable",
+                        "pass the loss you train with, e.g. nn.CrossEntropyLoss()")
+
+
+def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: Any, *,
+               name: str, kind: str = "classification", collate_fn: Callable | None = None,
+               fields: Sequence[str] | None = None, group_of: Callable[[int, Any], Any] | None
+               = None, label_names: list[str] | None = None, **task_fields: Any) -> Task:
+    """A Task over a map-style `dataset` (items: dicts with 'labels', or (inputs..., labels)
+    tuples named by `fields`), the user's `collate_fn` (default: torch's `default_collate`),
+    model factory and criterion (`reduction="mean"` or `"sum"`, as you train with it: the task's
+    loss is its sum over targets with their number, so every batch is normalised over the whole
+    update). `dataset` may also be a dict of splits ({"train": ..., "validation": ...,
+    "test": ...}, a framework's own datasets); one dataset is split by group. `group_of(index,
+    item)` names each example's group, the unit of leakage (default: the index - say what
+    leaks: patient, document, source image). Classification labels are class ids; `label_names`
+    (default: the ids seen) name them. Generation (token ids in, token ids as labels, -100
+    where nothing is learned) needs `decode` and takes `criterion=None` for the task's token
+    cross-entropy. Other Task fields (`lr`, `build_optimizer`, `train_step`, `save_state`,
+    ...) pass through."""
+    if kind not in ("classification", "regression", "generation"):
+        raise WorkbookError(f"from_torch maps classification, regression and generation, not "
+                            f"{kind!r}", "give kind='classification', 'regression' or "
+                            "'generation'")
+    if kind == "generation" and "decode" not in task_fields:
+        raise WorkbookError("a generation task needs decode (token ids -> text)",
+                            "pass decode=your_tokenizer.decode")
+    splits = dict(dataset) if isinstance(dataset, dict) else {None: dataset}
+    for split, data in splits.items():
+        if split not in (None, *SPLITS):
+            raise WorkbookError(f"the datasets are named {sorted(map(str, splits))}; "
+                                f"{split!r} is not a split", f"name them {list(SPLITS)}")
+        if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+            raise WorkbookError(f"the {split or ''} dataset is a {type(data).__name__}, not a "
+                                "map-style Dataset (__len__ and __getitem__)".replace("  ", " "),
+                                "pass a map-style dataset; wrap an iterable one in a list first")
+    if "train" in splits and not len(splits["train"]):
+        raise WorkbookError("the train dataset has no items", "pass the data you train on")
+    collate = collate_fn or default_collate
+    each = _per_target(criterion) if criterion is not None or kind != "generation" else None
+    weight = getattr(criterion, "weight", None) if isinstance(
+        criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) else None
+    index = [(split, i) for split, data in splits.items() for i in range(len(data))]
+    first_data = next(iter(splits.values()))
+    tuple_items = not isinstance(first_data[0], dict) if len(first_data) else False
+
+    def raw(i: int) -> Any:
+        split, j = index[i]
+        try:
+            return splits[split][j]
+        except Exception as exc:
+            raise WorkbookError(f"the {split or ''} dataset raised on item {j}: "
+                                f"{reason(exc)}".replace("  ", " "),
+                                "fix the dataset's __getitem__") from exc
+
+    def item(i: int) -> dict[str, Any]:
+        out = _as_dict(raw(i), fields, f"dataset item {i}")
+        if LABELS not in out:
+            raise WorkbookError(f"dataset item {i} has no 'labels' (keys {sorted(out)})",
+                                "name the labels 'labels' (fields=(..., 'labels') for tuples)")
+        return {k: torch.as_tensor(v) for k, v in out.items()}
+
+    first = item(0) if index else {}
+    inputs = tuple(k for k in first if k != LABELS)
+
+    def load() -> list[dict]:
+        rows = []
+        for i, (split, j) in enumerate(index):
+            ex = {"id": i, "group": str(group_of(j, raw(i)) if group_of else
+                                        (f"{split}-{j}" if split else i))}
+            if split:
+                ex["split"] = split
+            if kind == "classification":
+                label = item(i)[LABELS]
+                if label.numel() != 1:
+                    raise WorkbookError(f"dataset item {i} has {label.numel()} labels; "
+                                        "from_torch classifies one label per example",
+                                        "write a token-level task with workbook.Task")
+                ex["label"] = names[int(label)] if names else str(int(label))
+            rows.append(ex)
+        return rows
+
+    names = label_names
+    if kind == "classification" and names is None:
+        seen = sorted({int(item(i)[LABELS]) for i in range(len(index))})
+        names = [str(c) for c in range(max(seen) + 1)] if seen else []
+
+    def encoded(ex: dict) -> dict[str, Tensor]:
+        return item(ex["id"])
+
+    def collated(batch: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        given = [tuple(b[k] for k in (*inputs, LABELS)) for b in batch] if tuple_items \
+            else batch
+        out = _as_dict(collate(given), [*inputs, LABELS] if tuple_items else None,
+                       "the collated batch")
+        return dict(out)
+
+    def loss(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        labels = batch[LABELS]
+        keep = contributes(labels)  # padding copies (-100 / NaN) and ignored targets weigh 0
+        if kind == "regression":
+            losses = each(outputs.reshape(labels.shape), torch.where(keep, labels, 0.0))
+            return torch.where(keep, losses, 0.0).sum(), keep.sum().to(losses.dtype)
+        clean = torch.where(keep, labels, 0)
+        losses = torch.where(keep, each(outputs, clean), 0.0)
+        if weight is not None:  # a weighted mean divides by the targets' weights
+            return losses.sum(), (weight.to(labels.device)[clean] * keep).sum()
+        return losses.sum(), keep.sum()
+
+    fields_given = dict(task_fields)
+    if each is not None:
+        fields_given["loss"] = loss
+    if None not in splits:
+        fields_given.setdefault("split_of", lambda ex: ex["split"])
+    decode = fields_given.pop("decode", None) or (
+        (lambda ids: ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{int(i)}?>"
+                               for i in ids)) if kind == "classification"
+        else (lambda values: ", ".join(f"{float(v):.3g}" for v in values)))
+    return Task(name=name, kind=kind, load_examples=load, encode=encoded, collate=collated,
+                build_model=build_model, decode=decode, model_inputs=inputs,
+                label_names=names if kind == "classification" else None,
+                label_field="label" if kind == "classification" else None,
+                **fields_given)

@@ -1,0 +1,697 @@
+"""The task contract: what a user's training task supplies to the pilot, and how it is loaded.
+
+A task is named by an import path `package.module:attribute`. The attribute is a `Task`, or a
+callable returning one (called with the options given to `load_task`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..base.errors import WorkbookError, reason
+
+IGNORE_INDEX = -100  # shared by torch.nn.functional.cross_entropy and Hugging Face labels
+KINDS = ("generation", "classification", "regression")
+
+
+def logits_of(outputs: Any) -> Tensor:
+    """The logits of a model's output: a tensor, or an object with `.logits` (Hugging Face)."""
+    return outputs.logits if hasattr(outputs, "logits") else outputs
+
+
+@dataclass
+class ModelOutputs:
+    """What the pilot reads from one forward: the logits, and the model's own loss (None when
+    it computes none)."""
+
+    logits: Tensor
+    loss: Tensor | None = None
+
+
+def describe(value: Any, depth: int = 0) -> str:
+    """A model's output for a message: types and tensor shapes, not values."""
+    if isinstance(value, Tensor):
+        return f"Tensor{list(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    if value is None or depth > 1:
+        return "None" if value is None else type(value).__name__
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k}={describe(v, depth + 1)}" for k, v in list(value.items())[:6])
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe(v, depth + 1) for v in value[:6])
+        return f"{type(value).__name__}({inner}{', ...' if len(value) > 6 else ''})"
+    return type(value).__name__
+
+
+def _leading(task: "Task", batch: dict[str, Tensor]) -> tuple[int, ...]:
+    """The leading dims a logits tensor of this batch has: the labels' shape (generation and
+    classification: one row of logits per target), else the batch size."""
+    labels = batch.get("labels")
+    if labels is not None and task.kind != "regression":
+        return tuple(labels.shape)
+    return (int(task.main_input(batch).shape[0]),)
+
+
+def _fits(t: Any, lead: tuple[int, ...], regression: bool) -> bool:
+    if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < len(lead):
+        return False
+    if not regression and t.dim() != len(lead) + 1:
+        return False
+    return tuple(t.shape[:len(lead)]) == lead
+
+
+def _pick(task: "Task", output: Any, where: int | str, name: str) -> Any:
+    """output[where] (tuple index, dict key) or output.where (attribute), or the error naming
+    what the model returned and the field."""
+    try:
+        if isinstance(where, str) and not isinstance(output, Mapping):
+            return getattr(output, where)
+        return output[where]
+    except (AttributeError, KeyError, IndexError, TypeError):
+        raise WorkbookError(f"the model of {task.name!r} returned {describe(output)}, which has "
+                            f"no {where!r} (the task's {name}={where!r})",
+                            f"set {name} to where its output holds it: an index into a tuple "
+                            "or a key/attribute name") from None
+
+
+def _find_logits(task: "Task", output: Any, batch: dict[str, Tensor]) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    found = output.get("logits") if isinstance(output, Mapping) else \
+        getattr(output, "logits", None)
+    if isinstance(found, Tensor):
+        return found
+    if isinstance(output, (tuple, list)):
+        lead = _leading(task, batch)
+        tensors = [t for t in output if isinstance(t, Tensor) and t.is_floating_point()]
+        fitting = [i for i, t in enumerate(output) if _fits(t, lead, task.kind == "regression")]
+        if fitting:
+            return output[fitting[0]]
+        last = _last_position_only(task, tensors[0], batch) if tensors else ""
+        raise WorkbookError(
+            f"the model of {task.name!r} returned {describe(output)}: none of its float "
+            f"tensors has the batch's leading dims {list(lead)}" + (f" - {last}" if last else ""),
+            _pass_targets(task) if last else "say where the logits are: logits_at=<index> (and "
+            "loss_at=<index> for the model's own loss)")
+    raise WorkbookError(
+        f"the model of {task.name!r} returned {describe(output)}: the workbook reads logits "
+        "from a tensor, an output with `.logits`, a dict with 'logits' or a tuple",
+        "say where the logits are: logits_at=<key, attribute or index>")
+
+
+def _find_loss(output: Any, logits: Tensor) -> Tensor | None:
+    if isinstance(output, Mapping):
+        found = output.get("loss")
+    elif isinstance(output, (tuple, list)):
+        scalars = [t for t in output if isinstance(t, Tensor) and t is not logits
+                   and t.is_floating_point() and t.dim() == 0]
+        found = scalars[0] if len(scalars) == 1 else None
+    else:
+        found = getattr(output, "loss", None)
+    return found if isinstance(found, Tensor) else None
+
+
+def _last_position_only(task: "Task", logits: Tensor, batch: dict[str, Tensor]) -> str:
+    """Why generation logits cover one position of many, in words; "" when they do not."""
+    labels = batch.get("labels")
+    if task.kind != "generation" or labels is None or labels.dim() != 2 or \
+            logits.dim() != 3 or logits.shape[1] != 1 or labels.shape[1] == 1:
+        return ""
+    return (f"its logits {describe(logits)} cover 1 position of {labels.shape[1]}: a forward "
+            "that computes every position's logits only when it is given the targets "
+            "(nanoGPT's `self.lm_head(x[:, [-1], :])` without them) needs the labels")
+
+
+def _pass_targets(task: "Task") -> str:
+    main = task.model_inputs[0]
+    return (f"pass the labels to the forward: model_inputs=({main!r}, 'labels') - they reach a "
+            "parameter named `targets` (or set forward_names={'labels': '<parameter>'})")
+
+
+def model_outputs(task: "Task", output: Any, batch: dict[str, Tensor]) -> ModelOutputs:
+    """The logits and the model's own loss in what a forward returned: where `logits_at` and
+    `loss_at` say, else found when unambiguous (`Task.logits_at`); anything else is a
+    WorkbookError naming what was returned and the field to set."""
+    logits = _pick(task, output, task.logits_at, "logits_at") if task.logits_at is not None \
+        else _find_logits(task, output, batch)
+    if not isinstance(logits, Tensor) or logits.dim() == 0:
+        raise WorkbookError(f"the model of {task.name!r} returned {describe(output)}; its "
+                            f"logits_at={task.logits_at!r} holds {describe(logits)}, not a "
+                            "tensor of logits" + (" (one number: its loss?)"
+                                                  if isinstance(logits, Tensor) else ""),
+                            "set logits_at to the index or key of the logits tensor")
+    last = _last_position_only(task, logits, batch)
+    if last:
+        raise WorkbookError(f"the model of {task.name!r} returned {describe(output)}: {last}",
+                            _pass_targets(task))
+    loss = _pick(task, output, task.loss_at, "loss_at") if task.loss_at is not None \
+        else _find_loss(output, logits)
+    if loss is not None and not isinstance(loss, Tensor):
+        raise WorkbookError(f"the model of {task.name!r} returned {describe(output)}; its "
+                            f"loss_at={task.loss_at!r} holds {describe(loss)}, not a tensor",
+                            "set loss_at to the index or key of the model's loss, or leave it "
+                            "None")
+    return ModelOutputs(logits, loss)
+
+
+def forward_owner(model: nn.Module) -> nn.Module:
+    """The module whose forward receives the inputs: inside DistributedDataParallel,
+    DataParallel and torch.compile, which pass them through."""
+    for _ in range(8):
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        else:
+            break
+    return model
+
+
+def shift_labels(labels: Tensor, shift: int) -> Tensor:
+    """Labels moved to the positions whose logits predict them: with `shift` 1 (the Hugging
+    Face causal-LM convention, labels aligned with input_ids) position t predicts labels[t + 1];
+    the last positions get -100."""
+    if not shift:
+        return labels
+    return nn.functional.pad(labels[..., shift:], (0, shift), value=IGNORE_INDEX)
+
+
+def token_cross_entropy(logits: Tensor, batch: dict[str, Tensor],
+                        shift: int = 0) -> tuple[Tensor, Tensor]:
+    """Summed cross-entropy over positions whose label is not -100, and how many there are
+    (`shift`: see `shift_labels`)."""
+    labels = shift_labels(batch["labels"], shift)
+    loss = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+        ignore_index=IGNORE_INDEX, reduction="sum",
+    )
+    return loss, (labels != IGNORE_INDEX).sum()
+
+
+def target_accuracy(logits: Tensor, batch: dict[str, Tensor],
+                    shift: int = 0) -> dict[str, tuple[float, float]]:
+    """Accuracy over contributing targets as (correct, total), so any batching sums exactly."""
+    labels = shift_labels(batch["labels"], shift)
+    keep = labels != IGNORE_INDEX
+    correct = (logits.argmax(-1) == labels) & keep
+    return {"accuracy": (float(correct.sum()), float(keep.sum()))}
+
+
+def contributes(labels: Tensor) -> Tensor:
+    """Which targets count: labels other than -100 (class and token ids), or not NaN (the float
+    targets of regression - a padding copy's targets are NaN)."""
+    return ~labels.isnan() if labels.is_floating_point() else labels != IGNORE_INDEX
+
+
+def squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Regression: summed squared error over the target values that are not NaN, and how many
+    there are."""
+    diff, keep = _errors(outputs, batch["labels"])
+    return (diff * diff).sum(), keep.sum()
+
+
+def absolute_error(outputs: Tensor, batch: dict[str, Tensor]) -> dict[str, tuple[float, float]]:
+    """Regression: mean absolute error as (summed |error|, number of target values)."""
+    diff, keep = _errors(outputs, batch["labels"])
+    return {"mae": (float(diff.abs().sum()), float(keep.sum()))}
+
+
+def _errors(outputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Output minus target where the target counts, 0 elsewhere (no data-dependent shapes:
+    the memory prediction runs this on fake tensors)."""
+    keep = contributes(labels)
+    diff = outputs.float().reshape(labels.shape) - labels.float().nan_to_num()
+    return torch.where(keep, diff, torch.zeros_like(diff)), keep
+
+
+def adamw(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The default optimizer: AdamW with PyTorch's defaults besides the learning rate, over the
+    parameters that require gradients."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+
+def split_by_group_hash(group: str, fractions: Sequence[float]) -> str:
+    """A stable split name for a group key: the same group lands in the same split everywhere."""
+    import hashlib
+
+    digest = hashlib.sha256(str(group).encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    edge = 0.0
+    for name, fraction in zip(("train", "validation", "test"), fractions, strict=True):
+        edge += fraction
+        if u < edge:
+            return name
+    return "test"
+
+
+class ModelFactory:
+    """A task's `build_model`, run as the task's own code: its failure names the piece, and
+    anything but an `nn.Module` is refused with the fix (every notebook builds through it)."""
+
+    def __init__(self, build: Callable[[], nn.Module], piece: str = "build_model"):
+        self.build = build
+        self.piece = piece
+
+    def __call__(self) -> nn.Module:
+        try:
+            model = self.build()
+        except (MemoryError, torch.OutOfMemoryError, WorkbookError):
+            raise  # out of memory is the machine's answer, not a bug in the factory
+        except Exception as exc:
+            raise WorkbookError(f"the task's {self.piece} failed: {type(exc).__name__}: "
+                                f"{reason(exc, 300)}",
+                                f"fix {self.piece}: it receives no arguments and returns the "
+                                "model") from exc
+        if not isinstance(model, nn.Module):
+            raise WorkbookError(f"the task's {self.piece} returned a {type(model).__name__}, not "
+                                "a torch.nn.Module", "return the model itself (an nn.Module "
+                                "instance, e.g. a transformers model), not a class, a tuple or "
+                                "a state dict")
+        return model
+
+
+@dataclass
+class Task:
+    """A training task as the pilot sees it. Required fields first; the rest have defaults.
+
+    Raw examples are dicts carrying `id_key` and `group_key` (the unit of leakage). `encode` turns
+    one into tensors for one example (including `labels`, -100 where nothing is learned, and
+    optionally `prompt_mask`); `collate` pads a list of them into a batch dict with an attention
+    mask; `loss` returns (summed loss, number of contributing targets) so the loop normalises over
+    the whole effective batch.
+    """
+
+    name: str
+    kind: str  # "generation", "classification" or "regression" (float targets)
+    load_examples: Callable[[], list[dict]]
+    encode: Callable[[dict], dict[str, Tensor]]
+    collate: Callable[[list[dict[str, Tensor]]], dict[str, Tensor]]
+    build_model: Callable[[], nn.Module]  # the model the pilot machine trains
+    decode: Callable[[Sequence[int]], str]
+    loss: Callable[[Tensor, dict[str, Tensor]], tuple[Tensor, Tensor]] = token_cross_entropy
+    metrics: Callable[[Tensor, dict[str, Tensor]], dict[str, tuple[float, float]]] = (
+        target_accuracy
+    )
+    build_optimizer: Callable[[nn.Module, float], torch.optim.Optimizer] = adamw  # (model, lr)
+    lr: float | None = None  # the task's own learning rate: notebooks whose `lr` is 0 use it
+    # the task's own learning-rate schedule: build_scheduler(optimizer) -> an object with
+    # step(), state_dict() and load_state_dict() (an LRScheduler), stepped after every update
+    # in place of the workbook's warm-up (`warmup_updates` is then unused); None: the warm-up
+    build_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
+    id_key: str = "id"
+    group_key: str = "group"
+    model_inputs: tuple[str, ...] = ("input_ids", "attention_mask")
+    split_of: Callable[[dict], str] | None = None  # default: hash of the group key
+    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    label_names: list[str] | None = None  # classification: id -> class name
+    label_field: str | None = None  # classification: raw field holding the class name
+    prompt_field: str | None = None  # generation: raw field of the instruction
+    response_field: str | None = None  # generation: raw field of the response
+    prompt_in_loss: bool = False  # generation: do prompt tokens contribute to the loss?
+    generate: Callable[[nn.Module, dict], str] | None = None  # greedy decoding, for display
+    decode_input: Callable[[Sequence[int]], str] | None = None  # input ids -> text, for display
+    checkpoint_blocks: Callable[[nn.Module], bool] | None = None  # default: ModuleList items
+    # generation: how labels align with the logits - 0: position t predicts labels[t] (the
+    # samples); 1: position t predicts labels[t + 1], labels aligned with input_ids (Hugging
+    # Face causal LMs). The default loss and metrics follow it; every check reads it.
+    label_shift: int = 0
+    padding_side: str = "auto"  # "left", "right", or "auto": read from the collated mask
+    # your own checkpoint code (both or neither): save_state(folder, objects) writes plain files
+    # into a new folder; restore_state(folder, objects) loads them back into the same objects
+    # {"model", "optimizer", "scheduler", "scaler"} (None where absent). The workbook adds the
+    # loop's counters and random states, and checks every part came back as it was saved.
+    # The objects also carry "sampler" (the loop's make_sampler object, None without one) and
+    # "step" (updates done). A restore_state that changes the sampler's state or sets
+    # objects["step"] is taken at its word: the workbook then repairs neither behind its back.
+    # your own update: train_step(model, optimizer, micro_batches) runs one whole update over
+    # the list of batch dicts (accumulation included), calls optimizer.step() once and returns
+    # the update's loss (a tensor, a float or a dict with "loss"); notebook 04 checks its
+    # gradient is the same for 1 x N, k x N/k and N x 1 micro-batches with dropout and batch
+    # norm held fixed, and that its loss is the task's `loss` on the same batch
+    train_step: Callable[[nn.Module, Any, list[dict[str, Tensor]]], Any] | None = None
+    # your own evaluation: eval_step(model, batch) -> {name: (sum, count)} for one batch (the
+    # workbook sums them over the split); notebook 04 checks it against the workbook's own:
+    # padding copies of the last partial batch weigh zero (batch["example_weight"] is 0 for
+    # them), counts do not depend on the evaluation batch size, and the model's mode is what it
+    # was before the call
+    eval_step: Callable[[nn.Module, dict[str, Tensor]], dict[str, tuple]] | None = None
+    # your own data order: make_sampler(n, seed) -> an iterable of example indices for one pass
+    # (set_epoch(epoch) is called before each pass when it has one; state_dict/load_state_dict
+    # when it keeps state across passes - the state travels in the checkpoint)
+    make_sampler: Callable[[int, int], Any] | None = None
+    save_state: Callable[[Any, dict[str, Any]], None] | None = None
+    restore_state: Callable[[Any, dict[str, Any]], None] | None = None
+    # the model the rental will train, when it is bigger than the pilot machine: build_model is
+    # then its pilot twin (same code and module types, fewer layers, narrower). Notebooks 03, 05
+    # and 08 size this model on fake tensors only - it is never allocated here - and check the
+    # prediction against a real run of the twin; every other notebook trains the twin
+    # (workbook.training.campaign.from_config derives both from a transformers config)
+    campaign_model: Callable[[], nn.Module] | None = None
+    # where the forward's output holds the logits and the model's own loss (`model_outputs`):
+    # None finds them (a tensor; `.logits`/`.loss`; a dict's "logits"/"loss"; a tuple's first
+    # float tensor with the batch's leading dims, and its one 0-d float tensor as the loss); an
+    # int indexes a tuple (nanoGPT's (logits, loss): 0 and 1), a str names a key or attribute
+    logits_at: int | str | None = None
+    loss_at: int | str | None = None
+    # batch key -> the forward's parameter that receives it, where the names differ (found
+    # without it: the main input goes in first when the forward has no parameter of its name,
+    # and "labels" reaches a forward's `targets`, as nanoGPT's forward(idx, targets) takes them)
+    forward_names: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if callable(self.build_model) and not isinstance(self.build_model, ModelFactory):
+            self.build_model = ModelFactory(self.build_model)
+        if callable(self.campaign_model) and not isinstance(self.campaign_model, ModelFactory):
+            self.campaign_model = ModelFactory(self.campaign_model, "campaign_model")
+        if self.kind == "regression" and self.loss is token_cross_entropy:
+            self.loss = squared_error
+        if self.kind == "regression" and self.metrics is target_accuracy:
+            self.metrics = absolute_error
+        if self.label_shift and self.loss is token_cross_entropy:
+            self.loss = functools.partial(token_cross_entropy, shift=self.label_shift)
+        if self.label_shift and self.metrics is target_accuracy:
+            self.metrics = functools.partial(target_accuracy, shift=self.label_shift)
+
+    def targets(self, labels: Tensor) -> Tensor:
+        """The labels each logit position is trained to predict (`label_shift` applied), for
+        one example or a batch; -100 where none."""
+        return shift_labels(labels, self.label_shift) if self.kind == "generation" else labels
+
+    def optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        """The task's optimizer for `model`, built by `build_optimizer(model, lr)`."""
+        try:
+            return self.build_optimizer(model, lr)
+        except TypeError as exc:  # most often a build_optimizer written for a parameter list
+            raise WorkbookError(
+                f"build_optimizer of {self.name!r} failed on the model it receives ({exc})",
+                "build_optimizer(model, lr) receives the model: pass model.parameters(), or "
+                "parameter groups by name (e.g. no weight decay on norms and biases)") from exc
+
+    def learning_rate(self, given: float, fallback: float = 1e-3) -> float:
+        """The learning rate a notebook uses: the one given, else (0) the task's, else
+        `fallback`."""
+        return given or self.lr or fallback
+
+    def predicted(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        """What the model predicts, laid out as the labels: the argmax id at every position, or
+        the output values for regression."""
+        if self.kind == "regression":
+            return outputs.reshape(labels.shape)
+        return outputs.argmax(-1)
+
+    def target_count(self, labels: Tensor) -> int:
+        """How many targets these labels give the loss."""
+        return int(contributes(self.targets(labels)).sum())
+
+    def side(self, batch: dict[str, Tensor]) -> str:
+        """Which side a collated batch is padded on: the declared `padding_side`, or read from
+        its attention mask (a row starting with 0 is left-padded)."""
+        if self.padding_side != "auto":
+            return self.padding_side
+        mask = batch.get("attention_mask")
+        if mask is not None and mask.dim() > 1 and bool((mask[:, 0] == 0).any()):
+            return "left"
+        return "right"
+
+    def real_part(self, output: Tensor, length: int, side: str) -> Tensor:
+        """The first `length` positions of a right-padded row, the last of a left-padded one."""
+        return output[-length:] if side == "left" else output[:length]
+
+    def split(self, example: dict) -> str:
+        """Which split ("train", "validation", "test") an example belongs to."""
+        if self.split_of is not None:
+            return self.split_of(example)
+        return split_by_group_hash(example[self.group_key], self.split_fractions)
+
+    def main_input(self, tensors: dict[str, Tensor]) -> Tensor:
+        """The first model input present (token ids for the samples): it sets the length."""
+        return next(tensors[k] for k in self.model_inputs if k in tensors)
+
+    def length(self, tensors: dict[str, Tensor]) -> int:
+        """Positions of one encoded example (elements of its main input)."""
+        return self.main_input(tensors).numel()
+
+    def forward(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        """The logits of the model on the batch (`outputs`)."""
+        return self.outputs(model, batch).logits
+
+    def outputs(self, model: nn.Module, batch: dict[str, Tensor]) -> "ModelOutputs":
+        """The one place the package calls the model: the batch's model inputs go in as
+        `forward_arguments` lays them out, and the logits (and the model's own loss, when it
+        computes one) are read from what comes back (`model_outputs`)."""
+        args, kwargs = self.forward_arguments(model, batch)
+        return model_outputs(self, model(*args, **kwargs), batch)
+
+    def forward_arguments(self, model: nn.Module,
+                          batch: dict[str, Tensor]) -> tuple[list[Tensor], dict[str, Tensor]]:
+        """How the batch's model inputs are passed: one as a positional argument (plain
+        modules, nn.Sequential), several as keyword arguments under their names (or
+        `forward_names`) - the main input positionally when the forward has no parameter of its
+        name, and "labels" as `targets` to a forward that takes targets, not labels."""
+        inputs = {k: batch[k] for k in self.model_inputs if k in batch}
+        if len(inputs) == 1 and not self.forward_names:
+            return list(inputs.values()), {}
+        owner = type(forward_owner(model))
+        accepted = accepted_inputs(owner)
+        names = {k: self.forward_names.get(k, k) for k in inputs}
+        args: list[Tensor] = []
+        if "**" not in accepted and inputs:
+            main = next(iter(inputs))
+            first = positional_parameters(owner)[:1]
+            if main not in self.forward_names and names[main] not in accepted and first and \
+                    first[0] not in names.values():
+                args.append(inputs.pop(main))
+                names.pop(main)
+            if "labels" in names and "labels" not in self.forward_names and \
+                    "labels" not in accepted:
+                names["labels"] = next((alt for alt in ("targets", "target") if alt in accepted
+                                        and alt not in names.values()), "labels")
+        refused = [] if "**" in accepted else [k for k in inputs if names[k] not in accepted]
+        if refused:
+            shown = ", ".join(names[k] if names[k] == k else f"{names[k]} (from {k})"
+                              for k in refused)
+            raise WorkbookError(
+                f"the model of {self.name!r} takes no argument {shown} "
+                f"(its forward accepts {', '.join(accepted)}), but the task's model_inputs "
+                f"pass {', '.join(self.model_inputs)}",
+                "set model_inputs to the batch keys the forward takes, e.g. "
+                f"model_inputs={tuple(k for k in self.model_inputs if k not in refused)!r}, or "
+                "map a batch key to the forward's parameter: forward_names="
+                f"{{{refused[0]!r}: '<parameter>'}}")
+        return args, {names[k]: v for k, v in inputs.items()}
+
+    def loss_computed_by(self) -> str | None:
+        """Whose code computes the loss the campaign trains on, when it is not the task's
+        `loss` on the logits: its own train_step, or its model (given the labels)."""
+        if self.train_step is not None:
+            return "its own train_step"
+        if "labels" in self.model_inputs or self.loss_at is not None:
+            return "its model (the forward receives the labels and returns its own loss)"
+        return None
+
+    def show_input(self, tensor: Tensor) -> str:
+        """One example's main input for people: decoded text when the task says how."""
+        if self.decode_input is not None:
+            return self.decode_input(tensor.tolist())
+        values = tensor.reshape(-1).tolist()
+        shown = ", ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in values[:8])
+        return f"[{shown}{', ...' if len(values) > 8 else ''}]"
+
+    def expected_initial_loss(self, num_outputs: int, labels: Tensor | None = None) -> float:
+        """Loss per target of an untrained model: ln(number of outputs) when it spreads
+        probability evenly; for regression, mean(target^2) - its outputs are near 0."""
+        if self.kind == "regression":
+            values = labels[contributes(labels)].float() if labels is not None else None
+            return float((values**2).mean()) if values is not None and values.numel() else 1.0
+        return math.log(num_outputs)
+
+    def initial_loss_rule(self, num_outputs: int) -> str:
+        """How `expected_initial_loss` is reasoned, for tables."""
+        return ("mean(target^2): outputs near 0" if self.kind == "regression"
+                else f"ln({num_outputs})")
+
+
+_CALLABLES = ("load_examples", "encode", "collate", "build_model", "decode", "loss", "metrics",
+              "build_optimizer")
+
+
+def validate_task(task: Any, path: str = "task") -> Task:
+    """Check every capability at once and raise one error that lists all that are wrong."""
+    if not isinstance(task, Task):
+        raise WorkbookError(
+            f"{path} is a {type(task).__name__}, not a workbook.Task",
+            "make the attribute a workbook.Task(...) or a function returning one "
+            "(see docs/own-task.md, 'Bring your own task')",
+        )
+    problems = []
+    for name in _CALLABLES:
+        if not callable(getattr(task, name)):
+            problems.append(f"`{name}` must be callable, got {type(getattr(task, name)).__name__}")
+    if task.kind not in KINDS:
+        problems.append(f"`kind` must be one of {KINDS}, got {task.kind!r}")
+    if task.kind == "classification" and not task.label_names:
+        problems.append("`label_names` (class id -> name) is required for classification")
+    if task.kind == "classification" and not task.label_field:
+        problems.append("`label_field` (raw field with the class name) is required for "
+                        "classification")
+    fr = task.split_fractions
+    if len(fr) != 3 or any(f < 0 for f in fr) or not math.isclose(sum(fr), 1.0):
+        problems.append(f"`split_fractions` must be three non-negative shares summing to 1, "
+                        f"got {fr}")
+    if not task.model_inputs:
+        problems.append("`model_inputs` must name at least one batch key passed to the model")
+    if not isinstance(task.label_shift, int) or task.label_shift not in (0, 1) or \
+            (task.label_shift and task.kind != "generation"):
+        problems.append(f"`label_shift` must be 0 or 1 (1 only for generation), got "
+                        f"{task.label_shift!r}")
+    if (task.save_state is None) != (task.restore_state is None):
+        problems.append("`save_state` and `restore_state` come together (a checkpoint written "
+                        "one way is read back the same way)")
+    for name in ("save_state", "restore_state", "make_sampler", "train_step", "eval_step",
+                 "campaign_model"):
+        if getattr(task, name) is not None and not callable(getattr(task, name)):
+            problems.append(f"`{name}` must be callable or None")
+    if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):
+        problems.append(f"`lr` must be a positive number or None, got {task.lr!r}")
+    for name in ("logits_at", "loss_at"):
+        where = getattr(task, name)
+        if where is not None and (isinstance(where, bool) or not isinstance(where, (int, str))):
+            problems.append(f"`{name}` must be None, a tuple index or a key/attribute name, got "
+                            f"{where!r}")
+    names = task.forward_names
+    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in names.items()):
+        problems.append(f"`forward_names` must map batch keys to the forward's parameter "
+                        f"names (str -> str), got {names!r}")
+    if task.padding_side not in ("auto", "left", "right"):
+        problems.append(f"`padding_side` must be 'auto', 'left' or 'right', got "
+                        f"{task.padding_side!r}")
+    if problems:
+        raise WorkbookError(
+            f"{path} ({task.name!r}) is not a complete task:\n    - " + "\n    - ".join(problems),
+            "supply each capability named above (docs/own-task.md lists them)",
+        )
+    return task
+
+
+def own_code(piece: str, fn: Callable, *args: Any, receives: str) -> Any:
+    """Run one of the task's own loop pieces (train_step, save_state, restore_state); its
+    failure becomes an error that names the piece and what it receives."""
+    try:
+        return fn(*args)
+    except WorkbookError:
+        raise
+    except Exception as exc:
+        raise WorkbookError(f"the task's {piece} failed: {reason(exc, 300)}",
+                            f"fix {piece}: it receives {receives}") from exc
+
+
+def task_from_params(params: dict[str, Any]) -> Task:
+    """The task a notebook's parameters name (`task`, `task_options`)."""
+    return load_task(params["task"], **params.get("task_options", {}))
+
+
+def load_task(path: str, **options: Any) -> Task:
+    """Import `package.module:attribute` and return the validated Task it names."""
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+        raise WorkbookError(
+            f"task path {path!r} is not of the form 'package.module:attribute'",
+            "name the module and the attribute, e.g. 'workbook.samples.generation:task'",
+        )
+    module_name, attr = path.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise WorkbookError(
+            f"task module {module_name!r} cannot be imported ({exc})",
+            "check the spelling, and that the module's folder is on PYTHONPATH or installed",
+        ) from exc
+    except SyntaxError as exc:
+        raise WorkbookError(
+            f"task module {module_name!r} has a syntax error: {exc.msg} "
+            f"({exc.filename}, line {exc.lineno})", "fix that line and run again") from None
+    except Exception as exc:
+        raise WorkbookError(f"importing task module {module_name!r} failed: {exc!r}",
+                            "run `python -c 'import " + module_name + "'` to see the error "
+                            "in full and fix the module") from exc
+    if not hasattr(module, attr):
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise WorkbookError(
+            f"module {module_name!r} has no attribute {attr!r}",
+            f"use one of its attributes: {', '.join(public[:12])}",
+        )
+    obj = getattr(module, attr)
+    if not isinstance(obj, Task) and callable(obj):
+        accepted = set(inspect.signature(obj).parameters)
+        unknown = sorted(set(options) - accepted)
+        if unknown:
+            raise WorkbookError(
+                f"task options {unknown} are not accepted by {path}",
+                f"use only {sorted(accepted)}",
+            )
+        try:
+            obj = obj(**options)
+        except Exception as exc:
+            raise WorkbookError(f"calling {path}({', '.join(options)}) failed: {exc!r}",
+                                "point at a Task, or a function returning one, and check its "
+                                "options") from exc
+    elif options:
+        raise WorkbookError(
+            f"{path} is a ready Task and takes no options (got {sorted(options)})",
+            "point the task path at a function returning a Task to pass options",
+        )
+    task = validate_task(obj, path)
+    task.options = dict(options)
+    return task
+
+
+
+@functools.lru_cache(maxsize=64)
+def accepted_inputs(model_type: type) -> tuple[str, ...]:
+    """The argument names of a model class's forward ("**" when it takes any keyword)."""
+    params = inspect.signature(model_type.forward).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return ("**",)
+    return tuple(p.name for p in params if p.name != "self" and
+                 p.kind is not inspect.Parameter.VAR_POSITIONAL)
+
+
+@functools.lru_cache(maxsize=64)
+def positional_parameters(model_type: type) -> tuple[str, ...]:
+    """The forward's parameters that may be passed by position, in order."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in inspect.signature(model_type.forward).parameters.values()
+                 if p.name != "self" and p.kind in kinds)
+
+
+def load_recorded_task(recorded: Any, task: str | None, options: dict | None,
+                       where: Any) -> Task:
+    """Load the task the user names, after checking that it is the one a folder recorded.
+    Nothing read from a folder is imported or called: the recorded path is only compared and
+    shown, because anyone who can write the folder can change it."""
+    import json
+
+    recorded = recorded if isinstance(recorded, dict) else {}
+    rec_task, rec_options = recorded.get("task"), recorded.get("task_options") or {}
+    given = json.loads(json.dumps(options or {}, default=str))
+    if task is None or task != rec_task or given != rec_options:
+        from ..storage.runs import command_line, task_args
+
+        shown = command_line(task_args(str(rec_task), rec_options))
+        raise WorkbookError(
+            f"{where} records the task {rec_task!r} with options {rec_options}; given "
+            f"{task!r} with options {given}",
+            f"name the task yourself if you trust it: {shown} (a task path read from a folder "
+            "is never imported, since anyone who can write the folder can change it)")
+    return load_task(task, **(options or {}))

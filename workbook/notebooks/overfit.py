@@ -1,0 +1,384 @@
+"""Notebook 02: overfit a tiny subset. It proves the mechanics, never generalisation."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..base.errors import WorkbookError
+from ..contract.data import Item, collate_items, encode_examples, prepare
+from ..contract.task import Task, contributes, task_from_params
+from ..storage.records import StepRecord, to_frame
+from ..training.loop import (
+    UpdateShape,
+    eval_mode,
+    evaluate,
+    loss_rise,
+    resolve_device,
+    seed_everything,
+    train,
+    update_by,
+)
+
+# 02's learning rate when its `lr` is 0 and the task declares no Task.lr: the samples memorise
+# 8 examples in 150 updates (4 in the 80 of --smoke) at it with a wide margin, while the general
+# fallback 1e-3 leaves the generation sample's smoke run at 0.048 against the bar of 0.05
+FALLBACK_LR = 3e-3
+LR_FROM = {"task": "the task's Task.lr", "parameter": "the lr parameter",
+           "fallback": "02's fallback; the task declares no Task.lr"}
+# the rule of notebook 06: the median loss of the last 5 updates above 3 x the first update's
+DIVERGENCE_MULTIPLE = 3.0
+MEMORISED_EVERY = 10  # updates between the early-stop checks once the loss is under its bar
+
+
+@dataclass
+class OverfitResult:
+    """The loss curve, the verdict checks, and what the trained model gives back per example."""
+
+    task: Task
+    steps: pd.DataFrame
+    checks: pd.DataFrame
+    reproduction: pd.DataFrame
+    figures: dict
+    diagnosis: str = ""  # the failure in words, the most basic first ("" when it passes)
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if bool(self.checks.passed.all()) else "fail"
+
+
+def learning_rate(task: Task, lr: float, lr_from: str = "") -> tuple[float, str]:
+    """The learning rate 02 trains at and where it comes from: `lr` when given ("parameter",
+    or `lr_from`), for 0 the task's own Task.lr ("task"), else 02's FALLBACK_LR ("fallback")."""
+    if not lr:
+        return (float(task.lr), "task") if task.lr else (FALLBACK_LR, "fallback")
+    return float(lr), lr_from or "parameter"
+
+
+def learning_rate_of(params: dict[str, Any], task: Task) -> tuple[float, str]:
+    """`learning_rate` for checked parameters: workbook.commands.params filled an lr of 0 (with
+    Task.lr, else 02's fallback) and says where it came from in `lr_from`."""
+    return learning_rate(task, params["lr"], params.get("lr_from") or "")
+
+
+def divergence(steps: list[StepRecord]) -> str:
+    """Why these updates diverged, in numbers ("" when they did not): after a first update
+    with a finite loss and gradient (before it the learning rate has done nothing, so a
+    non-finite value there is the model's or the loss's), a non-finite loss or gradient, or
+    a rise by `loop.loss_rise` (06's rule).
+    Slow learning never rises, so it is never called divergence."""
+    first = steps[0] if steps else None
+    if first is None or not (math.isfinite(first.loss) and math.isfinite(first.grad_norm)):
+        return ""
+    last = steps[-1]
+    finite = [s.loss for s in steps if math.isfinite(s.loss)]
+    peak = last.loss if not math.isfinite(last.loss) else max(finite)
+    went = (f"the loss {'rose' if peak > first.loss else 'went'} from {first.loss:.4g} "
+            f"to {peak:.4g}")
+    within = f"within the first {last.step} updates"
+    if len(steps) > 1 and not math.isfinite(last.loss):
+        return f"{went} (non-finite) {within}"
+    if len(steps) > 1 and not math.isfinite(last.grad_norm):
+        return f"{went} and the gradient norm became non-finite ({last.grad_norm}) {within}"
+    if loss_rise([s.loss for s in steps], DIVERGENCE_MULTIPLE):
+        return f"{went} {within}"
+    return ""
+
+
+def divergence_message(found: str, lr: float, lr_from: str) -> str:
+    """The sentence a user reads first when the learning rate diverges."""
+    lower = 1e-3 if lr > 1e-3 else lr / 10
+    where = {"task": "fix Task.lr in the task", "fallback": "set Task.lr in the task"}.get(
+        lr_from, "lower the lr parameter")
+    return (f"your learning rate diverges: {found} at lr {lr:g} ({LR_FROM[lr_from]}); try "
+            f"{lower:g} ({where}, or give the pilot -p lr={lower:g}), then lower it 10x at a "
+            "time until 02 passes")
+
+
+def target_variance(task: Task, train_split: list[dict], most: int = 1024) -> float:
+    """The variance of the training split's regression targets (of `most` examples spread
+    evenly over it), the loss of predicting their mean; 1.0 when there is no spread to read."""
+    sample = train_split[::max(1, math.ceil(len(train_split) / most))]
+    labels = [it.tensors["labels"].reshape(-1).float() for it in encode_examples(task, sample)]
+    values = torch.cat(labels) if labels else torch.zeros(0)
+    values = values[contributes(values)]
+    spread = float(values.var()) if values.numel() > 1 else 0.0
+    return spread if spread > 0 and math.isfinite(spread) else 1.0
+
+
+def ambiguity(task: Task, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float, int]:
+    """Targets no model can memorise: in this subset the same context is followed by different
+    ids (a language model trained on whole texts: two texts that start alike). The context of
+    a generation target is the input up to the position that predicts it (padding left out); of
+    a classification target, the whole input. Returns the mask of those targets (the labels'
+    shape, after `label_shift`), the least loss per target any model can reach on the subset
+    (each context's entropy over its targets) and how many targets are ambiguous."""
+    labels = task.targets(batch["labels"])
+    keep = contributes(labels)
+    if task.kind not in ("generation", "classification"):
+        return torch.zeros_like(keep), 0.0, 0
+    inputs = task.main_input(batch)
+    mask = batch.get("attention_mask", torch.ones_like(inputs))
+    flat = labels.reshape(len(labels), -1)
+    contexts: dict[tuple, list[tuple[int, int, int]]] = {}
+    for b in range(len(flat)):
+        row = inputs[b].reshape(-1)
+        real = mask[b].reshape(-1).bool() if mask.shape == inputs.shape else None
+        for t in torch.nonzero(keep.reshape(len(flat), -1)[b]).reshape(-1).tolist():
+            if task.kind == "generation":
+                seen = row[:t + 1] if real is None else row[:t + 1][real[:t + 1]]
+            else:
+                seen = torch.cat([batch[k][b].reshape(-1) for k in task.model_inputs
+                                  if k in batch])
+            contexts.setdefault(tuple(seen.tolist()), []).append((b, t, int(flat[b, t])))
+    ambiguous = torch.zeros_like(flat, dtype=torch.bool)
+    floor = 0.0
+    for targets in contexts.values():
+        counts = Counter(v for _, _, v in targets)
+        if len(counts) > 1:
+            floor += sum(n * math.log(len(targets) / n) for n in counts.values())
+            for b, t, _ in targets:
+                ambiguous[b, t] = True
+    total = int(keep.sum())
+    return ambiguous.reshape(labels.shape), floor / max(total, 1), int(ambiguous.sum())
+
+
+def reproduced(task: Task, model: torch.nn.Module, items: list[Item], device: torch.device,
+               tolerance: float) -> pd.DataFrame:
+    """Per example, on one eval-mode forward of the whole subset (the mode and batch the final
+    loss is measured on): does it give its targets back? Regression: every target within
+    `tolerance` (sqrt of the loss bar: each target's own squared error under the bar the mean
+    must meet). Ids: the argmax at every contributing position (with teacher forcing, greedy
+    decoding); a target's loss under the bar (< ln 2) implies it, as p > exp(-bar) > 1/2."""
+    batch = collate_items(task, items).to(device).tensors
+    labels = task.targets(batch["labels"])
+    with eval_mode(model):
+        outputs = task.forward(model, batch).float()
+    keep = contributes(labels).reshape(len(items), -1)
+    if task.kind == "regression":
+        error = (task.predicted(outputs, labels) - labels.float()).abs().reshape(len(items), -1)
+        worst = torch.where(keep, error, torch.zeros_like(error)).max(1).values
+        return pd.DataFrame({"exact_ids": (worst <= tolerance).tolist(),
+                             "max_abs_error": worst.tolist()})
+    # a target whose context is followed by other ids elsewhere in the subset cannot be given
+    # back by any model: it is not asked for (its least loss is in the bar)
+    keep = keep & ~ambiguity(task, batch)[0].to(keep.device).reshape(len(items), -1)
+    wrong = ((task.predicted(outputs, labels) != labels).reshape(len(items), -1) & keep)
+    size = outputs.shape[-1]  # an id beyond the output layer has no probability (01 flags it)
+    p = outputs.log_softmax(-1).gather(-1, labels.clamp(0, size - 1).unsqueeze(-1)).exp()
+    p = p.reshape(len(items), -1).masked_fill((labels >= size).reshape(len(items), -1), math.nan)
+    p = torch.where(keep, p, torch.ones_like(p))
+    return pd.DataFrame({"exact_ids": (~wrong.any(1)).tolist(),
+                         "min_target_p": p.min(1).values.tolist()})
+
+
+def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
+            loss_threshold: float = 0.05, init_tolerance: float = 0.5, seed: int = 0,
+            device: str = "cpu", progress: bool = False, lr_from: str = "") -> OverfitResult:
+    """Train on the first `examples` training examples until memorised and check the mechanics:
+    initial loss near ln(outputs), no divergence, finite at every step, below the threshold,
+    the targets back. `lr` 0: the task's Task.lr, else FALLBACK_LR (see `learning_rate`)."""
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise WorkbookError(f"examples must be a positive integer, got {examples!r}",
+                            "set examples to the size of the subset to memorise (8 is usual)")
+    lr, lr_from = learning_rate(task, lr, lr_from)
+    train_split = prepare(task, encode=()).raw["train"]
+    if examples > len(train_split):
+        raise WorkbookError(f"examples={examples} is more than the {len(train_split)} examples "
+                            "of the training split", "02 memorises a small subset: give "
+                            f"examples 8 (the usual), at most {len(train_split)}")
+    raw = train_split[:examples]
+    items = encode_examples(task, raw)
+    cfg = UpdateShape(len(items)).train_config(updates=updates, lr=lr, seed=seed, device=device,
+                                               grad_clip=1.0, progress=progress)
+    cfg.validate(len(train_split))
+    dev = resolve_device(device)
+    seed_everything(seed)
+    model = task.build_model().to(dev)
+    initial = evaluate(task, model, items, len(items), dev)
+    with eval_mode(model):
+        outputs = int(task.forward(model, collate_items(task, items[:1]).to(dev)
+                                   .tensors).shape[-1])
+    labels = collate_items(task, items).tensors["labels"]
+    expected = task.expected_initial_loss(outputs, labels)
+    # the bar for "memorised": absolute for ids (nats per target), and for regression relative
+    # to the loss of predicting the mean of the training targets - their spread, the units the
+    # task's targets live in (not the subset's: 8 rows of one group are near-duplicates)
+    scale = target_variance(task, train_split) if task.kind == "regression" else 1.0
+    # ids that follow the same context differently in the subset: their least loss is added
+    _, floor, ambiguous = ambiguity(task, collate_items(task, items).tensors)
+    bar = loss_threshold * scale + floor
+    tolerance = math.sqrt(bar)  # per regression target, in the targets' units
+    seen: list[StepRecord] = []
+
+    def watch(record: StepRecord, stepper, _) -> str | None:
+        seen.append(record)
+        if divergence(seen):
+            return divergence(seen)  # a diverged run stops: the rest would be noise
+        if record.loss < bar and len(seen) % MEMORISED_EVERY == 0 and memorised(
+                task, stepper.model, items, dev, bar, tolerance):
+            return "memorised"  # the rest of the budget would only confirm it
+        return None
+
+    result = train(task, items, cfg, model=model, on_update=watch)
+    diverged = divergence(result.steps)
+    final = evaluate(task, result.model, items, len(items), dev, len(result.steps))
+    steps = to_frame(result.steps).drop(columns=["example_ids"])
+    judged = reproduced(task, result.model, items, dev, tolerance)
+    exact = judged.exact_ids.tolist()
+    rows = []
+    for ex, it, judge in zip(raw, items, judged.to_dict("records"), strict=True):
+        row = {"example": it.id, **judge}
+        if task.kind == "generation" and task.generate is not None:
+            row["target"] = ex[task.response_field]
+            row["greedy"] = task.generate(result.model, ex)
+            row["greedy_exact"] = row["greedy"] == row["target"]
+        elif task.kind == "regression":
+            batch = collate_items(task, [it]).to(dev).tensors
+            with eval_mode(result.model):
+                row["predicted"] = task.decode(task.forward(result.model, batch)
+                                               .reshape(-1).tolist())
+            row["target"] = task.decode(it.tensors["labels"].reshape(-1).tolist())
+        elif task.kind == "classification":
+            row["target"] = str(ex[task.label_field])
+            batch = collate_items(task, [it]).to(dev).tensors
+            with eval_mode(result.model):
+                row["predicted"] = task.decode([int(task.forward(result.model, batch)
+                                                    .argmax(-1)[0])])
+        rows.append(row)
+    reproduction = pd.DataFrame(rows)
+    finite = bool(steps.loss.map(math.isfinite).all() and steps.grad_norm.map(math.isfinite).all())
+    # regression: the gap in the units of the training targets' spread too - untrained outputs
+    # near 0 are far, relatively, from a subset's targets that are themselves near 0
+    reach = max(expected, scale) if task.kind == "regression" else expected
+    init_gap = abs(initial.loss - expected) / max(reach, 1e-12)
+    message = divergence_message(diverged, lr, lr_from) if diverged else ""
+    regression = task.kind == "regression"
+    falling = still_falling(steps.loss.tolist())
+    # the mechanics all work and the loss is on its way: the budget, not the loop, fell short
+    unfinished = (not diverged and finite and all(exact) and final.loss >= bar and falling
+                  and final.loss < initial.loss)
+    checks = pd.DataFrame([
+        {"check": "initial loss near " + ("mean(target^2)" if regression else "ln(outputs)"),
+         "value": round(initial.loss, 4),
+         "expected": f"{expected:.4f} +/- " + (f"{init_tolerance * reach:.4g}" if regression
+                                                else f"{init_tolerance:.0%}"),
+         "passed": init_gap <= init_tolerance, "detail": ""},
+        {"check": "learning rate does not diverge", "value": f"lr {lr:g} ({lr_from})",
+         "expected": f"no rise above {DIVERGENCE_MULTIPLE:g} x the first losses, finite",
+         "passed": not diverged, "detail": message},
+        {"check": "loss finite at every step", "value": finite, "expected": True,
+         "passed": finite, "detail": ""},
+        {"check": "final loss below threshold" + (
+            " x the loss of predicting the mean" if regression else ""),
+         "value": round(final.loss, 4), "expected": f"< {bar:.4g}",
+         "passed": final.loss < bar or unfinished,
+         "detail": not_conclusive(initial.loss, final.loss, bar, len(result.steps))
+         if unfinished else ""},
+        {"check": "targets reproduced within sqrt(final loss bar)" if regression
+         else "exact target ids reproduced", "value": f"{sum(exact)}/{len(exact)}",
+         "expected": f"{len(exact)}/{len(exact)}" + (f", |error| <= {tolerance:.4g}"
+                                                     if regression else ""),
+         "passed": all(exact),
+         "detail": f"{ambiguous} targets follow a context that other ids follow elsewhere in "
+                   f"the subset (no model gives both): not asked for, and their least loss "
+                   f"{floor:.4g} per target is in the loss bar" if ambiguous else ""},
+    ])
+    if "greedy_exact" in reproduction:
+        greedy = int(reproduction.greedy_exact.sum())
+        checks.loc[len(checks)] = {"check": "greedy decoding gives the responses back",
+                                   "value": f"{greedy}/{len(items)}",
+                                   "expected": f"{len(items)}/{len(items)}",
+                                   "passed": greedy == len(items), "detail": ""}
+    figures = {"examples": len(items), "updates": updates, "updates_run": len(result.steps),
+               "lr": lr, "lr_from": lr_from, "update_by": update_by(task, cfg),
+               "initial_loss": round(initial.loss, 4), "expected_initial_loss": round(expected, 4),
+               "final_loss": round(final.loss, 4), "exact_examples": sum(exact),
+               "finite": finite, "lr_diverges": bool(diverged),
+               "loss_threshold": loss_threshold, "final_loss_bar": round(bar, 6),
+               "ambiguous_targets": ambiguous, "least_loss": round(floor, 6),
+               "initial_loss_rule": "mean(target^2)" if regression else "ln(outputs)",
+               "memorised": final.loss < bar and all(exact), "conclusive": not unfinished,
+               "stopped_memorised": result.stop_reason == "memorised"}
+    if regression:
+        figures["target_variance"] = round(scale, 6)
+        figures["reproduction_tolerance"] = round(tolerance, 6)
+    return OverfitResult(task, steps, checks, reproduction, figures,
+                         message or _diagnosis(checks, initial.loss, final.loss, bar, updates, lr))
+
+
+def memorised(task: Task, model: torch.nn.Module, items: list[Item], device: torch.device,
+              bar: float, tolerance: float) -> bool:
+    """Memorised with a margin, on the final judgement's terms (eval mode, the whole subset):
+    the loss under half its bar and every target given back."""
+    was = model.training
+    try:
+        return (evaluate(task, model, items, len(items), device).loss < bar / 2
+                and bool(reproduced(task, model, items, device, tolerance).exact_ids.all()))
+    finally:
+        model.train(was)
+
+
+def still_falling(losses: list[float], share: float = 0.2, drop: float = 0.1) -> bool:
+    """The loss still falling steadily at the end of the run: the mean of its last fifth at
+    least 10% under the fifth before, and its last tenth under the tenth before that."""
+    n = max(int(len(losses) * share), 2)
+    if len(losses) < 2 * n or not all(map(math.isfinite, losses[-2 * n:])):
+        return False
+    half = n // 2
+    return (fmean(losses[-n:]) <= (1 - drop) * fmean(losses[-2 * n:-n])
+            and fmean(losses[-half:]) < fmean(losses[-2 * half:-half]))
+
+
+def not_conclusive(initial: float, final: float, bar: float, updates: int) -> str:
+    return (f"not conclusive: give it more updates - every example is reproduced and the loss "
+            f"is still falling steadily ({initial:.4g} to {final:.4g} in {updates} updates, "
+            f"bar {bar:.4g}); with updates={2 * updates} it should pass (the run stops as soon "
+            "as the subset is memorised)")
+
+
+def _diagnosis(checks: pd.DataFrame, initial: float, final: float, bar: float,
+               updates: int, lr: float) -> str:
+    """The failure in words when the learning rate does not diverge ("" on a pass)."""
+    failed = checks.loc[~checks.passed, "check"].tolist()
+    if not failed:
+        return ""
+    if any(c.startswith("final loss") for c in failed) and math.isfinite(final) \
+            and final < initial:
+        return (f"not memorised: the loss fell from {initial:.4g} to {final:.4g} in {updates} "
+                f"updates at lr {lr:g}, not below the bar {bar:.4g}, without diverging; give it "
+                "more updates, or compare learning rates with notebook 06")
+    return "failed: " + "; ".join(failed)
+
+
+def run(params: dict[str, Any], out_dir: Path | None = None,
+        progress: bool = False) -> OverfitResult:
+    """Notebook 02 from its parameters (it writes nothing until `save`)."""
+    task = task_from_params(params)
+    lr, lr_from = learning_rate_of(params, task)
+    return overfit(task, examples=params["examples"], updates=params["updates"], lr=lr,
+                   lr_from=lr_from, loss_threshold=params["loss_threshold"],
+                   init_tolerance=params["init_tolerance"], seed=params["seed"],
+                   device=params["device"], progress=progress)
+
+
+def save(result: OverfitResult, out_dir: Path) -> str:
+    """Write the curve, checks, reproduction table and `summary.json` of notebook 02; the
+    verdict. A diverging learning rate is the summary's `headline`: the report leads with it."""
+    from ..storage.runs import save_table, write_summary
+
+    save_table(result.steps, out_dir, "steps")
+    save_table(result.checks, out_dir, "checks")
+    save_table(result.reproduction, out_dir, "reproduction")
+    extra = {"headline": result.diagnosis} if result.figures["lr_diverges"] else {}
+    write_summary(out_dir, result.verdict, result.figures, task=result.task.name,
+                  failed=result.checks.loc[~result.checks.passed, "check"].tolist(),
+                  diagnosis=result.diagnosis, **extra)
+    return result.verdict

@@ -1,0 +1,540 @@
+"""Run folders: every run gets a new folder, nothing already there is overwritten."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..base.errors import WorkbookError
+from .artifacts import FORMAT
+from .files import (
+    open_plain,
+    sha256,
+    write_error,
+    write_json,
+    write_text,
+)
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+# Interactive runs land in the checkout's runs/ folder (ignored by git) unless WORKBOOK_RUNS is set.
+RUNS_ROOT = Path(os.environ.get("WORKBOOK_RUNS", CHECKOUT / "runs"))
+# Created exclusively in every folder claimed for a run: of two processes given one folder at
+# once, only one can create it. A launch of notebook 09 claims its folder with LAUNCH_CLAIM.
+CLAIM = ".workbook-claim"
+LAUNCH_CLAIM = ".workbook-launch"
+# The option a fresh process writes its outcome to (a new file the parent named): commands talk
+# to each other through files, never stdout, which the task's own prints share.
+RESULT_OPTION = "--result"
+
+
+def command_line(args: list[Any]) -> str:
+    """A command as a line to paste into a shell: every word quoted (`shlex.quote`), so a task
+    name, path or option such as `x$(rm -rf ~):task` stays one inert word."""
+    return shlex.join(str(a) for a in args)
+
+
+def workbook_command(args: list[Any], launcher: tuple[str, ...] = ()) -> str:
+    """`python [LAUNCHER] -m workbook ARGS`, quoted for a shell (see `command_line`)."""
+    return command_line(["python", *launcher, "-m", "workbook", *args])
+
+
+def shown(path: str | Path) -> str:
+    """A path as people should see it: relative to the working folder when it lies there or in
+    this checkout (committed notebook outputs must not carry one machine's checkout path)."""
+    full = Path(os.path.abspath(path))  # not resolve(): a venv's python is a symlink to keep
+    if full.is_relative_to(os.getcwd()) or full.is_relative_to(CHECKOUT):
+        return os.path.relpath(full)
+    return str(path)
+
+
+def fresh_process(args: list[str], timeout: float, what: str = "the command",
+                  launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`python [LAUNCHER] -m workbook ARGS` in a new process (nothing shared with this one),
+    within `timeout` seconds; the working folder is importable, as it is for the pilot's
+    kernels. The process gets its own session, so a timeout kills it with every process it
+    started (torchrun's workers included). Its output is only for people (whatever bytes the
+    task prints are read, undecodable ones replaced); results come back in files
+    (`fresh_result`). It reads no input: a task asking for some gets end-of-file, not a hang."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    command = [sys.executable, *launcher, "-m", "workbook", *args]
+    proc = start_child(command, env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException as exc:
+        stop_tree(proc)
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise WorkbookError(f"{what} did not finish within {timeout:.0f} s",
+                                "the machine may be overloaded or the task stuck; run "
+                                f"{workbook_command(args, launcher)} by hand to see "
+                                "where") from None
+        raise
+    finally:
+        _CHILDREN.discard(proc)
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+# Run by a child before it becomes the command it was started for (os.execv keeps its pid):
+# on Linux it asks for SIGTERM when its parent ends (PR_SET_PDEATHSIG), so a child outlives
+# neither a parent killed by SIGKILL nor a kernel the pilot shut down; SIGTERM reaches torchrun,
+# which stops its workers, and `python -m workbook` ends through its cleanup (exit 130).
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(130)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n")
+_CHILDREN: set[subprocess.Popen] = set()
+
+
+def start_child(command: list[str], **popen: Any) -> subprocess.Popen:
+    """Start `command` (its first word an executable path) so that it never outlives this
+    process: in a session of its own (a timeout or an exit stops it with everything it started,
+    `stop_tree`), ended by SIGTERM when this process ends however it ends (on Linux, through
+    PR_SET_PDEATHSIG, set when it is started from the main thread: the signal follows the
+    thread that started it), and stopped at this process's normal exit. It reads no input; its
+    output comes back through pipes (text, undecodable bytes replaced). The helper for every
+    child process the workbook starts (`fresh_process`; notebook 09's torchrun launches go
+    through it too)."""
+    import threading
+
+    wrap = sys.platform.startswith("linux") and \
+        threading.current_thread() is threading.main_thread()
+    argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command] if wrap \
+        else list(command)
+    popen = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+             "encoding": "utf-8", "errors": "replace", **popen}
+    proc = subprocess.Popen(argv, start_new_session=True, **popen)
+    proc.args = list(command)
+    _CHILDREN.add(proc)
+    return proc
+
+
+@atexit.register
+def stop_children() -> None:
+    """Stop every child `start_child` started that still runs (at exit, or on a signal)."""
+    for proc in list(_CHILDREN):
+        if proc.poll() is None:
+            stop_tree(proc, grace=2.0)
+        _CHILDREN.discard(proc)
+
+
+def fresh_result(args: list[str], timeout: float, what: str = "the command",
+                 launcher: tuple[str, ...] = ()) -> tuple[dict | None, subprocess.CompletedProcess]:
+    """`fresh_process` for a command that hands back its outcome in a file: the process is
+    given `--result PATH`, a new name in a private folder made for it (mode 0700), and writes
+    its outcome there atomically (`hand_back`). Returns that outcome (None when the process
+    wrote none, e.g. it crashed) and the finished process; the folder is removed."""
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="workbook-result-"))
+    except OSError as exc:
+        raise write_error("the result folder in", Path(tempfile.gettempdir()), exc) from exc
+    path = folder / "result.json"
+    try:
+        done = fresh_process([*args, RESULT_OPTION, str(path)], timeout, what, launcher)
+        return read_result(path), done
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_result(path: Path) -> dict | None:
+    """The outcome a command handed back in `path`, or None when there is none in our format."""
+    from . import schemas
+
+    try:
+        with open_plain(Path(path)) as handle:
+            outcome = schemas.parse_json(handle.read(), path, "result")
+        schemas.check(schemas.Outcome, outcome, path, "result")
+    except (OSError, WorkbookError):
+        return None
+    return outcome
+
+
+def hand_back(path: str | Path | None, command: str, exit_code: int, result: dict | None = None,
+              error: WorkbookError | None = None) -> None:
+    """Write a command's outcome to the result file its parent named (atomically, never over an
+    existing file): `{"command", "exit_code", "result", "error": {"problem", "fix"}}`."""
+    if path is None:
+        return
+    write_json(path, {"command": command, "exit_code": exit_code, "result": result,
+                      "error": None if error is None else {"problem": error.problem,
+                                                           "fix": error.fix}},
+               overwrite=False)
+
+
+def outcome_error(outcome: dict | None, done: subprocess.CompletedProcess, what: str) -> str:
+    """What went wrong in a fresh process, for a table: its handed-back error, else the end of
+    its error output, else its exit code."""
+    error = (outcome or {}).get("error")
+    if isinstance(error, dict):
+        return f"{error.get('problem')}\n  -> fix: {error.get('fix')}"
+    return done.stderr.strip()[-600:] or f"{what} exited with code {done.returncode} and " \
+        "handed back no result"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a process and everything it started, including children that moved to their own
+    session (torchrun's workers do): SIGTERM first, so a launcher can stop its workers, then
+    SIGKILL to whatever is left. Its pipes are drained with a time limit."""
+    tree = [proc.pid, *_descendants(proc.pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=grace)
+            if sig == signal.SIGTERM and not any(process_alive(pid) for pid in tree[1:]):
+                return
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether a process with this id runs (a zombie, exited but not yet reaped, does not)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    state = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError, IndexError):
+        return state.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+PARTIAL = re.compile(r"^\..+\.partial-(\d+)-")  # artifacts' temporary: .NAME.partial-PID-*
+
+
+def sweep_partials(run: Path) -> list[Path]:
+    """What a killed process (SIGKILL: no cleanup ran) left half-written in the run folder
+    `run` and its notebook folders: `.NAME.partial-PID-*` whose process is gone, and the
+    pilot's `.NN_name.partial.ipynb` once the process that claimed the run is gone. A run
+    folder is one holding the claim; anything else is left alone. Returns what was removed."""
+    try:
+        claimant = json.loads((Path(run) / CLAIM).read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return []
+    removed = []
+    for folder in (Path(run), *(p for p in Path(run).iterdir() if p.is_dir() and
+                                not p.is_symlink())):
+        for entry in folder.iterdir():
+            own = PARTIAL.match(entry.name)
+            stale = (not process_alive(int(own.group(1))) if own else
+                     folder == Path(run) and entry.name.endswith(".partial.ipynb") and
+                     entry.name.startswith(".") and not process_alive(claimant))
+            if stale:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+def sweep_runs(root: Path) -> list[Path]:
+    """`sweep_partials` over every run folder directly under `root`."""
+    if not Path(root).is_dir():
+        return []
+    return [p for run in Path(root).iterdir() if run.is_dir() and not run.is_symlink()
+            for p in sweep_partials(run)]
+
+
+def task_args(task: str, options: dict | None = None) -> list[str]:
+    """`--task T --option K=V ...`: how a command in a new process is told its task."""
+    return ["--task", task, *[f"--option={k}={v!r}" for k, v in sorted((options or {}).items())]]
+
+
+def claim_dir(path: str | Path, marker: str = CLAIM, beside: tuple[str, ...] = ()) -> Path:
+    """Create `path` for a new run, or take an existing empty folder; a folder holding anything
+    (but the `beside` names: the claim of the process that made it for this one) is refused,
+    never reused. The claim is the file `marker`, created exclusively: of two processes given
+    one folder at once, one gets it and the other is refused, even before anything is in it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise WorkbookError(f"output folder {path} is a file", "choose a new --out folder")
+    taken = WorkbookError(f"output folder {path} already holds a run",
+                          "choose a new --out folder (runs are never overwritten)")
+    if path.is_dir() and any(p.name not in beside for p in path.iterdir()):
+        raise taken
+    blocking = file_in_the_way(path.parent)
+    if blocking is not None:
+        raise WorkbookError(f"cannot create the output folder {path}: {blocking} is a file, "
+                            "not a folder", "choose an --out folder that is not under a file")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        if path.is_dir():  # the marker: another process claimed it a moment ago
+            raise taken from None
+        raise WorkbookError(f"cannot create the output folder {path}: a file is in the way",
+                            "choose a new --out folder") from None
+    except OSError as exc:
+        raise WorkbookError(f"cannot create the output folder {path}: {exc.strerror or exc}",
+                            "choose a writable --out folder (not under a file, /proc or a "
+                            "read-only mount)") from None
+    with contextlib.suppress(OSError), os.fdopen(handle, "w") as claim:  # empty, it still holds
+        claim.write(json.dumps({"pid": os.getpid(), "claimed": datetime.now().isoformat()}))
+    return path
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The regular file (or other non-folder) that `path` or one of its parents is, if any."""
+    for part in (path, *path.parents):
+        if os.path.lexists(part):
+            return None if part.is_dir() else part
+    return None
+
+
+def refuse_existing(paths: list[Path], option: str) -> None:
+    """Before any work: each output a command will write must be new, in a folder that exists
+    (outputs are never overwritten; a missing folder is named now, not after the work)."""
+    for path in map(Path, paths):
+        if os.path.lexists(path):
+            raise WorkbookError(f"{option}: {path} already exists",
+                                f"give {option} a new name (outputs are never overwritten)")
+        blocking = file_in_the_way(path.parent)
+        if blocking is not None:
+            raise WorkbookError(f"{option}: {blocking} is a file, not a folder, so {path} "
+                                "cannot be written under it",
+                                f"give {option} a path in an existing folder")
+        if not path.parent.is_dir():
+            raise WorkbookError(f"{option}: the folder {path.parent} does not exist",
+                                f"create it first, or give {option} a path in an existing "
+                                "folder")
+
+
+def new_run_dir(label: str, root: str | Path | None = None) -> Path:
+    """A fresh folder `root/<timestamp>-<label>`; a suffix keeps it unique within a second."""
+    root = RUNS_ROOT if root is None else root
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "run"
+    for n in range(1000):
+        path = Path(root) / (f"{stamp}-{slug}" + (f"-{n}" if n else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise WorkbookError(f"no free run folder name under {root}", "clean up old runs")
+
+
+def notebook_dir(out_dir: str, notebook: str) -> Path:
+    """The folder a notebook writes into: the one it was given, or a new run folder."""
+    return claim_dir(out_dir) if out_dir else new_run_dir(notebook)
+
+
+def write_summary(out_dir: Path, verdict: str, figures: dict[str, Any], **extra: Any) -> Path:
+    """`summary.json`: the verdict ("pass"/"fail") and the key figures, read by the pilot."""
+    if verdict not in ("pass", "fail"):
+        raise ValueError(f"verdict must be 'pass' or 'fail', not {verdict!r}")
+    return write_json(Path(out_dir) / "summary.json", {"verdict": verdict, "figures": figures,
+                                                       **extra})
+
+
+def save_table(frame: pd.DataFrame, out_dir: Path, name: str) -> Path:
+    """Store a table as CSV (for people) and JSON records (for programs)."""
+    write_text(Path(out_dir) / f"{name}.csv", frame.to_csv(index=False))
+    write_json(Path(out_dir) / f"{name}.json", frame.to_dict(orient="records"))
+    return Path(out_dir) / f"{name}.csv"
+
+
+def verdict_line(out_dir: Path) -> str:
+    """A notebook's last line: its verdict and, in one sentence, why - built from the
+    `summary.json` that its `save` just wrote (e.g. "verdict: pass - 9 of 9 gates passed; the
+    plan mb16 x acc2 len1024 bf16 needs 1.38 GiB and fits the 80 GiB rental GPU")."""
+    try:
+        summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return "verdict: unknown - no summary.json was written"
+    verdict = summary.get("verdict", "unknown")
+    stem = re.sub(r"^\d{8}-\d{6}-", "", Path(out_dir).name)
+    try:
+        why = _why(stem, verdict == "pass", summary.get("figures") or {}, summary)
+    except Exception:  # a reason is a courtesy: never fail the notebook's last cell
+        why = ""
+    return f"verdict: {verdict}" + (f" - {why}" if why else "")
+
+
+def _gib(n) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _listed(items, empty="none") -> str:
+    items = list(items or [])
+    return ", ".join(map(str, items)) if items else empty
+
+
+def _n(value) -> str:
+    """A number in a sentence: at most 4 significant digits."""
+    from ..base.frontend import word
+
+    return word(value)
+
+
+def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
+    """The reason behind a verdict, per notebook (one sentence, no Python literal)."""
+    if stem.startswith("01"):
+        flags = summary.get("flags") or []
+        return (f"no flag on {f.get('examples', 0):,} examples ({f.get('num_outputs')} outputs, "
+                f"expected initial loss {_n(f.get('expected_initial_loss'))})" if ok else
+                f"{len(flags)} flag{'s' * (len(flags) != 1)} raised: {_listed(flags)}")
+    if stem.startswith("02"):
+        if ok and f.get("conclusive") is False:
+            return (f"not conclusive: give it more updates - the loss fell from "
+                    f"{_n(f.get('initial_loss'))} to {_n(f.get('final_loss'))} in "
+                    f"{f.get('updates_run')} updates and is still falling (bar "
+                    f"{_n(f.get('final_loss_bar'))}); {f.get('exact_examples')} of "
+                    f"{f.get('examples')} examples are reproduced exactly")
+        if ok:
+            return (f"the loss fell from {_n(f.get('initial_loss'))} to "
+                    f"{_n(f.get('final_loss'))} (below {_n(f.get('final_loss_bar'))}) in "
+                    f"{f.get('updates_run')} updates and "
+                    f"{f.get('exact_examples')} of {f.get('examples')} examples are reproduced "
+                    "exactly")
+        return (f"failed: {_listed(summary.get('failed'))}"
+                + (f"; {summary['diagnosis']}" if summary.get("diagnosis") else ""))
+    if stem.startswith("03"):
+        failed, gates = f.get("failed") or [], f.get("gates", 0)
+        head = f"{gates - len(failed)} of {gates} gates passed" + (
+            f" (failed: {_listed(failed)})" if failed else "") + (
+            f", {len(f['warned'])} warned ({_listed(f['warned'])})" if f.get("warned") else "")
+        if f.get("plan_refused"):
+            return head + f"; the plan is refused: {f['plan_refused']}"
+        need = f.get("plan_required_bytes")
+        fits = f.get("plan_fits")
+        device = f.get("device_memory_gib")
+        on = f"the {device:g} GiB rental GPU" if device else "the rental GPU"
+        plan = f"; the plan {f.get('plan')} needs {_gib(need)}" if need else ""
+        if plan and f.get("plan_needs_sharding"):
+            update = _gib(f.get("plan_update_required_bytes"))
+            plan += (f" and fits no single {device:g} GiB GPU: its first update alone needs "
+                     f"{update} (weights, gradients, optimizer state), so the campaign shards "
+                     "it - 08 sizes FSDP2 over several GPUs")
+        elif plan and fits is not None:
+            plan += f" and {'fits' if fits else 'does not fit'} {on}"
+        elif plan:
+            plan += " (no device memory given: fit not judged)"
+        return head + plan
+    if stem.startswith("04"):
+        parts = [("the loop's counts match the calculator", f.get("reconciled")),
+                 ("the loss is normalised over the update's targets", f.get("normalisation_ok")),
+                 ("the wrong normalisation is caught", f.get("wrong_normalisation_caught"))]
+        if ok:
+            return ", ".join(p for p, _ in parts) + (
+                f" (largest gradient deviation {f['max_deviation']:.1e})"
+                if isinstance(f.get("max_deviation"), float) else "")
+        bad = [p.replace(" match", " do not match").replace(" is ", " is not ")
+               for p, good in parts if good is False]
+        return "; ".join(bad + [f"finding: {x}" for x in f.get("findings") or []]) or "failed"
+    if stem.startswith("05"):
+        text = f"{f.get('measured')} of {f.get('variants')} variants measured" + (
+            f" (not applicable here: {_listed(f.get('not_applicable'))})"
+            if f.get("not_applicable") else "")
+        if f.get("checkpointing_memory_ratio") is not None:
+            text += (f"; activation checkpointing needs {f['checkpointing_memory_ratio']:.2f} "
+                     "of the control's peak memory")
+        return text if ok else "a measured variant gave a non-finite loss; " + text
+    if stem.startswith("06"):
+        statuses = f.get("statuses") or {}
+        done = ", ".join(f"{n} {s}" for s, n in statuses.items())
+        if not ok:
+            return f"trials: {done or 'none'}" + (
+                "; the periodic validation curve says the evaluation repeats itself"
+                if f.get("periodic_curve") else "")
+        text = f"{f.get('trials')} trials ({done}); best lr {f.get('best_lr'):g} " \
+            f"({f.get('metric')} {f.get('best_metric'):.4g})" \
+            if f.get("best_lr") is not None else f"{f.get('trials')} trials ({done})"
+        warnings = f.get("warnings") or []
+        return text + (f", provisional: {len(warnings)} warning"
+                       f"{'s' * (len(warnings) != 1)} (see the finding)" if warnings else "")
+    if stem.startswith("07"):
+        cases = f.get("cases") or []
+        exact = sum(bool(c.get("exact")) for c in cases)
+        caught = f.get("faults_caught") or {}
+        text = (f"{exact} of {len(cases)} resume cases exact, tampered checkpoints "
+                f"{'refused' if f.get('tampering_refused') else 'NOT refused'}, the archive "
+                f"{'reloads identically' if f.get('archive_identical') else 'reloads DIFFERENTLY'}")
+        if caught:
+            text += f"; {sum(bool(v) for v in caught.values())} of {len(caught)} planted " \
+                "faults caught"
+            missed = [k for k, v in caught.items() if v is False]
+            if missed:
+                text += (f" (not caught: {_listed(missed)} - resuming without it changed "
+                         "nothing, so this training draws no random numbers, e.g. no dropout)")
+        return text
+    if stem.startswith("08"):
+        if not ok:
+            return "no candidate fits any GPU of the sheet"
+        gpus = f.get("recommended_gpus") or 1
+        return (f"candidate {f.get('chosen')} on {gpus} x {f.get('recommended_gpu')} "
+                f"({f.get('recommended_strategy')}); {f.get('fitting_rows')} of {f.get('rows')} "
+                "configurations fit")
+    if stem.startswith("09"):
+        rules = summary.get("rules") or {}
+        failing = [r for r, v in rules.items() if v == "fail"]
+        caught = f.get("faults_caught") or {}
+        shown = {k: v for k, v in caught.items() if v is not None}
+        text = (f"{len(rules) - len(failing)} of {len(rules)} rules hold on "
+                f"{f.get('replicas')} replicas" if not failing else
+                f"{len(failing)} rules fail: {_listed(failing)}")
+        if shown:
+            text += (f"; {sum(bool(v) for v in shown.values())} of {len(shown)} planted faults "
+                     "caught")
+        fsdp = f.get("fsdp") or {}
+        if fsdp.get("rules"):
+            bad = [r for r, v in fsdp["rules"].items() if v == "fail"]
+            text += "; FSDP2: " + (f"{len(bad)} rules fail ({_listed(bad)})" if bad else
+                                   f"all {len(fsdp['rules'])} rules hold")
+            gap = fsdp.get("memory_max_abs_error_pct")
+            if gap is not None:  # shown, not judged: what the sizing misses on this machine
+                text += (", per-rank memory within 2% of the prediction" if gap < 2 else
+                         f", per-rank memory up to {gap:.3g}% off the prediction")
+        return text
+    return ""
+
+
+def seal_file(path: str | Path) -> Path:
+    """A manifest for one file in a folder that is not written once (a study's plan.json):
+    `<name>.manifest.json` with its size and sha256, written after the file."""
+    from .files import write_json
+
+    path = Path(path)
+    return write_json(path.with_name(path.name + ".manifest.json"), {
+        "format": FORMAT, "files": {path.name: {"bytes": os.lstat(path).st_size,
+                                                 "sha256": sha256(path)}}})

@@ -1,0 +1,398 @@
+"""The campaign model and its pilot twin. A task may declare the model the rental will train
+(`Task.campaign_model`, usually far bigger than the pilot machine); its `build_model` is then the
+twin the pilot machine trains: the same code and module types, fewer layers, narrower. The
+campaign model is only ever built on the meta device or on fake tensors."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..base.errors import WorkbookError, reason
+
+# what a Hugging Face config calls its depth, width, heads and feed-forward width (canonical
+# names; a config's attribute_map turns them into its own, e.g. GPT-2's n_layer, n_embd)
+_DEPTH = ("num_hidden_layers", "n_layer", "num_layers")
+_WIDTH = ("hidden_size", "n_embd", "d_model")
+_HEADS = ("num_attention_heads", "n_head")
+_FFN = ("intermediate_size", "n_inner", "ffn_dim", "d_ff")
+
+
+def declared(task) -> bool:
+    """Whether the task declares a campaign model apart from the model the pilot trains."""
+    return getattr(task, "campaign_model", None) is not None
+
+
+def factory(task, campaign: bool = True) -> Callable[[], nn.Module]:
+    """The factory of the model a figure is for: the campaign model (when declared and
+    `campaign`), else the model the pilot machine trains."""
+    return task.campaign_model if campaign and declared(task) else task.build_model
+
+
+def which(task, campaign: bool = True) -> str:
+    """The name tables give the model a figure belongs to."""
+    if not declared(task):
+        return "the task's model"
+    return "campaign model" if campaign else "pilot twin"
+
+
+def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+    """A model built on the meta device: shapes and dtypes only, nothing allocated."""
+    with torch.device("meta"):
+        return build()
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Parameters of a model (shared tensors counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _attr(config: Any, names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if isinstance(getattr(config, n, None), int)), None)
+
+
+def twin_config(config: Any, layers: int = 2, width: int = 128, heads: int = 4) -> Any:
+    """A pilot twin of a `transformers` config: the same architecture with `layers` layers,
+    hidden width `width` and at most `heads` attention heads (the grouped-query ratio, the
+    feed-forward ratio, the vocabulary and the positions kept). Refused with the attribute
+    named when the config does not say its depth or width."""
+    twin = copy.deepcopy(config)
+    depth, hidden = _attr(config, _DEPTH), _attr(config, _WIDTH)
+    if depth is None or hidden is None:
+        what, names = ("depth", _DEPTH) if depth is None else ("width", _WIDTH)
+        raise WorkbookError(
+            f"cannot derive a pilot twin of {type(config).__name__}: it names no {what} "
+            f"({', '.join(names)})",
+            "build the twin yourself: set build_model to a factory of the same model class with "
+            "a small config, and campaign_model to the full one")
+    old_width = getattr(config, hidden)
+    setattr(twin, depth, min(layers, getattr(config, depth)))
+    setattr(twin, hidden, min(width, old_width))
+    head_attr = _attr(config, _HEADS)
+    if head_attr:
+        old_heads = getattr(config, head_attr)
+        new_heads = max(1, min(heads, old_heads))
+        while getattr(twin, hidden) % new_heads:
+            new_heads -= 1
+        setattr(twin, head_attr, new_heads)
+        kv = getattr(config, "num_key_value_heads", None)
+        if isinstance(kv, int) and kv > 0:
+            twin.num_key_value_heads = max(1, new_heads * kv // old_heads)
+            while new_heads % twin.num_key_value_heads:
+                twin.num_key_value_heads -= 1
+        if isinstance(getattr(config, "head_dim", None), int):
+            twin.head_dim = getattr(twin, hidden) // new_heads
+    ffn = _attr(config, _FFN)
+    if ffn:
+        setattr(twin, ffn, max(1, getattr(config, ffn) * getattr(twin, hidden) // old_width))
+    return twin
+
+
+class Deep:
+    """A model factory that can build the same model at any depth: `build(layers=n)`. FLOPs of
+    a deep campaign model are counted at 2, 3 and 4 layers and extrapolated along the depth
+    (each layer adds the same FLOPs; checked on the three depths). Memory is never
+    extrapolated: peaks bend with the depth. `workbook.campaign.Deep(my_factory, layers=80)`."""
+
+    def __init__(self, build: Callable[..., nn.Module], layers: int):
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise WorkbookError(f"Deep(..., layers={layers!r}): the depth must be a positive "
+                                "integer", "give the campaign model's number of layers")
+        self.build, self.layers = build, layers
+
+    def __call__(self) -> nn.Module:
+        return self.build(layers=self.layers)
+
+    def with_layers(self, layers: int) -> "Deep":
+        return Deep(self.build, layers)
+
+
+class ConfigModel(Deep):
+    """A `transformers` model class and config as a factory (the config is copied per build)."""
+
+    def __init__(self, model_class: Any, config: Any):
+        self.model_class, self.config = model_class, config
+        depth = _attr(config, _DEPTH)
+        super().__init__(self._build, getattr(config, depth) if depth else 1)
+
+    def _build(self, layers: int) -> nn.Module:
+        config = copy.deepcopy(self.config)
+        depth = _attr(config, _DEPTH)
+        if depth:
+            setattr(config, depth, layers)
+        return self.model_class(config)
+
+    def with_layers(self, layers: int) -> "ConfigModel":
+        config = copy.deepcopy(self.config)
+        setattr(config, _attr(config, _DEPTH), layers)
+        return ConfigModel(self.model_class, config)
+
+
+def from_config(model_class: Any, config: Any, layers: int = 2, width: int = 128,
+                heads: int = 4) -> dict[str, Callable[[], nn.Module]]:
+    """`build_model` (the pilot twin, `twin_config`) and `campaign_model` (the full config) for
+    a `transformers` model class, to pass to `workbook.Task(...)` or `dataclasses.replace`:
+
+        wb.Task(..., **wb.campaign.from_config(LlamaForCausalLM, LlamaConfig(...)))
+    """
+    return {"build_model": ConfigModel(model_class, twin_config(config, layers, width, heads)),
+            "campaign_model": ConfigModel(model_class, config)}
+
+
+DEPTHS = (2, 3, 4)  # the depths a deep campaign model is sized at
+LINEAR_TOLERANCE = 0.002  # per-layer growth may differ this much (of the extrapolated value)
+
+
+def depth_of(task) -> Deep | None:
+    """The campaign model's factory when it can build other depths and is deeper than the
+    depths it would be sized at, else None."""
+    build = getattr(task, "campaign_model", None)
+    build = getattr(build, "build", build)  # unwrap the task's ModelFactory
+    return build if isinstance(build, Deep) and build.layers > DEPTHS[-1] else None
+
+
+def by_depth(task, measure: Callable[[Any], dict[str, float]]) -> tuple[dict[str, float], str]:
+    """`measure(task)` of the campaign model - a dict of figures that add up per layer (FLOPs;
+    not memory peaks, which bend with the depth) - and
+    how it was obtained. A deep campaign model (`depth_of`) is measured at `DEPTHS` layers and
+    extrapolated linearly to its depth; when a figure does not grow by the same amount per
+    layer there (within `LINEAR_TOLERANCE`), the full depth is measured instead."""
+    deep = depth_of(task)
+    if deep is None:
+        return measure(task), "run at its full depth"
+    runs = [measure(dataclasses.replace(task, campaign_model=deep.with_layers(n)))
+            for n in DEPTHS]
+    out, step = {}, DEPTHS[1] - DEPTHS[0]
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        if any(v is None or v != v for v in values):  # NaN: not sized
+            out[key] = float("nan")
+            continue
+        first, second = values[1] - values[0], values[2] - values[1]
+        value = values[2] + (deep.layers - DEPTHS[2]) * second / step
+        if abs(first - second) * (deep.layers - DEPTHS[0]) / step > \
+                LINEAR_TOLERANCE * max(abs(value), 1.0):
+            return measure(task), (f"run at its full depth ({deep.layers} layers): a figure "
+                                   f"({key}) does not grow linearly with the depth")
+        out[key] = value
+    return out, (f"extrapolated from fake runs at {', '.join(map(str, DEPTHS))} layers to "
+                 f"{deep.layers} (every figure grows by the same amount per layer)")
+
+
+def module_types(model: nn.Module) -> Counter:
+    """How many modules of each type a model holds."""
+    return Counter(type(m).__name__ for m in model.modules())
+
+
+def check_twin(task) -> None:
+    """Refuse a twin that is not the campaign model's kind of model: another root class, or a
+    module type one has and the other does not (a check of the twin says nothing of layers the
+    campaign model has and the twin lacks). Both are built on the meta device."""
+    if not declared(task):
+        return
+    try:
+        campaign, twin = on_meta(task.campaign_model), on_meta(task.build_model)
+    except WorkbookError:
+        raise
+    except Exception as exc:
+        raise WorkbookError(f"the campaign model or its twin of {task.name!r} cannot be built on "
+                            f"the meta device ({reason(exc)})",
+                            "build them without reading tensor values (no weights loaded from "
+                            "disk in the factory)") from exc
+    problems = []
+    if type(campaign) is not type(twin):
+        problems.append(f"the campaign model is a {type(campaign).__name__}, the twin a "
+                        f"{type(twin).__name__}")
+    only_campaign = sorted(set(module_types(campaign)) - set(module_types(twin)))
+    only_twin = sorted(set(module_types(twin)) - set(module_types(campaign)))
+    if only_campaign:
+        problems.append(f"module types only the campaign model has: {', '.join(only_campaign)}")
+    if only_twin:
+        problems.append(f"module types only the twin has: {', '.join(only_twin)}")
+    if problems:
+        raise WorkbookError(f"the pilot twin of {task.name!r} is not the campaign model's kind "
+                            f"of model: {'; '.join(problems)}",
+                            "build the twin from the same code with fewer layers and a smaller "
+                            "width (workbook.campaign.from_config does it for a transformers "
+                            "config)")
+
+
+@dataclasses.dataclass
+class Models:
+    """Which models a run's figures belong to, for tables and the report."""
+
+    declared: bool
+    trained: str  # the model the pilot machine trains
+    trained_parameters: int
+    sized: str  # the model the memory prediction and the rental plan size
+    sized_parameters: int
+
+    def lines(self) -> list[str]:
+        if not self.declared:
+            return [f"model: {parameters(self.trained_parameters)}, trained and sized here"]
+        return [f"pilot twin (trained here): {self.trained}, "
+                f"{parameters(self.trained_parameters)}",
+                f"campaign model (sized on fake tensors, never allocated here): {self.sized}, "
+                f"{self.sized_parameters / 1e9:,.2f} B parameters"]
+
+
+def parameters(count: int) -> str:
+    """A parameter count for people: millions with two decimals, or the count itself below
+    ten thousand (a tiny model is not "0.00 M")."""
+    return f"{count:,} parameters" if count < 10_000 else f"{count / 1e6:,.2f} M parameters"
+
+
+def models(task) -> Models:
+    """The models of a task, counted on the meta device."""
+    def shape(model: nn.Module) -> str:
+        config = getattr(model, "config", None)
+        depth = _attr(config, _DEPTH) if config is not None else None
+        hidden = _attr(config, _WIDTH) if config is not None else None
+        if depth and hidden:
+            return (f"{type(model).__name__}, {getattr(config, depth)} layers x "
+                    f"{getattr(config, hidden)} wide")
+        return type(model).__name__
+
+    twin = on_meta(task.build_model)
+    sized = on_meta(task.campaign_model) if declared(task) else twin
+    return Models(declared(task), shape(twin), parameter_count(twin), shape(sized),
+                  parameter_count(sized))
+
+
+TRACE_DEPTHS = (3, 4)  # a deep campaign model's memory is traced at these depths
+
+
+def layer_list(model: nn.Module, layers: int) -> str | None:
+    """The tracker's name ("<RootClass>.<path>") of the one `nn.ModuleList` of `layers`
+    modules of one type - the layer stack - else None."""
+    found = [name for name, m in model.named_modules() if isinstance(m, nn.ModuleList)
+             and len(m) == layers and len({type(c) for c in m}) == 1]
+    return f"{type(model).__name__}.{found[0]}" if len(found) == 1 else None
+
+
+def _segments(trace: list) -> list[tuple[int | None, list]]:
+    """Consecutive operators of the same layer (None: outside the layer stack)."""
+    out: list[tuple[int | None, list]] = []
+    for layer, figures in trace:
+        if out and out[-1][0] == layer:
+            out[-1][1].append(figures)
+        else:
+            out.append((layer, [figures]))
+    return out
+
+
+def _roles(trace: list, depth: int) -> list[tuple[str, list]]:
+    """The segments with the middle layers of each pass over the stack gathered into one
+    "mid" item (a list of segments in the order run); first and last layers and the
+    operators outside the stack keep their own items."""
+    out: list[tuple[str, list]] = []
+    for layer, figures in _segments(trace):
+        role = ("outside" if layer is None else "first" if layer == 0
+                else "last" if layer == depth - 1 else "mid")
+        if role == "mid" and out and out[-1][0] == "mid":
+            out[-1][1].append(figures)
+        else:
+            out.append((role, [figures] if role == "mid" else figures))
+    return out
+
+
+def layer_of(parents, layers: str, backward: bool) -> int | None:
+    """The index of the layer of the stack `layers` (a tracker name, `layer_list`) the current
+    operator runs in, from the module tracker's `parents`, else None. In backward the tracker
+    leaves a layer among the parents until its inputs' gradients are done, so the layers being
+    differentiated are the later ones: the current is the lowest."""
+    prefix = layers + "."
+    inside = [p[len(prefix):].split(".", 1)[0] for p in parents if p.startswith(prefix)]
+    if not inside:
+        return None
+    return (min if backward else max)(int(k) for k in inside)
+
+
+def attach_gaps(trace: list) -> list:
+    """The trace with every stretch of operators outside the stack that runs between layer k
+    and layer k +- 1 given to layer k: under FSDP2 a block's reshard after its forward
+    (and the hooks around it) runs after the module tracker has left the block and before the
+    next one is entered, a gap of the same operators after every layer; given to the layer it
+    ends, the stack's passes line up layer for layer again."""
+    out = list(trace)
+    i = 0
+    while i < len(out):
+        if out[i][0] is None and i > 0 and out[i - 1][0] is not None:
+            j = i
+            while j < len(out) and out[j][0] is None:
+                j += 1
+            if j < len(out) and out[j][0] is not None and \
+                    abs(out[j][0] - out[i - 1][0]) == 1:
+                layer = out[i - 1][0]
+                out[i:j] = [(layer, figures) for _, figures in out[i:j]]
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def carried(shallow: list, deeper: list, depth: int, key: Callable[[Any], Any] = sum,
+            stretch: Callable[[list, list], list | None] | None = None
+            ) -> list[list[int]] | None:
+    """The operators of one phase that can hold its peak at `depth` layers, each with its
+    memory (per category) carried from operator traces at `TRACE_DEPTHS` layers (`shallow`,
+    `deeper`: lists of (layer index or None, figures per category)); the peak under any
+    measure that is linear in the categories is the largest of them by that measure (`key`,
+    which also picks the largest operator of a stretch outside the stack whose length changes
+    with the depth). See `extrapolate`. `stretch(x, y)`, when given, pairs the operators of
+    such a stretch instead (a list of (shallower, deeper) figures to carry, None when they
+    cannot be paired). None when the traces do not line up."""
+    a, b = _roles(shallow, TRACE_DEPTHS[0]), _roles(deeper, TRACE_DEPTHS[1])
+    if [r for r, _ in a] != [r for r, _ in b]:
+        return None
+    more = depth - TRACE_DEPTHS[1]
+    candidates: list[list[int]] = []
+
+    def carry(x, y, extra):  # y at the deeper depth, x one layer shallower
+        return [yi + more * (yi - xi) + ei for xi, yi, ei in zip(x, y, extra, strict=True)]
+
+    zero = [0] * len(a[0][1][0] if a[0][0] != "mid" else a[0][1][0][0])
+    for (role, x), (_, y) in zip(a, b, strict=True):
+        if role == "mid":
+            if len(x) != 1 or len(y) != 2 or not len(x[0]) == len(y[0]) == len(y[1]):
+                return None
+            for first3, first4, second4 in zip(x[0], y[0], y[1], strict=True):
+                candidates.append(carry(first3, first4, zero))  # first middle layer
+                # the last middle layer: the first's growth per layer of depth, and per
+                # position in the stack the second's lead over the first
+                candidates.append([s4 + more * (f4 - f3) + more * (s4 - f4) for f3, f4, s4
+                                   in zip(first3, first4, second4, strict=True)])
+        elif len(x) == len(y):
+            candidates += [carry(xi, yi, zero) for xi, yi in zip(x, y, strict=True)]
+        elif role == "outside" and stretch is not None:
+            pairs = stretch(x, y)
+            if pairs is None:
+                return None
+            candidates += [carry(xi, yi, zero) for xi, yi in pairs]
+        elif role == "outside":
+            def largest(t):
+                return max(t, key=key)
+            for pick in (lambda t: t[0], largest, lambda t: t[-1]):
+                candidates.append(carry(pick(x), pick(y), zero))
+        else:
+            return None
+    return candidates or None
+
+
+def extrapolate(shallow: list, deeper: list, depth: int) -> tuple[int, ...] | None:
+    """The memory (per category) at the peak of one phase of the model at `depth` layers, from
+    operator traces at `TRACE_DEPTHS` layers (`shallow`, `deeper`: lists of (layer index or
+    None, figures per category)). Each operator's memory is linear in the depth (what one more
+    layer keeps alive) and, inside the stack, in the layer's position (what each layer before
+    it left); the peak is the largest operator at `depth`, not the peak extrapolated (peaks of
+    different operators grow at different rates: under bf16 autocast the forward's moves from
+    the loss to the last layer past 14 layers of a 7 B Llama). Outside the stack a stretch whose
+    length changes with the depth (the optimizer's per-parameter steps) is carried by its first,
+    largest and last operator. None when the traces do not line up (`carried`)."""
+    candidates = carried(shallow, deeper, depth)
+    return tuple(max(candidates, key=sum)) if candidates else None

@@ -1,0 +1,294 @@
+"""Checkpoints as folders: weights in safetensors, the rest loadable with `weights_only=True`,
+and a manifest of every file (see `artifacts`). Written to a temporary folder and renamed, so a
+kill during a save never leaves a half-written checkpoint under the final name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+
+from ..base.errors import WorkbookError, reason
+from ..contract.task import own_code
+from ..storage import schemas
+from ..storage.artifacts import MANIFEST, read_json, write_folder
+from ..storage.artifacts import verify as verify_folder
+
+WEIGHTS = "model.safetensors"
+STATE = "state.pt"
+META = "meta.json"
+__all__ = ["MANIFEST", "WEIGHTS", "STATE", "META", "save_checkpoint", "load_checkpoint",
+           "load_state", "load_meta", "load_weights", "verify", "rng_state", "set_rng_state",
+           "tied_groups", "StepCount", "own_objects"]
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch and CUDA random states in a form `weights_only` loading accepts."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state = {"python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
+             "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], where: Any = "the checkpoint") -> None:
+    """Restore what `rng_state` captured, checked first (`schemas.RandomStates`: a state of
+    another type, length or range is refused naming the field, before any generator is set)."""
+    schemas.check(schemas.RandomStates, state, where, "random state",
+                  "resume from an intact checkpoint")
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal.tolist()), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class StepCount:
+    """The updates done, as the object a task's save_state/restore_state receives under
+    "step": state_dict() -> {"step": n}; a restore loads it back with load_state_dict."""
+
+    def __init__(self, value: int | None = None):
+        self.value = value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = state["step"]
+
+
+def own_objects(model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any,
+                sampler: Any = None, step: int | None = None) -> dict[str, Any]:
+    """The objects a task's save_state/restore_state receives: the training state, the loop's
+    sampler (when it keeps state) and the step count."""
+    keeps_state = callable(getattr(sampler, "state_dict", None))
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
+            "sampler": sampler if keeps_state else None, "step": StepCount(step)}
+
+
+def save_checkpoint(path: str | Path, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+                    scaler: Any = None, counters: dict | None = None,
+                    meta: dict | None = None, own: Callable | None = None,
+                    sampler: Any = None) -> Path:
+    """Save the full training state into a new folder `path` (never over an existing one).
+    With `own` (a task's `save_state(folder, objects)`), the task writes model, optimizer,
+    schedule, scaler, sampler and step its own way; the workbook adds the loop's counters, the
+    random states and digests of what was saved, which the restore checks."""
+    objects = own_objects(model, optimizer, scheduler, scaler, sampler,
+                          (counters or {}).get("step"))
+
+    def fill(tmp: Path) -> None:
+        if own is not None:
+            user_code("save_state", own, tmp, objects)
+            # the workbook's own files beside the task's (its model.safetensors is the task's
+            # here: `save_pretrained` writes one)
+            reserved = {STATE, META, MANIFEST}
+            clash = reserved & {f.name for f in tmp.iterdir()}
+            folders = [f.name for f in tmp.iterdir() if not f.is_file()]
+            if clash or folders:
+                raise WorkbookError(f"the task's save_state wrote {sorted(clash | set(folders))}"
+                                    f" into the checkpoint", f"write plain files, none named "
+                                    f"{sorted(reserved)}")
+        else:
+            save_model(model, str(tmp / WEIGHTS))
+        mine = own is None
+        torch.save({"optimizer": optimizer.state_dict() if mine and optimizer else None,
+                    "scheduler": scheduler.state_dict() if mine and scheduler else None,
+                    "scaler": scaler.state_dict() if mine and scaler else None,
+                    "counters": dict(counters or {}), "rng": rng_state()}, tmp / STATE)
+        (tmp / META).write_text(json.dumps({"torch": torch.__version__,
+                                            "threads": torch.get_num_threads(),
+                                            "digests": {} if mine else digests(objects),
+                                            "own_state": not mine,
+                                            **(meta or {})}, indent=1, default=str))
+
+    return write_folder(path, fill, "checkpoint")
+
+
+def user_code(name: str, fn: Callable, folder: Path, objects: dict[str, Any]) -> None:
+    """Run a task's own save_state/restore_state on a checkpoint folder."""
+    own_code(name, fn, folder, objects, receives="the checkpoint folder and the objects "
+             "{model, optimizer, scheduler, scaler, sampler, step} (None where absent)")
+
+
+def digests(objects: dict[str, Any]) -> dict[str, str]:
+    """A fingerprint of each part of the training state (weights, optimizer state, schedule,
+    scaler), to tell after a restore which part did not come back."""
+    def of(value: Any, h) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(str((t.dtype, tuple(t.shape))).encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(value, dict):
+            for k in sorted(value, key=str):
+                h.update(str(k).encode())
+                of(value[k], h)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                of(v, h)
+        elif not callable(value):
+            h.update(repr(value).encode())
+
+    out = {}
+    for name, obj in objects.items():
+        if callable(getattr(obj, "state_dict", None)):
+            h = hashlib.sha256()
+            of(obj.state_dict(), h)
+            out[name] = h.hexdigest()[:16]
+    return out
+
+
+def verify(path: str | Path) -> dict[str, dict]:
+    """Check every file against the manifest; refuse anything missing, extra or changed."""
+    return verify_folder(path, "checkpoint")
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    """The non-weight state, loaded with `weights_only=True` after the manifest check, and
+    checked against `schemas.CheckpointState` (counters never negative, random states of their
+    types and lengths) before any of it is used."""
+    verify(path)
+    try:
+        state = torch.load(Path(path) / STATE, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise WorkbookError(f"{path}/{STATE} needs arbitrary code to load; refused ({exc})",
+                            "only load checkpoints whose provenance you know") from exc
+    except (RuntimeError, EOFError, ValueError, OSError, RecursionError) as exc:
+        raise WorkbookError(f"{path}/{STATE} cannot be read: {reason(exc)}",
+                            "the checkpoint is damaged; resume from an earlier one") from None
+    try:
+        schemas.check(schemas.CheckpointState, state, Path(path) / STATE, "checkpoint state",
+                      "the checkpoint is damaged; resume from an earlier one")
+    except RecursionError:
+        raise WorkbookError(f"{path}/{STATE} nests its values too deep to be a checkpoint "
+                            "state", "resume from an intact checkpoint") from None
+    return state
+
+
+def load_meta(path: str | Path) -> dict[str, Any]:
+    """meta.json of a verified checkpoint, parsed bounded and checked against
+    `schemas.CheckpointMeta` (thread count 1..4096, the recorded task...)."""
+    meta = Path(path) / META
+    data = read_json(meta, "checkpoint meta")
+    schemas.check(schemas.CheckpointMeta, data, meta, "checkpoint meta",
+                  "the checkpoint is damaged; resume from an earlier one")
+    return data
+
+
+def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
+    """Safetensors weights into `model` (no code runs); a file that does not fit the model, or
+    is not safetensors at all, is refused with its name."""
+    fix = f"load the {what} into the model of the task and options that wrote it"
+    try:
+        stored = schemas.safetensors_header(path)
+    except (OSError, ValueError, WorkbookError) as exc:
+        raise WorkbookError(f"{path} cannot be loaded into the model: {reason(exc, 300)}",
+                            fix) from None
+    own = model.state_dict()
+    for name, entry in stored.items():
+        why = schemas.tensor_mismatch(name, entry, own[name]) if name in own else None
+        if why:  # load_state_dict would cast another dtype silently (fp16-rounded weights)
+            raise WorkbookError(f"{path} cannot be loaded into the model: {why}", fix)
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except (SafetensorError, RuntimeError, ValueError, OSError) as exc:
+        raise WorkbookError(f"{path} cannot be loaded into the model: "
+                            f"{reason(exc, 300)}", f"load the {what} into the "
+                            "model of the task and options that wrote it") from None
+    if missing or unexpected:
+        raise WorkbookError(f"{what} {path.parent} does not fit this model (missing "
+                            f"{missing[:3]}, unexpected {unexpected[:3]})", f"load the {what} "
+                            "into the model of the task and options that wrote it")
+
+
+def load_checkpoint(path: str | Path, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+                    scaler: Any = None, restore_rng: bool = True,
+                    own: Callable | None = None, sampler: Any = None) -> dict[str, Any]:
+    """Restore model (and optimizer, schedule, scaler, random states) in place; returns the
+    counters and meta data. A checkpoint written by a task's own `save_state` is restored by
+    its `restore_state` (`own`), then every part is checked against the digests taken when it
+    was saved. The sampler and step are checked only when restore_state changed them: one that
+    leaves them alone leaves them to the workbook, which restores the data position itself."""
+    state = load_state(path)
+    meta = load_meta(path)
+    objects = own_objects(model, optimizer, scheduler, scaler, sampler)
+    if meta.get("own_state"):
+        if own is None:
+            raise WorkbookError(f"checkpoint {path} was written by a task's own save_state",
+                                "restore it with the same task (its restore_state)")
+        untouched = digests({k: objects[k] for k in ("sampler", "step")})
+        user_code("restore_state", own, Path(path), objects)
+        handled = {k for k, v in digests({k: objects[k] for k in untouched}).items()
+                   if v != untouched[k]}
+        check_restored(path, {k: v for k, v in (meta.get("digests") or {}).items()
+                              if k not in untouched or k in handled}, objects)
+        if restore_rng:
+            set_rng_state(state["rng"], Path(path) / STATE)
+        return {"counters": state["counters"], "meta": meta}
+    load_weights(model, Path(path) / WEIGHTS, "checkpoint")
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
+        if obj is None:
+            continue
+        if state[name] is None:
+            raise WorkbookError(f"checkpoint {path} has no {name} state; training cannot resume "
+                                "exactly", f"save the {name} with the checkpoint")
+        why = schemas.optimizer_mismatch(state[name], obj) if name == "optimizer" else None
+        if why:  # torch would cast it silently, or fail only at the first step
+            raise WorkbookError(f"checkpoint {path}: the optimizer state does not fit this "
+                                f"optimizer: {why}", "resume with the model, optimizer and "
+                                "configuration that wrote it")
+        try:
+            obj.load_state_dict(state[name])
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise WorkbookError(f"checkpoint {path}: the {name} state does not fit ({exc})",
+                                "resume with the configuration that wrote it") from None
+    if restore_rng:
+        set_rng_state(state["rng"], Path(path) / STATE)
+    return {"counters": state["counters"], "meta": meta}
+
+
+def check_restored(path: str | Path, saved: dict[str, str], objects: dict[str, Any]) -> None:
+    """Name every part of the training state that a task's restore_state did not bring back
+    as it was saved (weights, optimizer state such as Adam's moments, schedule, scaler,
+    sampler, step)."""
+    now = digests({k: v for k, v in objects.items() if k in saved})
+    wrong = [k for k in now if now[k] != saved[k]]
+    if wrong:
+        raise WorkbookError(
+            f"the task's restore_state did not bring back the {', '.join(wrong)} state saved in "
+            f"{path}" + (" (without the optimizer state, Adam's moments restart from zero and "
+                         "the resumed run diverges from the uninterrupted one)"
+                         if "optimizer" in wrong else "")
+            + (" (the sampler's order after the resume is not the uninterrupted run's: "
+               "examples are repeated or skipped)" if "sampler" in wrong else ""),
+            f"save and restore the {', '.join(wrong)} state_dict in save_state/restore_state")
+
+
+def tied_groups(model: torch.nn.Module) -> list[tuple[str, ...]]:
+    """Names of parameters that are one tensor (tied weights, e.g. an output projection sharing
+    the embedding matrix). A restore must keep every group: copy into the shared tensor, never
+    replace one of its names with a new Parameter."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return sorted(tuple(g) for g in groups.values() if len(g) > 1)
+
+
+def checkpoint_bytes(path: str | Path) -> int:
+    """Size of a checkpoint folder on disk."""
+    return sum(f.stat().st_size for f in Path(path).iterdir())

@@ -1,0 +1,718 @@
+"""The one training loop. Overfit, gates, variants, studies and resume all call `train`."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..base.errors import WorkbookError
+from ..base.frontend import progress_bar
+from ..contract import run as run_context
+from ..contract.data import Batch, Item, collate_items, epoch_order, epoch_updates, loader
+from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
+from ..contract.task import IGNORE_INDEX, Task, own_code
+from ..storage.records import EvalRecord, StepRecord
+
+
+@dataclass(frozen=True)
+class UpdateShape:
+    """The shape of one update, the one declaration embedded by every configuration that trains
+    or sizes one (the loop's `TrainConfig`, the gates' settings, memory variants, rental
+    candidates, the study design, the data-parallel launch): micro-batch x accumulation x
+    replicas, the precision and activation checkpointing. The sequence length belongs to the
+    sized batches (`predict.Plan`), not to the update: the loop trains on the examples as the
+    task encodes them."""
+
+    micro_batch: int = 2  # examples per forward/backward pass (per replica)
+    accumulation: int = 1  # passes combined into one update
+    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
+    activation_checkpointing: bool = False  # recompute the task's blocks in backward
+    replicas: int = 1  # data-parallel processes, each making micro_batch x accumulation
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], prefix: str = "") -> "UpdateShape":
+        """The shape named in a notebook's parameters (`<prefix><field>`; absent fields keep
+        their defaults), checked."""
+        return cls(**{name: params[prefix + name] for name in cls.__dataclass_fields__
+                      if prefix + name in params}).validate()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "UpdateShape":
+        """A shape stored as a dict (a recipe, a design, a launch's settings) back."""
+        if not isinstance(data, dict):
+            raise WorkbookError(f"an update shape must be an object, got {str(data)[:80]!r}",
+                                'give it as {"micro_batch": 2, "accumulation": 8, ...}')
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise WorkbookError(f"unknown update-shape fields {unknown}",
+                                f"use {sorted(cls.__dataclass_fields__)}")
+        return cls(**data).validate()
+
+    @classmethod
+    def nested(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """A stored configuration with its shape under "shape": one written before the shape
+        was one field (flat micro_batch, accumulation, ...) is moved there."""
+        if not isinstance(data, dict) or "shape" in data:
+            return data
+        fields = cls.__dataclass_fields__
+        return {**{k: v for k, v in data.items() if k not in fields},
+                "shape": {k: v for k, v in data.items() if k in fields}}
+
+    @property
+    def examples_per_update(self) -> int:
+        return self.micro_batch * self.accumulation * self.replicas
+
+    def validate(self) -> "UpdateShape":
+        for name in ("micro_batch", "accumulation", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
+                                    f"set {name} to 1 or more")
+        if self.precision not in PRECISIONS:
+            raise WorkbookError(f"unknown precision {self.precision!r}",
+                                f"use one of {list(PRECISIONS)}")
+        if not isinstance(self.activation_checkpointing, bool):
+            raise WorkbookError("activation_checkpointing must be True or False, got "
+                                f"{self.activation_checkpointing!r}", "set it to True or False")
+        return self
+
+    def train_config(self, **rest: Any) -> "TrainConfig":
+        """The loop's configuration for updates of this shape; `rest` sets the other fields."""
+        return TrainConfig(shape=self, **rest)
+
+
+@dataclass
+class TrainConfig:
+    """How to train: the shape of an update, the budget, evaluation and the device."""
+
+    shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
+    updates: int = DEFAULT_UPDATES  # optimizer steps in the budget
+    lr: float = 1e-3
+    warmup_updates: int = 0  # linear warm-up, then constant
+    seed: int = 0
+    device: str = "auto"  # "cpu", "cuda" or "auto"
+    eval_every: int = 0  # evaluate every N updates (0: never); steps, never seconds
+    eval_batch: int = 32
+    drop_partial: bool = False  # leave out the examples that do not fill a whole update
+    grad_clip: float = 1.0  # max gradient norm (0: no clipping, norm still recorded)
+    workers: int = 0  # DataLoader worker processes
+    encode_each_pass: bool = True  # encode the raw examples in the loader on every pass
+    progress: bool = False  # show a tqdm bar
+    own_step: bool = True  # run the task's train_step (its clipping, not grad_clip) if it has one
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        """A configuration stored as a dict (a checkpoint's recipe) back as a TrainConfig; a
+        recipe written before the shape was one field (flat micro_batch, ...) reads too."""
+        data = UpdateShape.nested(data)
+        return cls(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
+
+    def validate(self, n_train: int | None = None) -> "TrainConfig":
+        shape = self.shape.validate()
+        for name in ("updates", "eval_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
+                                    f"set {name} to 1 or more")
+        if not self.lr > 0:
+            raise WorkbookError(f"lr must be positive, got {self.lr!r}", "set lr above 0")
+        if self.eval_every < 0:
+            raise WorkbookError(f"eval_every must be 0 or positive, got {self.eval_every}",
+                                "use 0 to switch periodic evaluation off")
+        if n_train is not None and shape.micro_batch > n_train:
+            raise WorkbookError(f"micro_batch {shape.micro_batch} is larger than the "
+                                f"{n_train} training examples",
+                                "lower micro_batch or give the task more examples")
+        per_process = shape.micro_batch * shape.accumulation
+        if n_train is not None and self.drop_partial and n_train < per_process:
+            raise WorkbookError(f"with drop_partial, one update needs {per_process} examples "
+                                f"but there are {n_train}",
+                                "lower micro_batch x accumulation or keep partial")
+        check_precision(shape.precision, resolve_device(self.device))
+        return self
+
+
+@dataclass
+class TrainResult:
+    """What a training run leaves: the model and optimizer, one record per update and eval."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    steps: list[StepRecord] = field(default_factory=list)
+    evals: list[EvalRecord] = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+    stop_reason: str = ""  # why the run stopped before its budget ("" when it did not)
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" picks CUDA when present; asking for CUDA without one is an error, not a fallback."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise WorkbookError("device 'cuda' was asked for but no CUDA GPU is visible",
+                            "use device='cpu' or 'auto', or run on a machine with a GPU")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise WorkbookError(f"unknown device {name!r}", "use 'cpu', 'cuda' or 'auto'")
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:  # tensors report "cuda:0", not "cuda"
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def target_count(value: float) -> int | float:
+    """A target count as the loss reported it: an integer when it is whole, else the float (a
+    task's loss may weigh its targets)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode without gradients inside the block; the model's previous mode comes back
+    after it, also when the block raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
+
+
+class HeldBehaviour:
+    """While active, every module of the model stays in eval behaviour whatever mode the
+    task's own code sets (`model.train()` included): dropout draws nothing and batch norm uses
+    and keeps its running statistics, so two runs of the same code over the same examples
+    differ only by how they are split. `asked` lists the modes the code asked for."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.asked: list[bool] = []
+
+    def __enter__(self) -> "HeldBehaviour":
+        self.modes = {m: m.training for m in self.model.modules()}
+        # a train() the task set on an instance (an override of its own) comes back after
+        self.own_train = {m: vars(m)["train"] for m in self.modes if "train" in vars(m)}
+        for m in self.modes:
+            m.training = False
+            # an instance attribute: Module.train (and eval) recurses through these
+            m.train = functools.partial(self._asked, m)
+        return self
+
+    def _asked(self, module: nn.Module, mode: bool = True) -> nn.Module:
+        if module is self.model:
+            self.asked.append(bool(mode))
+        return module
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, mode in self.modes.items():
+            del m.train
+            if m in self.own_train:
+                m.train = self.own_train[m]
+            m.training = mode
+
+    @property
+    def sets_train_mode(self) -> bool:
+        """Whether the code it held called model.train() (last asked mode True)."""
+        return bool(self.asked) and self.asked[-1]
+
+
+def loss_of(returned: Any, piece: str = "train_step") -> float:
+    """The loss a task's own step returned: a tensor, a float, or a dict with "loss"."""
+    value = returned.get("loss") if isinstance(returned, dict) else returned
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        shown = (f"a dict with keys {sorted(returned)[:6]}" if isinstance(returned, dict)
+                 else type(returned).__name__)
+        raise WorkbookError(f"the task's {piece} returned {shown}, not the update's loss",
+                            "return the update's loss: a 0-d tensor, a float, or a dict "
+                            'with "loss" (the loop records it every update)') from None
+
+
+DIVERGENCE_WINDOW = 5  # updates whose median is compared: one hard micro-batch is no divergence
+RUNAWAY_MULTIPLE = 1e3  # a rise this large over the first update is divergence at once
+
+
+def loss_rise(losses: list[float], multiple: float = 3.0) -> str:
+    """Why a run's losses diverged, in numbers ("" when they did not): the median of the last
+    DIVERGENCE_WINDOW updates above `multiple` x the median of the first DIVERGENCE_WINDOW
+    (per-update losses of small regression updates vary 40x between batches, so neither end
+    is one update), or above RUNAWAY_MULTIPLE x the first update's (a learning rate 1e6 too
+    large explodes before any window fills). Non-finite values are the caller's to judge."""
+    window = DIVERGENCE_WINDOW
+    if len(losses) < 3 or not losses[0] > 0:
+        return ""
+    recent = statistics.median(losses[-window:])
+    if recent > RUNAWAY_MULTIPLE * losses[0]:
+        return (f"median loss of the last {min(len(losses), window)} updates {recent:.3g} "
+                f"above {RUNAWAY_MULTIPLE:g} x the first update's {losses[0]:.3g}")
+    if len(losses) < 2 * window:
+        return ""
+    start = statistics.median(losses[:window])
+    if recent > multiple * start:
+        return (f"median loss of the last {window} updates {recent:.3g} above {multiple:g} x "
+                f"the median of the first {window}, {start:.3g}")
+    return ""
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices) from one number."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_precision(precision: str, device: torch.device, task: Task | None = None) -> None:
+    """Refuse a precision the device (or, given a task, the task's own train_step) cannot run,
+    instead of silently falling back."""
+    if precision not in PRECISIONS:
+        raise WorkbookError(f"unknown precision {precision!r}", f"use one of {list(PRECISIONS)}")
+    if precision == "fp16" and device.type != "cuda":
+        raise WorkbookError("fp16 mixed precision needs CUDA (its GradScaler keeps small "
+                            "gradients from vanishing); this run is on the CPU",
+                            "use precision='bf16' or 'fp32' on the CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise WorkbookError("this GPU does not support bf16", "use precision='fp16' or 'fp32'")
+    if precision == "fp16" and task is not None and task.train_step is not None:
+        raise WorkbookError("fp16 with the task's own train_step: the workbook's GradScaler "
+                            "cannot reach inside it", "use precision 'bf16' or 'fp32' here "
+                            "(a train_step that scales its own loss runs in fp32)")
+
+
+def _repeated_block(module: nn.Module) -> bool:
+    return getattr(module, "_workbook_block", False)
+
+
+def apply_activation_checkpointing(task: Task, model: nn.Module) -> int:
+    """Wrap the task's blocks (default: every element of an nn.ModuleList) with PyTorch's
+    non-reentrant activation checkpointing. Returns how many blocks were wrapped."""
+    from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as cw
+
+    if task.checkpoint_blocks is None and getattr(model, "supports_gradient_checkpointing", False):
+        # a Hugging Face model: its own switch also turns the KV cache off in training, which
+        # recomputed blocks would otherwise append to (60 keys against 30 queries)
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        return sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
+    check = task.checkpoint_blocks
+    if check is None:
+        for lst in model.modules():
+            if isinstance(lst, nn.ModuleList):
+                for block in lst:
+                    block._workbook_block = True
+        check = _repeated_block
+    wrapped = [m for m in model.modules() if check(m)]
+    if not wrapped:
+        raise WorkbookError(f"activation checkpointing found no blocks in {type(model).__name__}",
+                            "set Task.checkpoint_blocks to a function that picks the blocks")
+    cw.apply_activation_checkpointing(model, check_fn=check)
+    return len(wrapped)
+
+
+@dataclass
+class Stepper:
+    """One update's machinery, shared by the loop, the gates and the memory prediction."""
+
+    task: Task
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    device: torch.device
+    precision: str = "fp32"
+    grad_clip: float = 1.0
+    scaler: torch.amp.GradScaler | None = None
+    sampler: Any = None  # the task's own data order (make_sampler), made by `train`
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def forward_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits, summed loss, number of targets) of one micro-batch, in the chosen precision."""
+        dtype = PRECISIONS[self.precision]
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            logits = self.task.forward(self.model, batch.tensors)
+        return (logits, *self.task.loss(logits, batch.tensors))
+
+    def backward(self, loss_sum: torch.Tensor) -> None:
+        (self.scaler.scale(loss_sum) if self.scaler is not None else loss_sum).backward()
+
+    def normalise(self, targets: int) -> None:
+        """Divide the accumulated gradients by the targets of the whole update (after unscaling
+        them once, when a GradScaler is in use)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, 1.0 / targets)
+
+    def accumulate(self, batches: Iterable[Batch],
+                   targets: int | None = None) -> tuple[torch.Tensor, int]:
+        """Forward and backward every micro-batch of one update with summed losses, then
+        normalise by the number of targets of the WHOLE update, so 1 x 16, 2 x 8 and 16 x 1
+        agree. Returns (summed loss, targets). `targets` may be given (fake-tensor prediction).
+        """
+        loss_sum = torch.zeros((), device=self.device)
+        counted = 0  # a count may be a float (weighted targets); read only when not given
+        for batch in batches:
+            _, summed, count = self.forward_loss(batch.to(self.device))
+            self.backward(summed)
+            loss_sum += summed.detach().float()
+            counted = counted + count  # stays a tensor: fake tensors have no value to read
+        n = target_count(float(counted)) if targets is None else targets
+        if n == 0:
+            raise WorkbookError("an update had no contributing targets (every label is -100)",
+                                "check truncation and label masking with notebook 01")
+        self.normalise(n)
+        return loss_sum, n
+
+    def own_update(self, batches: list[Batch]) -> tuple[float, int | float, float]:
+        """One update by the task's own `train_step` (its forward, loss, accumulation, clipping
+        and optimizer step) in the configured precision; the schedule then advances as after
+        the workbook's update. Returns (the loss it returned, the update's targets, the gradient
+        norm it stepped with - read by an optimizer hook, the task's code is not changed)."""
+        moved = [b.to(self.device) for b in batches]
+        watch = StepWatch(self.optimizer)
+        dtype = PRECISIONS[self.precision]
+        try:
+            with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+                returned = own_code("train_step", self.task.train_step, self.model,
+                                    self.optimizer, [b.tensors for b in moved],
+                                    receives="(model, optimizer, [batch dict per micro-batch])")
+        finally:
+            watch.handle.remove()
+        if watch.steps != 1:
+            raise WorkbookError(f"the task's train_step called optimizer.step() {watch.steps} "
+                                f"times for one update of {len(batches)} micro-batches",
+                                "step once per update, after the last micro-batch")
+        loss = loss_of(returned)
+        self.scheduler.step()
+        # the targets as the workbook counts them (examples, for a task without labels)
+        targets = sum(self.task.target_count(b.tensors["labels"]) if "labels" in b.tensors
+                      else len(b.ids) for b in batches)
+        return loss, targets, watch.norm
+
+    def step(self) -> torch.Tensor:
+        """Clip, step (through the scaler when present), advance the schedule, clear grads."""
+        norm = nn.utils.clip_grad_norm_(self.params, self.grad_clip or float("inf"))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+
+def runs_own_step(task: Task, cfg: TrainConfig) -> bool:
+    """Whether a run with this configuration makes its updates with the task's train_step."""
+    return task.train_step is not None and cfg.own_step
+
+
+def update_by(task: Task, cfg: TrainConfig) -> str:
+    """Whose code makes each update of a run with this configuration, for summaries."""
+    return "the task's train_step" if runs_own_step(task, cfg) else "the workbook's update"
+
+
+class StepWatch:
+    """Counts the optimizer steps taken while it is registered and reads the gradient norm just
+    before each (`Optimizer.register_step_pre_hook`)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.steps, self.norm = 0, float("nan")
+        self.handle = optimizer.register_step_pre_hook(self._before)
+
+    @torch.no_grad()
+    def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.steps += 1
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                 if p.grad is not None]
+        self.norm = float(nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
+def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None,
+                  examples: int | None = None) -> Stepper:
+    """Model (built with the config's seed unless given), optimizer, schedule and scaler; the
+    task's factories see the run's length through `current_run()` (`examples`: its data)."""
+    device = resolve_device(cfg.device)
+    check_precision(cfg.shape.precision, device)
+    if model is None:
+        seed_everything(cfg.seed)
+        with device:  # built in place: no copy, and fake tensors need no conversion
+            model = task.build_model()
+    if any(t.device != device for t in [*model.parameters(), *model.buffers()]):
+        model = model.to(device)
+    if cfg.shape.activation_checkpointing:
+        apply_activation_checkpointing(task, model)
+    model.train()
+    token = run_context.building(RunLength(cfg.updates, cfg.shape, examples, cfg.drop_partial))
+    try:
+        optimizer = task.optimizer(model, cfg.lr)
+        scheduler = task.build_scheduler(optimizer) if task.build_scheduler else None
+    finally:
+        run_context.done(token)
+    warmup = max(cfg.warmup_updates, 0)
+    scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    scaler = torch.amp.GradScaler(device.type) if cfg.shape.precision == "fp16" else None
+    return Stepper(task, model, optimizer, scheduler, device, cfg.shape.precision, cfg.grad_clip,
+                   scaler)
+
+
+def _padded(items: list[Item], size: int) -> list[Item]:
+    """Fill a final partial evaluation batch with copies whose labels say "no target" (-100 for
+    ids, NaN for float targets): the shapes stay those of a full batch and the copies weigh zero
+    in every sum."""
+    def blank(v: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(v, float("nan") if v.is_floating_point() else IGNORE_INDEX)
+
+    filler = Item(None, {k: (blank(v) if k == "labels" else v)
+                         for k, v in items[-1].tensors.items()})
+    return items + [filler] * (size - len(items))
+
+
+LOSS = "(loss)"  # the key of the summed loss among the evaluation sums
+
+
+def evaluation_batches(task: Task, items: list[Item], eval_batch: int,
+                       device: torch.device) -> Iterator[Batch]:
+    """The batches of an evaluation over exactly these items: a final partial batch is padded
+    with copies that weigh zero, and `batch.tensors[EXAMPLE_WEIGHT]` says which rows are real."""
+    for start in range(0, len(items), eval_batch):
+        real = items[start:start + eval_batch]
+        batch = collate_items(task, _padded(real, eval_batch)).to(device)
+        # the copies' weight, for a task's own loss or eval_step that does not read the labels
+        batch.tensors[EXAMPLE_WEIGHT] = torch.tensor(
+            [1.0] * len(real) + [0.0] * (eval_batch - len(real)), device=device)
+        yield batch
+
+
+def metric_sums(task: Task, model: nn.Module, logits: torch.Tensor,
+                batch: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
+    """One batch's metric sums {name: (numerator, denominator)}: the task's own
+    `eval_step(model, batch)` when it brings one (the evaluation the campaign runs), else
+    `metrics(logits, batch)`."""
+    if task.eval_step is None:
+        return task.metrics(logits, batch)
+    returned = own_code("eval_step", task.eval_step, model, batch,
+                        receives="(model, batch dict) and returns {name: (sum, count)}")
+    try:
+        return {str(name): (float(num), float(den)) for name, (num, den) in returned.items()}
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        raise WorkbookError(f"the task's eval_step returned {str(returned)[:80]!r}, not "
+                            "{name: (sum, count)}", "return each metric as its sum and count "
+                            'over the batch, e.g. {"accuracy": (correct, examples)}: the '
+                            "workbook adds them over the split") from None
+
+
+@torch.inference_mode()
+def evaluation_sums(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
+                    device: torch.device, precision: str = "fp32",
+                    seen: list | None = None) -> tuple[dict[str, list[float]], dict]:
+    """The sums behind an evaluation: {LOSS: [summed loss, targets], metric: [numerator,
+    denominator]} and, for classification, [correct, total] per class. Sums add exactly over
+    any batching or any split of the items (data-parallel ranks); a final partial batch is
+    padded with zero-weight copies. The ids evaluated go to `seen`."""
+    dtype = PRECISIONS[precision]
+    sums: dict[str, list[float]] = {LOSS: [0.0, 0.0]}
+    per_class: dict[str, list[int]] = {}
+    with eval_mode(model):
+        for batch in evaluation_batches(task, items, eval_batch, device):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = task.forward(model, batch.tensors)
+                metrics = metric_sums(task, model, logits, batch.tensors)
+            summed, count = task.loss(logits.float(), batch.tensors)
+            sums[LOSS][0] += float(summed)
+            sums[LOSS][1] += float(count)
+            for name, (num, den) in metrics.items():
+                total = sums.setdefault(name, [0.0, 0.0])
+                total[0] += num
+                total[1] += den
+            if task.kind == "classification":
+                labels = batch.tensors["labels"]
+                hits = logits.argmax(-1) == labels
+                for cls in labels[labels != IGNORE_INDEX].unique().tolist():
+                    name = task.decode([cls])
+                    mine = labels == cls
+                    counts = per_class.setdefault(name, [0, 0])
+                    counts[0] += int((hits & mine).sum())
+                    counts[1] += int(mine.sum())
+            if seen is not None:
+                seen.extend(i for i in batch.ids if i is not None)
+    return sums, dict(sorted(per_class.items()))
+
+
+def eval_record(sums: dict[str, list[float]], examples: int, step: int = 0,
+                per_class: dict | None = None) -> EvalRecord:
+    """An evaluation record from its sums: every value is a ratio of sums, never a mean of
+    batch (or rank) means."""
+    loss_sum, targets = sums[LOSS]
+    metrics = {name: num / den if den else float("nan") for name, (num, den) in sums.items()
+               if name != LOSS}
+    return EvalRecord(step, examples, target_count(targets), loss_sum / max(targets, 1), metrics,
+                      per_class or {})
+
+
+def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
+             device: torch.device, step: int = 0, precision: str = "fp32",
+             seen: list | None = None) -> EvalRecord:
+    """Loss and metrics over exactly these items in eval mode, identical for any `eval_batch`
+    (see `evaluation_sums`). Classification also counts correct predictions per class."""
+    sums, per_class = evaluation_sums(task, model, items, eval_batch, device, precision, seen)
+    return eval_record(sums, len(items), step, per_class)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the data stream stands between updates: the pass and the next update in it.
+    (Checkpoints are taken between updates, so no accumulation group is ever half done.)"""
+
+    epoch: int = 0
+    group: int = 0
+    sampler_state: Any = None  # a task's own sampler: its state_dict at the start of the pass
+
+
+def pass_order(sampler: Any, n: int, seed: int, epoch: int) -> tuple[list[int], Any]:
+    """The example order of one pass and the sampler state it started from: the workbook's
+    order is a pure function of (seed, epoch); a task's own sampler gets `set_epoch(epoch)` when
+    it has one, and its `state_dict()` (when it has one) is kept so a resume can rebuild the
+    pass."""
+    if sampler is None:
+        return epoch_order(n, seed, epoch), None
+    if callable(getattr(sampler, "set_epoch", None)):
+        sampler.set_epoch(epoch)
+    state = sampler.state_dict() if callable(getattr(sampler, "state_dict", None)) else None
+    order = [int(i) for i in sampler]
+    wrong = [i for i in order if not 0 <= i < n]
+    if wrong:
+        raise WorkbookError(f"the task's sampler gave indices outside 0..{n - 1} (e.g. "
+                            f"{wrong[:3]})", "make_sampler(n, seed) must yield indices of the "
+                            "n training examples")
+    return order, state
+
+
+def make_sampler(task: Task, n: int, seed: int) -> Any:
+    """The task's own sampler for `n` training examples (None without make_sampler)."""
+    if task.make_sampler is None:
+        return None
+    return own_code("make_sampler", task.make_sampler, n, seed, receives="(n, seed)")
+
+
+def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = Position(),
+             sampler: Any = None):
+    """Endless stream of (position of the update, [micro-batches]), pass after pass. The order
+    of a pass is rebuilt exactly on resume (`pass_order`), and the updates already done are
+    skipped without loading their data."""
+    epoch, skip = start.epoch, start.group
+    if sampler is not None and start.sampler_state is not None:
+        if not callable(getattr(sampler, "load_state_dict", None)):
+            raise WorkbookError("the task's sampler has state_dict but no load_state_dict: a "
+                                "resumed run cannot restore its order",
+                                "give the sampler load_state_dict(state)")
+        sampler.load_state_dict(start.sampler_state)
+    while True:
+        order, state = pass_order(sampler, len(items), cfg.seed, epoch)
+        groups = epoch_updates(order, cfg.shape.micro_batch, cfg.shape.accumulation,
+                               cfg.drop_partial)[skip:]
+        batches = iter(loader(task, items, [mb for g in groups for mb in g], cfg.workers,
+                              seed=cfg.seed * 100_003 + epoch, encode=cfg.encode_each_pass))
+        for index, group in enumerate(groups, start=skip):
+            yield Position(epoch, index, state), [next(batches) for _ in group]
+        epoch, skip = epoch + 1, 0
+
+
+def single_example_batch_norm(exc: Exception, batches: list[Batch], examples: int,
+                              cfg: TrainConfig) -> WorkbookError | None:
+    """The error to show when batch norm refused a micro-batch of one example in training (the
+    last micro-batch of a pass): the campaign meets it at the same place, so say where."""
+    text = str(exc.__cause__ or exc) if isinstance(exc, WorkbookError) else str(exc)
+    if "Expected more than 1 value per channel when training" not in text:
+        return None
+    sizes = [len(b) for b in batches]
+    return WorkbookError(
+        f"batch norm cannot train on a micro-batch of 1 example (this update's micro-batches "
+        f"hold {sizes}: {examples} training examples in updates of {cfg.shape.micro_batch} x "
+        f"{cfg.shape.accumulation} leave one over at the end of each pass) - the campaign "
+        "meets the same at the end of every pass",
+        "drop the partial update (drop_partial=True, DataLoader drop_last=True), or choose a "
+        "micro-batch or number of examples that leaves no single example")
+
+
+def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module | None = None,
+          val_items: list[Item] | None = None,
+          on_update: Callable[[StepRecord, Stepper, Position], str | None] | None = None,
+          on_eval: Callable[[EvalRecord, Stepper], None] | None = None,
+          stepper: Stepper | None = None, start: Position = Position(),
+          first_step: int = 1) -> TrainResult:
+    """Train until update `cfg.updates` and return the model with one record per update.
+    `on_update` sees each update with the machinery and the data position after it, and may
+    return a reason to stop early (divergence); `on_eval` sees every evaluation (checkpoints).
+    A resumed run passes its restored `stepper`, data `start` and `first_step`."""
+    if cfg.shape.replicas != 1:
+        raise WorkbookError(f"train runs one process; this update shape has "
+                            f"{cfg.shape.replicas} replicas",
+                            "run replicas with notebook 09 (workbook.notebooks.parallel), or set "
+                            "replicas=1 here")
+    cfg.validate(len(items))
+    own = runs_own_step(task, cfg)
+    if own:  # only here: the phase gates and the prediction size the workbook's update
+        check_precision(cfg.shape.precision, resolve_device(cfg.device), task)
+    stepper = stepper if stepper is not None else build_stepper(task, cfg, model, len(items))
+    if stepper.sampler is None:
+        stepper.sampler = make_sampler(task, len(items), cfg.seed)
+    result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
+    stream = _updates(task, items, cfg, start, stepper.sampler)
+    bar = progress_bar(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
+               desc=f"lr {cfg.lr:g} seed {cfg.seed}")  # says which trial of a study runs
+    for step in range(first_step, cfg.updates + 1):
+        begin = time.perf_counter()
+        position, batches = next(stream)
+        data_s = time.perf_counter() - begin
+        lr = stepper.optimizer.param_groups[0]["lr"]
+        try:
+            if own:
+                loss, targets, norm = stepper.own_update(batches)
+            else:
+                loss_sum, targets = stepper.accumulate(batches)
+                norm = stepper.step()
+                loss = float(loss_sum) / targets
+        except (ValueError, WorkbookError) as exc:
+            named = single_example_batch_norm(exc, batches, len(items), cfg)
+            if named is None:
+                raise
+            raise named from exc
+        ids = [i for b in batches for i in b.ids]
+        record = StepRecord(step, position.epoch, len(batches), len(ids), targets, loss, lr,
+                            float(norm), time.perf_counter() - begin, data_s, ids)
+        result.steps.append(record)
+        after = Position(position.epoch, position.group + 1, position.sampler_state)
+        reason = on_update(record, stepper, after) if on_update is not None else None
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if reason:
+            result.stop_reason = reason
+            break
+        if val_items and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.updates):
+            record = evaluate(task, stepper.model, val_items, cfg.eval_batch, stepper.device,
+                              step, cfg.shape.precision)
+            result.evals.append(record)
+            if on_eval is not None:
+                on_eval(record, stepper)
+    bar.close()
+    return result

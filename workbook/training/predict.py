@@ -1,0 +1,653 @@
+"""Device-free memory prediction: run the training phases on fake tensors (shapes and dtypes,
+no storage) under PyTorch's MemTracker, which attributes every byte to parameters, buffers,
+gradients, optimizer state, activations or temporaries. Sizes micro-batch 16 at length 4096 on
+a laptop."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, replace
+
+import pandas as pd
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..base.errors import WorkbookError, reason
+from ..contract.data import Batch, Item
+from ..contract.task import Task
+from . import campaign as models
+from .loop import (
+    TrainConfig,
+    UpdateShape,
+    build_stepper,
+    eval_mode,
+    resolve_device,
+    seed_everything,
+)
+from .memory import cuda_overheads
+from .workload import TRAINING_PHASES, Workload, measured_peaks, shaped_batch, targets_of
+
+CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
+
+
+class PhaseTracker(MemTracker):
+    """MemTracker whose peak can be restarted at each phase (the stock peak only grows)."""
+
+    layers: str | None = None  # fqn of the model's layer list: record every operator (trace)
+
+    def begin(self) -> None:
+        self.phase_peak = self._total()
+        self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+        self.trace: list[tuple[int | None, tuple[int, ...]]] = \
+            [(None, self._categories())] if self.layers is not None else []
+
+    def _categories(self) -> tuple[int, ...]:
+        return tuple(sum(int(snap.get(k, 0)) for snap in self._curr_mem_snap.values())
+                     for k in CATEGORIES)
+
+    def _total(self) -> int:
+        return sum(s.get("Total", 0) for s in self._curr_mem_snap.values())
+
+    def _update_peak_stats(self, peak_state) -> None:
+        # only the whole-process peak per phase is read: the stock per-module peaks cost a scan
+        # of every module's statistics per operator (minutes for a 7 B model's step)
+        total = self._total()
+        if self.layers is not None:
+            layer = models.layer_of(self._mod_tracker.parents, self.layers,
+                                    self._mod_tracker.is_bw)
+            self.trace.append((layer, self._categories()))
+        if total > self.phase_peak:
+            self.phase_peak = total
+            self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        # a second forward of the root module is the next micro-batch or step: start its
+        # module statistics afresh (the stock tracker refuses iterations)
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            name = self._mod_tracker.get_known_fqn(module)
+            if set(self._mod_tracker.parents) - {name} == {"Global"}:
+                self.reset_mod_stats()
+        super()._pre_fw_hook(module, inputs)
+
+    def breakdown(self) -> dict[str, int]:
+        out = dict.fromkeys(CATEGORIES, 0)
+        for snap in self.phase_snapshot.values():
+            for key in CATEGORIES:
+                out[key] += int(snap.get(key, 0))
+        return out
+
+
+@dataclass
+class Plan:
+    """A configuration to size: the shape of an update and of evaluation."""
+
+    shape: UpdateShape
+    length: int | None = None  # positions per sequence (None: the data's longest)
+    eval_batch: int | None = None  # default: the micro-batch
+    eval_length: int | None = None  # default: `length`
+
+    @classmethod
+    def from_params(cls, params: dict, task: Task | None = None,
+                    prefix: str = "plan_") -> "Plan":
+        """A plan from notebook parameters named `plan_<field>`; length 0 means the longest the
+        task's model accepts (its position table), or the data's longest when it names none."""
+        return cls(UpdateShape.from_params(params, prefix),
+                   params.get(prefix + "length") or longest_accepted(task),
+                   params.get(prefix + "eval_batch"), params.get(prefix + "eval_length"))
+
+    def label(self) -> str:
+        shape = self.shape
+        return (f"mb{shape.micro_batch} x acc{shape.accumulation} len{self.length or 'data'} "
+                f"{shape.precision}{' +ckpt' if shape.activation_checkpointing else ''}")
+
+
+def max_positions(task: Task, campaign: bool = False) -> tuple[int, str] | None:
+    """The longest sequence the task's model accepts and where that limit comes from: a Hugging
+    Face config (`max_position_embeddings`, `n_positions`; nanoGPT's `block_size`) or a
+    position-embedding table (an `nn.Embedding` whose name says "pos", or GPT-2's `wpe`). None
+    when the model states no limit. The model is built on the meta device: nothing is
+    allocated. `campaign`: of the campaign model, when the task declares one."""
+    model = meta_model(task, campaign)
+    if model is None:
+        return None
+    config = getattr(model, "config", None)
+    for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "block_size"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value, f"config.{attr}"
+    for name, module in model.named_modules():
+        last = name.rsplit(".", 1)[-1].lower()
+        if isinstance(module, torch.nn.Embedding) and ("pos" in last or last == "wpe"):
+            return module.num_embeddings, f"its position embedding `{name}`"
+    return None
+
+
+def meta_model(task: Task, campaign: bool = False) -> torch.nn.Module | None:
+    """The task's model (its campaign model with `campaign`, when declared) built on the meta
+    device (nothing allocated), or None when it cannot be built without data."""
+    try:
+        return models.on_meta(models.factory(task, campaign))
+    except Exception:
+        return None
+
+
+def longest_accepted(task: Task | None, campaign: bool = True) -> int | None:
+    """The planned length when none is given: the (campaign) model's limit, else None (the
+    data's)."""
+    limit = max_positions(task, campaign) if task is not None and task.kind != "classification" \
+        else None
+    return limit[0] if limit else None
+
+
+class PlanRefused(WorkbookError):
+    """The plan's shape is one the model's forward refuses (a sequence longer than its position
+    table): notebook 03 fails on it rather than leave every phase "not predicted"."""
+
+
+def _lengthen_fix(task: Task, limit: int | None, longest: int) -> str:
+    shorter = (f"plan at most {limit} positions (plan_length={limit}, or 0 for the model's "
+               "longest)") if limit else "plan a shorter length"
+    return (f"{shorter}, or build the model with a position table of at least {longest} "
+            "entries (its block_size or max_position_embeddings; the samples take the option "
+            f"context={longest})")
+
+
+def check_length(task: Task, plan: Plan, campaign: bool = False) -> None:
+    """Refuse a planned length beyond what the model accepts, before any batch is built."""
+    longest = max(plan.length or 0, plan.eval_length or 0)
+    limit = max_positions(task, campaign) if longest else None
+    if limit and longest > limit[0]:
+        raise PlanRefused(f"planned length {longest} exceeds the {limit[0]} positions the "
+                          f"model of {task.name!r} accepts ({limit[1]})",
+                          _lengthen_fix(task, limit[0], longest))
+
+
+def sized_batches(task: Task, train: list[Item], val: list[Item],
+                 plan: Plan) -> tuple[Batch, list[Batch], Batch]:
+    """Real batches of the planned shapes: the phase batch, one update's group, an eval batch."""
+    micro = plan.shape.micro_batch
+    batch = shaped_batch(task, train, micro, plan.length)
+    group = [shaped_batch(task, train[i:] + train[:i], micro, plan.length)
+             for i in range(plan.shape.accumulation)]
+    eval_batch = shaped_batch(task, val, plan.eval_batch or micro,
+                              plan.eval_length or plan.length)
+    return batch, group, eval_batch
+
+
+def accepts_length(task: Task, batch: Batch) -> None:
+    """Fake tensors carry no values, so an index beyond a position table goes unnoticed there:
+    check one real example of the planned length first."""
+    words = refused_in_own_words(task, batch)
+    if words:
+        length = task.main_input(batch.tensors).shape[-1]
+        limit = max_positions(task)
+        raise PlanRefused(f"the model of {task.name!r} does not accept length {length}: {words}",
+                          _lengthen_fix(task, limit[0] if limit and limit[0] < length
+                                        else None, length))
+
+
+def refused_in_own_words(task: Task, batch: Batch) -> str:
+    """What the model's forward says (its exception, in its own words) on one real example of
+    the batch; "" when it runs."""
+    one = Batch(batch.ids[:1], {k: v[:1] for k, v in batch.tensors.items()})
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    try:
+        with torch.no_grad():
+            task.forward(model, one.tensors)
+    except WorkbookError:
+        raise
+    except Exception as exc:
+        return f"{type(exc).__name__}: {reason(exc, 160)}"
+    return ""
+
+
+def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode,
+               campaign: bool = False) -> torch.nn.Module:
+    """The task's model with every parameter and buffer a fake tensor of `fake`, on the
+    configured device. It is built on the meta device and its tensors are re-made in `fake`:
+    building inside the fake mode fails for modules that deep-copy their layers
+    (`nn.TransformerEncoder` clones one layer N times, and a deep-copied fake tensor lands in
+    another fake mode). Shared tensors (tied weights) stay shared. `campaign`: the campaign
+    model, when the task declares one."""
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    build = models.factory(task, campaign)
+    try:
+        model = models.on_meta(build)
+    except Exception:  # a model that reads values while it is built: build it in the fake mode
+        with torch.device(device):
+            model = build()
+    remade: dict[int, torch.Tensor] = {}
+
+    def home(t: torch.Tensor) -> torch.Tensor:
+        if getattr(t, "fake_mode", None) is fake and t.device == device:
+            return t
+        if id(t) not in remade:
+            fresh = torch.empty(t.shape, dtype=t.dtype, device=device)
+            remade[id(t)] = torch.nn.Parameter(fresh, t.requires_grad) \
+                if isinstance(t, torch.nn.Parameter) else fresh
+        return remade[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None:
+                    table[name] = home(t)
+    return model
+
+
+def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: float = 1e-3,
+            device: str = "cpu", seed: int = 0, cpu_exact: bool = False,
+            campaign: bool = False) -> pd.DataFrame:
+    """Predicted peak bytes per training phase for `plan`, with the breakdown at each peak. A
+    phase the prediction cannot size is a row without bytes whose `note` says why (see
+    `path_limits` and `calibration_limits`). `cpu_exact` is for a prediction judged against
+    this CPU itself (the benchmark): bf16/fp16 is then checked at the plan's own shapes.
+    `campaign`: size the task's campaign model (when declared) on fake tensors; the checks
+    against real runs are made on the twin the pilot trains, whose layers are the campaign's."""
+    campaign = campaign and models.declared(task)
+    if campaign:
+        models.check_twin(task)
+    try:
+        check_length(task, plan, campaign)
+    except PlanRefused as exc:
+        words = "" if campaign else refused_in_own_words(task, shaped_batch(
+            task, train, 1, max(plan.length or 0, plan.eval_length or 0)))
+        raise PlanRefused(exc.problem + (f"; its forward says {words}" if words else ""),
+                          exc.fix) from None
+    batch, group, eval_batch = sized_batches(task, train, val, plan)
+    longest = max(plan.length or 0, plan.eval_length or 0)
+    twin_limit = max_positions(task) if campaign and longest else None
+    if longest and not (twin_limit and twin_limit[0] < longest):
+        accepts_length(task, eval_batch if (plan.eval_length or 0) > (plan.length or 0)
+                       else batch)
+    limits = {**calibration_limits(task, train, val, plan, device, cpu_exact),
+              **path_limits(task, batch, group, eval_batch)}
+    cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
+    rows, how = (campaign_phases(task, cfg, batch, group, eval_batch, plan.label()) if campaign
+                 else (fake_phases(task, cfg, batch, group, eval_batch, plan.label()), ""))
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "config", plan.label())
+    frame.insert(1, "model", models.which(task, campaign))
+    frame.attrs["sized"] = how
+    unknown = frame.phase.isin(list(limits))
+    frame.loc[unknown, frame.columns.str.endswith("_bytes")] = float("nan")
+    scales = {p: v for p, v in calibration_scales(task, train, val, plan, device,
+                                                  cpu_exact).items() if p not in limits}
+    for phase, (factor, _, _) in scales.items():  # the memory fake tensors miss: "other"
+        rows_of = frame.phase == phase
+        peak = frame.loc[rows_of, "predicted_peak_bytes"]
+        extra = (peak * factor).map(math.ceil) - peak
+        frame.loc[rows_of, "predicted_peak_bytes"] = peak + extra
+        if "other_bytes" in frame:
+            frame.loc[rows_of, "other_bytes"] = frame.loc[rows_of, "other_bytes"] + extra
+    frame["note"] = frame.phase.map(lambda p: f"not predicted: {limits[p]}" if p in limits
+                                    else scales[p][1] if p in scales else "")
+    return frame
+
+
+def fake_batch(fake: FakeTensorMode, batch: Batch, device: torch.device) -> Batch:
+    """`batch` as fake tensors of `fake` on `device`: made fake where it is, then moved inside
+    the mode (a real copy to the GPU would allocate, and the mode refuses one)."""
+    with fake:
+        return Batch(batch.ids, {k: fake.from_tensor(v).to(device)
+                                 for k, v in batch.tensors.items()})
+
+
+def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
+                eval_batch: Batch, label: str, campaign: bool = False,
+                layers: str | None = None) -> list[dict]:
+    """Every training phase run on fake tensors under the tracker: its peak and breakdown
+    (and with `layers`, the fqn of the model's layer list, each operator's memory: `trace`)."""
+    device, rows = resolve_device(cfg.device), []
+    targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
+    with FakeTensorMode(allow_non_fake_inputs=False) as fake:
+        def to_fake(b: Batch) -> Batch:
+            return fake_batch(fake, b, device)
+        stepper = build_stepper(task, cfg, fake_model(task, cfg, fake, campaign))
+        work = Workload(stepper, to_fake(batch), [to_fake(b) for b in group],
+                        to_fake(eval_batch), targets, group_targets)
+        tracker = PhaseTracker()
+        tracker.layers = layers
+        tracker.track_external(stepper.model, stepper.optimizer, *work.tensors())
+        with tracker:
+            for phase in TRAINING_PHASES:
+                tracker.begin()
+                try:
+                    work.run(phase)
+                except Exception as exc:
+                    raise WorkbookError(
+                        f"predicting {phase} for {label} failed: an operation of this "
+                        f"model does not run on fake tensors ({reason(exc, 300)})",
+                        "the measured gates still stand; size this configuration by measuring "
+                        "it (notebook 03 with the plan's settings on a machine that fits it)"
+                    ) from exc
+                rows.append({"phase": phase, "predicted_peak_bytes": tracker.phase_peak,
+                             **{f"{k.lower()}_bytes": v for k, v in
+                                tracker.breakdown().items()},
+                             **({"trace": tracker.trace} if layers else {})})
+    return rows
+
+
+def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
+                    eval_batch: Batch, label: str) -> tuple[list[dict], str]:
+    """`fake_phases` of the campaign model, and how it was sized. A deep one (a
+    `campaign.Deep` factory) runs at 3 and 4 layers with every operator's memory recorded, and
+    each operator's memory is carried to the full depth (`campaign.extrapolate`); the full depth
+    is run when the two traces do not line up layer for layer."""
+    deep = models.depth_of(task)
+    shallow = {n: replace(task, campaign_model=deep.with_layers(n))
+               for n in models.TRACE_DEPTHS} if deep else {}
+    lists = {n: models.layer_list(models.on_meta(t.campaign_model), n)
+             for n, t in shallow.items()}
+    if deep and all(lists.values()):
+        runs = {n: fake_phases(t, cfg, batch, group, eval_batch, label, campaign=True,
+                               layers=lists[n]) for n, t in shallow.items()}
+        rows = []
+        for i, phase in enumerate(TRAINING_PHASES):
+            categories = models.extrapolate(*(runs[n][i]["trace"] for n in models.TRACE_DEPTHS),
+                                            deep.layers)
+            if categories is None:
+                break
+            rows.append({"phase": phase, "predicted_peak_bytes": sum(categories),
+                         **{f"{k.lower()}_bytes": v
+                            for k, v in zip(CATEGORIES, categories, strict=True)}})
+        else:
+            return rows, (f"each operator's memory carried from fake runs at "
+                          f"{' and '.join(map(str, models.TRACE_DEPTHS))} layers to "
+                          f"{deep.layers}")
+    how = "run at its full depth" + (
+        " (the shallow runs did not line up layer for layer)" if deep else "")
+    return fake_phases(task, cfg, batch, group, eval_batch, label, campaign=True), how
+
+
+CALIBRATION_TOLERANCE = 0.02  # the prediction's target on the CPU
+SCALED_LIMIT = 0.10  # a phase off by more than 2% and at most this is sized from the ratio
+SCALE_MARGIN = 0.02  # added to a measured ratio a phase is sized from
+Scale = tuple[float, str, str]  # (factor, note, what the real run saw)
+# a real run at a low-precision plan's own size is made on the CPU only up to this peak
+EXACT_CHECK_BYTES = 512 * 2**20
+_calibrated: dict[tuple, dict[str, str]] = {}
+
+
+def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Plan,
+                       device: str = "cpu", cpu_exact: bool = False) -> dict[str, str]:
+    """Phases whose prediction is off by more than 2% against a real run of the same model on
+    this device: kernels that allocate memory fake tensors do not see (convolution and
+    recurrent workspaces, the float32 scratch buffers of the CPU's bf16/fp16 kernels). The run
+    is small (the plan's micro-batch up to 4, at the data's length) where that memory grows
+    with the batch. The CPU's bf16/fp16 kernels allocate float32 scratch memory that changes
+    with the shapes (0% off at one length, -5.6% at another) and with the CPU itself (AMX or
+    not), so: with `cpu_exact` (a prediction judged against this CPU) bf16/fp16 is checked at
+    the plan's own shapes, up to `EXACT_CHECK_BYTES`, else those phases are not predicted;
+    without it (sizing for a GPU, where those CPU kernels never run) the small run on the CPU is
+    made in fp32, which shows the model's own hidden workspaces and no kernel of this CPU's.
+    Measured once per task and setting; a real run that fails leaves every phase unpredicted.
+    A phase off by no more than `SCALED_LIMIT` is here only with `cpu_exact` (the miss is then
+    the finding), else in `calibration_scales`."""
+    limits, scales = _calibration(task, train, val, plan, device, cpu_exact)
+    if not cpu_exact:
+        return limits
+    return {**{p: f"{seen} - size this configuration by measuring it"
+               for p, (_, _, seen) in scales.items()}, **limits}
+
+
+def calibration_scales(task: Task, train: list[Item], val: list[Item], plan: Plan,
+                       device: str = "cpu", cpu_exact: bool = False
+                       ) -> dict[str, Scale]:
+    """{phase: (factor, note, what the real run saw)} for phases the real run found off by
+    more than 2% and at most `SCALED_LIMIT` (a Conv2d workspace: 3-6%): sized as the
+    prediction times the measured ratio plus `SCALE_MARGIN` (never below the prediction), the
+    note saying so. Empty for a prediction judged against this CPU (`cpu_exact`): there the
+    miss is the finding."""
+    return {} if cpu_exact else _calibration(task, train, val, plan, device, cpu_exact)[1]
+
+
+def _calibration(task: Task, train: list[Item], val: list[Item], plan: Plan, device: str,
+                 cpu_exact: bool) -> tuple[dict[str, str], dict[str, Scale]]:
+    """(limits, scales) of `calibration_limits` / `calibration_scales`, measured once."""
+    precision = plan.shape.precision
+    on_cpu = resolve_device(device).type == "cpu"
+    exact = cpu_exact and precision != "fp32" and on_cpu
+    if exact:
+        small = replace(plan, shape=replace(plan.shape, accumulation=1))
+    else:
+        micro = max(1, min(plan.shape.micro_batch, 4))
+        small = Plan(replace(plan.shape, micro_batch=micro, accumulation=1,
+                             precision="fp32" if on_cpu else precision), None, micro)
+    key = (id(task), task.name, str(device), repr(small))
+    if key in _calibrated:
+        return _calibrated[key]
+    batches = sized_batches(task, train, val, small)
+    cfg = small.shape.train_config(device=device)
+    fake = {r["phase"]: r["predicted_peak_bytes"] for r in
+            fake_phases(task, cfg, *batches, small.label())}
+    if exact and max(fake.values()) > EXACT_CHECK_BYTES:
+        _calibrated[key] = (dict.fromkeys(TRAINING_PHASES, (
+            f"{precision} on the CPU: its kernels allocate float32 scratch memory that "
+            "fake tensors do not see, in amounts that change with the shapes, so only a real "
+            f"run at this size checks the prediction, and this one "
+            f"({max(fake.values()) / 2**20:.0f} MiB) is above the "
+            f"{EXACT_CHECK_BYTES / 2**20:.0f} MiB such a check may take here - measure it on "
+            "the GPU, or read the fp32 prediction")), {})
+        return _calibrated[key]
+    try:
+        real = measured_peaks(task, cfg, *batches)
+    except Exception as exc:  # the gates name what is wrong with the step itself
+        why = (f"the real run of {small.label()} that checks the prediction failed "
+               f"({reason(exc, 200)})")
+        _calibrated[key] = (dict.fromkeys(TRAINING_PHASES, why), {})
+        return _calibrated[key]
+    model = meta_model(task)
+    suspects = sorted({type(m).__name__ for m in (model.modules() if model else ())
+                       if isinstance(m, HIDDEN_WORKSPACE)})
+    if exact:
+        suspects.append(f"float32 scratch buffers of the CPU's {precision} kernels")
+    limits, scales = {}, {}
+    for phase in TRAINING_PHASES:
+        off = (fake[phase] - real[phase]) / real[phase]
+        if abs(off) <= CALIBRATION_TOLERANCE:
+            continue
+        seen = (f"on a real run of {small.label()} on {device} this phase's prediction was "
+                f"{100 * off:+.1f}% off the measured peak: a kernel allocates memory that fake "
+                "tensors do not see" + (f" (suspects: {', '.join(suspects)})" if suspects
+                                        else ""))
+        if abs(off) <= SCALED_LIMIT and not exact:
+            factor = max(1.0, real[phase] / fake[phase] * (1 + SCALE_MARGIN))
+            scales[phase] = (factor, f"sized from the measured ratio: {seen}, so the "
+                             f"prediction is taken x {factor:.3f} (the ratio plus a "
+                             f"{SCALE_MARGIN:.0%} margin; never below the prediction) - a "
+                             "GPU's kernels may need other workspace: check it on the rental",
+                             seen)
+        else:
+            limits[phase] = seen + " - size this configuration by measuring it"
+    _calibrated[key] = (limits, scales)
+    return _calibrated[key]
+
+
+HIDDEN_WORKSPACE = (torch.nn.modules.conv._ConvNd, torch.nn.RNNBase,
+                    torch.nn.MultiheadAttention)
+
+
+FUSED_INFERENCE = ("aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention",
+                   "aten::_nested_tensor_from_mask")
+
+
+class OpNames(TorchDispatchMode):
+    """The names of the operators a block runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def path_limits(task: Task, batch: Batch, group: list[Batch],
+                eval_batch: Batch) -> dict[str, str]:
+    """Phases that fake tensors would size on another path than real tensors take, with the
+    reason. Fake tensors carry no values and count as tracing, so:
+    - a Hugging Face model with a fused attention (SDPA, flash) skips its attention mask for a
+      batch with no padded position, a choice read from the mask's values, but always builds it
+      for fake tensors (+14% measured on a small Llama at length 256, micro-batch 1);
+    - `nn.TransformerEncoderLayer` / `nn.MultiheadAttention` run a fused inference kernel in
+      evaluation on real tensors only (-24% to -46% measured on examples/transformer_lm.py)."""
+    limits: dict[str, str] = {}
+    model = meta_model(task)
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if type(model).__module__.startswith("transformers.") and implementation not in (None,
+                                                                                    "eager"):
+        for phases, batches in ((TRAINING_PHASES[:-1], [batch, *group]),
+                                (TRAINING_PHASES[-1:], [eval_batch])):
+            unpadded = [b for b in batches if bool(b.tensors.get(
+                "attention_mask", torch.zeros(1)).all())]
+            for phase in phases if unpadded else ():
+                limits[phase] = (
+                    f"a batch of {len(unpadded[0].ids)} with no padded position: this Hugging "
+                    f"Face model ({implementation} attention) then skips its attention mask, a "
+                    "choice read from the mask's values, which fake tensors do not carry; size "
+                    "micro-batches of 2 or more (padded, as a campaign's are) or measure it")
+    kernels = fused_kernels(task, model, eval_batch)
+    if kernels:
+        limits["validation"] = (
+            f"in evaluation this model runs PyTorch's fused inference kernel "
+            f"({', '.join(kernels)}) on real tensors only; fake tensors take the unfused "
+            "path, which allocates differently - the measured validation row stands")
+    return limits
+
+
+_fused: dict[tuple, list[str]] = {}
+
+
+def fused_kernels(task: Task, model: torch.nn.Module | None, eval_batch: Batch) -> list[str]:
+    """The fused inference kernels one real example runs in evaluation (models with
+    `nn.TransformerEncoderLayer`/`DecoderLayer`/`MultiheadAttention`; once per task)."""
+    fused = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer,
+             torch.nn.MultiheadAttention)
+    if model is None or not any(isinstance(m, fused) for m in model.modules()):
+        return []
+    key = (id(task), task.name)
+    if key not in _fused:
+        one = Batch(eval_batch.ids[:1], {k: v[:1] for k, v in eval_batch.tensors.items()})
+        torch.manual_seed(0)
+        real = task.build_model()
+        with eval_mode(real), OpNames() as ops:
+            task.forward(real, one.tensors)
+        _fused[key] = sorted(ops.names & set(FUSED_INFERENCE))
+    return _fused[key]
+
+
+def predicted_or_reason(task: Task, train: list[Item], val: list[Item], plan: Plan,
+                        **kwargs) -> pd.DataFrame:
+    """`predict`, or - when this configuration cannot be predicted - one row per phase with no
+    bytes and `note` saying why (the measured gates still stand)."""
+    try:
+        return predict(task, train, val, plan, **kwargs)
+    except WorkbookError as exc:
+        frame = pd.DataFrame({"config": plan.label(),
+                              "model": models.which(task, kwargs.get("campaign", False)),
+                              "phase": TRAINING_PHASES,
+                              "predicted_peak_bytes": float("nan"),
+                              "note": f"not predicted: {exc.problem}"})
+        if isinstance(exc, PlanRefused):  # the model refuses the plan: 03 fails on it
+            frame.attrs["refused"] = f"{exc.problem} -> fix: {exc.fix}"
+        return frame
+
+
+def model_size_rule(model: torch.nn.Module) -> int:
+    """The "4 x model size" rule of thumb: weights, gradients and two Adam states."""
+    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def rule_of_thumb(task: Task, predicted: pd.DataFrame, campaign: bool = False) -> pd.DataFrame:
+    """Each phase's prediction next to the "4 x model size" rule and how far the rule is off
+    (the model built on the meta device: the campaign model with `campaign`)."""
+    rule = model_size_rule(models.on_meta(models.factory(task, campaign)))
+    peak = predicted.predicted_peak_bytes
+    return predicted[["phase", "predicted_peak_bytes"]].assign(
+        four_x_model_bytes=rule, rule_error_pct=(100 * (rule - peak) / peak).round(1))
+
+
+@dataclass
+class Overheads:
+    """What a tensor prediction does not see on CUDA, measured on a GPU or assumed."""
+
+    context_bytes: int  # CUDA context and library workspaces (cuBLAS, cuDNN)
+    cache_share: float  # caching allocator: reserved / allocated - 1
+    measured: bool
+
+    @classmethod
+    def of(cls, device: torch.device, gates: pd.DataFrame, context_gib: float,
+           cache_share: float) -> "Overheads":
+        """Measured on CUDA (context from the driver, cache from the gates' reserved against
+        allocated peaks); the stated assumptions elsewhere."""
+        measured = cuda_overheads(device)
+        if measured is None or gates.peak_reserved_bytes.isna().all():
+            return cls(int(context_gib * 2**30), cache_share, False)
+        share = float((gates.peak_reserved_bytes / gates.peak_allocated_bytes).max() - 1)
+        return cls(measured["context_and_workspaces_bytes"], max(share, 0.0), True)
+
+
+def fit_table(predicted: pd.DataFrame, device_memory_gib: float, headroom: float,
+              overheads: Overheads) -> pd.DataFrame:
+    """Per phase: what the device must hold (prediction + allocator cache + context, plus
+    headroom) and whether it fits the stated device memory."""
+    out = predicted[["config", "phase", "predicted_peak_bytes"]].copy()
+    need = out.predicted_peak_bytes * (1 + overheads.cache_share) + overheads.context_bytes
+    out["required_bytes"] = (need * (1 + headroom)).round().astype("Int64")
+    out["device_bytes"] = int(device_memory_gib * 2**30)
+    fits = (out.required_bytes <= out.device_bytes).astype("boolean")
+    out["fits"] = fits if device_memory_gib else None
+    out["overheads"] = "measured" if overheads.measured else "assumed"
+    return out
+
+
+def needs_sharding(fit: pd.DataFrame, overheads: Overheads, headroom: float) -> bool:
+    """Whether a plan that does not fit one GPU cannot fit it at any micro-batch, yet sharding
+    can help: its first update - the weights, gradients and optimizer state a whole-model
+    replica holds, no activations - is itself over the GPU (`fit_table` rows), while the
+    GPU's fixed overheads alone (context and workspaces, with headroom) are not. Such a model
+    is sharded over several GPUs (notebook 08 sizes FSDP2); a smaller micro-batch cannot
+    help, and a GPU that its overheads already fill fits nothing."""
+    update = fit[fit.phase == "update (first)"]
+    if not len(update) or update.fits.isna().any() or update.fits.astype(bool).any():
+        return False
+    return overheads.context_bytes * (1 + headroom) < int(update.device_bytes.iloc[0])
+
+
+def compare(predicted: pd.DataFrame, gates: pd.DataFrame) -> pd.DataFrame:
+    """Predicted against measured peak per training phase, with the error in percent (none
+    where a gate failed or was blocked before measuring)."""
+    measured = gates.set_index("phase").peak_allocated_bytes
+    out = predicted[["phase", "predicted_peak_bytes"]].copy()
+    out["measured_peak_bytes"] = out.phase.map(measured).astype("Int64")
+    out["error_pct"] = (100 * (out.predicted_peak_bytes - out.measured_peak_bytes)
+                        / out.measured_peak_bytes).astype("float64").round(3)
+    if "note" in predicted:
+        out["note"] = predicted.note.values
+    return out
+
+
+def summary_figures(check: pd.DataFrame, plan: Plan, planned: pd.DataFrame,
+                    fit: pd.DataFrame) -> dict:
+    """Notebook 03's figures of the prediction: None where a configuration was not predicted
+    (the reason is kept)."""
+    def most(column: pd.Series, cast=int):
+        column = column.astype("float")
+        return None if column.isna().all() else cast(column.abs().max())
+
+    notes = [f"{where} {r.phase}: {r.note}" for where, frame in (("pilot size", check),
+                                                                  (plan.label(), planned))
+             if "note" in frame for r in frame.itertuples() if r.note]
+    return {"prediction_max_abs_error_pct": most(check.error_pct, float), "plan": plan.label(),
+            "plan_peak_bytes": most(planned.predicted_peak_bytes),
+            "plan_required_bytes": most(fit.required_bytes),
+            "plan_update_required_bytes": most(
+                fit[fit.phase == "update (first)"].required_bytes),
+            "prediction_notes": notes}

@@ -1,0 +1,647 @@
+"""Notebook 09, inside each process: the workbook's loop under torch.distributed with
+DistributedDataParallel, one process per replica, started by torchrun
+(`torchrun --standalone --nproc_per_node=N -m workbook ddp --spec JSON --out DIR`).
+
+Every rank measures what the multi-host rules need; rank 0 gathers it and writes `result.json`
+and the final weights. Verdicts are not decided here but in `parallel`, in the notebook's
+process. Gloo on the CPU, NCCL when the spec asks for CUDA."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import hashlib
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_model
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from ..base.errors import WorkbookError
+from ..contract.data import Batch, Item, epoch_order, loader, micro_batches, prepare
+from ..contract.task import Task, load_recorded_task, load_task
+from ..storage import schemas
+from ..storage.artifacts import write_file
+from ..storage.files import write_json
+from . import checkpoint as ckpt
+from .deviation import relative_deviation
+from .loop import (
+    Position,
+    Stepper,
+    UpdateShape,
+    build_stepper,
+    evaluation_sums,
+    resolve_device,
+    seed_everything,
+)
+from .memory import measure, state_tensors
+
+# Planted multi-process bugs, each named by one rule of `parallel.RULES`.
+FAULTS = {
+    "rank_seed": "initialisation seeded with the rank",
+    "same_order": "every rank reads the same examples",
+    "all_ranks_write": "every rank writes the checkpoint",
+    "fixed_order": "the epoch order never changes (no set_epoch)",
+    "bn_rank0": "batch-norm statistics of rank 0 only",
+    "rank_mean_loss": "loss averaged per rank before the all-reduce",
+}
+RESULT = "result.json"
+WEIGHTS = "weights.safetensors"
+
+
+@dataclass
+class ReplicaSpec:
+    """What one launch runs; passed as JSON on the command line (never read from a folder)."""
+
+    task: str
+    task_options: dict = field(default_factory=dict)
+    shape: UpdateShape = UpdateShape(2, 2, replicas=2)  # replicas: the processes launched
+    updates: int = 10
+    lr: float = 1e-3
+    seed: int = 0
+    train_limit: int = 32  # examples of the training split (0: all)
+    validation_limit: int = 0
+    eval_batch: int = 8
+    drop_partial: bool = False
+    check_examples: int = 16  # the 1 x N against R x N/R gradient check
+    checkpoint_at: int = 0  # the update after which rank 0 checkpoints (0: none)
+    device: str = "cpu"
+    collective_timeout_s: float = 120.0  # a rank waiting longer on the others raises
+    fault: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ReplicaSpec":
+        known = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or not isinstance(data.get("task"), str):
+            raise WorkbookError(f"the replica settings must be an object with a 'task' path, got "
+                                f"{str(data)[:80]!r}", 'give --spec \'{"task": "pkg.mod:attr", '
+                                '...}\'')
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise WorkbookError(f"unknown replica settings {unknown}", f"use {sorted(known)}")
+        shape = UpdateShape.from_dict(data.get("shape", {}))  # names unknown shape fields
+        schemas.check(schemas.LaunchSpec, data, "--spec", "launch spec",
+                      "give --spec with values of the right types")
+        spec = cls(**{**data, "shape": shape})
+        if spec.fault and spec.fault not in FAULTS:
+            raise WorkbookError(f"unknown planted fault {spec.fault!r}", f"use {list(FAULTS)}")
+        return spec
+
+    def train_config(self):
+        return self.shape.train_config(
+            updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
+            drop_partial=self.drop_partial, eval_batch=self.eval_batch)
+
+
+# --- what every rank can see of the others -------------------------------------------------
+def gather(obj: Any) -> list[Any]:
+    """`obj` of every rank, in rank order, on every rank (within the launch's own processes)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over names and bytes: equal digests mean bit-identical tensors."""
+    h = hashlib.sha256()
+    for name, t in sorted(tensors.items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class WriteAudit:
+    """Every file this process creates, writes or renames under `root`, seen through Python's
+    audit hooks (PEP 578): the workbook's writes all end in a rename, so even files written by
+    C++ code are seen when they land."""
+
+    EVENTS = ("open", "os.rename", "os.mkdir", "os.remove", "shutil.rmtree")
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+
+    def __init__(self, root: Path):
+        self.root = str(root.resolve())
+        self.paths: set[str] = set()
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        try:
+            self._record(event, args)
+        except Exception:  # an audit hook that raises would fail the write it watches
+            pass
+
+    def _record(self, event: str, args: tuple) -> None:
+        if event not in self.EVENTS or not args or not isinstance(args[0], (str, Path)):
+            return
+        if event == "open":
+            mode, flags = (args[1], args[2]) if len(args) > 2 else (None, 0)
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                (isinstance(flags, int) and flags & self._WRITE_FLAGS)
+            if not writes:
+                return
+        target = args[1] if event == "os.rename" else args[0]
+        path = os.path.abspath(str(target))
+        if path.startswith(self.root + os.sep):
+            self.paths.add(_artifact(os.path.relpath(path, self.root)))
+
+
+def _artifact(relative: str) -> str:
+    """The artifact a written path belongs to: `.ckpt-5.partial-123/x` -> `ckpt-5`."""
+    first = relative.split(os.sep)[0]
+    first = re.sub(r"^\.(.+?)\.(partial-\d+|[^.]*\.tmp)$", r"\1", first)
+    return first
+
+
+# --- data: one shard of every update per rank ------------------------------------------------
+def update_groups(n: int, spec: ReplicaSpec, epoch: int, world: int) -> list[list[int]]:
+    """The example indices of each update of a pass, over all ranks: the pass order is a pure
+    function of (seed, epoch) - what `DistributedSampler.set_epoch` gives - so every rank
+    computes the same groups without talking to the others."""
+    order = epoch_order(n, spec.seed, 0 if spec.fault == "fixed_order" else epoch)
+    per_update = spec.shape.micro_batch * spec.shape.accumulation * world
+    if spec.drop_partial:
+        order = order[: len(order) // per_update * per_update]
+    return [order[s:s + per_update] for s in range(0, len(order), per_update)]
+
+
+def shard(group: list[int], rank: int, world: int, micro_batch: int,
+          fault: str = "") -> tuple[list[list[int]], int]:
+    """This rank's micro-batches of one update (every `world`-th example from its rank on) and
+    how many zero-weight filler micro-batches keep it in step with the rank that has most."""
+    mine = group[(0 if fault == "same_order" else rank)::world]
+    steps = math.ceil(math.ceil(len(group) / world) / micro_batch)
+    batches = [mine[i:i + micro_batch] for i in range(0, len(mine), micro_batch)]
+    return batches, steps - len(batches)
+
+
+def replica_updates(task: Task, items: list[Item], spec: ReplicaSpec, rank: int, world: int,
+                    start: Position | None = None) -> Iterator[tuple[Position, list, list]]:
+    """Endless (position, micro-batches, weights) of this rank, pass after pass; a filler
+    micro-batch (weight 0) repeats a real example of the update and contributes nothing."""
+    start = start or Position()
+    epoch, skip = start.epoch, start.group
+    while True:
+        groups = update_groups(len(items), spec, epoch, world)[skip:]
+        plans = [shard(g, rank, world, spec.shape.micro_batch, spec.fault) for g in groups]
+        lists = [mb for (batches, fill), g in zip(plans, groups, strict=True)
+                 for mb in batches + [[g[0]]] * fill]
+        stream = iter(loader(task, items, lists, 0, seed=spec.seed * 100_003 + epoch))
+        for index, (batches, fill) in enumerate(plans, start=skip):
+            yield (Position(epoch, index), [next(stream) for _ in range(len(batches) + fill)],
+                   [1.0] * len(batches) + [0.0] * fill)
+        epoch, skip = epoch + 1, 0
+
+
+# --- one update across ranks ------------------------------------------------------------------
+class AllReduceClock:
+    """A DDP communication hook: PyTorch's own all-reduce, counted and timed."""
+
+    def __init__(self):
+        self.calls, self.seconds = 0, 0.0
+        self.pre_scale = 1.0  # planted fault only: scale this rank's gradient before
+
+
+    def hook(self, state, bucket):  # no annotations: DDP checks them against its own types
+        start = time.perf_counter()
+        self.calls += 1
+        if self.pre_scale != 1.0:
+            bucket.buffer().mul_(self.pre_scale)
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            self.seconds += time.perf_counter() - start
+            return fut.value()
+        return default_hooks.allreduce_hook(state, bucket).then(done)
+
+
+def wrap(model: nn.Module, device: torch.device) -> tuple[DistributedDataParallel,
+                                                         AllReduceClock]:
+    """DDP around `model` with the gradient all-reduce counted and timed. Buffers are not
+    copied from rank 0 at every forward: batch-norm statistics stay each rank's own until
+    `sync_batch_norm` averages them (the rule checks that it does)."""
+    import inspect
+
+    own_buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                   inspect.signature(DistributedDataParallel).parameters
+                   else {"broadcast_buffers": False})
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                  else None, **own_buffers)
+    clock = AllReduceClock()
+    ddp.register_comm_hook(None, clock.hook)
+    return ddp, clock
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def replica_update(stepper: Stepper, clock: AllReduceClock, batches: list[Batch],
+                   weights: list[float], world: int, fault: str = "",
+                   readings: dict | None = None, step: bool = True) -> dict[str, float]:
+    """One update on this rank: gradients synchronised only on the last micro-step (no_sync
+    before), the target count all-reduced, and the gradient divided by the targets of the WHOLE
+    update across ranks (DDP already averaged over ranks), so 1 x N and R x N/R agree. With
+    `readings` the memory of the first forward, the last backward and the step is measured;
+    without `step` the normalised gradients are left in place."""
+    ddp, device = stepper.model, stepper.device
+    loss_sum = torch.zeros((), device=device)
+    local = torch.zeros((), device=device)
+    times = {"forward + loss": 0.0, "backward": 0.0}
+    for i, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
+        last = i == len(batches) - 1
+        with contextlib.nullcontext() if last else ddp.no_sync():
+            t0 = _now(device)
+            with _measured(readings, "forward + loss", stepper, i == 0):
+                _, summed, count = stepper.forward_loss(batch.to(device))
+            if weight:
+                loss_sum += summed.detach().float()
+                local += count
+            if last and fault == "rank_mean_loss":  # the classic: each rank's own mean,
+                clock.pre_scale = 1.0 / max(float(local), 1.0)  # then DDP's average
+            t1 = _now(device)
+            with _measured(readings, "backward", stepper, last):
+                stepper.backward(summed * weight)
+            t2 = _now(device)
+        times["forward + loss"] += t1 - t0
+        times["backward"] += t2 - t1
+    clock.pre_scale = 1.0
+    totals = torch.stack([loss_sum, local.float()])
+    dist.all_reduce(totals)
+    stepper.normalise(1.0 if fault == "rank_mean_loss" else float(totals[1]) / world)
+    out = {"loss": float(totals[0] / totals[1].clamp(min=1)), "targets": float(totals[1]),
+           "local_targets": float(local), **times}
+    if step:
+        t3 = _now(device)
+        with _measured(readings, "update", stepper, True):
+            out["grad_norm"] = float(stepper.step())
+        out["update"] = _now(device) - t3
+    return out
+
+
+@contextlib.contextmanager
+def _measured(readings: dict | None, phase: str, stepper: Stepper, now: bool):
+    if readings is None or not now:
+        yield
+        return
+    model = stepper.model.module
+    with measure(stepper.device, state_tensors(model, stepper.optimizer)) as held:
+        yield
+    readings[phase] = asdict(held.reading)
+
+
+# --- batch norm across ranks -----------------------------------------------------------------
+def batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+            and m.track_running_stats]
+
+
+def bn_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {f"{name}.{key}": getattr(m, key).detach().cpu().clone()
+            for name, m in model.named_modules() if m in batch_norms(model)
+            for key in ("running_mean", "running_var")}
+
+
+def sync_batch_norm(model: nn.Module, world: int, fault: str = "") -> dict[str, Any]:
+    """Average every batch-norm running statistic over the ranks (SyncBatchNorm computes
+    global statistics on CUDA; the buffers are averaged in any case), before evaluation and
+    checkpointing. Returns what rank 0 needs to check it."""
+    before = bn_buffers(model)
+    for m in batch_norms(model):
+        for key in ("running_mean", "running_var"):
+            buf = getattr(m, key)
+            if fault == "bn_rank0":  # the classic: rank 0's statistics copied everywhere
+                dist.broadcast(buf, src=0)
+            else:
+                dist.all_reduce(buf)
+                buf.div_(world)
+    return {"before": gather(before), "after": gather(digest(bn_buffers(model)))}
+
+
+def bn_check(sync: dict[str, Any], saved: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """Were the ranks' statistics different, identical after the sync, and is what was saved
+    their mean?"""
+    before = sync["before"]
+    if not before[0]:
+        return {"layers": 0}
+    mean = {k: torch.stack([b[k] for b in before]).mean(0) for k in before[0]}
+    spread = max(float((b[k] - before[0][k]).abs().max()) for b in before for k in mean)
+    held = saved if saved is not None else {}
+    off = max((float((held[k] - mean[k]).abs().max()) for k in mean if k in held),
+              default=None)
+    rank0 = max(float((before[0][k] - mean[k]).abs().max()) for k in mean)
+    return {"layers": len(mean) // 2, "ranks_differed_by": spread,
+            "rank0_vs_rank_mean": rank0,  # what saving rank 0's statistics would be off by
+            "identical_after_sync": len(set(sync["after"])) == 1,
+            "saved_vs_rank_mean": off}
+
+
+# --- the launch -------------------------------------------------------------------------------
+def _eval_split(task: Task, model: nn.Module, items: list[Item], spec: ReplicaSpec,
+                rank: int, world: int, device: torch.device) -> dict[str, Any]:
+    """Each rank evaluates its shard; the sums are added over ranks; rank 0 also evaluates
+    everything alone, the reference the reduced result must equal."""
+    mine = items[rank::world]
+    precision = spec.shape.precision
+    sums, _ = evaluation_sums(task, model, mine, spec.eval_batch, device, precision)
+    every = gather({"examples": len(mine), "sums": sums})
+    single = None
+    if rank == 0:
+        single, _ = evaluation_sums(task, model, items, spec.eval_batch, device, precision)
+    return {"ranks": every, "single": single}
+
+
+def gradient_check(task: Task, model: nn.Module, items: list[Item], spec: ReplicaSpec,
+                   rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
+    """One update over the same N examples (`check_items`): 1 x N in one process (rank 0, the
+    reference) against R x N/R, R x (2 x N/2R) with accumulation, and N - 1 examples in unequal
+    shares (a partial update). Rank 0 also computes what a mean per rank would give, so a
+    check that cannot tell the two apart says so. Dropout and batch norm in eval behaviour, as
+    in notebook 04's check: they legitimately change with the batch."""
+    n = spec.check_examples
+    if n % (2 * world) or n > len(items):
+        raise WorkbookError(f"check_examples={n} must be a multiple of 2 x {world} replicas and "
+                            f"at most the {len(items)} training examples",
+                            f"use check_examples={2 * world * max(1, len(items) // (2 * world))}"
+                            if len(items) >= 2 * world else "give the task more examples")
+    items = check_items(task, items, n, world)
+    reference = None
+    rows, rank_mean = [], {}
+    for case, examples, accumulation in (("equal", n, 1), ("accumulation", n, 2),
+                                         ("partial", n - 1, 1)):
+        replica = copy.deepcopy(model).eval()
+        ddp, clock = wrap(replica, device)
+        stepper = Stepper(task, ddp, torch.optim.SGD(ddp.parameters(), lr=0.0), None, device,
+                          grad_clip=0.0)
+        if rank == 0:
+            reference = reference_gradient(task, model, items[:examples], device)
+            if examples not in rank_mean:  # accumulation does not change a rank's own mean
+                rank_mean[examples] = relative_deviation(rank_mean_gradient(
+                    task, model, items[:examples], world, device)[0], reference)
+        mine = items[:examples][rank::world]  # the check's own split: normalisation only
+        batches = list(micro_batches(task, mine, math.ceil(len(mine) / accumulation)))
+        out = replica_update(stepper, clock, batches, [1.0] * len(batches), world, spec.fault,
+                             step=False)
+        grads = {k: p.grad for k, p in replica.named_parameters() if p.grad is not None}
+        ranks = gather({"digest": digest(grads), "targets": out["local_targets"]})
+        shares = gather(len(mine))
+        row = {"case": case, "split": " + ".join(
+                   f"{accumulation} x {math.ceil(k / accumulation)}" for k in shares),
+               "examples": examples, "accumulation": accumulation, "all_reduces": clock.calls,
+               "identical_on_ranks": len({r["digest"] for r in ranks}) == 1,
+               "targets_per_rank": [r["targets"] for r in ranks],
+               "ids": [str(it.id) for it in items[:examples]]}
+        if reference is not None:
+            row["max_relative_deviation"] = relative_deviation(grads, reference)
+            row["rank_mean_deviation"] = rank_mean[examples]
+        rows.append(row)
+    return rows
+
+
+def example_targets(task: Task, item: Item) -> int:
+    """The targets one example gives the loss, read from its labels (1 without labels)."""
+    labels = item.tensors.get("labels")
+    return 1 if labels is None else task.target_count(labels)
+
+
+def check_items(task: Task, items: list[Item], n: int, world: int) -> list[Item]:
+    """The gradient check's N examples: the first N of the split, unless their partial case
+    (the first N - 1, example i on rank i % R) gives every rank the same target count - there a
+    mean per rank gives the right gradient too, so the check could not catch it. Then two
+    examples of different target counts change places across ranks (or one from the rest of the
+    split comes in), which makes the shares unequal; the same on every rank (a pure function)."""
+    chosen = list(items[:n])
+    counts = [example_targets(task, it) for it in chosen]
+    shares = [sum(counts[i] for i in range(r, n - 1, world)) for r in range(world)]
+    if len(set(shares)) > 1:
+        return chosen
+    counts += [example_targets(task, it) for it in items[n:]]
+    for i in range(n - 1):
+        for j in range(i + 1, len(items)):  # inside the N first: the same examples, reordered
+            moves = j >= n - 1 or j % world != i % world  # to another rank, or out of the share
+            if moves and counts[j] != counts[i]:
+                if j < n:
+                    chosen[i], chosen[j] = chosen[j], chosen[i]
+                else:
+                    chosen[i] = items[j]
+                return chosen
+    return chosen  # every example gives the same count and the shares are equal: no choice
+
+
+def reference_gradient(task: Task, model: nn.Module, items: list[Item],
+                        device: torch.device) -> dict[str, torch.Tensor]:
+    """The gradient of one update over `items` as one micro-batch in this process alone."""
+    ref = copy.deepcopy(model).eval()
+    Stepper(task, ref, torch.optim.SGD(ref.parameters(), lr=0.0), None, device) \
+        .accumulate(list(micro_batches(task, items, len(items))))
+    return {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
+
+
+def rank_mean_gradient(task: Task, model: nn.Module, items: list[Item], world: int,
+                       device: torch.device) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The gradient the classic bug gives, in this process alone: each rank's share
+    (`items[rank::world]`) normalised by its own targets, then DDP's average over the ranks;
+    and the targets the loss counted per share."""
+    ref = copy.deepcopy(model).eval()
+    stepper = Stepper(task, ref, torch.optim.SGD(ref.parameters(), lr=0.0), None, device)
+    total: dict[str, torch.Tensor] = {}
+    counts = []
+    for r in range(world):
+        ref.zero_grad(set_to_none=True)
+        _, summed, count = stepper.forward_loss(next(micro_batches(
+            task, items[r::world], len(items))).to(device))
+        stepper.backward(summed)
+        counts.append(float(count))
+        scale = 1.0 / (max(counts[-1], 1.0) * world)
+        for k, p in ref.named_parameters():
+            if p.grad is not None:
+                total[k] = total.get(k, 0) + p.grad * scale
+    return total, counts
+
+
+def backend(device: str, world: int) -> str:
+    """NCCL when every process has a GPU of its own, else gloo (the CPU, or processes sharing
+    GPUs: NCCL refuses two ranks on one device)."""
+    if device.startswith("cuda") and torch.cuda.device_count() >= world:
+        return "nccl"
+    return "gloo"
+
+
+def join_launch(device_name: str, timeout_s: float) -> tuple[int, int, torch.device]:
+    """This process's rank, the world and its device (one GPU per local rank, shared when
+    there are fewer), with the process group joined (shared by the DDP and FSDP launches)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cuda = device_name.startswith("cuda")
+    gpus = torch.cuda.device_count() if cuda else 0
+    device = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % max(gpus, 1)}"
+                            if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if dist.is_initialized():  # the task's own code joined already (transformers'
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world):  # TrainingArguments)
+            raise WorkbookError(f"the task's code joined a process group of rank "
+                                f"{dist.get_rank()} in {dist.get_world_size()}, but torchrun "
+                                f"launched rank {rank} of {world}",
+                                "do not initialise torch.distributed while building the task")
+        return rank, world, device
+    dist.init_process_group(backend(device_name, world),
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, world, device
+
+
+def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
+                task: Task | None = None) -> None:
+    """The body of one process of a launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
+    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
+    try:
+        audit = WriteAudit(out)
+        result = _launch(spec, out, resume_from, task, rank, world, device, audit)
+        writers = gather(sorted(audit.paths))
+        if rank == 0:
+            result["writes"] = writers
+            write_json(out / RESULT, result)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task | None,
+            rank: int, world: int, device: torch.device, audit: WriteAudit) -> dict[str, Any]:
+    task = task if task is not None else load_task(spec.task, **spec.task_options)
+    data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
+    items, val = data.train, data.validation
+    cfg = spec.train_config().validate(len(items))
+    seed_everything(spec.seed + (rank if spec.fault == "rank_seed" else 0))
+    model = task.build_model().to(device)
+    if dist.get_backend() == "nccl":  # SyncBatchNorm gathers over NCCL only
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    result: dict[str, Any] = {"spec": asdict(spec), "world": world,
+                              "init_digest": gather(digest(model.state_dict()))}
+    position, first = Position(), 1
+    if resume_from is None:
+        result["gradient_check"] = gradient_check(task, model, items, spec, rank, world, device)
+        seed_everything(spec.seed + (rank if spec.fault == "rank_seed" else 0))
+    ddp, clock = wrap(model, device)
+    stepper = build_stepper(task, cfg, model)  # build_optimizer gets the module, as in 02-07
+    stepper.model = ddp
+    if resume_from is not None:
+        position, first = _restore(resume_from, stepper, rank, world)
+    stream = replica_updates(task, items, spec, rank, world, position)
+    records, readings, events = [], {}, {}
+    for step in range(first, spec.updates + 1):
+        t0 = _now(device)
+        where, batches, weights = next(stream)
+        data_s = _now(device) - t0
+        calls, seconds = clock.calls, clock.seconds
+        lr = stepper.optimizer.param_groups[0]["lr"]
+        row = replica_update(stepper, clock, batches, weights, world, spec.fault,
+                             readings if step == first + 1 else None)
+        real = [b for b, w in zip(batches, weights, strict=True) if w]
+        records.append({"step": step, "epoch": where.epoch, "group": where.group,
+                        "lr": lr, "data": data_s, **row,
+                        "micro_batches": len(batches), "fillers": weights.count(0.0),
+                        "examples": sum(len(b) for b in real),
+                        "all_reduces": clock.calls - calls,
+                        "all_reduce": clock.seconds - seconds,
+                        "ids": [str(i) for b in real for i in b.ids]})
+        if step == spec.checkpoint_at:
+            t = _now(device)
+            events["checkpoint"] = _checkpoint(out, step, Position(where.epoch, where.group + 1),
+                                               stepper, spec, task, rank, world)
+            events["checkpoint"]["seconds"] = _now(device) - t
+    t = _now(device)
+    sync = sync_batch_norm(model, world, spec.fault)
+    evaluation = _eval_split(task, model, val, spec, rank, world, device)
+    eval_s = _now(device) - t
+    ranks = gather({"records": records, "memory": readings, "eval_s": eval_s,
+                    "final_digest": digest(model.state_dict()),
+                    "collisions": events.get("checkpoint", {}).pop("collisions", []),
+                    "checkpoint_s": events.get("checkpoint", {}).get("seconds")})
+    if rank == 0:
+        write_file(out / WEIGHTS, lambda tmp: save_model(model, str(tmp)), "final weights")
+        result.update({"ranks": ranks, "evaluation": evaluation,
+                       "batch_norm_final": bn_check(sync, bn_buffers(model)),
+                       "checkpoint": events.get("checkpoint"),
+                       "train_examples": len(items), "train_ids": [str(i.id) for i in items],
+                       "first_step": first})
+    return result
+
+
+def _checkpoint(out: Path, step: int, after: Position, stepper: Stepper, spec: ReplicaSpec,
+                task: Task, rank: int, world: int) -> dict[str, Any]:
+    """Batch-norm statistics synchronised, every rank's random state gathered, then rank 0
+    writes one checkpoint (with the planted fault, every rank tries)."""
+    model = stepper.model.module
+    sync = sync_batch_norm(model, world, spec.fault)
+    rngs = gather(ckpt.rng_state())
+    path = out / f"ckpt-{step:06d}"
+    collisions = []
+    if rank == 0 or spec.fault == "all_ranks_write":
+        try:
+            ckpt.save_checkpoint(path, model, stepper.optimizer, stepper.scheduler,
+                                 stepper.scaler,
+                                 {"step": step, "epoch": after.epoch, "group": after.group,
+                                  "micro_batch_in_group": 0, "world": world, "rank_rng": rngs},
+                                 {"recipe": {"task": spec.task,
+                                             "task_options": spec.task_options},
+                                  "replica_spec": asdict(spec), "task_name": task.name})
+        except WorkbookError as exc:  # two ranks writing one checkpoint collide
+            collisions.append(exc.problem)
+    dist.barrier()
+    saved = None
+    if rank == 0 and (path / ckpt.WEIGHTS).exists():
+        ckpt.verify(path)
+        saved = load_file(str(path / ckpt.WEIGHTS))
+    return {"path": path.name, "batch_norm": bn_check(sync, saved) if rank == 0 else None,
+            "collisions": collisions}
+
+
+def _restore(path: Path, stepper: Stepper, rank: int, world: int) -> tuple[Position, int]:
+    """Every rank loads the one checkpoint and its own random state from it."""
+    info = ckpt.load_checkpoint(path, stepper.model.module, stepper.optimizer,
+                                stepper.scheduler, stepper.scaler, restore_rng=False)
+    c = info["counters"]
+    schemas.check(schemas.ReplicaCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
+                  "resume from a checkpoint of notebook 09's launch", "counters")
+    if int(c.get("world", 1)) != world:
+        raise WorkbookError(f"checkpoint {path} was written by {c.get('world')} processes, this "
+                            f"launch has {world}",
+                            f"resume with --nproc_per_node={int(c.get('world', 1))}")
+    ckpt.set_rng_state(c["rank_rng"][rank])
+    return Position(int(c["epoch"]), int(c["group"])), int(c["step"]) + 1
+
+
+def read_spec(spec_json: str) -> dict:
+    """The launch's --spec as a dict (its "strategy" says which replica runs it)."""
+    import json
+
+    try:
+        return json.loads(spec_json)
+    except json.JSONDecodeError as exc:
+        raise WorkbookError(f"--spec is not JSON ({exc.msg} at character {exc.pos})",
+                            "quote the whole object for the shell: --spec '{\"task\": ...}'") \
+            from None
+
+
+def main(data: dict, out: str, resume_from: str | None) -> int:
+    """`python -m workbook ddp`: one data-parallel process of a launch. A checkpoint to resume
+    is verified, and its recorded task compared with the one named here, before anything runs."""
+    spec = ReplicaSpec.from_dict(data)
+    task = None
+    if resume_from is not None:
+        ckpt.load_state(resume_from)
+        recorded = ckpt.load_meta(resume_from).get("recipe")
+        task = load_recorded_task(recorded, spec.task, spec.task_options,
+                                  f"checkpoint {resume_from}")
+    run_replica(spec, Path(out), Path(resume_from) if resume_from else None, task)
+    return 0

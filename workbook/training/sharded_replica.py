@@ -1,0 +1,799 @@
+"""Notebook 09's FSDP section, inside each process: the workbook's loop with the model sharded by
+FSDP2 (`torch.distributed.fsdp.fully_shard` on every block, then on the root), one process per
+rank, started by torchrun through `workbook ddp` (a spec with `"strategy": "fsdp"`). Gloo on the
+CPU, NCCL when the spec asks for CUDA and every process has a GPU - the same code path.
+
+One training launch measures what the rules that change under sharding need: the per-rank peak
+of every training phase (notebook 03's workload on the sharded model), the first updates against
+one process, tied weights under sharding, and a `torch.distributed.checkpoint` (DCP) checkpoint
+that every rank writes its shard of. With `plant`, the same processes also write a checkpoint
+the classic way (rank 0 only) and train a copy whose tied weights were tied after `fully_shard`.
+A second launch, in new processes, resumes from the checkpoint (and loads the planted one).
+Verdicts are decided in `parallel`, in the notebook's process."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import io
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch import nn
+
+from ..base.errors import WorkbookError
+from ..contract.data import Batch, Item, prepare
+from ..contract.task import Task, load_task
+from ..storage.artifacts import write_file
+from ..storage.files import write_json
+from . import checkpoint as ckpt
+from .deviation import max_difference, relative_deviation
+from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
+from .memory import measure, rebased, storage_bytes
+from .replica import RESULT, WEIGHTS, digest, gather, join_launch, replica_updates, sync_batch_norm
+from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
+
+STRATEGY = "fsdp"
+CHECKPOINT_SAVE = "checkpoint save"  # the phase after the training phases: a DCP save
+PHASES = (*TRAINING_PHASES, CHECKPOINT_SAVE)
+PLANTED_PREFIX = "rank0-only-"  # the planted checkpoint's folder: rank0-only-ckpt-000005
+SHARDED_FAULTS = {
+    "rank0_checkpoint": "checkpoint saved by rank 0 only under FSDP",
+    "tie_after_shard": "model sharded before its tied weights are tied",
+}
+
+
+@dataclass
+class ShardedSpec:
+    """What one FSDP launch runs; passed as JSON on the command line."""
+
+    task: str
+    task_options: dict
+    shape: UpdateShape = UpdateShape(2, 2, replicas=2)
+    updates: int = 6
+    lr: float = 1e-3
+    seed: int = 0
+    train_limit: int = 32
+    validation_limit: int = 8
+    eval_batch: int = 8
+    drop_partial: bool = False
+    checkpoint_at: int = 3  # every rank saves its shard after this update (0: none)
+    compare_updates: int = 2  # the first updates compared with one process
+    device: str = "cpu"
+    collective_timeout_s: float = 120.0
+    plant: bool = True  # the planted faults in the same processes
+    memory: bool = True  # measure every phase's per-rank peak
+    plan_length: int = 0  # positions of the measured workload (0: the data's longest)
+    plan_eval_length: int = 0  # positions of its evaluation batch (0: plan_length)
+    train: bool = True  # False: only the measured phases (the benchmark)
+    planted_checkpoint: str = ""  # resume launch: the planted checkpoint to load as well
+    strategy: str = STRATEGY
+
+    @property
+    def fault(self) -> str:  # the data order of `replica` (no data fault under FSDP)
+        return ""
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ShardedSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise WorkbookError(f"unknown FSDP launch settings {unknown}", f"use {sorted(known)}")
+        return cls(**{**data, "shape": UpdateShape.from_dict(data.get("shape", {}))})
+
+    def train_config(self):
+        return self.shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
+                                       device=self.device, drop_partial=self.drop_partial,
+                                       eval_batch=self.eval_batch)
+
+
+# --- sharding ---------------------------------------------------------------------------------
+def blocks(task: Task, model: nn.Module) -> list[nn.Module]:
+    """The modules `fully_shard` wraps one by one before the root, here and in the prediction
+    (`sharding` imports it): the task's `checkpoint_blocks` rule (the one activation
+    checkpointing uses), else a Hugging Face model's `_no_split_modules` classes, else the items
+    of every `nn.ModuleList`; the outermost ones only (a block inside a block stays in its
+    parent's group), never a container without forward (its items are taken instead)."""
+    if task.checkpoint_blocks is not None:
+        def pick(m: nn.Module) -> bool:
+            return bool(task.checkpoint_blocks(m))
+    elif getattr(model, "_no_split_modules", None):
+        names = set(model._no_split_modules)
+
+        def pick(m: nn.Module) -> bool:
+            return type(m).__name__ in names
+    else:
+        items = {id(m) for lst in model.modules() if isinstance(lst, nn.ModuleList)
+                 for m in lst}
+
+        def pick(m: nn.Module) -> bool:
+            return id(m) in items
+    chosen, prefixes = [], []
+    for name, module in model.named_modules():
+        if module is model or any(name.startswith(p) for p in prefixes):
+            continue
+        if pick(module) and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            chosen.append(module)
+            prefixes.append(name + ".")
+    return chosen
+
+
+def shard_model(task: Task, model: nn.Module, precision: str = "fp32",
+                mesh: Any = None) -> nn.Module:
+    """FSDP2 full sharding in place: `fully_shard` on every block, then on the root; bf16
+    parameters and gradient reduction for a bf16 plan, as the prediction models it."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    options: dict[str, Any] = {}
+    if precision == "bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                    reduce_dtype=torch.bfloat16)
+    for block in blocks(task, model):
+        fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
+    return model
+
+
+def tied_groups(model: nn.Module) -> list[list[str]]:
+    """Names that share one parameter (tied weights: an output layer that is the embedding)."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, attr = name.rpartition(".")
+    return (model.get_submodule(path) if path else model), attr
+
+
+def untie(model: nn.Module, groups: list[list[str]]) -> None:
+    """Every name of a tied group but the first gets its own copy (a model built untied)."""
+    for first, *others in groups:
+        weight = _owner(model, first)
+        weight = getattr(*weight)
+        for name in others:
+            module, attr = _owner(model, name)
+            setattr(module, attr, nn.Parameter(weight.detach().clone(), weight.requires_grad))
+
+
+def tie(model: nn.Module, groups: list[list[str]]) -> None:
+    """Tie every group again to its first name's parameter (the planted bug does this AFTER
+    `fully_shard`: FSDP gathers and updates the parameter it registered, not the new one)."""
+    for first, *others in groups:
+        weight = getattr(*_owner(model, first))
+        for name in others:
+            module, attr = _owner(model, name)
+            setattr(module, attr, weight)
+
+
+class TieWatch:
+    """Forward pre-hooks on the owners of tied weights: is the tensor every owner computes with
+    one and the same (its storage), at every forward?"""
+
+    def __init__(self, model: nn.Module, groups: list[list[str]]):
+        self.groups, self.split = groups, set()
+        self.forwards = 0
+        self.handles = []
+        for g, names in enumerate(groups):
+            for name in names:
+                module, attr = _owner(model, name)
+                self.handles.append(module.register_forward_pre_hook(
+                    lambda m, args, g=g, name=name, attr=attr: self._seen(g, name, m, attr)))
+        self.now: dict[int, dict[str, int]] = {}
+
+    def _seen(self, g: int, name: str, module: nn.Module, attr: str) -> None:
+        t = getattr(module, attr)
+        local = t.to_local() if hasattr(t, "to_local") else t
+        self.now.setdefault(g, {})[name] = local.untyped_storage().data_ptr()
+        if len(self.now[g]) == len(self.groups[g]):
+            self.forwards += 1
+            if len(set(self.now[g].values())) > 1:
+                self.split.add(g)
+            self.now[g] = {}
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+# --- state across ranks -----------------------------------------------------------------------
+def _local(t: Any) -> Any:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def local_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                extra: list[torch.Tensor] = ()) -> list[torch.Tensor]:
+    """This rank's own tensors of the sharded model: parameter and gradient shards, buffers,
+    optimizer state shards (the DTensors' local tensors), and the unsharded parameters FSDP
+    holds at this moment (the root's after a forward without backward)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    tensors = [_local(p) for p in model.parameters()] + [_local(b) for b in model.buffers()]
+    for module in model.modules():  # FSDP2's own storages (private: read where present)
+        state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
+        for group in getattr(state, "_fsdp_param_groups", None) or ():
+            for param in getattr(group, "fsdp_params", ()):
+                tensors += [t for t in (getattr(param, "_sharded_param_data", None),
+                                        getattr(param, "_unsharded_param", None))
+                            if isinstance(t, torch.Tensor)]
+    tensors += [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            tensors += [_local(v) for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensors + list(extra)
+
+
+def live_bytes(tensors: list[torch.Tensor]) -> int:
+    """`memory.storage_bytes` of these tensors, leaving out storages FSDP has freed (an
+    unsharded parameter between forward and backward whose storage was resized to 0)."""
+    kept = []
+    for t in tensors:
+        try:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                t.untyped_storage().data_ptr()
+                kept.append(t)
+        except RuntimeError:
+            continue
+    return storage_bytes(kept)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The whole model (and optimizer) state gathered from every rank's shards, on the CPU, on
+    rank 0 (a collective: every rank calls it; the others get empty dicts). Optimizer tensors
+    are flattened to `fqn/key` names."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if optimizer is None:
+        return get_model_state_dict(model, options=options), {}
+    msd, osd = get_state_dict(model, optimizer, options=options)
+    flat = {f"{fqn}/{key}": v.detach().reshape(-1) if v.dim() == 0 else v
+            for fqn, state in osd.get("state", {}).items()
+            for key, v in state.items() if isinstance(v, torch.Tensor)}
+    return msd, flat
+
+
+# --- one update across ranks ------------------------------------------------------------------
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def sharded_update(stepper: Stepper, batches: list[Batch], weights: list[float],
+                   world: int, before_step: Callable[[], None] | None = None
+                   ) -> dict[str, float]:
+    """One update on this rank: every micro-batch's gradient reduce-scattered (FSDP's default:
+    the shards accumulate, the unsharded gradient is freed), the target count all-reduced and
+    the gradient divided by the WHOLE update's targets (the reduce-scatter already averaged
+    over ranks), so 1 x N and R x N/R agree; then clip and step."""
+    device = stepper.device
+    loss_sum = torch.zeros((), device=device)
+    local = torch.zeros((), device=device)
+    for batch, weight in zip(batches, weights, strict=True):
+        _, summed, count = stepper.forward_loss(batch.to(device))
+        if weight:
+            loss_sum += summed.detach().float()
+            local += count
+        stepper.backward(summed * weight)
+    totals = torch.stack([loss_sum, local.float()])
+    dist.all_reduce(totals)
+    stepper.normalise(float(totals[1]) / world)
+    if before_step is not None:
+        before_step()
+    norm = stepper.step()
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    return {"loss": float(totals[0] / totals[1].clamp(min=1)), "targets": float(totals[1]),
+            "local_targets": float(local), "grad_norm": float(norm)}
+
+
+def reference_updates(task: Task, model: nn.Module, cfg, updates: list[list[list[Batch]]]
+                      ) -> dict[str, Any]:
+    """The same first updates in this process alone: every rank's examples of an update as
+    one process's micro-batches, normalised by the update's targets. Losses, the first
+    update's gradient and the parameters after them."""
+    stepper = build_stepper(task, cfg, copy.deepcopy(model))
+    losses, grads = [], None
+    with HeldBehaviour(stepper.model):
+        for per_rank in updates:
+            loss, n = stepper.accumulate([b for rank in per_rank for b in rank])
+            losses.append(float(loss) / float(n))
+            if grads is None:
+                grads = _grads(stepper.model)
+            stepper.step()
+    return {"losses": losses, "gradient": grads,
+            "params": {k: v.detach().cpu() for k, v in stepper.model.state_dict().items()}}
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient on the CPU (gathered from the shards: a collective)."""
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+            .detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def compared_run(task: Task, model: nn.Module, cfg, mine: list[tuple[list, list]], world: int,
+                 groups: list[list[str]], planted: bool) -> dict[str, Any]:
+    """A sharded copy of `model` trained on this rank's share of the first updates in eval
+    behaviour (dropout draws nothing, as in the reference): losses, the whole parameters after
+    them (rank 0) and whether tied weights stayed one tensor. `planted`: the copy was built
+    untied, sharded, then tied (the bug)."""
+    copy_ = copy.deepcopy(model)
+    if planted:
+        untie(copy_, groups)
+    shard_model(task, copy_, cfg.shape.precision)
+    if planted:
+        tie(copy_, groups)
+    watch = TieWatch(copy_, groups)
+    stepper = build_stepper(task, cfg, copy_)
+    losses, grads = [], {}
+
+    def first_gradient() -> None:
+        if not grads:
+            grads.update(_grads(copy_))
+
+    with HeldBehaviour(copy_):
+        for batches, weights in mine:
+            losses.append(sharded_update(stepper, batches, weights, world, first_gradient)
+                          ["loss"])
+    watch.remove()
+    params, _ = full_state(copy_)
+    tied = {}
+    if dist.get_rank() == 0 and groups:
+        tied = {"/".join(g): max_difference({n: params[n] for n in g[1:]},
+                                            {n: params[g[0]] for n in g[1:]}) for g in groups}
+    split = gather(sorted(watch.split))
+    return {"losses": losses, "params": params, "gradient": grads,
+            "forwards_checked": watch.forwards,
+            "split_groups": sorted({g for s in split for g in s}), "saved_tie_difference": tied}
+
+
+# --- the measured phases ----------------------------------------------------------------------
+def _collectives_in_place(model: nn.Module) -> tuple[Any, Any] | None:
+    """FSDP2's all-gather and reduce-scatter for the CPU measurement, without an allocation the
+    prediction cannot know. Gloo's `all_gather_into_tensor` and `reduce_scatter_tensor` allocate
+    process-group temporaries as large as the full buffer on every call, and its worker thread
+    can drop the last reference to FSDP's buffer, a free the profiler does not see (both vary
+    run to run). NCCL works in FSDP's buffers without either, as the prediction models. So each
+    collective is an all-reduce in a scratch buffer made before the measurement (as large as
+    the whole unsharded model): the all-gather sums each rank's chunk with zeros, the
+    reduce-scatter keeps this rank's chunk of the sum - the same values. None on a PyTorch
+    without FSDP2's custom collectives (gloo's own then run, and the table's note says so)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather,
+            DefaultReduceScatter,
+        )
+    except ImportError:  # a PyTorch without FSDP2's custom collectives
+        return None
+
+    # a group's buffer holds at most every parameter, each padded along its first dimension to
+    # a multiple of the world size (FSDP2's dim-0 shards), in at most 4 bytes an element (an
+    # fp32 reduction; more for a wider parameter)
+    world = dist.get_world_size()
+
+    def padded_bytes(p: torch.Tensor) -> int:
+        shape = tuple(p.shape) or (1,)
+        rows = -(-shape[0] // world) * world
+        return rows * math.prod(shape[1:]) * max(p.element_size(), 4)
+
+    scratch = torch.empty(sum(padded_bytes(p) for p in model.parameters()), dtype=torch.uint8)
+
+    def in_scratch(t: torch.Tensor) -> torch.Tensor:
+        size = t.numel() * t.element_size()
+        if size > scratch.numel():
+            raise WorkbookError(f"an FSDP buffer of {size} bytes is larger than the scratch "
+                                f"buffer of the CPU measurement ({scratch.numel()} bytes)",
+                                "report this: the measurement sizes it from the parameters")
+        return scratch[:size].view(t.dtype)
+
+    class AllGather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            buf = in_scratch(output_tensor).view(group.size(), -1)
+            buf.zero_()
+            buf[group.rank()].copy_(input_tensor.reshape(-1))
+            dist.all_reduce(buf, group=group)
+            output_tensor.view(-1).copy_(buf.view(-1))
+
+    class ReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            buf = in_scratch(input_tensor)
+            buf.copy_(input_tensor.view(-1))
+            dist.all_reduce(buf, op=op, group=group)
+            output_tensor.view(-1).copy_(buf.view(group.size(), -1)[group.rank()])
+
+    return AllGather(), ReduceScatter()
+
+
+GLOO_NOTE = ("this PyTorch has no FSDP2 custom collectives (set_custom_all_gather): gloo's "
+             "own ran, whose temporaries NCCL does not make - the backward and later update "
+             "can read above the prediction here")
+
+
+def _measure_without_gloo_temporaries(model: nn.Module) -> bool:
+    """Give every FSDP module `_collectives_in_place`; False (and nothing changed) when this
+    PyTorch cannot."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    comms = _collectives_in_place(model)
+    if comms is None or not all(hasattr(m, "set_custom_all_gather") and
+                                hasattr(m, "set_custom_reduce_scatter") for m in sharded):
+        return False
+    for module in sharded:
+        module.set_custom_all_gather(comms[0])
+        module.set_custom_reduce_scatter(comms[1])
+    return True
+
+
+def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
+                    device: torch.device, scratch: Path) -> tuple[dict[str, int], str]:
+    """Per-rank peak live bytes of every training phase (notebook 03's workload, each phase
+    from what the previous left) and of a DCP save of the model and optimizer, on a freshly
+    built sharded model. On the CPU the profiler's allocation events; on CUDA the allocator's
+    counters. With a note when the measurement differs from what the prediction models."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    seed_everything(cfg.seed)
+    model = shard_model(task, task.build_model().to(device), cfg.shape.precision)
+    note = "" if device.type != "cpu" or _measure_without_gloo_temporaries(model) else GLOO_NOTE
+    stepper = build_stepper(task, cfg, model)
+    for options in stepper.optimizer.param_groups:  # as the prediction: the multi-tensor step
+        if "foreach" in options and options["foreach"] is None:  # (PyTorch's default on CUDA)
+            options["foreach"] = True
+    batch, group, eval_batch = batches
+    group = group[:2]  # as the prediction: from the second on, micro-batches repeat the state
+    work = Workload(stepper, batch.to(device), [b.to(device) for b in group],
+                    eval_batch.to(device), targets_of(task, batch),
+                    sum(targets_of(task, b) for b in group))
+    peaks, live = {}, 0
+    for phase in TRAINING_PHASES:
+        if phase != "backward":  # what lives now is all reachable: count it
+            held_now = [t for t in work.state.values() if isinstance(t, torch.Tensor)]
+            live = live_bytes(local_state(model, stepper.optimizer,
+                                          [*work.tensors(), *held_now]))
+        # else: forward's end (its saved activations are in the autograd graph, not reachable;
+        # the profiler saw them allocated)
+        with measure(device) as held:
+            work.run(phase)
+        reading = rebased(held.reading, live)
+        live, peaks[phase] = reading.allocated_bytes, reading.peak_allocated_bytes
+    work.state.clear()
+    gc.collect()  # as the prediction: what the training phases left unreachable is gone
+    live = live_bytes(local_state(model, stepper.optimizer, work.tensors()))
+    with measure(device) as held:
+        msd, osd = get_state_dict(model, stepper.optimizer)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(scratch))
+        del msd, osd
+    peaks[CHECKPOINT_SAVE] = rebased(held.reading, live).peak_allocated_bytes
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return peaks, note
+
+
+def plan_batches(task: Task, train: list[Item], val: list[Item], shape: UpdateShape,
+                 length: int = 0, eval_batch: int = 0,
+                 eval_length: int = 0) -> tuple[Batch, list[Batch], Batch]:
+    """The batches of the measured workload, those the prediction sizes for the same plan
+    (`predict.sized_batches` of `Plan(shape, length, eval_batch)`, without importing the
+    prediction's tracker into every process)."""
+    micro, length_ = shape.micro_batch, length or None
+    batch = shaped_batch(task, train, micro, length_)
+    group = [shaped_batch(task, train[i:] + train[:i], micro, length_)
+             for i in range(shape.accumulation)]
+    return batch, group, shaped_batch(task, val, eval_batch or micro, eval_length or length_)
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+class FileAudit:
+    """Every file this process creates or renames under `root` (relative paths), through
+    Python's audit hooks, as `replica.WriteAudit` but file by file."""
+
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+
+    def __init__(self, root: Path):
+        self.root = str(root.resolve())
+        self.paths: set[str] = set()
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        try:
+            if event not in ("open", "os.rename") or not args or \
+                    not isinstance(args[0], (str, Path)):
+                return
+            if event == "open":
+                mode, flags = (args[1], args[2]) if len(args) > 2 else (None, 0)
+                if not ((isinstance(mode, str) and any(c in mode for c in "wax+")) or
+                        (isinstance(flags, int) and flags & self._WRITE_FLAGS)):
+                    return
+            path = os.path.abspath(str(args[1] if event == "os.rename" else args[0]))
+            if path.startswith(self.root + os.sep):
+                self.paths.add(os.path.relpath(path, self.root))
+        except Exception:  # an audit hook that raises would fail the write it watches
+            pass
+
+    def under(self, folder: str) -> list[str]:
+        """The final names this process wrote in `folder` (temporary names left out)."""
+        names = {p[len(folder) + 1:] for p in self.paths if p.startswith(folder + os.sep)}
+        return sorted(n for n in names if not n.endswith(".tmp") and ".partial" not in n)
+
+
+def _trainer_bytes(state: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def coverage(path: Path) -> dict[str, Any]:
+    """What a DCP checkpoint's metadata holds: per tensor the share of its elements some
+    rank's chunk covers, and the files its chunks are in."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(str(path)).read_metadata()
+    total = covered = 0
+    short = []
+    for fqn, item in meta.state_dict_metadata.items():
+        if not isinstance(item, TensorStorageMetadata):
+            continue
+        size = int(torch.Size(item.size).numel())
+        have = sum(int(torch.Size(c.sizes).numel()) for c in item.chunks)
+        total, covered = total + size, covered + min(have, size)
+        if have < size:
+            short.append(fqn)
+    files = sorted({info.relative_path for info in (meta.storage_data or {}).values()})
+    return {"elements": total, "covered": covered, "short_tensors": len(short),
+            "short_examples": short[:3], "files": files}
+
+
+def save_sharded(path: Path, stepper: Stepper, trainer: dict[str, Any],
+                 rank0_only: bool = False) -> None:
+    """The model, optimizer and trainer state as one DCP checkpoint: every rank writes its own
+    shard (`rank0_only`: the planted bug - only rank 0 saves, without the others)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(stepper.model, stepper.optimizer)
+    state = {"model": msd, "optim": osd, "trainer": _trainer_bytes(trainer)}
+    if not rank0_only:
+        dcp.save(state, checkpoint_id=str(path))
+    elif dist.get_rank() == 0:
+        dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    dist.barrier()
+
+
+def load_sharded(path: Path, stepper: Stepper) -> dict[str, Any]:
+    """Load a DCP checkpoint into the sharded model and optimizer (every rank reads its own
+    shard); returns the trainer state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(stepper.model, stepper.optimizer)
+    state = {"model": msd, "optim": osd, "trainer": b""}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(stepper.model, stepper.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    return torch.load(io.BytesIO(state["trainer"]), weights_only=True)
+
+
+# --- the launches -----------------------------------------------------------------------------
+def run_sharded(spec: ShardedSpec, out: Path, resume_from: Path | None = None) -> None:
+    """The body of one process of an FSDP launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
+    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
+    try:
+        audit = FileAudit(out)
+        task = load_task(spec.task, **spec.task_options)
+        work = _resume if resume_from is not None else _train
+        result = work(spec, task, out, resume_from, rank, world, device, audit)
+        writers = gather(sorted(audit.paths))
+        if rank == 0:
+            result.update({"spec": asdict(spec), "world": world, "writes": writers,
+                           "backend": dist.get_backend()})
+            write_json(out / RESULT, result)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _first_updates(task: Task, items: list[Item], spec: ShardedSpec, world: int,
+                   n: int) -> list[list[tuple[list, list]]]:
+    """Every rank's micro-batches and weights of the first `n` updates (a pure function of the
+    seed: any rank can compute the others')."""
+    out = []
+    for r in range(world):
+        stream = replica_updates(task, items, spec, r, world)
+        out.append([next(stream)[1:] for _ in range(n)])
+    return out
+
+
+def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, rank: int,
+           world: int, device: torch.device, audit: FileAudit) -> dict[str, Any]:
+    data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
+    items, val = data.train, data.validation or data.train
+    cfg = spec.train_config().validate(len(items))
+    result: dict[str, Any] = {}
+    times: dict[str, float] = {}
+    if spec.memory:
+        t = _now(device)
+        batches = plan_batches(task, items, val, spec.shape, spec.plan_length, spec.eval_batch,
+                               spec.plan_eval_length)
+        peaks, result["memory_note"] = measured_phases(task, cfg, batches, device,
+                                                       out / ".memory-probe")
+        result["memory"] = gather(peaks)
+        times["memory"] = _now(device) - t
+    if not spec.train:
+        return {**result, "times": gather(times)}
+    seed_everything(spec.seed)
+    base = task.build_model().to(device)
+    groups = tied_groups(base)
+    result.update({"init_digest": gather(digest(base.state_dict())), "tied_groups": groups,
+                   "blocks": len(blocks(task, base))})
+    # the first updates against one process, and the planted tie, on the same examples
+    t = _now(device)
+    k = min(spec.compare_updates, spec.updates)
+    shares = _first_updates(task, items, spec, world, k)
+    compared = {"clean": compared_run(task, base, cfg, shares[rank], world, groups, False)}
+    if spec.plant and groups:
+        compared["tie_after_shard"] = compared_run(task, base, cfg, shares[rank], world, groups,
+                                                   True)
+    if rank == 0:
+        real = [[[b for b, w in zip(*shares[r][u], strict=True) if w] for r in range(world)]
+                for u in range(k)]
+        ref = reference_updates(task, base, cfg, real)
+        result["first_updates"] = {
+            "updates": k, "reference_losses": ref["losses"],
+            "runs": {name: {"losses": c["losses"],
+                            "gradient_deviation": relative_deviation(c["gradient"],
+                                                                     ref["gradient"]),
+                            "missing_gradients": sorted(set(ref["gradient"]) -
+                                                        set(c["gradient"])),
+                            "parameter_deviation": relative_deviation(c["params"],
+                                                                      ref["params"]),
+                            "forwards_checked": c["forwards_checked"],
+                            "split_groups": c["split_groups"],
+                            "saved_tie_difference": c["saved_tie_difference"]}
+                     for name, c in compared.items()}}
+    del compared
+    times["first updates"] = _now(device) - t
+    # the training run, with the sharded checkpoint
+    seed_everything(spec.seed)
+    model = shard_model(task, copy.deepcopy(base), cfg.shape.precision)
+    stepper = build_stepper(task, cfg, model)
+    records, checkpoint = _steps(spec, task, items, stepper, Position(), 1, rank, world, device,
+                                 out, audit)
+    sync_batch_norm(model, world)  # the final weights hold every rank's statistics
+    params, optim = full_state(model, stepper.optimizer)
+    if rank == 0:
+        write_file(out / WEIGHTS, lambda tmp: save_file(params, str(tmp)), "final weights")
+    times["training"] = sum(r["seconds"] for r in records)
+    result.update({"records": gather(records), "checkpoint": checkpoint,
+                   "final_digest": digest(params) if rank == 0 else None,
+                   "times": gather(times), "first_step": 1})
+    return result
+
+
+def _steps(spec: ShardedSpec, task: Task, items: list[Item], stepper: Stepper,
+           start: Position, first: int, rank: int, world: int, device: torch.device,
+           out: Path, audit: FileAudit) -> tuple[list[dict], dict | None]:
+    stream = replica_updates(task, items, spec, rank, world, start)
+    records, checkpoint = [], None
+    for step in range(first, spec.updates + 1):
+        where, batches, weights = next(stream)
+        lr = stepper.optimizer.param_groups[0]["lr"]
+        t = _now(device)
+        row = sharded_update(stepper, batches, weights, world)
+        real = [b for b, w in zip(batches, weights, strict=True) if w]
+        records.append({"step": step, "epoch": where.epoch, "group": where.group, "lr": lr,
+                        **row, "seconds": _now(device) - t,
+                        "ids": [str(i) for b in real for i in b.ids]})
+        if step == spec.checkpoint_at:
+            checkpoint = _checkpoint(spec, stepper, step, Position(where.epoch, where.group + 1),
+                                     rank, world, device, out, audit)
+    return records, checkpoint
+
+
+def _checkpoint(spec: ShardedSpec, stepper: Stepper, step: int, after: Position, rank: int,
+                world: int, device: torch.device, out: Path,
+                audit: FileAudit) -> dict[str, Any]:
+    """Every rank writes its shard of one DCP checkpoint (with `plant`, rank 0 alone also
+    writes one the classic way); the whole state's digests say what a resume must restore.
+    Batch-norm running statistics are averaged over the ranks first, as the DDP loop does:
+    FSDP2 leaves buffers unsharded, each rank's own, and DCP keeps one rank's copy of them."""
+    sync_batch_norm(stepper.model, world)
+    rngs = gather(ckpt.rng_state())
+    trainer = {"step": step, "epoch": after.epoch, "group": after.group, "world": world,
+               "scheduler": stepper.scheduler.state_dict(), "rank_rng": rngs}
+    name = f"ckpt-{step:06d}"
+    written = {}
+    t = _now(device)
+    save_sharded(out / name, stepper, trainer)
+    seconds = _now(device) - t
+    written[name] = gather(audit.under(name))
+    if spec.plant:
+        planted = PLANTED_PREFIX + name
+        save_sharded(out / planted, stepper, trainer, rank0_only=True)
+        written[planted] = gather(audit.under(planted))
+    params, optim = full_state(stepper.model, stepper.optimizer)
+    info = {"path": name, "seconds": seconds, "written": written}
+    if rank == 0:
+        info.update({"model_digest": digest(params), "optim_digest": digest(optim),
+                     "coverage": {n: coverage(out / n) for n in written}})
+    return info
+
+
+def _resume(spec: ShardedSpec, task: Task, out: Path, resume_from: Path, rank: int, world: int,
+            device: torch.device, audit: FileAudit) -> dict[str, Any]:
+    """New processes: load the planted checkpoint (when given) into a fresh sharded model and
+    see what it restores, then the checkpoint itself, and continue to the last update."""
+    data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
+    items = data.train
+    cfg = spec.train_config().validate(len(items))
+
+    def fresh() -> Stepper:
+        seed_everything(spec.seed)
+        return build_stepper(task, cfg, shard_model(task, task.build_model().to(device),
+                                                   cfg.shape.precision))
+
+    stepper = fresh()
+    trainer = load_sharded(resume_from, stepper)
+    if int(trainer["world"]) != world:
+        raise WorkbookError(f"checkpoint {resume_from} was written by {trainer['world']} "
+                            f"processes, this launch has {world}",
+                            f"resume with --nproc_per_node={trainer['world']}")
+    params, optim = full_state(stepper.model, stepper.optimizer)
+    result: dict[str, Any] = {}
+    if rank == 0:
+        result["restored"] = {"model_digest": digest(params), "optim_digest": digest(optim)}
+    if spec.planted_checkpoint:
+        result["planted_load"] = _planted_load(Path(spec.planted_checkpoint), fresh, stepper,
+                                               rank)
+    stepper.scheduler.load_state_dict(trainer["scheduler"])
+    ckpt.set_rng_state(trainer["rank_rng"][rank])
+    first = int(trainer["step"]) + 1
+    records, _ = _steps(spec, task, items, stepper, Position(int(trainer["epoch"]),
+                                                               int(trainer["group"])), first,
+                        rank, world, device, out, audit)
+    sync_batch_norm(stepper.model, world)
+    params, _ = full_state(stepper.model)
+    if rank == 0:
+        write_file(out / WEIGHTS, lambda tmp: save_file(params, str(tmp)), "final weights")
+    result.update({"records": gather(records), "first_step": first,
+                   "final_digest": digest(params) if rank == 0 else None})
+    return result
+
+
+def _planted_load(path: Path, fresh, restored: Stepper, rank: int) -> dict[str, Any]:
+    """Load the rank-0-only checkpoint into a fresh sharded model: the error it raises, or how
+    far each rank's shards are from those the real checkpoint restored."""
+    other = fresh()
+    try:
+        load_sharded(path, other)
+    except Exception as exc:  # DCP raises on every rank alike (its plans are exchanged)
+        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"}
+    mine = {n: _local(p).detach() for n, p in other.model.named_parameters()}
+    theirs = {n: _local(p).detach() for n, p in restored.model.named_parameters()}
+    off = gather(max_difference(mine, theirs))
+    return {"rank_max_difference": off}
+
+
+def main(data: dict[str, Any], out: str, resume_from: str | None) -> int:
+    """`python -m workbook ddp` with an FSDP spec: one process of an FSDP launch."""
+    spec = ShardedSpec.from_dict(data)
+    run_sharded(spec, Path(out), Path(resume_from) if resume_from else None)
+    return 0
