@@ -19,7 +19,7 @@ from typing import Any
 
 from ..base.errors import WorkbookError
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 # Small sizes for CI and a first look (`--smoke`): one papermill parameters file per notebook,
 # usable by hand: `papermill notebooks/02_overfit.ipynb o.ipynb -f notebooks/smoke/02_overfit.yaml`
 SMOKE_DIR = NOTEBOOK_DIR / "smoke"

@@ -31,7 +31,7 @@ CONTROL_OUTPUTS = "control_outputs.safetensors"
 
 def code_revision(root: Path | None = None) -> dict:
     """The git commit of the code and whether the tree had uncommitted changes."""
-    root = root or Path(__file__).resolve().parents[1]
+    root = root or Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                                 text=True, check=True, timeout=60).stdout.strip()

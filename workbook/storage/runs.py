@@ -29,7 +29,7 @@ from .files import (
     write_text,
 )
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 # Interactive runs land in the checkout's runs/ folder (ignored by git) unless WORKBOOK_RUNS is set.
 RUNS_ROOT = Path(os.environ.get("WORKBOOK_RUNS", CHECKOUT / "runs"))
 # Created exclusively in every folder claimed for a run: of two processes given one folder at
