@@ -59,7 +59,7 @@ def test_gates_pass_with_left_padding_and_tied_weights(declared, tmp_path):
 def test_labels_aligned_with_the_inputs_but_never_shifted_are_named_as_copying():
     import dataclasses
 
-    from workbook.contract.task import target_accuracy, token_cross_entropy
+    from workbook.contract.targets import target_accuracy, token_cross_entropy
 
     task = dataclasses.replace(load_task(TASK, declared_shift=0), loss=token_cross_entropy,
                                metrics=target_accuracy)  # the bug: nothing shifts the labels

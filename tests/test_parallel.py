@@ -128,11 +128,13 @@ def test_bad_settings_are_refused_with_the_fix():
     spec = ReplicaSpec(GENERATION, shape=UpdateShape(4, 1, replicas=3))
     assert ReplicaSpec.from_dict(dataclasses.asdict(spec)) == spec
     from workbook.training.replica import main as replica_main
+    from workbook.training.replica import read_spec
 
-    for bad, message in (("{task: x}", "--spec is not JSON"), ("[1, 2]", "an object with"),
-                         ('{"updates": 3}', "with a 'task' path")):
+    with pytest.raises(WorkbookError, match="--spec is not JSON"):
+        read_spec("{task: x}")
+    for bad, message in (("[1, 2]", "an object with"), ('{"updates": 3}', "with a 'task' path")):
         with pytest.raises(WorkbookError, match=message):
-            replica_main(bad, "unused", None)
+            replica_main(read_spec(bad), "unused", None)
 
 
 def test_a_worker_error_comes_back_with_its_message(tmp_path):

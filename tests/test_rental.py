@@ -371,7 +371,7 @@ def test_the_sharded_default_keeps_the_first_candidates_update():
     first = candidates_from([{"name": "control", "micro_batch": 16, "accumulation": 2}])[0]
     extra = rental.sharded_default(first)
     shape = extra.plan.shape
-    assert extra.kind == "fsdp" and extra.world is None and shape.activation_checkpointing
+    assert extra.parallelism == "fsdp" and extra.world is None and shape.activation_checkpointing
     assert shape.micro_batch * shape.accumulation == 32 and shape.micro_batch == 2
 
 

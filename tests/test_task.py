@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from workbook import Task, WorkbookError, load_task
-from workbook.contract.task import logits_of, token_cross_entropy, validate_task
+from workbook.contract.targets import token_cross_entropy
+from workbook.contract.task import logits_of, validate_task
 from workbook.training.loop import UpdateShape
 
 

@@ -18,9 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from ..base.errors import WorkbookError, reason
-
-IGNORE_INDEX = -100  # shared by torch.nn.functional.cross_entropy and Hugging Face labels
-KINDS = ("generation", "classification", "regression")
+from . import kinds
+from .kinds import KINDS, Kind
+from .targets import (
+    contributes,
+    target_accuracy,
+    token_cross_entropy,
+)
 
 
 def logits_of(outputs: Any) -> Tensor:
@@ -55,18 +59,12 @@ def describe(value: Any, depth: int = 0) -> str:
 def _leading(task: "Task", batch: dict[str, Tensor]) -> tuple[int, ...]:
     """The leading dims a logits tensor of this batch has: the labels' shape (generation and
     classification: one row of logits per target), else the batch size."""
-    labels = batch.get("labels")
-    if labels is not None and task.kind != "regression":
-        return tuple(labels.shape)
-    return (int(task.main_input(batch).shape[0]),)
+    return task.target_kind.leading_dims(batch.get("labels"),
+                                         int(task.main_input(batch).shape[0]))
 
 
-def _fits(t: Any, lead: tuple[int, ...], regression: bool) -> bool:
-    if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < len(lead):
-        return False
-    if not regression and t.dim() != len(lead) + 1:
-        return False
-    return tuple(t.shape[:len(lead)]) == lead
+def _fits(t: Any, lead: tuple[int, ...], kind: Kind) -> bool:
+    return isinstance(t, Tensor) and t.is_floating_point() and kind.logits_fit(t, lead)
 
 
 def _pick(task: "Task", output: Any, where: int | str, name: str) -> Any:
@@ -93,7 +91,7 @@ def _find_logits(task: "Task", output: Any, batch: dict[str, Tensor]) -> Tensor:
     if isinstance(output, (tuple, list)):
         lead = _leading(task, batch)
         tensors = [t for t in output if isinstance(t, Tensor) and t.is_floating_point()]
-        fitting = [i for i, t in enumerate(output) if _fits(t, lead, task.kind == "regression")]
+        fitting = [i for i, t in enumerate(output) if _fits(t, lead, task.target_kind)]
         if fitting:
             return output[fitting[0]]
         last = _last_position_only(task, tensors[0], batch) if tensors else ""
@@ -123,7 +121,7 @@ def _find_loss(output: Any, logits: Tensor) -> Tensor | None:
 def _last_position_only(task: "Task", logits: Tensor, batch: dict[str, Tensor]) -> str:
     """Why generation logits cover one position of many, in words; "" when they do not."""
     labels = batch.get("labels")
-    if task.kind != "generation" or labels is None or labels.dim() != 2 or \
+    if not task.target_kind.causal or labels is None or labels.dim() != 2 or \
             logits.dim() != 3 or logits.shape[1] != 1 or labels.shape[1] == 1:
         return ""
     return (f"its logits {describe(logits)} cover 1 position of {labels.shape[1]}: a forward "
@@ -175,63 +173,6 @@ def forward_owner(model: nn.Module) -> nn.Module:
         else:
             break
     return model
-
-
-def shift_labels(labels: Tensor, shift: int) -> Tensor:
-    """Labels moved to the positions whose logits predict them: with `shift` 1 (the Hugging
-    Face causal-LM convention, labels aligned with input_ids) position t predicts labels[t + 1];
-    the last positions get -100."""
-    if not shift:
-        return labels
-    return nn.functional.pad(labels[..., shift:], (0, shift), value=IGNORE_INDEX)
-
-
-def token_cross_entropy(logits: Tensor, batch: dict[str, Tensor],
-                        shift: int = 0) -> tuple[Tensor, Tensor]:
-    """Summed cross-entropy over positions whose label is not -100, and how many there are
-    (`shift`: see `shift_labels`)."""
-    labels = shift_labels(batch["labels"], shift)
-    loss = nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-        ignore_index=IGNORE_INDEX, reduction="sum",
-    )
-    return loss, (labels != IGNORE_INDEX).sum()
-
-
-def target_accuracy(logits: Tensor, batch: dict[str, Tensor],
-                    shift: int = 0) -> dict[str, tuple[float, float]]:
-    """Accuracy over contributing targets as (correct, total), so any batching sums exactly."""
-    labels = shift_labels(batch["labels"], shift)
-    keep = labels != IGNORE_INDEX
-    correct = (logits.argmax(-1) == labels) & keep
-    return {"accuracy": (float(correct.sum()), float(keep.sum()))}
-
-
-def contributes(labels: Tensor) -> Tensor:
-    """Which targets count: labels other than -100 (class and token ids), or not NaN (the float
-    targets of regression - a padding copy's targets are NaN)."""
-    return ~labels.isnan() if labels.is_floating_point() else labels != IGNORE_INDEX
-
-
-def squared_error(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    """Regression: summed squared error over the target values that are not NaN, and how many
-    there are."""
-    diff, keep = _errors(outputs, batch["labels"])
-    return (diff * diff).sum(), keep.sum()
-
-
-def absolute_error(outputs: Tensor, batch: dict[str, Tensor]) -> dict[str, tuple[float, float]]:
-    """Regression: mean absolute error as (summed |error|, number of target values)."""
-    diff, keep = _errors(outputs, batch["labels"])
-    return {"mae": (float(diff.abs().sum()), float(keep.sum()))}
-
-
-def _errors(outputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """Output minus target where the target counts, 0 elsewhere (no data-dependent shapes:
-    the memory prediction runs this on fake tensors)."""
-    keep = contributes(labels)
-    diff = outputs.float().reshape(labels.shape) - labels.float().nan_to_num()
-    return torch.where(keep, diff, torch.zeros_like(diff)), keep
 
 
 def adamw(model: nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -292,7 +233,7 @@ class Task:
     """
 
     name: str
-    kind: str  # "generation", "classification" or "regression" (float targets)
+    kind: str  # "generation", "classification", "regression" or "token_classification"
     load_examples: Callable[[], list[dict]]
     encode: Callable[[dict], dict[str, Tensor]]
     collate: Callable[[list[dict[str, Tensor]]], dict[str, Tensor]]
@@ -374,19 +315,25 @@ class Task:
             self.build_model = ModelFactory(self.build_model)
         if callable(self.campaign_model) and not isinstance(self.campaign_model, ModelFactory):
             self.campaign_model = ModelFactory(self.campaign_model, "campaign_model")
-        if self.kind == "regression" and self.loss is token_cross_entropy:
-            self.loss = squared_error
-        if self.kind == "regression" and self.metrics is target_accuracy:
-            self.metrics = absolute_error
+        kind = KINDS.get(self.kind)  # an unknown kind is named by validate_task
+        if kind is not None and self.loss is token_cross_entropy:
+            self.loss = kind.default_loss
+        if kind is not None and self.metrics is target_accuracy:
+            self.metrics = kind.default_metrics
         if self.label_shift and self.loss is token_cross_entropy:
             self.loss = functools.partial(token_cross_entropy, shift=self.label_shift)
         if self.label_shift and self.metrics is target_accuracy:
             self.metrics = functools.partial(target_accuracy, shift=self.label_shift)
 
+    @property
+    def target_kind(self) -> Kind:
+        """What the task's kind decides (`workbook/contract/kinds/`)."""
+        return kinds.of(self.kind)
+
     def targets(self, labels: Tensor) -> Tensor:
         """The labels each logit position is trained to predict (`label_shift` applied), for
         one example or a batch; -100 where none."""
-        return shift_labels(labels, self.label_shift) if self.kind == "generation" else labels
+        return self.target_kind.targets(labels, self.label_shift)
 
     def optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
         """The task's optimizer for `model`, built by `build_optimizer(model, lr)`."""
@@ -406,9 +353,7 @@ class Task:
     def predicted(self, outputs: Tensor, labels: Tensor) -> Tensor:
         """What the model predicts, laid out as the labels: the argmax id at every position, or
         the output values for regression."""
-        if self.kind == "regression":
-            return outputs.reshape(labels.shape)
-        return outputs.argmax(-1)
+        return self.target_kind.predicted(outputs, labels)
 
     def target_count(self, labels: Tensor) -> int:
         """How many targets these labels give the loss."""
@@ -511,15 +456,11 @@ class Task:
     def expected_initial_loss(self, num_outputs: int, labels: Tensor | None = None) -> float:
         """Loss per target of an untrained model: ln(number of outputs) when it spreads
         probability evenly; for regression, mean(target^2) - its outputs are near 0."""
-        if self.kind == "regression":
-            values = labels[contributes(labels)].float() if labels is not None else None
-            return float((values**2).mean()) if values is not None and values.numel() else 1.0
-        return math.log(num_outputs)
+        return self.target_kind.expected_initial_loss(num_outputs, labels)
 
     def initial_loss_rule(self, num_outputs: int) -> str:
         """How `expected_initial_loss` is reasoned, for tables."""
-        return ("mean(target^2): outputs near 0" if self.kind == "regression"
-                else f"ln({num_outputs})")
+        return self.target_kind.initial_loss_rule(num_outputs)
 
 
 _CALLABLES = ("load_examples", "encode", "collate", "build_model", "decode", "loss", "metrics",
@@ -539,20 +480,16 @@ def validate_task(task: Any, path: str = "task") -> Task:
         if not callable(getattr(task, name)):
             problems.append(f"`{name}` must be callable, got {type(getattr(task, name)).__name__}")
     if task.kind not in KINDS:
-        problems.append(f"`kind` must be one of {KINDS}, got {task.kind!r}")
-    if task.kind == "classification" and not task.label_names:
-        problems.append("`label_names` (class id -> name) is required for classification")
-    if task.kind == "classification" and not task.label_field:
-        problems.append("`label_field` (raw field with the class name) is required for "
-                        "classification")
+        problems.append(f"`kind` must be one of {tuple(KINDS)}, got {task.kind!r}")
+    else:
+        problems.extend(task.target_kind.required(task))
     fr = task.split_fractions
     if len(fr) != 3 or any(f < 0 for f in fr) or not math.isclose(sum(fr), 1.0):
         problems.append(f"`split_fractions` must be three non-negative shares summing to 1, "
                         f"got {fr}")
     if not task.model_inputs:
         problems.append("`model_inputs` must name at least one batch key passed to the model")
-    if not isinstance(task.label_shift, int) or task.label_shift not in (0, 1) or \
-            (task.label_shift and task.kind != "generation"):
+    if not isinstance(task.label_shift, int) or task.label_shift not in (0, 1):
         problems.append(f"`label_shift` must be 0 or 1 (1 only for generation), got "
                         f"{task.label_shift!r}")
     if (task.save_state is None) != (task.restore_state is None):
@@ -670,9 +607,9 @@ def accepted_inputs(model_type: type) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=64)
 def positional_parameters(model_type: type) -> tuple[str, ...]:
     """The forward's parameters that may be passed by position, in order."""
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return tuple(p.name for p in inspect.signature(model_type.forward).parameters.values()
-                 if p.name != "self" and p.kind in kinds)
+                 if p.name != "self" and p.kind in positional)
 
 
 def load_recorded_task(recorded: Any, task: str | None, options: dict | None,

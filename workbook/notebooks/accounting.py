@@ -19,7 +19,8 @@ import torch
 
 from ..base.errors import WorkbookError
 from ..contract.data import Item, micro_batches, prepare
-from ..contract.task import IGNORE_INDEX, Task, load_task, own_code, task_from_params
+from ..contract.targets import IGNORE_INDEX
+from ..contract.task import Task, load_task, own_code, task_from_params
 from ..storage.records import StepRecord
 from ..training.deviation import relative_deviation
 from ..training.loop import HeldBehaviour, Stepper, UpdateShape, loss_of, train

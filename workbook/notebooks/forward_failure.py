@@ -9,7 +9,8 @@ import torch
 
 from ..base.errors import WorkbookError, reason
 from ..contract.data import Item
-from ..contract.task import IGNORE_INDEX, Task
+from ..contract.targets import IGNORE_INDEX
+from ..contract.task import Task
 from ..storage.records import Flag
 
 SHAPE_WORDS = re.compile(r"shape|size mismatch|sizes? of tensors|mat1 and mat2|must match "
@@ -108,7 +109,7 @@ def label_causes(task: Task, model: torch.nn.Module, data: list[Item],
                  outputs: int | None) -> list[tuple[str, str, list]]:
     """Label ids beyond the model's outputs (from a forward when it ran, else its last linear
     layer), or negative ones other than -100."""
-    if task.kind == "regression":
+    if task.target_kind.float_targets:
         return []
     layer = None if outputs is not None else output_layer(model)
     n = outputs if outputs is not None else layer[1] if layer else None

@@ -342,7 +342,7 @@ def _data_check(run: GateRun, _, batch) -> tuple[str, str]:
             problems.append(f"{key} has batch dimension {value.shape[0]}, not {len(batch)}")
     if "input_ids" in t and ids.is_floating_point():
         problems.append(f"input_ids are {ids.dtype}, not integer ids")
-    regression = task.kind == "regression"
+    regression = task.target_kind.float_targets
     if labels.is_floating_point() != regression:
         problems.append(f"labels are {labels.dtype}, not " + (
             "float targets (regression)" if regression else "class/token ids"))
@@ -415,7 +415,7 @@ def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
         with HeldBehaviour(model):  # every mode flag as it was after: the gates after judge them
             record = evaluate(run.task, model, sample, run.settings.eval_batch, run.device)
         labels = torch.cat([it.tensors["labels"].reshape(-1) for it in sample]) \
-            if run.task.kind == "regression" else labels
+            if run.task.target_kind.float_targets else labels
         loss, count = record.loss, record.targets
         detail += f"; {loss:.4f} over {count} targets of {len(sample)} examples (eval mode)"
     expected = run.task.expected_initial_loss(outputs, labels)

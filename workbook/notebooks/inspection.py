@@ -16,14 +16,8 @@ import torch
 from ..base.errors import reason
 from ..base.frontend import headless
 from ..contract.data import SPLITS, Item, collate_items, prepare
-from ..contract.task import (
-    IGNORE_INDEX,
-    Task,
-    contributes,
-    shift_labels,
-    task_from_params,
-    token_cross_entropy,
-)
+from ..contract.targets import IGNORE_INDEX, contributes, token_cross_entropy
+from ..contract.task import Task, task_from_params
 from ..storage.records import Flag
 from .forward_failure import model_failure, output_layer
 
@@ -80,7 +74,7 @@ def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
     batch = collate_items(task, items).tensors
     labels, ids = batch["labels"], task.main_input(batch)
     mask = batch.get("attention_mask", torch.ones(ids.shape[:2], dtype=torch.long))
-    if task.kind == "regression":  # float targets per example
+    if task.target_kind.float_targets:  # float targets per example
         return pd.DataFrame([{
             "example": items[b].id, "input": task.show_input(ids[b]),
             "target": task.decode(labels[b].reshape(-1).tolist()),
@@ -168,7 +162,7 @@ def loss_coverage(task: Task, items: list[Item], batch_size: int = 64,
         batch = collate_items(task, chunk).tensors
         labels = batch["labels"]
         counted = contributes(labels)
-        if labels.dim() == 1 or task.kind == "regression":  # per example, not per position
+        if labels.dim() == 1 or task.target_kind.float_targets:  # per example, not position
             for it, c in zip(chunk, counted, strict=True):
                 rows.append({"example": it.id, "positions": 1, "targets": int(c.sum()),
                              "on_padding": 0, "on_prompt": 0})
@@ -214,7 +208,7 @@ def prompt_span(task: Task, item: Item) -> int | str:
 def prompt_spans(task: Task, items: list[Item]) -> list[int | str] | None:
     """`prompt_span` of each example, when 01 must find the prompt itself: a generation task
     that excludes its prompt from the loss while encode gives no prompt_mask; None otherwise."""
-    if task.kind != "generation" or task.prompt_in_loss or not items or \
+    if not task.target_kind.prompts or task.prompt_in_loss or not items or \
             any("prompt_mask" in it.tensors for it in items):
         return None
     return [prompt_span(task, it) for it in items]
@@ -284,7 +278,7 @@ def loss_probe(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Fl
                                   step="loss")]
         labels = batch["labels"]
         own = own_loss_flags(task, outputs.loss, loss, count, items)
-        if task.kind == "regression":
+        if task.target_kind.float_targets:
             return (_count_flags(task, labels, count) + own
                     + padding_probe(task, model, items, logits)
                     + _padding_copy_flags(task, logits, batch, loss, count, items))
@@ -326,8 +320,7 @@ def _count_flags(task: Task, labels: torch.Tensor, count) -> list[Flag]:
     expected = task.target_count(labels)
     if float(count) == expected:
         return []
-    what = "target values that are not NaN" if task.kind == "regression" else \
-        "labels not equal to -100"
+    what = task.target_kind.target_words
     return [Flag("loss target count", f"loss reports {float(count):g} targets, the batch has "
                  f"{expected} {what}", abs(int(float(count)) - expected),
                  f"return (summed loss, number of {what}) from the task's loss - not a mean")]
@@ -354,8 +347,7 @@ def _padding_copy_flags(task: Task, logits: torch.Tensor, batch: dict, loss: tor
 def _scrambled_loss(task: Task, logits: torch.Tensor, batch: dict, shift: int):
     """The loss with the logits scrambled where no target (aligned by `shift`) reads them."""
     labels = batch["labels"]
-    ignored = (shift_labels(labels, shift) if task.kind == "generation" else labels) \
-        == IGNORE_INDEX
+    ignored = task.target_kind.targets(labels, shift) == IGNORE_INDEX
     if labels.dim() > 1 and "attention_mask" in batch:
         ignored = ignored | (batch["attention_mask"] == 0)
     scrambled = logits + 50 * torch.randn_like(logits) * ignored.unsqueeze(-1)
@@ -366,7 +358,7 @@ def _misread(task: Task, logits: torch.Tensor, batch: dict, loss: torch.Tensor,
              loss2: torch.Tensor, items: list[Item]) -> Flag:
     """The loss read logits no declared target reads: is it the other label alignment?"""
     other = 1 - task.label_shift
-    if task.kind == "generation" and batch["labels"].dim() > 1:
+    if task.target_kind.shifts_labels and batch["labels"].dim() > 1:
         loss3, _ = _scrambled_loss(task, logits, batch, other)
         if torch.isclose(loss, loss3, rtol=1e-5, atol=1e-5):
             said = {0: "labels aligned with the logits (position t predicts labels[t])",
@@ -390,7 +382,7 @@ def own_loss_shift(task: Task, model: torch.nn.Module, items: list[Item]) -> int
     """Generation whose model computes its own loss: the label shift that loss applies (0: it
     reads labels[t] at position t, as nanoGPT's; 1: it shifts them, as Hugging Face causal LMs
     do), read by comparing it with the cross-entropy at each shift; None otherwise."""
-    if task.kind != "generation" or task.loss_computed_by() is None or not items:
+    if not task.target_kind.shifts_labels or task.loss_computed_by() is None or not items:
         return None
     batch = collate_items(task, items).tensors
     try:
@@ -413,7 +405,7 @@ def copy_audit(task: Task, items: list[Item], share: float = 0.9,
     """Generation: when nearly every position is trained to output its own input token, the
     model learns to copy - labels aligned with input_ids (the Hugging Face convention) while
     neither the loss nor `label_shift` moves them by one."""
-    if task.kind != "generation" or not items:
+    if not task.target_kind.shifts_labels or not items:
         return []
     copying = total = 0
     for it in items[:64]:
@@ -477,7 +469,8 @@ def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list
     """Class histogram per split, the id <-> name round trip, and ids the model cannot output
     (`num_outputs` None: unknown, not checked; `source`: where it was read, when not from a
     forward)."""
-    if task.kind == "regression":
+    kind = task.target_kind
+    if kind.float_targets:
         return target_statistics(items), []
     flags, bad_ids, mismatched = [], [], []
     counts: dict[str, Counter] = defaultdict(Counter)
@@ -487,10 +480,13 @@ def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list
             real = labels[labels != IGNORE_INDEX]
             if num_outputs is not None and ((real < 0) | (real >= num_outputs)).any():
                 bad_ids.append(it.id)
-            if task.kind == "classification":
-                counts[name][task.decode(real.tolist())] += 1
-                if task.decode(real.tolist()) != str(ex[task.label_field]):
-                    mismatched.append((it.id, ex[task.label_field], task.decode(real.tolist())))
+            if kind.named_classes:
+                names, raw = kind.names_of(task, real.tolist()), kind.raw_names(task, ex)
+                counts[name].update(names)
+                if names != raw:
+                    mismatched.append((it.id, *next(
+                        ((r, n) for r, n in zip(raw, names, strict=False) if r != n),
+                        (" ".join(raw), " ".join(names)))))
     if bad_ids:
         flags.append(Flag("label ids out of range", f"{len(bad_ids)} examples have label ids "
                           f"outside 0..{num_outputs - 1}, which the model cannot output"
@@ -503,7 +499,7 @@ def label_audit(task: Task, splits: dict[str, list[dict]], items: dict[str, list
                           f"{mismatched[0][2]!r}): the map is shifted or wrong", len(mismatched),
                           "make encode and decode use the same class name <-> id map",
                           [m[0] for m in mismatched[:5]]))
-    if task.kind != "classification":
+    if not kind.named_classes:
         return None, flags
     table = pd.DataFrame(counts).reindex(columns=list(SPLITS)).fillna(0).astype(int)
     table.index.name = "class"
@@ -619,8 +615,8 @@ def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
     positions = int(coverage.positions.sum())
     figures = {
         "examples": len(coverage), "num_outputs": outputs,
-        "expected_initial_loss": None if outputs is None and task.kind != "regression" else
-        round(task.expected_initial_loss(
+        "expected_initial_loss": None if outputs is None and not task.target_kind.float_targets
+        else round(task.expected_initial_loss(
             outputs, torch.cat([it.tensors["labels"].reshape(-1) for it in train])), 4),
         "contributing_share": round(int(coverage.targets.sum()) / max(positions, 1), 4),
         "targets_per_example_mean": round(float(coverage.targets.mean()), 3),

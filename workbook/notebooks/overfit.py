@@ -14,7 +14,8 @@ import torch
 
 from ..base.errors import WorkbookError
 from ..contract.data import Item, collate_items, encode_examples, prepare
-from ..contract.task import Task, contributes, task_from_params
+from ..contract.targets import contributes
+from ..contract.task import Task, task_from_params
 from ..storage.records import StepRecord, to_frame
 from ..training.loop import (
     UpdateShape,
@@ -122,7 +123,7 @@ def ambiguity(task: Task, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor,
     (each context's entropy over its targets) and how many targets are ambiguous."""
     labels = task.targets(batch["labels"])
     keep = contributes(labels)
-    if task.kind not in ("generation", "classification"):
+    if task.target_kind.float_targets:  # values, not ids: no context is followed by two
         return torch.zeros_like(keep), 0.0, 0
     inputs = task.main_input(batch)
     mask = batch.get("attention_mask", torch.ones_like(inputs))
@@ -132,11 +133,8 @@ def ambiguity(task: Task, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor,
         row = inputs[b].reshape(-1)
         real = mask[b].reshape(-1).bool() if mask.shape == inputs.shape else None
         for t in torch.nonzero(keep.reshape(len(flat), -1)[b]).reshape(-1).tolist():
-            if task.kind == "generation":
-                seen = row[:t + 1] if real is None else row[:t + 1][real[:t + 1]]
-            else:
-                seen = torch.cat([batch[k][b].reshape(-1) for k in task.model_inputs
-                                  if k in batch])
+            seen = task.target_kind.context(row, real, t, [batch[k][b] for k in
+                                                           task.model_inputs if k in batch])
             contexts.setdefault(tuple(seen.tolist()), []).append((b, t, int(flat[b, t])))
     ambiguous = torch.zeros_like(flat, dtype=torch.bool)
     floor = 0.0
@@ -162,7 +160,7 @@ def reproduced(task: Task, model: torch.nn.Module, items: list[Item], device: to
     with eval_mode(model):
         outputs = task.forward(model, batch).float()
     keep = contributes(labels).reshape(len(items), -1)
-    if task.kind == "regression":
+    if task.target_kind.float_targets:
         error = (task.predicted(outputs, labels) - labels.float()).abs().reshape(len(items), -1)
         worst = torch.where(keep, error, torch.zeros_like(error)).max(1).values
         return pd.DataFrame({"exact_ids": (worst <= tolerance).tolist(),
@@ -211,7 +209,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     # the bar for "memorised": absolute for ids (nats per target), and for regression relative
     # to the loss of predicting the mean of the training targets - their spread, the units the
     # task's targets live in (not the subset's: 8 rows of one group are near-duplicates)
-    scale = target_variance(task, train_split) if task.kind == "regression" else 1.0
+    scale = target_variance(task, train_split) if task.target_kind.float_targets else 1.0
     # ids that follow the same context differently in the subset: their least loss is added
     _, floor, ambiguous = ambiguity(task, collate_items(task, items).tensors)
     bar = loss_threshold * scale + floor
@@ -236,31 +234,18 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     rows = []
     for ex, it, judge in zip(raw, items, judged.to_dict("records"), strict=True):
         row = {"example": it.id, **judge}
-        if task.kind == "generation" and task.generate is not None:
-            row["target"] = ex[task.response_field]
-            row["greedy"] = task.generate(result.model, ex)
-            row["greedy_exact"] = row["greedy"] == row["target"]
-        elif task.kind == "regression":
-            batch = collate_items(task, [it]).to(dev).tensors
-            with eval_mode(result.model):
-                row["predicted"] = task.decode(task.forward(result.model, batch)
-                                               .reshape(-1).tolist())
-            row["target"] = task.decode(it.tensors["labels"].reshape(-1).tolist())
-        elif task.kind == "classification":
-            row["target"] = str(ex[task.label_field])
-            batch = collate_items(task, [it]).to(dev).tensors
-            with eval_mode(result.model):
-                row["predicted"] = task.decode([int(task.forward(result.model, batch)
-                                                    .argmax(-1)[0])])
+        batch = collate_items(task, [it]).to(dev).tensors
+        with eval_mode(result.model):
+            row.update(task.target_kind.reproduction(task, result.model, ex, it, batch))
         rows.append(row)
     reproduction = pd.DataFrame(rows)
     finite = bool(steps.loss.map(math.isfinite).all() and steps.grad_norm.map(math.isfinite).all())
     # regression: the gap in the units of the training targets' spread too - untrained outputs
     # near 0 are far, relatively, from a subset's targets that are themselves near 0
-    reach = max(expected, scale) if task.kind == "regression" else expected
+    reach = max(expected, scale) if task.target_kind.float_targets else expected
     init_gap = abs(initial.loss - expected) / max(reach, 1e-12)
     message = divergence_message(diverged, lr, lr_from) if diverged else ""
-    regression = task.kind == "regression"
+    regression = task.target_kind.float_targets
     falling = still_falling(steps.loss.tolist())
     # the mechanics all work and the loss is on its way: the budget, not the loop, fell short
     unfinished = (not diverged and finite and all(exact) and final.loss >= bar and falling

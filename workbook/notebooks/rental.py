@@ -63,14 +63,15 @@ class Candidate:
     offload_optimizer: bool = False
 
     @property
-    def kind(self) -> str:
+    def parallelism(self) -> str:
+        """How the update is spread: \"single\", \"ddp\" or \"fsdp\"."""
         if self.strategy:
             return self.strategy
         return "single" if self.plan.shape.replicas == 1 else "ddp"
 
     def label(self, world: int | None = None) -> str:
         """The strategy in words, as the sheet's `strategy` column shows it."""
-        if self.kind == "fsdp":
+        if self.parallelism == "fsdp":
             world = world or self.world
             nodes = sharding.nodes(world, self.gpus_per_node) if world else None
             return (f"FSDP2 full sharding x{world or 'N'}" +
@@ -84,7 +85,7 @@ class Candidate:
         """The first columns of its selection-sheet row on `gpu` (`world` GPUs, each making
         `shape`'s micro-batches, for fsdp)."""
         shape = shape or self.plan.shape
-        count = world if self.kind == "fsdp" else shape.replicas
+        count = world if self.parallelism == "fsdp" else shape.replicas
         return {"candidate": self.name, "gpu": gpu, "gpu_memory_gib": gib,
                 "precision": shape.precision, "micro_batch": shape.micro_batch,
                 "accumulation": shape.accumulation,
@@ -180,7 +181,7 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
     for cand in candidates:
         # no length given: the model's longest
         cand = replace(cand, plan=replace(cand.plan, length=cand.plan.length or longest))
-        if cand.kind == "fsdp":
+        if cand.parallelism == "fsdp":
             rows += [{**row, "model": which} for row in sharded_rows(
                 task, train, val, cand, gpus, tflops, updates, headroom, eval_examples, a)]
             continue
@@ -751,14 +752,14 @@ def candidates_from(specs: list[dict]) -> list[Candidate]:
 def check_strategy(cand: Candidate) -> None:
     """A candidate's strategy and its settings agree, named when they do not."""
     problems = []
-    kind, replicas = cand.kind, cand.plan.shape.replicas
-    if kind not in STRATEGIES:
-        problems.append(f"strategy {kind!r} is not one of {list(STRATEGIES)}")
-    elif kind == "single" and replicas != 1:
+    strategy, replicas = cand.parallelism, cand.plan.shape.replicas
+    if strategy not in STRATEGIES:
+        problems.append(f"strategy {strategy!r} is not one of {list(STRATEGIES)}")
+    elif strategy == "single" and replicas != 1:
         problems.append(f"strategy single with replicas={replicas} (that is ddp)")
-    elif kind == "ddp" and replicas < 2:
+    elif strategy == "ddp" and replicas < 2:
         problems.append("strategy ddp needs replicas of 2 or more")
-    elif kind == "fsdp":
+    elif strategy == "fsdp":
         if replicas != 1:
             problems.append(f"strategy fsdp with replicas={replicas}: under FSDP every GPU of "
                             "the world is a data-parallel rank; give the GPU count as world")
@@ -767,7 +768,7 @@ def check_strategy(cand: Candidate) -> None:
                 sharding.check_world(cand.world)
             except WorkbookError as exc:
                 problems.append(exc.problem)
-    if kind != "fsdp" and (cand.world is not None or cand.offload_optimizer):
+    if strategy != "fsdp" and (cand.world is not None or cand.offload_optimizer):
         problems.append("world and offload_optimizer belong to strategy fsdp")
     gpn = cand.gpus_per_node
     if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
@@ -1200,7 +1201,7 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
                             assumptions)
     stand_ins: dict[str, str] = {}
     if models.declared(task) and not sheet.fits.any() and \
-            not any(c.kind == "fsdp" for c in candidates):
+            not any(c.parallelism == "fsdp" for c in candidates):
         # the campaign model fits no GPU of the list alone: plan it sharded, and the variants
         # of every candidate with the same update on the sharded one
         extra = sharded_default(candidates[0])
@@ -1214,7 +1215,7 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
         sheet.attrs = attrs
     stack = stack_check(params["task"], params["device"], candidates[0].plan.shape.precision,
                         max(c.plan.shape.replicas for c in candidates), out_dir.parent)
-    sharded = [c for c in candidates if c.kind == "fsdp"]
+    sharded = [c for c in candidates if c.parallelism == "fsdp"]
     if sharded:
         stack = pd.concat([stack, pd.DataFrame([sharded_row(sharded, sheet)])],
                           ignore_index=True)

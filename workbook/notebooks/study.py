@@ -20,7 +20,8 @@ import torch
 
 from ..base.errors import WorkbookError
 from ..contract.data import Item, collate_items, prepare
-from ..contract.task import Task, contributes, load_recorded_task, load_task
+from ..contract.targets import contributes
+from ..contract.task import Task, load_recorded_task, load_task
 from ..storage import schemas
 from ..storage.artifacts import read_json, replace_file, verify_file
 from ..storage.files import write_json
@@ -116,10 +117,10 @@ def eval_sample(task: Task, val: list[Item], raw: list[dict], size: int, seed: i
     lengths = pd.Series([task.length(it.tensors) for it in val])
     rows.append({"property": "mean length", "full": round(lengths.mean(), 3),
                  "sample": round(lengths[picked].mean(), 3)})
-    if task.kind == "classification":
-        full = pd.Series([str(r[task.label_field]) for r in raw]).value_counts(normalize=True)
-        part = pd.Series([str(raw[i][task.label_field]) for i in picked]).value_counts(
-            normalize=True)
+    full = task.target_kind.class_shares(task, raw)
+    if full is not None:
+        part = task.target_kind.class_shares(task, [raw[i] for i in picked])
+        part = part if part is not None else pd.Series(dtype=float)
         for name in full.index:
             rows.append({"property": f"share of {name}", "full": round(full[name], 4),
                          "sample": round(part.get(name, 0.0), 4)})

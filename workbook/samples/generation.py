@@ -14,7 +14,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..contract import tokenizer as tok
 from ..contract.data import read_jsonl
-from ..contract.task import IGNORE_INDEX, Task, logits_of
+from ..contract.targets import IGNORE_INDEX
+from ..contract.task import Task, logits_of
 from . import DATA_DIR
 from .models import TinyDecoder
 

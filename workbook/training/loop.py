@@ -19,7 +19,8 @@ from ..base.frontend import progress_bar
 from ..contract import run as run_context
 from ..contract.data import Batch, Item, collate_items, epoch_order, epoch_updates, loader
 from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
-from ..contract.task import IGNORE_INDEX, Task, own_code
+from ..contract.targets import IGNORE_INDEX
+from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
 
 
@@ -544,7 +545,7 @@ def evaluation_sums(task: Task, model: nn.Module, items: list[Item], eval_batch:
                 total = sums.setdefault(name, [0.0, 0.0])
                 total[0] += num
                 total[1] += den
-            if task.kind == "classification":
+            if task.target_kind.named_classes:
                 labels = batch.tensors["labels"]
                 hits = logits.argmax(-1) == labels
                 for cls in labels[labels != IGNORE_INDEX].unique().tolist():

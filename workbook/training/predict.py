@@ -137,8 +137,8 @@ def meta_model(task: Task, campaign: bool = False) -> torch.nn.Module | None:
 def longest_accepted(task: Task | None, campaign: bool = True) -> int | None:
     """The planned length when none is given: the (campaign) model's limit, else None (the
     data's)."""
-    limit = max_positions(task, campaign) if task is not None and task.kind != "classification" \
-        else None
+    limit = max_positions(task, campaign) if task is not None and \
+        task.target_kind.plans_at_model_limit else None
     return limit[0] if limit else None
 
 

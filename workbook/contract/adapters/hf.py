@@ -21,8 +21,10 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError, reason
+from .. import kinds
 from ..run import EXAMPLE_WEIGHT, current_run
-from ..task import IGNORE_INDEX, Task, accepted_inputs, adamw
+from ..targets import IGNORE_INDEX
+from ..task import Task, accepted_inputs, adamw
 from .torch import probe_on_meta
 
 SPLITS = ("train", "validation", "test")
@@ -493,6 +495,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     probe = probe_on_meta(model_factory, "model", "pass a factory that builds the model from "
                           "its config (no download inside it)")
     kind, shift = _kind(probe)
+    target = kinds.of(kind)
     data = {split: _rows(d, split) for split, d in zip(SPLITS, (train_dataset, eval_dataset,
                                                                test_dataset), strict=True)}
     if not len(data["train"]) or not len(data["validation"]):
@@ -500,17 +503,17 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                             "pass both (the pilot evaluates on the eval dataset)")
     id2label = getattr(probe.config, "id2label", None) or {}
     label_names = [str(id2label.get(i, i)) for i in range(probe.config.num_labels)] \
-        if kind == "classification" else None
+        if target.named_classes else None
     first_row = data["train"][0]
     if label_column is None:
         label_column = next((c for c in LABEL_COLUMNS if c in first_row), "labels")
     own_labels = label_column in first_row  # else the collator makes them
-    if kind == "classification" and not own_labels:
+    if target.named_classes and not own_labels:
         raise WorkbookError(f"rows of the train dataset have no label column (columns "
                             f"{sorted(first_row)})", "give the rows a 'label' (class id) "
                             "column, or name yours with label_column=")
     prompt_of = _prompts(tokenizer, response_template, first_row) \
-        if kind == "generation" else None
+        if target.prompts else None
     forward_takes = accepted_inputs(type(probe))
     keep_all = "**" in forward_takes or getattr(args, "remove_unused_columns", True) is False
     kept = set(forward_takes) | set(LABEL_COLUMNS) | set(getattr(args, "label_names", None)
@@ -605,14 +608,14 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                     row = dataset[i]
                     step = "labels"
                     label = row.get(label_column)
-                    if split == "validation" and kind == "classification":
+                    if split == "validation" and target.named_classes:
                         eval_labels.append(int(label))
                     if _padding_row(label):
                         padding_rows[split] = padding_rows.get(split, 0) + 1
                         continue
                     ex = {"id": f"{split}-{i}", "split": split, "index": i,
                           "group": str(row[group_column]) if group_column else f"{split}-{i}"}
-                    if kind == "classification":
+                    if target.named_classes:
                         ex["label"] = label_name(label)
                 except WorkbookError:
                     raise
@@ -639,7 +642,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         if not any(ex["split"] == "validation" for ex in examples):
             raise WorkbookError("from_hf: every row of the eval dataset has label -100",
                                 "pass the eval dataset with its labelled rows")
-        if compute_metrics is not None and kind == "classification" and padding_rows.get(
+        if compute_metrics is not None and target.named_classes and padding_rows.get(
                 "validation"):
             _probe_padding(compute_metrics, eval_labels, len(label_names))
         return examples
@@ -681,7 +684,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     first = collated([encode({"split": "train", "index": 0})])
 
     def decode(ids) -> str:  # token ids, or a classifier's class ids, for people
-        if kind == "generation":
+        if target.causal:
             return tokenizer.decode([int(i) for i in ids if int(i) >= 0])
         return ", ".join(label_name(i) for i in ids)
 
@@ -689,7 +692,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     generation = {"label_shift": shift, "padding_side": tokenizer.padding_side,
                   "prompt_in_loss": prompt_of is None and task_fields.get("prompt_field")
                   is None} \
-        if kind == "generation" else {"label_names": label_names, "label_field": "label"}
+        if target.causal else {"label_names": label_names, "label_field": "label"}
     task = Task(name=name, kind=kind, load_examples=load, encode=encode, collate=collated,
                 build_model=model_factory, model_inputs=tuple(k for k in INPUTS if k in first),
                 split_of=lambda ex: ex["split"], **{**shown, **generation, **fields})

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError, reason
+from .. import kinds
 from ..run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, current_run
 from ..task import Task, accepted_inputs
 from .torch import LABELS, from_torch, probe_on_meta
@@ -380,20 +381,20 @@ class _Shape:
     shapes. The pilot's batches are flat {name: tensor}; the module's steps get the
     structure back."""
 
-    kind: str  # "leaf", "tuple", "list", "dict"
+    form: str  # "leaf", "tuple", "list", "dict"
     name: str = ""
     parts: tuple = ()  # shapes (tuple, list) or (key, shape) pairs (dict)
 
     def names(self) -> list[str]:
-        if self.kind == "leaf":
+        if self.form == "leaf":
             return [self.name]
-        shapes = [s for _, s in self.parts] if self.kind == "dict" else list(self.parts)
+        shapes = [s for _, s in self.parts] if self.form == "dict" else list(self.parts)
         return [n for s in shapes for n in s.names()]
 
     def flatten(self, obj: Any, where: str) -> dict[str, Any]:
-        if self.kind == "leaf":
+        if self.form == "leaf":
             return {self.name: obj}
-        if self.kind == "dict":
+        if self.form == "dict":
             if not isinstance(obj, dict) or list(obj) != [k for k, _ in self.parts]:
                 raise _structure_changed(where, self, obj)
             return {n: v for k, s in self.parts for n, v in s.flatten(obj[k], where).items()}
@@ -403,12 +404,12 @@ class _Shape:
                 for n, v in s.flatten(o, where).items()}
 
     def build(self, flat: dict[str, Any]) -> Any:
-        if self.kind == "leaf":
+        if self.form == "leaf":
             return flat[self.name]
-        if self.kind == "dict":
+        if self.form == "dict":
             return {k: s.build(flat) for k, s in self.parts}
         built = [s.build(flat) for s in self.parts]
-        return tuple(built) if self.kind == "tuple" else built
+        return tuple(built) if self.form == "tuple" else built
 
 
 def _structure_changed(where: str, shape: _Shape, obj: Any) -> WorkbookError:
@@ -756,7 +757,7 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
                                 f"{shape.names()})", "name the target 'labels' in fields=, "
                                 "e.g. fields=('x', 'labels', 'w'), or key it 'labels' in a dict")
     given_inputs = tuple(model_inputs) if model_inputs else _model_inputs(
-        probe, batch_shape.names(), batch_shape.kind == "dict")
+        probe, batch_shape.names(), batch_shape.form == "dict")
     unknown = [n for n in given_inputs if n not in batch_shape.names()]
     if unknown:
         raise WorkbookError(f"model_inputs names {unknown}, not fields of the batch "
@@ -767,8 +768,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         return batch_shape.flatten(made, "the collated batch")
 
     own_loss = task_fields.pop("loss", None)
-    if own_loss is not None and criterion is None and kind != "generation":
-        criterion = nn.MSELoss() if kind == "regression" else nn.CrossEntropyLoss()  # replaced
+    if own_loss is not None and criterion is None and not kinds.of(kind).per_position:
+        criterion = nn.MSELoss() if kinds.of(kind).float_targets else nn.CrossEntropyLoss()
     flat = {s: _Flat(loader.dataset, item_shape, s) for s, loader in loaders.items()}
     base = from_torch(flat, module_factory, criterion, name=name, kind=kind,
                       group_of=(lambda j, it: group_of(j, item_shape.build(it)))

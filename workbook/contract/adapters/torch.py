@@ -10,7 +10,9 @@ from torch import Tensor, nn
 from torch.utils.data import default_collate
 
 from ...base.errors import WorkbookError, reason
-from ..task import Task, contributes
+from .. import kinds
+from ..targets import contributes
+from ..task import Task
 
 LABELS = "labels"
 SPLITS = ("train", "validation", "test")
@@ -80,11 +82,12 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
     where nothing is learned) needs `decode` and takes `criterion=None` for the task's token
     cross-entropy. Other Task fields (`lr`, `build_optimizer`, `train_step`, `save_state`,
     ...) pass through."""
-    if kind not in ("classification", "regression", "generation"):
+    target = kinds.of(kind)
+    if target.per_position and not target.causal:
         raise WorkbookError(f"from_torch maps classification, regression and generation, not "
                             f"{kind!r}", "give kind='classification', 'regression' or "
-                            "'generation'")
-    if kind == "generation" and "decode" not in task_fields:
+                            "'generation', or write a workbook.Task for per-position classes")
+    if target.per_position and "decode" not in task_fields:
         raise WorkbookError("a generation task needs decode (token ids -> text)",
                             "pass decode=your_tokenizer.decode")
     splits = dict(dataset) if isinstance(dataset, dict) else {None: dataset}
@@ -99,7 +102,7 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
     if "train" in splits and not len(splits["train"]):
         raise WorkbookError("the train dataset has no items", "pass the data you train on")
     collate = collate_fn or default_collate
-    each = _per_target(criterion) if criterion is not None or kind != "generation" else None
+    each = _per_target(criterion) if criterion is not None or not target.per_position else None
     weight = getattr(criterion, "weight", None) if isinstance(
         criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) else None
     index = [(split, i) for split, data in splits.items() for i in range(len(data))]
@@ -132,7 +135,7 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
                                         (f"{split}-{j}" if split else i))}
             if split:
                 ex["split"] = split
-            if kind == "classification":
+            if target.named_classes:
                 label = item(i)[LABELS]
                 if label.numel() != 1:
                     raise WorkbookError(f"dataset item {i} has {label.numel()} labels; "
@@ -143,7 +146,7 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
         return rows
 
     names = label_names
-    if kind == "classification" and names is None:
+    if target.named_classes and names is None:
         seen = sorted({int(item(i)[LABELS]) for i in range(len(index))})
         names = [str(c) for c in range(max(seen) + 1)] if seen else []
 
@@ -160,7 +163,7 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
     def loss(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         labels = batch[LABELS]
         keep = contributes(labels)  # padding copies (-100 / NaN) and ignored targets weigh 0
-        if kind == "regression":
+        if target.float_targets:
             losses = each(outputs.reshape(labels.shape), torch.where(keep, labels, 0.0))
             return torch.where(keep, losses, 0.0).sum(), keep.sum().to(losses.dtype)
         clean = torch.where(keep, labels, 0)
@@ -176,10 +179,10 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
         fields_given.setdefault("split_of", lambda ex: ex["split"])
     decode = fields_given.pop("decode", None) or (
         (lambda ids: ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{int(i)}?>"
-                               for i in ids)) if kind == "classification"
+                               for i in ids)) if target.named_classes
         else (lambda values: ", ".join(f"{float(v):.3g}" for v in values)))
     return Task(name=name, kind=kind, load_examples=load, encode=encoded, collate=collated,
                 build_model=build_model, decode=decode, model_inputs=inputs,
-                label_names=names if kind == "classification" else None,
-                label_field="label" if kind == "classification" else None,
+                label_names=names if target.named_classes else None,
+                label_field="label" if target.named_classes else None,
                 **fields_given)
