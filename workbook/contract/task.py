@@ -20,8 +20,14 @@ from torch import Tensor, nn
 from ..base.errors import WorkbookError, reason
 from . import kinds
 from .kinds import KINDS, Kind
-from .targets import (
+
+# the loss pieces a task module uses are public here too (`from workbook.task import ...`)
+from .targets import (  # noqa: F401
+    IGNORE_INDEX,
+    absolute_error,
     contributes,
+    shift_labels,
+    squared_error,
     target_accuracy,
     token_cross_entropy,
 )

@@ -82,8 +82,8 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
     where nothing is learned) needs `decode` and takes `criterion=None` for the task's token
     cross-entropy. Other Task fields (`lr`, `build_optimizer`, `train_step`, `save_state`,
     ...) pass through."""
-    target = kinds.of(kind)
-    if target.per_position and not target.causal:
+    target = kinds.KINDS.get(kind)
+    if target is None or (target.per_position and not target.causal):
         raise WorkbookError(f"from_torch maps classification, regression and generation, not "
                             f"{kind!r}", "give kind='classification', 'regression' or "
                             "'generation', or write a workbook.Task for per-position classes")
