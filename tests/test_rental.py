@@ -12,21 +12,19 @@ from workbook import WorkbookError
 from workbook.base.frontend import readable
 from workbook.commands import params
 from workbook.contract.data import prepare
-from workbook.notebooks import rental
-from workbook.notebooks.rental import (
-    Assumptions,
-    Candidate,
-    candidates_from,
+from workbook.notebooks import rental, rental_sheet
+from workbook.notebooks.rental_candidates import Candidate, candidates_from, sharded_default
+from workbook.notebooks.rental_conclusion import conclusion, plan_lines, study_result
+from workbook.notebooks.rental_plans import (
     cheapest,
-    check_gpus,
     check_variants,
     choose,
-    conclusion,
-    gpu,
     pack,
-    selection_sheet,
-    stack_check,
+    planned_variants,
+    priced_gpus,
 )
+from workbook.notebooks.rental_sheet import Assumptions, check_gpus, gpu, selection_sheet
+from workbook.notebooks.rental_stack import stack_check
 from workbook.training import predict as predict_module
 from workbook.training.loop import UpdateShape
 from workbook.training.predict import Overheads, Plan
@@ -252,7 +250,7 @@ def test_a_prediction_or_flop_count_that_raises_is_a_row_not_a_crash(monkeypatch
     args = (gen_task, gen_items["train"][:20], gen_items["validation"][:8], [cand],
             {"toy": 1.0, "big": 80}, {"toy": 10, "big": 100}, 10, 0.2,
             Assumptions(prices={"toy": 0.1, "big": 1.0}))
-    monkeypatch.setattr(rental, "flops", boom)
+    monkeypatch.setattr(rental_sheet, "flops", boom)
     sheet = selection_sheet(*args)
     assert sheet.set_index("gpu").loc["big", "fits"] and sheet.budget_hours.isna().all()
     assert sheet.note[0] == "FLOPs not counted, so no time or cost: RuntimeError: planted crash"
@@ -262,7 +260,7 @@ def test_a_prediction_or_flop_count_that_raises_is_a_row_not_a_crash(monkeypatch
     assert "time not known" in conclusion(Path("/nonexistent"), choose(sheet, "big"), "big",
                                           pack([], sheet, "big", 3, 0.2), pd.DataFrame(
                                               columns=["item", "verified"]), options)
-    monkeypatch.setattr(rental, "predict", boom)
+    monkeypatch.setattr(rental_sheet, "predict", boom)
     sheet = selection_sheet(*args)
     assert sheet.note.str.startswith("not predicted: the prediction raised RuntimeError: "
                                      "planted crash").all()
@@ -369,7 +367,7 @@ def test_bad_strategies_are_named(spec, words):
 
 def test_the_sharded_default_keeps_the_first_candidates_update():
     first = candidates_from([{"name": "control", "micro_batch": 16, "accumulation": 2}])[0]
-    extra = rental.sharded_default(first)
+    extra = sharded_default(first)
     shape = extra.plan.shape
     assert extra.parallelism == "fsdp" and extra.world is None and shape.activation_checkpointing
     assert shape.micro_batch * shape.accumulation == 32 and shape.micro_batch == 2
@@ -414,10 +412,10 @@ def _study(run_dir, warnings=(), best_lr=2e-4):
 
 def _decide(run_dir, sheet, rental_gpu, variants=VARIANTS):
     options, chosen = cheapest(sheet, rental_gpu), choose(sheet, rental_gpu)
-    study = rental.study_result(run_dir)
-    planned = rental.planned_variants(variants, sheet, {}, study)
+    study = study_result(run_dir)
+    planned = planned_variants(variants, sheet, {}, study)
     plans = pd.concat([pack(planned, sheet, g, d, 0.2, role)
-                       for g, role in rental.priced_gpus(chosen, options, rental_gpu)
+                       for g, role in priced_gpus(chosen, options, rental_gpu)
                        for d in (3, 7, 30)], ignore_index=True)
     return plans, conclusion(run_dir, chosen, rental_gpu, plans, NO_STACK, options,
                              study=study)
@@ -519,8 +517,8 @@ def test_variants_of_a_candidate_that_fits_no_single_gpu_are_planned_sharded():
         _sheet_row("sharded", "g", 2.0, gpus=4, strategy="FSDP2 full sharding x4")])
     variants = [{"name": "control", "priority": 1, "candidate": "control"},
                 {"name": "other", "priority": 2, "candidate": "other"}]
-    planned = rental.planned_variants(variants, sheet, {"control": "sharded"},
-                                      rental.study_result("/nonexistent"))
+    planned = planned_variants(variants, sheet, {"control": "sharded"},
+                               study_result("/nonexistent"))
     plan = pack(planned, sheet, "g", 3, 0.2, "recommended").set_index("variant")
     assert plan.loc["control", "candidate"] == "sharded" and plan.loc["control", "scheduled"]
     assert plan.loc["control", "gpus"] == 4 and plan.loc["control", "strategy"].startswith(
@@ -529,13 +527,13 @@ def test_variants_of_a_candidate_that_fits_no_single_gpu_are_planned_sharded():
                                                  "update sharded (candidate sharded)")
     assert not plan.loc["other", "scheduled"] and plan.loc["other", "planned_as"] == "", \
         "no sharded candidate trains its update"
-    lines = rental.plan_lines(pd.concat([pack(planned, sheet, "g", d, 0.2, "recommended")
-                                         for d in (3, 7, 30)]), "g", "USD")
+    lines = plan_lines(pd.concat([pack(planned, sheet, "g", d, 0.2, "recommended")
+                                  for d in (3, 7, 30)]), "g", "USD")
     assert lines[-1] == ("- control: its candidate fits no single GPU, so it is planned on "
                          "candidate sharded, the same update sharded.")
     # the clean twin: a candidate that fits one GPU keeps its own plan
     fits = sheet.assign(fits=True)
-    planned = rental.planned_variants(variants, fits, {"control": "sharded"}, {})
+    planned = planned_variants(variants, fits, {"control": "sharded"}, {})
     assert [v["candidate"] for v in planned] == ["control", "other"]
 
 
