@@ -1,0 +1,119 @@
+"""The house: layer folders whose imports point downwards only, no import circle (function-level
+imports included), no module past the size one reads in a sitting, and no module outside
+`contract/kinds/` that branches on a target kind's name."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "workbook"
+# top to bottom; `samples` sits beside the house and may use any layer but commands
+LAYERS = ("commands", "notebooks", "training", "contract", "storage", "base")
+MAX_LINES = 600
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The workbook modules a module imports, at any depth of its code, less the imports made
+    only for type checking."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                found.add(target if target in known else base)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return {m for m in found if m in known and m != name}
+
+
+def layer(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+GRAPH = {name: imports_of(name, path, modules()) for name, path in modules().items()}
+
+
+def test_there_is_no_import_circle():
+    seen, stack, circles = {}, [], []
+
+    def visit(node):
+        seen[node] = "open"
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if seen.get(nxt) == "open":
+                circles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in seen:
+                visit(nxt)
+        stack.pop()
+        seen[node] = "done"
+
+    for node in sorted(GRAPH):
+        if node not in seen:
+            visit(node)
+    assert not circles, " ; ".join(" -> ".join(c) for c in circles)
+
+
+def test_imports_point_downwards():
+    upward = []
+    for name, targets in GRAPH.items():
+        mine = layer(name)
+        if mine not in LAYERS:
+            continue
+        for target in targets:
+            theirs = layer(target)
+            if theirs in LAYERS and LAYERS.index(theirs) < LAYERS.index(mine):
+                upward.append(f"{name} ({mine}) imports {target} ({theirs})")
+            if theirs == "samples":
+                upward.append(f"{name} imports the sample {target}")
+    assert not upward, "\n".join(upward)
+
+
+def test_every_module_lives_in_a_layer():
+    loose = [n for n in GRAPH if n.count(".") == 1 and layer(n) is None
+             and n not in ("workbook.__main__", "workbook.samples")]
+    assert not loose, loose
+
+
+def test_no_module_is_longer_than_one_sitting():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def test_only_the_kinds_branch_on_a_kind():
+    pattern = re.compile(r"kind\s*(==|!=)|kind (not )?in \(\s*\"")
+    found = [f"{p.relative_to(PACKAGE.parent)}:{i}: {line.strip()}"
+             for p in PACKAGE.rglob("*.py") if "kinds" not in p.parts
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("short", ["loop", "task", "adapters", "campaign", "runs"])
+def test_the_short_public_paths_are_the_layered_modules(short):
+    import importlib
+
+    import workbook
+
+    layered = importlib.import_module(workbook._full(short))
+    assert importlib.import_module(f"workbook.{short}") is layered
+    assert getattr(workbook, short) is layered
