@@ -1,7 +1,7 @@
 """A named-entity tagger written the way a PyTorch user writes one, wrapped as a `wb.Task` of kind
 "token_classification": one BIO tag per word (O, B-PER, I-PER, B-LOC, I-LOC, B-ORG, I-ORG).
-Distinct sentences are made from templates with a seeded generator (nothing downloaded); each document
-is a group, so no document is split between training and validation. The model is a small
+Distinct sentences are made from templates with a seeded generator (nothing downloaded); each
+document is a group, so no document is split between training and validation. The model is a small
 bidirectional Transformer encoder (word and position embeddings, LayerNorm, dropout 0.1,
 `nn.MultiheadAttention` with the padding mask) with a linear tag head per position; padding
 positions get label -100, so the loss never reads them.

@@ -95,7 +95,7 @@ def batch_view(task: Task, items: list[Item]) -> pd.DataFrame:
             label = int(targets[b, t])
             rows.append({
                 "example": items[b].id, "position": t, "input_id": int(ids[b, t]),
-                "input": task.decode([int(ids[b, t])]), "label_id": label,
+                "input": (task.decode_input or task.decode)([int(ids[b, t])]), "label_id": label,
                 "target": task.decode([label]) if label != IGNORE_INDEX else "",
                 "attention_mask": int(mask[b, t]), "padding": not bool(mask[b, t]),
                 "prompt": bool(prompt[b, t]),
