@@ -16,7 +16,8 @@ from workbook.base.errors import WorkbookError
 from workbook.contract.data import prepare
 from workbook.notebooks.inspection import inspect_task
 from workbook.training import checkpoint as ckpt
-from workbook.training.loop import TrainConfig, UpdateShape, build_stepper, evaluate, train
+from workbook.training.evaluation import evaluate
+from workbook.training.loop import TrainConfig, UpdateShape, build_stepper, train
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")

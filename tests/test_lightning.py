@@ -190,7 +190,7 @@ def _docs(**options):
 
 
 def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_epoch_metrics():
-    from workbook.training.loop import evaluate
+    from workbook.training.evaluation import evaluate
 
     task, items, val = _docs(macro_f1=True)
     assert task.model_inputs == ("x",) and task.lr == pytest.approx(1e-2 / 25)  # initial_lr
@@ -388,7 +388,7 @@ def test_a_trainer_attribute_the_pilot_does_not_provide_is_named():
 
 
 def test_the_validation_epoch_runs_its_hooks_in_lightnings_order_and_its_end_log_is_the_metric():
-    from workbook.training.loop import evaluate
+    from workbook.training.evaluation import evaluate
 
     task, _, modules = _recorder_task(n=10)
     prepared = prepare(task)

@@ -5,7 +5,8 @@ import torch
 
 from workbook import TrainConfig, WorkbookError, evaluate, train
 from workbook.notebooks.accounting import update_gradients
-from workbook.training.loop import UpdateShape, resolve_device
+from workbook.training.devices import resolve_device
+from workbook.training.loop import UpdateShape
 
 
 def _update_gradients(task, items, micro_batch, wrong=False):
@@ -99,7 +100,7 @@ def test_update_without_targets_is_an_error(gen_task, gen_items):
 
 
 def test_eval_mode_restores_the_mode_also_after_an_error():
-    from workbook.training.loop import eval_mode
+    from workbook.training.evaluation import eval_mode
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
     with pytest.raises(RuntimeError):

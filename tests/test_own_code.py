@@ -125,7 +125,7 @@ def test_eval_mode_left_behind_is_harmless_when_the_step_sets_train_mode_itself(
 
 
 def test_the_loop_evaluates_with_the_task_eval_step():
-    from workbook.training.loop import evaluation_sums
+    from workbook.training.evaluation import evaluation_sums
 
     for counts_padding, counted in ((False, 10), (True, 12)):  # 10 examples in batches of 4
         task, _, val = _items(eval_counts_padding=counts_padding)

@@ -12,7 +12,8 @@ from workbook.contract.data import prepare
 from workbook.notebooks.gates import GateRun, GateSettings
 from workbook.notebooks.inspection import inspect_task
 from workbook.notebooks.overfit import overfit
-from workbook.training.loop import UpdateShape, evaluate
+from workbook.training.evaluation import evaluate
+from workbook.training.loop import UpdateShape
 from workbook.training.predict import Plan, predict
 
 TASK = "examples.regression:task"
@@ -353,7 +354,7 @@ def test_a_train_step_the_loop_cannot_use_is_named(step, message):
 
 def test_fp16_with_the_tasks_own_step_is_refused_before_training():
     from workbook import WorkbookError
-    from workbook.training.loop import check_precision
+    from workbook.training.devices import check_precision
 
     task = load_task(TASK)  # brings its own train_step
     with pytest.raises(WorkbookError, match="GradScaler cannot reach inside it"):
@@ -365,7 +366,8 @@ def test_fp16_is_refused_only_where_the_tasks_step_runs(monkeypatch):
     """Training through the task's step in fp16 is refused before any model is built; the
     prediction and the phase gates size the workbook's update, whose fp16 stays allowed."""
     from workbook import WorkbookError
-    from workbook.training.loop import TrainConfig, check_precision, train
+    from workbook.training.devices import check_precision
+    from workbook.training.loop import TrainConfig, train
 
     task = load_task(TASK)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

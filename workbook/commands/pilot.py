@@ -26,7 +26,7 @@ from ..contract.task import load_task
 from ..storage import schemas
 from ..storage.files import write_json, write_text
 from ..storage.runs import RUNS_ROOT, claim_dir, new_run_dir, sweep_runs
-from ..training.loop import resolve_device
+from ..training.devices import resolve_device
 from .params import NOTEBOOK_DIR, defaults, stems, validate
 from .params import smoke as smoke_sizes
 from .report import write_report

@@ -325,7 +325,7 @@ def evaluation_check(task: Task, items: list[Item], tolerance: float = 1e-5,
     count that grows counts the copies), must not depend on the mode the model was in (else it
     evaluates with dropout and batch statistics on), and the model must be left in training
     mode (unless the task's train_step sets it again, `sets_train_mode`)."""
-    from ..training.loop import evaluation_batches, metric_sums
+    from ..training.evaluation import evaluation_batches, metric_sums
 
     n = len(items)
     padded = next((b for b in (3, 4, 5, 7) if n % b), None) if n > 1 else None

@@ -23,7 +23,7 @@ from ..storage.artifacts import read_json, verify, write_folder
 from ..storage.files import read_plain
 from ..storage.runs import fresh_result, outcome_error, task_args
 from ..training.checkpoint import WEIGHTS, load_weights
-from ..training.loop import eval_mode
+from ..training.evaluation import eval_mode
 
 CONFIG = "config.json"
 CONTROL_OUTPUTS = "control_outputs.safetensors"

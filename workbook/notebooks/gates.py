@@ -20,15 +20,14 @@ from ..contract.task import Task, adamw, task_from_params
 from ..storage.records import to_frame
 from ..training import campaign
 from ..training import checkpoint as ckpt
+from ..training.devices import resolve_device
+from ..training.evaluation import eval_mode, evaluate
 from ..training.loop import (
     RUNAWAY_MULTIPLE,
     HeldBehaviour,
     TrainConfig,
     UpdateShape,
     build_stepper,
-    eval_mode,
-    evaluate,
-    resolve_device,
     train,
 )
 from ..training.memory import GIB, MemoryReading, measure, rebased, state_tensors, storage_bytes

@@ -17,16 +17,9 @@ from ..contract.data import Item, collate_items, encode_examples, prepare
 from ..contract.targets import contributes
 from ..contract.task import Task, task_from_params
 from ..storage.records import StepRecord, to_frame
-from ..training.loop import (
-    UpdateShape,
-    eval_mode,
-    evaluate,
-    loss_rise,
-    resolve_device,
-    seed_everything,
-    train,
-    update_by,
-)
+from ..training.devices import resolve_device
+from ..training.evaluation import eval_mode, evaluate
+from ..training.loop import UpdateShape, loss_rise, seed_everything, train, update_by
 
 # 02's learning rate when its `lr` is 0 and the task declares no Task.lr: the samples memorise
 # 8 examples in 150 updates (4 in the 80 of --smoke) at it with a wide margin, while the general

@@ -31,7 +31,9 @@ from ..storage.runs import claim_dir, fresh_process
 from ..storage.runs import shown as shown_path
 from ..training import checkpoint as ckpt
 from ..training.deviation import max_difference, relative_deviation
-from ..training.loop import LOSS, UpdateShape, resolve_device, seed_everything
+from ..training.devices import resolve_device
+from ..training.evaluation import LOSS
+from ..training.loop import UpdateShape, seed_everything
 from ..training.replica import (
     FAULTS,
     RESULT,

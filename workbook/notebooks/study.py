@@ -29,15 +29,9 @@ from ..storage.ledger import Ledger
 from ..storage.records import EvalRecord, StepRecord
 from ..storage.runs import seal_file, shown, task_args
 from ..training import checkpoint as ckpt
-from ..training.loop import (
-    Stepper,
-    UpdateShape,
-    eval_mode,
-    evaluate,
-    loss_rise,
-    resolve_device,
-    train,
-)
+from ..training.devices import resolve_device
+from ..training.evaluation import eval_mode, evaluate
+from ..training.loop import Stepper, UpdateShape, loss_rise, train
 
 DESIGN = "design.json"
 

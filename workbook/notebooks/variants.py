@@ -16,14 +16,9 @@ from ..base.errors import WorkbookError
 from ..contract.data import Item, encode_examples, prepare
 from ..contract.task import Task, load_task
 from ..training import campaign
-from ..training.loop import (
-    UpdateShape,
-    apply_activation_checkpointing,
-    check_precision,
-    evaluate,
-    resolve_device,
-    train,
-)
+from ..training.devices import check_precision, resolve_device
+from ..training.evaluation import evaluate
+from ..training.loop import UpdateShape, apply_activation_checkpointing, train
 from ..training.predict import Plan, longest_accepted, predicted_or_reason, sized_batches
 from ..training.workload import TRAINING_PHASES, measured_peaks
 

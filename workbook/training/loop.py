@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -17,11 +16,12 @@ from torch import nn
 from ..base.errors import WorkbookError
 from ..base.frontend import progress_bar
 from ..contract import run as run_context
-from ..contract.data import Batch, Item, collate_items, epoch_order, epoch_updates, loader
+from ..contract.data import Batch, Item, epoch_order, epoch_updates, loader
 from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
-from ..contract.targets import IGNORE_INDEX
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
+from .devices import PRECISIONS, check_precision, resolve_device
+from .evaluation import evaluate, target_count
 
 
 @dataclass(frozen=True)
@@ -154,40 +154,6 @@ class TrainResult:
     stop_reason: str = ""  # why the run stopped before its budget ("" when it did not)
 
 
-def resolve_device(name: str) -> torch.device:
-    """"auto" picks CUDA when present; asking for CUDA without one is an error, not a fallback."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise WorkbookError("device 'cuda' was asked for but no CUDA GPU is visible",
-                            "use device='cpu' or 'auto', or run on a machine with a GPU")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise WorkbookError(f"unknown device {name!r}", "use 'cpu', 'cuda' or 'auto'")
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None:  # tensors report "cuda:0", not "cuda"
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def target_count(value: float) -> int | float:
-    """A target count as the loss reported it: an integer when it is whole, else the float (a
-    task's loss may weigh its targets)."""
-    return int(value) if float(value).is_integer() else float(value)
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Eval mode without gradients inside the block; the model's previous mode comes back
-    after it, also when the block raises."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield model
-    finally:
-        model.train(was_training)
-
-
 class HeldBehaviour:
     """While active, every module of the model stays in eval behaviour whatever mode the
     task's own code sets (`model.train()` included): dropout draws nothing and batch norm uses
@@ -270,26 +236,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def check_precision(precision: str, device: torch.device, task: Task | None = None) -> None:
-    """Refuse a precision the device (or, given a task, the task's own train_step) cannot run,
-    instead of silently falling back."""
-    if precision not in PRECISIONS:
-        raise WorkbookError(f"unknown precision {precision!r}", f"use one of {list(PRECISIONS)}")
-    if precision == "fp16" and device.type != "cuda":
-        raise WorkbookError("fp16 mixed precision needs CUDA (its GradScaler keeps small "
-                            "gradients from vanishing); this run is on the CPU",
-                            "use precision='bf16' or 'fp32' on the CPU")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise WorkbookError("this GPU does not support bf16", "use precision='fp16' or 'fp32'")
-    if precision == "fp16" and task is not None and task.train_step is not None:
-        raise WorkbookError("fp16 with the task's own train_step: the workbook's GradScaler "
-                            "cannot reach inside it", "use precision 'bf16' or 'fp32' here "
-                            "(a train_step that scales its own loss runs in fp32)")
 
 
 def _repeated_block(module: nn.Module) -> bool:
@@ -474,109 +420,6 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None,
     scaler = torch.amp.GradScaler(device.type) if cfg.shape.precision == "fp16" else None
     return Stepper(task, model, optimizer, scheduler, device, cfg.shape.precision, cfg.grad_clip,
                    scaler)
-
-
-def _padded(items: list[Item], size: int) -> list[Item]:
-    """Fill a final partial evaluation batch with copies whose labels say "no target" (-100 for
-    ids, NaN for float targets): the shapes stay those of a full batch and the copies weigh zero
-    in every sum."""
-    def blank(v: torch.Tensor) -> torch.Tensor:
-        return torch.full_like(v, float("nan") if v.is_floating_point() else IGNORE_INDEX)
-
-    filler = Item(None, {k: (blank(v) if k == "labels" else v)
-                         for k, v in items[-1].tensors.items()})
-    return items + [filler] * (size - len(items))
-
-
-LOSS = "(loss)"  # the key of the summed loss among the evaluation sums
-
-
-def evaluation_batches(task: Task, items: list[Item], eval_batch: int,
-                       device: torch.device) -> Iterator[Batch]:
-    """The batches of an evaluation over exactly these items: a final partial batch is padded
-    with copies that weigh zero, and `batch.tensors[EXAMPLE_WEIGHT]` says which rows are real."""
-    for start in range(0, len(items), eval_batch):
-        real = items[start:start + eval_batch]
-        batch = collate_items(task, _padded(real, eval_batch)).to(device)
-        # the copies' weight, for a task's own loss or eval_step that does not read the labels
-        batch.tensors[EXAMPLE_WEIGHT] = torch.tensor(
-            [1.0] * len(real) + [0.0] * (eval_batch - len(real)), device=device)
-        yield batch
-
-
-def metric_sums(task: Task, model: nn.Module, logits: torch.Tensor,
-                batch: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
-    """One batch's metric sums {name: (numerator, denominator)}: the task's own
-    `eval_step(model, batch)` when it brings one (the evaluation the campaign runs), else
-    `metrics(logits, batch)`."""
-    if task.eval_step is None:
-        return task.metrics(logits, batch)
-    returned = own_code("eval_step", task.eval_step, model, batch,
-                        receives="(model, batch dict) and returns {name: (sum, count)}")
-    try:
-        return {str(name): (float(num), float(den)) for name, (num, den) in returned.items()}
-    except (AttributeError, TypeError, ValueError, RuntimeError):
-        raise WorkbookError(f"the task's eval_step returned {str(returned)[:80]!r}, not "
-                            "{name: (sum, count)}", "return each metric as its sum and count "
-                            'over the batch, e.g. {"accuracy": (correct, examples)}: the '
-                            "workbook adds them over the split") from None
-
-
-@torch.inference_mode()
-def evaluation_sums(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
-                    device: torch.device, precision: str = "fp32",
-                    seen: list | None = None) -> tuple[dict[str, list[float]], dict]:
-    """The sums behind an evaluation: {LOSS: [summed loss, targets], metric: [numerator,
-    denominator]} and, for classification, [correct, total] per class. Sums add exactly over
-    any batching or any split of the items (data-parallel ranks); a final partial batch is
-    padded with zero-weight copies. The ids evaluated go to `seen`."""
-    dtype = PRECISIONS[precision]
-    sums: dict[str, list[float]] = {LOSS: [0.0, 0.0]}
-    per_class: dict[str, list[int]] = {}
-    with eval_mode(model):
-        for batch in evaluation_batches(task, items, eval_batch, device):
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                logits = task.forward(model, batch.tensors)
-                metrics = metric_sums(task, model, logits, batch.tensors)
-            summed, count = task.loss(logits.float(), batch.tensors)
-            sums[LOSS][0] += float(summed)
-            sums[LOSS][1] += float(count)
-            for name, (num, den) in metrics.items():
-                total = sums.setdefault(name, [0.0, 0.0])
-                total[0] += num
-                total[1] += den
-            if task.target_kind.named_classes:
-                labels = batch.tensors["labels"]
-                hits = logits.argmax(-1) == labels
-                for cls in labels[labels != IGNORE_INDEX].unique().tolist():
-                    name = task.decode([cls])
-                    mine = labels == cls
-                    counts = per_class.setdefault(name, [0, 0])
-                    counts[0] += int((hits & mine).sum())
-                    counts[1] += int(mine.sum())
-            if seen is not None:
-                seen.extend(i for i in batch.ids if i is not None)
-    return sums, dict(sorted(per_class.items()))
-
-
-def eval_record(sums: dict[str, list[float]], examples: int, step: int = 0,
-                per_class: dict | None = None) -> EvalRecord:
-    """An evaluation record from its sums: every value is a ratio of sums, never a mean of
-    batch (or rank) means."""
-    loss_sum, targets = sums[LOSS]
-    metrics = {name: num / den if den else float("nan") for name, (num, den) in sums.items()
-               if name != LOSS}
-    return EvalRecord(step, examples, target_count(targets), loss_sum / max(targets, 1), metrics,
-                      per_class or {})
-
-
-def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
-             device: torch.device, step: int = 0, precision: str = "fp32",
-             seen: list | None = None) -> EvalRecord:
-    """Loss and metrics over exactly these items in eval mode, identical for any `eval_batch`
-    (see `evaluation_sums`). Classification also counts correct predictions per class."""
-    sums, per_class = evaluation_sums(task, model, items, eval_batch, device, precision, seen)
-    return eval_record(sums, len(items), step, per_class)
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,9 @@ from ..base.errors import WorkbookError, reason
 from ..contract.data import Batch, Item
 from ..contract.task import Task
 from . import campaign as models
-from .loop import (
-    TrainConfig,
-    UpdateShape,
-    build_stepper,
-    eval_mode,
-    resolve_device,
-    seed_everything,
-)
+from .devices import resolve_device
+from .evaluation import eval_mode
+from .loop import TrainConfig, UpdateShape, build_stepper, seed_everything
 from .memory import cuda_overheads
 from .workload import TRAINING_PHASES, Workload, measured_peaks, shaped_batch, targets_of
 

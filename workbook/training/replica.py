@@ -36,15 +36,9 @@ from ..storage.artifacts import write_file
 from ..storage.files import write_json
 from . import checkpoint as ckpt
 from .deviation import relative_deviation
-from .loop import (
-    Position,
-    Stepper,
-    UpdateShape,
-    build_stepper,
-    evaluation_sums,
-    resolve_device,
-    seed_everything,
-)
+from .devices import resolve_device
+from .evaluation import evaluation_sums
+from .loop import Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, state_tensors
 
 # Planted multi-process bugs, each named by one rule of `parallel.RULES`.

@@ -11,7 +11,9 @@ import torch
 
 from ..contract.data import Batch, Item, collate_items
 from ..contract.task import Task
-from .loop import PRECISIONS, Stepper, TrainConfig, build_stepper, eval_mode, resolve_device
+from .devices import PRECISIONS, resolve_device
+from .evaluation import eval_mode
+from .loop import Stepper, TrainConfig, build_stepper
 from .memory import measure, rebased, state_tensors, storage_bytes
 
 TRAINING_PHASES = ("forward + loss", "backward", "update (first)", "update (later)", "validation")
