@@ -47,7 +47,7 @@ from .predict import (
     path_limits,
     sized_batches,
 )
-from .sharded_replica import blocks
+from .sharded_model import blocks
 from .workload import TRAINING_PHASES, Workload, targets_of
 
 CHECKPOINT_SAVE = "checkpoint save"
