@@ -9,11 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from .rental_plans import (
-    BOTH,
-    PLANNED,
-    RECOMMENDED,
-)
+from .rental_plans import BOTH, PLANNED, RECOMMENDED
 from .rental_stack import unverified
 
 
