@@ -5,189 +5,48 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 import torch
 
 from ..base.errors import WorkbookError
 from ..contract.data import Item, collate_items, prepare
-from ..contract.task import Task, adamw, task_from_params
+from ..contract.task import Task, task_from_params
 from ..storage.records import to_frame
 from ..training import campaign
 from ..training import checkpoint as ckpt
 from ..training.devices import resolve_device
 from ..training.evaluation import eval_mode, evaluate
-from ..training.loop import (
-    RUNAWAY_MULTIPLE,
-    HeldBehaviour,
-    TrainConfig,
-    UpdateShape,
-    build_stepper,
-    train,
-)
+from ..training.loop import RUNAWAY_MULTIPLE, HeldBehaviour, build_stepper, train
 from ..training.memory import GIB, MemoryReading, measure, rebased, state_tensors, storage_bytes
 from ..training.predict import (
     Overheads,
     Plan,
     compare,
     fit_table,
-    needs_sharding,
     predicted_or_reason,
     rule_of_thumb,
     sized_batches,
     summary_figures,
 )
-from ..training.workload import TRAINING_PHASES, Workload, targets_of
-
-PHASES = ("data", *TRAINING_PHASES, "checkpoint save", "export", "resume")
-REMEDIATION = {
-    "data": "fix the dataset or the transform (encode/collate)",
-    "forward + loss": "check a reduced batch and its values",
-    "backward": "check the graph, the precision and the loss normalisation",
-    "update (first)": "check the optimizer (every trainable parameter in it) and accumulation",
-    "update (later)": "check the optimizer and accumulation",
-    "validation": "separate the evaluation settings (eval mode, no_grad) from training",
-    "checkpoint save": "make room (disk, permissions, memory) before the campaign",
-    "export": "make room (disk, permissions, memory) before the campaign",
-    "resume": "fix the checkpoint (all state saved and restored) before any series",
-}
-# The data gate calls a loop input-bound only when the median wait for data per update is
-# above both a share of the update and this absolute floor. The wait is CPU work (reading,
-# decoding, collating) that the rental pays as it is measured here, while its GPU makes the update
-# faster: the share measured here understates the rental's, so the share alone misjudges both
-# ways - and for a sub-millisecond update on a shared CPU it is timer and scheduler noise (one
-# time slice is a few ms). Below 5 ms per update the loader is not what a rented GPU waits on:
-# an update of a model worth renting for takes tens of ms or more, and DataLoader workers
-# (num_workers > 0) prefetch a batch this cheap while the GPU computes.
-INPUT_BOUND_FLOOR_S = 0.005
-GATE_UPDATES = 2  # the updates the gates make on one stepper: the first and a later one
-INPUT_TIMED_UPDATES = 3  # at least this many updates are timed: the judgement takes medians
-INPUT_BOUND_CAUSES = ("data not next to the process (network or slow disk)",
-                      "expensive online preprocessing (do it once, offline, or in DataLoader "
-                      "workers: num_workers > 0)",
-                      "a synchronisation that blocks prefetching (e.g. reading a metric "
-                      "from the device every step)")
-
-
-@dataclass
-class GateSettings:
-    """The planned settings the gates run at."""
-
-    shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
-    eval_batch: int = 16
-    length: int = 0  # positions per sequence in the measured batches (0: the data's longest)
-    device: str = "cpu"
-    lr: float = 1e-3
-    seed: int = 0
-    device_memory_gib: float = 0.0  # the rental GPU's memory; 0 = no limit stated
-    headroom: float = 0.2  # share of device memory kept free
-    input_bound_threshold: float = 0.3  # data-wait share of an update above which data warns
-    input_bound_floor_s: float = INPUT_BOUND_FLOOR_S  # ... and above this median wait (s)
-    input_updates: int = 4  # updates timed for the input pipeline (at least 3)
-    init_tolerance: float = 0.5  # relative gap allowed between initial loss and ln(outputs)
-    resume_tolerance: float = 0.0  # max |difference| after resume (0: bit-exact, the CPU rule)
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "GateSettings":
-        """The settings named in a notebook's parameters (other keys are ignored)."""
-        return cls(shape=UpdateShape.from_params(params),
-                   **{k: params[k] for k in cls.__dataclass_fields__ if k in params})
-
-    def plan(self) -> Plan:
-        return Plan(self.shape, self.length or None, self.eval_batch)
-
-    def train_config(self, updates: int = GATE_UPDATES) -> TrainConfig:
-        return self.shape.train_config(updates=updates, lr=self.lr, seed=self.seed,
-                                       device=self.device)
-
-
-@dataclass
-class GateRow:
-    """One phase: its inputs, memory counters (bytes), time and verdict."""
-
-    phase: str
-    micro_batch: int
-    seq_len: int
-    eval_batch: int
-    precision: str
-    device: str
-    counter: str = ""
-    baseline_bytes: int | None = None
-    peak_allocated_bytes: int | None = None
-    allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    reserved_bytes: int | None = None
-    alloc_retries: int | None = None
-    ooms: int | None = None
-    rss_peak_bytes: int | None = None
-    time_s: float = 0.0
-    verdict: str = "fail"  # "pass", "warn" (does not fail the run) or "fail"
-    detail: str = ""
-    remediation: str = ""
-
-
-@dataclass
-class GateReport:
-    rows: list[GateRow]
-    pipeline: pd.DataFrame  # per update: data wait vs compute
-    figures: dict[str, Any] = field(default_factory=dict)
-    train_items: list[Item] = field(default_factory=list, repr=False)
-    val_items: list[Item] = field(default_factory=list, repr=False)
-
-    @property
-    def verdict(self) -> str:
-        return "pass" if all(r.verdict != "fail" for r in self.rows) else "fail"
-
-    def table(self) -> pd.DataFrame:
-        return pd.DataFrame([asdict(r) for r in self.rows])
-
-
-def _first_nonfinite_module(model: torch.nn.Module, run: Callable[[], Any]) -> str | None:
-    """Re-run a forward with hooks and name the first module whose output is not finite."""
-    found: list[str] = []
-
-    def hook(name):
-        def check(_module, _inputs, output):
-            if not found and isinstance(output, torch.Tensor) and output.is_floating_point() \
-                    and not torch.isfinite(output).all():
-                found.append(name or type(model).__name__)
-        return check
-    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()]
-    try:
-        with torch.no_grad():
-            run()
-    except Exception:  # the original error is already reported
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    return found[0] if found else None
-
-
-def companion_causes(task: Task, model: torch.nn.Module,
-                     padded: tuple[int, int]) -> list[str]:
-    """The causes that apply to this model when an example's eval output changes with the
-    other examples of its batch (only the ones it can have)."""
-    causes = []
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if norms:
-        causes.append(f"batch norm in training behaviour during evaluation ({len(norms)} "
-                      "batch-norm layer(s); one that ignores eval() computes batch statistics)")
-    if padded[0] != padded[1]:
-        causes.append(f"padding reaches the output (the batch was padded to {padded[0]} "
-                      f"and to {padded[1]} positions): check that the model gets the "
-                      "attention mask" + ("" if "attention_mask" in task.model_inputs else
-                                          " - model_inputs does not pass it") +
-                      ", the padding side, and position ids derived from the mask")
-    if not causes:
-        causes.append("a layer that mixes examples of a batch (batch statistics, a shared "
-                      "cache, or a reduction over the batch dimension)")
-    return causes
+from ..training.workload import Workload, targets_of
+from .gate_diagnosis import _first_nonfinite_module, companion_causes, decay_on_norms
+from .gate_plan import GatesResult
+from .gate_settings import (
+    INPUT_BOUND_CAUSES,
+    INPUT_TIMED_UPDATES,
+    PHASES,
+    REMEDIATION,
+    GateReport,
+    GateRow,
+    GateSettings,
+    encode_seconds,
+    input_bound,
+)
 
 
 @dataclass(frozen=True)
@@ -364,31 +223,6 @@ def _data_check(run: GateRun, _, batch) -> tuple[str, str]:
     return "pass", detail
 
 
-def input_bound(pipeline: pd.DataFrame, settings: GateSettings,
-                encode_s: float = 0.0) -> tuple[bool, str]:
-    """Whether the timed updates are input-bound - the median data wait per update above both
-    `input_bound_threshold` of the median update and `input_bound_floor_s` (see
-    INPUT_BOUND_FLOOR_S) - and the measurement in words."""
-    if not len(pipeline):
-        return False, "input pipeline not timed: the training step failed"
-    wait, update = float(pipeline.data_s.median()), float(pipeline.time_s.median())
-    share, floor = wait / max(update, 1e-12), settings.input_bound_floor_s
-    words = (f"data wait {wait * 1e3:.2f} ms per update, {share:.0%} of the update's "
-             f"{update * 1e3:.2f} ms (medians of {len(pipeline)} updates)" + (
-                 f" (of which encoding {encode_s * 1e3:.2f} ms per example, paid on every pass "
-                 "as in a Dataset that encodes in __getitem__)" if encode_s else ""))
-    over_share = share > settings.input_bound_threshold
-    if over_share and wait > floor:
-        return True, words + (f" - input-bound: above {settings.input_bound_threshold:.0%} of "
-                              f"the update and the {floor * 1e3:g} ms floor per update (on a "
-                              "rented GPU the update gets faster, the wait does not)")
-    if over_share:
-        words += (f"; above {settings.input_bound_threshold:.0%} but under the {floor * 1e3:g} "
-                  "ms floor per update, so no warning: a wait this short is timing noise here "
-                  "and DataLoader workers hide it on the rental")
-    return False, words
-
-
 INIT_TARGETS = 32  # fewer targets than this in the micro-batch: the initial loss is judged on
 INIT_EXAMPLES = 64  # this many training examples instead
 
@@ -502,49 +336,6 @@ def _update_check(expected_step: int, run: GateRun, before: dict, _) -> tuple[st
               f"lr {lr:g}, grad norm {norm:.3g}")
     decayed = decay_on_norms(run.task, model, optimizer) if expected_step == 1 else None
     return ("warn", f"{detail}; {decayed}") if decayed else ("pass", detail)
-
-
-NORM_LAYERS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.LocalResponseNorm,
-               torch.nn.modules.batchnorm._NormBase, *((torch.nn.RMSNorm,)
-                                                      if hasattr(torch.nn, "RMSNorm") else ()))
-
-
-def norms_and_biases(model: torch.nn.Module) -> dict[int, str]:
-    """The parameters the common convention keeps out of weight decay, by id: every 1-D
-    parameter (biases, norm scales) and every parameter of a normalisation layer (a torch norm
-    or a module whose class name ends in "Norm", as nanoGPT's LayerNorm)."""
-    out: dict[int, str] = {}
-    for mod_name, module in model.named_modules():
-        norm = isinstance(module, NORM_LAYERS) or type(module).__name__.endswith("Norm")
-        for name, p in module.named_parameters(recurse=False):
-            if norm or p.dim() < 2:
-                out.setdefault(id(p), f"{mod_name}.{name}" if mod_name else name)
-    return out
-
-
-def decay_on_norms(task: Task, model: torch.nn.Module,
-                   optimizer: torch.optim.Optimizer) -> str | None:
-    """The task's optimizer applies weight decay > 0 to norm weights and biases (the
-    convention - nanoGPT's and the Hugging Face Trainer's - decays only tensors of 2 or more
-    dims): the sentence naming them, or None. The workbook's own default (PyTorch's AdamW over
-    every parameter) is not judged: it is no choice the task made."""
-    if task.build_optimizer is adamw:
-        return None
-    excluded = norms_and_biases(model)
-    decayed: dict[str, float] = {}
-    for group in optimizer.param_groups:
-        wd = float(group.get("weight_decay", 0.0) or 0.0)
-        for p in group["params"]:
-            if wd > 0 and id(p) in excluded:
-                decayed.setdefault(excluded[id(p)], wd)
-    if not decayed:
-        return None
-    names = list(decayed)
-    rates = sorted(set(decayed.values()))
-    return (f"weight decay {'/'.join(f'{r:g}' for r in rates)} applies to {len(names)} norm "
-            f"weights and biases ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): "
-            "the common convention excludes them - put the parameters with p.dim() < 2 (and "
-            "those of norm layers) in a group with weight_decay=0.0")
 
 
 def _modes(run: GateRun) -> dict[str, bool]:
@@ -697,16 +488,6 @@ GATES = (
 assert tuple(g.phase for g in GATES) == PHASES
 
 
-def encode_seconds(task: Task, raw: list[dict], examples: int = 32) -> float:
-    """Median seconds `encode` takes for one raw example (0 without raw examples)."""
-    times = []
-    for ex in raw[:examples]:
-        start = time.perf_counter()
-        task.encode(ex)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) if times else 0.0
-
-
 def run_gates(task: Task, settings: GateSettings, out_dir: str | Path,
               train_limit: int | None = None, **hooks: Any) -> GateReport:
     """Load the task's splits and pass every phase through its gate."""
@@ -745,47 +526,6 @@ def show_gates(report: GateReport) -> None:
                      "peak_reserved_bytes", "rss_peak_bytes", "time_s"],
                     ["phase", "verdict", "detail"]):
         display(human(t[columns]).set_index("phase").rename_axis(None))
-
-
-@dataclass
-class GatesResult:
-    """Everything notebook 03 shows: the gates at the pilot settings, the prediction checked
-    against them, and the rental plan predicted and fitted to the stated device."""
-
-    task: Task
-    settings: GateSettings
-    report: GateReport
-    check: pd.DataFrame  # predicted against measured, at the pilot settings
-    plan: Plan
-    planned: pd.DataFrame  # predicted at the plan
-    overheads: Overheads
-    fit: pd.DataFrame
-    rule: pd.DataFrame  # the "4 x model size" rule against the plan's prediction
-    # why the model's forward refuses the plan's shape (its own words and the fix), or None
-    plan_refused: str | None = None
-
-    @property
-    def fits(self) -> bool | None:
-        """Whether the plan fits the stated device memory (None: no memory stated)."""
-        return bool(self.fit.fits.all()) if self.settings.device_memory_gib else None
-
-    @property
-    def needs_sharding(self) -> bool:
-        """The plan fits no single GPU at any micro-batch (`predict.needs_sharding`)."""
-        return self.fits is False and needs_sharding(self.fit, self.overheads,
-                                                     self.settings.headroom)
-
-    @property
-    def verdict(self) -> str:
-        """Fails when a gate fails or the plan does not fit the stated device - unless its
-        first update alone is over the device: then the model is sharded (notebook 08 sizes
-        FSDP2 over several GPUs), which 03's one-GPU fit does not judge. A plan whose shape the
-        model refuses (a length beyond its position table) fails: nothing of it was sized."""
-        if self.plan_refused:
-            return "fail"
-        if self.fits is False and not self.needs_sharding:
-            return "fail"
-        return self.report.verdict
 
 
 def run(params: dict[str, Any], out_dir: Path) -> GatesResult:
