@@ -1,0 +1,155 @@
+"""Notebook 01's coverage: per example, the positions the loss counts and those it counts on
+padding or the prompt - the prompt found by encoding again when encode gives no prompt_mask."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from ..base.errors import reason
+from ..contract.data import Item, collate_items
+from ..contract.targets import contributes
+from ..contract.task import Task
+from ..storage.records import Flag
+
+
+@dataclass
+class Note:
+    """A check that could not be made on this task, said plainly; it fails nothing."""
+
+    check: str
+    message: str
+    fix: str
+
+
+def target_prompt(task: Task, batch: dict, items: list[Item]) -> torch.Tensor:
+    """Which positions of a collated batch are trained to predict a prompt token: the
+    prompt_mask (label positions) moved as the labels are, or, without one, the prompt found
+    by `prompt_span` on each example."""
+    labels = batch["labels"]
+    if "prompt_mask" in batch:
+        return task.targets(batch["prompt_mask"].long()) > 0
+    prompt = torch.zeros_like(labels, dtype=torch.bool)
+    left = task.side(batch) == "left"
+    for b, it in enumerate(items):
+        span = prompt_span(task, it)
+        if isinstance(span, int):
+            start = labels.shape[1] - task.length(it.tensors) if left else 0
+            prompt[b, start:start + max(span - 1, 0)] = True
+    return prompt
+
+
+def loss_coverage(task: Task, items: list[Item], batch_size: int = 64,
+                  spans: list[int | str] | None = None) -> pd.DataFrame:
+    """Per example: real positions, contributing targets, and those on padding or the prompt
+    (from the batch's prompt_mask, else from `spans`: see `prompt_spans`)."""
+    rows = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        spanned = spans[start:start + batch_size] if spans else [None] * len(chunk)
+        batch = collate_items(task, chunk).tensors
+        labels = batch["labels"]
+        counted = contributes(labels)
+        if labels.dim() == 1 or task.target_kind.float_targets:  # per example, not position
+            for it, c in zip(chunk, counted, strict=True):
+                rows.append({"example": it.id, "positions": 1, "targets": int(c.sum()),
+                             "on_padding": 0, "on_prompt": 0})
+            continue
+        mask = batch.get("attention_mask", torch.ones_like(labels)).bool()
+        prompt = batch["prompt_mask"].bool() if "prompt_mask" in batch else None
+        for b, (it, span) in enumerate(zip(chunk, spanned, strict=True)):
+            rows.append({
+                "example": it.id, "positions": int(mask[b].sum()),
+                "targets": int(counted[b].sum()),
+                "on_padding": int((counted[b] & ~mask[b]).sum()),
+                "on_prompt": 0 if task.prompt_in_loss else int((counted[b] & prompt[b]).sum())
+                if prompt is not None else targets_on_prompt(task, it, span),
+            })
+    return pd.DataFrame(rows)
+
+
+def prompt_span(task: Task, item: Item) -> int | str:
+    """How many leading input positions of an example hold its prompt, found by encoding it
+    again with the response emptied (that encoding's inputs are a prefix of the full one's, an
+    end token aside); or why that cannot be told."""
+    if not task.response_field or item.raw is None:
+        return "the task names no response_field to empty" if not task.response_field \
+            else "the raw example is not kept"
+    full = task.main_input(item.tensors).reshape(-1)
+    if item.tensors["labels"].numel() != full.numel():
+        return "its labels and inputs differ in length"
+    try:
+        short = task.main_input(task.encode({**item.raw, task.response_field: ""})).reshape(-1)
+    except Exception as exc:
+        return f"encoding an example with an empty response raised {type(exc).__name__}: " \
+               f"{reason(exc, 120)}"
+    same = (full[:short.numel()] == short[:full.numel()]).long().cumprod(0)
+    common = int(same.sum())
+    if torch.equal(full, short) and str(item.raw.get(task.response_field, "")):
+        return (f"emptying {task.response_field!r} leaves the encoding unchanged (the "
+                "example is cut inside its prompt, or encode does not read that field)")
+    if common == 0 or common < min(short.numel() - 1, full.numel()):
+        return "the encoding with an empty response is not a prefix of the full one"
+    return common
+
+
+def prompt_spans(task: Task, items: list[Item]) -> list[int | str] | None:
+    """`prompt_span` of each example, when 01 must find the prompt itself: a generation task
+    that excludes its prompt from the loss while encode gives no prompt_mask; None otherwise."""
+    if not task.target_kind.prompts or task.prompt_in_loss or not items or \
+            any("prompt_mask" in it.tensors for it in items):
+        return None
+    return [prompt_span(task, it) for it in items]
+
+
+def targets_on_prompt(task: Task, item: Item, span: int | str | None) -> int:
+    """Targets of one example that are prompt tokens: position t predicts input t + 1 (labels
+    aligned by `label_shift`), so the first span - 1 targets are the prompt's."""
+    if not isinstance(span, int):
+        return 0
+    targets = task.targets(item.tensors["labels"].reshape(-1))
+    return int(contributes(targets[:max(span - 1, 0)]).sum())
+
+
+def prompt_notes(spans: list[int | str] | None) -> list[Note]:
+    """Say plainly when prompt masking could not be checked (on some or all examples)."""
+    unchecked = Counter(s for s in spans or [] if isinstance(s, str))
+    if not unchecked:
+        return []
+    why, _ = unchecked.most_common(1)[0]
+    n = sum(unchecked.values())
+    share = "any example" if n == len(spans) else f"{n} of {len(spans)} examples"
+    return [Note("prompt masking not checked", f"01 could not check prompt masking on {share}: "
+                 f"{why} (encode gives no prompt_mask, so 01 looks for the prompt itself)",
+                 "return a prompt_mask from encode (True on the prompt's label positions), so "
+                 "01 counts the targets on the prompt")]
+
+
+def coverage_flags(coverage: pd.DataFrame) -> list[Flag]:
+    """Flags for examples without targets and targets counted on padding or the prompt."""
+    flags = []
+    zero = coverage[coverage.targets == 0]
+    if len(zero):
+        flags.append(Flag("zero targets", f"{len(zero)} examples contribute nothing to the loss "
+                          "(often truncation cut the whole response)", len(zero),
+                          "raise max_length, or drop these examples deliberately and record it",
+                          zero.example.head(5).tolist()))
+    bad = coverage[coverage.on_padding > 0]
+    if len(bad):
+        flags.append(Flag("loss on padding", f"{int(bad.on_padding.sum())} targets on padding "
+                          f"positions, in {len(bad)} examples", int(bad.on_padding.sum()),
+                          "pad labels with -100 (the ignore index)",
+                          bad.example.head(5).tolist()))
+    bad = coverage[coverage.on_prompt > 0]
+    if len(bad):
+        flags.append(Flag("loss on prompt", f"{len(bad)} of {len(coverage)} examples have "
+                          f"targets on prompt tokens ({int(bad.on_prompt.sum())} targets) "
+                          "although the task excludes the prompt: the loss learns to predict "
+                          "the instruction", int(bad.on_prompt.sum()),
+                          "set labels to -100 on the prompt (or declare prompt_in_loss=True "
+                          "if the instruction is meant to be learned)",
+                          bad.example.head(5).tolist()))
+    return flags
