@@ -20,6 +20,7 @@ from workbook import WorkbookError
 from workbook.contract.data import prepare  # noqa: E402
 from workbook.contract.task import load_task  # noqa: E402
 from workbook.notebooks import accounting as acc  # noqa: E402
+from workbook.notebooks import own_code_checks as checks  # noqa: E402
 from workbook.training import loop  # noqa: E402
 
 # (task path, the option planting the per-micro-batch mean, the planted evaluation options)
@@ -49,7 +50,7 @@ class NotHeld:
 def own_deviation(path: str, held: bool = True, **options) -> float:
     """The largest deviation of the task's own step over the splits 8, 2, 1 (and 5: 2, 4);
     `held=False` lets the step's model.train() switch dropout and batch statistics on."""
-    acc.HeldBehaviour = loop.HeldBehaviour if held else NotHeld
+    checks.HeldBehaviour = loop.HeldBehaviour if held else NotHeld  # run_own_step holds it
     task = load_task(path, **options)
     items = prepare(task, ("train",)).train
     check = acc.normalisation_check(task, items[:8], (8, 2, 1))
