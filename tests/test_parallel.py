@@ -169,7 +169,7 @@ def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
 def test_processes_sharing_one_gpu_use_gloo_and_say_so(monkeypatch):
     import torch
 
-    from workbook.training.replica import backend
+    from workbook.training.ranks import backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -34,14 +34,13 @@ from ..training.deviation import max_difference, relative_deviation
 from ..training.devices import resolve_device
 from ..training.evaluation import LOSS
 from ..training.loop import UpdateShape, seed_everything
+from ..training.ranks import backend, digest
 from ..training.replica import (
     FAULTS,
     RESULT,
     WEIGHTS,
     ReplicaSpec,
-    backend,
     check_items,
-    digest,
     rank_mean_gradient,
     reference_gradient,
     shard,

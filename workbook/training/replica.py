@@ -4,14 +4,13 @@ DistributedDataParallel, one process per replica, started by torchrun
 
 Every rank measures what the multi-host rules need; rank 0 gathers it and writes `result.json`
 and the final weights. Verdicts are not decided here but in `parallel`, in the notebook's
-process. Gloo on the CPU, NCCL when the spec asks for CUDA."""
+process. Gloo on the CPU, NCCL when the spec asks for CUDA. What the ranks share (joining the
+process group, gathering, digests, batch-norm statistics) is `ranks`'s."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
-import hashlib
 import math
 import os
 import re
@@ -36,10 +35,10 @@ from ..storage.artifacts import write_file
 from ..storage.files import write_json
 from . import checkpoint as ckpt
 from .deviation import relative_deviation
-from .devices import resolve_device
 from .evaluation import evaluation_sums
 from .loop import Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, state_tensors
+from .ranks import bn_buffers, bn_check, digest, gather, join_launch, sync_batch_norm
 
 # Planted multi-process bugs, each named by one rule of `parallel.RULES`.
 FAULTS = {
@@ -98,23 +97,7 @@ class ReplicaSpec:
             drop_partial=self.drop_partial, eval_batch=self.eval_batch)
 
 
-# --- what every rank can see of the others -------------------------------------------------
-def gather(obj: Any) -> list[Any]:
-    """`obj` of every rank, in rank order, on every rank (within the launch's own processes)."""
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def digest(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over names and bytes: equal digests mean bit-identical tensors."""
-    h = hashlib.sha256()
-    for name, t in sorted(tensors.items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
+# --- what this process writes ----------------------------------------------------------------
 class WriteAudit:
     """Every file this process creates, writes or renames under `root`, seen through Python's
     audit hooks (PEP 578): the workbook's writes all end in a rename, so even files written by
@@ -294,52 +277,6 @@ def _measured(readings: dict | None, phase: str, stepper: Stepper, now: bool):
     readings[phase] = asdict(held.reading)
 
 
-# --- batch norm across ranks -----------------------------------------------------------------
-def batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
-            and m.track_running_stats]
-
-
-def bn_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {f"{name}.{key}": getattr(m, key).detach().cpu().clone()
-            for name, m in model.named_modules() if m in batch_norms(model)
-            for key in ("running_mean", "running_var")}
-
-
-def sync_batch_norm(model: nn.Module, world: int, fault: str = "") -> dict[str, Any]:
-    """Average every batch-norm running statistic over the ranks (SyncBatchNorm computes
-    global statistics on CUDA; the buffers are averaged in any case), before evaluation and
-    checkpointing. Returns what rank 0 needs to check it."""
-    before = bn_buffers(model)
-    for m in batch_norms(model):
-        for key in ("running_mean", "running_var"):
-            buf = getattr(m, key)
-            if fault == "bn_rank0":  # the classic: rank 0's statistics copied everywhere
-                dist.broadcast(buf, src=0)
-            else:
-                dist.all_reduce(buf)
-                buf.div_(world)
-    return {"before": gather(before), "after": gather(digest(bn_buffers(model)))}
-
-
-def bn_check(sync: dict[str, Any], saved: dict[str, torch.Tensor] | None) -> dict[str, Any]:
-    """Were the ranks' statistics different, identical after the sync, and is what was saved
-    their mean?"""
-    before = sync["before"]
-    if not before[0]:
-        return {"layers": 0}
-    mean = {k: torch.stack([b[k] for b in before]).mean(0) for k in before[0]}
-    spread = max(float((b[k] - before[0][k]).abs().max()) for b in before for k in mean)
-    held = saved if saved is not None else {}
-    off = max((float((held[k] - mean[k]).abs().max()) for k in mean if k in held),
-              default=None)
-    rank0 = max(float((before[0][k] - mean[k]).abs().max()) for k in mean)
-    return {"layers": len(mean) // 2, "ranks_differed_by": spread,
-            "rank0_vs_rank_mean": rank0,  # what saving rank 0's statistics would be off by
-            "identical_after_sync": len(set(sync["after"])) == 1,
-            "saved_vs_rank_mean": off}
-
-
 # --- the launch -------------------------------------------------------------------------------
 def _eval_split(task: Task, model: nn.Module, items: list[Item], spec: ReplicaSpec,
                 rank: int, world: int, device: torch.device) -> dict[str, Any]:
@@ -461,36 +398,6 @@ def rank_mean_gradient(task: Task, model: nn.Module, items: list[Item], world: i
             if p.grad is not None:
                 total[k] = total.get(k, 0) + p.grad * scale
     return total, counts
-
-
-def backend(device: str, world: int) -> str:
-    """NCCL when every process has a GPU of its own, else gloo (the CPU, or processes sharing
-    GPUs: NCCL refuses two ranks on one device)."""
-    if device.startswith("cuda") and torch.cuda.device_count() >= world:
-        return "nccl"
-    return "gloo"
-
-
-def join_launch(device_name: str, timeout_s: float) -> tuple[int, int, torch.device]:
-    """This process's rank, the world and its device (one GPU per local rank, shared when
-    there are fewer), with the process group joined (shared by the DDP and FSDP launches)."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = device_name.startswith("cuda")
-    gpus = torch.cuda.device_count() if cuda else 0
-    device = resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % max(gpus, 1)}"
-                            if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if dist.is_initialized():  # the task's own code joined already (transformers'
-        if (dist.get_rank(), dist.get_world_size()) != (rank, world):  # TrainingArguments)
-            raise WorkbookError(f"the task's code joined a process group of rank "
-                                f"{dist.get_rank()} in {dist.get_world_size()}, but torchrun "
-                                f"launched rank {rank} of {world}",
-                                "do not initialise torch.distributed while building the task")
-        return rank, world, device
-    dist.init_process_group(backend(device_name, world),
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    return rank, world, device
 
 
 def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,

@@ -37,7 +37,8 @@ from . import checkpoint as ckpt
 from .deviation import max_difference, relative_deviation
 from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, rebased
-from .replica import RESULT, WEIGHTS, digest, gather, join_launch, replica_updates, sync_batch_norm
+from .ranks import digest, gather, join_launch, sync_batch_norm
+from .replica import RESULT, WEIGHTS, replica_updates
 from .sharded_checkpoint import FileAudit, coverage, load_sharded, save_sharded
 from .sharded_model import (
     TieWatch,
