@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbook import load_task
-from workbook.notebooks import parallel
+from workbook.notebooks import parallel, parallel_fsdp
 from workbook.training import sharding
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import ReplicaSpec
@@ -66,11 +66,11 @@ def _launched(written, covered=10, elements=10):
 
 
 def test_the_shard_rule_reads_every_ranks_files_and_the_metadata():
-    ok = parallel.shard_rule(_launched([[".metadata", "__0_0.distcp"], ["__1_0.distcp"]]),
-                             "ckpt-000002")
+    ok = parallel_fsdp.shard_rule(_launched([[".metadata", "__0_0.distcp"], ["__1_0.distcp"]]),
+                                  "ckpt-000002")
     assert ok["verdict"] == "pass" and "covers all 10 elements" in ok["measured"]
-    bad = parallel.shard_rule(_launched([[".metadata", "__0_0.distcp"], []], 5),
-                              "ckpt-000002")
+    bad = parallel_fsdp.shard_rule(_launched([[".metadata", "__0_0.distcp"], []], 5),
+                                   "ckpt-000002")
     assert bad["verdict"] == "fail" and "rank 1 wrote nothing" in bad["measured"]
     assert "5 of 10 elements (50.0%)" in bad["measured"] and bad["remediation"]
 
@@ -154,7 +154,7 @@ def test_an_untied_model_cannot_show_the_tie_bug():
     assert rows.verdict[SHARDED_FAULTS["tie_after_shard"]] == "not demonstrable"
     assert rows.measured[SHARDED_FAULTS["tie_after_shard"]].startswith(
         parallel.NOT_DEMONSTRABLE)
-    assert parallel.tie_rule(launched)["verdict"] == "not applicable"
+    assert parallel_fsdp.tie_rule(launched)["verdict"] == "not applicable"
 
 
 def test_09_fails_on_a_failing_fsdp_rule_or_a_missed_planted_bug():

@@ -14,17 +14,15 @@ import torch
 from workbook import WorkbookError, load_task
 from workbook.commands.pilot import run_pilot
 from workbook.contract.data import load_examples, prepare, split_examples
-from workbook.notebooks import parallel
-from workbook.notebooks.parallel import (
+from workbook.notebooks import parallel, parallel_faults, parallel_rules
+from workbook.notebooks.parallel_faults import (
     CAUGHT_BY,
     NOT_DEMONSTRABLE,
-    RULES,
-    check_devices,
     demonstration,
-    launch,
     planted_faults,
-    reduce_sums,
 )
+from workbook.notebooks.parallel_launch import check_devices, launch
+from workbook.notebooks.parallel_rules import RULES, reduce_sums
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import (
     FAULTS,
@@ -275,8 +273,8 @@ def test_order_and_writer_demonstrations_pick_settings_that_show_their_fault():
     demo = demonstration("fixed_order", spec, items)
     assert not demo.why and demo.spec.train_limit == len(demo.items) == 72
     assert demo.spec.check_examples == 16 and demo.spec.fault == "fixed_order"
-    assert all(1 in p for p in parallel._passes_read(72, demo.spec, 2))
-    assert not all(1 in p for p in parallel._passes_read(73, demo.spec, 2))
+    assert all(1 in p for p in parallel_faults._passes_read(72, demo.spec, 2))
+    assert not all(1 in p for p in parallel_faults._passes_read(73, demo.spec, 2))
     assert demonstration("fixed_order", spec, items[:40]).spec.train_limit == 0, "kept"
     short = ReplicaSpec(GENERATION, shape=UpdateShape(1, 1, replicas=2), updates=2)
     assert "raise updates" in demonstration("fixed_order", short, items).why
@@ -288,9 +286,9 @@ def test_overlapping_shards_fail_before_the_first_pass_ends():
         return {"ranks": [{"records": [{"epoch": 0, "ids": ids}]} for ids in ids_per_rank],
                 "first_step": 1, "train_ids": [str(i) for i in range(100)],
                 "spec": {"drop_partial": False}}
-    same = parallel._shard_rows(result([["1", "2"], ["1", "2"]]))[0]
+    same = parallel_rules._shard_rows(result([["1", "2"], ["1", "2"]]))[0]
     assert same["verdict"] == "fail" and "coverage not checked" in same["measured"]
-    apart = parallel._shard_rows(result([["1", "2"], ["3", "4"]]))[0]
+    apart = parallel_rules._shard_rows(result([["1", "2"], ["3", "4"]]))[0]
     assert apart["verdict"] == "not applicable"
 
 
@@ -298,7 +296,7 @@ def test_the_rented_command_runs_the_rules_at_the_rentals_scale_and_parses_back(
     import json
     import shlex
 
-    from workbook.notebooks.parallel import rented_spec, shell_command
+    from workbook.notebooks.parallel_launch import rented_spec, shell_command
     from workbook.training.replica import ReplicaSpec
 
     line = shell_command(rented_spec(ReplicaSpec("workbook.samples.generation:task")))
