@@ -222,7 +222,8 @@ def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_i
 
     from workbook.notebooks.rental_candidates import Candidate
     from workbook.notebooks.rental_sheet import flops
-    from workbook.training.predict import fake_batch, sized_batches
+    from workbook.training.fake_phases import fake_batch
+    from workbook.training.predict import sized_batches
 
     train, val = gen_items["train"][:20], gen_items["validation"][:10]
     batch, _, _ = sized_batches(gen_task, train, val, Plan(UpdateShape(2, 2), length=24))

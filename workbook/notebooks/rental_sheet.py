@@ -15,15 +15,9 @@ from ..base.errors import WorkbookError, reason
 from ..contract.task import Task
 from ..training import campaign as models
 from ..training import sharding
+from ..training.fake_phases import fake_model
 from ..training.loop import build_stepper
-from ..training.predict import (
-    Overheads,
-    fake_model,
-    fit_table,
-    longest_accepted,
-    predict,
-    sized_batches,
-)
+from ..training.predict import Overheads, fit_table, longest_accepted, predict, sized_batches
 from ..training.workload import TRAINING_PHASES
 from .rental_candidates import Candidate
 

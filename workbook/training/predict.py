@@ -1,18 +1,16 @@
 """Device-free memory prediction: run the training phases on fake tensors (shapes and dtypes,
 no storage) under PyTorch's MemTracker, which attributes every byte to parameters, buffers,
 gradients, optimizer state, activations or temporaries. Sizes micro-batch 16 at length 4096 on
-a laptop."""
+a laptop. The fake runs are `fake_phases`'s; here the plan, the phases a prediction cannot size
+(and why), the calibration against a small real run, and the fit on a device."""
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..base.errors import WorkbookError, reason
@@ -21,58 +19,10 @@ from ..contract.task import Task
 from . import campaign as models
 from .devices import resolve_device
 from .evaluation import eval_mode
-from .loop import TrainConfig, UpdateShape, build_stepper, seed_everything
+from .fake_phases import campaign_phases, fake_phases
+from .loop import UpdateShape
 from .memory import cuda_overheads
-from .workload import TRAINING_PHASES, Workload, measured_peaks, shaped_batch, targets_of
-
-CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
-
-
-class PhaseTracker(MemTracker):
-    """MemTracker whose peak can be restarted at each phase (the stock peak only grows)."""
-
-    layers: str | None = None  # fqn of the model's layer list: record every operator (trace)
-
-    def begin(self) -> None:
-        self.phase_peak = self._total()
-        self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
-        self.trace: list[tuple[int | None, tuple[int, ...]]] = \
-            [(None, self._categories())] if self.layers is not None else []
-
-    def _categories(self) -> tuple[int, ...]:
-        return tuple(sum(int(snap.get(k, 0)) for snap in self._curr_mem_snap.values())
-                     for k in CATEGORIES)
-
-    def _total(self) -> int:
-        return sum(s.get("Total", 0) for s in self._curr_mem_snap.values())
-
-    def _update_peak_stats(self, peak_state) -> None:
-        # only the whole-process peak per phase is read: the stock per-module peaks cost a scan
-        # of every module's statistics per operator (minutes for a 7 B model's step)
-        total = self._total()
-        if self.layers is not None:
-            layer = models.layer_of(self._mod_tracker.parents, self.layers,
-                                    self._mod_tracker.is_bw)
-            self.trace.append((layer, self._categories()))
-        if total > self.phase_peak:
-            self.phase_peak = total
-            self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
-
-    def _pre_fw_hook(self, module, inputs) -> None:
-        # a second forward of the root module is the next micro-batch or step: start its
-        # module statistics afresh (the stock tracker refuses iterations)
-        if module in self.memory_tracking and not self._mod_tracker.is_bw:
-            name = self._mod_tracker.get_known_fqn(module)
-            if set(self._mod_tracker.parents) - {name} == {"Global"}:
-                self.reset_mod_stats()
-        super()._pre_fw_hook(module, inputs)
-
-    def breakdown(self) -> dict[str, int]:
-        out = dict.fromkeys(CATEGORIES, 0)
-        for snap in self.phase_snapshot.values():
-            for key in CATEGORIES:
-                out[key] += int(snap.get(key, 0))
-        return out
+from .workload import TRAINING_PHASES, measured_peaks, shaped_batch
 
 
 @dataclass
@@ -200,41 +150,6 @@ def refused_in_own_words(task: Task, batch: Batch) -> str:
     return ""
 
 
-def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode,
-               campaign: bool = False) -> torch.nn.Module:
-    """The task's model with every parameter and buffer a fake tensor of `fake`, on the
-    configured device. It is built on the meta device and its tensors are re-made in `fake`:
-    building inside the fake mode fails for modules that deep-copy their layers
-    (`nn.TransformerEncoder` clones one layer N times, and a deep-copied fake tensor lands in
-    another fake mode). Shared tensors (tied weights) stay shared. `campaign`: the campaign
-    model, when the task declares one."""
-    seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
-    build = models.factory(task, campaign)
-    try:
-        model = models.on_meta(build)
-    except Exception:  # a model that reads values while it is built: build it in the fake mode
-        with torch.device(device):
-            model = build()
-    remade: dict[int, torch.Tensor] = {}
-
-    def home(t: torch.Tensor) -> torch.Tensor:
-        if getattr(t, "fake_mode", None) is fake and t.device == device:
-            return t
-        if id(t) not in remade:
-            fresh = torch.empty(t.shape, dtype=t.dtype, device=device)
-            remade[id(t)] = torch.nn.Parameter(fresh, t.requires_grad) \
-                if isinstance(t, torch.nn.Parameter) else fresh
-        return remade[id(t)]
-
-    for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for name, t in table.items():
-                if t is not None:
-                    table[name] = home(t)
-    return model
-
-
 def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: float = 1e-3,
             device: str = "cpu", seed: int = 0, cpu_exact: bool = False,
             campaign: bool = False) -> pd.DataFrame:
@@ -283,81 +198,6 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
     frame["note"] = frame.phase.map(lambda p: f"not predicted: {limits[p]}" if p in limits
                                     else scales[p][1] if p in scales else "")
     return frame
-
-
-def fake_batch(fake: FakeTensorMode, batch: Batch, device: torch.device) -> Batch:
-    """`batch` as fake tensors of `fake` on `device`: made fake where it is, then moved inside
-    the mode (a real copy to the GPU would allocate, and the mode refuses one)."""
-    with fake:
-        return Batch(batch.ids, {k: fake.from_tensor(v).to(device)
-                                 for k, v in batch.tensors.items()})
-
-
-def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
-                eval_batch: Batch, label: str, campaign: bool = False,
-                layers: str | None = None) -> list[dict]:
-    """Every training phase run on fake tensors under the tracker: its peak and breakdown
-    (and with `layers`, the fqn of the model's layer list, each operator's memory: `trace`)."""
-    device, rows = resolve_device(cfg.device), []
-    targets, group_targets = targets_of(task, batch), sum(targets_of(task, b) for b in group)
-    with FakeTensorMode(allow_non_fake_inputs=False) as fake:
-        def to_fake(b: Batch) -> Batch:
-            return fake_batch(fake, b, device)
-        stepper = build_stepper(task, cfg, fake_model(task, cfg, fake, campaign))
-        work = Workload(stepper, to_fake(batch), [to_fake(b) for b in group],
-                        to_fake(eval_batch), targets, group_targets)
-        tracker = PhaseTracker()
-        tracker.layers = layers
-        tracker.track_external(stepper.model, stepper.optimizer, *work.tensors())
-        with tracker:
-            for phase in TRAINING_PHASES:
-                tracker.begin()
-                try:
-                    work.run(phase)
-                except Exception as exc:
-                    raise WorkbookError(
-                        f"predicting {phase} for {label} failed: an operation of this "
-                        f"model does not run on fake tensors ({reason(exc, 300)})",
-                        "the measured gates still stand; size this configuration by measuring "
-                        "it (notebook 03 with the plan's settings on a machine that fits it)"
-                    ) from exc
-                rows.append({"phase": phase, "predicted_peak_bytes": tracker.phase_peak,
-                             **{f"{k.lower()}_bytes": v for k, v in
-                                tracker.breakdown().items()},
-                             **({"trace": tracker.trace} if layers else {})})
-    return rows
-
-
-def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
-                    eval_batch: Batch, label: str) -> tuple[list[dict], str]:
-    """`fake_phases` of the campaign model, and how it was sized. A deep one (a
-    `campaign.Deep` factory) runs at 3 and 4 layers with every operator's memory recorded, and
-    each operator's memory is carried to the full depth (`campaign.extrapolate`); the full depth
-    is run when the two traces do not line up layer for layer."""
-    deep = models.depth_of(task)
-    shallow = {n: replace(task, campaign_model=deep.with_layers(n))
-               for n in models.TRACE_DEPTHS} if deep else {}
-    lists = {n: models.layer_list(models.on_meta(t.campaign_model), n)
-             for n, t in shallow.items()}
-    if deep and all(lists.values()):
-        runs = {n: fake_phases(t, cfg, batch, group, eval_batch, label, campaign=True,
-                               layers=lists[n]) for n, t in shallow.items()}
-        rows = []
-        for i, phase in enumerate(TRAINING_PHASES):
-            categories = models.extrapolate(*(runs[n][i]["trace"] for n in models.TRACE_DEPTHS),
-                                            deep.layers)
-            if categories is None:
-                break
-            rows.append({"phase": phase, "predicted_peak_bytes": sum(categories),
-                         **{f"{k.lower()}_bytes": v
-                            for k, v in zip(CATEGORIES, categories, strict=True)}})
-        else:
-            return rows, (f"each operator's memory carried from fake runs at "
-                          f"{' and '.join(map(str, models.TRACE_DEPTHS))} layers to "
-                          f"{deep.layers}")
-    how = "run at its full depth" + (
-        " (the shallow runs did not line up layer for layer)" if deep else "")
-    return fake_phases(task, cfg, batch, group, eval_batch, label, campaign=True), how
 
 
 CALIBRATION_TOLERANCE = 0.02  # the prediction's target on the CPU

@@ -38,16 +38,9 @@ from ..base.errors import WorkbookError, reason
 from ..contract.data import Batch, Item
 from ..contract.task import Task
 from . import campaign as models
+from .fake_phases import fake_batch, fake_model
 from .loop import build_stepper
-from .predict import (
-    Plan,
-    calibration_limits,
-    check_length,
-    fake_batch,
-    fake_model,
-    path_limits,
-    sized_batches,
-)
+from .predict import Plan, calibration_limits, check_length, path_limits, sized_batches
 from .sharded_model import blocks
 from .sharded_tracker import (
     _carried,
