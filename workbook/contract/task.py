@@ -165,7 +165,7 @@ class Task:
     # then its pilot twin (same code and module types, fewer layers, narrower). Notebooks 03, 05
     # and 08 size this model on fake tensors only - it is never allocated here - and check the
     # prediction against a real run of the twin; every other notebook trains the twin
-    # (workbook.training.campaign.from_config derives both from a transformers config)
+    # (workbook.campaign.from_config derives both from a transformers config)
     campaign_model: Callable[[], nn.Module] | None = None
     # where the forward's output holds the logits and the model's own loss (`model_outputs`):
     # None finds them (a tensor; `.logits`/`.loss`; a dict's "logits"/"loss"; a tuple's first

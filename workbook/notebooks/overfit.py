@@ -57,7 +57,7 @@ def learning_rate(task: Task, lr: float, lr_from: str = "") -> tuple[float, str]
 
 
 def learning_rate_of(params: dict[str, Any], task: Task) -> tuple[float, str]:
-    """`learning_rate` for checked parameters: workbook.commands.params filled an lr of 0 (with
+    """`learning_rate` for checked parameters: workbook.params filled an lr of 0 (with
     Task.lr, else 02's fallback) and says where it came from in `lr_from`."""
     return learning_rate(task, params["lr"], params.get("lr_from") or "")
 

@@ -224,7 +224,7 @@ def _predicted_sharded(task: Task, spec, world: int) -> tuple[pd.DataFrame | Non
     try:
         from ..training.sharding import predict_sharded
     except ImportError as exc:
-        return None, f"no prediction: workbook.training.sharding is not available ({exc})"
+        return None, f"no prediction: workbook.sharding is not available ({exc})"
     data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
     plan = Plan(replace(spec.shape, replicas=1), spec.plan_length or None, spec.eval_batch,
                 spec.plan_eval_length or None)

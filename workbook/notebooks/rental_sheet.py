@@ -132,7 +132,7 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
         "model": "the model every figure is for: " + "; ".join(sheet.attrs["models"]),
         "predicted_peak_gib": "predicted on fake tensors (notebook 03's prediction); fsdp rows "
                               "per GPU, over a fake process group of that many ranks "
-                              "(workbook.training.sharding)",
+                              "(workbook.sharding)",
         "required_gib": f"prediction x (1 + {a.overheads.cache_share:.0%} allocator cache) + "
                         f"{a.overheads.context_bytes / GIB:.2f} GiB context, x (1 + "
                         f"{headroom:.0%} headroom); overheads "

@@ -511,7 +511,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     if cfg.shape.replicas != 1:
         raise WorkbookError(f"train runs one process; this update shape has "
                             f"{cfg.shape.replicas} replicas",
-                            "run replicas with notebook 09 (workbook.notebooks.parallel), or set "
+                            "run replicas with notebook 09 (workbook.parallel), or set "
                             "replicas=1 here")
     cfg.validate(len(items))
     own = runs_own_step(task, cfg)

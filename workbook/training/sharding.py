@@ -64,7 +64,7 @@ def check_world(world: Any) -> int:
         raise WorkbookError(
             f"world {world!r}: FSDP full sharding is sized over {MIN_WORLD} to {MAX_WORLD} GPUs "
             f"(an integer)", "give world=2..64; one GPU is the single-device strategy "
-            "(workbook.training.predict.predict)" if world in (0, 1) else
+            "(workbook.predict.predict)" if world in (0, 1) else
             f"give world={MIN_WORLD}..{MAX_WORLD} (several nodes: gpus_per_node in the "
             "candidate)")
     return world
