@@ -1,7 +1,7 @@
 """Small regression tasks on the standard torch.nn building blocks (convolutions with batch norm,
 LSTM, GRU, multi-head attention over embeddings), on seeded synthetic inputs: what the memory
-prediction is checked against (tests/test_predict_modules.py, `benchmarks/memory_prediction.py
---modules`).
+prediction is checked against (tests/training/test_predict_modules.py,
+`benchmarks/memory_prediction.py --modules`).
 
     python -m workbook pilot --task examples.module_families:task \
         -p 'task_options={"family": "lstm"}'

@@ -1,6 +1,7 @@
 """A task written the way users write theirs: batch norm and dropout in the model, a train_step
 that begins with model.train() and clips, an evaluation loop of its own, a checkpoint that
-carries the sampler and the step. Each option plants one classic (tests/test_own_code.py)."""
+carries the sampler and the step. Each option plants one classic
+(tests/contract/test_own_code.py)."""
 
 from __future__ import annotations
 

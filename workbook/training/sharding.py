@@ -11,7 +11,7 @@ each operator is carried to the full depth as the single-device prediction carri
 (`campaign.carried`); FSDP2's loops over the parameters outside the layer stack (the
 optimizer's state, made parameter by parameter) are paired operator for operator
 (`sharded_tracker._paired`, beside the tracker and the rest of the trace arithmetic).
-Equal to the byte to the run at the full depth (tests/test_sharding.py, and
+Equal to the byte to the run at the full depth (tests/training/test_sharding.py, and
 `benchmarks/campaign_scale.py --against-full-depth` for 7 B and 70 B); a phase whose traces do
 not line up is run at the full depth, and `ShardedRun.sized` says how the depth was sized.
 

@@ -9,7 +9,7 @@ from workbook import WorkbookError
 from workbook.commands.cli import main
 from workbook.commands.pilot import NOTEBOOK_DIR, ensure_kernel, run_pilot, select
 
-from .conftest import CLASSIFICATION, GENERATION
+from ..conftest import CLASSIFICATION, GENERATION
 
 
 def summary(run, stem):
@@ -86,9 +86,9 @@ def test_the_readme_own_task_runs_through_the_pilot(tmp_path):
     assert not re.search(r"\bnan\b", text, re.IGNORECASE), "no NaN anywhere on the page"
 
 
-@pytest.mark.slow  # nbval runs 04 and 05 on the generation sample; tests/test_variants.py too
+@pytest.mark.slow  # nbval runs 04 and 05 on the generation sample; test_variants.py too
 def test_pilot_smoke_accounting_and_variants(tmp_path):
-    # the classification sample's variants are covered by tests/test_variants.py
+    # the classification sample's variants are covered by tests/notebooks/test_variants.py
     run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="04,05",
                            progress=False)
     assert index.verdict.tolist() == ["pass", "pass"], index.error.tolist()
@@ -101,7 +101,7 @@ def test_pilot_smoke_accounting_and_variants(tmp_path):
 
 
 def test_pilot_smoke_lr_study(tmp_path):
-    # the classification sample's study is covered by tests/test_study.py
+    # the classification sample's study is covered by tests/notebooks/test_study.py
     run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="06",
                            progress=False, params={"lrs": [1e-3, 50.0]})
     assert index.verdict.tolist() == ["pass"], index.error.tolist()

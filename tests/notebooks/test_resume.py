@@ -24,7 +24,7 @@ from workbook.notebooks.resume import (
 )
 from workbook.training.checkpoint import load_checkpoint, save_checkpoint, verify
 
-from .conftest import CLASSIFICATION, GENERATION
+from ..conftest import CLASSIFICATION, GENERATION
 
 
 def spec_for(task, **options):

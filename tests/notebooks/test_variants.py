@@ -7,7 +7,7 @@ from workbook.notebooks.variants import Variant, VariantStudy, default_variants
 from workbook.training.loop import UpdateShape
 from workbook.training.predict import Plan
 
-from .conftest import CLASSIFICATION, GENERATION
+from ..conftest import CLASSIFICATION, GENERATION
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from workbook.training.loop import UpdateShape
 from workbook.training.predict import Overheads, Plan
 from workbook.training.workload import TRAINING_PHASES
 
-from .conftest import GENERATION
+from ..conftest import GENERATION
 
 GIB = 2**30
 

@@ -34,7 +34,7 @@ from workbook.training.replica import (
     update_groups,
 )
 
-from .conftest import CLASSIFICATION, GENERATION
+from ..conftest import CLASSIFICATION, GENERATION
 
 
 def summary(run):

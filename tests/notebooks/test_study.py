@@ -15,7 +15,7 @@ from workbook import UpdateShape, WorkbookError, evaluate
 from workbook.notebooks.study import Study, StudyDesign, periodicity
 from workbook.storage.ledger import Ledger
 
-from .conftest import CLASSIFICATION, GENERATION
+from ..conftest import CLASSIFICATION, GENERATION
 
 
 def plan(**kw):

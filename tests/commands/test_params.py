@@ -6,7 +6,7 @@ import pytest
 from workbook import WorkbookError
 from workbook.commands.params import check, defaults, smoke, stems, validate
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def test_typo_gets_a_suggestion():

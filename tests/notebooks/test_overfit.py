@@ -183,7 +183,7 @@ def lr_task(lr: float | None = None) -> Task:
     return dataclasses.replace(load_task("workbook.samples.classification:task"), lr=lr)
 
 
-TASK = "tests.test_overfit:lr_task"
+TASK = "tests.notebooks.test_overfit:lr_task"
 
 
 def test_lr_zero_is_the_tasks_own_else_the_fallback_and_the_summary_says_which(tmp_path):

@@ -20,7 +20,7 @@ from workbook.training.sharded_replica import (
     untie,
 )
 
-from .conftest import GENERATION
+from ..conftest import GENERATION
 
 TIED = {"tie_embeddings": True}
 

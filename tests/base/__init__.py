@@ -1,0 +1,1 @@
+"""Tests of workbook/base/: errors and display units."""

@@ -1,0 +1,1 @@
+"""Tests of workbook/commands/: the commands: the pilot, the CLI, parameters, the report."""

@@ -1,0 +1,1 @@
+"""Tests of workbook/storage/: run folders, files, schemas and the ledger."""

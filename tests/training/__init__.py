@@ -1,0 +1,1 @@
+"""Tests of workbook/training/: the loop, evaluation, memory counters, predictions and sharding."""
