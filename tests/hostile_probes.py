@@ -1422,12 +1422,10 @@ def child_stopped_at_a_normal_exit(tmp: Path) -> Outcome:
                    f"child {child} left {left} {done.stderr[-200:]}")
 
 
-# A probe that takes more than a few seconds (a pilot, a fresh process, a lock wait):
-# `make test` runs the others (tests/test_hostile.py), the benchmark runs all.
-SLOW = {"full_disk_during_07", "pilot_terminated_while_a_child_is_stuck",
-        "pilot_interrupted_while_a_child_is_stuck", "child_outlives_a_terminated_parent",
-        "child_of_a_timeout_and_its_own_child", "child_stopped_at_a_normal_exit",
-        "child_interrupted_cleans_up", "task_prints_while_loading"}
+# Probes `make test` leaves to `make test-all` (the benchmark runs all): a whole pilot signalled
+# while 07's child is stuck - 20 s each, and its kernel's DeadKernelError traceback reaches
+# stderr in about one run of three (seen before and after the layers moved, 2026-12-02).
+SLOW = {"pilot_terminated_while_a_child_is_stuck", "pilot_interrupted_while_a_child_is_stuck"}
 
 
 PROBES: dict[str, Callable[[Path], Outcome]] = {

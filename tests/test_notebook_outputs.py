@@ -94,7 +94,6 @@ def _outputs_with_threads(stem: str, tmp_path: Path, threads: int) -> list[tuple
     return [(i, sanitize(t.replace(here, "../runs/RUN"))) for i, t in compared_texts(nb)]
 
 
-@pytest.mark.slow  # make test runs nbval with one thread already; this guards other builds
 @pytest.mark.parametrize("stem", ["04_batch_accounting", "07_resume_reload"])
 def test_compared_outputs_survive_another_thread_count(stem, tmp_path):
     """The cheap guard against build noise: the notebooks whose floats once differed between

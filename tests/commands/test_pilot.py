@@ -18,8 +18,7 @@ def summary(run, stem):
 
 # the generation sample's 01-09 run under nbval (the committed notebooks), so the pilot's own
 # smoke runs take the classification sample
-@pytest.mark.slow  # 01 and 02 on the classification sample are unit-tested in test_inspection
-@pytest.mark.parametrize("task", [CLASSIFICATION])  # and test_overfit
+@pytest.mark.parametrize("task", [CLASSIFICATION])  # the pilot's own 01-02 run, 9 s
 def test_pilot_smoke_passes_01_and_02(task, tmp_path):
     run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="01,02",
                            progress=False)

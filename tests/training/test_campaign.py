@@ -123,7 +123,7 @@ def _deep_decoder(layers: int, width: int = 64) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("precision, checkpointing", [
-    ("fp32", False), pytest.param("bf16", True, marks=pytest.mark.slow)])
+    ("fp32", False), ("bf16", True)])
 def test_a_deep_campaign_model_is_sized_from_two_shallow_traces_to_the_byte(
         gen_task, gen_items, precision, checkpointing):
     deep = campaign.Deep(_deep_decoder, layers=7)

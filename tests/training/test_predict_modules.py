@@ -14,8 +14,7 @@ from workbook.training.loop import UpdateShape
 from workbook.training.predict import compare, predict
 
 
-@pytest.mark.parametrize("name", [  # the GRU's 20 s run in make test-all
-    pytest.param(n, marks=pytest.mark.slow) if n == "gru" else n for n in FAMILIES])
+@pytest.mark.parametrize("name", FAMILIES)
 def test_standard_modules_are_predicted_within_two_percent_or_say_why(name, tmp_path):
     task = family_task(name)
     data = wb.prepare(task)

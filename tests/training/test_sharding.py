@@ -151,7 +151,7 @@ def deep_llama():
 
 
 @pytest.mark.parametrize("precision, checkpointing, world, other", [
-    ("bf16", True, 2, 8), pytest.param("fp32", False, 8, 2, marks=pytest.mark.slow)])
+    ("bf16", True, 2, 8), ("fp32", False, 8, 2)])
 def test_a_deep_campaign_model_is_sized_sharded_from_two_shallow_traces_to_the_byte(
         deep_llama, monkeypatch, precision, checkpointing, world, other):
     # every phase's per-GPU peak and breakdown carried from sharded runs at 3 and 4 layers
