@@ -1,0 +1,368 @@
+"""Notebook 01 (inspect examples) against one plain pass of the same data, as the data grows.
+
+Writes generation-sample data under a temporary folder (nothing is downloaded) at two sizes 10x
+apart, by cycling the rows of data_samples/generation.jsonl with a fresh word per group (the
+sample's word plus the cycle number, so every id, group and input is unique; groups of 3, 4 and
+5 rows in turn, 4 on average; responses recomputed from the operation). Each format is a named
+pipeline: `jsonl` (the sample's own format, read by the task's `data_file` option), `arrow` (an
+Arrow stream file as `datasets` caches one, when `datasets` is installed) and `bin` (uint16
+token ids, `<s> instruction \\n response </s>` one after another, as nanoGPT's loaders read
+them, when numpy is installed).
+
+For each size and pipeline, each in a fresh subprocess (OMP_NUM_THREADS=1, a time limit each):
+
+  plain  one pass through the task's own `encode`, keeping nothing: `jsonl` reads the file line
+         by line with `json`, `arrow` iterates `datasets.Dataset.from_file` in batches of 1000
+         rows; `bin` has no rows left to encode, so it cuts windows of `max_length + 1` tokens
+         from a memmap into input/target tensors, as a token-file loader does
+  01     `workbook.inspection.run(params, out)` with
+         `params = workbook.params.of("01_inspect_examples", task=..., task_options={"data_file":
+         PATH})` - notebook 01's work without papermill (`--save` adds `inspection.save`, the
+         notebook's last cell). Only `jsonl` runs through 01 for now; the others are listed as
+         "not yet: <reason>" until the task can read them.
+
+Seconds are the child's own clock around the work (imports before it); peak resident memory is
+the child's VmHWM from /proc/self/status (its high-water mark since exec; getrusage's ru_maxrss
+also counts the parent's pages when the child is started with vfork), read at the end of the
+work, falling back to getrusage(RUSAGE_SELF) where /proc is missing. A run that fails or passes
+`--timeout` is a row with its error. Prints a table, then last
+
+    data_scale_pass_ratio: <max 01/plain> rss_growth: <01 peak rss at large size / at small
+    size> peak_rss_gib: <max 01 peak>
+
+(all on one line). Targets (issue "Campaign-scale data", item 6; measured here, not asserted):
+ratio <= 1.5, growth <= 1.2, peak <= 2 GiB.
+
+    python benchmarks/data_scale.py [--sizes 200000,2000000] [--pipelines jsonl,arrow,bin]
+        [--timeout 1800] [--tmp DIR] [--save] [--o1-param NAME=VALUE ...]
+
+`--sizes 1000000,10000000` is the large setting (about 1.1 GB of JSONL at 10 M rows); a quick
+look: `--sizes 2000,20000`. `--o1-param` passes a parameter of notebook 01 that exists (a scan
+limit, once there is one), checked by `params.of` as the notebook checks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "data_samples" / "generation.jsonl"
+TASK = "workbook.samples.generation:task"
+NOTEBOOK = "01_inspect_examples"
+MIB, GIB = 2**20, 2**30
+GROUP_SIZES = (3, 4, 5)  # rows per group in turn: 4 on average
+CHUNK = 50_000  # rows written at a time
+OPS: dict[str, Callable[[str], str]] = {"upper": str.upper, "reverse": lambda w: w[::-1],
+                                        "repeat": lambda w: f"{w} {w}"}
+
+
+# --- the data -----------------------------------------------------------------------------
+def sample_conversations() -> list[tuple[str, list[str]]]:
+    """(word, operations in turn order) of each conversation of the generation sample."""
+    convs: dict[str, tuple[str, list[str]]] = {}
+    with SAMPLE.open(encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            op, word = row["instruction"].split(": ", 1)
+            if op not in OPS or not (word.isascii() and word.isalpha()):
+                raise SystemExit(f"{SAMPLE}: unexpected instruction {row['instruction']!r}")
+            convs.setdefault(row["conversation"], (word, []))[1].append(op)
+    return list(convs.values())
+
+
+def rows(n: int) -> Iterator[tuple[str, str, str, str]]:
+    """n rows (conversation, id, instruction, response), generated as they are read."""
+    convs = sample_conversations()
+    done, group = 0, 0
+    while done < n:
+        word, ops = convs[group % len(convs)]
+        word = f"{word}{group // len(convs)}"  # letters then digits: unique per group
+        for turn in range(min(GROUP_SIZES[group % len(GROUP_SIZES)], n - done)):
+            op = ops[turn % len(ops)]
+            x = word if turn < len(ops) else f"{word}x{turn}"  # a later turn: its own input
+            yield f"conv{group:08d}", f"g{group:08d}-{turn}", f"{op}: {x}", OPS[op](x)
+            done += 1
+        group += 1
+
+
+def chunks(n: int) -> Iterator[list[tuple[str, str, str, str]]]:
+    chunk = []
+    for row in rows(n):
+        chunk.append(row)
+        if len(chunk) == CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def write_jsonl(path: Path, n: int) -> None:
+    # the fields hold letters, digits, spaces and colons only: nothing to escape
+    with path.open("w", encoding="utf-8") as handle:
+        for chunk in chunks(n):
+            handle.writelines(f'{{"conversation": "{c}", "id": "{i}", "instruction": "{q}", '
+                              f'"response": "{r}"}}\n' for c, i, q, r in chunk)
+
+
+def write_arrow(path: Path, n: int) -> None:
+    import pyarrow as pa
+
+    names = ["conversation", "id", "instruction", "response"]
+    schema = pa.schema([(name, pa.string()) for name in names])
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for chunk in chunks(n):
+            writer.write_batch(pa.record_batch([list(col) for col in zip(*chunk, strict=True)],
+                                               schema=schema))
+
+
+def write_bin(path: Path, n: int) -> None:
+    import numpy as np
+
+    from workbook.contract import tokenizer as tok
+
+    with path.open("wb") as handle:
+        for chunk in chunks(n):
+            ids: list[int] = []
+            for _, _, q, r in chunk:
+                ids += [tok.BOS, *tok.encode(q + "\n"), *tok.encode(r), tok.EOS]
+            np.asarray(ids, dtype=np.uint16).tofile(handle)
+
+
+# --- the plain passes (run in the child) ----------------------------------------------------
+def plain_jsonl(task, path: Path) -> int:
+    count = 0
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            task.encode(json.loads(line))
+            count += 1
+    return count
+
+
+def plain_arrow(task, path: Path) -> int:
+    import datasets
+
+    count = 0
+    for batch in datasets.Dataset.from_file(str(path)).iter(batch_size=1000):
+        for values in zip(*batch.values(), strict=True):
+            task.encode(dict(zip(batch, values, strict=True)))
+            count += 1
+    return count
+
+
+def plain_bin(task, path: Path) -> int:
+    import numpy as np
+    import torch
+
+    block = int(task.encode.keywords["max_length"]) + 1  # the window a sequence is cut to
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    count = 0
+    for start in range(0, len(tokens) - block + 1, block):
+        window = torch.from_numpy(tokens[start:start + block].astype(np.int64))
+        window[:-1], window[1:]  # noqa: B018 - inputs and targets, as a loader cuts them
+        count += 1
+    return count
+
+
+@dataclass
+class Pipeline:
+    """One on-disk format: how it is written, its plain pass, and why it cannot run through 01
+    yet (empty: it can)."""
+
+    suffix: str
+    needs: tuple[str, ...]
+    write: Callable[[Path, int], None]
+    plain: Callable[[object, Path], int]
+    o1_not_yet: str = ""
+
+
+PIPELINES = {
+    "jsonl": Pipeline("jsonl", (), write_jsonl, plain_jsonl),
+    "arrow": Pipeline("arrow", ("datasets",), write_arrow, plain_arrow,
+                      "the sample task reads JSONL only (`data_file`); streaming sources are "
+                      "being added"),
+    "bin": Pipeline("bin", ("numpy",), write_bin, plain_bin,
+                    "a token file has no rows for the task's examples; streaming sources are "
+                    "being added"),
+}
+
+
+# --- one measured run: the child ------------------------------------------------------------
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> None:
+    """Run one measurement and print its result as the last line, in JSON."""
+    import workbook as wb
+
+    for module in PIPELINES[pipeline].needs:
+        importlib.import_module(module)  # imports before the clock
+    if mode == "plain":
+        wb.load_task(TASK)  # imports before the clock
+        start = time.perf_counter()
+        rss_before = _status_kib("VmRSS")
+        task = wb.load_task(TASK, data_file=str(path))
+        result = {"rows": PIPELINES[pipeline].plain(task, path)}
+    else:
+        wb.inspection, wb.params, wb.load_task(TASK)  # noqa: B018 - imports before the clock
+        start = time.perf_counter()
+        rss_before = _status_kib("VmRSS")
+        params = wb.params.of(NOTEBOOK, task=TASK, task_options={"data_file": str(path)},
+                              **o1_params)
+        out = path.parent / f"out-01-{path.stem}"
+        out.mkdir(exist_ok=True)
+        ins = wb.inspection.run(params, out)
+        if save:
+            wb.inspection.save(ins, out)
+        result = {"rows": int(ins.figures["examples"]), "verdict": ins.verdict,
+                  "flags": [f.check for f in ins.flags]}
+    seconds = time.perf_counter() - start
+    hwm = _status_kib("VmHWM")
+    rss_source = "VmHWM" if hwm is not None else "ru_maxrss"
+    peak = (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    print(json.dumps({**result, "seconds": seconds, "peak_rss_bytes": peak,
+                      "rss_before_bytes": (rss_before or 0) * 1024, "rss_source": rss_source}))
+
+
+# --- the parent -------------------------------------------------------------------------------
+def measure(mode: str, pipeline: str, path: Path, args) -> dict:
+    """One fresh subprocess; its result, or {"error": ...} on a failure or a timeout."""
+    cmd = [sys.executable, __file__, "--child", mode, pipeline, str(path),
+           *sum((["--o1-param", p] for p in args.o1_param), []), *(["--save"] if args.save else [])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout:g} s (killed)"}
+    if done.returncode:
+        tail = " | ".join(line.strip() for line in done.stderr.strip().splitlines()[-3:])
+        return {"error": f"exit {done.returncode}: {tail[-400:] or 'no output'}"}
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"no result line in its output: {done.stdout[-300:]!r}"}
+
+
+def o1_param(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="200000,2000000",
+                        help="rows per file, comma-separated (two sizes 10x apart)")
+    parser.add_argument("--pipelines", default=",".join(PIPELINES))
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--tmp", default=None, help="where the temporary folder goes")
+    parser.add_argument("--save", action="store_true", help="01 also runs inspection.save")
+    parser.add_argument("--o1-param", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--child", nargs=3, metavar=("MODE", "PIPELINE", "PATH"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    o1_params = dict(map(o1_param, args.o1_param))
+    if args.child:
+        mode, pipeline, path = args.child
+        return child(mode, pipeline, Path(path), o1_params, args.save)
+
+    import pandas as pd
+
+    sizes = sorted({int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()})
+    names = [n.strip() for n in args.pipelines.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(PIPELINES))
+    if len(sizes) < 2 or unknown:
+        parser.error(f"--sizes needs two sizes or more; unknown pipelines {unknown}"
+                     if unknown else "--sizes needs two sizes or more")
+    print(f"notebook 01 against a plain pass; task {TASK}; sizes {sizes}; pipelines {names}; "
+          f"{os.cpu_count()} CPU cores, OMP_NUM_THREADS=1, timeout {args.timeout:g} s per run"
+          + (f"; 01 parameters {o1_params}" if o1_params else ""), flush=True)
+    table = []
+    tmp = Path(tempfile.mkdtemp(prefix="data_scale-", dir=args.tmp))
+    try:
+        for size in sizes:
+            for name in names:
+                pipe = PIPELINES[name]
+                row = {"size": size, "pipeline": name}
+                missing = [m for m in pipe.needs if importlib.util.find_spec(m) is None]
+                if missing:
+                    table.append({**row, "note": f"skipped: {', '.join(missing)} not installed"})
+                    continue
+                path = tmp / f"{size}.{pipe.suffix}"
+                start = time.perf_counter()
+                pipe.write(path, size)
+                written = time.perf_counter() - start
+                runs = {"plain": measure("plain", name, path, args)}
+                if not pipe.o1_not_yet:
+                    runs["o1"] = measure("o1", name, path, args)
+                notes = [f"{m}: {r['error']}" for m, r in runs.items() if "error" in r]
+                notes += [f"01 not yet: {pipe.o1_not_yet}"] if pipe.o1_not_yet else []
+                o1 = runs.get("o1", {})
+                if "verdict" in o1:
+                    notes.append(f"01 {o1['verdict']} on {o1['rows']} rows"
+                                 + (f" ({', '.join(sorted(set(o1['flags'])))})"
+                                    if o1["flags"] else ""))
+                for mode, r in runs.items():
+                    if "seconds" in r:
+                        row[f"{mode}_s"] = r["seconds"]
+                        row[f"{mode}_peak_rss_mib"] = r["peak_rss_bytes"] / MIB
+                        row[f"{mode}_start_rss_mib"] = r["rss_before_bytes"] / MIB
+                        row["rss_source"] = r["rss_source"]
+                row.update(file_mib=path.stat().st_size / MIB, write_s=written,
+                           note="; ".join(notes))
+                table.append(row)
+                path.unlink()
+                print(f"  {size} {name}: written in {written:.1f} s; " + ", ".join(
+                    f"{m} {r['seconds']:.2f} s" if "seconds" in r else f"{m} failed"
+                    for m, r in runs.items()), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    columns = ["size", "pipeline", "plain_s", "o1_s", "ratio", "plain_peak_rss_mib",
+               "o1_peak_rss_mib", "plain_start_rss_mib", "o1_start_rss_mib", "file_mib",
+               "write_s", "note"]
+    frame = pd.DataFrame(table).reindex(columns=[*columns, "rss_source"])
+    frame["ratio"] = frame["o1_s"] / frame["plain_s"]
+    sources = sorted(set(frame["rss_source"].dropna()))
+    print(frame[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print("seconds: the child's clock around the work (imports before it); *_start_rss_mib: "
+          "its resident size when the clock started; peak: "
+          + (", ".join(sources) or "none measured") + " of the child process")
+
+    growth = [g.set_index("size")["o1_peak_rss_mib"] for _, g in frame.groupby("pipeline")]
+    growth = [s[sizes[-1]] / s[sizes[0]] for s in growth
+              if sizes[0] in s.index and sizes[-1] in s.index]
+    ratio = frame["ratio"].max()
+    growth = max((g for g in growth if not math.isnan(g)), default=math.nan)
+    peak = frame["o1_peak_rss_mib"].max() * MIB / GIB
+    print(f"data_scale_pass_ratio: {ratio:.3f} rss_growth: {growth:.3f} peak_rss_gib: {peak:.3f}")
+
+
+if __name__ == "__main__":
+    main()
