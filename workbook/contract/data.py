@@ -13,9 +13,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from ..base.errors import WorkbookError, reason
-from .task import Task, own_code
-
-SPLITS = ("train", "validation", "test")
+from .sources import SPLITS, Checks, read_splits, rows, split_of
+from .task import Task
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -47,34 +46,13 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def load_examples(task: Task) -> list[dict]:
-    """The task's raw examples, checked for ids and group keys."""
-    examples = list(own_code("load_examples", task.load_examples,
-                             receives="no arguments and returns a list of dicts"))
-    wrong = [(i, type(ex).__name__) for i, ex in enumerate(examples) if not isinstance(ex, dict)]
-    if wrong:
-        raise WorkbookError(f"{len(wrong)} of {len(examples)} raw examples are not dicts (e.g. "
-                            f"position {wrong[0][0]} is a {wrong[0][1]})",
-                            f"make load_examples return dicts with {task.id_key!r}, "
-                            f"{task.group_key!r} and the fields encode reads")
-    if not examples:
-        raise WorkbookError(f"task {task.name!r} returned no examples",
-                            "make load_examples return the raw examples")
-    for key, what in ((task.id_key, "id"), (task.group_key, "group key")):
-        missing = [i for i, ex in enumerate(examples) if ex.get(key) in (None, "")]
-        if missing:
-            raise WorkbookError(
-                f"{len(missing)} of {len(examples)} examples have no {what} {key!r} "
-                f"(positions {missing[:5]}{'...' if len(missing) > 5 else ''})",
-                f"give every example a {key!r} field"
-                + (" (the unit of leakage: conversation, patient, document, period)"
-                   if key == task.group_key else ""),
-            )
-    ids = [ex[task.id_key] for ex in examples]
-    if len(set(map(str, ids))) != len(ids):
-        seen: set[str] = set()
-        dupes = [i for i in map(str, ids) if i in seen or seen.add(i)]
-        raise WorkbookError(f"example ids are not unique (e.g. {dupes[:3]})",
-                            "give every example its own id")
+    """The task's raw examples as a list, checked for ids and group keys (the notebooks read
+    them streaming instead: `sources.read_splits`)."""
+    checks, examples = Checks(task), []
+    for position, example in enumerate(rows(task)):
+        if checks.ok(position, example):
+            examples.append(example)
+    checks.raise_any()
     return examples
 
 
@@ -82,11 +60,7 @@ def split_examples(task: Task, examples: list[dict]) -> dict[str, list[dict]]:
     """Assign each example to train / validation / test with the task's rule."""
     splits: dict[str, list[dict]] = {name: [] for name in SPLITS}
     for ex in examples:
-        name = task.split(ex)
-        if name not in splits:
-            raise WorkbookError(f"task split rule returned {name!r} for example "
-                                f"{ex[task.id_key]!r}", f"return one of {SPLITS}")
-        splits[name].append(ex)
+        splits[split_of(task, ex)].append(ex)
     for name in ("train", "validation"):
         if not splits[name]:
             raise WorkbookError(f"the {name} split of task {task.name!r} is empty",
@@ -137,13 +111,17 @@ class Prepared:
 
 
 def prepare(task: Task, encode: tuple[str, ...] = ("train", "validation"),
-            limits: dict[str, int] | None = None) -> Prepared:
-    """The prologue of every capability: load the raw examples, split them by group, keep the
-    first `limits[split]` of a split (0: all) and encode the splits in `encode`."""
-    raw = split_examples(task, load_examples(task))
-    for name, limit in (limits or {}).items():
-        if limit:
-            raw[name] = raw[name][:limit]
+            limits: dict[str, int] | None = None,
+            keep: tuple[str, ...] | None = None) -> Prepared:
+    """The prologue of every capability: one pass over the task's source, split by group,
+    keeping the raw rows of the splits in `keep` (default: those encoded or limited, else all) - the
+    first `limits[split]` of a split (0: all) - and encoding the splits in `encode`. A split
+    whose rows are not kept is not held in memory; once every kept split has its limit, the
+    source is not read further."""
+    if keep is None:
+        keep = tuple(dict.fromkeys([*encode, *(n for n, v in (limits or {}).items() if v)])) \
+            or SPLITS
+    raw = read_splits(task, keep, limits)
     return Prepared(raw, {name: encode_examples(task, raw[name]) for name in encode})
 
 

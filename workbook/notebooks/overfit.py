@@ -180,7 +180,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         raise WorkbookError(f"examples must be a positive integer, got {examples!r}",
                             "set examples to the size of the subset to memorise (8 is usual)")
     lr, lr_from = learning_rate(task, lr, lr_from)
-    train_split = prepare(task, encode=()).raw["train"]
+    train_split = prepare(task, encode=(), keep=("train",)).raw["train"]
     if examples > len(train_split):
         raise WorkbookError(f"examples={examples} is more than the {len(train_split)} examples "
                             "of the training split", "02 memorises a small subset: give "

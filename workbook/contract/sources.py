@@ -1,0 +1,143 @@
+"""Where a task's raw examples come from, read one at a time: whatever `load_examples` returns -
+a list, a map-style dataset read lazily by index (`__len__` and `__getitem__`: a memory-mapped
+`datasets.Dataset`, a torch `Dataset`) or any iterable (a generator, a torch `IterableDataset`, a
+streaming `datasets.IterableDataset`). Nothing here turns the source into a list; every row is
+checked as it passes (a dict, an id, a group key, ids unique), and the problems of a pass are
+raised together, with their counts, at its end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..base.errors import WorkbookError, reason
+from .task import Task, own_code
+
+SPLITS = ("train", "validation", "test")
+
+
+def rows(task: Task) -> Iterator[Any]:
+    """The rows of the task's source in order, read lazily; a source that raises while it is
+    read is named with the position it had reached."""
+    source = own_code("load_examples", task.load_examples,
+                      receives="no arguments and returns a list, a dataset or an iterable of "
+                      "dicts")
+    if isinstance(source, (str, bytes, Mapping)) or not (
+            isinstance(source, Iterable) or hasattr(source, "__getitem__")):
+        raise WorkbookError(f"load_examples of {task.name!r} returned a "
+                            f"{type(source).__name__}, not examples",
+                            "return a list of dicts, a map-style dataset (len and getitem) or "
+                            "an iterable of dicts (a generator, an IterableDataset)")
+    lazy = hasattr(source, "__len__") and hasattr(source, "__getitem__") and \
+        not isinstance(source, (list, tuple))
+    it = (source[i] for i in range(len(source))) if lazy else iter(source)
+    position = 0
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except WorkbookError:
+            raise
+        except Exception as exc:
+            raise WorkbookError(f"reading the examples of {task.name!r} failed at position "
+                                f"{position}: {reason(exc, 300)}",
+                                "fix the source load_examples returns (the file, shard or "
+                                "dataset at that position)") from exc
+        yield row
+        position += 1
+
+
+def split_of(task: Task, example: dict) -> str:
+    """The split the task's rule puts an example in, checked."""
+    name = task.split(example)
+    if name not in SPLITS:
+        raise WorkbookError(f"task split rule returned {name!r} for example "
+                            f"{example[task.id_key]!r}", f"return one of {SPLITS}")
+    return name
+
+
+@dataclass
+class Checks:
+    """What a pass found wrong with its rows, kept as counts and a few positions."""
+
+    task: Task
+    read: int = 0
+    not_dicts: list[tuple[int, str]] = field(default_factory=list)
+    missing: dict[str, list[int]] = field(default_factory=dict)
+    ids: set[str] = field(default_factory=set)
+    repeated: list[str] = field(default_factory=list)
+
+    def ok(self, position: int, example: Any) -> bool:
+        """Whether a row can be used; a row that cannot is counted, not dropped silently."""
+        self.read += 1
+        if not isinstance(example, dict):
+            self.not_dicts.append((position, type(example).__name__))
+            return False
+        good = True
+        for key in (self.task.id_key, self.task.group_key):
+            if example.get(key) in (None, ""):
+                self.missing.setdefault(key, []).append(position)
+                good = False
+        if good:
+            key = str(example[self.task.id_key])
+            if key in self.ids:
+                self.repeated.append(key)
+            self.ids.add(key)
+        return good
+
+    def raise_any(self) -> None:
+        """One error for what the pass found, in the order a user fixes them."""
+        task, n = self.task, self.read
+        if not n:
+            raise WorkbookError(f"task {task.name!r} returned no examples",
+                                "make load_examples return the raw examples")
+        if self.not_dicts:
+            pos, kind = self.not_dicts[0]
+            raise WorkbookError(f"{len(self.not_dicts)} of {n} raw examples are not dicts (e.g. "
+                                f"position {pos} is a {kind})",
+                                f"make load_examples return dicts with {task.id_key!r}, "
+                                f"{task.group_key!r} and the fields encode reads")
+        for key, what in ((task.id_key, "id"), (task.group_key, "group key")):
+            missing = self.missing.get(key, [])
+            if missing:
+                raise WorkbookError(
+                    f"{len(missing)} of {n} examples have no {what} {key!r} "
+                    f"(positions {missing[:5]}{'...' if len(missing) > 5 else ''})",
+                    f"give every example a {key!r} field"
+                    + (" (the unit of leakage: conversation, patient, document, period)"
+                       if key == task.group_key else ""))
+        if self.repeated:
+            raise WorkbookError(f"example ids are not unique (e.g. {self.repeated[:3]})",
+                                "give every example its own id")
+
+
+def read_splits(task: Task, keep: tuple[str, ...] = SPLITS,
+                limits: dict[str, int] | None = None) -> dict[str, list[dict]]:
+    """One pass over the task's source: every row checked and put in its split, the rows of
+    the splits in `keep` kept (the first `limits[split]` of each; 0 or absent: all). Reading
+    stops as soon as every kept split is full, so the first rows of a split of a stream of any
+    length are drawn without reading the rest."""
+    limits = {n: int((limits or {}).get(n) or 0) for n in SPLITS}
+    splits: dict[str, list[dict]] = {n: [] for n in SPLITS}
+    seen = dict.fromkeys(SPLITS, 0)
+    checks = Checks(task)
+    stopped = False
+    for position, example in enumerate(rows(task)):
+        if not checks.ok(position, example):
+            continue
+        name = split_of(task, example)
+        seen[name] += 1
+        if name in keep and (not limits[name] or len(splits[name]) < limits[name]):
+            splits[name].append(example)
+        if keep and all(limits[n] and len(splits[n]) >= limits[n] for n in keep):
+            stopped = True
+            break
+    checks.raise_any()
+    if not stopped:
+        for name in ("train", "validation"):
+            if not seen[name]:
+                raise WorkbookError(f"the {name} split of task {task.name!r} is empty",
+                                    "add examples or groups, or change split_fractions")
+    return splits
