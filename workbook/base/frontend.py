@@ -24,9 +24,10 @@ class QuietBar:
     """A headless progress bar: nothing while it runs (no stderr block in an exported notebook,
     which reads like an error), one short stdout line when it closes."""
 
-    def __init__(self, total=None, initial=0, disable=False, desc="", **_):
+    def __init__(self, total=None, initial=0, disable=False, desc="", unit="updates", **_):
         self.total, self.n, self.disable, self.desc, self.postfix = total, initial, disable, \
             desc, {}
+        self.unit = unit
         self.closed = False
 
     def update(self, n=1):
@@ -48,7 +49,7 @@ class QuietBar:
         self.closed = True
         done = f"{self.n} of {self.total}" if self.total else f"{self.n}"
         extra = "".join(f", {k} {v}" for k, v in self.postfix.items())
-        print(f"{self.desc + ': ' if self.desc else ''}{done} updates{extra}", flush=True)
+        print(f"{self.desc + ': ' if self.desc else ''}{done} {self.unit}{extra}", flush=True)
 
     def __enter__(self):
         return self

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 
 from ..base.errors import reason
@@ -42,8 +41,8 @@ def target_prompt(task: Task, batch: dict, items: list[Item]) -> torch.Tensor:
     return prompt
 
 
-def loss_coverage(task: Task, items: list[Item], batch_size: int = 64,
-                  spans: list[int | str] | None = None) -> pd.DataFrame:
+def coverage_rows(task: Task, items: list[Item], batch_size: int = 64,
+                  spans: list[int | str] | None = None) -> list[dict]:
     """Per example: real positions, contributing targets, and those on padding or the prompt
     (from the batch's prompt_mask, else from `spans`: see `prompt_spans`)."""
     rows = []
@@ -68,7 +67,7 @@ def loss_coverage(task: Task, items: list[Item], batch_size: int = 64,
                 "on_prompt": 0 if task.prompt_in_loss else int((counted[b] & prompt[b]).sum())
                 if prompt is not None else targets_on_prompt(task, it, span),
             })
-    return pd.DataFrame(rows)
+    return rows
 
 
 def prompt_span(task: Task, item: Item) -> int | str:
@@ -114,42 +113,38 @@ def targets_on_prompt(task: Task, item: Item, span: int | str | None) -> int:
     return int(contributes(targets[:max(span - 1, 0)]).sum())
 
 
-def prompt_notes(spans: list[int | str] | None) -> list[Note]:
-    """Say plainly when prompt masking could not be checked (on some or all examples)."""
-    unchecked = Counter(s for s in spans or [] if isinstance(s, str))
+def prompt_notes(unchecked: Counter, total: int) -> list[Note]:
+    """Say plainly when prompt masking could not be checked (on some or all of the `total`
+    examples; `unchecked`: why, counted)."""
     if not unchecked:
         return []
     why, _ = unchecked.most_common(1)[0]
     n = sum(unchecked.values())
-    share = "any example" if n == len(spans) else f"{n} of {len(spans)} examples"
+    share = "any example" if n == total else f"{n} of {total} examples"
     return [Note("prompt masking not checked", f"01 could not check prompt masking on {share}: "
                  f"{why} (encode gives no prompt_mask, so 01 looks for the prompt itself)",
                  "return a prompt_mask from encode (True on the prompt's label positions), so "
                  "01 counts the targets on the prompt")]
 
 
-def coverage_flags(coverage: pd.DataFrame) -> list[Flag]:
-    """Flags for examples without targets and targets counted on padding or the prompt."""
+def coverage_flags(zero, on_padding, on_prompt, examples: int) -> list[Flag]:
+    """Flags for examples without targets and targets counted on padding or the prompt (each a
+    `scan.Finding`: examples, targets, the first ids; `examples`: how many were scanned)."""
     flags = []
-    zero = coverage[coverage.targets == 0]
-    if len(zero):
-        flags.append(Flag("zero targets", f"{len(zero)} examples contribute nothing to the loss "
-                          "(often truncation cut the whole response)", len(zero),
+    if zero.examples:
+        flags.append(Flag("zero targets", f"{zero.examples} examples contribute nothing to the "
+                          "loss (often truncation cut the whole response)", zero.examples,
                           "raise max_length, or drop these examples deliberately and record it",
-                          zero.example.head(5).tolist()))
-    bad = coverage[coverage.on_padding > 0]
-    if len(bad):
-        flags.append(Flag("loss on padding", f"{int(bad.on_padding.sum())} targets on padding "
-                          f"positions, in {len(bad)} examples", int(bad.on_padding.sum()),
-                          "pad labels with -100 (the ignore index)",
-                          bad.example.head(5).tolist()))
-    bad = coverage[coverage.on_prompt > 0]
-    if len(bad):
-        flags.append(Flag("loss on prompt", f"{len(bad)} of {len(coverage)} examples have "
-                          f"targets on prompt tokens ({int(bad.on_prompt.sum())} targets) "
+                          list(zero.ids)))
+    if on_padding.examples:
+        flags.append(Flag("loss on padding", f"{int(on_padding.amount)} targets on padding "
+                          f"positions, in {on_padding.examples} examples", int(on_padding.amount),
+                          "pad labels with -100 (the ignore index)", list(on_padding.ids)))
+    if on_prompt.examples:
+        flags.append(Flag("loss on prompt", f"{on_prompt.examples} of {examples} examples have "
+                          f"targets on prompt tokens ({int(on_prompt.amount)} targets) "
                           "although the task excludes the prompt: the loss learns to predict "
-                          "the instruction", int(bad.on_prompt.sum()),
+                          "the instruction", int(on_prompt.amount),
                           "set labels to -100 on the prompt (or declare prompt_in_loss=True "
-                          "if the instruction is meant to be learned)",
-                          bad.example.head(5).tolist()))
+                          "if the instruction is meant to be learned)", list(on_prompt.ids)))
     return flags

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -9,16 +10,17 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..contract.data import SPLITS, Item, collate_items, prepare
+from ..contract.data import Item, collate_items
 from ..contract.task import Task, task_from_params
 from ..storage.records import Flag
-from .coverage import Note, coverage_flags, loss_coverage, prompt_notes, prompt_spans
+from .coverage import Note, coverage_flags, prompt_notes
 from .data_audits import label_audit, nonfinite_audit, split_audit
 
 # notebook 01's cells call the views as wb.inspection.batch_view, .browser, .example_display
 from .example_views import batch_view, browser, example_display  # noqa: F401
 from .forward_failure import model_failure, output_layer
 from .loss_probes import copy_audit, loss_probe, own_loss_shift
+from .scan import coverage_table, scan
 
 
 @dataclass
@@ -76,49 +78,60 @@ def num_outputs_of(task: Task, model: torch.nn.Module, items: list[Item]) -> int
         return int(task.forward(model, collate_items(task, items).tensors).shape[-1])
 
 
-def inspect_task(task: Task, probe_size: int = 8) -> Inspection:
-    """Run every notebook-01 check on the task; the verdict fails on any flag."""
-    data = prepare(task, SPLITS)
-    splits, items = data.raw, data.items
+def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float = 0.0,
+                 seed: int = 0, progress: bool = False) -> Inspection:
+    """Run every notebook-01 check on the task in one pass over its source (`limit`: its first
+    examples, `sample`: a seeded share of them); the verdict fails on any flag."""
     torch.manual_seed(0)
     model = task.build_model().eval()
-    train = items["train"]
-    by_length = sorted(train, key=lambda it: task.length(it.tensors))
-    probe = by_length[: probe_size // 2] + by_length[-(probe_size - probe_size // 2):]
-    every = [it for n in SPLITS for it in items[n]]
-    outputs, forward = probe_outputs(task, model, probe, every)
-    spans = {n: prompt_spans(task, items[n]) for n in SPLITS}
-    coverage = pd.concat([loss_coverage(task, items[n], spans=spans[n]).assign(split=n)
-                          for n in SPLITS], ignore_index=True)
-    split_table, split_flags = split_audit(task, splits, items)
-    layer = output_layer(model) if outputs is None else None
+    probed: dict[str, Any] = {}
+
+    def probe_model(kept: dict[str, list[Item]]) -> int | None:
+        """The output size from a forward on the shortest and longest kept train examples."""
+        by_length = sorted(kept["train"], key=lambda it: task.length(it.tensors))
+        probe = by_length[: probe_size // 2] + by_length[-(probe_size - probe_size // 2):]
+        every = [it for name in kept for it in kept[name]]
+        outputs, forward = probe_outputs(task, model, probe, every) if probe else (None, [])
+        layer = output_layer(model) if outputs is None else None
+        probed.update(probe=probe, outputs=outputs, forward=forward, layer=layer)
+        return outputs if layer is None else layer[1]
+
+    result = scan(task, limit, sample, seed, probe=probe_model, progress=progress)
+    items, probe, outputs, layer = result.kept, probed["probe"], probed["outputs"], \
+        probed["layer"]
+    split_table, split_flags = split_audit(result)
     classes, label_flags = label_audit(
-        task, splits, items, outputs if layer is None else layer[1],
-        "" if layer is None else f"the outputs of its last linear layer `{layer[0]}`, read "
-        "from the model since its forward failed")
-    nonfinite = nonfinite_audit(items)
-    probed = loss_probe(task, model, probe) if not nonfinite and outputs is not None else []
-    flags = (forward + coverage_flags(coverage) + nonfinite + probed
+        result, "" if layer is None else f"the outputs of its last linear layer `{layer[0]}`, "
+        "read from the model since its forward failed")
+    nonfinite = nonfinite_audit(result)
+    probed_flags = loss_probe(task, model, probe) if not nonfinite and outputs is not None \
+        else []
+    examples = sum(result.examples.values())
+    flags = (probed["forward"] + coverage_flags(result.zero, result.on_padding,
+                                                result.on_prompt, examples)
+             + nonfinite + probed_flags
              + copy_audit(task, items["train"], model_shift=own_loss_shift(task, model, probe))
              + label_flags + split_flags)
-    positions = int(coverage.positions.sum())
+    # regression: mean(target^2) over the train split - one value whose square is that mean
+    square = torch.tensor([math.sqrt(result.train_square.mean)]) \
+        if task.target_kind.float_targets and result.train_square.n else None
     figures = {
-        "examples": len(coverage), "num_outputs": outputs,
+        "examples": examples, "scanned": result.scanned, "num_outputs": outputs,
         "expected_initial_loss": None if outputs is None and not task.target_kind.float_targets
-        else round(task.expected_initial_loss(
-            outputs, torch.cat([it.tensors["labels"].reshape(-1) for it in train])), 4),
-        "contributing_share": round(int(coverage.targets.sum()) / max(positions, 1), 4),
-        "targets_per_example_mean": round(float(coverage.targets.mean()), 3),
-        "zero_target_examples": int((coverage.targets == 0).sum()),
-        "targets_on_padding": int(coverage.on_padding.sum()),
-        "targets_on_prompt": int(coverage.on_prompt.sum()),
+        else round(task.expected_initial_loss(outputs, square), 4),
+        "contributing_share": round(result.targets / max(result.positions, 1), 4),
+        "targets_per_example_mean": round(result.targets / max(examples, 1), 3),
+        "zero_target_examples": result.zero.examples,
+        "targets_on_padding": int(result.on_padding.amount),
+        "targets_on_prompt": int(result.on_prompt.amount),
         "groups_crossing_splits": next((f.count for f in flags if f.check ==
                                         "group crosses splits"), 0),
         "flags": len(flags),
     }
-    notes = prompt_notes([x for n in SPLITS for x in spans[n] or []]) + adapter_notes(task)
-    return Inspection(task, splits, items, split_table, coverage, figures, flags, classes,
-                      notes)
+    notes = prompt_notes(result.unchecked_prompts, result.prompt_examples) + \
+        adapter_notes(task)
+    return Inspection(task, result.kept_raw, items, split_table, coverage_table(result),
+                      figures, flags, classes, notes)
 
 
 def adapter_notes(task: Task) -> list[Note]:
@@ -137,9 +150,12 @@ def adapter_notes(task: Task) -> list[Note]:
     return notes
 
 
-def run(params: dict[str, Any], out_dir: Path | None = None) -> Inspection:
+def run(params: dict[str, Any], out_dir: Path | None = None,
+        progress: bool = False) -> Inspection:
     """Notebook 01 from its parameters (it writes nothing until `save`)."""
-    return inspect_task(task_from_params(params), probe_size=params["probe_size"])
+    return inspect_task(task_from_params(params), probe_size=params["probe_size"],
+                        limit=params.get("scan_limit", 0), sample=params.get("scan_sample", 0.0),
+                        seed=params.get("seed", 0), progress=progress)
 
 
 def save(ins: Inspection, out_dir: Path) -> str:

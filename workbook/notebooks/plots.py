@@ -51,11 +51,12 @@ def loss_curve(steps: pd.DataFrame, *, threshold: float | None = None,
 
 
 def coverage_histogram(coverage: pd.DataFrame, save: Path | None = None):
-    """How many targets each example contributes to the loss, per split."""
+    """How many targets each example contributes to the loss, per split (`coverage`: one row
+    per split and target count, with how many `examples` gave it)."""
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for split, rows in coverage.groupby("split", sort=False):
-        ax.hist(rows.targets, bins=range(0, int(coverage.targets.max()) + 2), alpha=0.5,
-                label=split, density=True)
+        ax.hist(rows.targets, weights=rows.examples, alpha=0.5, label=split, density=True,
+                bins=range(0, int(coverage.targets.max()) + 2))
     ax.set(xlabel="contributing targets per example", ylabel="share of examples",
            title="loss coverage")
     ax.legend(fontsize="small")

@@ -1,0 +1,108 @@
+"""Notebook 01's one pass (notebooks/scan.py, contract/hash_index.py): a stream of any length is
+scanned once with only its first examples kept whole, a prefix or a seeded sample when asked,
+and a finding far past the kept examples is still counted and named."""
+
+import itertools
+
+import pytest
+import torch
+
+import workbook as wb
+from workbook.contract import hash_index
+from workbook.notebooks import scan as scanning
+from workbook.notebooks.inspection import inspect_task
+
+NAMES = ["no", "yes"]
+
+
+def row(i: int) -> dict:
+    """Example i: patient i // 4, every input its own."""
+    return {"id": i, "patient": f"p{i // 4}", "label": NAMES[i % 2], "x": [i / 1000, i % 7 / 7]}
+
+
+class Counted:
+    def __init__(self, n: int | None):
+        self.n = n
+
+    def __iter__(self):
+        return (row(i) for i in (itertools.count() if self.n is None else range(self.n)))
+
+
+def task_over(source) -> wb.Task:
+    """Patients whose number ends in 0 are validation, the rest train (a rule of the task's)."""
+    return wb.Task(
+        name="points", kind="classification", load_examples=lambda: source,
+        encode=lambda ex: {"x": torch.tensor(ex["x"]),
+                           "labels": torch.tensor(NAMES.index(ex["label"]))},
+        collate=torch.utils.data.default_collate, build_model=lambda: torch.nn.Linear(2, 2),
+        decode=lambda ids: ", ".join(NAMES[int(i)] if 0 <= int(i) < 2 else f"<{int(i)}?>"
+                                     for i in ids),
+        group_key="patient", model_inputs=("x",), label_names=NAMES, label_field="label",
+        split_of=lambda ex: "validation" if int(ex["id"]) // 4 % 10 == 0 else "train")
+
+
+def test_the_hash_index_finds_repeats_within_and_across_blocks(monkeypatch):
+    monkeypatch.setattr(hash_index, "BLOCK", 4)
+    seen = []
+    index = hash_index.HashIndex(lambda what, prior, bit: seen.append((what, prior, bit)))
+    for key, bit in [("a", 1), ("b", 1), ("a", 2), ("c", 4), ("b", 1), ("d", 1), ("a", 1),
+                     ("e", 2), ("c", 4), ("f", 1)]:
+        index.add(hash_index.key_of(key), bit, key)
+    index.flush()
+    assert seen == [("a", 1, 2), ("b", 1, 1), ("a", 3, 1), ("c", 4, 4)]
+    assert [index.count(), index.count(1), index.count(2), index.count(4)] == [6, 4, 2, 1]
+    assert index.count(crossing=True) == 1  # only "a" sits in two splits
+
+
+def test_a_stream_without_a_length_is_scanned_whole_and_passes():
+    ins = inspect_task(task_over(Counted(3000)))
+    assert ins.verdict == "pass", ins.flag_table()
+    assert ins.figures["examples"] == 3000 and ins.figures["scanned"] == "the whole source"
+    assert ins.split_table.examples.sum() == 3000
+    assert ins.coverage.examples.sum() == 3000  # the histogram counts every example
+
+
+def test_a_prefix_and_a_seeded_sample_are_said():
+    first = inspect_task(task_over(Counted(None)), limit=500)  # endless: the limit ends it
+    assert first.figures["examples"] == 500
+    assert first.figures["scanned"] == "the first 500 examples"
+    half = inspect_task(task_over(Counted(2000)), sample=0.5, seed=3)
+    again = inspect_task(task_over(Counted(2000)), sample=0.5, seed=3)
+    assert 850 < half.figures["examples"] < 1150
+    assert half.figures["examples"] == again.figures["examples"]
+    assert half.figures["scanned"] == "a seeded sample of 50%"
+    with pytest.raises(wb.WorkbookError, match="scan_sample"):
+        inspect_task(task_over(Counted(10)), sample=1.5)
+
+
+def test_findings_past_the_kept_examples_are_counted_and_named(monkeypatch):
+    monkeypatch.setattr(scanning, "KEEP", 16)
+    monkeypatch.setattr(hash_index, "BLOCK", 128)
+
+    def late_trouble():
+        for i in range(2000):
+            ex = row(i)
+            if i == 1500:  # a train row of patient p0, whose rows 0-3 are validation
+                ex["patient"] = "p0"
+            if i in (1700, 1720):  # one input in train (patient 425) and validation (430)
+                ex["x"] = [123.0, 4.0]
+            yield ex
+
+    ins = inspect_task(task_over(late_trouble()))
+    assert all(len(v) <= 16 for v in ins.items.values())
+    flags = {f.check: f for f in ins.flags}
+    assert flags["group crosses splits"].examples == ["p0"]
+    assert flags["group crosses splits"].count == 1
+    assert flags["duplicate input crosses splits"].count == 1
+    assert "1720" in flags["duplicate input crosses splits"].examples[0]
+    assert ins.figures["examples"] == 2000
+    assert {f.check for f in inspect_task(task_over(Counted(2000))).flags} == set()
+
+
+def test_label_ids_far_into_a_stream_are_checked_against_the_model(monkeypatch):
+    monkeypatch.setattr(scanning, "KEEP", 8)
+    bad = task_over(Counted(1200))
+    bad.encode = lambda ex: {"x": torch.tensor(ex["x"]), "labels": torch.tensor(
+        NAMES.index(ex["label"]) if ex["id"] < 1100 else 7)}
+    found = {f.check: f for f in inspect_task(bad).flags}["label ids out of range"]
+    assert found.count == 100 and all(i >= 1100 for i in found.examples)

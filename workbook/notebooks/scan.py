@@ -1,0 +1,241 @@
+"""Notebook 01's one pass over the task's source - the whole of it, a declared prefix or a seeded
+sample - gathering every statistic as the examples stream by. Memory grows with the data only
+by the hash indexes (9 bytes per example id, per distinct input and per group); the first
+`keep` examples of each split are kept whole for the views and the probes, and figures are
+histograms and running sums, exact over everything scanned."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..base.errors import WorkbookError
+from ..base.frontend import progress_bar
+from ..contract.data import Item, encode_example
+from ..contract.hash_index import HashIndex, key_of
+from ..contract.sources import SPLITS, Checks, opened, split_of
+from ..contract.targets import IGNORE_INDEX, contributes
+from ..contract.task import Task
+from .coverage import coverage_rows, prompt_spans
+
+KEEP = 4096  # examples of each split kept whole: the samples' splits fit, so they see them all
+CHUNK = 64  # examples collated at a time
+FINDINGS = 5  # example ids kept per finding (its count covers every example)
+BITS = {name: 1 << i for i, name in enumerate(SPLITS)}
+
+
+@dataclass
+class Finding:
+    """How many examples showed something, how much of it, and the first few ids."""
+
+    examples: int = 0
+    amount: float = 0
+    ids: list[Any] = field(default_factory=list)
+
+    def add(self, example_id: Any, amount: float = 1) -> None:
+        self.examples += 1
+        self.amount += amount
+        if len(self.ids) < FINDINGS:
+            self.ids.append(example_id)
+
+
+@dataclass
+class Moments:
+    """Count, mean, spread and range of float targets, merged a chunk at a time."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    low: float = math.inf
+    high: float = -math.inf
+
+    def add(self, values: torch.Tensor) -> None:
+        v = values.double()
+        if not v.numel():
+            return
+        n, mean = v.numel(), float(v.mean())
+        delta, total = mean - self.mean, self.n + v.numel()
+        self.m2 += float(((v - mean) ** 2).sum()) + delta**2 * self.n * n / total
+        self.mean += delta * n / total
+        self.n, self.low, self.high = total, min(self.low, float(v.min())), \
+            max(self.high, float(v.max()))
+
+    def row(self) -> dict:
+        if self.n < 2:
+            return {"targets": self.n}
+        return {"targets": self.n, "mean": self.mean, "std": math.sqrt(self.m2 / (self.n - 1)),
+                "min": self.low, "max": self.high}
+
+
+@dataclass
+class Scan:
+    """What one pass found: the kept examples, and the statistics of every example scanned."""
+
+    task: Task
+    scanned: str  # "the whole source", "the first N examples", "a seeded sample of ..."
+    kept_raw: dict[str, list[dict]] = field(default_factory=lambda: {n: [] for n in SPLITS})
+    kept: dict[str, list[Item]] = field(default_factory=lambda: {n: [] for n in SPLITS})
+    examples: Counter = field(default_factory=Counter)
+    targets_hist: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    positions: int = 0
+    targets: int = 0
+    zero: Finding = field(default_factory=Finding)
+    on_padding: Finding = field(default_factory=Finding)
+    on_prompt: Finding = field(default_factory=Finding)
+    unchecked_prompts: Counter = field(default_factory=Counter)
+    prompt_examples: int = 0
+    classes: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    mismatched: Finding = field(default_factory=Finding)
+    first_mismatch: tuple = ()
+    out_of_range: Finding = field(default_factory=Finding)
+    label_range: list[tuple[Any, int, int]] = field(default_factory=list)  # until outputs known
+    outputs: int | None = None
+    moments: dict[str, Moments] = field(default_factory=lambda: defaultdict(Moments))
+    train_square: Moments = field(default_factory=Moments)
+    nonfinite: Finding = field(default_factory=Finding)
+    crossing_groups: list[str] = field(default_factory=list)
+    crossing_inputs: list[list[str]] = field(default_factory=list)
+    groups: HashIndex | None = None
+    inputs: HashIndex | None = None
+
+    def note_outputs(self, outputs: int | None) -> None:
+        """The model's output size, once known: the label ids held until then are checked."""
+        self.outputs = outputs
+        for example_id, low, high in self.label_range:
+            self._check_range(example_id, low, high)
+        self.label_range = []
+
+    def _check_range(self, example_id: Any, low: int, high: int) -> None:
+        if self.outputs is not None and (low < 0 or high >= self.outputs):
+            self.out_of_range.add(example_id)
+
+
+def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
+         keep: int | None = None, probe: Any = None, progress: bool = False) -> Scan:
+    """One pass: every example checked, split, encoded and counted; `limit` stops after that
+    many examples, `sample` keeps each with that probability (seeded). `probe(kept)` returns
+    the model's output size once the train split's kept examples are in (or the
+    stream ended), so label ids are checked against it without a second pass."""
+    if sample and not 0 < sample <= 1 or limit < 0:
+        raise WorkbookError(f"scan_limit={limit}, scan_sample={sample}: the limit is a count of "
+                            "examples (0: all) and the sample a share in (0, 1] (0: every one)",
+                            "give scan_limit >= 0 and 0 <= scan_sample <= 1")
+    said = "the whole source" if not limit and not sample else \
+        (f"a seeded sample of {sample:.0%}" if sample else "") + \
+        (" of " if sample and limit else "") + (f"the first {limit:,} examples" if limit else "")
+    keep = KEEP if keep is None else keep
+    result = Scan(task, said)
+    result.groups = HashIndex(lambda group, prior, bit: _crossing(result.crossing_groups, group,
+                                                                  prior, bit))
+    result.inputs = HashIndex(lambda where, prior, bit: _crossing(result.crossing_inputs, where,
+                                                                  prior, bit))
+    checks, pending = Checks(task), {n: [] for n in SPLITS}
+    source, total = opened(task)
+    draw = random.Random(seed)
+    bar = progress_bar(total=min(limit, total) if limit and total else limit or total,
+                       desc="scanned", unit="examples", disable=not progress)
+    probed = False
+    try:
+        for position, example in enumerate(source):
+            if limit and position >= limit:
+                break
+            bar.update(1)
+            if (sample and draw.random() >= sample) or not checks.ok(position, example):
+                continue
+            name = split_of(task, example)
+            item = encode_example(task, example)
+            result.examples[name] += 1
+            result.groups.add(key_of(str(example[task.group_key])), BITS[name],
+                              str(example[task.group_key]))
+            if len(result.kept[name]) < keep:
+                result.kept[name].append(item)
+                result.kept_raw[name].append(example)
+            pending[name].append(item)
+            if len(pending[name]) == CHUNK:
+                _count(result, name, pending[name])
+                pending[name] = []
+            if not probed and len(result.kept["train"]) >= keep and probe is not None:
+                result.note_outputs(probe(result.kept))
+                probed = True
+    finally:
+        bar.close()
+    checks.raise_any()
+    for name in SPLITS:
+        _count(result, name, pending[name])
+    if not probed and probe is not None:
+        result.note_outputs(probe(result.kept))
+    result.groups.flush()
+    result.inputs.flush()
+    return result
+
+
+def _crossing(found: list, what: Any, prior: int, bit: int) -> None:
+    if prior & ~bit and len(found) < FINDINGS:
+        found.append(what)
+
+
+def _count(result: Scan, name: str, items: list[Item]) -> None:
+    """Fold one chunk of a split into the statistics (then the chunk can go)."""
+    if not items:
+        return
+    task = result.task
+    spans = prompt_spans(task, items)
+    if spans is not None:
+        result.prompt_examples += len(spans)
+        result.unchecked_prompts.update(s for s in spans if isinstance(s, str))
+    for row in coverage_rows(task, items, spans=spans):
+        result.targets_hist[name][row["targets"]] += 1
+        result.positions += row["positions"]
+        result.targets += row["targets"]
+        if row["targets"] == 0:
+            result.zero.add(row["example"])
+        if row["on_padding"]:
+            result.on_padding.add(row["example"], row["on_padding"])
+        if row["on_prompt"]:
+            result.on_prompt.add(row["example"], row["on_prompt"])
+    kind = task.target_kind
+    for it in items:
+        tensors = it.tensors
+        if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+               for t in tensors.values()):
+            result.nonfinite.add(it.id)
+        key = b"".join(tensors[k].contiguous().numpy().tobytes() for k in task.model_inputs
+                       if k in tensors)
+        result.inputs.add(key_of(key), BITS[name], (name, it.id))
+        labels = tensors["labels"].reshape(-1)
+        if kind.float_targets:
+            values = labels.float()[contributes(labels)]
+            result.moments[name].add(values)
+            if name == "train":
+                result.train_square.add(values**2)
+            continue
+        real = labels[labels != IGNORE_INDEX]
+        if real.numel():
+            low, high = int(real.min()), int(real.max())
+            if result.outputs is None:
+                result.label_range.append((it.id, low, high))
+            else:
+                result._check_range(it.id, low, high)
+        if kind.named_classes:
+            names, raw = kind.names_of(task, real.tolist()), kind.raw_names(task, it.raw)
+            result.classes[name].update(names)
+            if names != raw:
+                result.mismatched.add(it.id)
+                if not result.first_mismatch:
+                    result.first_mismatch = next(
+                        ((r, n) for r, n in zip(raw, names, strict=False) if r != n),
+                        (" ".join(raw), " ".join(names)))
+
+
+def coverage_table(result: Scan) -> pd.DataFrame:
+    """How many examples of each split contribute how many targets (the histogram's data)."""
+    rows = [{"split": name, "targets": t, "examples": n}
+            for name in SPLITS for t, n in sorted(result.targets_hist[name].items())]
+    return pd.DataFrame(rows, columns=["split", "targets", "examples"])
+
