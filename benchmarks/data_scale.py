@@ -192,11 +192,11 @@ class Pipeline:
 PIPELINES = {
     "jsonl": Pipeline("jsonl", (), write_jsonl, plain_jsonl),
     "arrow": Pipeline("arrow", ("datasets",), write_arrow, plain_arrow,
-                      "the sample task reads JSONL only (`data_file`); streaming sources are "
-                      "being added"),
+                      "the sample task reads JSONL only (`data_file`); a task over "
+                      "datasets.Dataset.from_file is not written yet"),
     "bin": Pipeline("bin", ("numpy",), write_bin, plain_bin,
-                    "a token file has no rows for the task's examples; streaming sources are "
-                    "being added"),
+                    "this file's windows are not the sample's examples; "
+                    "examples/token_stream.py reads such a file but is not wired in here yet"),
 }
 
 

@@ -92,7 +92,7 @@ def test_group_in_two_splits_is_flagged(gen_task):
 
 
 def test_duplicate_input_across_splits_is_flagged(cls_task):
-    rows = cls_task.load_examples()
+    rows = list(cls_task.load_examples())  # the sample reads its file lazily
     copy = dict(rows[0], id="dup", author="someone-else-entirely")
     task = dataclasses.replace(cls_task, load_examples=lambda: rows + [copy],
                                split_of=lambda ex: "test" if ex["id"] == "dup" else

@@ -17,28 +17,39 @@ from .sources import SPLITS, Checks, read_splits, rows, split_of
 from .task import Task
 
 
+class JsonlRows:
+    """The objects of a JSONL file, one per line, read lazily on every pass (a task's
+    `load_examples` may return it as it is: the file is never held in memory); a malformed line
+    is reported with its file and number when the pass reaches it."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise WorkbookError(f"data file {self.path} does not exist",
+                                "check the path, or regenerate the samples with "
+                                "`python data_samples/make_samples.py`")
+
+    def __iter__(self) -> Iterator[dict]:
+        path = self.path
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise WorkbookError(f"{path}:{number}: malformed JSON line ({exc.msg})",
+                                        f"fix or remove line {number} of {path}") from exc
+                if not isinstance(row, dict):
+                    raise WorkbookError(f"{path}:{number}: expected a JSON object, got "
+                                        f"{type(row).__name__}",
+                                        f"write line {number} as an object {{...}}")
+                yield row
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
-    """Read one JSON object per line; a malformed line is reported with its file and number."""
-    path = Path(path)
-    if not path.is_file():
-        raise WorkbookError(f"data file {path} does not exist",
-                            "check the path, or regenerate the samples with "
-                            "`python data_samples/make_samples.py`")
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkbookError(f"{path}:{number}: malformed JSON line ({exc.msg})",
-                                    f"fix or remove line {number} of {path}") from exc
-            if not isinstance(row, dict):
-                raise WorkbookError(f"{path}:{number}: expected a JSON object, got "
-                                    f"{type(row).__name__}",
-                                    f"write line {number} as an object {{...}}")
-            rows.append(row)
+    """Every object of a JSONL file as a list (`JsonlRows` reads them lazily instead)."""
+    rows = list(JsonlRows(path))
     if not rows:
         raise WorkbookError(f"data file {path} holds no examples", "point the task at a file "
                             "with at least one JSON line")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..base.errors import reason
-from ..contract.data import Item, collate_items
+from ..contract.data import Item
 from ..contract.targets import contributes
 from ..contract.task import Task
 from ..storage.records import Flag
@@ -41,33 +41,28 @@ def target_prompt(task: Task, batch: dict, items: list[Item]) -> torch.Tensor:
     return prompt
 
 
-def coverage_rows(task: Task, items: list[Item], batch_size: int = 64,
-                  spans: list[int | str] | None = None) -> list[dict]:
-    """Per example: real positions, contributing targets, and those on padding or the prompt
-    (from the batch's prompt_mask, else from `spans`: see `prompt_spans`)."""
-    rows = []
-    for start in range(0, len(items), batch_size):
-        chunk = items[start:start + batch_size]
-        spanned = spans[start:start + batch_size] if spans else [None] * len(chunk)
-        batch = collate_items(task, chunk).tensors
-        labels = batch["labels"]
-        counted = contributes(labels)
-        if labels.dim() == 1 or task.target_kind.float_targets:  # per example, not position
-            for it, c in zip(chunk, counted, strict=True):
-                rows.append({"example": it.id, "positions": 1, "targets": int(c.sum()),
-                             "on_padding": 0, "on_prompt": 0})
-            continue
-        mask = batch.get("attention_mask", torch.ones_like(labels)).bool()
-        prompt = batch["prompt_mask"].bool() if "prompt_mask" in batch else None
-        for b, (it, span) in enumerate(zip(chunk, spanned, strict=True)):
-            rows.append({
-                "example": it.id, "positions": int(mask[b].sum()),
-                "targets": int(counted[b].sum()),
-                "on_padding": int((counted[b] & ~mask[b]).sum()),
-                "on_prompt": 0 if task.prompt_in_loss else int((counted[b] & prompt[b]).sum())
-                if prompt is not None else targets_on_prompt(task, it, span),
-            })
-    return rows
+def batch_coverage(task: Task, items: list[Item], batch: dict,
+                   spans: list[int | str] | None = None) -> list[dict]:
+    """Per example of a collated batch: real positions, contributing targets, and those on
+    padding or the prompt (from the batch's prompt_mask, else from `spans`: see
+    `prompt_spans`), counted for the whole batch at once."""
+    labels, n = batch["labels"], len(items)
+    counted = contributes(labels).reshape(n, -1)
+    targets = counted.sum(1).tolist()
+    if labels.dim() == 1 or task.target_kind.float_targets:  # per example, not position
+        return [{"example": it.id, "positions": 1, "targets": t, "on_padding": 0,
+                 "on_prompt": 0} for it, t in zip(items, targets, strict=True)]
+    mask = batch.get("attention_mask", torch.ones_like(labels)).bool().reshape(n, -1)
+    positions, padding = mask.sum(1).tolist(), (counted & ~mask).sum(1).tolist()
+    if task.prompt_in_loss:
+        prompt = [0] * n
+    elif "prompt_mask" in batch:
+        prompt = (counted & batch["prompt_mask"].bool().reshape(n, -1)).sum(1).tolist()
+    else:
+        prompt = [targets_on_prompt(task, it, span)
+                  for it, span in zip(items, spans or [None] * n, strict=True)]
+    return [{"example": it.id, "positions": p, "targets": t, "on_padding": d, "on_prompt": q}
+            for it, p, t, d, q in zip(items, positions, targets, padding, prompt, strict=True)]
 
 
 def prompt_span(task: Task, item: Item) -> int | str:

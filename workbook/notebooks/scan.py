@@ -17,12 +17,12 @@ import torch
 
 from ..base.errors import WorkbookError
 from ..base.frontend import progress_bar
-from ..contract.data import Item, encode_example
+from ..contract.data import Item, collate_items, encode_example
 from ..contract.hash_index import HashIndex, key_of
 from ..contract.sources import SPLITS, Checks, opened, split_of
 from ..contract.targets import IGNORE_INDEX, contributes
 from ..contract.task import Task
-from .coverage import coverage_rows, prompt_spans
+from .coverage import batch_coverage, prompt_spans
 
 KEEP = 4096  # examples of each split kept whole: the samples' splits fit, so they see them all
 CHUNK = 64  # examples collated at a time
@@ -184,12 +184,12 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
     """Fold one chunk of a split into the statistics (then the chunk can go)."""
     if not items:
         return
-    task = result.task
+    task, kind = result.task, result.task.target_kind
     spans = prompt_spans(task, items)
     if spans is not None:
         result.prompt_examples += len(spans)
         result.unchecked_prompts.update(s for s in spans if isinstance(s, str))
-    for row in coverage_rows(task, items, spans=spans):
+    for row in batch_coverage(task, items, collate_items(task, items).tensors, spans):
         result.targets_hist[name][row["targets"]] += 1
         result.positions += row["positions"]
         result.targets += row["targets"]
@@ -199,31 +199,32 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
             result.on_padding.add(row["example"], row["on_padding"])
         if row["on_prompt"]:
             result.on_prompt.add(row["example"], row["on_prompt"])
-    kind = task.target_kind
+    labels = [it.tensors["labels"].reshape(-1) for it in items]
     for it in items:
-        tensors = it.tensors
         if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
-               for t in tensors.values()):
+               for t in it.tensors.values()):
             result.nonfinite.add(it.id)
-        key = b"".join(tensors[k].contiguous().numpy().tobytes() for k in task.model_inputs
-                       if k in tensors)
+        key = b"".join(it.tensors[k].contiguous().numpy().tobytes() for k in task.model_inputs
+                       if k in it.tensors)
         result.inputs.add(key_of(key), BITS[name], (name, it.id))
-        labels = tensors["labels"].reshape(-1)
-        if kind.float_targets:
-            values = labels.float()[contributes(labels)]
-            result.moments[name].add(values)
-            if name == "train":
-                result.train_square.add(values**2)
+    if kind.float_targets:
+        values = torch.cat(labels).float()
+        values = values[contributes(values)]
+        result.moments[name].add(values)
+        if name == "train":
+            result.train_square.add(values**2)
+        return
+    for it, (low, high) in zip(items, _label_ranges(labels), strict=True):
+        if low is None:
             continue
-        real = labels[labels != IGNORE_INDEX]
-        if real.numel():
-            low, high = int(real.min()), int(real.max())
-            if result.outputs is None:
-                result.label_range.append((it.id, low, high))
-            else:
-                result._check_range(it.id, low, high)
-        if kind.named_classes:
-            names, raw = kind.names_of(task, real.tolist()), kind.raw_names(task, it.raw)
+        if result.outputs is None:
+            result.label_range.append((it.id, low, high))
+        else:
+            result._check_range(it.id, low, high)
+    if kind.named_classes:
+        for it, ids in zip(items, labels, strict=True):
+            names = kind.names_of(task, ids[ids != IGNORE_INDEX].tolist())
+            raw = kind.raw_names(task, it.raw)
             result.classes[name].update(names)
             if names != raw:
                 result.mismatched.add(it.id)
@@ -231,6 +232,22 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
                     result.first_mismatch = next(
                         ((r, n) for r, n in zip(raw, names, strict=False) if r != n),
                         (" ".join(raw), " ".join(names)))
+
+
+def _label_ranges(labels: list[torch.Tensor]) -> list[tuple[int | None, int | None]]:
+    """The lowest and highest label id of each example other than -100 (None: it has none),
+    for a chunk at once."""
+    flat = torch.cat(labels).long()
+    owner = torch.repeat_interleave(torch.arange(len(labels)),
+                                    torch.tensor([len(x) for x in labels]))
+    real = flat != IGNORE_INDEX
+    flat, owner = flat[real], owner[real]
+    count = torch.zeros(len(labels), dtype=torch.long).index_add_(0, owner, torch.ones_like(owner))
+    big = torch.iinfo(torch.long).max
+    low = torch.full((len(labels),), big).scatter_reduce(0, owner, flat, "amin")
+    high = torch.full((len(labels),), -big).scatter_reduce(0, owner, flat, "amax")
+    return [(lo, hi) if c else (None, None)
+            for lo, hi, c in zip(low.tolist(), high.tolist(), count.tolist(), strict=True)]
 
 
 def coverage_table(result: Scan) -> pd.DataFrame:

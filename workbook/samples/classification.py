@@ -15,7 +15,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from ..base.errors import WorkbookError
 from ..contract import tokenizer as tok
-from ..contract.data import read_jsonl
+from ..contract.data import JsonlRows
 from ..contract.task import Task
 from ..training.ghost_batch_norm import GhostBatchNorm
 from . import DATA_DIR
@@ -72,7 +72,7 @@ def make_task(max_length: int = 128, d_model: int = 64, dropout: float = 0.1,
     return Task(
         name="sample-classification",
         kind="classification",
-        load_examples=partial(read_jsonl, data_file or DATA_DIR / "classification.jsonl"),
+        load_examples=partial(JsonlRows, data_file or DATA_DIR / "classification.jsonl"),
         encode=partial(encode, label_map=label_map, max_length=max_length),
         collate=collate,
         build_model=partial(build_model, len(names), d_model, dropout, batch_norm,

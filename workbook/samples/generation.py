@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from ..contract import tokenizer as tok
-from ..contract.data import read_jsonl
+from ..contract.data import JsonlRows
 from ..contract.targets import IGNORE_INDEX
 from ..contract.task import Task, logits_of
 from . import DATA_DIR
@@ -68,7 +68,7 @@ def make_task(max_length: int = 64, prompt_in_loss: bool = False, d_model: int =
     return Task(
         name="sample-generation",
         kind="generation",
-        load_examples=partial(read_jsonl, path),
+        load_examples=partial(JsonlRows, path),
         encode=partial(encode, max_length=max_length, prompt_in_loss=prompt_in_loss),
         collate=collate,
         build_model=partial(TinyDecoder, tok.VOCAB_SIZE, d_model, layers, 4,
