@@ -84,3 +84,17 @@ def test_workers_that_need_a_pickled_task_get_a_clear_error(monkeypatch):
     with pytest.raises(WorkbookError, match="'spawn' need the task pickled.*regression"):
         picklable_for_workers(task)
     picklable_for_workers(load_task("workbook.samples.generation:task"))  # partials pickle
+
+
+def test_a_jsonl_file_is_read_lazily_and_a_bad_line_named_when_reached(tmp_path):
+    from workbook.contract.data import JsonlRows
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"id": 1}\n\n{"id": 2}\n{"id": \n')
+    rows = iter(JsonlRows(path))
+    assert next(rows) == {"id": 1} and next(rows) == {"id": 2}  # nothing read past them yet
+    with pytest.raises(WorkbookError, match=r"rows.jsonl:4: malformed JSON line"):
+        next(rows)
+    assert len(JsonlRows(path)) == 3  # the non-blank lines: the progress bar's total
+    with pytest.raises(WorkbookError, match="does not exist"):
+        JsonlRows(tmp_path / "none.jsonl")
