@@ -54,6 +54,28 @@ def test_the_hash_index_finds_repeats_within_and_across_blocks(monkeypatch):
     assert index.count(crossing=True) == 1  # only "a" sits in two splits
 
 
+@pytest.mark.parametrize("block", [1, 3, 8, 64])
+def test_the_hash_index_agrees_with_a_plain_dict(block, monkeypatch):
+    import random
+
+    monkeypatch.setattr(hash_index, "BLOCK", block)
+    rng = random.Random(block)
+    expected, reported, masks = [], [], {}
+    index = hash_index.HashIndex(lambda i, prior, bit: reported.append((i, prior, bit)))
+    for i in range(500):
+        key, bit = rng.randint(0, 60), 1 << rng.randint(0, 2)
+        if masks.get(key):
+            expected.append((i, masks[key], bit))
+        masks[key] = masks.get(key, 0) | bit
+        index.add(hash_index.key_of(str(key)), bit, i)
+    index.flush()
+    assert sorted(reported) == expected
+    assert index.count() == len(masks)
+    assert [index.count(b) for b in (1, 2, 4)] == [sum(1 for m in masks.values() if m & b)
+                                                   for b in (1, 2, 4)]
+    assert index.count(crossing=True) == sum(1 for m in masks.values() if m & (m - 1))
+
+
 def test_a_stream_without_a_length_is_scanned_whole_and_passes():
     ins = inspect_task(task_over(Counted(3000)))
     assert ins.verdict == "pass", ins.flag_table()

@@ -50,18 +50,25 @@ class HashIndex:
         prior |= _earlier_in_block(keys, bits)
         for i in np.flatnonzero(prior):
             self.on_repeat(self._payloads[i], int(prior[i]), int(bits[i]))
-        merged = np.concatenate([self.keys, keys])
-        order = np.argsort(merged, kind="stable")  # two sorted runs: a linear merge
-        merged, masks = merged[order], np.concatenate([self.masks, bits])[order]
-        starts = np.flatnonzero(np.r_[True, merged[1:] != merged[:-1]])
-        self.keys, self.masks = merged[starts], np.bitwise_or.reduceat(masks, starts)
+        order = np.argsort(keys, kind="stable")
+        keys, bits = keys[order], bits[order]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        keys, bits = keys[starts], np.bitwise_or.reduceat(bits, starts)
+        if len(self.keys):  # fold the block in: one new array, never a sort of the whole
+            at = np.searchsorted(self.keys, keys)
+            hit = self.keys[np.minimum(at, len(self.keys) - 1)] == keys
+            self.masks[at[hit]] |= bits[hit]
+            self.keys = np.insert(self.keys, at[~hit], keys[~hit])
+            self.masks = np.insert(self.masks, at[~hit], bits[~hit])
+        else:
+            self.keys, self.masks = keys, bits
         self._keys, self._bits, self._payloads = [], [], []
 
     def count(self, bit: int | None = None, crossing: bool = False) -> int:
         """Distinct keys seen in split `bit` (None: any), or seen in more than one split."""
         self.flush()
         if crossing:
-            return int((np.unpackbits(self.masks[:, None], axis=1).sum(1) > 1).sum())
+            return int(((self.masks & (self.masks - 1)) != 0).sum())  # two bits or more
         return len(self.masks) if bit is None else int(((self.masks & bit) > 0).sum())
 
 
