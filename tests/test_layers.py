@@ -117,3 +117,14 @@ def test_the_short_public_paths_are_the_layered_modules(short):
     layered = importlib.import_module(workbook._full(short))
     assert importlib.import_module(f"workbook.{short}") is layered
     assert getattr(workbook, short) is layered
+
+
+def test_a_short_name_leaves_the_module_its_own_spec():
+    """Relative imports inside the module and importlib.reload see where it really lives."""
+    import importlib
+
+    import workbook.inspection as short
+
+    assert short.__spec__.name == "workbook.notebooks.inspection"
+    assert short.__package__ == "workbook.notebooks"
+    assert importlib.reload(short) is short

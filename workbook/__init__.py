@@ -63,6 +63,8 @@ class _ShortNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     the short name is the same module object as its layered one, so a user's task module, an
     older archive's recorded path and the docs' examples import what they always did."""
 
+    _real: dict = {}
+
     def find_spec(self, fullname, path=None, target=None):
         short = fullname.split(".")
         if len(short) >= 2 and short[0] == __name__ and short[1] in _MODULES:
@@ -71,10 +73,17 @@ class _ShortNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         _, short, *rest = spec.name.split(".")
-        return importlib.import_module(".".join([_full(short), *rest]))
+        module = importlib.import_module(".".join([_full(short), *rest]))
+        self._real[spec.name] = module.__spec__, module.__package__
+        return module
 
     def exec_module(self, module):
-        pass
+        # the import system stamped the short name's spec on the module: give its own back, so
+        # its relative imports and importlib.reload see where it really lives
+        for name, (spec, package) in list(self._real.items()):
+            if spec is not None and spec.name == module.__name__:
+                module.__spec__, module.__package__ = spec, package
+                del self._real[name]
 
 
 if not any(isinstance(f, _ShortNames) for f in sys.meta_path):

@@ -91,3 +91,27 @@ def test_the_tagger_passes_all_nine_notebooks(tmp_path):
 
     run, index = run_pilot(TAGGER, out=str(tmp_path / "run"), smoke=True, progress=False)
     assert index.verdict.tolist() == ["pass"] * 9, index.error.tolist()
+
+
+def test_a_context_of_ids_and_values_keeps_the_values():
+    """02's ambiguity: a categorical id and a float feature are one context only when both
+    agree - the float is not cast to the id's integer type."""
+    cls = kinds.of("classification")
+    ids = torch.tensor([1])
+    one = cls.context(ids, None, 0, [ids, torch.tensor([0.2])])
+    other = cls.context(ids, None, 0, [ids, torch.tensor([0.7])])
+    assert one.tolist() != other.tolist()
+
+
+def test_a_truncated_tagged_example_keeps_its_first_tags_and_raises_nothing():
+    from examples import token_tagging
+
+    task = wb.load_task(TAGGER)
+    full = task.encode
+    task.encode = lambda ex: {k: v[:6] for k, v in full(ex).items()}  # max_length=6, as a
+    task.collate = token_tagging.collate  # tokenizer's truncation cuts words and tags alike
+    assert "label map round trip" not in {f.check for f in inspect_task(task).flags}
+    shifted = wb.load_task(TAGGER, shifted_tag_map=True)
+    cut = shifted.encode
+    shifted.encode = lambda ex: {k: v[:6] for k, v in cut(ex).items()}
+    assert "label map round trip" in {f.check for f in inspect_task(shifted).flags}

@@ -122,3 +122,29 @@ def test_bad_rows_are_counted_over_what_was_read():
     rows[5] = row(3)
     with pytest.raises(wb.WorkbookError, match="ids are not unique"):
         load_examples(task_over(rows))
+
+
+def test_an_iterable_dataset_with_a_length_is_iterated_not_indexed():
+    class Sized(torch.utils.data.IterableDataset):  # inherits Dataset's raising __getitem__
+        def __iter__(self):
+            return (row(i) for i in range(40))
+
+        def __len__(self):
+            return 40
+
+    assert len(load_examples(task_over(Sized()))) == 40
+
+
+def test_a_used_up_generator_says_a_fresh_iterable_is_needed():
+    rows = (row(i) for i in range(400))
+    task = task_over(rows)
+    prepare(task, ("train",))
+    with pytest.raises(wb.WorkbookError, match="a new iterable on every call"):
+        prepare(task, ("train",))
+
+
+def test_bad_rows_name_a_few_and_count_all():
+    rows = [{"id": i, "label": "no", "x": [0.0, 1.0]} for i in range(10_000)]  # no patient
+    with pytest.raises(wb.WorkbookError, match=r"10000 of 10000 examples have no group key "
+                                               r"'patient' \(positions \[0, 1, 2, 3, 4\]\.\.\.\)"):
+        load_examples(task_over(rows))

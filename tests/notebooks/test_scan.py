@@ -128,3 +128,50 @@ def test_label_ids_far_into_a_stream_are_checked_against_the_model(monkeypatch):
         NAMES.index(ex["label"]) if ex["id"] < 1100 else 7)}
     found = {f.check: f for f in inspect_task(bad).flags}["label ids out of range"]
     assert found.count == 100 and all(i >= 1100 for i in found.examples)
+
+
+def test_inputs_of_other_lengths_or_dtypes_are_not_called_identical():
+    """[1, 2] + [3] is not [1] + [2, 3]; a bf16 input is hashed, not refused."""
+    def pairs():
+        for i in range(400):
+            src, tgt = ([1, 2], [3]) if i // 4 % 10 else ([1], [2, 3])  # validation: the other
+            yield {"id": i, "patient": f"p{i // 4}", "label": NAMES[i % 2], "src": src,
+                   "tgt": tgt, "x": [i / 1000, 0.5]}
+
+    task = task_over(pairs())
+    task.model_inputs = ("src", "tgt", "x")
+    task.encode = lambda ex: {"src": torch.tensor(ex["src"]), "tgt": torch.tensor(ex["tgt"]),
+                              "x": torch.tensor(ex["x"]).bfloat16(),
+                              "labels": torch.tensor(NAMES.index(ex["label"]))}
+    task.collate = lambda items: {k: torch.nn.utils.rnn.pad_sequence(
+        [it[k].reshape(-1) for it in items], batch_first=True) if k != "labels" else
+        torch.stack([it[k] for it in items]) for k in items[0]}
+    task.build_model = lambda: Pairs()
+    ins = inspect_task(task)
+    assert "duplicate input crosses splits" not in {f.check for f in ins.flags}
+
+
+class Pairs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.out = torch.nn.Linear(2, 2)
+
+    def forward(self, src, tgt, x):
+        return self.out(x.float())
+
+
+def test_an_empty_split_is_named_with_what_was_scanned():
+    task = task_over(Counted(400))
+    task.split_of = lambda ex: "train" if ex["id"] < 100 else "validation"
+    with pytest.raises(wb.WorkbookError, match="(?s)validation split .* is empty in the first 30 "
+                                               "examples .*scan more of the source"):
+        inspect_task(task, limit=30)
+    with pytest.raises(wb.WorkbookError, match="drew none of the 64 examples"):
+        inspect_task(task_over(Counted(64)), sample=0.001)
+
+
+def test_a_group_in_two_splits_is_named_once():
+    task = task_over(Counted(400))
+    task.split_of = lambda ex: "validation" if ex["id"] % 2 else "train"  # by example
+    found = {f.check: f for f in inspect_task(task).flags}["group crosses splits"]
+    assert found.count == 100 and len(set(found.examples)) == len(found.examples) == 5

@@ -7,15 +7,19 @@ object), and the problems of a pass are raised together, with their counts, at i
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from torch.utils.data import IterableDataset
 
 from ..base.errors import WorkbookError, reason
 from .hash_index import HashIndex, key_of
 from .task import Task, own_code
 
 SPLITS = ("train", "validation", "test")
+FEW = 5  # positions or ids an error names; its count covers all
 
 
 def rows(task: Task) -> Iterator[Any]:
@@ -24,9 +28,8 @@ def rows(task: Task) -> Iterator[Any]:
     return opened(task)[0]
 
 
-def opened(task: Task) -> tuple[Iterator[Any], int | None]:
-    """`rows` and how many there are, where the source says (a list or a map-style dataset;
-    None for a stream)."""
+def opened(task: Task) -> tuple[Iterator[Any], Any]:
+    """`rows`, and the source they come from (for `length`)."""
     source = own_code("load_examples", task.load_examples,
                       receives="no arguments and returns a list, a dataset or an iterable of "
                       "dicts")
@@ -36,11 +39,19 @@ def opened(task: Task) -> tuple[Iterator[Any], int | None]:
                             f"{type(source).__name__}, not examples",
                             "return a list of dicts, a map-style dataset (len and getitem) or "
                             "an iterable of dicts (a generator, an IterableDataset)")
-    lazy = hasattr(source, "__len__") and hasattr(source, "__getitem__") and \
-        not isinstance(source, (list, tuple))
+    # torch's IterableDataset inherits a __getitem__ that raises: it is read by iterating
+    lazy = length(source) is not None and hasattr(source, "__getitem__") and \
+        not isinstance(source, (list, tuple, IterableDataset))
     it = (source[i] for i in range(len(source))) if lazy else iter(source)
-    total = len(source) if hasattr(source, "__len__") else None
-    return _named(task, it), total
+    return _named(task, it), source
+
+
+def length(source: Any) -> int | None:
+    """How many rows a source says it has (None: a stream, or a len() that refuses)."""
+    try:
+        return len(source) if hasattr(source, "__len__") else None
+    except TypeError:
+        return None
 
 
 def _named(task: Task, it: Iterator[Any]) -> Iterator[Any]:
@@ -63,7 +74,15 @@ def _named(task: Task, it: Iterator[Any]) -> Iterator[Any]:
 
 def split_of(task: Task, example: dict) -> str:
     """The split the task's rule puts an example in, checked."""
-    name = task.split(example)
+    try:
+        name = task.split(example)
+    except WorkbookError:
+        raise
+    except Exception as exc:
+        raise WorkbookError(f"the task's split rule failed on example "
+                            f"{example.get(task.id_key)!r}: {reason(exc, 200)}",
+                            "fix split_of (or the group key the default rule reads) for this "
+                            "example") from exc
     if name not in SPLITS:
         raise WorkbookError(f"task split rule returned {name!r} for example "
                             f"{example[task.id_key]!r}", f"return one of {SPLITS}")
@@ -76,24 +95,30 @@ class Checks:
 
     task: Task
     read: int = 0
-    not_dicts: list[tuple[int, str]] = field(default_factory=list)
+    not_dicts: list[tuple[int, str]] = field(default_factory=list)  # the first few
     missing: dict[str, list[int]] = field(default_factory=dict)
     repeated: list[str] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)  # every one: not_dicts, missing:<key>, ...
     ids: HashIndex = field(init=False)
 
     def __post_init__(self):
-        self.ids = HashIndex(lambda key, prior, bit: self.repeated.append(key))
+        self.ids = HashIndex(lambda key, prior, bit: self._note("repeated", self.repeated, key))
+
+    def _note(self, what: str, kept: list, value: Any) -> None:
+        self.counts[what] += 1
+        if len(kept) < FEW:
+            kept.append(value)
 
     def ok(self, position: int, example: Any) -> bool:
         """Whether a row can be used; a row that cannot is counted, not dropped silently."""
         self.read += 1
         if not isinstance(example, dict):
-            self.not_dicts.append((position, type(example).__name__))
+            self._note("not_dicts", self.not_dicts, (position, type(example).__name__))
             return False
         good = True
         for key in (self.task.id_key, self.task.group_key):
             if example.get(key) in (None, ""):
-                self.missing.setdefault(key, []).append(position)
+                self._note(f"missing:{key}", self.missing.setdefault(key, []), position)
                 good = False
         if good:
             key = str(example[self.task.id_key])
@@ -106,19 +131,21 @@ class Checks:
         self.ids.flush()
         if not n:
             raise WorkbookError(f"task {task.name!r} returned no examples",
-                                "make load_examples return the raw examples")
+                                "make load_examples return the raw examples - a new iterable on "
+                                "every call (the notebooks read the source more than once), "
+                                "not one generator that a first pass used up")
         if self.not_dicts:
             pos, kind = self.not_dicts[0]
-            raise WorkbookError(f"{len(self.not_dicts)} of {n} raw examples are not dicts (e.g. "
-                                f"position {pos} is a {kind})",
+            raise WorkbookError(f"{self.counts['not_dicts']} of {n} raw examples are not dicts "
+                                f"(e.g. position {pos} is a {kind})",
                                 f"make load_examples return dicts with {task.id_key!r}, "
                                 f"{task.group_key!r} and the fields encode reads")
         for key, what in ((task.id_key, "id"), (task.group_key, "group key")):
-            missing = self.missing.get(key, [])
+            missing, count = self.missing.get(key, []), self.counts[f"missing:{key}"]
             if missing:
                 raise WorkbookError(
-                    f"{len(missing)} of {n} examples have no {what} {key!r} "
-                    f"(positions {missing[:5]}{'...' if len(missing) > 5 else ''})",
+                    f"{count} of {n} examples have no {what} {key!r} "
+                    f"(positions {missing}{'...' if count > len(missing) else ''})",
                     f"give every example a {key!r} field"
                     + (" (the unit of leakage: conversation, patient, document, period)"
                        if key == task.group_key else ""))

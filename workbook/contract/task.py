@@ -184,7 +184,8 @@ class Task:
             self.build_model = ModelFactory(self.build_model)
         if callable(self.campaign_model) and not isinstance(self.campaign_model, ModelFactory):
             self.campaign_model = ModelFactory(self.campaign_model, "campaign_model")
-        kind = KINDS.get(self.kind)  # an unknown kind is named by validate_task
+        kind = KINDS.get(self.kind) if isinstance(self.kind, str) else None  # else: named by
+        # validate_task
         if kind is not None and self.loss is token_cross_entropy:
             self.loss = kind.default_loss
         if kind is not None and self.metrics is target_accuracy:

@@ -19,7 +19,7 @@ from ..base.errors import WorkbookError
 from ..base.frontend import progress_bar
 from ..contract.data import Item, collate_items, encode_example
 from ..contract.hash_index import HashIndex, key_of
-from ..contract.sources import SPLITS, Checks, opened, split_of
+from ..contract.sources import SPLITS, Checks, length, opened, split_of
 from ..contract.targets import IGNORE_INDEX, contributes
 from ..contract.task import Task
 from .coverage import batch_coverage, prompt_spans
@@ -27,6 +27,7 @@ from .coverage import batch_coverage, prompt_spans
 KEEP = 4096  # examples of each split kept whole: the samples' splits fit, so they see them all
 CHUNK = 64  # examples collated at a time
 FINDINGS = 5  # example ids kept per finding (its count covers every example)
+WAITING = 65_536  # label ranges held for the probe at most (then it runs on what is kept)
 BITS = {name: 1 << i for i, name in enumerate(SPLITS)}
 
 
@@ -96,6 +97,7 @@ class Scan:
     out_of_range: Finding = field(default_factory=Finding)
     label_range: list[tuple[Any, int, int]] = field(default_factory=list)  # until outputs known
     outputs: int | None = None
+    probed: bool = False  # the model's output size was asked for (None: it could not be told)
     moments: dict[str, Moments] = field(default_factory=lambda: defaultdict(Moments))
     train_square: Moments = field(default_factory=Moments)
     nonfinite: Finding = field(default_factory=Finding)
@@ -106,7 +108,7 @@ class Scan:
 
     def note_outputs(self, outputs: int | None) -> None:
         """The model's output size, once known: the label ids held until then are checked."""
-        self.outputs = outputs
+        self.outputs, self.probed = outputs, True
         for example_id, low, high in self.label_range:
             self._check_range(example_id, low, high)
         self.label_range = []
@@ -136,15 +138,17 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
     result.inputs = HashIndex(lambda where, prior, bit: _crossing(result.crossing_inputs, where,
                                                                   prior, bit))
     checks, pending = Checks(task), {n: [] for n in SPLITS}
-    source, total = opened(task)
+    source, origin = opened(task)
+    total = length(origin)
     draw = random.Random(seed)
     bar = progress_bar(total=min(limit, total) if limit and total else limit or total,
                        desc="scanned", unit="examples", disable=not progress)
-    probed = False
+    probed, seen = False, 0
     try:
         for position, example in enumerate(source):
             if limit and position >= limit:
                 break
+            seen += 1
             bar.update(1)
             if (sample and draw.random() >= sample) or not checks.ok(position, example):
                 continue
@@ -160,23 +164,38 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
             if len(pending[name]) == CHUNK:
                 _count(result, name, pending[name])
                 pending[name] = []
-            if not probed and len(result.kept["train"]) >= keep and probe is not None:
+            # the probe, once the kept train examples are in - or earlier, with those there
+            # are, before the label ids waiting for it pile up (train late in the stream)
+            if not probed and probe is not None and result.kept["train"] and (
+                    len(result.kept["train"]) >= keep or len(result.label_range) > WAITING):
                 result.note_outputs(probe(result.kept))
                 probed = True
     finally:
         bar.close()
+    if sample and seen and not checks.read:
+        raise WorkbookError(f"scan_sample={sample} drew none of the {seen} examples read",
+                            "raise scan_sample, or give scan_limit instead")
     checks.raise_any()
     for name in SPLITS:
         _count(result, name, pending[name])
     if not probed and probe is not None:
         result.note_outputs(probe(result.kept))
+    result.probed = True
     result.groups.flush()
     result.inputs.flush()
+    for name in ("train", "validation"):
+        if not result.examples[name]:
+            raise WorkbookError(
+                f"the {name} split of task {task.name!r} is empty in {result.scanned} "
+                f"({sum(result.examples.values())} examples scanned)",
+                "add examples or groups, or change split_fractions" +
+                (", or scan more of the source (scan_limit, scan_sample)"
+                 if limit or sample else ""))
     return result
 
 
 def _crossing(found: list, what: Any, prior: int, bit: int) -> None:
-    if prior & ~bit and len(found) < FINDINGS:
+    if prior & ~bit and len(found) < FINDINGS and what not in found:
         found.append(what)
 
 
@@ -204,7 +223,7 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
         if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
                for t in it.tensors.values()):
             result.nonfinite.add(it.id)
-        key = b"".join(it.tensors[k].contiguous().numpy().tobytes() for k in task.model_inputs
+        key = b"".join(_key_bytes(k, it.tensors[k]) for k in task.model_inputs
                        if k in it.tensors)
         result.inputs.add(key_of(key), BITS[name], (name, it.id))
     if kind.float_targets:
@@ -217,7 +236,7 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
     for it, (low, high) in zip(items, _label_ranges(labels), strict=True):
         if low is None:
             continue
-        if result.outputs is None:
+        if result.outputs is None and not result.probed:
             result.label_range.append((it.id, low, high))
         else:
             result._check_range(it.id, low, high)
@@ -226,7 +245,7 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
             names = kind.names_of(task, ids[ids != IGNORE_INDEX].tolist())
             raw = kind.raw_names(task, it.raw)
             result.classes[name].update(names)
-            if names != raw:
+            if not kind.round_trip(names, raw):
                 result.mismatched.add(it.id)
                 if not result.first_mismatch:
                     result.first_mismatch = next(
@@ -248,6 +267,13 @@ def _label_ranges(labels: list[torch.Tensor]) -> list[tuple[int | None, int | No
     high = torch.full((len(labels),), -big).scatter_reduce(0, owner, flat, "amax")
     return [(lo, hi) if c else (None, None)
             for lo, hi, c in zip(low.tolist(), high.tolist(), count.tolist(), strict=True)]
+
+
+def _key_bytes(name: str, tensor: torch.Tensor) -> bytes:
+    """One model input as bytes that differ whenever its values, dtype or shape do."""
+    t = tensor.detach().contiguous().cpu()
+    head = f"{name}|{t.dtype}|{tuple(t.shape)}|".encode()
+    return head + t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def coverage_table(result: Scan) -> pd.DataFrame:

@@ -68,8 +68,8 @@ class Kind:
                 inputs: list[Tensor]) -> Tensor:
         """What the model sees when it predicts the target at `position` (02's ambiguity):
         the whole input, and which of its positions, for a kind that reads it all."""
-        return torch.cat([torch.tensor([position], dtype=inputs[0].dtype),
-                          *[x.reshape(-1).to(inputs[0].dtype) for x in inputs]])
+        return torch.cat([torch.tensor([position], dtype=torch.float64),
+                          *[x.reshape(-1).double() for x in inputs]])  # ids and values alike
 
     def names_of(self, task: Task, ids: list[int]) -> list[str]:
         """Class names of the target ids of one example (01's round trip and histogram)."""
@@ -78,6 +78,10 @@ class Kind:
     def raw_names(self, task: Task, example: dict) -> list[str] | None:
         """Class names the raw example gives its targets; None where it gives none."""
         return None
+
+    def round_trip(self, names: list[str], raw: list[str] | None) -> bool:
+        """Whether the decoded class names of an example's targets are its raw ones."""
+        return names == raw
 
     def class_shares(self, task: Task, raw: list[dict]) -> pd.Series | None:
         """Share of each class among the raw examples' targets (06's sample check)."""
