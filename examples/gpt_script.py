@@ -197,7 +197,7 @@ def encode(example: dict, block_size: int, off_by_one: bool = False) -> dict[str
     return {"input_ids": x[:n], "labels": y[:n]}
 
 
-def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+def collate(items: list[dict[str, Tensor]], pad_id: int = 0) -> dict[str, Tensor]:
     """Right-padded windows (the causal model never looks right, so no mask reaches it)."""
     longest = max(len(it["input_ids"]) for it in items)
 
@@ -206,7 +206,7 @@ def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
                             for it in items])
     mask = torch.stack([F.pad(torch.ones_like(it["input_ids"]),
                               (0, longest - len(it["input_ids"]))) for it in items])
-    return {"input_ids": pad("input_ids", 0), "labels": pad("labels", wb.IGNORE_INDEX),
+    return {"input_ids": pad("input_ids", pad_id), "labels": pad("labels", wb.IGNORE_INDEX),
             "attention_mask": mask}
 
 

@@ -48,11 +48,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 import workbook as wb
-from examples.gpt_script import GPT, GPTConfig, build_optimizer
+from examples.gpt_script import GPT, GPTConfig, build_optimizer, collate
 from workbook import tokenizer as tok
 from workbook.samples import DATA_DIR
 
@@ -234,19 +233,6 @@ class TokenStream:
         return {"input_ids": window[:-1], "labels": window[1:]}
 
 
-def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Windows stacked (right-padded with <pad> and -100 when a probe shortens one)."""
-    longest = max(len(it["input_ids"]) for it in items)
-
-    def pad(key: str, value: int) -> Tensor:
-        return torch.stack([F.pad(it[key], (0, longest - len(it[key])), value=value)
-                            for it in items])
-    mask = torch.stack([F.pad(torch.ones_like(it["input_ids"]),
-                              (0, longest - len(it["input_ids"]))) for it in items])
-    return {"input_ids": pad("input_ids", tok.PAD), "labels": pad("labels", wb.IGNORE_INDEX),
-            "attention_mask": mask}
-
-
 def decode(ids) -> str:
     """Ids back to text, markers shown (</s> ends a conversation); -100 is skipped."""
     return tok.decode([int(i) for i in ids if int(i) >= 0], keep_special=True)
@@ -274,7 +260,7 @@ def make_task(block_size: int = 64, data_file: str = "", tokens: int | None = No
         kind="generation",
         load_examples=stream.examples,
         encode=stream.encode,
-        collate=collate,
+        collate=partial(collate, pad_id=tok.PAD),  # windows stacked; <pad> when a probe cuts one
         build_model=partial(GPT, config),
         decode=decode,
         build_optimizer=build_optimizer,
