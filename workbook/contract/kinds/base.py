@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..targets import contributes, shift_labels, target_accuracy, token_cross_entropy
+from ..targets import target_accuracy, token_cross_entropy
 
 if TYPE_CHECKING:
     from ..task import Task
@@ -107,12 +107,3 @@ class NamedClasses(Kind):
             problems.append(f"`label_field` (raw field with the class name) is required for "
                             f"{self.name}")
         return problems
-
-
-def counted(labels: Tensor) -> Tensor:
-    """The targets that count of one example's labels, flattened."""
-    flat = labels.reshape(-1)
-    return flat[contributes(flat)]
-
-
-__all__ = ["Kind", "NamedClasses", "counted", "shift_labels"]

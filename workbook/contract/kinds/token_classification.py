@@ -5,7 +5,8 @@ continuation pieces of a word). The raw example holds one class name per tagged 
 
 from __future__ import annotations
 
-from .base import NamedClasses, counted
+from ..targets import contributes
+from .base import NamedClasses
 
 
 class TokenClassification(NamedClasses):
@@ -28,4 +29,4 @@ class TokenClassification(NamedClasses):
         predicted = task.forward(model, batch).argmax(-1)[0][keep]
         return {"target": " ".join(self.raw_names(task, example)),
                 "predicted": " ".join(task.decode([int(i)]) for i in predicted),
-                "tags": int(counted(labels).numel())}
+                "tags": int(contributes(labels).sum())}
