@@ -202,3 +202,158 @@ def test_the_prompt_of_a_chat_row_comes_from_the_chat_template():
     assert _prompts(tokenizer, None, row)(row) == 4  # user: repeat: x assistant:
     assert _prompts(tokenizer, "assistant:", row)(row) == 4
     assert _prompts(tokenizer, None, {"input_ids": ids}) is None  # no messages: no segmentation
+
+
+# --- from_hf: streaming datasets (datasets.IterableDataset, torch IterableDataset, iterables)
+
+def _hf_pieces(conversations=120):
+    pytest.importorskip("datasets")
+    from examples.hf_trainer import trainer_pieces
+
+    p = trainer_pieces(conversations)
+    p["args"].max_steps = 40  # the Trainer needs it for a train set without a length
+    return p
+
+
+def _from_hf(p, train, evaluation, **options):
+    return wb.adapters.from_hf(p["model_init"], train, evaluation, p["data_collator"],
+                               p["processing_class"], p["args"], name="stream",
+                               group_column="conversation", **options)
+
+
+def test_from_hf_reads_a_streaming_dataset_lazily_and_never_indexes_it():
+    from datasets import IterableDataset
+
+    p = _hf_pieces()
+    read = {"train": 0, "eval": 0}
+
+    def rows(dataset, name):
+        for row in dataset:
+            read[name] += 1
+            yield row
+
+    train = IterableDataset.from_generator(rows, gen_kwargs={"dataset": p["train_dataset"],
+                                                             "name": "train"})
+    evaluation = IterableDataset.from_generator(rows, gen_kwargs={
+        "dataset": p["eval_dataset"], "name": "eval"})
+    task = _from_hf(p, train, evaluation)
+    assert read == {"train": 1, "eval": 1}  # the first row of each: columns and checks
+    assert any("train and eval datasets are read as a stream" in n for n in task.adapter_notes)
+    examples = task.load_examples()
+    assert not isinstance(examples, list)
+    first = [next(examples) for _ in range(6)]  # one row of each split in turn
+    assert [ex["split"] for ex in first] == ["train", "validation"] * 3
+    assert read == {"train": 4, "eval": 4}
+    examples.close()
+    from workbook.contract.data import prepare
+
+    got = prepare(task, limits={"train": 5, "validation": 3})
+    assert [len(got.raw[s]) for s in ("train", "validation")] == [5, 3]
+    assert read["train"] < 4 + 10 and read["eval"] < 4 + 10  # stopped there
+    # the same examples, tensors and batches as the map-style datasets give
+    mapped = _from_hf(p, p["train_dataset"], p["eval_dataset"])
+    streamed = list(task.load_examples())
+    by_id = {ex["id"]: ex for ex in mapped.load_examples()}
+    assert sorted(ex["id"] for ex in streamed) == sorted(by_id)
+    for ex in streamed[:7]:
+        assert ex["group"] == by_id[ex["id"]]["group"]
+        one, other = task.encode(ex), mapped.encode(by_id[ex["id"]])
+        assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
+    assert inspect_task(task).verdict == "pass"
+
+
+def test_from_hf_takes_a_torch_iterable_dataset_or_any_reiterable_but_not_a_generator():
+    p = _hf_pieces()
+    train, evaluation = list(p["train_dataset"]), list(p["eval_dataset"])
+
+    class TorchRows(torch.utils.data.IterableDataset):
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __iter__(self):
+            return iter(self.rows)
+
+    class Shards:  # a plain re-iterable: opens its data anew on every iter()
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __iter__(self):
+            yield from self.rows
+
+    for make in (TorchRows, Shards):
+        task = _from_hf(p, make(train), make(evaluation))
+        assert len(list(task.load_examples())) == len(train) + len(evaluation)
+        assert len(list(task.load_examples())) == len(train) + len(evaluation)  # again
+    with pytest.raises(WorkbookError, match="can be read once only") as caught:
+        _from_hf(p, (row for row in train), Shards(evaluation))
+    assert "starts again on every iter()" in caught.value.fix
+
+
+def test_from_hf_names_a_stream_without_length_or_max_steps_and_rows_that_are_not_dicts():
+    p = _hf_pieces()
+    p["args"].max_steps = -1
+    rows = list(p["train_dataset"])
+    with pytest.raises(WorkbookError, match="stream without a length") as caught:
+        _from_hf(p, p["train_dataset"].to_iterable_dataset(), p["eval_dataset"])
+    assert "max_steps" in caught.value.fix
+    p["args"].max_steps = 40
+
+    class Rows:
+        def __iter__(self):
+            yield rows[0]
+            yield rows[1]["input_ids"]  # a bare list of ids, not a row
+
+    task = _from_hf(p, Rows(), p["eval_dataset"])
+    with pytest.raises(WorkbookError, match=r"rows of the train dataset are list.*\(row 1\)"):
+        list(task.load_examples())
+
+
+def test_from_hf_names_streamed_rows_without_the_label_column_with_the_fix():
+    pytest.importorskip("datasets")
+    from examples.hf_docs import trainer_pieces
+
+    p = trainer_pieces(examples=200)
+    p["args"].max_steps = 20
+    rows = list(p["train_dataset"])
+
+    class Rows:
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __iter__(self):
+            return iter(self.rows)
+
+    def task(train):
+        return wb.adapters.from_hf(p["model_init"], train, p["eval_dataset"].to_iterable_dataset(),
+                                   p["data_collator"], p["processing_class"], p["args"],
+                                   name="x", group_column="author")
+
+    late = Rows(rows[:3] + [{k: v for k, v in rows[3].items() if k != "label"}] + rows[4:])
+    with pytest.raises(WorkbookError, match="train dataset's labels failed at row 3") as caught:
+        list(task(late).load_examples())
+    assert "give every row of the train dataset a 'label' class id" in caught.value.fix
+    with pytest.raises(WorkbookError, match="have no label column") as caught:
+        task(Rows([{k: v for k, v in r.items() if k != "label"} for r in rows]))
+    assert "label_column=" in caught.value.fix
+
+
+def test_a_streamed_eval_sets_padding_rows_are_counted_and_probed_at_the_end_of_a_pass():
+    pytest.importorskip("datasets")
+    from examples.hf_docs import trainer_pieces
+
+    for counts in (False, True):
+        p = trainer_pieces(examples=200, metrics_count_padding=counts)
+        p["args"].max_steps = 20
+        task = wb.adapters.from_hf(
+            p["model_init"], p["train_dataset"].to_iterable_dataset(),
+            p["eval_dataset"].to_iterable_dataset(), p["data_collator"],
+            p["processing_class"], p["args"], name="x", group_column="author",
+            compute_metrics=p["compute_metrics"])
+        first = list(zip(range(10), task.load_examples(), strict=False))
+        assert len(first) == 10 and task.padding_rows == {}  # a pass stopped early
+        if counts:
+            with pytest.raises(WorkbookError, match="counts the eval dataset's 9 padding rows"):
+                list(task.load_examples())
+        else:
+            assert len(list(task.load_examples())) == 200
+            assert task.padding_rows == {"validation": 9}

@@ -5,17 +5,22 @@ rows as the dataset holds them (the Trainer's column names, `label` included) an
 batch and, one row at a time, every example's labels, so the pilot checks the masking it really
 does (a collator that leaves pad ids in the labels shows in 01). Rows whose label is -100 (an
 eval set padded to a multiple of the eval batch) are padding: no examples, counted in
-`task.padding_rows`."""
+`task.padding_rows`. A dataset read by iterating (a streaming `datasets.IterableDataset`, a
+torch `IterableDataset`, any re-iterable of dicts) is never indexed nor held: its rows are read
+in turn with the other splits' as the notebooks ask for examples, and each example carries its
+row."""
 
 from __future__ import annotations
 
 import copy
 import tempfile
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import IterableDataset
 
 from ...base.errors import WorkbookError, reason
 from .. import kinds
@@ -30,6 +35,7 @@ SPLITS = ("train", "validation", "test")
 INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
 PROMPT = "prompt_mask"  # True on a row's prompt tokens (labels aligned with input_ids)
 LABEL_COLUMNS = ("labels", "label", "label_ids")  # the Trainer keeps these for the collator
+LABELS_KEPT = 65_536  # a stream's eval labels kept for the padding probe, at most
 
 
 def _kind(model: nn.Module) -> tuple[str, int]:
@@ -48,10 +54,8 @@ def _kind(model: nn.Module) -> tuple[str, int]:
 def _rows(dataset: Any, split: str) -> Any:
     if dataset is None:
         return []
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-        raise WorkbookError(f"the {split} dataset is a {type(dataset).__name__}, not a "
-                            "map-style dataset (a datasets.Dataset or a list of dicts)",
-                            "pass a datasets.Dataset (not an IterableDataset) or a list")
+    if _streams(dataset):
+        return _Stream(dataset, split)
     if len(dataset) and not isinstance(dataset[0], dict):
         raise WorkbookError(f"rows of the {split} dataset are {type(dataset[0]).__name__}, not "
                             "dicts of token ids", "tokenize it first (dataset.map(tokenize))")
@@ -59,6 +63,89 @@ def _rows(dataset: Any, split: str) -> Any:
         raise WorkbookError(f"rows of the {split} dataset have no input_ids (columns "
                             f"{sorted(dataset[0])})", "tokenize it first (dataset.map(tokenize))")
     return dataset
+
+
+def _streams(dataset: Any) -> bool:
+    """Whether a dataset is read by iterating: a torch IterableDataset (its inherited
+    __getitem__ raises), or anything without both __len__ and __getitem__ - a streaming
+    `datasets.IterableDataset`, a generator."""
+    return isinstance(dataset, IterableDataset) or not (
+        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"))
+
+
+class _Stream:
+    """A split read by iterating, never indexed nor held: its first row is read once here,
+    to check it and to read the columns from; every other row when a pass reaches it."""
+
+    def __init__(self, dataset: Any, split: str):
+        name = "eval" if split == "validation" else split
+        if not hasattr(dataset, "__iter__"):
+            raise WorkbookError(f"the {name} dataset is a {type(dataset).__name__}, not a "
+                                "dataset (a datasets.Dataset, an IterableDataset or a list "
+                                "of dicts)", "pass the dataset your Trainer gets")
+        if iter(dataset) is dataset:
+            raise WorkbookError(
+                f"the {name} dataset is a {type(dataset).__name__} that can be read once "
+                "only, and the pilot reads it once per notebook (and the campaign once per "
+                "epoch)", "pass something that starts again on every iter(): a "
+                "datasets.IterableDataset (load_dataset(..., streaming=True)), a torch "
+                "IterableDataset or a class whose __iter__ opens the data anew")
+        self.dataset, self.split, self.name = dataset, split, name
+        self.first = next(self.rows(), (0, None))[1]
+        if self.first is not None and "input_ids" not in self.first:
+            raise WorkbookError(f"rows of the {name} dataset have no input_ids (columns "
+                                f"{sorted(self.first)})", "tokenize it first "
+                                "(dataset.map(tokenize))")
+
+    def rows(self) -> Iterator[tuple[int, dict]]:
+        """(position, row) of every row in order, each checked to be a dict of columns; a
+        failure while reading names the dataset and the row it had reached."""
+        it, i = iter(self.dataset), 0
+        while True:
+            try:
+                row = next(it)
+            except StopIteration:
+                return
+            except WorkbookError:
+                raise
+            except Exception as exc:
+                raise WorkbookError(f"from_hf: reading the {self.name} dataset failed at row "
+                                    f"{i}: {type(exc).__name__}: {reason(exc, 200)}",
+                                    f"fix the {self.name} dataset's source at that row (the "
+                                    "file or shard it reads there)") from exc
+            if not isinstance(row, Mapping):
+                raise WorkbookError(f"rows of the {self.name} dataset are "
+                                    f"{type(row).__name__}, not dicts of token ids (row {i})",
+                                    "tokenize it first (dataset.map(tokenize))")
+            yield i, dict(row)
+            i += 1
+
+    def length(self) -> int | None:
+        """The rows a stream says it has (a torch IterableDataset with __len__), else None."""
+        try:
+            return len(self.dataset) if hasattr(self.dataset, "__len__") else None
+        except TypeError:
+            return None
+
+
+def _train_rows(dataset: Any, args: Any) -> int:
+    """The train rows the Trainer's own count of updates reads: a stream without a length
+    needs `max_steps`, as the Trainer itself refuses one without it."""
+    rows = dataset.length() if isinstance(dataset, _Stream) else len(dataset)
+    if rows is None and not (getattr(args, "max_steps", -1) or -1) > 0:
+        raise WorkbookError("from_hf: the train dataset is a stream without a length and the "
+                            "TrainingArguments set no max_steps, which the Trainer refuses "
+                            "too (it cannot count the updates of an epoch)",
+                            "set max_steps=N in TrainingArguments: the updates the campaign "
+                            "makes")
+    return rows or 0
+
+
+def _first(dataset: Any) -> dict | None:
+    """A split's first row (None: it has none)."""
+    if isinstance(dataset, _Stream):
+        return dataset.first
+    return dataset[0] if len(dataset) else None
 
 
 def _prompts(tokenizer: Any, response_template: str | None,
@@ -133,13 +220,14 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     target = kinds.of(kind)
     data = {split: _rows(d, split) for split, d in zip(SPLITS, (train_dataset, eval_dataset,
                                                                test_dataset), strict=True)}
-    if not len(data["train"]) or not len(data["validation"]):
+    if _first(data["train"]) is None or _first(data["validation"]) is None:
         raise WorkbookError("from_hf needs a train and an eval dataset with rows",
                             "pass both (the pilot evaluates on the eval dataset)")
     id2label = getattr(probe.config, "id2label", None) or {}
     label_names = [str(id2label.get(i, i)) for i in range(probe.config.num_labels)] \
         if target.named_classes else None
-    first_row = data["train"][0]
+    first_row = _first(data["train"])
+    streamed = [s for s, d in data.items() if isinstance(d, _Stream)]
     if label_column is None:
         label_column = next((c for c in LABEL_COLUMNS if c in first_row), "labels")
     own_labels = label_column in first_row  # else the collator makes them
@@ -218,7 +306,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         return out
 
     def encode(ex: dict) -> dict[str, torch.Tensor]:
-        row = data[ex["split"]][ex["index"]]
+        row = ex["row"] if "row" in ex else data[ex["split"]][ex["index"]]
         one = tensors(row)
         # the labels the collator makes of this row alone: the ones the campaign trains on
         one["labels"] = collated([one])["labels"][0]
@@ -231,56 +319,92 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         i = int(value)
         return label_names[i] if 0 <= i < len(label_names) else f"<{i}?>"
 
-    padding_rows: dict[str, int] = {}
-    eval_labels: list = []
+    def failed(split: str, i: int, step: str, exc: Exception) -> WorkbookError:
+        return WorkbookError(
+            f"from_hf: reading the {'eval' if split == 'validation' else split} "
+            f"dataset's {step} failed at row {i}: {type(exc).__name__}: {reason(exc, 200)}",
+            f"give every row of the {split} dataset a {label_column!r} class id "
+            "(-100 for a padding row)" if step == "labels" else
+            f"check the {split} dataset's row {i}")
 
-    def read_rows() -> list[dict]:
-        out = []
-        for split, dataset in data.items():
-            for i in range(len(dataset)):
-                step = "rows"
-                try:
-                    row = dataset[i]
-                    step = "labels"
-                    label = row.get(label_column)
-                    if split == "validation" and target.named_classes:
-                        eval_labels.append(int(label))
-                    if _padding_row(label):
-                        padding_rows[split] = padding_rows.get(split, 0) + 1
-                        continue
-                    ex = {"id": f"{split}-{i}", "split": split, "index": i,
-                          "group": str(row[group_column]) if group_column else f"{split}-{i}"}
-                    if target.named_classes:
-                        ex["label"] = label_name(label)
-                except WorkbookError:
-                    raise
-                except Exception as exc:
-                    raise WorkbookError(
-                        f"from_hf: reading the {'eval' if split == 'validation' else split} "
-                        f"dataset's {step} failed at row {i}: {type(exc).__name__}: "
-                        f"{reason(exc, 200)}",
-                        f"give every row of the {split} dataset a {label_column!r} class id "
-                        "(-100 for a padding row)" if step == "labels" else
-                        f"check the {split} dataset's row {i}") from exc
-                out.append(ex)
-        return out
+    def indexed(split: str, dataset: Any) -> Iterator[tuple[int, Any]]:
+        for i in range(len(dataset)):
+            try:
+                row = dataset[i]
+            except WorkbookError:
+                raise
+            except Exception as exc:
+                raise failed(split, i, "rows", exc) from exc
+            yield i, row
 
-    def load() -> list[dict]:
-        padding_rows.clear()
-        eval_labels.clear()
-        examples = read_rows()
+    def read(split: str, dataset: Any, seen: dict) -> Iterator[dict]:
+        """The examples of one split in order, read lazily; padding rows (label -100) are
+        counted in `seen`, with the eval labels the padding probe needs (a stream's: the
+        first LABELS_KEPT of each sort)."""
+        stream = isinstance(dataset, _Stream)
+        for i, row in dataset.rows() if stream else indexed(split, dataset):
+            try:
+                label = row.get(label_column)
+                if split == "validation" and target.named_classes:
+                    value = int(label)
+                    sort = "padding" if value == IGNORE_INDEX else "real"
+                    seen["kept"][sort] = seen["kept"].get(sort, 0) + 1
+                    if not stream or seen["kept"][sort] <= LABELS_KEPT:
+                        seen["labels"].append(value)
+                if _padding_row(label):
+                    seen["padding"][split] = seen["padding"].get(split, 0) + 1
+                    continue
+                ex = {"id": f"{split}-{i}", "split": split, "index": i,
+                      "group": str(row[group_column]) if group_column else f"{split}-{i}"}
+                if target.named_classes:
+                    ex["label"] = label_name(label)
+            except WorkbookError:
+                raise
+            except Exception as exc:
+                raise failed(split, i, "labels", exc) from exc
+            if stream:
+                ex["row"] = row  # encode reads it here: a stream is never indexed
+            seen["validation"] = seen["validation"] or split == "validation"
+            yield ex
+
+    def finish(seen: dict) -> None:
+        """After a whole pass: the padding rows counted and said, the eval set checked."""
+        padding_rows = seen["padding"]
         notes[:] = [n for n in notes if "label -100" not in n] + [
             f"from_hf: {n} rows of the {'eval' if split == 'validation' else split} dataset "
             "have label -100 (padding): left out, they are no examples"
             for split, n in padding_rows.items()]
         task.padding_rows = dict(padding_rows)
-        if not any(ex["split"] == "validation" for ex in examples):
+        if not seen["validation"]:
             raise WorkbookError("from_hf: every row of the eval dataset has label -100",
                                 "pass the eval dataset with its labelled rows")
         if compute_metrics is not None and target.named_classes and padding_rows.get(
                 "validation"):
-            _probe_padding(compute_metrics, eval_labels, len(label_names))
+            _probe_padding(compute_metrics, seen["labels"], len(label_names))
+
+    def fresh() -> dict:  # what one pass counts
+        return {"padding": {}, "labels": [], "kept": {}, "validation": False}
+
+    def load() -> list[dict]:
+        seen = fresh()
+        examples = [ex for split, dataset in data.items() for ex in read(split, dataset, seen)]
+        finish(seen)
         return examples
+
+    def load_stream() -> Iterator[dict]:
+        """A pass over every split in turn, one row of each at a time, so the first examples
+        of the eval split come without reading the whole train stream; the pass's checks run
+        when it reaches the end (a pass stopped early checks nothing)."""
+        seen = fresh()
+        readers = {split: read(split, dataset, seen) for split, dataset in data.items()}
+        while readers:
+            for split in list(readers):
+                ex = next(readers[split], None)
+                if ex is None:
+                    del readers[split]
+                else:
+                    yield ex
+        finish(seen)
 
     fields: dict[str, Any] = {"lr": getattr(args, "learning_rate", None)}
     if args is not None:
@@ -304,7 +428,8 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         object.__setattr__(quiet, "output_dir", tempfile.mkdtemp(prefix="from_hf-"))
         hooks = _Callbacks(list(callbacks), quiet, tokenizer)
     if trainer_args:
-        fields["build_scheduler"] = _scheduler_factory(args, len(data["train"]), hooks, notes)
+        fields["build_scheduler"] = _scheduler_factory(args, _train_rows(data["train"], args),
+                                                       hooks, notes)
         save_only = bool(getattr(args, "save_only_model", False))
         fields["save_state"], fields["restore_state"] = _checkpoint_code(args, hooks, save_only)
         strategy = str(getattr(getattr(args, "save_strategy", "steps"), "value",
@@ -316,7 +441,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         split_metrics = _SplitMetrics(compute_metrics, preprocess_logits_for_metrics)
         fields["eval_step"] = lambda model, batch: split_metrics(task, model, batch)
     fields.update(task_fields)
-    first = collated([encode({"split": "train", "index": 0})])
+    first = collated([encode({"split": "train", "index": 0, "row": first_row})])
 
     def decode(ids) -> str:  # token ids, or a classifier's class ids, for people
         if target.causal:
@@ -328,8 +453,15 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                   "prompt_in_loss": prompt_of is None and task_fields.get("prompt_field")
                   is None} \
         if target.causal else {"label_names": label_names, "label_field": "label"}
-    task = Task(name=name, kind=kind, load_examples=load, encode=encode, collate=collated,
-                build_model=model_factory, model_inputs=tuple(k for k in INPUTS if k in first),
+    if streamed:
+        which = " and ".join("eval" if n == "validation" else n for n in streamed)
+        notes.append(f"from_hf: the {which} dataset{'s are' if len(streamed) > 1 else ' is'} "
+                     "read as a stream, one row of each split in turn as the notebooks ask "
+                     "for examples: never indexed nor held whole, each example carries its "
+                     "row; padding rows are counted when a pass reaches the end")
+    task = Task(name=name, kind=kind, load_examples=load_stream if streamed else load,
+                encode=encode, collate=collated, build_model=model_factory,
+                model_inputs=tuple(k for k in INPUTS if k in first),
                 split_of=lambda ex: ex["split"], **{**shown, **generation, **fields})
     task.padding_rows = {}  # per split: rows with label -100, left out (set by load_examples)
     task.adapter_notes = notes  # what the adapter mapped or left out, in words
