@@ -148,3 +148,13 @@ def test_bad_rows_name_a_few_and_count_all():
     with pytest.raises(wb.WorkbookError, match=r"10000 of 10000 examples have no group key "
                                                r"'patient' \(positions \[0, 1, 2, 3, 4\]\.\.\.\)"):
         load_examples(task_over(rows))
+
+
+def test_a_pandas_data_frame_is_named_with_the_fix():
+    import pandas as pd
+
+    frame = pd.DataFrame([row(i) for i in range(40)])
+    with pytest.raises(wb.WorkbookError, match=r"(?s)returned a pandas DataFrame.*"
+                                               r"to_dict\('records'\)"):
+        prepare(task_over(frame), ("train",))
+    assert len(load_examples(task_over(frame.to_dict("records")))) == 40

@@ -76,6 +76,39 @@ def test_the_hash_index_agrees_with_a_plain_dict(block, monkeypatch):
     assert index.count(crossing=True) == sum(1 for m in masks.values() if m & (m - 1))
 
 
+@pytest.mark.parametrize("block", [5, 64, 1000])
+def test_the_hash_index_takes_keys_one_or_many_at_a_time(block, monkeypatch):
+    """Keys added singly and a chunk at once, over many merges of its sorted runs."""
+    import random
+
+    import numpy as np
+
+    monkeypatch.setattr(hash_index, "BLOCK", block)
+    rng = random.Random(block)
+    expected, reported, masks = [], [], {}
+    index = hash_index.HashIndex(lambda i, prior, bit: reported.append((i, prior, bit)))
+    i = 0
+    while i < 6000:
+        chunk = [(rng.randint(0, 3000), 1 << rng.randint(0, 2)) for _ in range(rng.randint(1, 90))]
+        for n, (key, bit) in enumerate(chunk):
+            if masks.get(key):
+                expected.append((i + n, masks[key], bit))
+            masks[key] = masks.get(key, 0) | bit
+        if rng.random() < 0.3:
+            for n, (key, bit) in enumerate(chunk):
+                index.add(hash_index.key_of(str(key)), bit, i + n)
+        else:
+            index.add_many(hash_index.keys_of([str(k) for k, _ in chunk]),
+                           np.array([b for _, b in chunk]), range(i, i + len(chunk)))
+        i += len(chunk)
+    assert index.count() == len(masks)
+    assert reported == expected  # in the order the keys came
+    assert index.count(crossing=True) == sum(1 for m in masks.values() if m & (m - 1))
+    assert [index.count(b) for b in (1, 2, 4)] == [sum(1 for m in masks.values() if m & b)
+                                                   for b in (1, 2, 4)]
+    assert list(index.keys) == sorted(hash_index.key_of(str(k)) for k in masks)
+
+
 def test_a_stream_without_a_length_is_scanned_whole_and_passes():
     ins = inspect_task(task_over(Counted(3000)))
     assert ins.verdict == "pass", ins.flag_table()

@@ -7,6 +7,7 @@ object), and the problems of a pass are raised together, with their counts, at i
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -15,11 +16,12 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from ..base.errors import WorkbookError, reason
-from .hash_index import HashIndex, key_of
+from .hash_index import HashIndex, keys_of
 from .task import Task, own_code
 
 SPLITS = ("train", "validation", "test")
 FEW = 5  # positions or ids an error names; its count covers all
+BLOCK = 4096  # ids hashed at a time
 
 
 def rows(task: Task) -> Iterator[Any]:
@@ -39,6 +41,13 @@ def opened(task: Task) -> tuple[Iterator[Any], Any]:
                             f"{type(source).__name__}, not examples",
                             "return a list of dicts, a map-style dataset (len and getitem) or "
                             "an iterable of dicts (a generator, an IterableDataset)")
+    frames = sys.modules.get("pandas")
+    if frames is not None and isinstance(source, frames.DataFrame):  # indexing picks a column
+        raise WorkbookError(f"load_examples of {task.name!r} returned a pandas DataFrame, whose "
+                            "rows are not read one by one as dicts (iterating it gives the "
+                            "column names, indexing it a column)",
+                            "return df.to_dict('records') (a list of dicts), or yield its rows: "
+                            "(row.to_dict() for _, row in df.iterrows())")
     # torch's IterableDataset inherits a __getitem__ that raises: it is read by iterating
     lazy = length(source) is not None and hasattr(source, "__getitem__") and \
         not isinstance(source, (list, tuple, IterableDataset))
@@ -100,6 +109,7 @@ class Checks:
     repeated: list[str] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)  # every one: not_dicts, missing:<key>, ...
     ids: HashIndex = field(init=False)
+    _ids: list = field(default_factory=list, repr=False)  # read, not yet hashed
 
     def __post_init__(self):
         self.ids = HashIndex(lambda key, prior, bit: self._note("repeated", self.repeated, key))
@@ -115,19 +125,27 @@ class Checks:
         if not isinstance(example, dict):
             self._note("not_dicts", self.not_dicts, (position, type(example).__name__))
             return False
-        good = True
-        for key in (self.task.id_key, self.task.group_key):
-            if example.get(key) in (None, ""):
-                self._note(f"missing:{key}", self.missing.setdefault(key, []), position)
-                good = False
-        if good:
-            key = str(example[self.task.id_key])
-            self.ids.add(key_of(key), 1, key)
-        return good
+        example_id = example.get(self.task.id_key)
+        if example_id in (None, "") or example.get(self.task.group_key) in (None, ""):
+            for key in (self.task.id_key, self.task.group_key):
+                if example.get(key) in (None, ""):
+                    self._note(f"missing:{key}", self.missing.setdefault(key, []), position)
+            return False
+        self._ids.append(example_id)
+        if len(self._ids) >= BLOCK:
+            self._index_ids()
+        return True
+
+    def _index_ids(self) -> None:
+        """Hash the ids read since the last time, a block at once."""
+        said = list(map(str, self._ids))
+        self.ids.add_many(keys_of(said), 1, said)
+        self._ids = []
 
     def raise_any(self) -> None:
         """One error for what the pass found, in the order a user fixes them."""
         task, n = self.task, self.read
+        self._index_ids()
         self.ids.flush()
         if not n:
             raise WorkbookError(f"task {task.name!r} returned no examples",
