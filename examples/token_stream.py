@@ -54,6 +54,7 @@ import workbook as wb
 from examples.gpt_script import GPT, GPTConfig, build_optimizer, collate
 from workbook import tokenizer as tok
 from workbook.samples import DATA_DIR
+from workbook.task import split_by_group_hash
 
 DTYPE = np.uint16  # 2 bytes a token, as nanoGPT writes train.bin (any vocabulary below 65,536)
 TOKEN_BYTES = np.dtype(DTYPE).itemsize
@@ -233,6 +234,89 @@ class TokenStream:
         return {"input_ids": window[:-1], "labels": window[1:]}
 
 
+# ---------------------------------------------------------------------------------------------
+# the training pipeline: what a campaign's loader reads, with its position for exact resume
+
+PIPELINE_BUGS = ("state_frozen", "epoch_guard", "lost_at_yield", "workers_replay",
+                 "ranks_same", "skip_in_batches")  # planted, for 07 and 09 to name
+
+
+class TrainWindows(torch.utils.data.IterableDataset):
+    """The training split's windows as a campaign reads them: shards of `shard_windows`
+    neighbouring windows in an order shuffled per pass (seed, epoch), dealt to the ranks and
+    then to each rank's DataLoader workers. `state_dict` is the pass and the windows this
+    reader has yielded in it; `load_state_dict` goes on from there on the next `iter`. `bug`
+    plants one of PIPELINE_BUGS."""
+
+    def __init__(self, stream: TokenStream, train: list[int], seed: int, rank: int = 0,
+                 world: int = 1, micro_batch: int = 1, shard_windows: int = 16, bug: str = ""):
+        self.stream, self.train, self.seed = stream, train, seed
+        self.rank, self.world, self.micro_batch = rank, world, micro_batch
+        self.shard_windows, self.bug = shard_windows, bug
+        self.epoch, self.position = 0, 0
+        self._resume: dict | None = None
+        self._frozen: dict | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def mine(self) -> list[int]:
+        """This reader's windows of the pass, in order."""
+        shards = [self.train[i:i + self.shard_windows]
+                  for i in range(0, len(self.train), self.shard_windows)]
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(shards))
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info and \
+            self.bug != "workers_replay" else (0, 1)
+        rank, world = (0, 1) if self.bug == "ranks_same" else (self.rank, self.world)
+        reader = rank * workers + worker
+        return [w for s in order[reader::world * workers] for w in shards[s]]
+
+    def __iter__(self):
+        start, resume, self._resume = 0, self._resume, None
+        if resume is not None and resume["epoch"] == self.epoch and \
+                (self.epoch == 0 or self.bug != "epoch_guard"):
+            start = resume["position"] * (self.micro_batch if self.bug == "skip_in_batches"
+                                          else 1)
+        block, windows = self.stream.block_size, self.mine()
+        for k in range(start, len(windows)):
+            # lost_at_yield counts the window it reads ahead as if it were trained on
+            self.position = min(k + 2, len(windows)) if self.bug == "lost_at_yield" else k + 1
+            w = windows[k]
+            yield {"id": w, "group": w // self.stream.group_windows, "start": w * block}
+
+    def state_dict(self) -> dict:
+        if self.bug == "state_frozen" and self._frozen is not None:
+            return dict(self._frozen)  # the loaded state, never advanced
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume = dict(state)
+        self.epoch, self.position = state["epoch"], state["position"]
+        if self.bug == "state_frozen":
+            self._frozen = dict(state)
+
+
+def train_pipeline(stream: TokenStream, fractions: tuple, bug: str, seed: int, rank: int = 0,
+                   world: int = 1, workers: int = 0, micro_batch: int = 1):
+    """The training windows as the campaign's loader gives them: the dataset itself, or, with
+    workers, a torchdata StatefulDataLoader over it (a plain DataLoader without torchdata: the
+    workbook then resumes by count-and-skip); one raw example at a time (batch_size=None)."""
+    train = [w for w in range(stream.windows())
+             if split_by_group_hash(w // stream.group_windows, fractions) == "train"]
+    windows = TrainWindows(stream, train, seed, rank, world, micro_batch, bug=bug)
+    if not workers:
+        return windows
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader as Loader
+    except ImportError:
+        Loader = torch.utils.data.DataLoader
+    # its own generator: without one, each pass's iterator draws the workers' seed from the
+    # global random stream, and a resumed run's dropout differs from the uninterrupted one's
+    return Loader(windows, batch_size=None, num_workers=workers,
+                  generator=torch.Generator().manual_seed(seed))
+
+
 def decode(ids) -> str:
     """Ids back to text, markers shown (</s> ends a conversation); -100 is skipped."""
     return tok.decode([int(i) for i in ids if int(i) >= 0], keep_special=True)
@@ -240,11 +324,13 @@ def decode(ids) -> str:
 
 def make_task(block_size: int = 64, data_file: str = "", tokens: int | None = None,
               group_windows: int = 16, n_layer: int = 3, n_embd: int = 96,
-              dropout: float = 0.1) -> wb.Task:
+              dropout: float = 0.1, pipeline_bug: str = "") -> wb.Task:
     if int(block_size) != block_size or block_size < 1:
         raise ValueError(f"block_size must be a positive whole number, got {block_size!r}")
     if int(group_windows) != group_windows or group_windows < 1:
         raise ValueError(f"group_windows must be a positive whole number, got {group_windows!r}")
+    if pipeline_bug and pipeline_bug not in PIPELINE_BUGS:
+        raise ValueError(f"pipeline_bug {pipeline_bug!r} is not one of {PIPELINE_BUGS}")
     if data_file and tokens is not None:
         raise ValueError("tokens sizes the prepared sample; a data_file is used as it is - "
                          "give one or the other")
@@ -268,6 +354,7 @@ def make_task(block_size: int = 64, data_file: str = "", tokens: int | None = No
         group_key="group",
         model_inputs=("input_ids", "labels"),  # "labels" reaches forward's `targets`
         prompt_in_loss=True,  # pretraining: every token is learned, there is no prompt
+        train_pipeline=partial(train_pipeline, stream, (0.8, 0.1, 0.1), pipeline_bug),
     )
 
 

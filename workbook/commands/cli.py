@@ -85,6 +85,8 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("--to", type=int, required=True, help="the update to stop after")
     resume.add_argument("--out", required=True, help="writes the new files OUT.json and "
                         "OUT.safetensors (never over existing ones)")
+    resume.add_argument("--save-at", type=int, default=0, help="also checkpoint after this "
+                        "update, into the new folder OUT.ckpt (a resume of a resume)")
     resume.add_argument("--fault", action="append", default=[],
                         help="plant a resume bug (optimizer, sampler, rng) to see it caught")
     _result_argument(resume)
@@ -248,16 +250,22 @@ def _resume(args: argparse.Namespace) -> tuple[int, dict, None]:
 
     out = Path(args.out)
     records_path, weights_path = out.with_suffix(".json"), out.with_suffix(".safetensors")
-    refuse_existing([records_path, weights_path], "--out")
+    saved = out.with_suffix(".ckpt")
+    refuse_existing([records_path, weights_path] + ([saved] if args.save_at else []), "--out")
     if args.to < 1:
         raise WorkbookError(f"--to {args.to} is not an update", "give --to 1 or later")
+    if args.save_at and not 0 < args.save_at <= args.to:
+        raise WorkbookError(f"--save-at {args.save_at} lies outside the run (updates 1 to "
+                            f"{args.to})", "give --save-at between the resume point and --to")
     load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
     spec = check_recipe(load_meta(args.checkpoint).get("recipe"),
                         Path(args.checkpoint) / META, "recipe")
     task = load_recorded_task(spec, args.task, dict(args.option),
                               f"checkpoint {args.checkpoint}")
-    records, weights = run_recipe(spec, args.to, start_from=Path(args.checkpoint),
-                                  faults=tuple(args.fault), task=task)
+    records, weights = run_recipe(spec, args.to, saved.parent,
+                                  (args.save_at,) if args.save_at else (),
+                                  start_from=Path(args.checkpoint), faults=tuple(args.fault),
+                                  task=task, name=lambda step: saved.name)
     # the weights first, the records last: the records' file says the hand-back is complete
     write_file(weights_path, lambda tmp: save_file(
         {k: v.contiguous() for k, v in weights.items()}, str(tmp)), "resumed weights")

@@ -235,6 +235,8 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("show_examples", _off("examples rendered; 0: none")),
     ("prediction_examples", _off("validation examples whose predictions are saved; 0: none")),
     ("boundary_step", _off("0: the first pass's last update")),
+    ("twice_step", _off("0: halfway from mid_step to updates")),
+    ("workers", _off("DataLoader worker processes; 0: none")),
     ("val_limit", _count("validation examples of the quality proxy")),
     ("short_length", _count("max_length of the truncation variant")),
     ("length", _off("positions per sequence; 0: the data's longest")),

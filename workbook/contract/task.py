@@ -159,6 +159,14 @@ class Task:
     # (set_epoch(epoch) is called before each pass when it has one; state_dict/load_state_dict
     # when it keeps state across passes - the state travels in the checkpoint)
     make_sampler: Callable[[int, int], Any] | None = None
+    # your own training data pipeline: train_pipeline(seed, rank=0, world=1, workers=0,
+    # micro_batch=1) (the arguments it names) returns what your training loop iterates - an
+    # IterableDataset, a DataLoader with batch_size=None or collate_fn=list, a
+    # StatefulDataLoader, a streaming datasets.IterableDataset - giving raw example dicts in
+    # training order, pass after pass (set_epoch(epoch) before each when it has one). Notebook
+    # 07 trains from it and resumes it: by its own state_dict/load_state_dict when it has both,
+    # else by reading the examples already read again (count-and-skip); 09 checks its ranks
+    train_pipeline: Callable[..., Any] | None = None
     save_state: Callable[[Any, dict[str, Any]], None] | None = None
     restore_state: Callable[[Any, dict[str, Any]], None] | None = None
     # the model the rental will train, when it is bigger than the pilot machine: build_model is
@@ -365,8 +373,8 @@ def validate_task(task: Any, path: str = "task") -> Task:
     if (task.save_state is None) != (task.restore_state is None):
         problems.append("`save_state` and `restore_state` come together (a checkpoint written "
                         "one way is read back the same way)")
-    for name in ("save_state", "restore_state", "make_sampler", "train_step", "eval_step",
-                 "campaign_model"):
+    for name in ("save_state", "restore_state", "make_sampler", "train_pipeline", "train_step",
+                 "eval_step", "campaign_model"):
         if getattr(task, name) is not None and not callable(getattr(task, name)):
             problems.append(f"`{name}` must be callable or None")
     if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):

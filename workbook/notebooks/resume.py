@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 
 from ..base.errors import WorkbookError, child_error, shorten
 from ..contract.data import Item, epoch_updates, prepare
-from ..contract.task import Task, load_task
+from ..contract.pipeline import DataPosition, open_pipeline
+from ..contract.task import Task, load_task, task_from_params
 from ..storage import schemas
 from ..storage.artifacts import copy_folder, reseal, write_file
 from ..storage.files import write_text
@@ -34,6 +35,7 @@ from ..training.loop import (
     train,
 )
 from .archive import reload_in_new_process, write_archive
+from .resume_data import global_seed, pass_orders, position_before, repeats, where_from
 
 FAULTS = ("optimizer", "sampler", "rng")  # planted resume bugs, to show what the check catches
 
@@ -58,7 +60,8 @@ def rebuild(spec: dict, task: Task | None = None, source: Any = "the recipe"
         raise WorkbookError(f"the recipe's configuration is not one this workbook wrote ({exc})",
                             "resume with the workbook version that wrote the checkpoint, or "
                             "use an intact checkpoint") from None
-    return task, prepare(task, ("train",), {"train": limit}).train, cfg
+    items = [] if cfg.pipeline else prepare(task, ("train",), {"train": limit}).train
+    return task, items, cfg
 
 
 def check_recipe(spec: Any, source: Any = "the recipe", field: str = "") -> dict:
@@ -79,14 +82,21 @@ def _record(r: StepRecord) -> dict:
             "ids": [str(i) for i in r.example_ids]}
 
 
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:06d}"
+
+
 def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
                checkpoint_at: tuple = (), start_from: Path | None = None, faults: tuple = (),
-               task: Task | None = None) -> tuple[list[dict], dict]:
+               task: Task | None = None, name=checkpoint_name) -> tuple[list[dict], dict]:
     """Train to update `to_step` (from scratch, or continuing `start_from`), checkpointing after
-    the updates in `checkpoint_at`. Returns the per-update records and the final weights."""
+    the updates in `checkpoint_at` into `folder / name(step)`. Returns the per-update records
+    (a resumed run's first one says how its data position came back) and the final weights."""
     task, items, cfg = rebuild(spec, task, "the recipe" if start_from is None else
                                Path(start_from) / ckpt.META)
     cfg.updates = to_step
+    pipe = open_pipeline(task, cfg.seed, workers=cfg.workers, micro_batch=cfg.shape.micro_batch,
+                         limit=spec["train_limit"]) if cfg.pipeline else None
     stepper, position, first = None, Position(), 1
     if start_from is not None:
         stepper, position, first = restore(start_from, spec, task, cfg, faults, len(items))
@@ -98,17 +108,22 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
     def on_update(record: StepRecord, st: Stepper, after: Position) -> None:
         if record.step in checkpoint_at:
             counters = {"step": record.step, "epoch": after.epoch, "group": after.group,
-                        "micro_batch_in_group": 0, "sampler_state": after.sampler_state}
-            ckpt.save_checkpoint(Path(folder) / f"ckpt-{record.step:06d}", st.model,
+                        "micro_batch_in_group": 0, "sampler_state": after.sampler_state,
+                        "data": None if after.data is None else asdict(after.data)}
+            ckpt.save_checkpoint(Path(folder) / name(record.step), st.model,
                                  st.optimizer, st.scheduler, st.scaler, counters,
                                  {"recipe": spec, "task_name": task.name},
                                  own=task.save_state, sampler=st.sampler)
         return None
 
     result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
-                   on_update=on_update)
+                   on_update=on_update, pipeline=pipe)
     weights = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
-    return [_record(r) for r in result.steps], weights
+    records = [_record(r) for r in result.steps]
+    if pipe is not None and start_from is not None and records:
+        records[0].update(resumed_by=pipe.resumes_by, skipped=pipe.skipped.examples,
+                          skip_s=pipe.skipped.seconds)
+    return records, weights
 
 
 def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple = (),
@@ -125,7 +140,7 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
         raise WorkbookError(f"checkpoint {path} was written by task {meta['task_name']!r}, not "
                             f"{task.name!r}", "resume it with the task that wrote it")
     stepper = build_stepper(task, cfg)
-    stepper.sampler = make_sampler(task, examples, cfg.seed)
+    stepper.sampler = None if cfg.pipeline else make_sampler(task, examples, cfg.seed)
     if callable(getattr(stepper.sampler, "state_dict", None)):
         # off its initial state before restore_state sees it: a restore that starts the order
         # over (reseeds) then changes it and is checked, instead of passing for one that left
@@ -140,10 +155,16 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
     c = info["counters"]
     schemas.check(schemas.ResumeCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
                   "resume from a checkpoint of notebook 07's run", "counters")
-    check_position(path, c, task, cfg, examples)
-    position = Position(c["epoch"], c["group"], c.get("sampler_state"))
+    if cfg.pipeline and c.get("data") is None:
+        raise WorkbookError(f"checkpoint {path} holds no data position of the training "
+                            "pipeline", "resume from a checkpoint of this run (07 writes one)")
+    data = DataPosition(**c["data"]) if cfg.pipeline else None
+    if not cfg.pipeline:
+        check_position(path, c, task, cfg, examples)
+    position = Position(c["epoch"], c["group"], c.get("sampler_state"), data)
     if "sampler" in faults:  # the classic: the data order restarts from the pass's beginning
-        position = Position(c["epoch"], 0, c.get("sampler_state"))
+        position = Position(c["epoch"], 0, c.get("sampler_state"),
+                            data and DataPosition(data.epoch))
     return stepper, position, int(c["step"]) + 1
 
 
@@ -173,12 +194,13 @@ FRESH_PROCESS_TIMEOUT = 600  # seconds for one resume in a new process (a few up
 
 
 def resume_in_new_process(checkpoint: Path, to_step: int, out: Path, spec: dict,
-                          faults: tuple = ()) -> tuple[list[dict], dict]:
+                          faults: tuple = (), save_at: int = 0) -> tuple[list[dict], dict]:
     """Continue a checkpoint in a fresh Python process (`python -m workbook resume`), naming
-    the recipe's task on the command line."""
+    the recipe's task on the command line; `save_at` checkpoints it again into OUT.ckpt."""
     done = fresh_process(["resume", "--checkpoint", str(checkpoint), "--to", str(to_step),
                           "--out", str(out), *task_args(spec["task"], spec["task_options"])]
-                         + [f"--fault={f}" for f in faults],
+                         + [f"--fault={f}" for f in faults]
+                         + ([f"--save-at={save_at}"] if save_at else []),
                          FRESH_PROCESS_TIMEOUT, "the resumed process")
     if done.returncode:
         raise WorkbookError(f"the resumed process failed: {child_error(done.stderr)}",
@@ -248,29 +270,71 @@ def latest_checkpoint(folder: str | Path) -> Path:
 
 
 def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, folder: Path,
-                tolerance: float = 0.0) -> tuple[pd.DataFrame, dict]:
-    """The uninterrupted reference run (checkpointing at both cases), then each case resumed in
-    a new process: mid-epoch, and exactly at an epoch boundary (which must continue)."""
-    if not 0 < mid_step < updates or not 0 < boundary_step < updates:
-        raise WorkbookError(f"resume points {mid_step} and {boundary_step} must lie inside the "
-                            f"{updates} updates", "choose points after the first update and "
-                            "before the last")
+                tolerance: float = 0.0, twice_step: int = 0, workers: int = 0,
+                task: Task | None = None) -> tuple[pd.DataFrame, dict]:
+    """The uninterrupted reference run (checkpointing at the resume points), then each case
+    resumed in a new process: mid-epoch (in the second pass), exactly at an epoch boundary
+    (which must continue), resumed twice (the mid-epoch resume checkpoints again at
+    `twice_step` and a third process continues that) and, with `workers`, a run whose
+    DataLoader has that many worker processes. Each row says where the resumed data came from
+    when it was not where the uninterrupted run went on (`data`)."""
+    points = [("mid_step", mid_step), ("boundary_step", boundary_step)] + \
+        ([("twice_step", twice_step)] if twice_step else [])
+    for name, step in points:
+        if not 0 < step < updates:
+            raise WorkbookError(f"resume point {name}={step} must lie inside the {updates} "
+                                "updates", "choose points after the first update and before "
+                                "the last")
+    if twice_step and twice_step <= mid_step:
+        raise WorkbookError(f"twice_step {twice_step} must come after mid_step {mid_step}",
+                            "give twice_step between mid_step and updates, or 0")
+    task, items, cfg = rebuild(spec, task)
+    order = pass_orders(task, items, cfg, spec["train_limit"])
     reference, weights = run_recipe(spec, updates, folder,
-                                    checkpoint_at=(mid_step, boundary_step))
+                                    checkpoint_at=(mid_step, boundary_step), task=task)
     rows, details = [], {"reference": reference, "weights": weights}
-    for case, step in (("mid-epoch", mid_step), ("epoch boundary", boundary_step)):
-        path = folder / f"ckpt-{step:06d}"
+
+    def case(name: str, path: Path, step: int, out: str, ref: list[dict], ref_weights: dict,
+             save_at: int = 0, first: tuple[int, int] | None = None, data: str = "",
+             config: TrainConfig | None = None) -> None:
         try:
-            resumed, w = resume_in_new_process(path, updates, folder / f"resumed-{step}", spec)
+            resumed, w = resume_in_new_process(path, updates, folder / out, spec,
+                                               save_at=save_at)
         except WorkbookError as exc:  # e.g. the task's restore_state lost a part: a failed case
-            rows.append({"case": case, "resumed_after": step, "updates_compared": 0,
+            rows.append({"case": name, "resumed_after": step, "updates_compared": 0,
                          "max_param_diff": None, "max_loss_diff": None,
                          "same_examples": False, "examples_differ_from": None, "exact": False,
-                         "continued_to_the_end": False, "error": exc.problem})
-            continue
-        table, verdict = compare(reference, resumed, weights, w, tolerance)
-        details[case] = table
-        rows.append({"case": case, "resumed_after": step, **verdict, "error": ""})
+                         "continued_to_the_end": False, "resumed_by": "", "skipped": None,
+                         "data": data, "error": exc.problem})
+            return
+        table, verdict = compare(ref, resumed, ref_weights, w, tolerance)
+        details[name] = table
+        first_record = resumed[0] if resumed else {}
+        data = data or where_from(ref, resumed, step, order, cfg.shape.micro_batch, first)
+        if not data and verdict["same_examples"] and not verdict["exact"]:
+            data = global_seed(task, config or cfg)
+        rows.append({"case": name, "resumed_after": step, **verdict,
+                     "exact": verdict["exact"] and not data,
+                     "resumed_by": first_record.get("resumed_by") or "workbook order",
+                     "skipped": first_record.get("skipped"), "data": data, "error": ""})
+
+    mid, twice = folder / checkpoint_name(mid_step), folder / "resumed-mid-epoch.ckpt"
+    case("mid-epoch", mid, mid_step, "resumed-mid-epoch", reference, weights,
+         save_at=twice_step)
+    case("epoch boundary", folder / checkpoint_name(boundary_step), boundary_step,
+         f"resumed-{boundary_step}", reference, weights)
+    if twice_step:
+        case("resumed twice", twice, twice_step, "resumed-twice", reference, weights,
+             first=position_before(reference, mid_step + 1))
+    if workers:
+        wspec = {**spec, "config": {**spec["config"], "workers": workers}}
+        wfolder = folder / f"workers-{workers}"
+        wref, wweights = run_recipe(wspec, updates, wfolder, checkpoint_at=(mid_step,),
+                                    task=task)
+        details["workers reference"] = wref
+        case(f"{workers} DataLoader workers", wfolder / checkpoint_name(mid_step), mid_step,
+             "resumed-workers", wref, wweights, data=repeats(wref, workers),
+             config=TrainConfig.from_dict(wspec["config"]))
     return pd.DataFrame(rows), details
 
 
@@ -360,12 +424,19 @@ def run(params: dict[str, Any], out_dir: Path) -> ResumeResult:
     archive are written into `out_dir`."""
     shape = UpdateShape.from_params(params)
     cfg = shape.train_config(lr=params["lr"], seed=params["seed"], device=params["device"])
+    cfg.pipeline = bool(params["use_pipeline"]) and task_from_params(params).train_pipeline \
+        is not None
     spec = recipe(params["task"], params["task_options"], cfg, params["train_limit"])
     task, items, _ = rebuild(spec)
-    per_pass = math.ceil(len(items) / shape.examples_per_update)
+    examples = len(pass_orders(task, items, cfg, params["train_limit"])(0)) if cfg.pipeline \
+        else len(items)
+    per_pass = (examples // shape.examples_per_update if cfg.drop_partial else
+                math.ceil(examples / shape.examples_per_update))
     mid, boundary = params["mid_step"], params["boundary_step"] or per_pass
     updates, tolerance = params["updates"], params["tolerance"]
-    cases, details = check_cases(spec, updates, mid, boundary, out_dir, tolerance)
+    twice = params["twice_step"] or (mid + updates) // 2
+    cases, details = check_cases(spec, updates, mid, boundary, out_dir, tolerance,
+                                 twice if mid < twice < updates else 0, params["workers"], task)
     faults = (planted_faults(spec, updates, mid, out_dir, details["reference"],
                              details["weights"], tolerance)
               if params["demonstrate_faults"] else None)
@@ -380,7 +451,7 @@ def run(params: dict[str, Any], out_dir: Path) -> ResumeResult:
                                                "--only", "07"])],
                             params["controls"])
     reloaded = reload_in_new_process(archive, params["task"], params["task_options"])
-    return ResumeResult(task, spec, len(items), per_pass, mid, boundary, cases, details, faults,
+    return ResumeResult(task, spec, examples, per_pass, mid, boundary, cases, details, faults,
                         tamper, archive, reloaded)
 
 

@@ -209,6 +209,7 @@ class TrainConfig(_Closed):
     encode_each_pass: StrictBool = True
     progress: StrictBool = False
     own_step: StrictBool = True
+    pipeline: StrictBool = False
 
 
 class RecordedTask(_Open):
@@ -259,6 +260,14 @@ class CheckpointMeta(_Open):
     task_name: Name | None = None
 
 
+class DataCounters(_Closed):
+    """A training pipeline's position: the pass, the examples read in it, its own state."""
+
+    epoch: Index
+    examples: Index
+    state: Any = None
+
+
 class Counters(_Open):
     """The loop's counters: the updates done and the data position (pass, next update)."""
 
@@ -267,6 +276,7 @@ class Counters(_Open):
     group: Index = 0
     micro_batch_in_group: Index = 0
     sampler_state: Any = None
+    data: DataCounters | None = None  # a task's train_pipeline: where it stands
 
 
 class ResumeCounters(Counters):
@@ -419,6 +429,9 @@ class ResumedRecord(_Closed):
     loss: Number
     lr: NonNegative
     ids: list[StrictStr]
+    resumed_by: StrictStr | None = None  # the first record: how the data position came back
+    skipped: Index | None = None
+    skip_s: NonNegative | None = None
 
 
 class ResumedRecords(BaseModel):

@@ -16,7 +16,16 @@ from torch import nn
 from ..base.errors import WorkbookError
 from ..base.frontend import progress_bar
 from ..contract import run as run_context
-from ..contract.data import Batch, Item, epoch_order, epoch_updates, loader
+from ..contract.data import (
+    Batch,
+    Item,
+    collate_items,
+    encode_example,
+    epoch_order,
+    epoch_updates,
+    loader,
+)
+from ..contract.pipeline import DataPosition, Pipeline
 from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
@@ -109,6 +118,7 @@ class TrainConfig:
     encode_each_pass: bool = True  # encode the raw examples in the loader on every pass
     progress: bool = False  # show a tqdm bar
     own_step: bool = True  # run the task's train_step (its clipping, not grad_clip) if it has one
+    pipeline: bool = False  # draw from the task's train_pipeline (its workers: `workers`)
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
@@ -430,6 +440,7 @@ class Position:
     epoch: int = 0
     group: int = 0
     sampler_state: Any = None  # a task's own sampler: its state_dict at the start of the pass
+    data: Any = None  # a task's train_pipeline: its DataPosition here (after the update)
 
 
 def pass_order(sampler: Any, n: int, seed: int, epoch: int) -> tuple[list[int], Any]:
@@ -481,6 +492,27 @@ def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = 
         epoch, skip = epoch + 1, 0
 
 
+def _pipeline_updates(task: Task, cfg: TrainConfig, start: Position, pipe: Pipeline):
+    """Endless stream of (position after the update, [micro-batches]) read from the task's
+    pipeline: `micro_batch x accumulation` examples an update, encoded and collated here; a
+    pass that ends mid-update closes a partial update (dropped with `drop_partial`). Nothing
+    of the next pass is read before an update ends, so the position is never read ahead."""
+    per_update, micro = cfg.shape.examples_per_update, cfg.shape.micro_batch
+    examples = pipe.read(start.data if start.data is not None else DataPosition())
+    group, pending = start.group, []
+    while True:
+        pass_of, _, example = next(examples)
+        if example is not None:
+            pending.append(encode_example(task, example))
+        if len(pending) == per_update or (example is None and pending and not cfg.drop_partial):
+            batches = [collate_items(task, pending[i:i + micro])
+                       for i in range(0, len(pending), micro)]
+            yield Position(pass_of, group, None, pipe.position()), batches
+            group, pending = group + 1, []
+        if example is None:  # the pass ended
+            group, pending = 0, []
+
+
 def single_example_batch_norm(exc: Exception, batches: list[Batch], examples: int,
                               cfg: TrainConfig) -> WorkbookError | None:
     """The error to show when batch norm refused a micro-batch of one example in training (the
@@ -503,25 +535,28 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
           on_update: Callable[[StepRecord, Stepper, Position], str | None] | None = None,
           on_eval: Callable[[EvalRecord, Stepper], None] | None = None,
           stepper: Stepper | None = None, start: Position = Position(),
-          first_step: int = 1) -> TrainResult:
+          first_step: int = 1, pipeline: Pipeline | None = None) -> TrainResult:
     """Train until update `cfg.updates` and return the model with one record per update.
     `on_update` sees each update with the machinery and the data position after it, and may
     return a reason to stop early (divergence); `on_eval` sees every evaluation (checkpoints).
-    A resumed run passes its restored `stepper`, data `start` and `first_step`."""
+    A resumed run passes its restored `stepper`, data `start` and `first_step`; with
+    `pipeline` (the task's train_pipeline opened) the updates are read from it, not `items`."""
     if cfg.shape.replicas != 1:
         raise WorkbookError(f"train runs one process; this update shape has "
                             f"{cfg.shape.replicas} replicas",
                             "run replicas with notebook 09 (workbook.parallel), or set "
                             "replicas=1 here")
-    cfg.validate(len(items))
+    examples = None if pipeline is not None else len(items)
+    cfg.validate(examples)
     own = runs_own_step(task, cfg)
     if own:  # only here: the phase gates and the prediction size the workbook's update
         check_precision(cfg.shape.precision, resolve_device(cfg.device), task)
-    stepper = stepper if stepper is not None else build_stepper(task, cfg, model, len(items))
-    if stepper.sampler is None:
+    stepper = stepper if stepper is not None else build_stepper(task, cfg, model, examples)
+    if stepper.sampler is None and pipeline is None:
         stepper.sampler = make_sampler(task, len(items), cfg.seed)
     result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
-    stream = _updates(task, items, cfg, start, stepper.sampler)
+    stream = (_pipeline_updates(task, cfg, start, pipeline) if pipeline is not None else
+              _updates(task, items, cfg, start, stepper.sampler))
     bar = progress_bar(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
                desc=f"lr {cfg.lr:g} seed {cfg.seed}")  # says which trial of a study runs
     for step in range(first_step, cfg.updates + 1):
@@ -537,7 +572,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
                 norm = stepper.step()
                 loss = float(loss_sum) / targets
         except (ValueError, WorkbookError) as exc:
-            named = single_example_batch_norm(exc, batches, len(items), cfg)
+            named = single_example_batch_norm(exc, batches, examples, cfg)
             if named is None:
                 raise
             raise named from exc
@@ -545,7 +580,8 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
         record = StepRecord(step, position.epoch, len(batches), len(ids), targets, loss, lr,
                             float(norm), time.perf_counter() - begin, data_s, ids)
         result.steps.append(record)
-        after = Position(position.epoch, position.group + 1, position.sampler_state)
+        after = Position(position.epoch, position.group + 1, position.sampler_state,
+                         position.data)
         reason = on_update(record, stepper, after) if on_update is not None else None
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)

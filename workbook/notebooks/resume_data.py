@@ -1,0 +1,138 @@
+"""Notebook 07's data position: where a resumed run's examples came from, found in the order of
+the pass they should come from, and what the difference says about the pipeline, in words."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+from torch.utils.data import DataLoader
+
+from ..contract.data import epoch_order, epoch_updates
+from ..contract.pipeline import DataPosition, open_pipeline
+from ..contract.task import Task
+from ..training.loop import TrainConfig
+
+PASS_LIMIT = 200_000  # ids of one pass read for the diagnosis at most
+
+Order = Callable[[int], list[str]]  # pass -> the ids it gives, in order
+
+
+def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0) -> Order | None:
+    """The ids of a pass as a fresh run reads them: the task's pipeline read through (nothing
+    trained), or the workbook's order of the items; None for a task's own sampler (its order is
+    its own to state)."""
+    if cfg.pipeline:
+        def read(epoch: int) -> list[str]:
+            pipe = open_pipeline(task, cfg.seed, workers=cfg.workers,
+                                 micro_batch=cfg.shape.micro_batch, limit=limit)
+            ids = []
+            for _, _, example in pipe.read(DataPosition(epoch)):
+                if example is None or len(ids) >= PASS_LIMIT:
+                    break
+                ids.append(str(example[task.id_key]))
+            return ids
+        return read
+    if task.make_sampler is not None:
+        return None
+
+    def order(epoch: int) -> list[str]:
+        groups = epoch_updates(epoch_order(len(items), cfg.seed, epoch), cfg.shape.micro_batch,
+                               cfg.shape.accumulation, cfg.drop_partial)
+        return [str(items[i].id) for g in groups for mb in g for i in mb]
+    return order
+
+
+def position_before(reference: list[dict], step: int) -> tuple[int, int]:
+    """(pass, examples read in it) before update `step` of the uninterrupted run."""
+    epoch = next(r["epoch"] for r in reference if r["step"] == step)
+    return epoch, sum(len(r["ids"]) for r in reference if r["step"] < step and r["epoch"] == epoch)
+
+
+def _find(ids: list[str], got: list[str]) -> int | None:
+    """Where `got` begins in `ids` (a match may run past the pass's end)."""
+    need = min(len(got), 2)
+    for f in range(len(ids)):
+        seen = ids[f:f + len(got)]
+        if len(seen) >= need and seen == got[:len(seen)]:
+            return f
+    return None
+
+
+def where_from(reference: list[dict], resumed: list[dict], after: int, order: Order | None,
+               micro_batch: int, first_resume: tuple[int, int] | None = None) -> str:
+    """'' when the resumed run's first update read what the uninterrupted run read; else where
+    its examples came from and the pipeline bug that explains it. `first_resume`: for a resume
+    of a resume, the position the first resume began from."""
+    steps = {r["step"] for r in reference}
+    if not resumed or after + 1 not in steps:
+        return ""
+    got = resumed[0]["ids"]
+    expected = next(r["ids"] for r in reference if r["step"] == after + 1)
+    if got == expected:
+        return ""
+    epoch, n = position_before(reference, after + 1)
+    if order is None:
+        return (f"update {after + 1} read other examples than the uninterrupted run (the task's "
+                "own sampler: its order after the resume is not the one it gave)")
+    for e in dict.fromkeys([epoch, *range(epoch + 2)]):
+        f = _find(order(e), got)
+        if f is not None:
+            return _named(epoch, n, e, f, micro_batch, first_resume)
+    return (f"update {after + 1} read examples in an order pass {epoch} does not give (the "
+            "pipeline was reshuffled or reseeded on restore)")
+
+
+def _named(epoch: int, n: int, e: int, f: int, micro_batch: int,
+           first_resume: tuple[int, int] | None) -> str:
+    where = f"the resumed run read from example {f} of pass {e}, the uninterrupted run from " \
+            f"example {n} of pass {epoch}"
+    if first_resume is not None and (e, f) == first_resume:
+        return (f"{where} - where the first resume began: the pipeline's state did not advance "
+                "after load_state_dict, so a second resume restarts from the first")
+    if f == 0 and (e == epoch or e == 0) and n:
+        return (f"{where}: the pass restarted from its beginning on restore (an epoch guard "
+                "that restarts the epoch instead of going on inside it)")
+    if e != epoch:
+        return (f"{where}: the pass number did not come back (set_epoch, or the epoch in its "
+                "state)")
+    if micro_batch > 1 and n and f == n * micro_batch:
+        return (f"{where} = {n} x the micro-batch of {micro_batch}: a skip counted in batches "
+                "where the checkpoint counts examples")
+    if f > n:
+        return (f"{where}: {f - n} example(s) lost at the resume point (the state counted "
+                "an example read ahead but not yet trained on - one in flight at a yield "
+                "boundary)")
+    return f"{where}: {n - f} example(s) read again"
+
+
+def repeats(records: list[dict], workers: int) -> str:
+    """'' unless an example is read twice in one pass: with DataLoader workers, the sign that
+    each worker replays the same shard."""
+    by_pass: dict[int, Counter] = {}
+    for r in records:
+        by_pass.setdefault(r["epoch"], Counter()).update(r["ids"])
+    for epoch, counts in sorted(by_pass.items()):
+        twice = [i for i, c in counts.items() if c > 1]
+        if twice:
+            return (f"with {workers} DataLoader workers, {len(twice)} examples were read more "
+                    f"than once in pass {epoch} (e.g. {twice[0]!r}, {counts[twice[0]]} times): "
+                    "each worker replays the same shard - split the data by "
+                    "torch.utils.data.get_worker_info()")
+    return ""
+
+
+def global_seed(task: Task, cfg: TrainConfig) -> str:
+    """'' unless the task's pipeline with `cfg.workers` is a DataLoader without its own
+    generator: each pass's iterator then draws the workers' seed from the global random
+    stream, at another point of it in a resumed run (dropout differs after the resume)."""
+    if not cfg.pipeline:
+        return ""
+    source = open_pipeline(task, cfg.seed, workers=cfg.workers,
+                           micro_batch=cfg.shape.micro_batch).source
+    if isinstance(source, DataLoader) and source.generator is None:
+        return ("the same examples, other parameters: the pipeline's DataLoader has no "
+                "generator of its own, so each pass's iterator draws its workers' seed from "
+                "the global random stream - at another point of it in the resumed run, whose "
+                "dropout then differs; give it generator=torch.Generator().manual_seed(seed)")
+    return ""
