@@ -43,6 +43,7 @@ import argparse
 import hashlib
 import os
 import tempfile
+import warnings
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -308,6 +309,7 @@ def train_pipeline(stream: TokenStream, fractions: tuple, bug: str, seed: int, r
     if not workers:
         return windows
     try:
+        warnings.filterwarnings("ignore", "'set_vital' is deprecated")  # torchdata 0.11's own
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
     except ImportError:
         Loader = torch.utils.data.DataLoader

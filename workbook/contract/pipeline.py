@@ -161,7 +161,8 @@ class Pipeline:
             except Exception as exc:
                 raise self._failed(exc, epoch, position, last) from exc
             for example in (got if isinstance(got, list) else [got]):
-                if not isinstance(example, dict) or key not in example:
+                if not isinstance(example, dict) or key not in example or \
+                        isinstance(example[key], (torch.Tensor, list, tuple)):
                     raise WorkbookError(
                         f"the training pipeline's item at position {position} of pass {epoch} "
                         f"is {_shown(example, key)}, not a raw example with {key!r}",
@@ -187,7 +188,7 @@ class Pipeline:
 
 def _shown(item: Any, key: str) -> str:
     if isinstance(item, dict):
-        batched = [k for k, v in item.items() if isinstance(v, (torch.Tensor, list))]
+        batched = [k for k, v in item.items() if isinstance(v, (torch.Tensor, list, tuple))]
         return (f"a collated batch {{{', '.join(map(repr, batched[:4]))}...}}" if batched
                 else f"a dict without {key!r} (keys {sorted(map(str, item))[:6]})")
     return f"a {type(item).__name__}"

@@ -40,6 +40,7 @@ from .parallel_fsdp import (
     sharded_verdict,
 )
 from .parallel_launch import check_devices, command, launch, rented_spec, shell_command
+from .parallel_pipeline import PIPELINE_RULES, pipeline_rules
 from .parallel_rules import (
     RULES,
     accounting,
@@ -101,9 +102,12 @@ def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
     sharded = (sharded_check(sharded_spec(spec), task, out_dir, params["tolerance"],
                              params["resume_tolerance"], params["launch_timeout"])
                if params.get("fsdp", True) else None)
+    table = with_row(rules(result, items, params["tolerance"], task=task), resume_row)
+    for row in pipeline_rules(task, shape.replicas, params["seed"], shape.micro_batch,
+                              params["check_examples"]):
+        table = with_row(table, row)
     return ParallelResult(
-        task, backend_line, spec, BatchAccount(shape, len(items)), result,
-        with_row(rules(result, items, params["tolerance"], task=task), resume_row),
+        task, backend_line, spec, BatchAccount(shape, len(items)), result, table,
         accounting(result, items, task), evaluation_table(result), phase_table(result),
         resume_row, resumed, faults, shell_command(rented), sharded)
 
@@ -160,4 +164,5 @@ __all__ = ["CAUGHT_BY", "FAULTS", "NOT_DEMONSTRABLE", "RULES", "Demonstration",
            "evaluation_table", "launch", "outcome", "phase_table", "planted_faults",
            "resume_check", "rules", "run", "save", "shell_command", "verdict", "with_row",
            "FSDP_RULES", "ShardedCheck", "measure_fsdp", "memory_table", "sharded_check",
-           "sharded_faults", "sharded_spec", "sharded_verdict"]
+           "sharded_faults", "sharded_spec", "sharded_verdict", "PIPELINE_RULES",
+           "pipeline_rules"]

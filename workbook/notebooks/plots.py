@@ -142,7 +142,7 @@ def resume_overlay(details: dict, save: Path | None = None):
     ref = pd.DataFrame(details["reference"])
     ax.plot(ref.step, ref.loss, "k-", lw=3, alpha=0.3, label="uninterrupted")
     for case, table in details.items():
-        if case in ("reference", "weights"):
+        if not isinstance(table, pd.DataFrame):  # the references and the final weights
             continue
         ax.plot(table.step, table.loss_resumed, "o--", ms=4, label=f"resumed ({case})")
         ax.axvline(table.step.iloc[0] - 0.5, color="grey", ls=":", lw=1)

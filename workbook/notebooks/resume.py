@@ -310,7 +310,9 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
         table, verdict = compare(ref, resumed, ref_weights, w, tolerance)
         details[name] = table
         first_record = resumed[0] if resumed else {}
-        data = data or where_from(ref, resumed, step, order, cfg.shape.micro_batch, first)
+        data = data or where_from(ref, resumed, step, order if config is None else
+                                  pass_orders(task, items, config, spec["train_limit"]),
+                                  cfg.shape.micro_batch, first)
         if not data and verdict["same_examples"] and not verdict["exact"]:
             data = global_seed(task, config or cfg)
         rows.append({"case": name, "resumed_after": step, **verdict,
@@ -471,7 +473,8 @@ def save(result: ResumeResult, out_dir: Path) -> str:
     verdict = "pass" if ok else "fail"
     write_summary(out_dir, verdict, {
         "cases": cases[["case", "resumed_after", "exact", "max_param_diff",
-                        "examples_differ_from", "error"]].to_dict("records"),
+                        "examples_differ_from", "resumed_by", "skipped", "data",
+                        "error"]].to_dict("records"),
         "archive_identical": reloaded["identical"],
         "tampering_refused": bool(tamper.refused.all()),
         "faults_caught": None if faults is None else

@@ -490,6 +490,9 @@ def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
         text = (f"{exact} of {len(cases)} resume cases exact, tampered checkpoints "
                 f"{'refused' if f.get('tampering_refused') else 'NOT refused'}, the archive "
                 f"{'reloads identically' if f.get('archive_identical') else 'reloads DIFFERENTLY'}")
+        named = [c for c in cases if c.get("data")]
+        if named:  # the data's own words: where the resumed run read from, and why
+            text += f"; {named[0]['case']}: {named[0]['data']}"
         if caught:
             text += f"; {sum(bool(v) for v in caught.values())} of {len(caught)} planted " \
                 "faults caught"
