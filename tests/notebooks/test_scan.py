@@ -208,3 +208,35 @@ def test_a_group_in_two_splits_is_named_once():
     task.split_of = lambda ex: "validation" if ex["id"] % 2 else "train"  # by example
     found = {f.check: f for f in inspect_task(task).flags}["group crosses splits"]
     assert found.count == 100 and len(set(found.examples)) == len(found.examples) == 5
+
+
+def test_input_keys_tell_inputs_apart_as_their_bytes_do_in_any_chunk():
+    """The vectorised key of an input equals another's exactly when name, dtype, shape and
+    bytes do, whatever else its chunk holds."""
+    from workbook.contract.data import Item
+
+    values = [torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3], dtype=torch.int32),
+              torch.tensor([[1, 2, 3]]), torch.tensor([1, 2]), torch.tensor([0.0, -0.0]),
+              torch.tensor([0.0, 0.0]), torch.tensor([1.5, 2.0]).bfloat16(), torch.tensor(7),
+              torch.tensor([True, False]), torch.tensor([1 + 2j], dtype=torch.complex128),
+              torch.tensor([3, 2, 1]), torch.tensor([1.0], requires_grad=True),
+              torch.tensor([], dtype=torch.long)]
+
+    def item(i, j):
+        return Item(i, {"a": values[i % len(values)], **({"b": values[j]} if j >= 0 else {})})
+
+    pairs = [(i, j) for i in range(len(values)) for j in (-1, 0, 4, 9)]
+    task = task_over([])
+    task.model_inputs = ("a", "b")
+
+    def raw(it):
+        return b"".join(n.encode() + b"|" + str(t.dtype).encode() + str(tuple(t.shape)).encode()
+                        + t.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
+                        for n, t in it.tensors.items())
+
+    whole = scanning._input_keys(task, [item(i, j) for i, j in pairs])
+    alone = [int(scanning._input_keys(task, [item(i, j)])[0]) for i, j in pairs]
+    assert [int(k) for k in whole] == alone
+    same = {(raw(item(*p)), raw(item(*q))): whole[a] == whole[b]
+            for a, p in enumerate(pairs) for b, q in enumerate(pairs)}
+    assert all(equal == (x == y) for (x, y), equal in same.items())

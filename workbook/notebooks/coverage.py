@@ -42,16 +42,15 @@ def target_prompt(task: Task, batch: dict, items: list[Item]) -> torch.Tensor:
 
 
 def batch_coverage(task: Task, items: list[Item], batch: dict,
-                   spans: list[int | str] | None = None) -> list[dict]:
-    """Per example of a collated batch: real positions, contributing targets, and those on
-    padding or the prompt (from the batch's prompt_mask, else from `spans`: see
-    `prompt_spans`), counted for the whole batch at once."""
+                   spans: list[int | str] | None = None) -> tuple[list[int], ...]:
+    """Per example of a collated batch, four lists: real positions, contributing targets, and
+    the targets on padding and on the prompt (from the batch's prompt_mask, else from `spans`:
+    see `prompt_spans`), counted for the whole batch at once."""
     labels, n = batch["labels"], len(items)
     counted = contributes(labels).reshape(n, -1)
     targets = counted.sum(1).tolist()
     if labels.dim() == 1 or task.target_kind.float_targets:  # per example, not position
-        return [{"example": it.id, "positions": 1, "targets": t, "on_padding": 0,
-                 "on_prompt": 0} for it, t in zip(items, targets, strict=True)]
+        return [1] * n, targets, [0] * n, [0] * n
     mask = batch.get("attention_mask", torch.ones_like(labels)).bool().reshape(n, -1)
     positions, padding = mask.sum(1).tolist(), (counted & ~mask).sum(1).tolist()
     if task.prompt_in_loss:
@@ -61,8 +60,7 @@ def batch_coverage(task: Task, items: list[Item], batch: dict,
     else:
         prompt = [targets_on_prompt(task, it, span)
                   for it, span in zip(items, spans or [None] * n, strict=True)]
-    return [{"example": it.id, "positions": p, "targets": t, "on_padding": d, "on_prompt": q}
-            for it, p, t, d, q in zip(items, positions, targets, padding, prompt, strict=True)]
+    return positions, targets, padding, prompt
 
 
 def prompt_span(task: Task, item: Item) -> int | str:

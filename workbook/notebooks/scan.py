@@ -12,13 +12,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
 from ..base.errors import WorkbookError
 from ..base.frontend import progress_bar
 from ..contract.data import Item, collate_items, encode_example
-from ..contract.hash_index import HashIndex, key_of
+from ..contract.hash_index import HashIndex, keys_of
 from ..contract.sources import SPLITS, Checks, length, opened, split_of
 from ..contract.targets import IGNORE_INDEX, contributes
 from ..contract.task import Task
@@ -26,8 +27,10 @@ from .coverage import batch_coverage, prompt_spans
 
 KEEP = 4096  # examples of each split kept whole: the samples' splits fit, so they see them all
 CHUNK = 64  # examples collated at a time
+AUDITED = 1024  # examples audited at a time (`_audit`)
 FINDINGS = 5  # example ids kept per finding (its count covers every example)
 WAITING = 65_536  # label ranges held for the probe at most (then it runs on what is kept)
+SPLITS_KEPT = 4096  # groups whose split is remembered (the default rule; cleared when full)
 BITS = {name: 1 << i for i, name in enumerate(SPLITS)}
 
 
@@ -105,6 +108,8 @@ class Scan:
     crossing_inputs: list[list[str]] = field(default_factory=list)
     groups: HashIndex | None = None
     inputs: HashIndex | None = None
+    queued: list[tuple[str, list[Item], bool]] = field(default_factory=list)  # for `_audit`
+    queued_examples: int = 0
 
     def note_outputs(self, outputs: int | None) -> None:
         """The model's output size, once known: the label ids held until then are checked."""
@@ -143,34 +148,49 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
     draw = random.Random(seed)
     bar = progress_bar(total=min(limit, total) if limit and total else limit or total,
                        desc="scanned", unit="examples", disable=not progress)
-    probed, seen = False, 0
+    # the default rule reads the group key alone: a group's split is remembered, not rehashed
+    by_group = task.split_of is None and type(task).split is Task.split
+    split_by: dict[str, str] = {}
+    groups = _Groups(result.groups)
+    ok, group_key, kept, counted = checks.ok, task.group_key, result.kept, result.examples
+    probed, seen, shown = probe is None, 0, 0
     try:
         for position, example in enumerate(source):
             if limit and position >= limit:
                 break
             seen += 1
-            bar.update(1)
-            if (sample and draw.random() >= sample) or not checks.ok(position, example):
+            if not seen & 1023:
+                bar.update(seen - shown)
+                shown = seen
+            if (sample and draw.random() >= sample) or not ok(position, example):
                 continue
-            name = split_of(task, example)
+            group = str(example[group_key])
+            name = split_by.get(group) if by_group else None
+            if name is None:
+                name = split_of(task, example)
+                if by_group:
+                    if len(split_by) >= SPLITS_KEPT:
+                        split_by.clear()
+                    split_by[group] = name
             item = encode_example(task, example)
-            result.examples[name] += 1
-            result.groups.add(key_of(str(example[task.group_key])), BITS[name],
-                              str(example[task.group_key]))
-            if len(result.kept[name]) < keep:
-                result.kept[name].append(item)
+            counted[name] += 1
+            groups.add(group, name)
+            if len(kept[name]) < keep:
+                kept[name].append(item)
                 result.kept_raw[name].append(example)
-            pending[name].append(item)
-            if len(pending[name]) == CHUNK:
-                _count(result, name, pending[name])
+            chunk = pending[name]
+            chunk.append(item)
+            if len(chunk) == CHUNK:
+                _count(result, name, chunk)
                 pending[name] = []
             # the probe, once the kept train examples are in - or earlier, with those there
             # are, before the label ids waiting for it pile up (train late in the stream)
-            if not probed and probe is not None and result.kept["train"] and (
-                    len(result.kept["train"]) >= keep or len(result.label_range) > WAITING):
-                result.note_outputs(probe(result.kept))
+            if not probed and kept["train"] and (
+                    len(kept["train"]) >= keep or len(result.label_range) > WAITING):
+                result.note_outputs(probe(kept))
                 probed = True
     finally:
+        bar.update(seen - shown)
         bar.close()
     if sample and seen and not checks.read:
         raise WorkbookError(f"scan_sample={sample} drew none of the {seen} examples read",
@@ -178,9 +198,11 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
     checks.raise_any()
     for name in SPLITS:
         _count(result, name, pending[name])
-    if not probed and probe is not None:
+    if not probed:
         result.note_outputs(probe(result.kept))
     result.probed = True
+    _audit(result)
+    groups.flush()
     result.groups.flush()
     result.inputs.flush()
     for name in ("train", "validation"):
@@ -192,6 +214,27 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
                 (", or scan more of the source (scan_limit, scan_sample)"
                  if limit or sample else ""))
     return result
+
+
+class _Groups:
+    """The (group, split) of each example for the group index, a run of rows of one group in
+    one split once (a repeat in its own split changes nothing), hashed a block at a time."""
+
+    def __init__(self, index: HashIndex):
+        self.index, self.names, self.bits = index, [], []
+        self.last: tuple[str, str] | None = None
+
+    def add(self, group: str, name: str) -> None:
+        if self.last is None or group != self.last[0] or name != self.last[1]:
+            self.last = (group, name)
+            self.names.append(group)
+            self.bits.append(BITS[name])
+            if len(self.names) >= 4096:
+                self.flush()
+
+    def flush(self) -> None:
+        self.index.add_many(keys_of(self.names), np.array(self.bits, np.uint8), self.names)
+        self.names, self.bits = [], []
 
 
 def _crossing(found: list, what: Any, prior: int, bit: int) -> None:
@@ -208,40 +251,38 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
     if spans is not None:
         result.prompt_examples += len(spans)
         result.unchecked_prompts.update(s for s in spans if isinstance(s, str))
-    for row in batch_coverage(task, items, collate_items(task, items).tensors, spans):
-        result.targets_hist[name][row["targets"]] += 1
-        result.positions += row["positions"]
-        result.targets += row["targets"]
-        if row["targets"] == 0:
-            result.zero.add(row["example"])
-        if row["on_padding"]:
-            result.on_padding.add(row["example"], row["on_padding"])
-        if row["on_prompt"]:
-            result.on_prompt.add(row["example"], row["on_prompt"])
-    labels = [it.tensors["labels"].reshape(-1) for it in items]
-    for it in items:
-        if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
-               for t in it.tensors.values()):
-            result.nonfinite.add(it.id)
-        key = b"".join(_key_bytes(k, it.tensors[k]) for k in task.model_inputs
-                       if k in it.tensors)
-        result.inputs.add(key_of(key), BITS[name], (name, it.id))
+    positions, targets, padding, prompt = batch_coverage(
+        task, items, collate_items(task, items).tensors, spans)
+    result.targets_hist[name].update(targets)
+    result.positions += sum(positions)
+    result.targets += sum(targets)
+    for finding, amounts in ((result.zero, None if 0 not in targets else
+                              [int(t == 0) for t in targets]),
+                             (result.on_padding, padding), (result.on_prompt, prompt)):
+        if amounts is not None and any(amounts):
+            for it, amount in zip(items, amounts, strict=True):
+                if amount:
+                    finding.add(it.id, 1 if finding is result.zero else amount)
+    result.queued.append((name, items, result.probed))
+    result.queued_examples += len(items)
+    if result.queued_examples >= AUDITED:
+        _audit(result)
+    if not (kind.float_targets or kind.named_classes or not result.probed):
+        return
+    flat, sizes, _ = _flat([it.tensors["labels"] for it in items])
     if kind.float_targets:
-        values = torch.cat(labels).float()
+        values = flat.float()
         values = values[contributes(values)]
         result.moments[name].add(values)
         if name == "train":
             result.train_square.add(values**2)
         return
-    for it, (low, high) in zip(items, _label_ranges(labels), strict=True):
-        if low is None:
-            continue
-        if result.outputs is None and not result.probed:
-            result.label_range.append((it.id, low, high))
-        else:
-            result._check_range(it.id, low, high)
+    if not result.probed:  # held until the model's output size is known
+        for it, (low, high) in zip(items, _label_ranges(flat, sizes), strict=True):
+            if low is not None:
+                result.label_range.append((it.id, low, high))
     if kind.named_classes:
-        for it, ids in zip(items, labels, strict=True):
+        for it, ids in zip(items, flat.split(sizes), strict=True):
             names = kind.names_of(task, ids[ids != IGNORE_INDEX].tolist())
             raw = kind.raw_names(task, it.raw)
             result.classes[name].update(names)
@@ -253,27 +294,135 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
                         (" ".join(raw), " ".join(names)))
 
 
-def _label_ranges(labels: list[torch.Tensor]) -> list[tuple[int | None, int | None]]:
+def _audit(result: Scan) -> None:
+    """The checks of each example that do not need its batch - NaN values, identical inputs,
+    label ids the model cannot output - over the chunks counted since the last time, in their
+    order, at once."""
+    if not result.queued:
+        return
+    task, queued = result.task, result.queued
+    result.queued, result.queued_examples = [], 0
+    items = [it for _, chunk, _ in queued for it in chunk]
+    if any(d.is_floating_point for d in {t.dtype for it in items for t in it.tensors.values()}):
+        for it in items:
+            if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+                   for t in it.tensors.values()):
+                result.nonfinite.add(it.id)
+    bits = np.concatenate([np.full(len(chunk), BITS[name], np.uint8)
+                           for name, chunk, _ in queued])
+    result.inputs.add_many(_input_keys(task, items), bits,
+                           [(name, it.id) for name, chunk, _ in queued for it in chunk])
+    if task.target_kind.float_targets or result.outputs is None:
+        return
+    late = [it for _, chunk, after_probe in queued if after_probe for it in chunk]
+    if not late:  # the others' label ids were held for the probe
+        return
+    flat, sizes, _ = _flat([it.tensors["labels"] for it in late])
+    ids = flat.long()
+    bad = (ids != IGNORE_INDEX) & ((ids < 0) | (ids >= result.outputs))
+    if bool(bad.any()):
+        owner = torch.repeat_interleave(torch.arange(len(late)), torch.tensor(sizes))
+        for i in torch.unique(owner[bad]).tolist():
+            result.out_of_range.add(late[i].id)
+
+
+def _flat(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int], set[int]]:
+    """Tensors of a chunk as one flat tensor, how many values each gave, and their dims."""
+    sizes = [t.numel() for t in tensors]
+    dims = {t.dim() for t in tensors}
+    if dims == {1}:
+        return torch.cat(tensors), sizes, dims
+    if dims == {0}:
+        return torch.stack(tensors), sizes, dims
+    return torch.cat([t.reshape(-1) for t in tensors]), sizes, dims
+
+
+def _label_ranges(flat: torch.Tensor, sizes: list[int]) -> list[tuple[int | None, int | None]]:
     """The lowest and highest label id of each example other than -100 (None: it has none),
     for a chunk at once."""
-    flat = torch.cat(labels).long()
-    owner = torch.repeat_interleave(torch.arange(len(labels)),
-                                    torch.tensor([len(x) for x in labels]))
+    flat = flat.long()
+    owner = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     real = flat != IGNORE_INDEX
     flat, owner = flat[real], owner[real]
-    count = torch.zeros(len(labels), dtype=torch.long).index_add_(0, owner, torch.ones_like(owner))
+    count = torch.zeros(len(sizes), dtype=torch.long).index_add_(0, owner, torch.ones_like(owner))
     big = torch.iinfo(torch.long).max
-    low = torch.full((len(labels),), big).scatter_reduce(0, owner, flat, "amin")
-    high = torch.full((len(labels),), -big).scatter_reduce(0, owner, flat, "amax")
+    low = torch.full((len(sizes),), big).scatter_reduce(0, owner, flat, "amin")
+    high = torch.full((len(sizes),), -big).scatter_reduce(0, owner, flat, "amax")
     return [(lo, hi) if c else (None, None)
             for lo, hi, c in zip(low.tolist(), high.tolist(), count.tolist(), strict=True)]
 
 
-def _key_bytes(name: str, tensor: torch.Tensor) -> bytes:
-    """One model input as bytes that differ whenever its values, dtype or shape do."""
-    t = tensor.detach().contiguous().cpu()
-    head = f"{name}|{t.dtype}|{tuple(t.shape)}|".encode()
-    return head + t.reshape(-1).view(torch.uint8).numpy().tobytes()
+def _input_keys(task: Task, items: list[Item]) -> np.ndarray:
+    """One 64-bit key per example of a chunk, from the name, dtype, shape and values of each of
+    its model inputs: equal for identical inputs, different otherwise but for a collision
+    (about n^2 / 2^65) - each value mixed with its position and summed, a chunk at once."""
+    keys = np.zeros(len(items), np.uint64)
+    for slot, name in enumerate(task.model_inputs, start=1):
+        tensors = [it.tensors.get(name) for it in items]
+        where = [i for i, t in enumerate(tensors) if t is not None]
+        if not where:
+            continue
+        present = [tensors[i] for i in where] if len(where) < len(items) else tensors
+        section = _section_keys(present) ^ _mix(np.array([slot], np.uint64) * _ODD)
+        keys[where] = _mix(keys[where] * _ODD + section)
+    return keys
+
+
+def _section_keys(tensors: list[torch.Tensor]) -> np.ndarray:
+    """Per tensor, a key of its dtype, shape and values (their bytes: -0.0 is not 0.0) that
+    does not depend on the other tensors of the chunk."""
+    dtypes = [t.dtype for t in tensors]
+    kinds = set(dtypes)
+    if len(kinds) == 1:
+        return _dtype_keys(tensors, dtypes[0])
+    keys = np.empty(len(tensors), np.uint64)
+    for kind in kinds:
+        where = [i for i, d in enumerate(dtypes) if d == kind]
+        keys[where] = _dtype_keys([tensors[i] for i in where], kind)
+    return keys
+
+
+def _dtype_keys(tensors: list[torch.Tensor], dtype: torch.dtype) -> np.ndarray:
+    """`_section_keys` of tensors of one dtype: its values as integers of its width."""
+    flat, sizes, dims = _flat(tensors)
+    flat = flat.detach().cpu()
+    width = dtype.itemsize
+    words = flat.view(_AS_INT[width]).long() if width in _AS_INT else \
+        flat.contiguous().view(torch.int64)  # 16-byte complex: two words a value
+    values = words.numpy().view(np.uint64)
+    shapes = np.asarray(sizes, np.uint64) if dims == {1} else np.fromiter(
+        (t.numel() if t.dim() == 1 else hash(t.shape) for t in tensors), np.int64,
+        len(tensors)).view(np.uint64)  # a 1-d shape is its length
+    heads = _mix(shapes ^ np.uint64(hash(dtype) & 0xFFFF_FFFF_FFFF_FFFF))
+    counts = [n * max(width // 8, 1) for n in sizes]
+    ends = np.cumsum(counts)
+    starts = ends - np.asarray(counts, np.int64)
+    at = np.arange(len(values)) - np.repeat(starts, counts)
+    mixed = np.cumsum(_mix(values ^ _positions(len(values))[at]))
+    mixed = np.concatenate([np.zeros(1, np.uint64), mixed])
+    return _mix(heads + mixed[ends] - mixed[starts])
+
+
+_ODD = np.uint64(0x9E3779B97F4A7C15)
+_AS_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_POSITIONS = np.empty(0, np.uint64)
+
+
+def _positions(n: int) -> np.ndarray:
+    """A fixed random-looking word per position (at least n of them)."""
+    global _POSITIONS
+    if len(_POSITIONS) < n:
+        _POSITIONS = _mix(np.arange(max(n, 2 * len(_POSITIONS)), dtype=np.uint64) * _ODD + _ODD)
+    return _POSITIONS
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: every input bit changes about half the output bits."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 def coverage_table(result: Scan) -> pd.DataFrame:
