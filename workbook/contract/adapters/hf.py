@@ -194,7 +194,8 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
             compute_metrics: Callable | None = None, callbacks: list | None = None,
             preprocess_logits_for_metrics: Callable | None = None,
             **task_fields: Any) -> Task:
-    """A Task over tokenized rows (dicts with input_ids; a `datasets.Dataset` or a list), the
+    """A Task over tokenized rows (dicts with input_ids; a `datasets.Dataset` or a list, or a
+    stream read row by row: a `datasets.IterableDataset`, a torch IterableDataset), the
     user's `data_collator` and `tokenizer` (decoding, padding side), `args` (a
     `TrainingArguments` or any object with `learning_rate`, `weight_decay`, `adam_beta1/2`,
     `adam_epsilon`) for the learning rate and AdamW, and - from a `TrainingArguments` - the
