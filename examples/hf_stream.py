@@ -32,12 +32,20 @@ eval stream (`.filter` by a hash of the conversation), `DataCollatorForSeq2Seq` 
 labels, `TrainingArguments(max_steps=...)` (a stream has no length) and
 `response_template="\\n"`, so 01 checks the collator keeps the prompt out of the loss.
 
+`train_pipeline` is the training stream a campaign iterates: the train split's rows (a
+`.filter` by the task's split rule), `split_dataset_by_node` for the rank, a torchdata
+`StatefulDataLoader` with workers; notebook 07 trains from it and resumes it by the stream's own
+`state_dict`, 09 checks its ranks. `shuffle_buffer=N` adds `.shuffle(seed, buffer_size=N)`,
+whose buffer is not part of that state: 07 then says the resumed run read the pass's examples in
+another order.
+
 Options: `data_dir` (your own folder of `*.jsonl` shards, read as it is; default: the prepared
-sample), `shards` (4) and `rows` (4,350) size the prepared sample, `max_length` (64) and the
-model's size. Refused with a `workbook.WorkbookError` naming the fix: a missing folder, a folder
-without `.jsonl` shards, a shard that cannot be read or holds a malformed line (named with the
-file and line: datasets' own error says only "JSON parse error: ... in row 1"), a row without its
-text columns; rows without an id are named by the workbook's own check of every row.
+sample), `shards` (4) and `rows` (4,350) size the prepared sample, `max_length` (64),
+`shuffle_buffer` (0) and the model's size. Refused with a `workbook.WorkbookError` naming the
+fix: a missing folder, a folder without `.jsonl` shards, a shard that cannot be read or holds a
+malformed line (named with the file and line: datasets' own error says only "JSON parse error:
+... in row 1"), a row without its text columns; rows without an id are named by the workbook's
+own check of every row.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 import zlib
 from functools import lru_cache, partial
 from pathlib import Path
@@ -64,8 +73,10 @@ from examples.shifted_lm import collate, generate
 from workbook import tokenizer as tok
 from workbook.base.errors import reason
 from workbook.samples import DATA_DIR
+from workbook.task import split_by_group_hash
 
 ROWS = 4350  # the generation sample's rows, once
+FRACTIONS = (0.8, 0.1, 0.1)  # train, validation, test: by the hash of the conversation
 SHARDS = 4
 MAX_ROWS = 300_000  # the sample's generator runs out of new words near 1M rows
 FORMAT = 1  # bump when the prepared rows change, so an old cached folder is not reused
@@ -334,9 +345,32 @@ def source(data_dir: str, shards: int | None, rows: int | None, max_length: int)
     return Shards(default_folder(shards, rows), max_length, prepared=(shards, rows))
 
 
+def train_pipeline(data: Shards, shuffle_buffer: int, seed: int, rank: int = 0, world: int = 1,
+                   workers: int = 0):
+    """The training rows as a campaign streams them: the train split's conversations (the
+    task's split rule, as a `.filter`), a shuffle buffer when asked for, this rank's share
+    (`split_dataset_by_node`) and, with workers, a torchdata StatefulDataLoader. The
+    `datasets.IterableDataset`'s own state_dict is its data position. A shuffle buffer's
+    content is not part of that state (datasets refills it on resume), which 07 shows."""
+    from datasets.distributed import split_dataset_by_node
+
+    stream = data.stream(keep=lambda row: split_by_group_hash(
+        row["conversation"], FRACTIONS) == "train")
+    if shuffle_buffer:
+        stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer)
+    stream = split_dataset_by_node(stream, rank=rank, world_size=world)
+    if not workers:
+        return stream
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    warnings.filterwarnings("ignore", "'set_vital' is deprecated")  # torchdata 0.11's own
+    return StatefulDataLoader(stream, batch_size=None, num_workers=workers,
+                              generator=torch.Generator().manual_seed(seed))
+
+
 def make_task(data_dir: str = "", shards: int | None = None, rows: int | None = None,
               max_length: int = 64, positions: int = 64, layers: int = 2,
-              width: int = 64) -> wb.Task:
+              width: int = 64, shuffle_buffer: int = 0) -> wb.Task:
     data = source(data_dir, shards, rows, max_length)
     return wb.Task(
         name="hf-stream", kind="generation",
@@ -345,7 +379,9 @@ def make_task(data_dir: str = "", shards: int | None = None, rows: int | None = 
         build_model=partial(build_model, max(positions, max_length), layers, width),
         decode=decode, generate=generate, label_shift=1, padding_side="left",
         model_inputs=("input_ids", "attention_mask", "position_ids"),
-        group_key="conversation", prompt_field="instruction", response_field="response")
+        group_key="conversation", prompt_field="instruction", response_field="response",
+        split_fractions=FRACTIONS,
+        train_pipeline=partial(train_pipeline, data, shuffle_buffer))
 
 
 task = make_task

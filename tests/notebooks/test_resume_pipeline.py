@@ -105,3 +105,23 @@ def test_07s_cases_in_new_processes_pass_the_clean_pipeline(tmp_path, data_file)
     assert cases.exact.all() and (cases.data == "").all() and (cases.error == "").all(), \
         cases.to_dict("records")
     assert set(cases.resumed_by) == {"its own state_dict"}
+
+
+def test_a_streaming_datasets_pipeline_resumes_by_its_state_and_its_shuffle_buffer_shows(
+        tmp_path, monkeypatch):
+    """examples/hf_stream.py: a datasets.IterableDataset (filter, map, split_dataset_by_node)
+    resumes exactly by its own state_dict, twice; with a shuffle buffer (not in that state) 07
+    says the order after the resume is another."""
+    from examples import hf_stream
+
+    monkeypatch.setattr(hf_stream, "CACHE_DIR", tmp_path / "cache")
+    cfg = UpdateShape(micro_batch=2, accumulation=4).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg.pipeline = True
+    options = {"rows": 600, "shards": 3, "layers": 1, "width": 32}
+    clean = resumes(tmp_path / "clean", resume.recipe("examples.hf_stream:task", options, cfg,
+                                                      LIMIT))
+    assert clean["exact"] == [True, True] and clean["mid"] == clean["twice"] == ""
+    assert clean["first"][0]["resumed_by"] == "its own state_dict"
+    buffered = resumes(tmp_path / "buffered", resume.recipe(
+        "examples.hf_stream:task", {**options, "shuffle_buffer": 64}, cfg, LIMIT))
+    assert "a shuffle buffer whose content the state does not hold" in buffered["mid"]

@@ -79,8 +79,15 @@ def where_from(reference: list[dict], resumed: list[dict], after: int, order: Or
         f = _find(order(e), got)
         if f is not None:
             return _named(epoch, n, e, f, micro_batch, first_resume)
-    return (f"update {after + 1} read examples in an order pass {epoch} does not give (the "
-            "pipeline was reshuffled or reseeded on restore)")
+    seen = set(order(epoch)[:n])
+    again = [i for i in got if i in seen]
+    if not again:
+        return (f"update {after + 1} read examples pass {epoch} had not given yet, but not in "
+                "the uninterrupted order: the order after the resume is another (a shuffle "
+                "buffer whose content the state does not hold, or a reseeded shuffle)")
+    return (f"update {after + 1} read {len(again)} examples pass {epoch} had already given "
+            f"before the resume (e.g. {again[0]!r}), in another order: the pipeline was "
+            "reshuffled or reseeded on restore")
 
 
 def _named(epoch: int, n: int, e: int, f: int, micro_batch: int,
