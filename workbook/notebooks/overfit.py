@@ -96,9 +96,13 @@ def divergence_message(found: str, lr: float, lr_from: str) -> str:
             "time until 02 passes")
 
 
-def target_variance(task: Task, train_split: list[dict], most: int = 1024) -> float:
-    """The variance of the training split's regression targets (of `most` examples spread
-    evenly over it), the loss of predicting their mean; 1.0 when there is no spread to read."""
+VARIANCE_SAMPLE = 1024  # training examples whose regression targets give their spread
+
+
+def target_variance(task: Task, train_split: list[dict], most: int = VARIANCE_SAMPLE) -> float:
+    """The variance of the training examples' regression targets (of `most` examples spread
+    evenly over those given: 02 reads the first VARIANCE_SAMPLE of the split), the loss of
+    predicting their mean; 1.0 when there is no spread to read."""
     sample = train_split[::max(1, math.ceil(len(train_split) / most))]
     labels = [it.tensors["labels"].reshape(-1).float() for it in encode_examples(task, sample)]
     values = torch.cat(labels) if labels else torch.zeros(0)
@@ -180,7 +184,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         raise WorkbookError(f"examples must be a positive integer, got {examples!r}",
                             "set examples to the size of the subset to memorise (8 is usual)")
     lr, lr_from = learning_rate(task, lr, lr_from)
-    train_split = prepare(task, encode=(), keep=("train",)).raw["train"]
+    # the subset and the targets' spread need the first VARIANCE_SAMPLE training examples at
+    # most: the rest of the split is never read (a stream of any length)
+    train_split = prepare(task, encode=(), limits={"train": max(examples, VARIANCE_SAMPLE)},
+                          keep=("train",)).raw["train"]
     if examples > len(train_split):
         raise WorkbookError(f"examples={examples} is more than the {len(train_split)} examples "
                             "of the training split", "02 memorises a small subset: give "
