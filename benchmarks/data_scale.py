@@ -4,22 +4,26 @@ Writes generation-sample data under a temporary folder (nothing is downloaded) a
 apart, by cycling the rows of data_samples/generation.jsonl with a fresh word per group (the
 sample's word plus the cycle number, so every id, group and input is unique; groups of 3, 4 and
 5 rows in turn, 4 on average; responses recomputed from the operation). Each format is a named
-pipeline: `jsonl` (the sample's own format, read by the task's `data_file` option), `arrow` (an
-Arrow stream file as `datasets` caches one, when `datasets` is installed) and `bin` (uint16
-token ids, `<s> instruction \\n response </s>` one after another, as nanoGPT's loaders read
-them, when numpy is installed).
+pipeline, with the task that reads it: `jsonl` (the sample's own format, read by the generation
+sample's `data_file` option), `arrow` (an Arrow stream file as `datasets` caches one, when
+`datasets` is installed: `arrow_task` below, the generation sample reading the file through
+`datasets.Dataset.from_file`, memory-mapped, a batch of 1000 rows at a time) and `bin` (uint16
+token ids, `<s> instruction \\n response </s>` one after another, as nanoGPT's prepare step writes
+them: examples/token_stream.py's task, its windows of `block_size + 1` = 65 tokens cut from a
+memmap - one example per 64 tokens, not per row written).
 
 For each size and pipeline, each in a fresh subprocess (OMP_NUM_THREADS=1, a time limit each):
 
   plain  one pass through the task's own `encode`, keeping nothing: `jsonl` reads the file line
-         by line with `json`, `arrow` iterates `datasets.Dataset.from_file` in batches of 1000
-         rows; `bin` has no rows left to encode, so it cuts windows of `max_length + 1` tokens
-         from a memmap into input/target tensors, as a token-file loader does
+         by line with `json`, `arrow` reads it as `arrow_task` does, `bin` walks the token
+         stream task's own examples (window starts). The task's `collate` also runs over
+         these encodings 64 at a time, as 01 collates, on a clock of its own: it is left out
+         of the pass's seconds and shown as `plain_collate_s` (what of 01's time is the task's
+         own collate, which a plain pass does not need)
   01     `workbook.inspection.run(params, out)` with
          `params = workbook.params.of("01_inspect_examples", task=..., task_options={"data_file":
          PATH})` - notebook 01's work without papermill (`--save` adds `inspection.save`, the
-         notebook's last cell). Only `jsonl` runs through 01 for now; the others are listed as
-         "not yet: <reason>" until the task can read them.
+         notebook's last cell).
 
 Seconds are the child's own clock around the work (imports before it); peak resident memory is
 the child's VmHWM from /proc/self/status (its high-water mark since exec; getrusage's ru_maxrss
@@ -37,8 +41,8 @@ ratio <= 1.5, growth <= 1.2, peak <= 2 GiB.
         [--timeout 1800] [--tmp DIR] [--save] [--o1-param NAME=VALUE ...]
 
 `--sizes 1000000,10000000` is the large setting (about 1.1 GB of JSONL at 10 M rows); a quick
-look: `--sizes 2000,20000`. `--o1-param` passes a parameter of notebook 01 that exists (a scan
-limit, once there is one), checked by `params.of` as the notebook checks it.
+look: `--sizes 2000,20000`. `--o1-param` passes a parameter of notebook 01 (`scan_limit`,
+`scan_sample`), checked by `params.of` as the notebook checks it.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data_samples" / "generation.jsonl"
-TASK = "workbook.samples.generation:task"
+TASK = "workbook.samples.generation:task"  # the jsonl pipeline's; each pipeline names its own
 NOTEBOOK = "01_inspect_examples"
 MIB, GIB = 2**20, 2**30
 GROUP_SIZES = (3, 4, 5)  # rows per group in turn: 4 on average
@@ -142,61 +146,91 @@ def write_bin(path: Path, n: int) -> None:
             np.asarray(ids, dtype=np.uint16).tofile(handle)
 
 
-# --- the plain passes (run in the child) ----------------------------------------------------
-def plain_jsonl(task, path: Path) -> int:
+# --- the tasks and their plain passes (run in the child) ------------------------------------
+class ArrowRows:
+    """The rows of an Arrow file as dicts, through `datasets.Dataset.from_file` (memory-mapped:
+    nothing is loaded), a batch of 1000 at a time - a map-style Dataset read row by row costs
+    about 55 us a row in `datasets` itself, more than the task's encode."""
+
+    def __init__(self, path: str | Path):
+        import datasets
+
+        self.rows = datasets.Dataset.from_file(str(path))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[dict]:
+        for batch in self.rows.iter(batch_size=1000):
+            for values in zip(*batch.values(), strict=True):
+                yield dict(zip(batch, values, strict=True))
+
+
+def arrow_task(data_file: str):
+    """The generation sample over an Arrow file of its rows (the `arrow` pipeline's task)."""
+    from functools import partial
+
+    import workbook as wb
+
+    task = wb.load_task(TASK)
+    task.load_examples = partial(ArrowRows, data_file)
+    return task
+
+
+class Collated:
+    """The task's collate over the plain pass's encodings, 64 at a time as 01 collates, on a
+    clock of its own (kept off the pass's seconds: `plain_collate_s`)."""
+
+    def __init__(self, task):
+        self.task, self.chunk, self.seconds = task, [], 0.0
+
+    def add(self, tensors: dict) -> None:
+        self.chunk.append(tensors)
+        if len(self.chunk) == 64:
+            self.flush()
+
+    def flush(self) -> None:
+        start = time.perf_counter()
+        if self.chunk:
+            self.task.collate(self.chunk)
+        self.chunk = []
+        self.seconds += time.perf_counter() - start
+
+
+def plain_jsonl(task, path: Path, collated: Collated) -> int:
     count = 0
     with path.open(encoding="utf-8") as handle:
         for line in handle:
-            task.encode(json.loads(line))
+            collated.add(task.encode(json.loads(line)))
             count += 1
     return count
 
 
-def plain_arrow(task, path: Path) -> int:
-    import datasets
-
+def plain_examples(task, path: Path, collated: Collated) -> int:
+    """The task's own examples, each through its own encode."""
     count = 0
-    for batch in datasets.Dataset.from_file(str(path)).iter(batch_size=1000):
-        for values in zip(*batch.values(), strict=True):
-            task.encode(dict(zip(batch, values, strict=True)))
-            count += 1
-    return count
-
-
-def plain_bin(task, path: Path) -> int:
-    import numpy as np
-    import torch
-
-    block = int(task.encode.keywords["max_length"]) + 1  # the window a sequence is cut to
-    tokens = np.memmap(path, dtype=np.uint16, mode="r")
-    count = 0
-    for start in range(0, len(tokens) - block + 1, block):
-        window = torch.from_numpy(tokens[start:start + block].astype(np.int64))
-        window[:-1], window[1:]  # noqa: B018 - inputs and targets, as a loader cuts them
+    for example in task.load_examples():
+        collated.add(task.encode(example))
         count += 1
     return count
 
 
 @dataclass
 class Pipeline:
-    """One on-disk format: how it is written, its plain pass, and why it cannot run through 01
-    yet (empty: it can)."""
+    """One on-disk format: how it is written, the task that reads it and its plain pass."""
 
     suffix: str
     needs: tuple[str, ...]
     write: Callable[[Path, int], None]
+    task: str
     plain: Callable[[object, Path], int]
-    o1_not_yet: str = ""
 
 
 PIPELINES = {
-    "jsonl": Pipeline("jsonl", (), write_jsonl, plain_jsonl),
-    "arrow": Pipeline("arrow", ("datasets",), write_arrow, plain_arrow,
-                      "the sample task reads JSONL only (`data_file`); a task over "
-                      "datasets.Dataset.from_file is not written yet"),
-    "bin": Pipeline("bin", ("numpy",), write_bin, plain_bin,
-                    "this file's windows are not the sample's examples; "
-                    "examples/token_stream.py reads such a file but is not wired in here yet"),
+    "jsonl": Pipeline("jsonl", (), write_jsonl, TASK, plain_jsonl),
+    "arrow": Pipeline("arrow", ("datasets",), write_arrow, "benchmarks.data_scale:arrow_task",
+                      plain_examples),
+    "bin": Pipeline("bin", ("numpy",), write_bin, "examples.token_stream:task", plain_examples),
 }
 
 
@@ -215,19 +249,22 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
     """Run one measurement and print its result as the last line, in JSON."""
     import workbook as wb
 
-    for module in PIPELINES[pipeline].needs:
+    pipe = PIPELINES[pipeline]
+    for module in (*pipe.needs, TASK.split(":")[0], pipe.task.split(":")[0]):
         importlib.import_module(module)  # imports before the clock
     if mode == "plain":
-        wb.load_task(TASK)  # imports before the clock
         start = time.perf_counter()
         rss_before = _status_kib("VmRSS")
-        task = wb.load_task(TASK, data_file=str(path))
-        result = {"rows": PIPELINES[pipeline].plain(task, path)}
+        task = wb.load_task(pipe.task, data_file=str(path))
+        collated = Collated(task)
+        result = {"rows": pipe.plain(task, path, collated)}
+        collated.flush()
+        result["collate_seconds"] = collated.seconds
     else:
-        wb.inspection, wb.params, wb.load_task(TASK)  # noqa: B018 - imports before the clock
+        wb.inspection, wb.params  # noqa: B018 - imports before the clock
         start = time.perf_counter()
         rss_before = _status_kib("VmRSS")
-        params = wb.params.of(NOTEBOOK, task=TASK, task_options={"data_file": str(path)},
+        params = wb.params.of(NOTEBOOK, task=pipe.task, task_options={"data_file": str(path)},
                               **o1_params)
         out = path.parent / f"out-01-{path.stem}"
         out.mkdir(exist_ok=True)
@@ -236,7 +273,7 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
             wb.inspection.save(ins, out)
         result = {"rows": int(ins.figures["examples"]), "verdict": ins.verdict,
                   "flags": [f.check for f in ins.flags]}
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - result.get("collate_seconds", 0.0)
     hwm = _status_kib("VmHWM")
     rss_source = "VmHWM" if hwm is not None else "ru_maxrss"
     peak = (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -300,7 +337,8 @@ def main():
     if len(sizes) < 2 or unknown:
         parser.error(f"--sizes needs two sizes or more; unknown pipelines {unknown}"
                      if unknown else "--sizes needs two sizes or more")
-    print(f"notebook 01 against a plain pass; task {TASK}; sizes {sizes}; pipelines {names}; "
+    print(f"notebook 01 against a plain pass; sizes {sizes}; pipelines "
+          f"{', '.join(f'{n} ({PIPELINES[n].task})' for n in names)}; "
           f"{os.cpu_count()} CPU cores, OMP_NUM_THREADS=1, timeout {args.timeout:g} s per run"
           + (f"; 01 parameters {o1_params}" if o1_params else ""), flush=True)
     table = []
@@ -318,11 +356,9 @@ def main():
                 start = time.perf_counter()
                 pipe.write(path, size)
                 written = time.perf_counter() - start
-                runs = {"plain": measure("plain", name, path, args)}
-                if not pipe.o1_not_yet:
-                    runs["o1"] = measure("o1", name, path, args)
+                runs = {"plain": measure("plain", name, path, args),
+                        "o1": measure("o1", name, path, args)}
                 notes = [f"{m}: {r['error']}" for m, r in runs.items() if "error" in r]
-                notes += [f"01 not yet: {pipe.o1_not_yet}"] if pipe.o1_not_yet else []
                 o1 = runs.get("o1", {})
                 if "verdict" in o1:
                     notes.append(f"01 {o1['verdict']} on {o1['rows']} rows"
@@ -331,6 +367,8 @@ def main():
                 for mode, r in runs.items():
                     if "seconds" in r:
                         row[f"{mode}_s"] = r["seconds"]
+                        if "collate_seconds" in r:
+                            row["plain_collate_s"] = r["collate_seconds"]
                         row[f"{mode}_peak_rss_mib"] = r["peak_rss_bytes"] / MIB
                         row[f"{mode}_start_rss_mib"] = r["rss_before_bytes"] / MIB
                         row["rss_source"] = r["rss_source"]
@@ -344,15 +382,18 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    columns = ["size", "pipeline", "plain_s", "o1_s", "ratio", "plain_peak_rss_mib",
+    columns = ["size", "pipeline", "plain_s", "o1_s", "ratio", "plain_collate_s",
+               "plain_peak_rss_mib",
                "o1_peak_rss_mib", "plain_start_rss_mib", "o1_start_rss_mib", "file_mib",
                "write_s", "note"]
     frame = pd.DataFrame(table).reindex(columns=[*columns, "rss_source"])
     frame["ratio"] = frame["o1_s"] / frame["plain_s"]
     sources = sorted(set(frame["rss_source"].dropna()))
     print(frame[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print("seconds: the child's clock around the work (imports before it); *_start_rss_mib: "
-          "its resident size when the clock started; peak: "
+    print("seconds: the child's clock around the work (imports before it); plain_collate_s: "
+          "the task's collate over the plain pass's encodings 64 at a time, timed apart and not "
+          "in plain_s (01 collates as much); *_start_rss_mib: its resident size when the clock "
+          "started; peak: "
           + (", ".join(sources) or "none measured") + " of the child process")
 
     growth = [g.set_index("size")["o1_peak_rss_mib"] for _, g in frame.groupby("pipeline")]

@@ -234,8 +234,13 @@ def test_input_keys_tell_inputs_apart_as_their_bytes_do_in_any_chunk():
                         + t.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
                         for n, t in it.tensors.items())
 
-    whole = scanning._input_keys(task, [item(i, j) for i, j in pairs])
-    alone = [int(scanning._input_keys(task, [item(i, j)])[0]) for i, j in pairs]
+    def keys(*chunks):
+        return scanning._input_keys([scanning._digest(task, c) for c in chunks],
+                                    [len(c) for c in chunks])
+
+    whole = keys([item(i, j) for i, j in pairs])
+    alone = [int(keys([item(i, j)])[0]) for i, j in pairs]
+    assert [int(k) for k in keys(*([item(*p)] for p in pairs))] == alone
     assert [int(k) for k in whole] == alone
     same = {(raw(item(*p)), raw(item(*q))): whole[a] == whole[b]
             for a, p in enumerate(pairs) for b, q in enumerate(pairs)}

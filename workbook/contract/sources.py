@@ -65,20 +65,17 @@ def length(source: Any) -> int | None:
 
 def _named(task: Task, it: Iterator[Any]) -> Iterator[Any]:
     position = 0
-    while True:
-        try:
-            row = next(it)
-        except StopIteration:
-            return
-        except WorkbookError:
-            raise
-        except Exception as exc:
-            raise WorkbookError(f"reading the examples of {task.name!r} failed at position "
-                                f"{position}: {reason(exc, 300)}",
-                                "fix the source load_examples returns (the file, shard or "
-                                "dataset at that position)") from exc
-        yield row
-        position += 1
+    try:
+        for row in it:  # only the source's own next() raises in here
+            yield row
+            position += 1
+    except WorkbookError:
+        raise
+    except Exception as exc:
+        raise WorkbookError(f"reading the examples of {task.name!r} failed at position "
+                            f"{position}: {reason(exc, 300)}",
+                            "fix the source load_examples returns (the file, shard or "
+                            "dataset at that position)") from exc
 
 
 def split_of(task: Task, example: dict) -> str:

@@ -51,7 +51,8 @@ def batch_coverage(task: Task, items: list[Item], batch: dict,
     targets = counted.sum(1).tolist()
     if labels.dim() == 1 or task.target_kind.float_targets:  # per example, not position
         return [1] * n, targets, [0] * n, [0] * n
-    mask = batch.get("attention_mask", torch.ones_like(labels)).bool().reshape(n, -1)
+    mask = batch.get("attention_mask")  # none: every position is real
+    mask = torch.ones_like(counted) if mask is None else mask.bool().reshape(n, -1)
     positions, padding = mask.sum(1).tolist(), (counted & ~mask).sum(1).tolist()
     if task.prompt_in_loss:
         prompt = [0] * n

@@ -108,7 +108,7 @@ class Scan:
     crossing_inputs: list[list[str]] = field(default_factory=list)
     groups: HashIndex | None = None
     inputs: HashIndex | None = None
-    queued: list[tuple[str, list[Item], bool]] = field(default_factory=list)  # for `_audit`
+    queued: list[tuple[int, list, list]] = field(default_factory=list)  # for `_audit`
     queued_examples: int = 0
 
     def note_outputs(self, outputs: int | None) -> None:
@@ -151,7 +151,11 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
     # the default rule reads the group key alone: a group's split is remembered, not rehashed
     by_group = task.split_of is None and type(task).split is Task.split
     split_by: dict[str, str] = {}
-    groups = _Groups(result.groups)
+    # a run of one group's rows in one split is indexed once (a repeat in its own split
+    # changes nothing), a block of groups hashed at once
+    groups: list[str] = []
+    bits: list[int] = []
+    last = ("", "")
     ok, group_key, kept, counted = checks.ok, task.group_key, result.kept, result.examples
     probed, seen, shown = probe is None, 0, 0
     try:
@@ -174,7 +178,13 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
                     split_by[group] = name
             item = encode_example(task, example)
             counted[name] += 1
-            groups.add(group, name)
+            if group != last[0] or name != last[1]:
+                last = (group, name)
+                groups.append(group)
+                bits.append(BITS[name])
+                if len(groups) >= 4096:
+                    _index(result.groups, groups, bits)
+                    groups, bits = [], []
             if len(kept[name]) < keep:
                 kept[name].append(item)
                 result.kept_raw[name].append(example)
@@ -202,7 +212,7 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
         result.note_outputs(probe(result.kept))
     result.probed = True
     _audit(result)
-    groups.flush()
+    _index(result.groups, groups, bits)
     result.groups.flush()
     result.inputs.flush()
     for name in ("train", "validation"):
@@ -216,25 +226,8 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
     return result
 
 
-class _Groups:
-    """The (group, split) of each example for the group index, a run of rows of one group in
-    one split once (a repeat in its own split changes nothing), hashed a block at a time."""
-
-    def __init__(self, index: HashIndex):
-        self.index, self.names, self.bits = index, [], []
-        self.last: tuple[str, str] | None = None
-
-    def add(self, group: str, name: str) -> None:
-        if self.last is None or group != self.last[0] or name != self.last[1]:
-            self.last = (group, name)
-            self.names.append(group)
-            self.bits.append(BITS[name])
-            if len(self.names) >= 4096:
-                self.flush()
-
-    def flush(self) -> None:
-        self.index.add_many(keys_of(self.names), np.array(self.bits, np.uint8), self.names)
-        self.names, self.bits = [], []
+def _index(index: HashIndex, names: list[str], bits: list[int]) -> None:
+    index.add_many(keys_of(names), np.array(bits, np.uint8), names)
 
 
 def _crossing(found: list, what: Any, prior: int, bit: int) -> None:
@@ -263,13 +256,17 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
             for it, amount in zip(items, amounts, strict=True):
                 if amount:
                     finding.add(it.id, 1 if finding is result.zero else amount)
-    result.queued.append((name, items, result.probed))
+    if any(d.is_floating_point for d in {t.dtype for it in items for t in it.tensors.values()}):
+        for it in items:
+            if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+                   for t in it.tensors.values()):
+                result.nonfinite.add(it.id)
+    result.queued.append((BITS[name], [it.id for it in items], _digest(task, items)))
     result.queued_examples += len(items)
     if result.queued_examples >= AUDITED:
         _audit(result)
-    if not (kind.float_targets or kind.named_classes or not result.probed):
-        return
-    flat, sizes, _ = _flat([it.tensors["labels"] for it in items])
+    labels = [it.tensors["labels"] for it in items]
+    flat = _flat(labels)[0]
     if kind.float_targets:
         values = flat.float()
         values = values[contributes(values)]
@@ -277,10 +274,19 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
         if name == "train":
             result.train_square.add(values**2)
         return
+    sizes = [] if result.probed and not kind.named_classes else [t.numel() for t in labels]
     if not result.probed:  # held until the model's output size is known
         for it, (low, high) in zip(items, _label_ranges(flat, sizes), strict=True):
             if low is not None:
                 result.label_range.append((it.id, low, high))
+    elif result.outputs is not None:
+        ids = flat.long()
+        bad = (ids != IGNORE_INDEX) & ((ids < 0) | (ids >= result.outputs))
+        if bool(bad.any()):
+            sizes = [t.numel() for t in labels]
+            owner = torch.repeat_interleave(torch.arange(len(items)), torch.tensor(sizes))
+            for i in torch.unique(owner[bad]).tolist():
+                result.out_of_range.add(items[i].id)
     if kind.named_classes:
         for it, ids in zip(items, flat.split(sizes), strict=True):
             names = kind.names_of(task, ids[ids != IGNORE_INDEX].tolist())
@@ -295,46 +301,39 @@ def _count(result: Scan, name: str, items: list[Item]) -> None:
 
 
 def _audit(result: Scan) -> None:
-    """The checks of each example that do not need its batch - NaN values, identical inputs,
-    label ids the model cannot output - over the chunks counted since the last time, in their
-    order, at once."""
+    """Index the inputs of the chunks counted since the last time, in their order, at once."""
     if not result.queued:
         return
-    task, queued = result.task, result.queued
-    result.queued, result.queued_examples = [], 0
-    items = [it for _, chunk, _ in queued for it in chunk]
-    if any(d.is_floating_point for d in {t.dtype for it in items for t in it.tensors.values()}):
-        for it in items:
-            if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
-                   for t in it.tensors.values()):
-                result.nonfinite.add(it.id)
-    bits = np.concatenate([np.full(len(chunk), BITS[name], np.uint8)
-                           for name, chunk, _ in queued])
-    result.inputs.add_many(_input_keys(task, items), bits,
-                           [(name, it.id) for name, chunk, _ in queued for it in chunk])
-    if task.target_kind.float_targets or result.outputs is None:
-        return
-    late = [it for _, chunk, after_probe in queued if after_probe for it in chunk]
-    if not late:  # the others' label ids were held for the probe
-        return
-    flat, sizes, _ = _flat([it.tensors["labels"] for it in late])
-    ids = flat.long()
-    bad = (ids != IGNORE_INDEX) & ((ids < 0) | (ids >= result.outputs))
-    if bool(bad.any()):
-        owner = torch.repeat_interleave(torch.arange(len(late)), torch.tensor(sizes))
-        for i in torch.unique(owner[bad]).tolist():
-            result.out_of_range.add(late[i].id)
+    queued, result.queued, result.queued_examples = result.queued, [], 0
+    bits = np.concatenate([np.full(len(ids), bit, np.uint8) for bit, ids, _ in queued])
+    ids = [i for _, chunk, _ in queued for i in chunk]
+    result.inputs.add_many(_input_keys([d for _, _, d in queued], [len(c) for _, c, _ in queued]),
+                           bits, _Where(bits, ids))
 
 
-def _flat(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int], set[int]]:
-    """Tensors of a chunk as one flat tensor, how many values each gave, and their dims."""
-    sizes = [t.numel() for t in tensors]
-    dims = {t.dim() for t in tensors}
-    if dims == {1}:
-        return torch.cat(tensors), sizes, dims
-    if dims == {0}:
-        return torch.stack(tensors), sizes, dims
-    return torch.cat([t.reshape(-1) for t in tensors]), sizes, dims
+class _Where:
+    """(split, id) of the i-th input indexed, made only when a repeat names it."""
+
+    def __init__(self, bits: np.ndarray, ids: list):
+        self.bits, self.ids = bits, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> tuple[str, Any]:
+        return SPLITS[int(self.bits[i]).bit_length() - 1], self.ids[i]
+
+
+def _flat(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    """Tensors of a chunk as one flat tensor, and whether each was 1-d."""
+    try:
+        flat = torch.cat(tensors)
+        if flat.dim() == 1:
+            return flat, True
+    except RuntimeError:  # 0-d tensors, or dims that differ
+        if all(t.dim() == 0 for t in tensors):
+            return torch.stack(tensors), False
+    return torch.cat([t.reshape(-1) for t in tensors]), False
 
 
 def _label_ranges(flat: torch.Tensor, sizes: list[int]) -> list[tuple[int | None, int | None]]:
@@ -352,55 +351,72 @@ def _label_ranges(flat: torch.Tensor, sizes: list[int]) -> list[tuple[int | None
             for lo, hi, c in zip(low.tolist(), high.tolist(), count.tolist(), strict=True)]
 
 
-def _input_keys(task: Task, items: list[Item]) -> np.ndarray:
-    """One 64-bit key per example of a chunk, from the name, dtype, shape and values of each of
-    its model inputs: equal for identical inputs, different otherwise but for a collision
-    (about n^2 / 2^65) - each value mixed with its position and summed, a chunk at once."""
-    keys = np.zeros(len(items), np.uint64)
+def _digest(task: Task, items: list[Item]) -> list[tuple]:
+    """The model inputs of a chunk, for `_input_keys`: per input and dtype its number, the
+    dtype, the tensors' values as one flat tensor, their sizes, their examples (None: all) and
+    a word of their shapes (None: all 1-d, the shape is the size)."""
+    parts = []
     for slot, name in enumerate(task.model_inputs, start=1):
         tensors = [it.tensors.get(name) for it in items]
-        where = [i for i, t in enumerate(tensors) if t is not None]
-        if not where:
-            continue
-        present = [tensors[i] for i in where] if len(where) < len(items) else tensors
-        section = _section_keys(present) ^ _mix(np.array([slot], np.uint64) * _ODD)
-        keys[where] = _mix(keys[where] * _ODD + section)
+        dtypes = [None if t is None else t.dtype for t in tensors]
+        kinds = set(dtypes)
+        for dtype in kinds if len(kinds) == 1 else dict.fromkeys(dtypes):
+            if dtype is None:
+                continue
+            where = None if len(kinds) == 1 else [i for i, d in enumerate(dtypes) if d == dtype]
+            group = tensors if where is None else [tensors[i] for i in where]
+            flat, one_dim = _flat(group)
+            shapes = None if one_dim else [t.numel() if t.dim() == 1 else hash(t.shape)
+                                           for t in group]
+            parts.append((slot, dtype, flat.detach().cpu(), [t.numel() for t in group], where,
+                          shapes))
+    return parts
+
+
+def _input_keys(digests: list[list[tuple]], sizes: list[int]) -> np.ndarray:
+    """One 64-bit key per example of the chunks digested (`sizes`: their examples), from the
+    name, dtype, shape and values of each of its model inputs: equal for identical inputs,
+    different otherwise but for a collision (about n^2 / 2^65)."""
+    groups: dict[tuple, tuple[list, list, list, list]] = {}
+    for digest, offset in zip(digests, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True):
+        for slot, dtype, flat, counts, where, shapes in digest:
+            flats, all_counts, owners, heads = groups.setdefault((slot, dtype), ([], [], [], []))
+            flats.append(flat)
+            all_counts += counts
+            heads += counts if shapes is None else shapes
+            owners.append(np.arange(offset, offset + len(counts)) if where is None else
+                          np.asarray(where, np.int64) + offset)
+    keys = np.zeros(sum(sizes), np.uint64)
+    for (slot, dtype), (flats, counts, owners, heads) in sorted(groups.items(),
+                                                                key=lambda g: g[0][0]):
+        width, flat = dtype.itemsize, torch.cat(flats)
+        words = flat.view(_AS_INT[width]).long() if width in _AS_INT else \
+            flat.contiguous().view(torch.int64)  # 16-byte values: two words each
+        head = np.asarray(heads, np.int64).view(np.uint64) ^ \
+            np.uint64(hash(dtype) & 0xFFFF_FFFF_FFFF_FFFF)
+        tensors = _tensor_keys(words.numpy().view(np.uint64),
+                               np.asarray(counts, np.int64) * max(width // 8, 1), head)
+        owner = np.concatenate(owners)
+        keys[owner] = _mix(keys[owner] * _ODD + (tensors ^ _mix(np.full(1, slot, np.uint64))))
     return keys
 
 
-def _section_keys(tensors: list[torch.Tensor]) -> np.ndarray:
-    """Per tensor, a key of its dtype, shape and values (their bytes: -0.0 is not 0.0) that
-    does not depend on the other tensors of the chunk."""
-    dtypes = [t.dtype for t in tensors]
-    kinds = set(dtypes)
-    if len(kinds) == 1:
-        return _dtype_keys(tensors, dtypes[0])
-    keys = np.empty(len(tensors), np.uint64)
-    for kind in kinds:
-        where = [i for i, d in enumerate(dtypes) if d == kind]
-        keys[where] = _dtype_keys([tensors[i] for i in where], kind)
-    return keys
-
-
-def _dtype_keys(tensors: list[torch.Tensor], dtype: torch.dtype) -> np.ndarray:
-    """`_section_keys` of tensors of one dtype: its values as integers of its width."""
-    flat, sizes, dims = _flat(tensors)
-    flat = flat.detach().cpu()
-    width = dtype.itemsize
-    words = flat.view(_AS_INT[width]).long() if width in _AS_INT else \
-        flat.contiguous().view(torch.int64)  # 16-byte complex: two words a value
-    values = words.numpy().view(np.uint64)
-    shapes = np.asarray(sizes, np.uint64) if dims == {1} else np.fromiter(
-        (t.numel() if t.dim() == 1 else hash(t.shape) for t in tensors), np.int64,
-        len(tensors)).view(np.uint64)  # a 1-d shape is its length
-    heads = _mix(shapes ^ np.uint64(hash(dtype) & 0xFFFF_FFFF_FFFF_FFFF))
-    counts = [n * max(width // 8, 1) for n in sizes]
+def _tensor_keys(values: np.ndarray, counts: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """Per run of `counts` words, a key of its words in order and its head word: each word
+    mixed with its position, summed (modulo 2^64)."""
+    if len(counts) and counts[0] and (counts == counts[0]).all():  # runs of one length
+        words = (values.reshape(len(counts), -1) + _positions(int(counts[0]))[:counts[0]]) * _ODD
+        words ^= words >> np.uint64(29)
+        words *= np.uint64(0xBF58476D1CE4E5B9)
+        return _mix(_mix(heads) + words.sum(axis=1, dtype=np.uint64))
     ends = np.cumsum(counts)
-    starts = ends - np.asarray(counts, np.int64)
+    starts = ends - counts
     at = np.arange(len(values)) - np.repeat(starts, counts)
-    mixed = np.cumsum(_mix(values ^ _positions(len(values))[at]))
-    mixed = np.concatenate([np.zeros(1, np.uint64), mixed])
-    return _mix(heads + mixed[ends] - mixed[starts])
+    words = (values + _positions(len(values))[at]) * _ODD  # one-to-one per position,
+    words ^= words >> np.uint64(29)  # then not linear: [1, 2] does not sum as [2, 1]
+    words *= np.uint64(0xBF58476D1CE4E5B9)
+    mixed = np.concatenate([np.zeros(1, np.uint64), np.cumsum(words)])
+    return _mix(_mix(heads) + mixed[ends] - mixed[starts])
 
 
 _ODD = np.uint64(0x9E3779B97F4A7C15)
