@@ -305,7 +305,7 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
                          "max_param_diff": None, "max_loss_diff": None,
                          "same_examples": False, "examples_differ_from": None, "exact": False,
                          "continued_to_the_end": False, "resumed_by": "", "skipped": None,
-                         "data": data, "error": exc.problem})
+                         "skip_s": None, "data": data, "error": exc.problem})
             return
         table, verdict = compare(ref, resumed, ref_weights, w, tolerance)
         details[name] = table
@@ -318,7 +318,8 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
         rows.append({"case": name, "resumed_after": step, **verdict,
                      "exact": verdict["exact"] and not data,
                      "resumed_by": first_record.get("resumed_by") or "workbook order",
-                     "skipped": first_record.get("skipped"), "data": data, "error": ""})
+                     "skipped": first_record.get("skipped"),
+                     "skip_s": first_record.get("skip_s"), "data": data, "error": ""})
 
     mid, twice = folder / checkpoint_name(mid_step), folder / "resumed-mid-epoch.ckpt"
     case("mid-epoch", mid, mid_step, "resumed-mid-epoch", reference, weights,
