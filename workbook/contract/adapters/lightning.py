@@ -8,9 +8,11 @@ of micro-batches, as `accumulate_grad_batches` does, with the train hooks around
 logged `batch_size`, as Lightning's epoch means are; an epoch-end log is a whole-epoch value),
 `on_save_checkpoint`/`on_load_checkpoint` around a Lightning-shaped checkpoint, and the
 datamodule's datasets and `collate_fn`, whose batches reach the module's steps exactly as the
-loader yields them. While the pilot calls the module's hooks, `self.trainer` is a `PilotTrainer`:
-the Trainer attributes modules read, with the pilot's own values (`campaign_differs_in` on the
-Task says which differ from the campaign's). Needs `lightning` (`pip install -e .[lightning]`)."""
+loader yields them; a loader over an `IterableDataset` (a streaming dataset) is read in turn,
+never indexed, its first item giving the structure. While the pilot calls the module's hooks,
+`self.trainer` is a `PilotTrainer`: the Trainer attributes modules read, with the pilot's own
+values (`campaign_differs_in` on the Task says which differ from the campaign's). Needs
+`lightning` (`pip install -e .[lightning]`)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import dataclasses
 import math
 import tempfile
 import weakref
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -29,8 +32,9 @@ from torch import nn
 from ...base.errors import WorkbookError, reason
 from .. import kinds
 from ..run import DEFAULT_UPDATES, EXAMPLE_WEIGHT
+from ..sources import length
 from ..task import Task
-from .lightning_batches import _Flat, _model_inputs, _shape_of
+from .lightning_batches import _flat, _model_inputs, _shape_of
 from .lightning_optimizers import SCHEDULES, _optimizer_and_schedule, _own_lr, _rescale
 from .lightning_trainer import (
     RUNS,
@@ -41,7 +45,7 @@ from .lightning_trainer import (
     _Run,
     _run_of_build,
 )
-from .torch import LABELS, from_torch, probe_on_meta
+from .torch import LABELS, Stream, from_torch, probe_on_meta, streams
 
 CHECKPOINT = "lightning.ckpt"
 
@@ -182,27 +186,32 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
             raise WorkbookError(f"{type(datamodule).__name__}.{method} returns a "
                                 f"{type(loader).__name__}, not one DataLoader",
                                 "return one torch DataLoader per split")
-        if isinstance(loader.dataset, torch.utils.data.IterableDataset):
-            raise WorkbookError(f"the {split} loader's dataset is an IterableDataset",
-                                "the pilot needs map-style datasets (len and indexing)")
         loaders[split] = loader
-    train_set = loaders["train"].dataset
+    # an iterable dataset (a streaming one) is read in turn, never indexed
+    datasets = {split: Stream(loader.dataset, split) if streams(loader.dataset) else
+                loader.dataset for split, loader in loaders.items()}
+    train_set = datasets["train"]
+    streamed = isinstance(train_set, Stream)
     if loaders["train"].batch_sampler is not None and type(
             loaders["train"].batch_sampler) is not torch.utils.data.BatchSampler:
         raise WorkbookError(f"the train loader batches with its own "
                             f"{type(loaders['train'].batch_sampler).__name__}",
                             "the pilot makes the micro-batches: give the loader a batch_size "
                             "(and a sampler for the order) instead of a batch_sampler")
-    if not len(train_set):
+    if not streamed and not len(train_set):
         raise WorkbookError("the train dataset has no items", "pass the data you train on")
-    val_batches = len(loaders["validation"])
+    val_batches = length(loaders["validation"])
+    val_batches = math.inf if val_batches is None else val_batches  # Lightning's, unsized
     loader_batch = loaders["train"].batch_size or 1
+    train_length = train_set.length() if streamed else len(train_set)
+    # a pass when no run says: the train set, or a stream without a length: the default run's
+    pass_items = DEFAULT_UPDATES * loader_batch if train_length is None else train_length
 
     def run_of(module: nn.Module, optimizer: Any = None) -> _Run:
         run = RUNS.get(optimizer) if optimizer is not None else None
         run = run or RUNS.get(module)
         if run is None:
-            run = RUNS[module] = _Run(DEFAULT_UPDATES, loader_batch, 1, len(train_set))
+            run = RUNS[module] = _Run(DEFAULT_UPDATES, loader_batch, 1, pass_items)
         return run
 
     @contextlib.contextmanager
@@ -223,17 +232,18 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         raise WorkbookError("the module sets automatic_optimization = False (manual "
                             "optimization steps its optimizers inside training_step)",
                             "write a workbook.Task with a train_step that does what it does")
-    probe_run = _Run(DEFAULT_UPDATES, loader_batch, 1, len(train_set))
+    probe_run = _Run(DEFAULT_UPDATES, loader_batch, 1, pass_items)
     with hooks(probe, probe_run, "train"):
         optimizer, schedule = _optimizer_and_schedule(
             _call("configure_optimizers", probe.configure_optimizers))
     own_lr = _own_lr(optimizer, schedule)
 
     # the structure of the items and of the batches the train loader's collate makes
-    item_shape = _shape_of(train_set[0], fields, "the train dataset's item 0")
+    firsts = [it for _, it in islice(train_set.items(), 2)] if streamed else \
+        [train_set[i] for i in range(min(2, len(train_set)))]
+    item_shape = _shape_of(firsts[0], fields, "the train dataset's item 0")
     user_collate = loaders["train"].collate_fn
-    first = _call("collate_fn (the train loader's)", user_collate,
-                  [train_set[i] for i in range(min(2, len(train_set)))])
+    first = _call("collate_fn (the train loader's)", user_collate, firsts)
     batch_shape = _shape_of(first, fields, "the train loader's batch")
     for shape, where in ((item_shape, "the train dataset's items"),
                          (batch_shape, "the train loader's batches")):
@@ -255,7 +265,7 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
     own_loss = task_fields.pop("loss", None)
     if own_loss is not None and criterion is None and not kinds.of(kind).per_position:
         criterion = nn.MSELoss() if kinds.of(kind).float_targets else nn.CrossEntropyLoss()
-    flat = {s: _Flat(loader.dataset, item_shape, s) for s, loader in loaders.items()}
+    flat = {s: _flat(data, item_shape, s) for s, data in datasets.items()}
     base = from_torch(flat, module_factory, criterion, name=name, kind=kind,
                       group_of=(lambda j, it: group_of(j, item_shape.build(it)))
                       if group_of else None, collate_fn=collate, **task_fields)
@@ -272,7 +282,7 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
     def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
         module = _unwrap(model)
         close_validation(module, run_of(module))  # a validation left open ends before a new run
-        run = RUNS[module] = _run_of_build(len(train_set), loader_batch)
+        run = RUNS[module] = _run_of_build(pass_items, loader_batch)
         with hooks(module, run, "train"):
             opt, sched = _optimizer_and_schedule(_call("configure_optimizers",
                                                        module.configure_optimizers))
@@ -280,7 +290,7 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         if lr != own_lr:
             _rescale(opt, sched, lr / own_lr)
         if sched is not None:
-            sched.examples_per_pass = max(len(train_set), 1)
+            sched.examples_per_pass = max(train_length or run.pass_examples, 1)
             sched.estimated = run.updates
             SCHEDULES[opt] = sched
         return opt
@@ -471,8 +481,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
             sched.load_state_dict(checkpoint["lr_schedulers"][0])
 
     sampler = loaders["train"].sampler
-    own_order = not isinstance(sampler, (torch.utils.data.RandomSampler,
-                                         torch.utils.data.SequentialSampler))
+    own_order = not streamed and not isinstance(sampler, (torch.utils.data.RandomSampler,
+                                                          torch.utils.data.SequentialSampler))
 
     def make_sampler(n: int, seed: int) -> Any:
         """The train loader's own sampler, seeded, when the pilot trains on the whole train

@@ -12,7 +12,7 @@ from torch import nn
 
 from ...base.errors import WorkbookError
 from ..outputs import accepted_inputs
-from .torch import LABELS
+from .torch import LABELS, Stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +112,24 @@ class _Flat(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.shape.flatten(self.data[i], f"the {self.split} dataset's item {i}")
+
+
+class _FlatStream(torch.utils.data.IterableDataset):
+    """A `Stream` whose items are the user's items flattened to {name: leaf}, read in turn;
+    an item of another structure than the first is named with its position."""
+
+    def __init__(self, stream: Stream, shape: _Shape, split: str):
+        self.stream, self.shape, self.split = stream, shape, split
+
+    def __iter__(self) -> Any:
+        for i, item in self.stream.items():
+            yield self.shape.flatten(item, f"the {self.split} dataset's item {i}")
+
+
+def _flat(data: Any, shape: _Shape, split: str) -> torch.utils.data.Dataset:
+    """A split's items flattened: indexed (a map-style dataset) or read in turn (a Stream)."""
+    return _FlatStream(data, shape, split) if isinstance(data, Stream) else \
+        _Flat(data, shape, split)
 
 
 def _model_inputs(probe: nn.Module, names: list[str], dict_batch: bool) -> tuple[str, ...]:

@@ -1,16 +1,21 @@
-"""`from_torch`: a plain PyTorch `Dataset` + `collate_fn` + model + criterion as a Task."""
+"""`from_torch`: a plain PyTorch `Dataset` + `collate_fn` + model + criterion as a Task. A
+dataset read by iterating (a torch `IterableDataset`, any re-iterable) is a `Stream`: never
+indexed nor held, its items read in turn as the notebooks ask for examples, each example
+carrying its item."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import default_collate
+from torch.utils.data import IterableDataset, default_collate
 
 from ...base.errors import WorkbookError, reason
 from .. import kinds
+from ..sources import length
 from ..targets import contributes
 from ..task import Task
 
@@ -45,6 +50,65 @@ def _as_dict(item: Any, fields: Sequence[str] | None, where: str) -> dict[str, A
     raise WorkbookError(f"{where} is a {type(item).__name__}, not a dict or an (inputs..., "
                         "labels) tuple", "return a dict of tensors with 'labels', or a tuple "
                         "whose last element is the labels")
+
+
+def streams(data: Any) -> bool:
+    """Whether a dataset is read by iterating: a torch IterableDataset (its inherited
+    __getitem__ raises), or anything without both __len__ and __getitem__."""
+    return isinstance(data, IterableDataset) or not (
+        hasattr(data, "__getitem__") and hasattr(data, "__len__"))
+
+
+class Stream:
+    """A dataset read by iterating, never indexed nor held: its first item is read here, to
+    check it and read the structure from; every other one when a pass reaches it. Refused:
+    what cannot be iterated, an iterator that is read once only, no items."""
+
+    def __init__(self, data: Any, split: str | None):
+        self.data, self.name = data, f"the {split} dataset" if split else "the dataset"
+        kind = type(data).__name__
+        if not hasattr(data, "__iter__"):
+            raise WorkbookError(f"{self.name} is a {kind}, not a map-style Dataset (__len__ "
+                                "and __getitem__) nor an iterable one",
+                                "pass a map-style Dataset, a torch IterableDataset or a list")
+        if iter(data) is data:
+            raise WorkbookError(f"{self.name} is a {kind} that can be read once only, not a "
+                                "map-style Dataset (__len__ and __getitem__) nor an iterable "
+                                "that starts again: the pilot reads it once per notebook",
+                                "pass something that starts again on every iter(): a torch "
+                                "IterableDataset or a class whose __iter__ opens the data "
+                                "anew (a list, if it fits in memory)")
+        items = self.items()
+        found = next(items, None)
+        items.close()
+        if found is None:
+            raise WorkbookError(f"{self.name} ({kind}) has no items: its first iter() ended "
+                                "at once", "check what its __iter__ reads (an empty folder or "
+                                "shard list, a worker split that leaves nothing)")
+        self.first = found[1]
+
+    def items(self) -> Iterator[tuple[int, Any]]:
+        """(position, item) in order; a failure while reading names the item it had
+        reached."""
+        it, i = iter(self.data), 0
+        while True:
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            except WorkbookError:
+                raise
+            except Exception as exc:
+                raise WorkbookError(f"reading {self.name} failed at item {i}: "
+                                    f"{type(exc).__name__}: {reason(exc, 200)}",
+                                    f"fix {self.name}'s source at that item (the file or "
+                                    "shard it reads there)") from exc
+            yield i, item
+            i += 1
+
+    def length(self) -> int | None:
+        """The items the stream says it has (an IterableDataset with __len__), else None."""
+        return length(self.data)
 
 
 def _per_target(criterion: Any) -> Callable[[Tensor, Tensor], Tensor]:
@@ -91,26 +155,31 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
         raise WorkbookError("a generation task needs decode (token ids -> text)",
                             "pass decode=your_tokenizer.decode")
     splits = dict(dataset) if isinstance(dataset, dict) else {None: dataset}
-    for split, data in splits.items():
+    for split in splits:
         if split not in (None, *SPLITS):
             raise WorkbookError(f"the datasets are named {sorted(map(str, splits))}; "
                                 f"{split!r} is not a split", f"name them {list(SPLITS)}")
-        if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
-            raise WorkbookError(f"the {split or ''} dataset is a {type(data).__name__}, not a "
-                                "map-style Dataset (__len__ and __getitem__)".replace("  ", " "),
-                                "pass a map-style dataset; wrap an iterable one in a list first")
-    if "train" in splits and not len(splits["train"]):
+    splits = {split: Stream(data, split) if streams(data) else data
+              for split, data in splits.items()}
+    streamed = any(isinstance(data, Stream) for data in splits.values())
+    if "train" in splits and not streamed and not len(splits["train"]):
         raise WorkbookError("the train dataset has no items", "pass the data you train on")
+    if streamed and target.named_classes and label_names is None:
+        raise WorkbookError("the dataset is read as a stream, so its classes are not known "
+                            "before all of it is read", "pass label_names=[...]: the class "
+                            "names in class-id order")
     collate = collate_fn or default_collate
     each = _per_target(criterion) if criterion is not None or not target.per_position else None
     weight = getattr(criterion, "weight", None) if isinstance(
         criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) else None
-    index = [(split, i) for split, data in splits.items() for i in range(len(data))]
+    index = [] if streamed else [(split, i) for split, data in splits.items()
+                                 for i in range(len(data))]
     first_data = next(iter(splits.values()))
-    tuple_items = not isinstance(first_data[0], dict) if len(first_data) else False
+    first_raw = first_data.first if isinstance(first_data, Stream) else \
+        first_data[0] if len(first_data) else None
+    tuple_items = first_raw is not None and not isinstance(first_raw, dict)
 
-    def raw(i: int) -> Any:
-        split, j = index[i]
+    def at(split: str | None, j: int) -> Any:
         try:
             return splits[split][j]
         except Exception as exc:
@@ -118,14 +187,31 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
                                 f"{reason(exc)}".replace("  ", " "),
                                 "fix the dataset's __getitem__") from exc
 
-    def item(i: int) -> dict[str, Any]:
-        out = _as_dict(raw(i), fields, f"dataset item {i}")
+    def raw(i: int) -> Any:
+        return at(*index[i])
+
+    def tensors(raw_item: Any, where: str) -> dict[str, Any]:
+        out = _as_dict(raw_item, fields, where)
         if LABELS not in out:
-            raise WorkbookError(f"dataset item {i} has no 'labels' (keys {sorted(out)})",
+            raise WorkbookError(f"{where} has no 'labels' (keys {sorted(out)})",
                                 "name the labels 'labels' (fields=(..., 'labels') for tuples)")
         return {k: torch.as_tensor(v) for k, v in out.items()}
 
-    first = item(0) if index else {}
+    def item(i: int) -> dict[str, Any]:
+        return tensors(raw(i), f"dataset item {i}")
+
+    def class_name(label: Tensor, where: str) -> str:
+        if label.numel() != 1:
+            raise WorkbookError(f"{where} has {label.numel()} labels; from_torch classifies "
+                                "one label per example", "write a token-level task with "
+                                "workbook.Task")
+        if names and not 0 <= int(label) < len(names):
+            raise WorkbookError(f"{where} has the class id {int(label)}, outside label_names "
+                                f"({len(names)} classes)", "pass label_names naming every "
+                                "class id, in order")
+        return names[int(label)] if names else str(int(label))
+
+    first = tensors(first_raw, "dataset item 0") if first_raw is not None else {}
     inputs = tuple(k for k in first if k != LABELS)
 
     def load() -> list[dict]:
@@ -136,14 +222,43 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
             if split:
                 ex["split"] = split
             if target.named_classes:
-                label = item(i)[LABELS]
-                if label.numel() != 1:
-                    raise WorkbookError(f"dataset item {i} has {label.numel()} labels; "
-                                        "from_torch classifies one label per example",
-                                        "write a token-level task with workbook.Task")
-                ex["label"] = names[int(label)] if names else str(int(label))
+                ex["label"] = class_name(item(i)[LABELS], f"dataset item {i}")
             rows.append(ex)
         return rows
+
+    def read(split: str | None, data: Any) -> Iterator[dict]:
+        """A split's examples in order, read lazily, each carrying its item; an item whose
+        fields differ from the first item's is named with its position."""
+        pairs = data.items() if isinstance(data, Stream) else \
+            ((j, at(split, j)) for j in range(len(data)))
+        for j, it in pairs:
+            where = f"the {split + ' ' if split else ''}dataset's item {j}"
+            given = _as_dict(it, fields, where)
+            if list(given) != list(first):
+                raise WorkbookError(f"{where} has the fields {list(given)}, not the first "
+                                    f"item's {list(first)}: the items change structure",
+                                    "give every item the same structure: the same tuple "
+                                    "length or dict keys")
+            ex = {"id": f"{split}-{j}" if split else j, "item": it,
+                  "group": str(group_of(j, it) if group_of else
+                               (f"{split}-{j}" if split else j))}
+            if split:
+                ex["split"] = split
+            if target.named_classes:
+                ex["label"] = class_name(tensors(it, where)[LABELS], where)
+            yield ex
+
+    def load_stream() -> Iterator[dict]:
+        """Every split read in turn, one item of each at a time, so the first examples of
+        each split come without reading the others whole."""
+        readers = [read(split, data) for split, data in splits.items()]
+        while readers:
+            for reader in list(readers):
+                ex = next(reader, None)
+                if ex is None:
+                    readers.remove(reader)
+                else:
+                    yield ex
 
     names = label_names
     if target.named_classes and names is None:
@@ -151,6 +266,8 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
         names = [str(c) for c in range(max(seen) + 1)] if seen else []
 
     def encoded(ex: dict) -> dict[str, Tensor]:
+        if "item" in ex:  # read from a stream: never indexed
+            return tensors(ex["item"], f"dataset item {ex['id']}")
         return item(ex["id"])
 
     def collated(batch: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -181,7 +298,8 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
         (lambda ids: ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{int(i)}?>"
                                for i in ids)) if target.named_classes
         else (lambda values: ", ".join(f"{float(v):.3g}" for v in values)))
-    return Task(name=name, kind=kind, load_examples=load, encode=encoded, collate=collated,
+    return Task(name=name, kind=kind, load_examples=load_stream if streamed else load,
+                encode=encoded, collate=collated,
                 build_model=build_model, decode=decode, model_inputs=inputs,
                 label_names=names if target.named_classes else None,
                 label_field="label" if target.named_classes else None,
