@@ -357,3 +357,73 @@ def test_a_streamed_eval_sets_padding_rows_are_counted_and_probed_at_the_end_of_
         else:
             assert len(list(task.load_examples())) == 200
             assert task.padding_rows == {"validation": 9}
+
+
+# --- from_torch: an iterable dataset, read lazily
+
+class Readings(torch.utils.data.IterableDataset):
+    """Rows [start, end) of a sensor log, written as the PyTorch docs write an IterableDataset:
+    each DataLoader worker reads its own share; `reads` counts the items handed out."""
+
+    def __init__(self, start=0, end=100_000, change_at=None):
+        super().__init__()
+        self.start, self.end, self.change_at, self.reads = start, end, change_at, 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        first, last = self.start, self.end
+        if info is not None:  # in a worker process: its own share
+            per_worker = int(math.ceil((self.end - self.start) / info.num_workers))
+            first = self.start + info.id * per_worker
+            last = min(first + per_worker, self.end)
+        for i in range(first, last):
+            self.reads += 1
+            x = torch.randn(3, generator=torch.Generator().manual_seed(i))
+            y = torch.tensor(int(x[0] > 0))
+            yield (x, y, torch.tensor(1.0)) if i == self.change_at else (x, y)
+
+
+def _readings_task(data, **options):
+    return wb.adapters.from_torch(data, _model, nn.CrossEntropyLoss(), name="readings",
+                                  label_names=["low", "high"], **options)
+
+
+def test_from_torch_reads_an_iterable_dataset_lazily_and_never_indexes_it():
+    from itertools import islice
+
+    from workbook.contract.data import prepare
+
+    data = Readings()
+    task = _readings_task(data, group_of=lambda i, item: f"sensor-{i // 10}")
+    assert data.reads == 1 and task.model_inputs == ("inputs",)  # the first item: structure
+    examples = task.load_examples()
+    assert not isinstance(examples, list)
+    first = list(islice(examples, 8))
+    assert data.reads == 1 + 8 and [ex["id"] for ex in first] == list(range(8))
+    assert first[3]["group"] == "sensor-0" and first[3]["label"] in ("low", "high")
+    batch = task.collate([task.encode(ex) for ex in first])
+    x, y = zip(*islice(iter(data), 8), strict=True)  # the same items, as the stream gives them
+    assert torch.equal(batch["inputs"], torch.stack(x)) and torch.equal(batch["labels"],
+                                                                        torch.stack(y))
+    data = Readings()  # every item its own group
+    got = prepare(_readings_task(data), limits={"train": 8, "validation": 2})
+    assert len(got.raw["train"]) == 8 and data.reads < 40  # stopped there
+    # a split of a dict of splits: one item of each split in turn
+    task = _readings_task({"train": Readings(end=20), "validation": Readings(end=3)})
+    assert [ex["id"] for ex in islice(task.load_examples(), 5)] == [
+        "train-0", "validation-0", "train-1", "validation-1", "train-2"]
+    assert [task.split(ex) for ex in task.load_examples()].count("validation") == 3
+
+
+def test_from_torch_names_what_an_iterable_dataset_cannot_give():
+    one_shot = (item for item in Readings(end=10))
+    with pytest.raises(WorkbookError, match="can be read once only") as caught:
+        _readings_task(one_shot)
+    assert "starts again on every iter()" in caught.value.fix
+    with pytest.raises(WorkbookError, match="the train dataset .Readings. has no items"):
+        _readings_task({"train": Readings(end=0), "validation": Readings()})
+    with pytest.raises(WorkbookError, match="label_names"):
+        wb.adapters.from_torch(Readings(), _model, nn.CrossEntropyLoss(), name="x")
+    task = _readings_task(Readings(end=50, change_at=7))
+    with pytest.raises(WorkbookError, match=r"dataset's item 7 has the fields \['input0'"):
+        list(task.load_examples())

@@ -420,3 +420,81 @@ def test_a_one_cycle_schedule_on_the_estimate_holds_its_last_rate_past_a_short_c
         stepper.optimizer.step()
         stepper.scheduler.step()
     assert stepper.scheduler.held == 1
+
+
+# --- a datamodule over an iterable (streaming) dataset
+
+class _WeightedStream(torch.utils.data.IterableDataset):
+    """(x, y, w) rows [start, end), written as the PyTorch docs write an IterableDataset: each
+    DataLoader worker reads its own share; `reads` counts the items handed out."""
+
+    def __init__(self, start=0, end=100_000, change_at=None):
+        super().__init__()
+        self.start, self.end, self.change_at, self.reads = start, end, change_at, 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        first, last = self.start, self.end
+        if info is not None:  # in a worker process: its own share
+            per_worker = -(-(self.end - self.start) // info.num_workers)
+            first = self.start + info.id * per_worker
+            last = min(first + per_worker, self.end)
+        for i in range(first, last):
+            self.reads += 1
+            x = torch.randn(3, generator=torch.Generator().manual_seed(i))
+            row = (x, torch.tensor(int(x[0] > 0)), torch.tensor(0.5 + i % 3 / 2))
+            yield row[:2] if i == self.change_at else row
+
+
+class _StreamData(pl.LightningDataModule):
+    def __init__(self, train_set, val_set=None):
+        super().__init__()
+        self.train_set, self.val_set = train_set, val_set or _WeightedStream(0, 40)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=2, collate_fn=_weighted)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=2, collate_fn=_weighted)
+
+
+def _stream_task(data):
+    return wb.adapters.from_lightning(lambda: _Recorder("tuple"), data, name="stream",
+                                      fields=("x", "labels", "w"), label_names=["neg", "pos"],
+                                      criterion=nn.CrossEntropyLoss())
+
+
+def test_a_datamodule_over_an_iterable_dataset_is_read_lazily_and_never_indexed():
+    from itertools import islice
+
+    data = _StreamData(_WeightedStream())
+    task = _stream_task(data)
+    assert data.train_set.reads <= 4 and task.model_inputs == ("x",)  # the structure's items
+    first = list(islice(task.load_examples(), 8))  # one item of each split in turn
+    assert [ex["split"] for ex in first] == ["train", "validation"] * 4
+    assert data.train_set.reads <= 4 + 4 and data.val_set.reads <= 2 + 4
+    batch = task.collate([task.encode(ex) for ex in first])
+    assert list(batch) == ["x", "labels", "w"] and batch["x"].shape == (8, 3)
+    data.train_set.reads = 0
+    prepared = prepare(task, limits={"train": 8, "validation": 4})
+    assert len(prepared.train) == 8 and data.train_set.reads < 40  # stopped there
+    result = train(task, prepared.train, UpdateShape(2, 2).train_config(updates=2, lr=0.1))
+    assert len(result.steps) == 2 and torch.isfinite(torch.tensor(
+        [s.loss for s in result.steps])).all()
+    assert [s[:2] for s in result.model.seen if s[0] == "train"] == [
+        ("train", 0), ("train", 1), ("train", 2), ("train", 3)]  # the module's own steps
+    model = result.model
+    val = task.collate([it.tensors for it in prepared.validation])
+    assert "val_rows" in task.eval_step(model, val)  # the validation loop's hooks ran
+
+
+def test_what_an_iterable_datamodule_cannot_give_is_named():
+    with pytest.raises(WorkbookError, match="can be read once only") as caught:
+        _stream_task(_StreamData(row for row in _WeightedStream(0, 10)))
+    assert "starts again on every iter()" in caught.value.fix
+    with pytest.raises(WorkbookError, match="the validation dataset .* has no items"):
+        _stream_task(_StreamData(_WeightedStream(0, 10), _WeightedStream(0, 0)))
+    task = _stream_task(_StreamData(_WeightedStream(0, 10, change_at=5)))
+    with pytest.raises(WorkbookError, match="train dataset's item 5 is a tuple of another "
+                                            "structure"):
+        list(task.load_examples())
