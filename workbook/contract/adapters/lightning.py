@@ -156,7 +156,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
                    model_inputs: Sequence[str] | None = None, **task_fields: Any) -> Task:
     """A Task that runs a LightningModule as `Trainer.fit` would. `module_factory()` builds the
     module; `datamodule` gives the train and validation datasets and the train loader's
-    `collate_fn` (its `prepare_data` and `setup("fit")` are called). Items and batches keep
+    `collate_fn` (its `prepare_data` and `setup("fit")` are called); a loader's
+    `IterableDataset` is read lazily, as `from_torch` reads one. Items and batches keep
     their structure for the module's steps; `fields` names their elements in order (depth
     first; the target 'labels', e.g. ('x', 'labels', 'w') for (x, y, sample_weight)), dicts
     are named by their keys. `model_inputs` (default: the fields the module's forward takes,

@@ -110,7 +110,7 @@ class PilotTrainer:
     `TrainerAttributeMissing` naming them (never a silent None)."""
 
     def __init__(self, run: _Run, module: nn.Module, datamodule: Any, stage: str,
-                 differs: dict[str, str], scratch: Callable[[], str], val_batches: int,
+                 differs: dict[str, str], scratch: Callable[[], str], val_batches: float,
                  gradient_clip_val: float | None):
         self._run, self._module, self._datamodule, self._stage = run, module, datamodule, stage
         self._differs, self._scratch, self._val_batches = differs, scratch, val_batches
@@ -152,7 +152,7 @@ class PilotTrainer:
         return self._note("num_training_batches", self._run.batches_per_pass)
 
     @property
-    def num_val_batches(self) -> list[int]:
+    def num_val_batches(self) -> list[float]:  # inf: an unsized (streaming) loader, as Lightning
         return self._note("num_val_batches", [self._val_batches])
 
     @property

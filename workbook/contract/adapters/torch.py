@@ -134,8 +134,10 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
                name: str, kind: str = "classification", collate_fn: Callable | None = None,
                fields: Sequence[str] | None = None, group_of: Callable[[int, Any], Any] | None
                = None, label_names: list[str] | None = None, **task_fields: Any) -> Task:
-    """A Task over a map-style `dataset` (items: dicts with 'labels', or (inputs..., labels)
-    tuples named by `fields`), the user's `collate_fn` (default: torch's `default_collate`),
+    """A Task over a `dataset` (items: dicts with 'labels', or (inputs..., labels) tuples
+    named by `fields`) - map-style, or iterable (a torch `IterableDataset`, any re-iterable),
+    read lazily: each example carries its item and its position is its id, and a classifier's
+    classes need `label_names` - the user's `collate_fn` (default: torch's `default_collate`),
     model factory and criterion (`reduction="mean"` or `"sum"`, as you train with it: the task's
     loss is its sum over targets with their number, so every batch is normalised over the whole
     update). `dataset` may also be a dict of splits ({"train": ..., "validation": ...,
