@@ -46,7 +46,7 @@ def test_the_position_comes_back_by_its_own_state_and_by_count_and_skip(task):
     for wrap, how in ((None, OWN_STATE), (Plain, COUNT_AND_SKIP)):
         if wrap is not None:
             own = task.train_pipeline
-            task.train_pipeline = lambda seed, **kw: wrap(own(seed, **kw))
+            task.train_pipeline = lambda seed, _wrap=wrap, _own=own, **kw: _wrap(_own(seed, **kw))
         pipe = open_pipeline(task, seed=3, micro_batch=2, limit=12)
         assert pipe.resumes_by == how
         first = pipe.read()
