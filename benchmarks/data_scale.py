@@ -29,7 +29,11 @@ Seconds are the child's own clock around the work (imports before it); peak resi
 the child's VmHWM from /proc/self/status (its high-water mark since exec; getrusage's ru_maxrss
 also counts the parent's pages when the child is started with vfork), read at the end of the
 work, falling back to getrusage(RUSAGE_SELF) where /proc is missing. A run that fails or passes
-`--timeout` is a row with its error. Prints a table, then last
+`--timeout` is a row with its error. A thread of the child also samples its anonymous memory
+(RssAnon, every 10 ms): VmHWM counts the pages of a file the task memory-maps (the whole Arrow or
+token file by the end of a pass), RssAnon does not. Prints a table, a line with what is left
+without the task's collate (01 against plain + `plain_collate_s`) and without mapped files (the
+growth and peak of RssAnon), then last
 
     data_scale_pass_ratio: <max 01/plain> rss_growth: <01 peak rss at large size / at small
     size> peak_rss_gib: <max 01 peak>
@@ -58,6 +62,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +250,25 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
+class AnonPeak(threading.Thread):
+    """The child's largest anonymous resident memory (RssAnon: not the pages of files it maps,
+    which VmHWM counts - a memory-mapped Arrow or token file adds its whole size there), read
+    every 10 ms while the work runs."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak, self.done = 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.01):
+            self.peak = max(self.peak, _status_kib("RssAnon") or 0)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.join()
+        return max(self.peak, _status_kib("RssAnon") or 0) * 1024
+
+
 def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> None:
     """Run one measurement and print its result as the last line, in JSON."""
     import workbook as wb
@@ -252,6 +276,8 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
     pipe = PIPELINES[pipeline]
     for module in (*pipe.needs, TASK.split(":")[0], pipe.task.split(":")[0]):
         importlib.import_module(module)  # imports before the clock
+    anon = AnonPeak()
+    anon.start()
     if mode == "plain":
         start = time.perf_counter()
         rss_before = _status_kib("VmRSS")
@@ -274,6 +300,7 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
         result = {"rows": int(ins.figures["examples"]), "verdict": ins.verdict,
                   "flags": [f.check for f in ins.flags]}
     seconds = time.perf_counter() - start - result.get("collate_seconds", 0.0)
+    result["anon_peak_bytes"] = anon.stop()
     hwm = _status_kib("VmHWM")
     rss_source = "VmHWM" if hwm is not None else "ru_maxrss"
     peak = (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -371,6 +398,7 @@ def main():
                             row["plain_collate_s"] = r["collate_seconds"]
                         row[f"{mode}_peak_rss_mib"] = r["peak_rss_bytes"] / MIB
                         row[f"{mode}_start_rss_mib"] = r["rss_before_bytes"] / MIB
+                        row[f"{mode}_anon_peak_mib"] = r["anon_peak_bytes"] / MIB
                         row["rss_source"] = r["rss_source"]
                 row.update(file_mib=path.stat().st_size / MIB, write_s=written,
                            note="; ".join(notes))
@@ -383,26 +411,33 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     columns = ["size", "pipeline", "plain_s", "o1_s", "ratio", "plain_collate_s",
-               "plain_peak_rss_mib",
-               "o1_peak_rss_mib", "plain_start_rss_mib", "o1_start_rss_mib", "file_mib",
-               "write_s", "note"]
+               "ratio_collated", "plain_peak_rss_mib", "o1_peak_rss_mib", "o1_anon_peak_mib",
+               "plain_start_rss_mib", "o1_start_rss_mib", "file_mib", "write_s", "note"]
     frame = pd.DataFrame(table).reindex(columns=[*columns, "rss_source"])
     frame["ratio"] = frame["o1_s"] / frame["plain_s"]
+    frame["ratio_collated"] = frame["o1_s"] / (frame["plain_s"] + frame["plain_collate_s"])
     sources = sorted(set(frame["rss_source"].dropna()))
     print(frame[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("seconds: the child's clock around the work (imports before it); plain_collate_s: "
           "the task's collate over the plain pass's encodings 64 at a time, timed apart and not "
-          "in plain_s (01 collates as much); *_start_rss_mib: its resident size when the clock "
-          "started; peak: "
-          + (", ".join(sources) or "none measured") + " of the child process")
+          "in plain_s (01 collates as much); ratio_collated: 01 against plain + collate; "
+          "*_start_rss_mib: its resident size when the clock started; peak: "
+          + (", ".join(sources) or "none measured") + " of the child process; anon_peak: its "
+          "largest RssAnon, sampled every 10 ms (without the pages of a file it maps)")
 
-    growth = [g.set_index("size")["o1_peak_rss_mib"] for _, g in frame.groupby("pipeline")]
-    growth = [s[sizes[-1]] / s[sizes[0]] for s in growth
-              if sizes[0] in s.index and sizes[-1] in s.index]
-    ratio = frame["ratio"].max()
-    growth = max((g for g in growth if not math.isnan(g)), default=math.nan)
-    peak = frame["o1_peak_rss_mib"].max() * MIB / GIB
-    print(f"data_scale_pass_ratio: {ratio:.3f} rss_growth: {growth:.3f} peak_rss_gib: {peak:.3f}")
+    def growth(column: str) -> float:
+        grown = [g.set_index("size")[column] for _, g in frame.groupby("pipeline")]
+        grown = [s[sizes[-1]] / s[sizes[0]] for s in grown
+                 if sizes[0] in s.index and sizes[-1] in s.index]
+        return max((g for g in grown if not math.isnan(g)), default=math.nan)
+
+    print(f"without the task's collate and mapped files: ratio_collated "
+          f"{frame['ratio_collated'].max():.3f}, anonymous memory growth "
+          f"{growth('o1_anon_peak_mib'):.3f}, peak {frame['o1_anon_peak_mib'].max() / 1024:.3f} "
+          "GiB")
+    ratio, peak = frame["ratio"].max(), frame["o1_peak_rss_mib"].max() * MIB / GIB
+    print(f"data_scale_pass_ratio: {ratio:.3f} rss_growth: {growth('o1_peak_rss_mib'):.3f} "
+          f"peak_rss_gib: {peak:.3f}")
 
 
 if __name__ == "__main__":

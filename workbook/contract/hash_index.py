@@ -99,10 +99,17 @@ class HashIndex:
             self._merge_last()
 
     def _merge_last(self) -> None:
+        """Merge the two newest runs (their keys differ): the newer one's keys go where
+        searchsorted puts them, the older one's fill the rest - no sort, no index array of the
+        whole."""
         (k1, m1), (k2, m2) = self._runs.pop(-2), self._runs.pop()
-        keys = np.concatenate([k1, k2])
-        order = np.argsort(keys, kind="stable")  # two sorted runs: a linear merge
-        self._runs.append((keys[order], np.concatenate([m1, m2])[order]))
+        at = np.searchsorted(k1, k2) + np.arange(len(k2))
+        older = np.ones(len(k1) + len(k2), bool)
+        older[at] = False
+        keys, masks = np.empty(len(older), np.uint64), np.empty(len(older), np.uint8)
+        keys[at], masks[at] = k2, m2
+        keys[older], masks[older] = k1, m1
+        self._runs.append((keys, masks))
 
     def _merged(self) -> tuple[np.ndarray, np.ndarray]:
         self.flush()
