@@ -158,3 +158,16 @@ def test_a_pandas_data_frame_is_named_with_the_fix():
                                                r"to_dict\('records'\)"):
         prepare(task_over(frame), ("train",))
     assert len(load_examples(task_over(frame.to_dict("records")))) == 40
+
+
+def test_an_endless_stream_with_a_split_asked_whole_is_refused_not_read_forever(monkeypatch):
+    from workbook.contract import sources
+
+    monkeypatch.setattr(sources, "WHOLE_MOST", 5_000)
+    stream = Counted(None)
+    with pytest.raises(wb.WorkbookError, match="(?s)read 5,000 rows of task 'points'.*the "
+                       "validation split is asked whole: an endless stream.*validation_limit"):
+        prepare(task_over(stream), ("train", "validation"), {"train": 5})
+    assert stream.read == 5_001
+    data = prepare(task_over(Counted(4_000)), ("train", "validation"), {"train": 5})
+    assert len(data.validation) > 300  # a stream that ends below the bar is read whole

@@ -22,6 +22,9 @@ from .task import Task, own_code
 SPLITS = ("train", "validation", "test")
 FEW = 5  # positions or ids an error names; its count covers all
 BLOCK = 4096  # ids hashed at a time
+# rows read without reaching the source's end while a split is asked whole: an endless stream
+# (or one too long for the pilot to hold a split of) is refused there, never read forever
+WHOLE_MOST = 2_000_000
 
 
 def rows(task: Task) -> Iterator[Any]:
@@ -180,7 +183,14 @@ def read_splits(task: Task, keep: tuple[str, ...] = SPLITS,
     seen = dict.fromkeys(SPLITS, 0)
     checks = Checks(task)
     stopped = False
+    whole = [n for n in keep if not limits[n]]
     for position, example in enumerate(rows(task)):
+        if whole and position >= WHOLE_MOST:
+            raise WorkbookError(
+                f"read {WHOLE_MOST:,} rows of task {task.name!r}'s source without reaching its "
+                f"end while the {' and '.join(whole)} split is asked whole: an endless stream, "
+                "or one too long to hold a split of", "give the notebook a limit for it (e.g. "
+                "-p validation_limit=2000 or train_limit=...), or make the stream end")
         if not checks.ok(position, example):
             continue
         name = split_of(task, example)
