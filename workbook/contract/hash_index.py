@@ -126,11 +126,12 @@ class HashIndex:
         return self._merged()[1]
 
     def count(self, bit: int | None = None, crossing: bool = False) -> int:
-        """Distinct keys seen in split `bit` (None: any), or seen in more than one split."""
-        masks = self.masks
-        if crossing:
-            return int(((masks & (masks - 1)) != 0).sum())  # two bits or more
-        return len(masks) if bit is None else int(((masks & bit) > 0).sum())
+        """Distinct keys seen in split `bit` (None: any), or seen in more than one split,
+        summed over the runs (they share no key: nothing is merged for it)."""
+        self.flush()
+        if crossing:  # two bits or more
+            return sum(int(((m & (m - 1)) != 0).sum()) for _, m in self._runs)
+        return sum(len(m) if bit is None else int(((m & bit) > 0).sum()) for _, m in self._runs)
 
 
 def _earlier_in_block(inverse: np.ndarray, first: np.ndarray, bits: np.ndarray) -> np.ndarray:
