@@ -125,7 +125,10 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
             try:
                 for stem in selected:
                     rows.append(execute(stem, run, parameters[stem], kernel, limit, progress))
-                    space.check(rows[-1]["error"])
+                    error = rows[-1]["error"]
+                    space.check(error)
+                    if error:  # a full disk: written from the reserve
+                        space.write(lambda: _record_error(run / stem, error))  # noqa: B023
                     space.write(lambda: write_index(run, rows, meta))
                     print(f"{stem}: {rows[-1]['verdict']} ({rows[-1]['seconds']} s) "
                           f"{rows[-1]['error']}", flush=True)
@@ -256,8 +259,6 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
         row["error"] = f"{type(exc).__name__}: {exc}"[:500]
     finally:
         _keep_executed(partial, run / f"{stem}.ipynb")
-    if row["error"]:
-        _record_error(run / stem, row["error"])
     row["seconds"] = round(time.monotonic() - start, 1)
     return row
 

@@ -474,10 +474,10 @@ def save(result: ResumeResult, out_dir: Path) -> str:
     verdict = "pass" if ok else "fail"
     write_summary(out_dir, verdict, {
         "cases": [{k: None if isinstance(v, float) and math.isnan(v) else v
-                   for k, v in row.items()} for row in cases[[
+                   for k, v in row.items()} for row in cases.reindex(columns=[
                        "case", "resumed_after", "exact", "max_param_diff",
                        "examples_differ_from", "resumed_by", "skipped", "data",
-                       "error"]].to_dict("records")],
+                       "error"]).to_dict("records")],
         "archive_identical": reloaded["identical"],
         "tampering_refused": bool(tamper.refused.all()),
         "faults_caught": None if faults is None else
