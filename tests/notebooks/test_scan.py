@@ -117,6 +117,14 @@ def test_a_stream_without_a_length_is_scanned_whole_and_passes():
     assert ins.coverage.examples.sum() == 3000  # the histogram counts every example
 
 
+def test_an_endless_stream_without_a_limit_stops_at_its_bound_and_says_so(monkeypatch):
+    monkeypatch.setattr(scanning, "UNSIZED_MOST", 1200)
+    endless = inspect_task(task_over(Counted(None)))
+    assert endless.figures["examples"] == 1200
+    assert endless.figures["scanned"].startswith("the first 1,200 examples (the source has no "
+                                                 "length and had not ended there")
+
+
 def test_a_prefix_and_a_seeded_sample_are_said():
     first = inspect_task(task_over(Counted(None)), limit=500)  # endless: the limit ends it
     assert first.figures["examples"] == 500

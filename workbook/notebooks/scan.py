@@ -31,6 +31,9 @@ AUDITED = 1024  # examples audited at a time (`_audit`)
 FINDINGS = 5  # example ids kept per finding (its count covers every example)
 WAITING = 65_536  # label ranges held for the probe at most (then it runs on what is kept)
 SPLITS_KEPT = 4096  # groups whose split is remembered (the default rule; cleared when full)
+# a source without a length is scanned this far at most when no scan_limit is given: an endless
+# stream stops here, and the page says so
+UNSIZED_MOST = 10_000_000
 BITS = {name: 1 << i for i, name in enumerate(SPLITS)}
 
 
@@ -158,9 +161,14 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
     last = ("", "")
     ok, group_key, kept, counted = checks.ok, task.group_key, result.kept, result.examples
     probed, seen, shown = probe is None, 0, 0
+    cap = limit or (UNSIZED_MOST if total is None else 0)
     try:
         for position, example in enumerate(source):
-            if limit and position >= limit:
+            if cap and position >= cap:
+                if not limit:
+                    result.scanned = (f"the first {cap:,} examples (the source has no length "
+                                      "and had not ended there: scan_limit scans more or "
+                                      "fewer)")
                 break
             seen += 1
             if not seen & 1023:
