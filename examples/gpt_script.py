@@ -32,6 +32,7 @@ from functools import lru_cache, partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 import workbook as wb
 from workbook.samples import DATA_DIR
@@ -199,15 +200,13 @@ def encode(example: dict, block_size: int, off_by_one: bool = False) -> dict[str
 
 def collate(items: list[dict[str, Tensor]], pad_id: int = 0) -> dict[str, Tensor]:
     """Right-padded windows (the causal model never looks right, so no mask reaches it)."""
-    longest = max(len(it["input_ids"]) for it in items)
+    lengths = torch.tensor([len(it["input_ids"]) for it in items])
 
     def pad(key: str, value: int) -> Tensor:
-        return torch.stack([F.pad(it[key], (0, longest - len(it[key])), value=value)
-                            for it in items])
-    mask = torch.stack([F.pad(torch.ones_like(it["input_ids"]),
-                              (0, longest - len(it["input_ids"]))) for it in items])
-    return {"input_ids": pad("input_ids", pad_id), "labels": pad("labels", wb.IGNORE_INDEX),
-            "attention_mask": mask}
+        return pad_sequence([it[key] for it in items], batch_first=True, padding_value=value)
+    ids = pad("input_ids", pad_id)
+    mask = (torch.arange(ids.shape[1]) < lengths[:, None]).to(ids.dtype)
+    return {"input_ids": ids, "labels": pad("labels", wb.IGNORE_INDEX), "attention_mask": mask}
 
 
 def decode(ids) -> str:

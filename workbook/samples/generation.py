@@ -34,9 +34,10 @@ def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """Right-pad to the longest: inputs with <pad>, labels with -100, mask 0 on padding."""
     def pad(key: str, value: int) -> Tensor:
         return pad_sequence([it[key] for it in items], batch_first=True, padding_value=value)
-    ones = [torch.ones_like(it["input_ids"]) for it in items]
-    return {"input_ids": pad("input_ids", tok.PAD),
-            "attention_mask": pad_sequence(ones, batch_first=True, padding_value=0),
+    ids = pad("input_ids", tok.PAD)
+    lengths = torch.tensor([len(it["input_ids"]) for it in items])
+    return {"input_ids": ids,
+            "attention_mask": (torch.arange(ids.shape[1]) < lengths[:, None]).to(ids.dtype),
             "labels": pad("labels", IGNORE_INDEX), "prompt_mask": pad("prompt_mask", 0)}
 
 
