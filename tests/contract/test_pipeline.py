@@ -160,3 +160,33 @@ def test_the_sample_pipeline_deals_ranks_and_workers_disjoint_shards(task):
     assert len(set(with_workers)) == 40  # two workers, no window twice
     assert ts.PIPELINE_BUGS == ("state_frozen", "epoch_guard", "lost_at_yield",
                                 "workers_replay", "ranks_same", "skip_in_batches")
+
+
+def test_a_pass_cut_at_its_limit_does_not_hand_its_state_to_the_next_pass(task):
+    """datasets and torchdata take up a loaded state at the next iter, whatever its pass: a
+    position at the end of a cut pass must start the next pass from its beginning."""
+    class Pending:
+        def __init__(self, rows):
+            self.rows, self.at, self.pending = rows, 0, None
+
+        def __iter__(self):
+            start, self.pending = self.pending or 0, None
+            for self.at in range(start + 1, len(self.rows) + 1):
+                yield self.rows[self.at - 1]
+
+        def state_dict(self):
+            return {"at": self.at}
+
+        def load_state_dict(self, state):
+            self.pending = state["at"]
+
+    rows = [ex for ex in task.load_examples() if task.split(ex) == "train"][:40]
+    task.train_pipeline = lambda seed: Pending(rows)
+    pipe = open_pipeline(task, seed=0, limit=12)
+    reader = pipe.read()
+    for _ in range(12):
+        next(reader)
+    position = pipe.position()
+    assert (position.examples, position.state) == (12, {"at": 12})
+    resumed = ids(open_pipeline(task, seed=0, limit=12), position, count=3)
+    assert resumed == [None, (1, rows[0]["id"]), (1, rows[1]["id"])]

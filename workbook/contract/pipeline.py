@@ -104,8 +104,11 @@ class Pipeline:
         loaded (a state that fails to load is named, nothing read), or the examples of the
         pass read again and dropped."""
         epoch, read, resumed = start.epoch, start.examples, True
+        # a pass already cut at the limit has nothing left: its state is not loaded (a pending
+        # state would be taken up by the next pass's iter, as datasets and torchdata do)
+        done = bool(self.limit) and read >= self.limit
         _set_epoch(self.source, epoch)
-        if start.state is not None:
+        if start.state is not None and not done:
             try:
                 self.source.load_state_dict(start.state)
             except Exception as exc:
@@ -114,7 +117,7 @@ class Pipeline:
                                     "trained)", "resume with the task, options and pipeline "
                                     "that wrote the checkpoint, or from an earlier one") from exc
         examples = self._pass(epoch)
-        if start.state is None and read:
+        if start.state is None and read and not done:
             begin = time.perf_counter()
             for done in range(read):
                 if next(examples, None) is None:
