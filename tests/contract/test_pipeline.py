@@ -171,8 +171,9 @@ def test_a_pass_cut_at_its_limit_does_not_hand_its_state_to_the_next_pass(task):
 
         def __iter__(self):
             start, self.pending = self.pending or 0, None
-            for self.at in range(start + 1, len(self.rows) + 1):
-                yield self.rows[self.at - 1]
+            for at in range(start + 1, len(self.rows) + 1):
+                self.at = at
+                yield self.rows[at - 1]
 
         def state_dict(self):
             return {"at": self.at}
