@@ -240,25 +240,17 @@ def tokenize(row: dict, max_length: int = 64) -> dict[str, list[int]]:
 
 
 def bad_shard(files: tuple[Path, ...]) -> wb.WorkbookError | None:
-    """The first shard line that cannot be read as a JSON object, as an error naming the file
-    and line; None when every line reads."""
+    """The first shard line that cannot be read as a JSON object (read as the workbook reads
+    JSONL, `wb.data.JsonlRows`), as an error naming the file and line; None when every line
+    reads."""
     for path in files:
         try:
-            with path.open(encoding="utf-8") as handle:
-                for number, line in enumerate(handle, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        return wb.WorkbookError(
-                            f"shard {path} line {number}: malformed JSON ({exc.msg})",
-                            f"fix or remove line {number} of {path}, or write the shard again "
-                            "(a shard cut while being written ends in a partial line)")
-                    if not isinstance(row, dict):
-                        return wb.WorkbookError(
-                            f"shard {path} line {number}: a JSON {type(row).__name__}, not an "
-                            "object of columns", f"write line {number} of {path} as {{...}}")
+            for _ in wb.data.JsonlRows(path):
+                pass
+        except wb.WorkbookError as exc:
+            return wb.WorkbookError(f"shard {exc.problem}", f"{exc.fix}, or write the shard "
+                                    "again (a shard cut while being written ends in a partial "
+                                    "line)")
         except (OSError, UnicodeDecodeError) as exc:
             return wb.WorkbookError(f"shard {path} cannot be read ({type(exc).__name__}: "
                                     f"{reason(exc)})", f"replace {path} with a UTF-8 JSONL "

@@ -144,7 +144,7 @@ def test_a_malformed_or_unreadable_shard_is_named_with_its_file_and_line(shards)
     shards[1].write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])  # cut while written
     with pytest.raises(WorkbookError) as caught:
         wb.load_examples(task)
-    assert f"shard {shards[1]} line 200: malformed JSON" in caught.value.problem
+    assert f"shard {shards[1]}:200: malformed JSON" in caught.value.problem
     assert "write the shard again" in caught.value.fix
     shards[1].write_bytes(b"\x1f\x8b\x08\x00\xff\xfe compressed, not text\n")
     with pytest.raises(WorkbookError, match=f"shard {shards[1]} cannot be read") as caught:
