@@ -378,9 +378,13 @@ class Readings(torch.utils.data.IterableDataset):
             last = min(first + per_worker, self.end)
         for i in range(first, last):
             self.reads += 1
-            x = torch.randn(3, generator=torch.Generator().manual_seed(i))
-            y = torch.tensor(int(x[0] > 0))
-            yield (x, y, torch.tensor(1.0)) if i == self.change_at else (x, y)
+            yield self.row(i)
+
+    def row(self, i):
+        """Item i: (x, y); (x, y, w) at `change_at`, an item of another structure."""
+        x = torch.randn(3, generator=torch.Generator().manual_seed(i))
+        y = torch.tensor(int(x[0] > 0))
+        return (x, y, torch.tensor(1.0)) if i == self.change_at else (x, y)
 
 
 def _readings_task(data, **options):

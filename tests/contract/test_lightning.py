@@ -20,6 +20,8 @@ from workbook.contract.task import load_task  # noqa: E402
 from workbook.notebooks import accounting as acc  # noqa: E402
 from workbook.training.loop import UpdateShape, train  # noqa: E402
 
+from .test_adapters import Readings  # noqa: E402
+
 TASK = "examples.lightning_module:task"
 DOCS = "examples.lightning_docs:task"  # Lightning as its documentation writes it
 
@@ -424,26 +426,15 @@ def test_a_one_cycle_schedule_on_the_estimate_holds_its_last_rate_past_a_short_c
 
 # --- a datamodule over an iterable (streaming) dataset
 
-class _WeightedStream(torch.utils.data.IterableDataset):
-    """(x, y, w) rows [start, end), written as the PyTorch docs write an IterableDataset: each
-    DataLoader worker reads its own share; `reads` counts the items handed out."""
+class _WeightedStream(Readings):
+    """(x, y, w) rows [start, end) of test_adapters' docs-style IterableDataset (each
+    DataLoader worker reads its own share; `reads` counts the items handed out); (x, y) at
+    `change_at`."""
 
-    def __init__(self, start=0, end=100_000, change_at=None):
-        super().__init__()
-        self.start, self.end, self.change_at, self.reads = start, end, change_at, 0
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        first, last = self.start, self.end
-        if info is not None:  # in a worker process: its own share
-            per_worker = -(-(self.end - self.start) // info.num_workers)
-            first = self.start + info.id * per_worker
-            last = min(first + per_worker, self.end)
-        for i in range(first, last):
-            self.reads += 1
-            x = torch.randn(3, generator=torch.Generator().manual_seed(i))
-            row = (x, torch.tensor(int(x[0] > 0)), torch.tensor(0.5 + i % 3 / 2))
-            yield row[:2] if i == self.change_at else row
+    def row(self, i):
+        x = torch.randn(3, generator=torch.Generator().manual_seed(i))
+        row = (x, torch.tensor(int(x[0] > 0)), torch.tensor(0.5 + i % 3 / 2))
+        return row[:2] if i == self.change_at else row
 
 
 class _StreamData(pl.LightningDataModule):
