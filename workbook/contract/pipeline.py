@@ -76,7 +76,6 @@ class Pipeline:
 
     task: Task
     source: Any
-    opened_with: dict[str, Any]
     limit: int = 0  # a pass is the first `limit` examples of the pipeline's pass (0: all)
     skipped: Skipped = field(default_factory=Skipped)
     _epoch: int = 0
@@ -233,4 +232,4 @@ def open_pipeline(task: Task, seed: int, rank: int = 0, world: int = 1, workers:
         raise WorkbookError("the task's train_pipeline returned a generator, which gives one "
                             "pass only", "return an object whose __iter__ starts a new pass "
                             "(an IterableDataset) - a resume needs every pass again")
-    return Pipeline(task, source, given, limit)
+    return Pipeline(task, source, limit)

@@ -493,10 +493,11 @@ def _updates(task: Task, items: list[Item], cfg: TrainConfig, start: Position = 
 
 
 def _pipeline_updates(task: Task, cfg: TrainConfig, start: Position, pipe: Pipeline):
-    """Endless stream of (position after the update, [micro-batches]) read from the task's
-    pipeline: `micro_batch x accumulation` examples an update, encoded and collated here; a
-    pass that ends mid-update closes a partial update (dropped with `drop_partial`). Nothing
-    of the next pass is read before an update ends, so the position is never read ahead."""
+    """Endless stream of (the update's position, with the pipeline's data position after it;
+    [micro-batches]) read from the task's pipeline: `micro_batch x accumulation` examples an
+    update, encoded and collated here; a pass that ends mid-update closes a partial update
+    (dropped with `drop_partial`). Nothing of the next pass is read before an update ends, so
+    the position is never read ahead."""
     per_update, micro = cfg.shape.examples_per_update, cfg.shape.micro_batch
     examples = pipe.read(start.data if start.data is not None else DataPosition())
     group, pending = start.group, []
@@ -513,7 +514,7 @@ def _pipeline_updates(task: Task, cfg: TrainConfig, start: Position, pipe: Pipel
             group, pending = 0, []
 
 
-def single_example_batch_norm(exc: Exception, batches: list[Batch], examples: int,
+def single_example_batch_norm(exc: Exception, batches: list[Batch], examples: int | None,
                               cfg: TrainConfig) -> WorkbookError | None:
     """The error to show when batch norm refused a micro-batch of one example in training (the
     last micro-batch of a pass): the campaign meets it at the same place, so say where."""
