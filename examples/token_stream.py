@@ -235,6 +235,17 @@ class TokenStream:
         return {"input_ids": window[:-1], "labels": window[1:]}
 
 
+def collate_windows(items: list[dict[str, Tensor]], pad_id: int) -> dict[str, Tensor]:
+    """Windows of one length stacked, as nanoGPT's get_batch does; padded with <pad> (and a
+    mask) when a probe has cut one shorter."""
+    try:
+        x = torch.stack([it["input_ids"] for it in items])
+    except RuntimeError:  # windows of different lengths
+        return collate(items, pad_id=pad_id)
+    return {"input_ids": x, "labels": torch.stack([it["labels"] for it in items]),
+            "attention_mask": torch.ones_like(x)}
+
+
 # ---------------------------------------------------------------------------------------------
 # the training pipeline: what a campaign's loader reads, with its position for exact resume
 
@@ -348,7 +359,7 @@ def make_task(block_size: int = 64, data_file: str = "", tokens: int | None = No
         kind="generation",
         load_examples=stream.examples,
         encode=stream.encode,
-        collate=partial(collate, pad_id=tok.PAD),  # windows stacked; <pad> when a probe cuts one
+        collate=partial(collate_windows, pad_id=tok.PAD),
         build_model=partial(GPT, config),
         decode=decode,
         build_optimizer=build_optimizer,

@@ -10,6 +10,7 @@ import torch
 import workbook as wb
 from workbook.contract import hash_index
 from workbook.notebooks import scan as scanning
+from workbook.notebooks import scan_tally
 from workbook.notebooks.inspection import inspect_task
 
 NAMES = ["no", "yes"]
@@ -243,7 +244,7 @@ def test_input_keys_tell_inputs_apart_as_their_bytes_do_in_any_chunk():
                         for n, t in it.tensors.items())
 
     def keys(*chunks):
-        return scanning._input_keys([scanning._digest(task, c) for c in chunks],
+        return scan_tally._input_keys([scan_tally._digest(task, c, {}) for c in chunks],
                                     [len(c) for c in chunks])
 
     whole = keys([item(i, j) for i, j in pairs])

@@ -100,9 +100,14 @@ def encode_example(task: Task, example: dict) -> Item:
     try:
         tensors = task.encode(example)
     except Exception as exc:
-        raise WorkbookError(f"encode failed on example {example.get(task.id_key)!r}: {exc!r}",
-                            "fix the task's encode for this example") from exc
+        raise encode_failed(task, example, exc) from exc
     return Item(example[task.id_key], tensors, example)
+
+
+def encode_failed(task: Task, example: dict, exc: Exception) -> WorkbookError:
+    """The error for an encode that raised on an example, naming it."""
+    return WorkbookError(f"encode failed on example {example.get(task.id_key)!r}: {exc!r}",
+                         "fix the task's encode for this example")
 
 
 def encode_examples(task: Task, examples: list[dict]) -> list[Item]:

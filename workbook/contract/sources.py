@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 from ..base.errors import WorkbookError, reason
@@ -135,6 +136,28 @@ class Checks:
         if len(self._ids) >= BLOCK:
             self._index_ids()
         return True
+
+    def take_ids(self) -> list[str]:
+        """The ids of the rows passed since the last time, as strings, not hashed here (a
+        worker's checks send them to the pass's own: `merge`)."""
+        ids, self._ids = list(map(str, self._ids)), []
+        return ids
+
+    def found(self) -> tuple:
+        """What these checks found, to be sent to the pass's own (`merge`)."""
+        return self.read, self.counts, self.not_dicts, self.missing
+
+    def merge(self, found: tuple, ids: list[str], keys: np.ndarray) -> None:
+        """Fold in what a worker's checks `found` on a later block of the pass (`ids`: the ids
+        of its rows that passed, in order, and their `keys_of`)."""
+        read, counts, not_dicts, missing = found
+        self.read += read
+        self.counts.update(counts)
+        self.not_dicts += not_dicts[:FEW - len(self.not_dicts)]
+        for key, positions in missing.items():
+            mine = self.missing.setdefault(key, [])
+            mine += positions[:FEW - len(mine)]
+        self.ids.add_many(keys, 1, ids)
 
     def _index_ids(self) -> None:
         """Hash the ids read since the last time, a block at once."""

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..contract.sources import SPLITS
 from ..storage.records import Flag
-from .scan import BITS, Scan
+from .scan_tally import BITS, Scan
 
 
 def label_audit(result: Scan, source: str = "") -> tuple[pd.DataFrame | None, list[Flag]]:
