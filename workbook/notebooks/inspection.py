@@ -79,9 +79,10 @@ def num_outputs_of(task: Task, model: torch.nn.Module, items: list[Item]) -> int
 
 
 def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float = 0.0,
-                 seed: int = 0, progress: bool = False) -> Inspection:
+                 seed: int = 0, progress: bool = False, workers: int = -1) -> Inspection:
     """Run every notebook-01 check on the task in one pass over its source (`limit`: its first
-    examples, `sample`: a seeded share of them); the verdict fails on any flag."""
+    examples, `sample`: a seeded share of them, `workers`: processes forked to count beside
+    the reading one, -1: one per other core); the verdict fails on any flag."""
     torch.manual_seed(0)
     model = task.build_model().eval()
     probed: dict[str, Any] = {}
@@ -96,7 +97,8 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
         probed.update(probe=probe, outputs=outputs, forward=forward, layer=layer)
         return outputs if layer is None else layer[1]
 
-    result = scan(task, limit, sample, seed, probe=probe_model, progress=progress)
+    result = scan(task, limit, sample, seed, probe=probe_model, progress=progress,
+                  workers=workers)
     items, probe, outputs, layer = result.kept, probed["probe"], probed["outputs"], \
         probed["layer"]
     split_table, split_flags = split_audit(result)
@@ -116,7 +118,8 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
     square = torch.tensor([math.sqrt(result.train_square.mean)]) \
         if task.target_kind.float_targets and result.train_square.n else None
     figures = {
-        "examples": examples, "scanned": result.scanned, "num_outputs": outputs,
+        "examples": examples, "scanned": result.scanned, "scan_workers": result.workers,
+        "num_outputs": outputs,
         "expected_initial_loss": None if outputs is None and not task.target_kind.float_targets
         else round(task.expected_initial_loss(outputs, square), 4),
         "contributing_share": round(result.targets / max(result.positions, 1), 4),
@@ -155,7 +158,8 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
     """Notebook 01 from its parameters (it writes nothing until `save`)."""
     return inspect_task(task_from_params(params), probe_size=params["probe_size"],
                         limit=params.get("scan_limit", 0), sample=params.get("scan_sample", 0.0),
-                        seed=params.get("seed", 0), progress=progress)
+                        seed=params.get("seed", 0), progress=progress,
+                        workers=params.get("scan_workers", -1))
 
 
 def save(ins: Inspection, out_dir: Path) -> str:

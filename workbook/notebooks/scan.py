@@ -43,9 +43,14 @@ def scan_workers(asked: int = -1) -> int:
     """The worker processes a scan forks: `asked`, or for -1 one per core this process may use
     besides its own (at most 7) - none on one core or where processes cannot be forked (not
     Linux)."""
-    if not isinstance(asked, int) or asked < -1:
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < -1:
         raise WorkbookError(f"scan_workers={asked!r}: a count of worker processes (0: none, -1: "
-                            "one per core)", "give scan_workers as an integer >= -1")
+                            "one per core besides the reading one)",
+                            "give scan_workers as an integer >= -1")
+    if asked > cores():
+        raise WorkbookError(f"scan_workers={asked}: more workers than the {cores()} cores this "
+                            "process may use only take turns on them (and each holds a copy of "
+                            "what it touches)", f"give scan_workers <= {cores()}, or -1")
     if not fork_available():
         return 0
     return min(cores() - 1, MOST_WORKERS) if asked == -1 else asked
