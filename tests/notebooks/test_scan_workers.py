@@ -118,7 +118,7 @@ def test_a_worker_that_dies_is_named_with_its_signal():
 
 def test_examples_that_cannot_be_sent_to_a_worker_are_named():
     task = task_over(None)
-    task.load_examples = lambda: ({**row(i), "hook": lambda: i} for i in range(5000))
+    task.load_examples = lambda: ({**row(i), "hook": lambda: None} for i in range(5000))
     with pytest.raises(wb.WorkbookError, match=r"(?s)raw examples at positions \d+-\d+ cannot "
                                                "be sent.*scan_workers=0"):
         inspect_task(task, workers=1)
