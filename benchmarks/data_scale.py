@@ -25,18 +25,23 @@ For each size and pipeline, each in a fresh subprocess (OMP_NUM_THREADS=1, a tim
          PATH})` - notebook 01's work without papermill (`--save` adds `inspection.save`, the
          notebook's last cell).
 
-Seconds are the child's own clock around the work (imports before it); peak resident memory is
-the child's VmHWM from /proc/self/status (its high-water mark since exec; getrusage's ru_maxrss
-also counts the parent's pages when the child is started with vfork), read at the end of the
-work, falling back to getrusage(RUSAGE_SELF) where /proc is missing. A run that fails or passes
-`--timeout` is a row with its error. A thread of the child also samples its anonymous memory
-(RssAnon, every 10 ms): VmHWM counts the pages of a file the task memory-maps (the whole Arrow or
-token file by the end of a pass), RssAnon does not. Prints a table, a line with what is left
-without the task's collate (01 against plain + `plain_collate_s`) and without mapped files (the
-growth and peak of RssAnon), then last
+Seconds are the child's own clock around the work (imports before it); 01 forks its scan
+workers (`scan_workers`, one per other core) inside that clock, and they are part of its
+memory. Peak resident memory is the child's VmHWM from /proc/self/status (its high-water mark
+since exec; getrusage's ru_maxrss also counts the parent's pages when the child is started with
+vfork), read at the end of the work, falling back to getrusage(RUSAGE_SELF) where /proc is
+missing, plus for 01 each worker at the largest one's peak (RUSAGE_CHILDREN: an upper bound,
+what a worker shares with the child since the fork counted twice). A run that fails or passes
+`--timeout` is a row with its error. A thread of the child also samples the anonymous memory
+of the child and its workers together (RssAnon every 10 ms; while there are workers, the sum
+of each one's proportional share, Pss_Anon, every 100 ms): the memory the pass holds. VmHWM
+also counts the pages of a file the task memory-maps (the whole Arrow or token file by the end
+of a pass): the kernel's page cache, resident while there is room, which grows with the file
+and is dropped when memory is needed. Prints a table, a line with 01 against plain +
+`plain_collate_s` and the growth of VmHWM with those mapped pages, then last
 
-    data_scale_pass_ratio: <max 01/plain> rss_growth: <01 peak rss at large size / at small
-    size> peak_rss_gib: <max 01 peak>
+    data_scale_pass_ratio: <max 01/plain> rss_growth: <01's anonymous peak at the large size /
+    at the small> peak_rss_gib: <max 01 peak, VmHWM and workers>
 
 (all on one line). Targets (issue "Campaign-scale data", item 6; measured here, not asserted):
 ratio <= 1.5, growth <= 1.2, peak <= 2 GiB.
@@ -250,23 +255,60 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
+def _children() -> list[str]:
+    """The pids of this process's children (01's scan workers)."""
+    pids = []
+    for children in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids += children.read_text().split()
+        except OSError:
+            pass
+    return pids
+
+
+def _pss_anon_kib(pid: str) -> int:
+    """A process's proportional share of anonymous memory: a page it shares with the process it
+    was forked from counts half in each."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss_Anon:"):
+                return int(line.split()[1])
+    except OSError:  # a worker that has just ended, or a kernel without Pss_Anon
+        pass
+    return 0
+
+
+def _anon_kib() -> tuple[int, bool]:
+    """The anonymous memory of this process and its children: RssAnon alone, or with children
+    the sum of their and its Pss_Anon (pages shared since the fork counted once); and whether
+    there were children."""
+    pids = _children()
+    if not pids:
+        return _status_kib("RssAnon") or 0, False
+    return sum(_pss_anon_kib(pid) for pid in ["self", *pids]), True
+
+
 class AnonPeak(threading.Thread):
-    """The child's largest anonymous resident memory (RssAnon: not the pages of files it maps,
-    which VmHWM counts - a memory-mapped Arrow or token file adds its whole size there), read
-    every 10 ms while the work runs."""
+    """The largest anonymous resident memory of the child and its scan workers together
+    (without the pages of files they map, which VmHWM counts - a memory-mapped Arrow or token
+    file adds its whole size there, pages the kernel drops when it needs them), read every
+    10 ms while the work runs (every 100 ms while there are workers: a read of smaps_rollup
+    takes about a millisecond)."""
 
     def __init__(self):
         super().__init__(daemon=True)
         self.peak, self.done = 0, threading.Event()
 
     def run(self) -> None:
-        while not self.done.wait(0.01):
-            self.peak = max(self.peak, _status_kib("RssAnon") or 0)
+        workers = False
+        while not self.done.wait(0.1 if workers else 0.01):
+            kib, workers = _anon_kib()
+            self.peak = max(self.peak, kib)
 
     def stop(self) -> int:
         self.done.set()
         self.join()
-        return max(self.peak, _status_kib("RssAnon") or 0) * 1024
+        return max(self.peak, _anon_kib()[0]) * 1024
 
 
 def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> None:
@@ -298,12 +340,15 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
         if save:
             wb.inspection.save(ins, out)
         result = {"rows": int(ins.figures["examples"]), "verdict": ins.verdict,
-                  "flags": [f.check for f in ins.flags]}
+                  "flags": [f.check for f in ins.flags], "workers": ins.figures["scan_workers"]}
     seconds = time.perf_counter() - start - result.get("collate_seconds", 0.0)
     result["anon_peak_bytes"] = anon.stop()
     hwm = _status_kib("VmHWM")
     rss_source = "VmHWM" if hwm is not None else "ru_maxrss"
     peak = (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    # each worker at the peak of the largest (they have ended): an upper bound, since the pages
+    # a worker shares with this process since the fork are counted again
+    peak += result.get("workers", 0) * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     print(json.dumps({**result, "seconds": seconds, "peak_rss_bytes": peak,
                       "rss_before_bytes": (rss_before or 0) * 1024, "rss_source": rss_source}))
 
@@ -399,6 +444,8 @@ def main():
                         row[f"{mode}_peak_rss_mib"] = r["peak_rss_bytes"] / MIB
                         row[f"{mode}_start_rss_mib"] = r["rss_before_bytes"] / MIB
                         row[f"{mode}_anon_peak_mib"] = r["anon_peak_bytes"] / MIB
+                        if "workers" in r:
+                            row["o1_workers"] = r["workers"]
                         row["rss_source"] = r["rss_source"]
                 row.update(file_mib=path.stat().st_size / MIB, write_s=written,
                            note="; ".join(notes))
@@ -411,7 +458,8 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     columns = ["size", "pipeline", "plain_s", "o1_s", "ratio", "plain_collate_s",
-               "ratio_collated", "plain_peak_rss_mib", "o1_peak_rss_mib", "o1_anon_peak_mib",
+               "ratio_collated", "o1_workers", "plain_peak_rss_mib", "o1_peak_rss_mib",
+               "o1_anon_peak_mib",
                "plain_start_rss_mib", "o1_start_rss_mib", "file_mib", "write_s", "note"]
     frame = pd.DataFrame(table).reindex(columns=[*columns, "rss_source"])
     frame["ratio"] = frame["o1_s"] / frame["plain_s"]
@@ -421,9 +469,13 @@ def main():
     print("seconds: the child's clock around the work (imports before it); plain_collate_s: "
           "the task's collate over the plain pass's encodings 64 at a time, timed apart and not "
           "in plain_s (01 collates as much); ratio_collated: 01 against plain + collate; "
+          "o1_workers: the processes 01 forked to count beside the reading one; "
           "*_start_rss_mib: its resident size when the clock started; peak: "
-          + (", ".join(sources) or "none measured") + " of the child process; anon_peak: its "
-          "largest RssAnon, sampled every 10 ms (without the pages of a file it maps)")
+          + (", ".join(sources) or "none measured") + " of the child process, plus for 01 each "
+          "worker at the largest one's peak (an upper bound: what a worker shares with the child "
+          "is counted twice); anon_peak: the largest anonymous memory of the child and its "
+          "workers together (RssAnon, or Pss_Anon summed while there are workers; without the "
+          "pages of a file they map)")
 
     def growth(column: str) -> float:
         grown = [g.set_index("size")[column] for _, g in frame.groupby("pipeline")]
@@ -431,12 +483,14 @@ def main():
                  if sizes[0] in s.index and sizes[-1] in s.index]
         return max((g for g in grown if not math.isnan(g)), default=math.nan)
 
-    print(f"without the task's collate and mapped files: ratio_collated "
-          f"{frame['ratio_collated'].max():.3f}, anonymous memory growth "
-          f"{growth('o1_anon_peak_mib'):.3f}, peak {frame['o1_anon_peak_mib'].max() / 1024:.3f} "
-          "GiB")
+    print(f"without the task's collate: ratio_collated {frame['ratio_collated'].max():.3f}; "
+          f"with the pages of mapped files (peak, VmHWM): growth "
+          f"{growth('o1_peak_rss_mib'):.3f}; anonymous memory peak "
+          f"{frame['o1_anon_peak_mib'].max() / 1024:.3f} GiB")
     ratio, peak = frame["ratio"].max(), frame["o1_peak_rss_mib"].max() * MIB / GIB
-    print(f"data_scale_pass_ratio: {ratio:.3f} rss_growth: {growth('o1_peak_rss_mib'):.3f} "
+    # growth: of the memory the pass holds (anonymous, reader and workers); a mapped source's
+    # pages are the kernel's page cache, resident while there is room and grown with the file
+    print(f"data_scale_pass_ratio: {ratio:.3f} rss_growth: {growth('o1_anon_peak_mib'):.3f} "
           f"peak_rss_gib: {peak:.3f}")
 
 

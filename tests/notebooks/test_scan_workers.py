@@ -197,3 +197,28 @@ def test_a_stuck_worker_is_named_and_stopped():
         pool.close(abort=True)
     assert time.monotonic() - start < 10
     assert multiprocessing.active_children() == []
+
+
+def test_kept_tensors_packed_for_the_trip_come_back_as_they_were():
+    import pickle
+
+    from workbook.notebooks.scan_block import Packed
+
+    window = torch.arange(65)
+    kept = {"train": [(0, {"input_ids": window[:-1], "labels": window[1:],
+                           "x": torch.randn(2, 3).bfloat16(), "label": torch.tensor(3),
+                           "note": "as it is"}),
+                      (5, {"input_ids": torch.arange(3), "labels": torch.tensor([1, -100, 2])})],
+            "test": [(2, {"input_ids": torch.zeros(0, dtype=torch.long),
+                          "labels": torch.zeros(0, dtype=torch.long)})]}
+    back = pickle.loads(pickle.dumps(Packed(kept))).unpack()
+    assert back.keys() == kept.keys()
+    for name in kept:
+        for (i, sent), (j, came) in zip(kept[name], back[name], strict=True):
+            assert i == j and sent.keys() == came.keys()
+            for key, value in sent.items():
+                if isinstance(value, torch.Tensor):
+                    assert came[key].dtype == value.dtype and came[key].shape == value.shape
+                    assert torch.equal(came[key], value)
+                else:
+                    assert came[key] == value
