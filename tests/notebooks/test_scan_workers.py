@@ -222,3 +222,32 @@ def test_kept_tensors_packed_for_the_trip_come_back_as_they_were():
                     assert torch.equal(came[key], value)
                 else:
                     assert came[key] == value
+
+
+def test_workers_end_with_a_parent_that_is_killed():
+    """A kernel killed by the pilot (SIGKILL: no atexit, no finally) leaves no worker."""
+    import subprocess
+    import sys
+
+    code = ("import sys, time\nfrom workbook.base.forked import ForkedWorkers\n"
+            "pool = ForkedWorkers(time.sleep, 2, 'a test', '-')\n"
+            "print(' '.join(str(w[0].pid) for w in pool._workers), flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+    finally:
+        parent.kill()
+        parent.wait(10)
+    assert len(pids) == 2
+
+    def alive(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 5
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(alive, pids))

@@ -42,8 +42,22 @@ class WorkerTraceback(Exception):
     """The traceback of an exception raised in a worker, as its cause in this process."""
 
 
-def _serve(work: Callable[[Any], Any], tasks, answers) -> None:
+def _die_with(parent: int) -> None:
+    """End this worker when its parent ends, however it ends (a kernel killed by the pilot):
+    Linux's parent-death signal, and a check that the parent was not gone before it was set."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _serve(work: Callable[[Any], Any], tasks, answers, parent: int) -> None:
     """A worker's loop: a message in, an answer (or the exception, with its traceback) out."""
+    _die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the parent's to handle
     gc.freeze()  # what the fork brought along is never collected here: no pass walks it
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its threads did not fork along
@@ -91,7 +105,8 @@ class ForkedWorkers:
                 with warnings.catch_warnings():  # Python 3.12+ warns on a fork with threads
                     warnings.filterwarnings("ignore", message=".*fork.*",
                                             category=DeprecationWarning)
-                    process = context.Process(target=_serve, args=(work, tasks, write),
+                    process = context.Process(target=_serve,
+                                              args=(work, tasks, write, os.getpid()),
                                               name=f"{what} worker {i}", daemon=True)
                     process.start()
                 write.close()  # the worker holds the only writing end: its death reads as EOF

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import pickle
 import random
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -94,7 +95,10 @@ class _Blocks:
                     "lists, arrays)") from exc
             self.order.append((examples, None))
         else:
+            start = time.monotonic()
             self.order.append((examples, self.tally(block)))
+            if pool is not None:  # a worker is stuck past ten times the slowest block here
+                pool.wait_s = max(pool.wait_s, 10 * (time.monotonic() - start))
         self._merge(wait=False)
 
     def _merge(self, wait: bool) -> None:
