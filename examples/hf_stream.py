@@ -348,8 +348,9 @@ def train_pipeline(data: Shards, shuffle_buffer: int, seed: int, rank: int = 0, 
 
     stream = data.stream(keep=lambda row: split_by_group_hash(
         row["conversation"], FRACTIONS) == "train")
-    if shuffle_buffer:
-        stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer)
+    if shuffle_buffer:  # one shard feeds the buffer at a time: with datasets 5's default of
+        # up to 10 interleaved, the state fails to load in a DataLoader worker (IndexError)
+        stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer, max_buffer_input_shards=1)
     stream = split_dataset_by_node(stream, rank=rank, world_size=world)
     if not workers:
         return stream

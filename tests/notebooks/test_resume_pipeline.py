@@ -125,3 +125,7 @@ def test_a_streaming_datasets_pipeline_resumes_by_its_state_and_its_shuffle_buff
     buffered = resumes(tmp_path / "buffered", resume.recipe(
         "examples.hf_stream:task", {**options, "shuffle_buffer": 64}, cfg, LIMIT))
     assert "a shuffle buffer whose content the state does not hold" in buffered["mid"]
+    cfg.workers = 2  # each worker's shards, resumed from the StatefulDataLoader's state
+    in_workers = resumes(tmp_path / "workers", resume.recipe(
+        "examples.hf_stream:task", {**options, "shuffle_buffer": 64}, cfg, LIMIT))
+    assert "a shuffle buffer whose content the state does not hold" in in_workers["mid"]

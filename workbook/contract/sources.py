@@ -138,7 +138,8 @@ class Checks:
         return True
 
     def usable(self, positions: list[int], examples: list) -> list[int]:
-        """`ok` on each row of a block, in one loop: the indices of those that can be used."""
+        """`ok` on each row of a block, in one loop: the indices of those that can be used
+        (their ids wait for `take_ids`)."""
         id_key, group_key, ids, empty = self.task.id_key, self.task.group_key, self._ids, \
             (None, "")
         out = []
@@ -151,8 +152,6 @@ class Checks:
                     continue
             self.ok(positions[i], example)  # counted and noted, not used
         self.read += len(out)
-        if len(ids) >= BLOCK:
-            self._index_ids()
         return out
 
     def take_ids(self) -> list[str]:
