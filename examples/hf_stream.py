@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -348,9 +349,11 @@ def train_pipeline(data: Shards, shuffle_buffer: int, seed: int, rank: int = 0, 
 
     stream = data.stream(keep=lambda row: split_by_group_hash(
         row["conversation"], FRACTIONS) == "train")
-    if shuffle_buffer:  # one shard feeds the buffer at a time: with datasets 5's default of
-        # up to 10 interleaved, the state fails to load in a DataLoader worker (IndexError)
-        stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer, max_buffer_input_shards=1)
+    if shuffle_buffer:  # one shard feeds the buffer at a time (as before datasets 5): with its
+        # default of up to 10 interleaved, the state fails to load in a DataLoader worker
+        one = {"max_buffer_input_shards": 1} if "max_buffer_input_shards" in \
+            inspect.signature(stream.shuffle).parameters else {}
+        stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer, **one)
     stream = split_dataset_by_node(stream, rank=rank, world_size=world)
     if not workers:
         return stream
