@@ -74,8 +74,8 @@ class _Blocks:
     def fork(self, workers: int) -> None:
         self.pool = ForkedWorkers(
             Tally(self.result.task, portable=True), workers, what="notebook 01's scan",
-            fix="scan in one process with scan_workers=0 (or with fewer: scan_workers=N), and "
-                "fix what the worker's traceback above shows")
+            fix="scan in one process with scan_workers=0, or with fewer workers "
+                "(scan_workers=N) where memory is short")
         self.result.workers = workers
 
     def send(self, examples: list, positions: list[int]) -> None:
