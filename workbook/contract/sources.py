@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from torch.utils.data import IterableDataset
@@ -65,6 +65,24 @@ def length(source: Any) -> int | None:
         return len(source) if hasattr(source, "__len__") else None
     except TypeError:
         return None
+
+
+def numbered(source: Iterable, failed: Callable[[int, Exception], WorkbookError]
+             ) -> Iterator[tuple[int, Any]]:
+    """(position, item) of an iterable, in order; an exception its reading raises (other than
+    a WorkbookError) is raised as `failed(position, exc)`, naming where it stopped."""
+    it, i = iter(source), 0
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except WorkbookError:
+            raise
+        except Exception as exc:
+            raise failed(i, exc) from exc
+        yield i, item
+        i += 1
 
 
 def _named(task: Task, it: Iterator[Any]) -> Iterator[Any]:

@@ -25,6 +25,7 @@ from torch.utils.data import IterableDataset
 from ...base.errors import WorkbookError, reason
 from .. import kinds
 from ..outputs import accepted_inputs
+from ..sources import numbered
 from ..targets import IGNORE_INDEX
 from ..task import Task, adamw
 from .hf_metrics import ROW, ROW_OFFSET, _probe_padding, _SplitMetrics
@@ -100,25 +101,15 @@ class _Stream:
     def rows(self) -> Iterator[tuple[int, dict]]:
         """(position, row) of every row in order, each checked to be a dict of columns; a
         failure while reading names the dataset and the row it had reached."""
-        it, i = iter(self.dataset), 0
-        while True:
-            try:
-                row = next(it)
-            except StopIteration:
-                return
-            except WorkbookError:
-                raise
-            except Exception as exc:
-                raise WorkbookError(f"from_hf: reading the {self.name} dataset failed at row "
-                                    f"{i}: {type(exc).__name__}: {reason(exc, 200)}",
-                                    f"fix the {self.name} dataset's source at that row (the "
-                                    "file or shard it reads there)") from exc
+        for i, row in numbered(self.dataset, lambda i, exc: WorkbookError(
+                f"from_hf: reading the {self.name} dataset failed at row {i}: "
+                f"{type(exc).__name__}: {reason(exc, 200)}", f"fix the {self.name} dataset's "
+                "source at that row (the file or shard it reads there)")):
             if not isinstance(row, Mapping):
                 raise WorkbookError(f"rows of the {self.name} dataset are "
                                     f"{type(row).__name__}, not dicts of token ids (row {i})",
                                     "tokenize it first (dataset.map(tokenize))")
             yield i, dict(row)
-            i += 1
 
     def length(self) -> int | None:
         """The rows a stream says it has (a torch IterableDataset with __len__), else None."""

@@ -15,7 +15,7 @@ from torch.utils.data import IterableDataset, default_collate
 
 from ...base.errors import WorkbookError, reason
 from .. import kinds
-from ..sources import length
+from ..sources import length, numbered
 from ..targets import contributes
 from ..task import Task
 
@@ -90,21 +90,10 @@ class Stream:
     def items(self) -> Iterator[tuple[int, Any]]:
         """(position, item) in order; a failure while reading names the item it had
         reached."""
-        it, i = iter(self.data), 0
-        while True:
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            except WorkbookError:
-                raise
-            except Exception as exc:
-                raise WorkbookError(f"reading {self.name} failed at item {i}: "
-                                    f"{type(exc).__name__}: {reason(exc, 200)}",
-                                    f"fix {self.name}'s source at that item (the file or "
-                                    "shard it reads there)") from exc
-            yield i, item
-            i += 1
+        return numbered(self.data, lambda i, exc: WorkbookError(
+            f"reading {self.name} failed at item {i}: {type(exc).__name__}: "
+            f"{reason(exc, 200)}", f"fix {self.name}'s source at that item (the file or shard "
+            "it reads there)"))
 
     def length(self) -> int | None:
         """The items the stream says it has (an IterableDataset with __len__), else None."""
