@@ -431,3 +431,15 @@ def test_from_torch_names_what_an_iterable_dataset_cannot_give():
     task = _readings_task(Readings(end=50, change_at=7))
     with pytest.raises(WorkbookError, match=r"dataset's item 7 has the fields \['input0'"):
         list(task.load_examples())
+
+    class Unreadable(Readings):
+        def row(self, i):
+            if i == 12:
+                raise OSError("shard-0003.bin: Input/output error")
+            return super().row(i)
+
+    task = _readings_task(Unreadable(end=50))
+    with pytest.raises(WorkbookError, match="reading the dataset failed at item 12: OSError: "
+                                            "shard-0003.bin") as caught:
+        list(task.load_examples())
+    assert "at that item" in caught.value.fix
