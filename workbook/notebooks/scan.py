@@ -23,7 +23,7 @@ from ..contract.hash_index import HashIndex
 from ..contract.sources import SPLITS, Checks, length, opened
 from ..contract.task import Task
 from .scan_block import Block, Part, Tally, merge_part
-from .scan_tally import BITS, CHUNK, FINDINGS, Scan, audit
+from .scan_tally import BITS, CHUNK, FINDINGS, Scan
 
 KEEP = 4096  # examples of each split kept whole: the samples' splits fit, so they see them all
 WAITING = 65_536  # label ranges held for the probe at most (then it runs on what is kept)
@@ -196,7 +196,6 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
     if not blocks.probed:
         result.note_outputs(probe(result.kept))
     result.probed = True
-    audit(result)
     result.groups.flush()
     result.inputs.flush()
     for name in ("train", "validation"):

@@ -110,7 +110,7 @@ class Scan:
     crossing_inputs: list[list[str]] = field(default_factory=list)
     groups: HashIndex | None = None
     inputs: HashIndex | None = None
-    queued: list[tuple[int, list, list]] = field(default_factory=list)  # for `audit`
+    queued: list[tuple[int, list, list]] = field(default_factory=list)  # for `input_keys`
     queued_examples: int = 0
     workers: int = 0  # processes that encoded and counted beside the one reading
 
@@ -195,13 +195,6 @@ def count(result: Scan, name: str, items: list[Item]) -> None:
                     result.first_mismatch = next(
                         ((r, n) for r, n in zip(raw, names, strict=False) if r != n),
                         (" ".join(raw), " ".join(names)))
-
-
-def audit(result: Scan) -> None:
-    """Index the inputs of the chunks counted since the last time, in their order, at once."""
-    keys, bits, ids = input_keys(result)
-    if len(keys):
-        result.inputs.add_many(keys, bits, Where(bits, ids))
 
 
 def merge(result: Scan, part: Scan) -> None:
