@@ -279,6 +279,7 @@ KEY_FIGURES: dict[str, dict[str, str]] = {
     "03_phase_gates": {
         "gates": "gates run", "failed": "gates failed", "warned": "gates warned",
         "plan_fits": "plan fits the rental GPU",
+        "plan_unpredicted": "plan phases not predicted",
         "plan_needs_sharding": "plan needs sharding (its update fits no one GPU)",
         "plan_update_required_bytes": "plan's first update needs (with headroom)",
         "device_memory_gib": "rental GPU memory (GiB)",

@@ -99,7 +99,8 @@ def _figures(folder: Path) -> str:
     return "".join(parts)
 
 
-NOT_GIVEN = {"plan_fits": "not judged: no device memory given (device_memory_gib)"}
+NOT_GIVEN = {"plan_fits": "not judged: no device memory given (device_memory_gib), or a phase "
+                          "not predicted (plan_unpredicted)"}
 
 
 def _shown(name: str, value) -> str:

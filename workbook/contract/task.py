@@ -128,6 +128,9 @@ class Task:
     prompt_field: str | None = None  # generation: raw field of the instruction
     response_field: str | None = None  # generation: raw field of the response
     prompt_in_loss: bool = False  # generation: do prompt tokens contribute to the loss?
+    # the model starts from trained weights (a fine-tune): 02 and 03 expect its own loss, not
+    # ln(outputs); a model with PEFT adapters is taken as one without it (contract/fine_tuning)
+    pretrained: bool = False
     generate: Callable[[nn.Module, dict], str] | None = None  # greedy decoding, for display
     decode_input: Callable[[Sequence[int]], str] | None = None  # input ids -> text, for display
     checkpoint_blocks: Callable[[nn.Module], bool] | None = None  # default: ModuleList items

@@ -31,8 +31,20 @@ class GatesResult:
 
     @property
     def fits(self) -> bool | None:
-        """Whether the plan fits the stated device memory (None: no memory stated)."""
-        return bool(self.fit.fits.all()) if self.settings.device_memory_gib else None
+        """Whether the plan fits the stated device memory (None: no memory stated, or a phase
+        not predicted while every predicted one fits - a fit is never judged over a phase that
+        was not sized)."""
+        if not self.settings.device_memory_gib:
+            return None
+        known = self.fit.fits.dropna()
+        if not known.all():
+            return False
+        return None if self.unpredicted else True
+
+    @property
+    def unpredicted(self) -> list[str]:
+        """The plan's phases that could not be predicted (their rows say why)."""
+        return self.planned.phase[self.planned.predicted_peak_bytes.isna()].tolist()
 
     @property
     def needs_sharding(self) -> bool:

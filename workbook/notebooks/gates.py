@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from ..base.errors import WorkbookError
+from ..contract import fine_tuning
 from ..contract.data import Item, collate_items, prepare
 from ..contract.task import Task, task_from_params
 from ..storage.records import to_frame
@@ -251,10 +252,22 @@ def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
             if run.task.target_kind.float_targets else labels
         loss, count = record.loss, record.targets
         detail += f"; {loss:.4f} over {count} targets of {len(sample)} examples (eval mode)"
-    expected = run.task.expected_initial_loss(outputs, labels)
-    detail += f", expected ~{run.task.initial_loss_rule(outputs)} = {expected:.4f}"
-    if abs(loss - expected) > run.settings.init_tolerance * expected:
-        return "fail", detail + " - far from the untrained value"
+    sample = run.train_items[:INIT_EXAMPLES]
+
+    def measured() -> float:
+        with HeldBehaviour(model):
+            return evaluate(run.task, model, sample, run.settings.eval_batch, run.device).loss
+    start = fine_tuning.initial_loss(run.task, model, outputs, labels, measured)
+    if start.expected is None:
+        return "pass", detail + f"; initial loss {start.rule}"
+    if fine_tuning.adapted(model):  # the adapted model over the same examples as its base
+        loss = measured()
+        detail += f"; {loss:.4f} over {len(sample)} examples (eval mode)"
+    expected = start.expected
+    detail += f", expected ~{start.rule} = {expected:.4f}"
+    if abs(loss - expected) > (start.tolerance or run.settings.init_tolerance) * expected:
+        return "fail", detail + " - " + (fine_tuning.NOT_IDENTITY if start.tolerance
+                                         else "far from the untrained value")
     return "pass", detail
 
 
@@ -295,6 +308,8 @@ def _update_check(expected_step: int, run: GateRun, before: dict, _) -> tuple[st
     after = dict(model.named_parameters())
     trainable = [n for n, p in after.items() if p.requires_grad]
     unchanged = [n for n in trainable if torch.equal(before[n], after[n])]
+    waiting = fine_tuning.waiting_for_partner(before) & set(unchanged)
+    unchanged = [n for n in unchanged if n not in waiting]
     frozen_moved = [n for n, p in after.items()
                     if not p.requires_grad and not torch.equal(before[n], p)]
     left_out = [n for n, p in after.items() if p.requires_grad and id(p) not in in_optimizer]
@@ -332,8 +347,11 @@ def _update_check(expected_step: int, run: GateRun, before: dict, _) -> tuple[st
                         f"{lr:g}: the learning rate diverges (02 says so too) - lower it")
     if problems:
         return "fail", "; ".join(problems)
-    detail = (f"{len(trainable)} tensors changed, step counter {expected_step}, "
+    detail = (f"{len(trainable) - len(waiting)} tensors changed, step counter {expected_step}, "
               f"lr {lr:g}, grad norm {norm:.3g}")
+    if waiting:
+        detail += (f"; {len(waiting)} LoRA A tensors wait for their B, which starts at zero "
+                   "(they move from the next update, which this gate judges there)")
     decayed = decay_on_norms(run.task, model, optimizer) if expected_step == 1 else None
     return ("warn", f"{detail}; {decayed}") if decayed else ("pass", detail)
 
@@ -568,6 +586,7 @@ def save(result: GatesResult, out_dir: Path) -> str:
     figures = {**report.figures,
                **summary_figures(result.check, result.plan, result.planned, result.fit),
                "plan_fits": result.fits,
+               "plan_unpredicted": result.unpredicted,
                "plan_needs_sharding": result.needs_sharding,
                **({"plan_refused": result.plan_refused} if result.plan_refused else {}),
                "device_memory_gib": result.settings.device_memory_gib or None,

@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from ..base.errors import WorkbookError
+from ..contract import fine_tuning
 from ..contract.data import Item, collate_items, encode_examples, prepare
 from ..contract.targets import contributes
 from ..contract.task import Task, task_from_params
@@ -205,7 +206,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         outputs = int(task.forward(model, collate_items(task, items[:1]).to(dev)
                                    .tensors).shape[-1])
     labels = collate_items(task, items).tensors["labels"]
-    expected = task.expected_initial_loss(outputs, labels)
+    start = fine_tuning.initial_loss(task, model, outputs, labels, lambda: evaluate(
+        task, model, items, len(items), dev).loss)
+    judged_start = start.expected is not None
+    expected = start.expected if judged_start else initial.loss
     # the bar for "memorised": absolute for ids (nats per target), and for regression relative
     # to the loss of predicting the mean of the training targets - their spread, the units the
     # task's targets live in (not the subset's: 8 rows of one group are near-duplicates)
@@ -244,6 +248,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     # near 0 are far, relatively, from a subset's targets that are themselves near 0
     reach = max(expected, scale) if task.target_kind.float_targets else expected
     init_gap = abs(initial.loss - expected) / max(reach, 1e-12)
+    init_tolerance = start.tolerance or init_tolerance
+    rule = ("mean(target^2)" if regression else "ln(outputs)") if start.rule == \
+        task.initial_loss_rule(outputs) else start.rule
     message = divergence_message(diverged, lr, lr_from) if diverged else ""
     regression = task.target_kind.float_targets
     falling = still_falling(steps.loss.tolist())
@@ -251,11 +258,14 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     unfinished = (not diverged and finite and all(exact) and final.loss >= bar and falling
                   and final.loss < initial.loss)
     checks = pd.DataFrame([
-        {"check": "initial loss near " + ("mean(target^2)" if regression else "ln(outputs)"),
+        {"check": "initial loss near " + rule if judged_start else "initial loss",
          "value": round(initial.loss, 4),
-         "expected": f"{expected:.4f} +/- " + (f"{init_tolerance * reach:.4g}" if regression
-                                                else f"{init_tolerance:.0%}"),
-         "passed": init_gap <= init_tolerance, "detail": ""},
+         "expected": (f"{expected:.4f} +/- " + (f"{init_tolerance * reach:.4g}" if regression
+                                                 else f"{init_tolerance * 100:.2g}%"))
+         if judged_start else "-",
+         "passed": init_gap <= init_tolerance,
+         "detail": start.rule if not judged_start else fine_tuning.NOT_IDENTITY
+         if start.tolerance and init_gap > init_tolerance else ""},
         {"check": "learning rate does not diverge", "value": f"lr {lr:g} ({lr_from})",
          "expected": f"no rise above {DIVERGENCE_MULTIPLE:g} x the first losses, finite",
          "passed": not diverged, "detail": message},
@@ -284,12 +294,13 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                                    "passed": greedy == len(items), "detail": ""}
     figures = {"examples": len(items), "updates": updates, "updates_run": len(result.steps),
                "lr": lr, "lr_from": lr_from, "update_by": update_by(task, cfg),
-               "initial_loss": round(initial.loss, 4), "expected_initial_loss": round(expected, 4),
+               "initial_loss": round(initial.loss, 4), "expected_initial_loss":
+               round(expected, 4) if judged_start else None,
                "final_loss": round(final.loss, 4), "exact_examples": sum(exact),
                "finite": finite, "lr_diverges": bool(diverged),
                "loss_threshold": loss_threshold, "final_loss_bar": round(bar, 6),
                "ambiguous_targets": ambiguous, "least_loss": round(floor, 6),
-               "initial_loss_rule": "mean(target^2)" if regression else "ln(outputs)",
+               "initial_loss_rule": rule,
                "memorised": final.loss < bar and all(exact), "conclusive": not unfinished,
                "stopped_memorised": result.stop_reason == "memorised"}
     if regression:

@@ -448,6 +448,9 @@ def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
                      "it - 08 sizes FSDP2 over several GPUs")
         elif plan and fits is not None:
             plan += f" and {'fits' if fits else 'does not fit'} {on}"
+        elif f.get("plan_unpredicted"):
+            plan += (f"; the plan {f.get('plan')}: {_listed(f['plan_unpredicted'])} not "
+                     "predicted, its fit not judged")
         elif plan:
             plan += " (no device memory given: fit not judged)"
         return head + plan

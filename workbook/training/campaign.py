@@ -396,3 +396,20 @@ def extrapolate(shallow: list, deeper: list, depth: int) -> tuple[int, ...] | No
     largest and last operator. None when the traces do not line up (`carried`)."""
     candidates = carried(shallow, deeper, depth)
     return tuple(max(candidates, key=sum)) if candidates else None
+
+
+class _NoHook:
+    """The stand-in handle of a frozen parameter's gradient hooks: it has none to remove."""
+
+    def remove(self) -> None:
+        pass
+
+
+def frozen_without_hooks(tracker: Any, module: torch.nn.Module) -> None:
+    """Mark `module`'s frozen parameters as hooked, so a tracker installs no gradient hook on
+    them: the stock tracker hooks every parameter, and a frozen one (a LoRA or QLoRA base)
+    refuses a hook. A frozen parameter gets no gradient, so nothing of it goes uncounted."""
+    handles = tracker._param_to_grad_hook_handles
+    for param in module.parameters():
+        if not param.requires_grad and handles.get(param, None) is None:
+            handles[param] = (_NoHook(), _NoHook())

@@ -24,6 +24,10 @@ CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp
 class PhaseTracker(MemTracker):
     """MemTracker whose peak can be restarted at each phase (the stock peak only grows)."""
 
+    def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+        models.frozen_without_hooks(self, module)
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
     layers: str | None = None  # fqn of the model's layer list: record every operator (trace)
 
     def begin(self) -> None:

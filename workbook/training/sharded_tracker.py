@@ -43,6 +43,10 @@ def _tracker_class():
             # (`TRACE_KINDS`) with the layer it runs in (`trace`), to carry it to another depth
             self.layers, self.trace, self.op = layers, [], "begin"
 
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            models.frozen_without_hooks(self, module)  # a frozen base takes no gradient hook
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
         def _kinds(self) -> tuple[int, ...]:
             snaps = self._curr_mem_snap.values()
             out = [sum(int(snap.get(k, 0)) for snap in snaps for k in keys)

@@ -140,33 +140,57 @@ def _first(dataset: Any) -> dict | None:
 
 
 def _prompts(tokenizer: Any, response_template: str | None,
-             first: dict) -> Callable[[dict], int] | None:
-    """How many leading tokens of a row are its prompt: up to and including the first
-    `response_template`, or the chat template's rendering of every message but the last with
-    the generation prompt; 0 where it is not found (a completion-only collator then masks the
-    whole row, which 01 names as an example without targets)."""
+             first: dict) -> Callable[[dict], torch.Tensor] | None:
+    """Which tokens of a row are prompt (True) - tokens no target may sit on: up to and
+    including the first `response_template`; for rows with a `messages` column, every token
+    outside an assistant turn when the chat template marks those turns with
+    `{% generation %}` (system and user turns, role headers: every assistant turn of a
+    multi-turn chat is a target, as TRL's `assistant_only_loss` trains them), else the chat
+    template's rendering of every message but the last with the generation prompt. No prompt
+    where it is not found (a completion-only collator then masks the whole row, which 01
+    names as an example without targets)."""
     if response_template is not None:
         marker = tokenizer(response_template, add_special_tokens=False)["input_ids"]
         if not marker:
             raise WorkbookError(f"the response template {response_template!r} tokenizes to "
                                 "nothing", "give the text that starts every answer")
 
-        def after_marker(row: dict) -> int:
+        def after_marker(row: dict) -> torch.Tensor:
             ids = list(row["input_ids"])
-            for i in range(len(ids) - len(marker) + 1):
-                if ids[i:i + len(marker)] == marker:
-                    return i + len(marker)
-            return 0
+            end = next((i + len(marker) for i in range(len(ids) - len(marker) + 1)
+                        if ids[i:i + len(marker)] == marker), 0)
+            return torch.arange(len(ids)) < end
         return after_marker
-    if "messages" in first and getattr(tokenizer, "chat_template", None):
-        def chat_prompt(row: dict) -> int:
-            rendered = tokenizer.apply_chat_template(
-                row["messages"][:-1], add_generation_prompt=True, tokenize=True)
-            prefix = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
-            ids = list(row["input_ids"])
-            return len(prefix) if ids[:len(prefix)] == prefix else 0
-        return chat_prompt
-    return None
+    template = getattr(tokenizer, "chat_template", None)
+    if "messages" not in first or not template:
+        return None
+    if isinstance(template, str) and "generation" in template and "endgeneration" in template:
+        def outside_assistant(row: dict) -> torch.Tensor:
+            rendered = _rendered(tokenizer, row["messages"], return_dict=True,
+                                 return_assistant_tokens_mask=True)
+            ids, turns = list(rendered["input_ids"]), list(rendered["assistant_masks"])
+            row_ids = list(row["input_ids"])
+            if row_ids != ids[:len(row_ids)]:  # not the template's rendering: no prompt known
+                return torch.zeros(len(row_ids), dtype=torch.bool)
+            return ~torch.tensor(turns[:len(row_ids)], dtype=torch.bool)
+        return outside_assistant
+
+    def chat_prompt(row: dict) -> torch.Tensor:
+        rendered = _rendered(tokenizer, row["messages"][:-1], add_generation_prompt=True)
+        prefix = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+        ids = list(row["input_ids"])
+        return torch.arange(len(ids)) < (len(prefix) if ids[:len(prefix)] == prefix else 0)
+    return chat_prompt
+
+
+def _rendered(tokenizer: Any, messages: list, **how: Any) -> Any:
+    """The tokenizer's chat template applied to `messages`, tokenized; its failure named."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=True, **how)
+    except Exception as exc:
+        raise WorkbookError(f"the tokenizer's chat template raised {type(exc).__name__}: "
+                            f"{reason(exc, 200)}", "fix the chat template (the campaign's "
+                            "preparation renders every conversation with it)") from exc
 
 
 def _padding_row(label: Any) -> bool:
@@ -303,7 +327,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         # the labels the collator makes of this row alone: the ones the campaign trains on
         one["labels"] = collated([one])["labels"][0]
         if prompt_of is not None:
-            one[PROMPT] = torch.arange(len(one["input_ids"])) < prompt_of(row)
+            one[PROMPT] = prompt_of(row)
         one[ROW] = torch.tensor(SPLITS.index(ex["split"]) * ROW_OFFSET + ex["index"])
         return one
 

@@ -1,0 +1,143 @@
+"""from_trainer on an LLM fine-tune written as the TRL and PEFT docs write it
+(examples/trl_sft.py: SFTTrainer with assistant_only_loss and a LoraConfig on a tiny Llama):
+the clean setup raises nothing in 01-03, each planted bug is named by its cause, the trainer
+factory's bad returns are refused, and the LoRA model is sized with its frozen base."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import workbook as wb
+from workbook.base.errors import WorkbookError
+from workbook.contract import fine_tuning
+from workbook.contract.data import encode_examples, prepare
+from workbook.notebooks.gate_settings import GateSettings
+from workbook.notebooks.gates import GateRun
+from workbook.notebooks.inspection import inspect_task
+from workbook.notebooks.overfit import overfit
+from workbook.training.loop import UpdateShape
+from workbook.training.predict import Plan, predict
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+CHATS = 60  # 48 train and 12 eval conversations, 3 assistant turns each
+
+
+def _task(**planted):
+    from examples.trl_sft import make_task
+
+    return make_task(CHATS, **planted)
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return _task()
+
+
+@pytest.fixture(scope="module")
+def clean_items(clean):
+    data = prepare(clean, limits={"train": 40, "validation": 12})
+    return {s: encode_examples(clean, data.raw[s]) for s in ("train", "validation")}
+
+
+def test_every_assistant_turn_is_a_target_and_no_system_or_user_token(clean, clean_items):
+    item = clean_items["train"][0]
+    prompt, labels = item.tensors["prompt_mask"], item.tensors["labels"]
+    targets = labels != -100
+    assert not (targets & prompt).any()
+    # three assistant turns: three separate runs of targets, each ending on <eot>
+    starts = int((targets[1:] & ~targets[:-1]).sum()) + int(targets[0])
+    assert starts == 3
+    eot = clean.decode_input([int(i) for i in item.tensors["input_ids"][targets]]).split()
+    assert eot.count("<eot>") == 3
+    assert inspect_task(clean).verdict == "pass"
+
+
+def test_system_and_user_tokens_in_the_loss_are_named_by_01():
+    flags = {f.check: f for f in inspect_task(_task(all_tokens_in_loss=True)).flags}
+    assert any("prompt" in check for check in flags), sorted(flags)
+
+
+def test_a_lora_fine_tune_starts_from_its_base_and_memorises_in_02(clean):
+    res = overfit(clean, examples=4, updates=120, lr=3e-2)
+    initial = res.checks.set_index("check").filter(like="initial", axis=0).iloc[0]
+    assert "the base's own loss (adapters off)" in initial.name and initial.passed
+    assert res.figures["initial_loss_rule"] == "the base's own loss (adapters off)"
+
+
+def test_adapters_that_change_the_base_before_training_are_named_by_03(clean_items, tmp_path):
+    task = _task(init_adapters=False)
+    report = GateRun(task, GateSettings(UpdateShape(2, 1), eval_batch=8, input_updates=1),
+                     clean_items["train"], clean_items["validation"], tmp_path).run()
+    row = {r.phase: r for r in report.rows}["forward + loss"]
+    assert row.verdict == "fail" and "LoRA's B must start at zero" in row.detail, row.detail
+
+
+def test_03_passes_the_clean_lora_fine_tune_and_says_why_a_waits(clean, clean_items, tmp_path):
+    report = GateRun(clean, GateSettings(UpdateShape(2, 1), eval_batch=8, input_updates=1),
+                     clean_items["train"], clean_items["validation"], tmp_path).run()
+    rows = {r.phase: r for r in report.rows}
+    assert all(r.verdict in ("pass", "warn") for r in report.rows), report.table()[
+        ["phase", "verdict", "detail"]]
+    assert "4 LoRA A tensors wait for their B" in rows["update (first)"].detail
+    assert "wait" not in rows["update (later)"].detail  # A is judged once B has moved
+
+
+def test_a_lora_a_that_never_moves_is_still_named(clean, clean_items, tmp_path):
+    def frozen_a():
+        model = clean.build_model()
+        for name, p in model.named_parameters():
+            if "lora_A" in name:
+                p.register_hook(lambda g: torch.zeros_like(g))
+        return model
+    task = dataclasses.replace(clean, build_model=frozen_a)
+    report = GateRun(task, GateSettings(UpdateShape(2, 1), eval_batch=8, input_updates=1),
+                     clean_items["train"], clean_items["validation"], tmp_path).run()
+    later = {r.phase: r for r in report.rows}["update (later)"]
+    assert later.verdict == "fail" and "lora_A" in later.detail
+
+
+def test_a_template_without_generation_markers_is_refused_in_trls_words():
+    with pytest.raises(WorkbookError, match=r"building the trainer raised ValueError: .*"
+                                            r"generation %\}. markers") as err:
+        _task(no_generation_markers=True)
+    assert "no notebook could run" in err.value.fix
+
+
+@pytest.mark.parametrize("factory, words", [
+    (lambda: object(), "not a transformers Trainer"),
+    ("make_trainer", "takes a function that builds the trainer"),
+])
+def test_a_factory_that_returns_something_else_is_refused(factory, words):
+    with pytest.raises(WorkbookError, match=words):
+        wb.adapters.from_trainer(factory, name="x")
+
+
+def test_a_factory_that_trains_on_construction_is_refused():
+    from examples.trl_sft import make_trainer_factory
+
+    make = make_trainer_factory(CHATS)
+
+    def trained():
+        trainer = make()
+        trainer.state.global_step = 3  # as after trainer.train() stopped at max_steps=3
+        return trainer
+    with pytest.raises(WorkbookError, match=r"has trained \(3 updates\)"):
+        wb.adapters.from_trainer(trained, name="x")
+
+
+def test_a_lora_model_is_sized_with_its_frozen_base(clean, clean_items):
+    model = clean.build_model()
+    assert fine_tuning.adapted(model) and fine_tuning.frozen_share(model) > 0.9
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    everything = sum(p.numel() * p.element_size() for p in model.parameters())
+    sized = predict(clean, clean_items["train"], clean_items["validation"],
+                    Plan(UpdateShape(2, 1), 64)).set_index("phase")
+    assert sized.predicted_peak_bytes.notna().all(), sized.note  # every phase predicted
+    first = sized.loc["update (first)"]
+    assert first.parameter_bytes == everything
+    assert first.gradient_bytes == trainable  # the base holds no gradient
+    # two Adam states (and the steps' temporaries) of the adapters only: none of the base's
+    assert trainable * 2 <= first.optstate_bytes < trainable * 3 < everything / 10

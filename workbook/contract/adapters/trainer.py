@@ -1,0 +1,138 @@
+"""`from_trainer`: the trainer a user's script builds - transformers' `Trainer` or TRL's
+`SFTTrainer`, constructed and not yet trained - as a Task. What the campaign will run is read
+from the trainer itself: its model (PEFT-wrapped where `peft_config` was given), its datasets as
+the trainer prepared them (chat template, assistant masks, truncation), its collator, tokenizer,
+arguments (optimizer, schedule, checkpointing), `compute_metrics` and the user's callbacks.
+Everything past the reading is `from_hf`'s."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from ...base.errors import WorkbookError, reason
+from ..task import Task
+from .hf import from_hf
+
+# callbacks every Trainer adds by itself (progress, logging integrations): not the user's
+OWN_CALLBACKS = ("DefaultFlowCallback", "PrinterCallback", "ProgressCallback",
+                 "NotebookProgressCallback")
+MAPPED = ("Trainer", "SFTTrainer")  # the trainer classes (and their subclasses) read here
+
+
+def _mapped(trainer: Any) -> str | None:
+    """The mapped class `trainer` is (or derives from), or None."""
+    names = [k.__name__ for k in type(trainer).__mro__]
+    if "DPOTrainer" in names or "RewardTrainer" in names or "GRPOTrainer" in names:
+        return None
+    return next((n for n in names if n in MAPPED), None)
+
+
+def built(make_trainer: Callable[[], Any]) -> Any:
+    """The trainer `make_trainer()` returns, checked: a mapped trainer class, not yet trained;
+    the factory's own failure (TRL or PEFT refusing the setup) in its own words."""
+    if not callable(make_trainer):
+        raise WorkbookError(f"from_trainer takes a function that builds the trainer, got "
+                            f"{type(make_trainer).__name__}", "pass `make_trainer` (no call): "
+                            "def make_trainer(): return SFTTrainer(...)")
+    try:
+        trainer = make_trainer()
+    except WorkbookError:
+        raise
+    except Exception as exc:
+        raise WorkbookError(f"building the trainer raised {type(exc).__name__}: "
+                            f"{reason(exc, 400)}", "the campaign's script fails at the same "
+                            "line: fix the setup it names (no notebook could run)") from exc
+    if _mapped(trainer) is None:
+        raise WorkbookError(
+            f"make_trainer returned a {type(trainer).__name__}, not a transformers Trainer or "
+            "TRL SFTTrainer", "return the trainer your script builds, before .train(); "
+            "DPOTrainer and other preference trainers are not mapped yet: write a "
+            "workbook.Task for them (docs/own-task.md)")
+    step = getattr(getattr(trainer, "state", None), "global_step", 0) or 0
+    if step:
+        raise WorkbookError(f"make_trainer returned a trainer that has trained ({step} "
+                            "updates): the pilot judges an untrained start",
+                            "return the trainer before trainer.train()")
+    return trainer
+
+
+@contextlib.contextmanager
+def _rng_kept() -> Iterator[None]:
+    """Python's, numpy's and torch's random streams as they were before (a Trainer's
+    construction calls set_seed)."""
+    state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        yield
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+
+
+@contextlib.contextmanager
+def _on_cpu() -> Iterator[None]:
+    """Real tensors on the CPU, whatever device or fake-tensor mode the caller is in."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.device("cpu"):
+        yield
+
+
+def from_trainer(make_trainer: Callable[[], Any], *, name: str,
+                 group_column: str | None = None, **task_fields: Any) -> Task:
+    """A Task from the trainer `make_trainer()` builds, exactly as the campaign's script
+    builds it (`SFTTrainer(model, args=SFTConfig(...), train_dataset=..., eval_dataset=...,
+    processing_class=tokenizer, peft_config=LoraConfig(...))`). Every run starts from the model
+    of a trainer built anew by `make_trainer()` (its base with fresh adapters: the Trainer seeds
+    itself from `args.seed`, so each call builds the same).
+    `group_column` names the unit of leakage, a column the prepared rows keep (TRL keeps the
+    dataset's columns unless it packs). Other Task fields pass through (`pretrained=True` for
+    a pretrained base without adapters)."""
+    trainer = built(make_trainer)
+    model_class = type(trainer.model).__name__
+
+    def fresh_model() -> Any:
+        # the factory again, as the campaign's script builds it: a copy of the trainer's model
+        # would still run the first trainer's modules (the Trainer binds the model's forward);
+        # the Trainer reseeds the process from args.seed, so the pilot's own streams are kept
+        # on the meta device (the pilot's probes, the prediction) the trainer is built on the
+        # CPU with real tensors and its model moved there: a Trainer cannot place a model of meta tensors
+        meta = torch.get_default_device().type == "meta"
+        with _rng_kept(), _on_cpu() if meta else contextlib.nullcontext():
+            model = built(make_trainer).model
+            return model.to("meta") if meta else model
+    evaluation = trainer.eval_dataset
+    if evaluation is None:
+        raise WorkbookError("the trainer has no eval_dataset", "give the trainer an "
+                            "eval_dataset (the pilot evaluates on it, as the campaign should)")
+    if isinstance(evaluation, dict):
+        raise WorkbookError(f"the trainer has {len(evaluation)} eval datasets "
+                            f"({sorted(evaluation)})", "build the pilot's trainer with the one "
+                            "the campaign's decisions rest on")
+    train = trainer.train_dataset
+    first = next(iter(train), None) if train is not None else None
+    if group_column is not None and first is not None and group_column not in first:
+        packed = getattr(trainer.args, "packing", False)
+        raise WorkbookError(
+            f"the trainer's prepared train rows have no {group_column!r} column (columns "
+            f"{sorted(first)})" + (": packing drops every column but the tokens" if packed
+                                   else ""),
+            "pilot the same trainer with packing=False (01's leakage check needs the group "
+            "of every conversation)" if packed else
+            f"keep {group_column!r} in the dataset you give the trainer")
+    callbacks = [c for c in trainer.callback_handler.callbacks
+                 if type(c).__name__ not in OWN_CALLBACKS
+                 and not type(c).__module__.startswith("transformers.integrations")]
+    task = from_hf(fresh_model, train, evaluation, trainer.data_collator,
+                   trainer.processing_class, trainer.args, name=name,
+                   group_column=group_column, compute_metrics=trainer.compute_metrics,
+                   callbacks=callbacks or None,
+                   preprocess_logits_for_metrics=trainer.preprocess_logits_for_metrics,
+                   **task_fields)
+    task.adapter_notes.insert(0, f"from_trainer: a {type(trainer).__name__}'s model "
+                              f"({model_class}), prepared datasets, collator and "
+                              "arguments")
+    return task

@@ -1,0 +1,97 @@
+"""What a model that is fine-tuned rather than trained from scratch implies for the checks: a
+parameter-efficient method's adapters (PEFT's LoRA: a frozen base, trainable A and B whose B
+starts at zero) and a pretrained base, whose untrained loss is its own and not ln(outputs).
+Read from the model itself (PEFT's attributes and names), so no task has to say it."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .task import Task
+
+# LoRA initialisations whose B starts at zero: the adapted model starts exactly as its base
+IDENTITY_INITS = (True, "gaussian")
+IDENTITY_TOLERANCE = 1e-4  # relative gap allowed between such a model's loss and its base's
+NOT_IDENTITY = ("the adapters change the base's output before any update: LoRA's B must start "
+                "at zero (PEFT's init_lora_weights=True, its default; False is for debugging)")
+# PEFT's names of a LoRA pair: A (random at the start) and B (zero at the start), per adapter
+LORA_PAIRS = ((".lora_A.", ".lora_B."), (".lora_embedding_A.", ".lora_embedding_B."))
+
+
+def adapted(model: nn.Module) -> bool:
+    """Whether `model` carries parameter-efficient adapters (a PEFT model, or LoRA layers)."""
+    return hasattr(model, "peft_config") or any(
+        any(a in f".{name}." for a, _ in LORA_PAIRS) for name, _ in model.named_parameters())
+
+
+def frozen_share(model: nn.Module) -> float:
+    """The share of the model's parameters (by count) that are frozen."""
+    counts = [(p.numel(), p.requires_grad) for p in model.parameters()]
+    total = sum(n for n, _ in counts)
+    return sum(n for n, trains in counts if not trains) / total if total else 0.0
+
+
+def waiting_for_partner(before: dict[str, torch.Tensor]) -> set[str]:
+    """Trainable LoRA A tensors that an update cannot move: their B was zero before it (as PEFT
+    starts it), so A's gradient, which flows through B, is exactly zero. They move from the
+    update after B first changes; `before` holds every parameter's value before the update."""
+    waiting = set()
+    for name in before:
+        for a, b in LORA_PAIRS:
+            if a in name:
+                partner = before.get(name.replace(a, b))
+                if partner is not None and not bool(partner.any()):
+                    waiting.add(name)
+    return waiting
+
+
+@contextlib.contextmanager
+def base_only(model: nn.Module) -> Iterator[bool]:
+    """The model with its adapters switched off (PEFT's `disable_adapter()`): the pretrained
+    base the fine-tune starts from. Yields whether the adapters could be switched off."""
+    disable = getattr(model, "disable_adapter", None)
+    if disable is None:
+        yield False
+        return
+    with disable():
+        yield True
+
+
+@dataclass(frozen=True)
+class InitialLoss:
+    """The loss an untrained run should start near, and how it was reasoned (None: not judged)."""
+
+    expected: float | None
+    rule: str
+    tolerance: float | None = None  # relative; None: the notebook's init_tolerance
+
+
+def initial_loss(task: Task, model: nn.Module, outputs: int, labels: torch.Tensor | None,
+                 measure: Callable[[], float]) -> InitialLoss:
+    """What the first loss of `model` should be: a freshly initialised model spreads its
+    probability evenly (the kind's rule, ln(outputs) for ids); a LoRA fine-tune starts exactly
+    from its base, whose own loss `measure()` gives with the adapters off (B is zero at the
+    start, so the two agree to rounding); a pretrained base without adapters (`task.pretrained`) is not judged -
+    its own loss is what it starts from."""
+    if adapted(model):
+        inits = {getattr(c, "init_lora_weights", None)
+                 for c in getattr(model, "peft_config", {}).values()}
+        # False (B random, "for debugging" in PEFT's words) is judged too: it should not be
+        # the campaign's start, and the gap to the base names it
+        if inits and inits <= {*IDENTITY_INITS, False}:
+            with base_only(model) as off:
+                if off:
+                    return InitialLoss(measure(), "the base's own loss (adapters off)",
+                                       IDENTITY_TOLERANCE)
+        return InitialLoss(None, "not judged: a fine-tune whose adapters do not start as "
+                           "the identity (" + ", ".join(sorted(map(str, inits))) + ")")
+    if task.pretrained:
+        return InitialLoss(None, "not judged: a pretrained base starts from its own loss")
+    return InitialLoss(task.expected_initial_loss(outputs, labels),
+                       task.initial_loss_rule(outputs))
