@@ -2,8 +2,10 @@
 `SFTTrainer(model, args=SFTConfig(assistant_only_loss=True, max_length=...),
 train_dataset=<"messages" conversations>, eval_dataset=..., processing_class=tokenizer,
 peft_config=LoraConfig(r=..., target_modules=[...]))` handed to `workbook.adapters.from_trainer`
-as the script builds it. The base is a tiny Llama from its config, the tokenizer a word-level one
-built in memory with a chat template that marks assistant turns with `{% generation %}` (no
+as the script builds it. The base is a pretrained tiny Llama loaded with `from_pretrained` from a
+local folder (`data_samples/tiny_chat_base`: 0.2 M parameters trained on the chats' text, with
+its word-level tokenizer and a chat template that marks assistant turns with
+`{% generation %}`; `python examples/trl_sft.py` makes it again, deterministically - no
 download); the conversations are the generation sample's, three turns each after a system
 message. Needs `pip install -e .[llm]` (trl, peft).
 
@@ -22,6 +24,8 @@ from collections import defaultdict
 
 import workbook as wb
 from workbook.samples import DATA_DIR
+
+BASE = DATA_DIR / "tiny_chat_base"  # the pretrained base: config, weights, tokenizer
 
 TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<assistant> "
             "{% generation %}{{ m['content'] }} <eot> {% endgeneration %}"
@@ -65,31 +69,57 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     chats = conversations(count)
-    template = TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "") \
-        if no_generation_markers else TEMPLATE
-    tokenizer = chat_tokenizer(chats, template)
+    tokenizer = AutoTokenizer.from_pretrained(BASE)
+    if no_generation_markers:
+        tokenizer.chat_template = TEMPLATE.replace("{% generation %}", "").replace(
+            "{% endgeneration %}", "")
     # split by conversation: its turns share their words
     train = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 < 8])
     evaluation = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 >= 8])
+
+    def make_trainer():
+        return SFTTrainer(
+            model=AutoModelForCausalLM.from_pretrained(BASE),
+            args=SFTConfig(output_dir="trl-sft-out", assistant_only_loss=not all_tokens_in_loss,
+                           max_length=64, learning_rate=1e-2, per_device_train_batch_size=8,
+                           report_to="none", use_cpu=True),
+            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
+            peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                   task_type="CAUSAL_LM", init_lora_weights=init_adapters))
+    return make_trainer
+
+
+def make_base(count: int = 300, updates: int = 300, seed: int = 0) -> None:
+    """Pretrain the base on the chats' whole text (every token, as pretraining does) and save
+    it with its tokenizer into `BASE`, as a hub model folder holds them."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    chats = conversations(count)
+    tokenizer = chat_tokenizer(chats)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id)
-
-    def make_trainer():
-        return SFTTrainer(
-            model=LlamaForCausalLM(config),
-            args=SFTConfig(output_dir="trl-sft-out", assistant_only_loss=not all_tokens_in_loss,
-                           max_length=64, learning_rate=1e-3, per_device_train_batch_size=8,
-                           report_to="none", use_cpu=True),
-            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
-            peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                   task_type="CAUSAL_LM", init_lora_weights=init_adapters))
-    return make_trainer
+    model = LlamaForCausalLM(config)
+    texts = [tokenizer.apply_chat_template(c["messages"], tokenize=False) for c in chats]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(updates):
+        batch = tokenizer([texts[(step * 16 + i) % len(texts)] for i in range(16)],
+                          padding=True, return_tensors="pt")
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print(f"base pretrained: loss {loss.item():.3f} after {updates} updates")
+    model.save_pretrained(BASE)
+    tokenizer.save_pretrained(BASE)
 
 
 def make_task(count: int = 300, **planted) -> wb.Task:
@@ -98,3 +128,7 @@ def make_task(count: int = 300, **planted) -> wb.Task:
 
 
 task = make_task
+
+
+if __name__ == "__main__":
+    make_base()

@@ -140,4 +140,4 @@ def test_a_lora_model_is_sized_with_its_frozen_base(clean, clean_items):
     assert first.parameter_bytes == everything
     assert first.gradient_bytes == trainable  # the base holds no gradient
     # two Adam states (and the steps' temporaries) of the adapters only: none of the base's
-    assert trainable * 2 <= first.optstate_bytes < trainable * 3 < everything / 10
+    assert trainable * 2 <= first.optstate_bytes < trainable * 3 < everything / 5
