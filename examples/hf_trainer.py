@@ -10,7 +10,9 @@ download), the generation sample's conversations tokenized with `tokenizer(...)`
 
 Planted bugs: `pad_in_labels=True` (a collator that copies input_ids into labels without masking
 the padding: notebook 01 names targets on padding), `lr_typo=True` (learning_rate 1e4 instead
-of 1e-2: notebook 02 names the diverging learning rate).
+of 1e-2: notebook 02 names the diverging learning rate), `pad_is_eos=True` (the blog posts'
+`tokenizer.pad_token = tokenizer.eos_token`: the collator masks every pad id, so the EOS that
+ends each response is never a target and the model never learns to stop; 01 names it).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class CopyCollator:
 
 
 def trainer_pieces(conversations: int = 400, pad_in_labels: bool = False,
-                   lr_typo: bool = False, template: str | None = None) -> dict:
+                   lr_typo: bool = False, template: str | None = None,
+                   pad_is_eos: bool = False) -> dict:
     """What `transformers.Trainer(...)` receives: model_init, datasets, collator, tokenizer,
     arguments (benchmarks/frameworks.py hands them to the Trainer itself)."""
     from datasets import Dataset
@@ -60,6 +63,8 @@ def trainer_pieces(conversations: int = 400, pad_in_labels: bool = False,
     texts = [" ".join([r["instruction"], *([template] if template else []), r["response"]])
              for r in rows]
     tokenizer = tokenizer_from(texts)
+    if pad_is_eos:
+        tokenizer.pad_token = tokenizer.eos_token
     tokenized = [{**tokenizer(t + " <eos>", truncation=True, max_length=48),
                   "conversation": r["conversation"]} for t, r in zip(texts, rows, strict=True)]
     # split by conversation, not by row: rows of one conversation share their words (the
@@ -83,8 +88,8 @@ def trainer_pieces(conversations: int = 400, pad_in_labels: bool = False,
 
 
 def make_task(conversations: int = 400, pad_in_labels: bool = False,
-              lr_typo: bool = False) -> wb.Task:
-    p = trainer_pieces(conversations, pad_in_labels, lr_typo)
+              lr_typo: bool = False, pad_is_eos: bool = False) -> wb.Task:
+    p = trainer_pieces(conversations, pad_in_labels, lr_typo, pad_is_eos=pad_is_eos)
     return wb.adapters.from_hf(p["model_init"], p["train_dataset"], p["eval_dataset"],
                                p["data_collator"], p["processing_class"], p["args"],
                                name="hf-trainer", group_column="conversation")

@@ -88,8 +88,10 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                            max_length=64, learning_rate=1e-2, per_device_train_batch_size=8,
                            report_to="none", use_cpu=True),
             train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
+            # the head trains whole beside the adapters (the words' rows must part)
             peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
-                                   task_type="CAUSAL_LM", init_lora_weights=init_adapters))
+                                   modules_to_save=["lm_head"], task_type="CAUSAL_LM",
+                                   init_lora_weights=init_adapters))
     return make_trainer
 
 

@@ -143,6 +143,15 @@ def test_a_collator_that_leaves_pad_ids_in_the_labels_is_named_by_01():
     assert "loss on padding" in flags
 
 
+def test_pad_set_to_eos_masks_every_end_token_and_01_names_it():
+    # the clean twin above passes 01: its EOS ends every response and is a target
+    task = _hf(pad_is_eos=True)
+    assert task.end_token == task.build_model().config.eos_token_id
+    flags = {f.check: f for f in inspect_task(task).flags}
+    assert set(flags) == {"end token not a target"}
+    assert "pad_token == eos_token" in flags["end token not a target"].message
+
+
 def test_what_from_hf_cannot_map_is_refused_naming_the_piece():
     transformers = pytest.importorskip("transformers")
     task = _hf()
@@ -199,9 +208,21 @@ def test_the_prompt_of_a_chat_row_comes_from_the_chat_template():
     rendered = tokenizer.apply_chat_template(messages, tokenize=True)
     ids = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
     row = {"input_ids": ids, "messages": messages}
-    assert _prompts(tokenizer, None, row)(row) == 4  # user: repeat: x assistant:
-    assert _prompts(tokenizer, "assistant:", row)(row) == 4
+    prompt = [True] * 4 + [False] * 2  # user: repeat: x assistant: | x x
+    assert _prompts(tokenizer, None, row)(row).tolist() == prompt
+    assert _prompts(tokenizer, "assistant:", row)(row).tolist() == prompt
     assert _prompts(tokenizer, None, {"input_ids": ids}) is None  # no messages: no segmentation
+    # a template that marks assistant turns: every assistant turn of a multi-turn chat is
+    # outside the prompt, not only the last (TRL's assistant_only_loss trains them all)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {% if m['role'] == "
+                               "'assistant' %}{% generation %}{{ m['content'] }} "
+                               "{% endgeneration %}{% else %}{{ m['content'] }} {% endif %}"
+                               "{% endfor %}")
+    chat = [*messages, {"role": "user", "content": "repeat: x"},
+            {"role": "assistant", "content": "x x"}]
+    rendered = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)
+    row = {"input_ids": list(rendered["input_ids"]), "messages": chat}
+    assert _prompts(tokenizer, None, row)(row).tolist() == prompt + prompt
 
 
 # --- from_hf: streaming datasets (datasets.IterableDataset, torch IterableDataset, iterables)

@@ -77,8 +77,8 @@ def initial_loss(task: Task, model: nn.Module, outputs: int, labels: torch.Tenso
     """What the first loss of `model` should be: a freshly initialised model spreads its
     probability evenly (the kind's rule, ln(outputs) for ids); a LoRA fine-tune starts exactly
     from its base, whose own loss `measure()` gives with the adapters off (B is zero at the
-    start, so the two agree to rounding); a pretrained base without adapters (`task.pretrained`) is not judged -
-    its own loss is what it starts from."""
+    start, so the two agree to rounding); a pretrained base without adapters
+    (`task.pretrained`) is not judged - its own loss is what it starts from."""
     if adapted(model):
         inits = {getattr(c, "init_lora_weights", None)
                  for c in getattr(model, "peft_config", {}).values()}

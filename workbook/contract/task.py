@@ -131,6 +131,7 @@ class Task:
     # the model starts from trained weights (a fine-tune): 02 and 03 expect its own loss, not
     # ln(outputs); a model with PEFT adapters is taken as one without it (contract/fine_tuning)
     pretrained: bool = False
+    end_token: int | None = None  # generation: the id that ends a response (EOS); 01: trained?
     generate: Callable[[nn.Module, dict], str] | None = None  # greedy decoding, for display
     decode_input: Callable[[Sequence[int]], str] | None = None  # input ids -> text, for display
     checkpoint_blocks: Callable[[nn.Module], bool] | None = None  # default: ModuleList items

@@ -139,6 +139,42 @@ def coverage_flags(zero, on_padding, on_prompt, examples: int) -> list[Flag]:
                           f"targets on prompt tokens ({int(on_prompt.amount)} targets) "
                           "although the task excludes the prompt: the loss learns to predict "
                           "the instruction", int(on_prompt.amount),
-                          "set labels to -100 on the prompt (or declare prompt_in_loss=True "
-                          "if the instruction is meant to be learned)", list(on_prompt.ids)))
+                          "set labels to -100 on the prompt - with TRL, "
+                          "SFTConfig(assistant_only_loss=True) for chats (every assistant "
+                          "turn trained) or completion_only_loss for prompt-completion rows - "
+                          "or declare prompt_in_loss=True if the instruction is meant to be "
+                          "learned", list(on_prompt.ids)))
     return flags
+
+
+def end_token_audit(task: Task, items: list[Item]) -> list[Flag]:
+    """Responses whose end token (`task.end_token`: EOS or end of turn) is no target although
+    the token before it is: the model never learns to stop. Checked on the examples 01 keeps
+    whole; the usual cause is pad_token == eos_token with a collator that masks every pad id
+    (huggingface/trl#976)."""
+    end = task.end_token
+    if end is None or not task.target_kind.causal:
+        return []
+    masked, ids, seen = 0, [], 0
+    for it in items:
+        inputs = task.main_input(it.tensors).reshape(-1)
+        targets = task.targets(it.tensors["labels"].reshape(-1))
+        if targets.numel() != inputs.numel() or inputs.numel() < 2:
+            continue
+        trained = contributes(targets[:-1])
+        ending = (inputs[1:] == end) & torch.cat([torch.zeros(1, dtype=torch.bool),
+                                                  trained[:-1]])  # right after a target
+        seen += int(ending.any())
+        lost = int((ending & ~trained).sum())
+        if lost:
+            masked += lost
+            ids.append(it.id)
+    if not ids:
+        return []
+    return [Flag("end token not a target",
+                 f"{len(ids)} of {len(items)} examples end a response with the end token (id "
+                 f"{end}) whose label is -100 ({masked} ends): the model never learns to stop "
+                 "and generates past the answer - usually pad_token == eos_token, so a "
+                 "collator that masks every pad id masks the end token with them", masked,
+                 "give the tokenizer a pad token of its own (tokenizer.pad_token = '<pad>', or "
+                 "the model's own pad/unk token), or mask padding by the attention mask", ids)]

@@ -13,7 +13,7 @@ import torch
 from ..contract.data import Item, collate_items
 from ..contract.task import Task, task_from_params
 from ..storage.records import Flag
-from .coverage import Note, coverage_flags, prompt_notes
+from .coverage import Note, coverage_flags, end_token_audit, prompt_notes
 from .data_audits import label_audit, nonfinite_audit, split_audit
 
 # notebook 01's cells call the views as wb.inspection.batch_view, .browser, .example_display
@@ -113,6 +113,7 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
                                                 result.on_prompt, examples)
              + nonfinite + probed_flags
              + copy_audit(task, items["train"], model_shift=own_loss_shift(task, model, probe))
+             + end_token_audit(task, items["train"])
              + label_flags + split_flags)
     # regression: mean(target^2) over the train split - one value whose square is that mean
     square = torch.tensor([math.sqrt(result.train_square.mean)]) \

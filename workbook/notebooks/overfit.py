@@ -249,10 +249,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     reach = max(expected, scale) if task.target_kind.float_targets else expected
     init_gap = abs(initial.loss - expected) / max(reach, 1e-12)
     init_tolerance = start.tolerance or init_tolerance
+    regression = task.target_kind.float_targets
     rule = ("mean(target^2)" if regression else "ln(outputs)") if start.rule == \
         task.initial_loss_rule(outputs) else start.rule
     message = divergence_message(diverged, lr, lr_from) if diverged else ""
-    regression = task.target_kind.float_targets
     falling = still_falling(steps.loss.tolist())
     # the mechanics all work and the loss is on its way: the budget, not the loop, fell short
     unfinished = (not diverged and finite and all(exact) and final.loss >= bar and falling

@@ -99,7 +99,7 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
         # would still run the first trainer's modules (the Trainer binds the model's forward);
         # the Trainer reseeds the process from args.seed, so the pilot's own streams are kept
         # on the meta device (the pilot's probes, the prediction) the trainer is built on the
-        # CPU with real tensors and its model moved there: a Trainer cannot place a model of meta tensors
+        # CPU with real tensors and its model moved there: a Trainer cannot place meta tensors
         meta = torch.get_default_device().type == "meta"
         with _rng_kept(), _on_cpu() if meta else contextlib.nullcontext():
             model = built(make_trainer).model
