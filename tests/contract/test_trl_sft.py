@@ -153,3 +153,23 @@ def test_a_lora_model_is_sized_with_its_frozen_base(clean, clean_items):
     # the optimizer's state at its peak - two Adam moments and the step's temporaries - of the
     # trainable tensors only: two moments of them, far below the whole model's
     assert 2 * trainable <= lora.optstate_bytes < 0.6 * sized["whole"].optstate_bytes
+
+
+def test_checkpoints_hold_the_adapters_as_the_trainer_writes_them(clean, clean_items, tmp_path):
+    from workbook.training.loop import train
+
+    cfg = UpdateShape(2, 1).train_config(updates=2, lr=1e-2)
+    done = train(clean, clean_items["train"], cfg)
+    objects = {"model": done.model}
+    clean.save_state(tmp_path, objects)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= files
+    assert "model.safetensors" not in files  # the base is rebuilt from its own weights
+    base = sum(p.numel() * p.element_size() for p in done.model.parameters()
+               if not p.requires_grad)
+    assert (tmp_path / "adapter_model.safetensors").stat().st_size < base
+    fresh = clean.build_model()
+    clean.restore_state(tmp_path, {"model": fresh})
+    for (name, a), b in zip(done.model.state_dict().items(), fresh.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name

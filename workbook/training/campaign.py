@@ -113,10 +113,16 @@ class Deep:
 
 
 class ConfigModel(Deep):
-    """A `transformers` model class and config as a factory (the config is copied per build)."""
+    """A `transformers` model class and config as a factory (the config is copied per build);
+    with `adapters` (a PEFT config such as `LoraConfig`) the model is wrapped as a fine-tune
+    (`peft.get_peft_model`, a fresh copy of the adapters' config per build: its base frozen);
+    `dtype` is the base's (bf16 for a base loaded in bf16), the adapters stay as PEFT makes
+    them."""
 
-    def __init__(self, model_class: Any, config: Any):
+    def __init__(self, model_class: Any, config: Any, adapters: Any = None,
+                 dtype: torch.dtype | None = None):
         self.model_class, self.config = model_class, config
+        self.adapters, self.dtype = adapters, dtype
         depth = _attr(config, _DEPTH)
         super().__init__(self._build, getattr(config, depth) if depth else 1)
 
@@ -125,23 +131,38 @@ class ConfigModel(Deep):
         depth = _attr(config, _DEPTH)
         if depth:
             setattr(config, depth, layers)
-        return self.model_class(config)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype or previous)  # built in it: no copy to convert
+        try:
+            model = self.model_class(config)
+        finally:
+            torch.set_default_dtype(previous)
+        if self.adapters is None:
+            return model
+        from peft import get_peft_model
+
+        return get_peft_model(model, copy.deepcopy(self.adapters))
 
     def with_layers(self, layers: int) -> "ConfigModel":
         config = copy.deepcopy(self.config)
         setattr(config, _attr(config, _DEPTH), layers)
-        return ConfigModel(self.model_class, config)
+        return ConfigModel(self.model_class, config, self.adapters, self.dtype)
 
 
 def from_config(model_class: Any, config: Any, layers: int = 2, width: int = 128,
-                heads: int = 4) -> dict[str, Callable[[], nn.Module]]:
+                heads: int = 4, adapters: Any = None,
+                dtype: torch.dtype | None = None) -> dict[str, Callable[[], nn.Module]]:
     """`build_model` (the pilot twin, `twin_config`) and `campaign_model` (the full config) for
-    a `transformers` model class, to pass to `workbook.Task(...)` or `dataclasses.replace`:
+    a `transformers` model class, to pass to `workbook.Task(...)` or `dataclasses.replace`;
+    `adapters` (a PEFT `LoraConfig`) makes both a fine-tune of a frozen base, `dtype` the
+    base's dtype:
 
         wb.Task(..., **wb.campaign.from_config(LlamaForCausalLM, LlamaConfig(...)))
+        wb.campaign.from_config(LlamaForCausalLM, config, adapters=LoraConfig(r=16, ...))
     """
-    return {"build_model": ConfigModel(model_class, twin_config(config, layers, width, heads)),
-            "campaign_model": ConfigModel(model_class, config)}
+    return {"build_model": ConfigModel(model_class, twin_config(config, layers, width, heads),
+                                       adapters, dtype),
+            "campaign_model": ConfigModel(model_class, config, adapters, dtype)}
 
 
 DEPTHS = (2, 3, 4)  # the depths a deep campaign model is sized at

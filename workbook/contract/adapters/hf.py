@@ -434,7 +434,9 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
         fields["build_optimizer"] = build_optimizer
     else:
         fields["build_optimizer"] = adamw
-    trainer_args = args is not None and type(args).__name__.endswith("TrainingArguments")
+    # a TrainingArguments or a subclass of it (TRL's SFTConfig, DPOConfig)
+    trainer_args = args is not None and any(k.__name__ == "TrainingArguments"
+                                            for k in type(args).__mro__)
     hooks = None
     if callbacks:
         if not trainer_args:

@@ -184,19 +184,45 @@ def _scheduler_factory(args: Any, train_rows: int, hooks: _Callbacks | None,
     return build_scheduler
 
 
+ADAPTERS = "adapter_model.safetensors"  # PEFT's file of a fine-tune's adapters
+
+
+def _peft(model: nn.Module) -> bool:
+    """A PEFT model, saved as the Trainer saves one: its adapters only (save_pretrained)."""
+    return hasattr(model, "peft_config") and callable(getattr(model, "save_pretrained", None))
+
+
+def _load_adapters(model: nn.Module, path: Path) -> None:
+    """The adapters of a checkpoint into `model` (PEFT's own loader); a checkpoint of other
+    adapters is refused with the names that do not fit."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    result = set_peft_model_state_dict(model, load_file(str(path)))
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    if unexpected:
+        raise WorkbookError(f"the checkpoint's adapters do not fit the model: {unexpected[:3]}",
+                            "resume with the LoraConfig the checkpoint was written with")
+
+
 def _checkpoint_code(args: Any, hooks: _Callbacks | None, save_only_model: bool):
     """save_state/restore_state writing what the Trainer's `_save_checkpoint` writes, as plain
-    files: config.json and model.safetensors, optimizer.pt, scheduler.pt, scaler.pt,
-    trainer_state.json; then the callbacks' `on_save`. `save_only_model=True` leaves the
+    files: config.json and model.safetensors (a PEFT model: adapter_model.safetensors and
+    adapter_config.json, the adapters only - the base is rebuilt, not saved), optimizer.pt,
+    scheduler.pt, scaler.pt, trainer_state.json; then the callbacks' `on_save`. `save_only_model=True` leaves the
     optimizer and schedule out, as the Trainer does (a checkpoint it cannot resume from)."""
     from safetensors.torch import load_model, save_model
 
     def save_state(folder: Any, objects: dict) -> None:
         folder = Path(folder)
         model, sched = objects["model"], objects.get("scheduler")
-        if hasattr(model, "config") and callable(getattr(model.config, "to_json_file", None)):
-            model.config.to_json_file(folder / "config.json")
-        save_model(model, str(folder / "model.safetensors"))
+        if _peft(model):  # as the Trainer saves a PEFT model: the adapters and their config
+            model.save_pretrained(str(folder))
+        else:
+            if hasattr(model, "config") and callable(getattr(model.config, "to_json_file",
+                                                             None)):
+                model.config.to_json_file(folder / "config.json")
+            save_model(model, str(folder / "model.safetensors"))
         if not save_only_model:
             for name in ("optimizer", "scheduler", "scaler"):
                 if objects.get(name) is not None:
@@ -211,7 +237,10 @@ def _checkpoint_code(args: Any, hooks: _Callbacks | None, save_only_model: bool)
 
     def restore_state(folder: Any, objects: dict) -> None:
         folder = Path(folder)
-        load_model(objects["model"], str(folder / "model.safetensors"))
+        if (folder / ADAPTERS).exists():
+            _load_adapters(objects["model"], folder / ADAPTERS)
+        else:
+            load_model(objects["model"], str(folder / "model.safetensors"))
         if objects.get("optimizer") is None:  # a model-only restore (06 evaluates a trial)
             return
         missing = [n for n in ("optimizer", "scheduler", "scaler")
