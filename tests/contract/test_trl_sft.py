@@ -81,7 +81,8 @@ def test_03_passes_the_clean_lora_fine_tune_and_says_why_a_waits(clean, clean_it
     rows = {r.phase: r for r in report.rows}
     assert all(r.verdict in ("pass", "warn") for r in report.rows), report.table()[
         ["phase", "verdict", "detail"]]
-    assert "14 LoRA A tensors wait for their B" in rows["update (first)"].detail, rows["update (first)"].detail
+    first = rows["update (first)"].detail
+    assert "14 LoRA A tensors wait for their B" in first, first
     assert "wait" not in rows["update (later)"].detail  # A is judged once B has moved
 
 

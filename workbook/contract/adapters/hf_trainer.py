@@ -209,8 +209,9 @@ def _checkpoint_code(args: Any, hooks: _Callbacks | None, save_only_model: bool)
     """save_state/restore_state writing what the Trainer's `_save_checkpoint` writes, as plain
     files: config.json and model.safetensors (a PEFT model: adapter_model.safetensors and
     adapter_config.json, the adapters only - the base is rebuilt, not saved), optimizer.pt,
-    scheduler.pt, scaler.pt, trainer_state.json; then the callbacks' `on_save`. `save_only_model=True` leaves the
-    optimizer and schedule out, as the Trainer does (a checkpoint it cannot resume from)."""
+    scheduler.pt, scaler.pt, trainer_state.json; then the callbacks' `on_save`.
+    `save_only_model=True` leaves the optimizer and schedule out, as the Trainer does (a
+    checkpoint it cannot resume from)."""
     from safetensors.torch import load_model, save_model
 
     def save_state(folder: Any, objects: dict) -> None:
