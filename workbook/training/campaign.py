@@ -252,14 +252,28 @@ class Models:
     trained_parameters: int
     sized: str  # the model the memory prediction and the rental plan size
     sized_parameters: int
+    trained_trainable: int | None = None  # parameters that train (None: all of them)
+    sized_trainable: int | None = None
 
     def lines(self) -> list[str]:
         if not self.declared:
-            return [f"model: {parameters(self.trained_parameters)}, trained and sized here"]
+            return [f"model: {parameters(self.trained_parameters)}"
+                    f"{_frozen(self.trained_parameters, self.trained_trainable)}, trained and "
+                    "sized here"]
         return [f"pilot twin (trained here): {self.trained}, "
-                f"{parameters(self.trained_parameters)}",
+                f"{parameters(self.trained_parameters)}"
+                f"{_frozen(self.trained_parameters, self.trained_trainable)}",
                 f"campaign model (sized on fake tensors, never allocated here): {self.sized}, "
-                f"{self.sized_parameters / 1e9:,.2f} B parameters"]
+                f"{self.sized_parameters / 1e9:,.2f} B parameters"
+                f"{_frozen(self.sized_parameters, self.sized_trainable)}"]
+
+
+def _frozen(total: int, trainable: int | None) -> str:
+    """How much of a model trains, when not all of it (a fine-tune's frozen base)."""
+    if trainable is None or trainable >= total:
+        return ""
+    return (f" of which {parameters(trainable)} train ({trainable / total:.2%}; the frozen "
+            "rest holds weights only: no gradient, no optimizer state)")
 
 
 def parameters(count: int) -> str:
@@ -281,8 +295,12 @@ def models(task) -> Models:
 
     twin = on_meta(task.build_model)
     sized = on_meta(task.campaign_model) if declared(task) else twin
+    def trainable(model: nn.Module) -> int:
+        return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()
+                   if p.requires_grad)
+
     return Models(declared(task), shape(twin), parameter_count(twin), shape(sized),
-                  parameter_count(sized))
+                  parameter_count(sized), trainable(twin), trainable(sized))
 
 
 TRACE_DEPTHS = (3, 4)  # a deep campaign model's memory is traced at these depths

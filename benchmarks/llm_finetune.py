@@ -1,0 +1,138 @@
+"""An LLM fine-tune as TRL and PEFT write it (examples/trl_sft.py, examples/hf_trainer.py,
+examples/llama_lora_campaign.py): the planted bugs the pilot names and the clean twins'
+false alarms, the LoRA twin's predicted peaks against its measured ones, and the time to size
+the 8 B LoRA campaign. Needs the [llm] extra.
+
+    python benchmarks/llm_finetune.py
+
+Prints `llm_finetune_named: X/Y  false_alarms: N`, one row per phase of the LoRA prediction
+with its error and `lora_prediction_max_abs_error_pct`, and the campaign's first-update peak
+with `lora_8b_sizing_s`.
+"""
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the examples package
+
+from workbook import WorkbookError  # noqa: E402
+from workbook.contract.data import encode_examples, prepare  # noqa: E402
+from workbook.notebooks.gates import GateRun, GateSettings  # noqa: E402
+from workbook.notebooks.inspection import inspect_task  # noqa: E402
+from workbook.notebooks.overfit import overfit  # noqa: E402
+from workbook.training.loop import UpdateShape  # noqa: E402
+from workbook.training.predict import Plan, compare, predict  # noqa: E402
+
+CHATS = 120
+GIB = 2**30
+
+
+def items(task):
+    data = prepare(task, limits={"train": 64, "validation": 16})
+    return {s: encode_examples(task, data.raw[s]) for s in ("train", "validation")}
+
+
+def gates(task, its, shape=UpdateShape(2, 1)):
+    with tempfile.TemporaryDirectory() as tmp:
+        return GateRun(task, GateSettings(shape, eval_batch=8, input_updates=1), its["train"],
+                       its["validation"], Path(tmp)).run()
+
+
+def sft(**planted):
+    from examples.trl_sft import make_task
+
+    return make_task(CHATS, **planted)
+
+
+def hf(**planted):
+    from examples.hf_trainer import make_task
+
+    return make_task(conversations=CHATS, **planted)
+
+
+def flags(task) -> set[str]:
+    return {f.check for f in inspect_task(task).flags}
+
+
+def forward_gate(task) -> str:
+    row = {r.phase: r for r in gates(task, items(task)).rows}["forward + loss"]
+    return row.detail if row.verdict == "fail" else ""
+
+
+def refused(**planted) -> str:
+    try:
+        sft(**planted)
+    except WorkbookError as exc:
+        return exc.problem
+    return ""
+
+
+PLANTED = [  # (bug, what the pilot must say, how it is looked for)
+    ("system and user tokens in the loss (assistant_only_loss off)", "loss on prompt",
+     lambda: flags(sft(all_tokens_in_loss=True))),
+    ("LoRA B not zero at the start (init_lora_weights=False)", "LoRA's B must start at zero",
+     lambda: forward_gate(sft(init_adapters=False))),
+    ("chat template without generation markers", "{% generation %}",
+     lambda: refused(no_generation_markers=True)),
+    ("pad_token == eos_token: the end token masked", "end token not a target",
+     lambda: flags(hf(pad_is_eos=True))),
+]
+
+
+def clean_alarms() -> list[str]:
+    """What the clean twins raise in 01, 02 and 03 (nothing, when all is well)."""
+    alarms = [f"trl_sft 01: {f}" for f in flags(sft())]
+    alarms += [f"hf_trainer 01: {f}" for f in flags(hf())]
+    res = overfit(sft(), examples=4, updates=120)
+    alarms += [f"trl_sft 02: {c}" for c in res.checks.loc[~res.checks.passed, "check"]]
+    report = gates(sft(), items(sft()))
+    alarms += [f"trl_sft 03: {r.phase}" for r in report.rows if r.verdict == "fail"]
+    return alarms
+
+
+def main():
+    torch.set_num_threads(1)
+    pd.set_option("display.width", 200)
+    named = 0
+    for bug, words, look in PLANTED:
+        said = look()
+        hit = words in (" ".join(sorted(said)) if isinstance(said, set) else said)
+        named += hit
+        print(f"{'named ' if hit else 'MISSED'} {bug}: {str(said)[:160]}", flush=True)
+    alarms = clean_alarms()
+    for alarm in alarms:
+        print(f"false alarm: {alarm}")
+    print(f"llm_finetune_named: {named}/{len(PLANTED)}  false_alarms: {len(alarms)}\n")
+
+    task = sft()
+    its = items(task)
+    shape = UpdateShape(4, 2)
+    measured = gates(task, its, shape).table()
+    predicted = predict(task, its["train"], its["validation"], Plan(shape, 0), cpu_exact=True)
+    table = compare(predicted, measured)
+    print(table.to_string(index=False))
+    print(f"lora_prediction_max_abs_error_pct: {table.error_pct.abs().max():.3f}\n")
+
+    from examples.llama_lora_campaign import make_task as campaign
+
+    big = campaign()
+    its = items(big)
+    start = time.perf_counter()
+    sized = predict(big, its["train"], its["validation"], Plan(UpdateShape(1, 1, "bf16"), 1024),
+                    campaign=True).set_index("phase")
+    seconds = time.perf_counter() - start
+    first = sized.loc["update (first)"]
+    print(f"8 B LoRA campaign, mb1 x 1024 bf16, update (first): peak "
+          f"{first.predicted_peak_bytes / GIB:.2f} GiB = weights {first.parameter_bytes / GIB:.2f}"
+          f" + gradients {first.gradient_bytes / GIB:.2f} + optimizer state "
+          f"{first.optstate_bytes / GIB:.2f} GiB (+ the rest)")
+    print(f"lora_8b_sizing_s: {seconds:.1f}")
+
+
+if __name__ == "__main__":
+    main()
