@@ -37,7 +37,8 @@ def items(task):
     return {s: encode_examples(task, data.raw[s]) for s in ("train", "validation")}
 
 
-def gates(task, its, shape=UpdateShape(2, 1)):
+def gates(task, its, shape=None):
+    shape = shape or UpdateShape(2, 1)
     with tempfile.TemporaryDirectory() as tmp:
         return GateRun(task, GateSettings(shape, eval_batch=8, input_updates=1), its["train"],
                        its["validation"], Path(tmp)).run()
