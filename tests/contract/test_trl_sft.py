@@ -174,3 +174,17 @@ def test_checkpoints_hold_the_adapters_as_the_trainer_writes_them(clean, clean_i
     for (name, a), b in zip(done.model.state_dict().items(), fresh.state_dict().values(),
                             strict=True):
         assert torch.equal(a, b), name
+
+
+def test_a_copy_of_the_model_runs_its_own_modules(clean):
+    # TRL patches the base's forward with a closure over the original model: a deepcopy (09
+    # copies the model it shards) would still run the original's modules
+    import copy
+
+    model = copy.deepcopy(clean.build_model())
+    calls = []
+    model.base_model.model.model.layers[0].mlp.register_forward_hook(
+        lambda *_: calls.append(1))
+    model(input_ids=torch.tensor([[5, 6, 7]]))
+    assert calls == [1]
+    assert "_fused_forward of trl/trainer/utils.py" in clean.adapter_notes[0]

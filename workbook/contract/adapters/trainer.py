@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -72,6 +73,25 @@ def _rng_kept() -> Iterator[None]:
     np.random.set_state(state[1])
 
 
+def _own_forwards(model: Any) -> list[str]:
+    """Give every module of `model` its class's own forward back where the trainer replaced it
+    on the instance (TRL's SFTTrainer patches the base with a fused LM head: a closure over the
+    original model, so any copy of the model would still run the original's modules - 09 and
+    05 copy models). The pilot calls the model without the trainer's `fused_lm_head` flag, for
+    which the patched forward is the original one anyway. Returns the replaced forwards."""
+    replaced = []
+    for name, module in model.named_modules():
+        patched = module.__dict__.get("forward")
+        if patched is not None and getattr(patched, "__func__", None) is not \
+                type(module).forward:
+            del module.forward
+            code = getattr(getattr(patched, "__func__", patched), "__code__", None)
+            where = f"{code.co_name} of {'/'.join(Path(code.co_filename).parts[-3:])}" \
+                if code is not None else type(patched).__name__
+            replaced.append(f"{name or type(module).__name__}: {where}")
+    return replaced
+
+
 @contextlib.contextmanager
 def _on_cpu() -> Iterator[None]:
     """Real tensors on the CPU, whatever device or fake-tensor mode the caller is in."""
@@ -93,6 +113,7 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
     a pretrained base without adapters)."""
     trainer = built(make_trainer)
     model_class = type(trainer.model).__name__
+    replaced = _own_forwards(trainer.model)
 
     def fresh_model() -> Any:
         # the factory again, as the campaign's script builds it: a copy of the trainer's model
@@ -103,6 +124,7 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
         meta = torch.get_default_device().type == "meta"
         with _rng_kept(), _on_cpu() if meta else contextlib.nullcontext():
             model = built(make_trainer).model
+            _own_forwards(model)
             return model.to("meta") if meta else model
     evaluation = trainer.eval_dataset
     if evaluation is None:
@@ -134,5 +156,10 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
                    **task_fields)
     task.adapter_notes.insert(0, f"from_trainer: a {type(trainer).__name__}'s model "
                               f"({model_class}), prepared datasets, collator and "
-                              "arguments")
+                              "arguments" + (
+                                  f"; the forward the trainer put on the model ("
+                                  f"{'; '.join(replaced)}) is left out: the pilot computes "
+                                  "the loss from the model's logits, so the campaign's fused "
+                                  "loss kernel and its memory saving are not measured here"
+                                  if replaced else ""))
     return task
