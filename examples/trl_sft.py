@@ -15,7 +15,9 @@ Planted bugs: `all_tokens_in_loss=True` (assistant_only_loss left off: system an
 are trained on; 01 names targets on prompt tokens), `init_adapters=False` (PEFT's
 `init_lora_weights=False`: B starts random, so the adapters change the base before any update;
 02 and 03 name it), `no_generation_markers=True` (a template without `{% generation %}`: TRL
-refuses it and the pilot says so in TRL's words).
+refuses it and the pilot says so in TRL's words), `foreign_targets=True` (target_modules
+copied from a BERT recipe, `["q_proj", "v_proj", "query", "value"]`: PEFT accepts it since
+some entries match, and the layers meant by the others train no adapter; 01 names them).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def chat_tokenizer(chats: list[dict], template: str = TEMPLATE):
 
 
 def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
-                         init_adapters: bool = True, no_generation_markers: bool = False):
+                         init_adapters: bool = True, no_generation_markers: bool = False,
+                         foreign_targets: bool = False):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -89,7 +92,8 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                            report_to="none", use_cpu=True),
             train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
             # the head trains whole beside the adapters (the words' rows must part)
-            peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+            peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=[
+                "q_proj", "v_proj", "query", "value"] if foreign_targets else "all-linear",
                                    modules_to_save=["lm_head"], task_type="CAUSAL_LM",
                                    init_lora_weights=init_adapters))
     return make_trainer

@@ -60,6 +60,13 @@ def test_system_and_user_tokens_in_the_loss_are_named_by_01():
     assert any("prompt" in check for check in flags), sorted(flags)
 
 
+def test_target_modules_that_match_nothing_are_named_by_01():
+    flags = {f.check: f for f in inspect_task(_task(foreign_targets=True)).flags}
+    assert set(flags) == {"adapter targets match no module"}
+    flag = flags["adapter targets match no module"]
+    assert "['query', 'value']" in flag.message and "q_proj" in flag.fix
+
+
 def test_a_lora_fine_tune_starts_from_its_base_and_memorises_in_02(clean):
     res = overfit(clean, examples=4, updates=120, lr=3e-2)
     initial = res.checks.set_index("check").filter(like="initial", axis=0).iloc[0]

@@ -95,3 +95,35 @@ def initial_loss(task: Task, model: nn.Module, outputs: int, labels: torch.Tenso
         return InitialLoss(None, "not judged: a pretrained base starts from its own loss")
     return InitialLoss(task.expected_initial_loss(outputs, labels),
                        task.initial_loss_rule(outputs))
+
+
+def unmatched_targets(model: nn.Module) -> dict[str, list[str]]:
+    """Per adapter, the `target_modules` entries of its PEFT config that match no module of the
+    model - a config copied from another architecture ("query", "value" on a Llama): PEFT
+    refuses a config only when none match, and the layers meant are silently left without
+    adapters. A regex or "all-linear" (a string) is not judged."""
+    targeted = list(getattr(getattr(model, "base_model", None), "targeted_module_names",
+                            None) or [])
+    out = {}
+    for adapter, config in (getattr(model, "peft_config", None) or {}).items():
+        wanted = getattr(config, "target_modules", None)
+        if not targeted or isinstance(wanted, str) or not wanted:
+            continue
+        missing = sorted(t for t in wanted
+                         if not any(n == t or n.endswith("." + t) for n in targeted))
+        if missing:
+            out[adapter] = missing
+    return out
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The last names of the model's linear layers (what `target_modules` may name)."""
+    wrapping = {"base_layer", "original_module", "modules_to_save", "default"}  # PEFT's own
+    names = set()
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if isinstance(module, nn.Linear) and not any(p.startswith("lora_") for p in parts):
+            kept = [p for p in parts if p not in wrapping]
+            if kept:
+                names.add(kept[-1])
+    return sorted(names)

@@ -132,6 +132,9 @@ class Task:
     # ln(outputs); a model with PEFT adapters is taken as one without it (contract/fine_tuning)
     pretrained: bool = False
     end_token: int | None = None  # generation: the id that ends a response (EOS); 01: trained?
+    # the longest sequence the campaign trains (a trainer's max_length, which truncates to it):
+    # 03/05/08 plan at it rather than at the model's position limit
+    max_length: int | None = None
     generate: Callable[[nn.Module, dict], str] | None = None  # greedy decoding, for display
     decode_input: Callable[[Sequence[int]], str] | None = None  # input ids -> text, for display
     checkpoint_blocks: Callable[[nn.Module], bool] | None = None  # default: ModuleList items

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..base.errors import reason
+from ..contract import fine_tuning
 from ..contract.data import Item
 from ..contract.targets import contributes
 from ..contract.task import Task
@@ -178,3 +179,20 @@ def end_token_audit(task: Task, items: list[Item]) -> list[Flag]:
                  "collator that masks every pad id masks the end token with them", masked,
                  "give the tokenizer a pad token of its own (tokenizer.pad_token = '<pad>', or "
                  "the model's own pad/unk token), or mask padding by the attention mask", ids)]
+
+
+def adapter_target_audit(model: torch.nn.Module) -> list[Flag]:
+    """LoRA `target_modules` entries that match no module of the model (PEFT refuses a config
+    only when none match)."""
+    missing = fine_tuning.unmatched_targets(model)
+    if not missing:
+        return []
+    said = "; ".join(f"adapter {a!r}: {names}" for a, names in missing.items())
+    count = sum(len(n) for n in missing.values())
+    return [Flag("adapter targets match no module",
+                 f"target_modules entries that match no module of the model ({said}): the "
+                 "layers they were meant for train no adapter, and PEFT refuses a config only "
+                 "when no entry matches", count,
+                 "name the model's own layers (its linear layers: "
+                 f"{', '.join(fine_tuning.linear_names(model)[:12])}), or "
+                 "target_modules='all-linear'", [])]

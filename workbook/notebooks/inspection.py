@@ -10,10 +10,17 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..contract import fine_tuning
 from ..contract.data import Item, collate_items
 from ..contract.task import Task, task_from_params
 from ..storage.records import Flag
-from .coverage import Note, coverage_flags, end_token_audit, prompt_notes
+from .coverage import (
+    Note,
+    adapter_target_audit,
+    coverage_flags,
+    end_token_audit,
+    prompt_notes,
+)
 from .data_audits import label_audit, nonfinite_audit, split_audit
 
 # notebook 01's cells call the views as wb.inspection.batch_view, .browser, .example_display
@@ -113,7 +120,7 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
                                                 result.on_prompt, examples)
              + nonfinite + probed_flags
              + copy_audit(task, items["train"], model_shift=own_loss_shift(task, model, probe))
-             + end_token_audit(task, items["train"])
+             + end_token_audit(task, items["train"]) + adapter_target_audit(model)
              + label_flags + split_flags)
     # regression: mean(target^2) over the train split - one value whose square is that mean
     square = torch.tensor([math.sqrt(result.train_square.mean)]) \
@@ -121,8 +128,10 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
     figures = {
         "examples": examples, "scanned": result.scanned, "scan_workers": result.workers,
         "num_outputs": outputs,
-        "expected_initial_loss": None if outputs is None and not task.target_kind.float_targets
-        else round(task.expected_initial_loss(outputs, square), 4),
+        # a fine-tune starts from its base's own loss, which 02 and 03 measure: no ln(outputs)
+        "expected_initial_loss": None if (outputs is None and not
+                                          task.target_kind.float_targets) or task.pretrained
+        or fine_tuning.adapted(model) else round(task.expected_initial_loss(outputs, square), 4),
         "contributing_share": round(result.targets / max(result.positions, 1), 4),
         "targets_per_example_mean": round(result.targets / max(examples, 1), 3),
         "zero_target_examples": result.zero.examples,

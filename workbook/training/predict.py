@@ -80,11 +80,14 @@ def meta_model(task: Task, campaign: bool = False) -> torch.nn.Module | None:
 
 
 def longest_accepted(task: Task | None, campaign: bool = True) -> int | None:
-    """The planned length when none is given: the (campaign) model's limit, else None (the
-    data's)."""
+    """The planned length when none is given: the (campaign) model's limit, or the task's
+    `max_length` where it is shorter (a trainer truncates to it), else None (the data's)."""
     limit = max_positions(task, campaign) if task is not None and \
         task.target_kind.plans_at_model_limit else None
-    return limit[0] if limit else None
+    cut = task.max_length if task is not None else None
+    if limit and cut:
+        return min(limit[0], cut)
+    return limit[0] if limit else cut
 
 
 class PlanRefused(WorkbookError):

@@ -469,6 +469,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     shown = {"decode": decode, "decode_input": lambda ids: tokenizer.decode([int(i) for i in ids])}
     generation = {"label_shift": shift, "padding_side": tokenizer.padding_side,
                   "end_token": getattr(tokenizer, "eos_token_id", None),
+                  "max_length": getattr(args, "max_length", None),  # TRL's configs truncate
                   "prompt_in_loss": prompt_of is None and task_fields.get("prompt_field")
                   is None} \
         if target.causal else {"label_names": label_names, "label_field": "label"}
