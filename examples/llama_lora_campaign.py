@@ -10,7 +10,11 @@ no download.
 
 Options: `layers`, `width`, `heads`, `kv_heads`, `ffn`, `vocab` set the base
 (`layers=80, width=8192, heads=64, kv_heads=8, ffn=28672` is the 70 B shape), `rank` the
-adapters' rank.
+adapters' rank, `four_bit` a QLoRA base: its frozen linear layers stored in NF4 with double
+quantisation and dequantised for each matmul (sized from that storage format, predicted - the
+4-bit kernels do not run here). `qlora_70b` is the 70 B QLoRA campaign:
+
+    python -m workbook pilot --task examples.llama_lora_campaign:qlora_70b --smoke
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from examples.trl_sft import make_task as sft
 
 
 def make_task(layers: int = 32, width: int = 4096, heads: int = 32, kv_heads: int = 8,
-              ffn: int = 14336, vocab: int = 128256, rank: int = 16) -> wb.Task:
+              ffn: int = 14336, vocab: int = 128256, rank: int = 16,
+              four_bit: bool = False) -> wb.Task:
     import torch
     from peft import LoraConfig
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -33,8 +38,16 @@ def make_task(layers: int = 32, width: int = 4096, heads: int = 32, kv_heads: in
                        rope_theta=500000.0)
     adapters = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
                           modules_to_save=["lm_head"], task_type="CAUSAL_LM")
-    campaign = wb.campaign.ConfigModel(LlamaForCausalLM, base, adapters, dtype=torch.bfloat16)
-    return dataclasses.replace(sft(), name="llama-8b-lora-campaign", campaign_model=campaign)
+    campaign = wb.campaign.ConfigModel(LlamaForCausalLM, base, adapters, dtype=torch.bfloat16,
+                                       four_bit=four_bit)
+    size = "70b" if layers == 80 else "8b"
+    return dataclasses.replace(sft(), name=f"llama-{size}-{'qlora' if four_bit else 'lora'}"
+                               "-campaign", campaign_model=campaign)
 
 
 task = make_task
+
+
+def qlora_70b() -> wb.Task:
+    """The 70 B QLoRA campaign: a Llama-3-70B-shaped base in 4 bits, LoRA adapters of rank 16."""
+    return make_task(layers=80, width=8192, heads=64, kv_heads=8, ffn=28672, four_bit=True)

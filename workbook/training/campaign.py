@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..base.errors import WorkbookError, reason
+from . import four_bit
 
 # what a Hugging Face config calls its depth, width, heads and feed-forward width (canonical
 # names; a config's attribute_map turns them into its own, e.g. GPT-2's n_layer, n_embd)
@@ -48,8 +49,10 @@ def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
 
 
 def parameter_count(model: nn.Module) -> int:
-    """Parameters of a model (shared tensors counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    """Parameters of a model (shared tensors counted once; a 4-bit layer's weights, two a
+    byte, counted as weights)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) + sum(
+        m.packed.numel() for m in model.modules() if isinstance(m, four_bit.FourBitLinear))
 
 
 def _attr(config: Any, names: tuple[str, ...]) -> str | None:
@@ -117,12 +120,13 @@ class ConfigModel(Deep):
     with `adapters` (a PEFT config such as `LoraConfig`) the model is wrapped as a fine-tune
     (`peft.get_peft_model`, a fresh copy of the adapters' config per build: its base frozen);
     `dtype` is the base's (bf16 for a base loaded in bf16), the adapters stay as PEFT makes
-    them."""
+    them; `four_bit` stores the frozen base's linear layers in 4 bits as QLoRA does (sized
+    from its storage format: `training/four_bit.py`)."""
 
     def __init__(self, model_class: Any, config: Any, adapters: Any = None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, four_bit: bool = False):
         self.model_class, self.config = model_class, config
-        self.adapters, self.dtype = adapters, dtype
+        self.adapters, self.dtype, self.four_bit = adapters, dtype, four_bit
         depth = _attr(config, _DEPTH)
         super().__init__(self._build, getattr(config, depth) if depth else 1)
 
@@ -141,12 +145,13 @@ class ConfigModel(Deep):
             return model
         from peft import get_peft_model
 
-        return get_peft_model(model, copy.deepcopy(self.adapters))
+        model = get_peft_model(model, copy.deepcopy(self.adapters))
+        return four_bit.quantised(model) if self.four_bit else model
 
     def with_layers(self, layers: int) -> "ConfigModel":
         config = copy.deepcopy(self.config)
         setattr(config, _attr(config, _DEPTH), layers)
-        return ConfigModel(self.model_class, config, self.adapters, self.dtype)
+        return ConfigModel(self.model_class, config, self.adapters, self.dtype, self.four_bit)
 
 
 def from_config(model_class: Any, config: Any, layers: int = 2, width: int = 128,
@@ -206,8 +211,10 @@ def by_depth(task, measure: Callable[[Any], dict[str, float]]) -> tuple[dict[str
 
 
 def module_types(model: nn.Module) -> Counter:
-    """How many modules of each type a model holds."""
-    return Counter(type(m).__name__ for m in model.modules())
+    """How many modules of each type a model holds (a 4-bit layer counts as the `nn.Linear` it
+    stores: the campaign's base may be quantised where the twin's is not)."""
+    return Counter("Linear" if isinstance(m, four_bit.FourBitLinear) else type(m).__name__
+                   for m in model.modules())
 
 
 def check_twin(task) -> None:
