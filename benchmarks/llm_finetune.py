@@ -7,7 +7,8 @@ the 8 B LoRA campaign. Needs the [llm] extra.
 
 Prints `llm_finetune_named: X/Y  false_alarms: N`, one row per phase of the LoRA prediction
 with its error and `lora_prediction_max_abs_error_pct`, and the campaign's first-update peak
-with `lora_8b_sizing_s`.
+(8 B LoRA and 70 B QLoRA, with and without activation checkpointing) with `lora_8b_sizing_s`
+and `qlora_70b_sizing_s`.
 """
 
 import sys
@@ -119,20 +120,25 @@ def main():
     print(table.to_string(index=False))
     print(f"lora_prediction_max_abs_error_pct: {table.error_pct.abs().max():.3f}\n")
 
-    from examples.llama_lora_campaign import make_task as campaign
+    from examples.llama_lora_campaign import make_task as lora_8b
+    from examples.llama_lora_campaign import qlora_70b
 
-    big = campaign()
-    its = items(big)
-    start = time.perf_counter()
-    sized = predict(big, its["train"], its["validation"], Plan(UpdateShape(1, 1, "bf16"), 1024),
-                    campaign=True).set_index("phase")
-    seconds = time.perf_counter() - start
-    first = sized.loc["update (first)"]
-    print(f"8 B LoRA campaign, mb1 x 1024 bf16, update (first): peak "
-          f"{first.predicted_peak_bytes / GIB:.2f} GiB = weights {first.parameter_bytes / GIB:.2f}"
-          f" + gradients {first.gradient_bytes / GIB:.2f} + optimizer state "
-          f"{first.optstate_bytes / GIB:.2f} GiB (+ the rest)")
-    print(f"lora_8b_sizing_s: {seconds:.1f}")
+    for label, build in (("lora_8b", lora_8b), ("qlora_70b", qlora_70b)):
+        big = build()
+        its = items(big)
+        for checkpointing in (False, True):
+            start = time.perf_counter()
+            sized = predict(big, its["train"], its["validation"],
+                            Plan(UpdateShape(1, 1, "bf16", checkpointing), 1024),
+                            campaign=True).set_index("phase")
+            seconds = time.perf_counter() - start
+            first, peak = sized.loc["update (first)"], sized.predicted_peak_bytes.max()
+            print(f"{label} mb1 x 1024 bf16{' +ckpt' if checkpointing else ''}: peak "
+                  f"{peak / GIB:.2f} GiB ({sized.predicted_peak_bytes.idxmax()}); first update: "
+                  f"weights {first.parameter_bytes / GIB:.2f} + gradients "
+                  f"{first.gradient_bytes / GIB:.2f} + optimizer state "
+                  f"{first.optstate_bytes / GIB:.2f} GiB; sized in {seconds:.1f} s")
+        print(f"{label}_sizing_s: {seconds:.1f}")
 
 
 if __name__ == "__main__":
