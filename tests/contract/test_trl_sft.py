@@ -195,3 +195,20 @@ def test_a_copy_of_the_model_runs_its_own_modules(clean):
     model(input_ids=torch.tensor([[5, 6, 7]]))
     assert calls == [1]
     assert "_fused_forward of trl/trainer/utils.py" in clean.adapter_notes[0]
+
+
+def test_building_the_model_again_says_nothing_new(clean, capfd):
+    # a notebook builds the model many times: TRL's deprecation warnings and the progress
+    # bars of its preparation and weight loading were shown once, when the task was made
+    import warnings
+
+    import datasets
+
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        clean.build_model()
+    _, err = capfd.readouterr()
+    assert not [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
+    assert "Tokenizing" not in err and "Loading weights" not in err
+    assert datasets.is_progress_bar_enabled()  # the user's setting given back

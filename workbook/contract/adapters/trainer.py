@@ -93,6 +93,37 @@ def _own_forwards(model: Any) -> list[str]:
 
 
 @contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """A trainer built again says nothing new: its deprecation warnings and the progress bars
+    of its datasets' preparation and weight loading were shown when it was first built, and a
+    notebook builds it many times."""
+    import warnings
+
+    try:
+        import datasets
+    except ImportError:  # a trainer without datasets' preparation
+        datasets = None
+    from transformers.utils import logging
+
+    bars = datasets is not None and datasets.is_progress_bar_enabled()
+    loading = logging.is_progress_bar_enabled()  # from_pretrained's "Loading weights"
+    if bars:
+        datasets.disable_progress_bars()
+    if loading:
+        logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+        if loading:
+            logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def _on_cpu() -> Iterator[None]:
     """Real tensors on the CPU, whatever device or fake-tensor mode the caller is in."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -122,7 +153,7 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
         # on the meta device (the pilot's probes, the prediction) the trainer is built on the
         # CPU with real tensors and its model moved there: a Trainer cannot place meta tensors
         meta = torch.get_default_device().type == "meta"
-        with _rng_kept(), _on_cpu() if meta else contextlib.nullcontext():
+        with _rng_kept(), _quiet(), _on_cpu() if meta else contextlib.nullcontext():
             model = built(make_trainer).model
             _own_forwards(model)
             return model.to("meta") if meta else model
