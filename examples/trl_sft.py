@@ -17,7 +17,9 @@ are trained on; 01 names targets on prompt tokens), `init_adapters=False` (PEFT'
 02 and 03 name it), `no_generation_markers=True` (a template without `{% generation %}`: TRL
 refuses it and the pilot says so in TRL's words), `foreign_targets=True` (target_modules
 copied from a BERT recipe, `["q_proj", "v_proj", "query", "value"]`: PEFT accepts it since
-some entries match, and the layers meant by the others train no adapter; 01 names them).
+some entries match, and the layers meant by the others train no adapter; 01 names them),
+`packing=True` (the "wrapped" strategy: packing drops the `conversation` column the leakage
+check needs, and documents attend across their boundaries; refused with the fix).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def chat_tokenizer(chats: list[dict], template: str = TEMPLATE):
 
 def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                          init_adapters: bool = True, no_generation_markers: bool = False,
-                         foreign_targets: bool = False):
+                         foreign_targets: bool = False, packing: bool = False):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -89,7 +91,8 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
             model=AutoModelForCausalLM.from_pretrained(BASE),
             args=SFTConfig(output_dir="trl-sft-out", assistant_only_loss=not all_tokens_in_loss,
                            max_length=64, learning_rate=1e-2, per_device_train_batch_size=8,
-                           report_to="none", use_cpu=True),
+                           report_to="none", use_cpu=True, packing=packing,
+                           **({"packing_strategy": "wrapped"} if packing else {})),
             train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
             # the head trains whole beside the adapters (the words' rows must part)
             peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=[

@@ -114,6 +114,12 @@ def test_a_template_without_generation_markers_is_refused_in_trls_words():
     assert "no notebook could run" in err.value.fix
 
 
+def test_packing_that_drops_the_group_column_is_refused_before_any_check():
+    with pytest.raises(WorkbookError, match="packing drops every column but the tokens") as err:
+        _task(packing=True)
+    assert "packing=False" in err.value.fix
+
+
 @pytest.mark.parametrize("factory, words", [
     (lambda: object(), "not a transformers Trainer"),
     ("make_trainer", "takes a function that builds the trainer"),
