@@ -218,3 +218,20 @@ def test_building_the_model_again_says_nothing_new(clean, capfd):
     assert not [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
     assert "Tokenizing" not in err and "Loading weights" not in err
     assert datasets.is_progress_bar_enabled()  # the user's setting given back
+
+
+def test_building_the_model_leaves_the_pilots_random_streams_alone(clean):
+    # the Trainer calls set_seed(args.seed) when it is built: the pilot's streams are kept
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(123)
+    random.seed(123)
+    np.random.seed(123)
+    expected = (torch.rand(1).item(), random.random(), np.random.rand())
+    torch.manual_seed(123)
+    random.seed(123)
+    np.random.seed(123)
+    clean.build_model()
+    assert (torch.rand(1).item(), random.random(), np.random.rand()) == expected

@@ -67,10 +67,12 @@ def _rng_kept() -> Iterator[None]:
     """Python's, numpy's and torch's random streams as they were before (a Trainer's
     construction calls set_seed)."""
     state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        yield
-    random.setstate(state[0])
-    np.random.set_state(state[1])
+    try:
+        with torch.random.fork_rng():  # the CPU's and, where there is one, the GPUs' streams
+            yield
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
 
 
 def _own_forwards(model: Any) -> list[str]:
