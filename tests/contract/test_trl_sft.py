@@ -235,3 +235,19 @@ def test_building_the_model_leaves_the_pilots_random_streams_alone(clean):
     np.random.seed(123)
     clean.build_model()
     assert (torch.rand(1).item(), random.random(), np.random.rand()) == expected
+
+
+def test_the_archive_holds_the_adapters_and_reloads_them_onto_the_base(clean_items, tmp_path):
+    import pandas as pd
+
+    from workbook.notebooks.archive import reload_archive, write_archive
+    from workbook.training.loop import train
+
+    task = _task()
+    done = train(task, clean_items["train"], UpdateShape(2, 1).train_config(updates=3, lr=1e-2))
+    path = write_archive(tmp_path / "archive", "examples.trl_sft:task", {"count": CHATS},
+                         done.model, {}, pd.DataFrame(), ["trained 3 updates"])
+    files = {p.name for p in path.iterdir()}
+    assert "adapter_model.safetensors" in files and "model.safetensors" not in files
+    reloaded = reload_archive(path, "examples.trl_sft:task", {"count": CHATS})
+    assert reloaded["identical"] and reloaded["max_abs_diff"] == 0.0

@@ -127,3 +127,35 @@ def linear_names(model: nn.Module) -> list[str]:
             if kept:
                 names.add(kept[-1])
     return sorted(names)
+
+
+ADAPTERS = "adapter_model.safetensors"  # PEFT's file of a fine-tune's adapters
+
+
+def saves_adapters(model: nn.Module) -> bool:
+    """A PEFT model: its checkpoints and archive hold the adapters only (and the layers
+    trained whole), as PEFT and the Trainer save it; the base is rebuilt from its own weights."""
+    return hasattr(model, "peft_config") and callable(getattr(model, "save_pretrained", None))
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors as PEFT saves them (`get_peft_model_state_dict`)."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def load_adapters(model: nn.Module, path) -> None:
+    """The adapters of a saved file into `model` (PEFT's own loader); adapters of another
+    configuration are refused with the names that do not fit."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from ..base.errors import WorkbookError
+
+    result = set_peft_model_state_dict(model, load_file(str(path)))
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    if unexpected:
+        raise WorkbookError(f"the adapters in {path} do not fit the model: {unexpected[:3]}",
+                            "load them into a model made with the LoraConfig they were "
+                            "written with")

@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model
 
 from ..base.errors import WorkbookError
+from ..contract import fine_tuning
 from ..contract.data import Item, collate_items, prepare
 from ..contract.task import Task, load_recorded_task, load_task
 from ..storage import schemas
@@ -70,7 +71,11 @@ def write_archive(path: str | Path, task_path: str, task_options: dict, model: t
     outputs = control_outputs(task, model, items)
 
     def fill(tmp: Path) -> None:
-        save_model(model, str(tmp / WEIGHTS))
+        # a fine-tune's archive holds its adapters, reloaded onto the base the task loads
+        if fine_tuning.saves_adapters(model):
+            save_file(fine_tuning.adapter_state(model), str(tmp / fine_tuning.ADAPTERS))
+        else:
+            save_model(model, str(tmp / WEIGHTS))
         save_file({"logits": outputs.contiguous()}, str(tmp / CONTROL_OUTPUTS))
         files = {
             CONFIG: {"task": task_path, "task_options": task_options, "train": config,
@@ -101,7 +106,10 @@ def reload_archive(path: str | Path, task: str | None, task_options: dict | None
     schemas.check(schemas.Revision, revision, path / "revision.json", "code revision", fix)
     loaded = load_recorded_task(config, task, task_options, f"archive {path}")
     model = loaded.build_model()
-    load_weights(model, path / WEIGHTS, "archive")
+    if (path / fine_tuning.ADAPTERS).exists():
+        fine_tuning.load_adapters(model, path / fine_tuning.ADAPTERS)
+    else:
+        load_weights(model, path / WEIGHTS, "archive")
     ids = read_json_list(path / "control_inputs.json")
     items = control_items(loaded, len(ids))
     if [str(it.id) for it in items] != ids:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError, reason
+from .. import fine_tuning
 from ..run import current_run
 
 MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> model
@@ -184,27 +185,6 @@ def _scheduler_factory(args: Any, train_rows: int, hooks: _Callbacks | None,
     return build_scheduler
 
 
-ADAPTERS = "adapter_model.safetensors"  # PEFT's file of a fine-tune's adapters
-
-
-def _peft(model: nn.Module) -> bool:
-    """A PEFT model, saved as the Trainer saves one: its adapters only (save_pretrained)."""
-    return hasattr(model, "peft_config") and callable(getattr(model, "save_pretrained", None))
-
-
-def _load_adapters(model: nn.Module, path: Path) -> None:
-    """The adapters of a checkpoint into `model` (PEFT's own loader); a checkpoint of other
-    adapters is refused with the names that do not fit."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    result = set_peft_model_state_dict(model, load_file(str(path)))
-    unexpected = list(getattr(result, "unexpected_keys", None) or [])
-    if unexpected:
-        raise WorkbookError(f"the checkpoint's adapters do not fit the model: {unexpected[:3]}",
-                            "resume with the LoraConfig the checkpoint was written with")
-
-
 def _checkpoint_code(args: Any, hooks: _Callbacks | None, save_only_model: bool):
     """save_state/restore_state writing what the Trainer's `_save_checkpoint` writes, as plain
     files: config.json and model.safetensors (a PEFT model: adapter_model.safetensors and
@@ -217,7 +197,7 @@ def _checkpoint_code(args: Any, hooks: _Callbacks | None, save_only_model: bool)
     def save_state(folder: Any, objects: dict) -> None:
         folder = Path(folder)
         model, sched = objects["model"], objects.get("scheduler")
-        if _peft(model):  # as the Trainer saves a PEFT model: the adapters and their config
+        if fine_tuning.saves_adapters(model):  # as the Trainer saves a PEFT model
             model.save_pretrained(str(folder))
         else:
             if hasattr(model, "config") and callable(getattr(model.config, "to_json_file",
@@ -238,8 +218,8 @@ def _checkpoint_code(args: Any, hooks: _Callbacks | None, save_only_model: bool)
 
     def restore_state(folder: Any, objects: dict) -> None:
         folder = Path(folder)
-        if (folder / ADAPTERS).exists():
-            _load_adapters(objects["model"], folder / ADAPTERS)
+        if (folder / fine_tuning.ADAPTERS).exists():
+            fine_tuning.load_adapters(objects["model"], folder / fine_tuning.ADAPTERS)
         else:
             load_model(objects["model"], str(folder / "model.safetensors"))
         if objects.get("optimizer") is None:  # a model-only restore (06 evaluates a trial)
