@@ -10,6 +10,9 @@ download); the conversations are the generation sample's, three turns each after
 message. Needs `pip install -e .[llm]` (trl, peft).
 
     python -m workbook pilot --task examples.trl_sft:task --smoke
+    python -m workbook pilot --task examples.trl_sft:task -p 'task_options={"lora": false}'
+
+(`lora=False`: the same fine-tune of the whole pretrained base, no adapters.)
 
 Planted bugs: `all_tokens_in_loss=True` (assistant_only_loss left off: system and user tokens
 are trained on; 01 names targets on prompt tokens), `init_adapters=False` (PEFT's
@@ -70,7 +73,8 @@ def chat_tokenizer(chats: list[dict], template: str = TEMPLATE):
 
 def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                          init_adapters: bool = True, no_generation_markers: bool = False,
-                         foreign_targets: bool = False, packing: bool = False):
+                         foreign_targets: bool = False, packing: bool = False,
+                         lora: bool = True):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -95,7 +99,7 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                            **({"packing_strategy": "wrapped"} if packing else {})),
             train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
             # the head trains whole beside the adapters (the words' rows must part)
-            peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=[
+            peft_config=None if not lora else LoraConfig(r=8, lora_alpha=16, target_modules=[
                 "q_proj", "v_proj", "query", "value"] if foreign_targets else "all-linear",
                                    modules_to_save=["lm_head"], task_type="CAUSAL_LM",
                                    init_lora_weights=init_adapters))

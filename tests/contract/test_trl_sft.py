@@ -74,6 +74,19 @@ def test_a_lora_fine_tune_starts_from_its_base_and_memorises_in_02(clean):
     assert res.figures["initial_loss_rule"] == "the base's own loss (adapters off)"
 
 
+def test_a_full_fine_tune_of_a_pretrained_base_is_not_judged_against_ln_outputs(clean_items,
+                                                                                  tmp_path):
+    task = _task(lora=False)
+    assert task.pretrained and not fine_tuning.adapted(task.build_model())
+    res = overfit(task, examples=4, updates=60, lr=1e-3)
+    initial = res.checks.iloc[0]
+    assert initial.passed and "pretrained base" in initial.detail
+    report = GateRun(task, GateSettings(UpdateShape(2, 1), eval_batch=8, input_updates=1),
+                     clean_items["train"], clean_items["validation"], tmp_path).run()
+    row = {r.phase: r for r in report.rows}["forward + loss"]
+    assert row.verdict == "pass" and "not judged" in row.detail
+
+
 def test_adapters_that_change_the_base_before_training_are_named_by_03(clean_items, tmp_path):
     task = _task(init_adapters=False)
     report = GateRun(task, GateSettings(UpdateShape(2, 1), eval_batch=8, input_updates=1),
@@ -251,3 +264,21 @@ def test_the_archive_holds_the_adapters_and_reloads_them_onto_the_base(clean_ite
     assert "adapter_model.safetensors" in files and "model.safetensors" not in files
     reloaded = reload_archive(path, "examples.trl_sft:task", {"count": CHATS})
     assert reloaded["identical"] and reloaded["max_abs_diff"] == 0.0
+
+
+def test_from_hf_takes_a_factory_that_loads_weights_and_sizes_it(clean_items):
+    # from_pretrained refuses the meta device: the probe and the prediction build it for
+    # real on the CPU and keep its shapes
+    from transformers import AutoModelForCausalLM
+
+    from examples.trl_sft import BASE, make_trainer_factory
+
+    trainer = make_trainer_factory(CHATS, lora=False)()
+    task = wb.adapters.from_hf(lambda: AutoModelForCausalLM.from_pretrained(BASE),
+                               trainer.train_dataset, trainer.eval_dataset,
+                               trainer.data_collator, trainer.processing_class, trainer.args,
+                               name="loaded", group_column="conversation")
+    assert task.pretrained and task.max_length == 64
+    sized = predict(task, clean_items["train"], clean_items["validation"],
+                    Plan(UpdateShape(2, 1), 64))
+    assert sized.predicted_peak_bytes.notna().any()

@@ -30,7 +30,7 @@ from ..targets import IGNORE_INDEX
 from ..task import Task, adamw
 from .hf_metrics import ROW, ROW_OFFSET, _probe_padding, _SplitMetrics
 from .hf_trainer import MODELS, _Callbacks, _checkpoint_code, _parameter_groups, _scheduler_factory
-from .torch import probe_on_meta
+from .torch import loading_weights, probe_on_meta
 
 SPLITS = ("train", "validation", "test")
 INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
@@ -230,8 +230,9 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     tokenizer's chat template (every message but the last, with the generation prompt): 01
     then checks the collator keeps it out of the loss (`prompt_in_loss=True` says it should be
     in). Other Task fields pass through."""
+    model_factory = loading_weights(model_factory)  # from_pretrained: real, then on meta
     probe = probe_on_meta(model_factory, "model", "pass a factory that builds the model from "
-                          "its config (no download inside it)")
+                          "its config or a local folder (no download inside it)")
     kind, shift = _kind(probe)
     target = kinds.of(kind)
     data = {split: _rows(d, split) for split, d in zip(SPLITS, (train_dataset, eval_dataset,
@@ -479,6 +480,9 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                      "read as a stream, one row of each split in turn as the notebooks ask "
                      "for examples: never indexed nor held whole, each example carries its "
                      "row; padding rows are counted when a pass reaches the end")
+    # a model whose weights were loaded (from_pretrained names its folder) starts from its own
+    # loss, not ln(outputs); a task field given wins
+    fields.setdefault("pretrained", bool(getattr(probe, "name_or_path", "")))
     task = Task(name=name, kind=kind, load_examples=load_stream if streamed else load,
                 encode=encode, collate=collated, build_model=model_factory,
                 model_inputs=tuple(k for k in INPUTS if k in first),

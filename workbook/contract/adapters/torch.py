@@ -5,6 +5,7 @@ carrying its item."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from typing import Any, Callable, Sequence
@@ -21,6 +22,30 @@ from ..task import Task
 
 LABELS = "labels"
 SPLITS = ("train", "validation", "test")
+
+
+@contextlib.contextmanager
+def real_on_cpu() -> Iterator[None]:
+    """Real tensors on the CPU, whatever device or fake-tensor mode the caller is in."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.device("cpu"):
+        yield
+
+
+def loading_weights(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """`factory`, also on the meta device when it loads weights (`from_pretrained` refuses a
+    meta device): there it is built for real on the CPU and its model moved to meta - the
+    pilot's models are twins, small enough to build."""
+    def build() -> nn.Module:
+        if torch.get_default_device().type != "meta":
+            return factory()
+        try:
+            return factory()
+        except Exception:  # weights read from disk: build for real, then keep only shapes
+            with real_on_cpu():
+                return factory().to("meta")
+    return build
 
 
 def probe_on_meta(factory: Callable[[], nn.Module], what: str, fix: str) -> nn.Module:

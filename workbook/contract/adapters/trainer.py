@@ -18,6 +18,7 @@ import torch
 from ...base.errors import WorkbookError, reason
 from ..task import Task
 from .hf import from_hf
+from .torch import real_on_cpu
 
 # callbacks every Trainer adds by itself (progress, logging integrations): not the user's
 OWN_CALLBACKS = ("DefaultFlowCallback", "PrinterCallback", "ProgressCallback",
@@ -125,15 +126,6 @@ def _quiet() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-@contextlib.contextmanager
-def _on_cpu() -> Iterator[None]:
-    """Real tensors on the CPU, whatever device or fake-tensor mode the caller is in."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily(), torch.device("cpu"):
-        yield
-
-
 def from_trainer(make_trainer: Callable[[], Any], *, name: str,
                  group_column: str | None = None, **task_fields: Any) -> Task:
     """A Task from the trainer `make_trainer()` builds, exactly as the campaign's script
@@ -155,7 +147,7 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
         # on the meta device (the pilot's probes, the prediction) the trainer is built on the
         # CPU with real tensors and its model moved there: a Trainer cannot place meta tensors
         meta = torch.get_default_device().type == "meta"
-        with _rng_kept(), _quiet(), _on_cpu() if meta else contextlib.nullcontext():
+        with _rng_kept(), _quiet(), real_on_cpu() if meta else contextlib.nullcontext():
             model = built(make_trainer).model
             _own_forwards(model)
             return model.to("meta") if meta else model
