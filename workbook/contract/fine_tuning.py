@@ -30,13 +30,6 @@ def adapted(model: nn.Module) -> bool:
         any(a in f".{name}." for a, _ in LORA_PAIRS) for name, _ in model.named_parameters())
 
 
-def frozen_share(model: nn.Module) -> float:
-    """The share of the model's parameters (by count) that are frozen."""
-    counts = [(p.numel(), p.requires_grad) for p in model.parameters()]
-    total = sum(n for n, _ in counts)
-    return sum(n for n, trains in counts if not trains) / total if total else 0.0
-
-
 def waiting_for_partner(before: dict[str, torch.Tensor]) -> set[str]:
     """Trainable LoRA A tensors that an update cannot move: their B was zero before it (as PEFT
     starts it), so A's gradient, which flows through B, is exactly zero. They move from the
