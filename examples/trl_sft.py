@@ -21,8 +21,12 @@ are trained on; 01 names targets on prompt tokens), `init_adapters=False` (PEFT'
 refuses it and the pilot says so in TRL's words), `foreign_targets=True` (target_modules
 copied from a BERT recipe, `["q_proj", "v_proj", "query", "value"]`: PEFT accepts it since
 some entries match, and the layers meant by the others train no adapter; 01 names them),
-`packing=True` (the "wrapped" strategy: packing drops the `conversation` column the leakage
-check needs, and documents attend across their boundaries; refused with the fix).
+`loss="mean"` (a trainer subclass whose `compute_loss` returns each micro-batch's mean and
+ignores `num_items_in_batch`, as forum answers write it: the Trainer does not divide it by the
+accumulation steps, transformers#37766; 04 names it - `loss="summed"` is its clean twin, dividing
+by `num_items_in_batch`), `packing=True` (the "wrapped" strategy: packing drops the
+`conversation` column the leakage check needs, and documents attend across their boundaries;
+refused with the fix).
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def chat_tokenizer(chats: list[dict], template: str = TEMPLATE):
 def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                          init_adapters: bool = True, no_generation_markers: bool = False,
                          foreign_targets: bool = False, packing: bool = False,
-                         lora: bool = True):
+                         lora: bool = True, loss: str | None = None):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -91,7 +95,7 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
     evaluation = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 >= 8])
 
     def make_trainer():
-        return SFTTrainer(
+        return (own_loss_trainer(loss) if loss else SFTTrainer)(
             model=AutoModelForCausalLM.from_pretrained(BASE),
             args=SFTConfig(output_dir="trl-sft-out", assistant_only_loss=not all_tokens_in_loss,
                            max_length=64, learning_rate=1e-2, per_device_train_batch_size=8,
@@ -104,6 +108,28 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                                    modules_to_save=["lm_head"], task_type="CAUSAL_LM",
                                    init_lora_weights=init_adapters))
     return make_trainer
+
+
+def own_loss_trainer(normalised: str):
+    """An SFTTrainer with the loss written out, as users override `compute_loss`: "summed"
+    divides the summed token losses by the update's `num_items_in_batch`, "mean" returns the
+    micro-batch's mean whatever it is given."""
+    import torch.nn.functional as F
+    from trl import SFTTrainer
+
+    class OwnLossTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            logits, targets = outputs.logits[:, :-1], labels[:, 1:]
+            losses = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                                     ignore_index=-100, reduction="sum" if normalised ==
+                                     "summed" and num_items_in_batch is not None else "mean")
+            loss = losses / num_items_in_batch if normalised == "summed" and \
+                num_items_in_batch is not None else losses
+            return (loss, outputs) if return_outputs else loss
+
+    return OwnLossTrainer
 
 
 def make_base(count: int = 300, updates: int = 300, seed: int = 0) -> None:

@@ -32,6 +32,23 @@ def test_unknown_task_option_is_refused():
         load_task("workbook.samples.generation:task", max_lenght=3)
 
 
+def test_a_task_function_with_keyword_arguments_takes_any_option(monkeypatch):
+    import sys
+    import types
+
+    module = types.ModuleType("kw_task_module")
+
+    def task(count=3, **planted):
+        return load_task("workbook.samples.generation:task", max_length=count, **planted)
+
+    module.task = task
+    monkeypatch.setitem(sys.modules, "kw_task_module", module)
+    loaded = load_task("kw_task_module:task", count=12, prompt_in_loss=True)
+    assert loaded.prompt_in_loss and loaded.options == {"count": 12, "prompt_in_loss": True}
+    with pytest.raises(WorkbookError, match="max_lenght"):  # still refused where it lands
+        load_task("kw_task_module:task", max_lenght=3)
+
+
 def test_every_missing_capability_is_reported_at_once(gen_task):
     broken = dataclasses.replace(gen_task, encode=None, collate="not callable", kind="ranking",
                                  split_fractions=(0.5, 0.5, 0.5))

@@ -282,3 +282,29 @@ def test_from_hf_takes_a_factory_that_loads_weights_and_sizes_it(clean_items):
     sized = predict(task, clean_items["train"], clean_items["validation"],
                     Plan(UpdateShape(2, 1), 64))
     assert sized.predicted_peak_bytes.notna().any()
+
+
+def _accounting(loss):
+    from workbook.commands import params
+    from workbook.notebooks import accounting
+
+    p = params.of("04_batch_accounting", small=True, task="examples.trl_sft:task",
+                  task_options={"count": CHATS, "loss": loss})
+    return accounting.run(p)
+
+
+def test_a_compute_loss_that_ignores_num_items_in_batch_is_named_by_04():
+    result = _accounting("mean")
+    assert len(result.findings) == 1
+    finding = result.findings[0]
+    assert "OwnLossTrainer.compute_loss ignores num_items_in_batch" in finding
+    assert "transformers#37766" in finding and "does not divide it by the accumulation" in finding
+    assert result.step_loss.agree.all()  # one micro-batch: the same loss as the model's
+
+
+def test_a_compute_loss_that_divides_by_num_items_in_batch_passes_04():
+    result = _accounting("summed")
+    assert result.findings == [] and result.warnings == []
+    own = result.check[result.check.normalisation == "the task's train_step"]
+    assert len(own) == 6 and own.within_tolerance.all()
+    assert "OwnLossTrainer.compute_loss" in " ".join(result.task.adapter_notes)

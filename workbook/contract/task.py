@@ -455,9 +455,11 @@ def load_task(path: str, **options: Any) -> Task:
         )
     obj = getattr(module, attr)
     if not isinstance(obj, Task) and callable(obj):
-        accepted = set(inspect.signature(obj).parameters)
+        given = inspect.signature(obj).parameters
+        accepted = {n for n, p in given.items() if p.kind not in (p.VAR_KEYWORD,
+                                                                   p.VAR_POSITIONAL)}
         unknown = sorted(set(options) - accepted)
-        if unknown:
+        if unknown and not any(p.kind == p.VAR_KEYWORD for p in given.values()):
             raise WorkbookError(
                 f"task options {unknown} are not accepted by {path}",
                 f"use only {sorted(accepted)}",

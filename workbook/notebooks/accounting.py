@@ -203,6 +203,21 @@ def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (
     return pd.DataFrame(rows)
 
 
+def own_split_cause(task: Task, items: list[Item], check: pd.DataFrame,
+                    seed: int = 0) -> str | None:
+    """The cause a task's own step gives for its gradient depending on the split (its
+    `explain_split(model, micro_batches)`, e.g. from_trainer's reading of compute_loss), when
+    the equal split found one; None otherwise."""
+    explain = getattr(task.train_step, "explain_split", None)
+    own = check[(check.normalisation == "the task's train_step") &
+                (check.case == "equal split")]
+    if explain is None or not len(own) or own.within_tolerance.all():
+        return None
+    torch.manual_seed(seed)
+    model = task.build_model().eval()
+    return explain(model, [b.tensors for b in micro_batches(task, items, 2)])
+
+
 def batch_norm_statistics(task: Task, items: list[Item], shape: UpdateShape) -> pd.DataFrame:
     """Run one update and record, for every batch-norm layer, how many examples each of its
     statistics was computed over: the micro-batch (or a ghost batch), never the effective batch."""
@@ -297,6 +312,7 @@ class AccountingResult:
     batch_norm: pd.DataFrame
     step_loss: pd.DataFrame | None = None  # the task's train_step loss against its `loss`
     evaluation: pd.DataFrame | None = None  # the task's eval_step as the campaign calls it
+    split_cause: str | None = None  # why the task's step depends on the split, in its terms
 
     @property
     def findings(self) -> list[str]:
@@ -315,7 +331,8 @@ class AccountingResult:
         if len(off):
             worst = off.iloc[int(off.max_relative_deviation.to_numpy().argmax())]
             times = k_times_too_large(off)
-            cause = ("its loss is not the task's either (above), which can be the cause: a "
+            cause = (self.split_cause if self.split_cause else
+                     "its loss is not the task's either (above), which can be the cause: a "
                      "mask it drops sees other padding in every split" if other_loss else
                      f"the loss is not divided by the number of micro-batches: each split's "
                      f"gradient is exactly that many times the whole update's ({times}), as "
@@ -324,7 +341,8 @@ class AccountingResult:
                      "the update's targets" if times else
                      "it normalises per micro-batch (e.g. back-propagates each micro-batch's "
                      "mean): sum the losses and divide once by the update's targets")
-            found.append(f"your train_step's gradient depends on how the update is split: "
+            who = getattr(self.task.train_step, "described", "your train_step's gradient")
+            found.append(f"{who} depends on how the update is split: "
                          f"micro-batch x accumulation {worst['micro_batch x accumulation']} "
                          f"differs from the whole update in one micro-batch by "
                          f"{worst.max_relative_deviation:.3g} (relative) with dropout and "
@@ -389,6 +407,7 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
     step_loss = (step_loss_check(task, items[: params["check_examples"]], params["tolerance"])
                  if task.train_step is not None else None)
     evaluation = None
+    split_cause = own_split_cause(task, items[: params["check_examples"]], check)
     if task.eval_step is not None:
         val = prepare(task, ("validation",)).validation or items
         evaluation = evaluation_check(
@@ -399,7 +418,8 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
                             account.budget(hold, value, targets_per_example), budget,
                             BatchAccount(UpdateShape(2, 8), 3200),
                             reconcile(loop_account, steps, items, task), check,
-                            batch_norm_demonstration(task, items, shape), step_loss, evaluation)
+                            batch_norm_demonstration(task, items, shape), step_loss, evaluation,
+                            split_cause)
 
 
 def save(result: AccountingResult, out_dir: Path) -> str:

@@ -19,6 +19,7 @@ from ...base.errors import WorkbookError, reason
 from ..task import Task
 from .hf import from_hf
 from .torch import real_on_cpu
+from .trainer_step import TrainerStep, own_loss
 
 # callbacks every Trainer adds by itself (progress, logging integrations): not the user's
 OWN_CALLBACKS = ("DefaultFlowCallback", "PrinterCallback", "ProgressCallback",
@@ -187,4 +188,11 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
                                   "the loss from the model's logits, so the campaign's fused "
                                   "loss kernel and its memory saving are not measured here"
                                   if replaced else ""))
+    loss = own_loss(trainer)
+    if loss is not None:  # the user's loss code: every update runs it as the Trainer does
+        task.train_step = TrainerStep(trainer, task.model_inputs, task.label_shift)
+        task.adapter_notes.append(
+            f"from_trainer: the loss is {loss}: each update calls it as "
+            "Trainer.training_step does (num_items_in_batch, the division by the "
+            "accumulation steps, max_grad_norm), so 04 judges the campaign's own loss code")
     return task
