@@ -26,7 +26,9 @@ ignores `num_items_in_batch`, as forum answers write it: the Trainer does not di
 accumulation steps, transformers#37766; 04 names it - `loss="summed"` is its clean twin, dividing
 by `num_items_in_batch`), `packing=True` (the "wrapped" strategy: packing drops the
 `conversation` column the leakage check needs, and documents attend across their boundaries;
-refused with the fix).
+refused with the fix), `long_system=40` (every fourth chat opens with an 80-word system prompt,
+so at max_length=64 truncation leaves it no assistant token: TRL drops those rows silently and
+01 counts them; `max_length=4` leaves no row at all and is refused).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def chat_tokenizer(chats: list[dict], template: str = TEMPLATE):
 def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                          init_adapters: bool = True, no_generation_markers: bool = False,
                          foreign_targets: bool = False, packing: bool = False,
-                         lora: bool = True, loss: str | None = None):
+                         lora: bool = True, loss: str | None = None,
+                         max_length: int = 64, long_system: int = 0):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -86,6 +89,9 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
     from trl import SFTConfig, SFTTrainer
 
     chats = conversations(count)
+    for chat in chats[::4]:  # planted: a long system prompt fills the context of some chats
+        if long_system:
+            chat["messages"][0]["content"] = " ".join(["answer briefly"] * long_system)
     tokenizer = AutoTokenizer.from_pretrained(BASE)
     if no_generation_markers:
         tokenizer.chat_template = TEMPLATE.replace("{% generation %}", "").replace(
@@ -98,7 +104,7 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
         return (own_loss_trainer(loss) if loss else SFTTrainer)(
             model=AutoModelForCausalLM.from_pretrained(BASE),
             args=SFTConfig(output_dir="trl-sft-out", assistant_only_loss=not all_tokens_in_loss,
-                           max_length=64, learning_rate=1e-2, per_device_train_batch_size=8,
+                           max_length=max_length, learning_rate=1e-2, per_device_train_batch_size=8,
                            report_to="none", use_cpu=True, packing=packing,
                            **({"packing_strategy": "wrapped"} if packing else {})),
             train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,

@@ -308,3 +308,21 @@ def test_a_compute_loss_that_divides_by_num_items_in_batch_passes_04():
     own = result.check[result.check.normalisation == "the task's train_step"]
     assert len(own) == 6 and own.within_tolerance.all()
     assert "OwnLossTrainer.compute_loss" in " ".join(result.task.adapter_notes)
+
+
+def test_rows_trl_drops_at_truncation_are_counted_by_01(clean):
+    assert clean.rows_dropped == {}
+    task = _task(long_system=40)  # every fourth chat's system prompt fills max_length=64
+    assert {s: d[:2] for s, d in task.rows_dropped.items()} == {"train": (12, 48),
+                                                               "validation": (3, 12)}
+    flags = [f for f in inspect_task(task, probe_size=4).flags
+             if f.check == "rows dropped before training"]
+    assert len(flags) == 1 and flags[0].count == 15
+    assert "12 of 48 train rows and 3 of 12 validation rows" in flags[0].message
+    assert "max_length=64" in flags[0].message and "silently" in flags[0].message
+
+
+def test_truncation_that_leaves_no_row_is_refused():
+    with pytest.raises(WorkbookError, match="dropped every one of the 48 train rows.*"
+                       "max_length=4"):
+        _task(max_length=4)

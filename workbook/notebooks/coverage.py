@@ -181,6 +181,23 @@ def end_token_audit(task: Task, items: list[Item]) -> list[Flag]:
                  "the model's own pad/unk token), or mask padding by the attention mask", ids)]
 
 
+def dropped_rows_audit(task: Task) -> list[Flag]:
+    """Rows a framework's own preparation dropped before the pilot saw them (`rows_dropped`,
+    per split: dropped, given, why - from_trainer counts TRL's): the campaign loses them too,
+    silently."""
+    dropped = getattr(task, "rows_dropped", None) or {}
+    if not dropped:
+        return []
+    said = " and ".join(f"{d} of {g} {split} rows" for split, (d, g, _) in dropped.items())
+    why = next(iter(dropped.values()))[2]
+    return [Flag("rows dropped before training", f"the trainer's preparation dropped {said}: "
+                 f"{why} - the campaign never trains or evaluates on them",
+                 sum(d for d, _, _ in dropped.values()),
+                 "raise max_length until the assistant turns fit, use "
+                 "truncation_mode='keep_end', or drop the rows yourself before the trainer "
+                 "and record it", [])]
+
+
 def adapter_target_audit(model: torch.nn.Module) -> list[Flag]:
     """LoRA `target_modules` entries that match no module of the model (PEFT refuses a config
     only when none match)."""

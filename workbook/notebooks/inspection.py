@@ -18,6 +18,7 @@ from .coverage import (
     Note,
     adapter_target_audit,
     coverage_flags,
+    dropped_rows_audit,
     end_token_audit,
     prompt_notes,
 )
@@ -121,6 +122,7 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
              + nonfinite + probed_flags
              + copy_audit(task, items["train"], model_shift=own_loss_shift(task, model, probe))
              + end_token_audit(task, items["train"]) + adapter_target_audit(model)
+             + dropped_rows_audit(task)
              + label_flags + split_flags)
     # regression: mean(target^2) over the train split - one value whose square is that mean
     square = torch.tensor([math.sqrt(result.train_square.mean)]) \

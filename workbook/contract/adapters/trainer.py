@@ -8,6 +8,7 @@ Everything past the reading is `from_hf`'s."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,15 +36,17 @@ def _mapped(trainer: Any) -> str | None:
     return next((n for n in names if n in MAPPED), None)
 
 
-def built(make_trainer: Callable[[], Any]) -> Any:
+def built(make_trainer: Callable[[], Any], log: list | None = None) -> Any:
     """The trainer `make_trainer()` returns, checked: a mapped trainer class, not yet trained;
-    the factory's own failure (TRL or PEFT refusing the setup) in its own words."""
+    the factory's own failure (TRL or PEFT refusing the setup) in its own words. `log` gets
+    the rows each dataset's preparation kept (`_counting`)."""
     if not callable(make_trainer):
         raise WorkbookError(f"from_trainer takes a function that builds the trainer, got "
                             f"{type(make_trainer).__name__}", "pass `make_trainer` (no call): "
                             "def make_trainer(): return SFTTrainer(...)")
     try:
-        trainer = make_trainer()
+        with _counting(log) if log is not None else contextlib.nullcontext():
+            trainer = make_trainer()
     except WorkbookError:
         raise
     except Exception as exc:
@@ -97,6 +100,55 @@ def _own_forwards(model: Any) -> list[str]:
 
 
 @contextlib.contextmanager
+def _counting(log: list[tuple[str, int, int]]) -> Iterator[None]:
+    """Record each dataset TRL's SFTTrainer prepares: (its name, rows given, rows kept). TRL
+    drops the rows truncation leaves without a target, silently; packed or streamed datasets
+    are not counted (their rows are not the given ones)."""
+    try:
+        from trl import SFTTrainer
+    except ImportError:
+        yield
+        return
+    original = SFTTrainer.__dict__["_prepare_dataset"]
+    signature = inspect.signature(original)
+
+    def counted(self, *args: Any, **kwargs: Any) -> Any:
+        given = signature.bind(self, *args, **kwargs).arguments
+        out = original(self, *args, **kwargs)
+        dataset = given.get("dataset")
+        if not given.get("packing") and hasattr(dataset, "__len__") and \
+                hasattr(out, "__len__"):
+            log.append((str(given.get("dataset_name", "train")), len(dataset), len(out)))
+        return out
+
+    SFTTrainer._prepare_dataset = counted
+    try:
+        yield
+    finally:
+        SFTTrainer._prepare_dataset = original
+
+
+def _dropped(log: list[tuple[str, int, int]], args: Any) -> dict[str, tuple[int, int, str]]:
+    """Per split, the rows TRL's preparation dropped: (dropped, given, why); refused when it
+    dropped every row of one."""
+    length = getattr(args, "max_length", None)
+    how = getattr(args, "truncation_mode", "keep_start")
+    why = (f"truncation at max_length={length} ({how}) left them no target, and TRL drops "
+           "such rows silently")
+    out = {}
+    for name, given, kept in log:
+        split = "validation" if name == "eval" else name
+        if kept == 0 and given:
+            raise WorkbookError(
+                f"TRL's preparation dropped every one of the {given} {name} rows: {why}",
+                "raise max_length (SFTConfig(max_length=...)) or use "
+                "truncation_mode='keep_end', so the assistant turns fit")
+        if kept < given:
+            out[split] = (given - kept, given, why)
+    return out
+
+
+@contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """A trainer built again says nothing new: its deprecation warnings and the progress bars
     of its datasets' preparation and weight loading were shown when it was first built, and a
@@ -137,7 +189,9 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
     `group_column` names the unit of leakage, a column the prepared rows keep (TRL keeps the
     dataset's columns unless it packs). Other Task fields pass through (`pretrained=True` for
     a pretrained base without adapters)."""
-    trainer = built(make_trainer)
+    log: list[tuple[str, int, int]] = []
+    trainer = built(make_trainer, log)
+    dropped = _dropped(log, trainer.args)
     model_class = type(trainer.model).__name__
     replaced = _own_forwards(trainer.model)
 
@@ -188,6 +242,7 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
                                   "the loss from the model's logits, so the campaign's fused "
                                   "loss kernel and its memory saving are not measured here"
                                   if replaced else ""))
+    task.rows_dropped = dropped  # per split: (dropped, given, why), 01 names them
     loss = own_loss(trainer)
     if loss is not None:  # the user's loss code: every update runs it as the Trainer does
         task.train_step = TrainerStep(trainer, task.model_inputs, task.label_shift)
