@@ -28,7 +28,10 @@ by `num_items_in_batch`), `packing=True` (the "wrapped" strategy: packing drops 
 `conversation` column the leakage check needs, and documents attend across their boundaries;
 refused with the fix), `long_system=40` (every fourth chat opens with an 80-word system prompt,
 so at max_length=64 truncation leaves it no assistant token: TRL drops those rows silently and
-01 counts them; `max_length=4` leaves no row at all and is refused).
+01 counts them; `max_length=4` leaves no row at all and is refused), `new_role_token="frozen"`
+(the template's assistant role becomes a new special token `<bot>`, the embeddings resized: its
+input-embedding row stays frozen under LoRA and keeps its random start; 01 names it -
+`new_role_token="trained"` is the clean twin, `trainable_token_indices` training that row).
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                          init_adapters: bool = True, no_generation_markers: bool = False,
                          foreign_targets: bool = False, packing: bool = False,
                          lora: bool = True, loss: str | None = None,
-                         max_length: int = 64, long_system: int = 0):
+                         max_length: int = 64, long_system: int = 0,
+                         new_role_token: str | None = None):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -93,6 +97,11 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
         if long_system:
             chat["messages"][0]["content"] = " ".join(["answer briefly"] * long_system)
     tokenizer = AutoTokenizer.from_pretrained(BASE)
+    if new_role_token:  # a role token the base never saw, added as the chat-template docs add it
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<bot>"]})
+        tokenizer.chat_template = tokenizer.chat_template.replace("<assistant>", "<bot>")
+    new_rows = {"embed_tokens": tokenizer.convert_tokens_to_ids(["<bot>"])} \
+        if new_role_token == "trained" else None
     if no_generation_markers:
         tokenizer.chat_template = TEMPLATE.replace("{% generation %}", "").replace(
             "{% endgeneration %}", "")
@@ -100,9 +109,15 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
     train = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 < 8])
     evaluation = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 >= 8])
 
+    def base():
+        model = AutoModelForCausalLM.from_pretrained(BASE)
+        if new_role_token:
+            model.resize_token_embeddings(len(tokenizer))
+        return model
+
     def make_trainer():
         return (own_loss_trainer(loss) if loss else SFTTrainer)(
-            model=AutoModelForCausalLM.from_pretrained(BASE),
+            model=base(),
             args=SFTConfig(output_dir="trl-sft-out", assistant_only_loss=not all_tokens_in_loss,
                            max_length=max_length, learning_rate=1e-2, per_device_train_batch_size=8,
                            report_to="none", use_cpu=True, packing=packing,
@@ -112,6 +127,7 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
             peft_config=None if not lora else LoraConfig(r=8, lora_alpha=16, target_modules=[
                 "q_proj", "v_proj", "query", "value"] if foreign_targets else "all-linear",
                                    modules_to_save=["lm_head"], task_type="CAUSAL_LM",
+                                   trainable_token_indices=new_rows,
                                    init_lora_weights=init_adapters))
     return make_trainer
 

@@ -326,3 +326,22 @@ def test_truncation_that_leaves_no_row_is_refused():
     with pytest.raises(WorkbookError, match="dropped every one of the 48 train rows.*"
                        "max_length=4"):
         _task(max_length=4)
+
+
+def test_an_added_token_whose_row_stays_frozen_is_named_by_01():
+    task = _task(new_role_token="frozen")  # "<bot>" added, embeddings resized, LoRA on top
+    flags = [f for f in inspect_task(task, probe_size=4).flags
+             if f.check == "added tokens not trained"]
+    assert len(flags) == 1 and flags[0].count == 48
+    assert "('<bot>') appear in 48 of 48 examples" in flags[0].message
+    assert "input embedding (1 row)" in flags[0].message
+    assert "output head" not in flags[0].message  # lm_head trains whole (modules_to_save)
+    assert "trainable_token_indices" in flags[0].fix
+
+
+def test_an_added_token_whose_row_trains_raises_nothing():
+    task = _task(new_role_token="trained")  # trainable_token_indices on "<bot>"
+    model = task.build_model()
+    assert list(fine_tuning.new_token_ids(model)) == [911]
+    assert fine_tuning.frozen_new_tokens(model) == {}
+    assert inspect_task(task, probe_size=4).flags == []

@@ -6,7 +6,9 @@ Read from the model itself (PEFT's attributes and names), so no task has to say 
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
@@ -106,6 +108,63 @@ def unmatched_targets(model: nn.Module) -> dict[str, list[str]]:
                          if not any(n == t or n.endswith("." + t) for n in targeted))
         if missing:
             out[adapter] = missing
+    return out
+
+
+def new_token_ids(model: nn.Module) -> range:
+    """Token ids whose embedding rows the pretrained base did not train: the rows
+    `resize_token_embeddings` added after loading (the vocabulary of the config saved with the
+    base against the model's). Empty for a model not loaded from a local folder."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = Path(str(getattr(base, "name_or_path", "") or "")) / "config.json"
+    config = getattr(base, "config", None)
+    now = getattr(config, "vocab_size", None)
+    if not saved.is_file() or not isinstance(now, int):
+        return range(0)
+    try:
+        before = json.loads(saved.read_text()).get("vocab_size")
+    except (OSError, ValueError):
+        return range(0)
+    return range(before, now) if isinstance(before, int) and now > before else range(0)
+
+
+def _trained_rows(module: nn.Module | None) -> set[int] | None:
+    """The token rows an embedding (or output head) trains: None for every row (its weight,
+    or a wrapper's copy of it, requires grad); else the rows of PEFT's trainable tokens."""
+    if module is None:
+        return set()
+    rows: set[int] = set()
+    for name, param in module.named_parameters():
+        if param.requires_grad and "trainable_tokens_delta" not in name and ".lora_" not in \
+                f".{name}":
+            return None
+    for sub in module.modules():
+        indices = getattr(sub, "token_indices", None)
+        delta = getattr(sub, "trainable_tokens_delta", None)
+        if isinstance(indices, dict) and delta is not None and any(
+                p.requires_grad for p in delta.parameters()):
+            rows.update(i for ids in indices.values() for i in ids)
+    return rows
+
+
+def frozen_new_tokens(model: nn.Module) -> dict[str, list[int]]:
+    """Per layer ("input embedding", "output head"), the new token ids (`new_token_ids`) whose
+    rows no parameter trains: a frozen base under LoRA keeps the values the resize gave them."""
+    new = new_token_ids(model)
+    if not new:
+        return {}
+    layers = {"input embedding": model.get_input_embeddings()}
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not \
+            getattr(layers["input embedding"], "weight", None):  # a tied head is the same rows
+        layers["output head"] = head
+    out = {}
+    for where, module in layers.items():
+        trained = _trained_rows(module)
+        if trained is not None:
+            frozen = [i for i in new if i not in trained]
+            if frozen:
+                out[where] = frozen
     return out
 
 

@@ -456,10 +456,12 @@ def load_task(path: str, **options: Any) -> Task:
     obj = getattr(module, attr)
     if not isinstance(obj, Task) and callable(obj):
         given = inspect.signature(obj).parameters
-        accepted = {n for n, p in given.items() if p.kind not in (p.VAR_KEYWORD,
-                                                                   p.VAR_POSITIONAL)}
+        takes = {n: p.kind for n, p in given.items()}  # a **options parameter takes any
+        accepted = {n for n, how in takes.items()
+                    if how not in (inspect.Parameter.VAR_KEYWORD,
+                                   inspect.Parameter.VAR_POSITIONAL)}
         unknown = sorted(set(options) - accepted)
-        if unknown and not any(p.kind == p.VAR_KEYWORD for p in given.values()):
+        if unknown and inspect.Parameter.VAR_KEYWORD not in takes.values():
             raise WorkbookError(
                 f"task options {unknown} are not accepted by {path}",
                 f"use only {sorted(accepted)}",

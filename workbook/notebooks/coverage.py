@@ -198,6 +198,34 @@ def dropped_rows_audit(task: Task) -> list[Flag]:
                  "and record it", [])]
 
 
+def new_token_audit(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Flag]:
+    """Tokens added to the pretrained base's vocabulary (rows `resize_token_embeddings` made)
+    that the data uses while no parameter trains their rows: under LoRA the embedding and
+    head stay frozen, so they keep the values the resize gave them."""
+    frozen = fine_tuning.frozen_new_tokens(model)
+    if not frozen:
+        return []
+    ids = sorted({i for rows in frozen.values() for i in rows})
+    wanted = torch.tensor(ids)
+    using = [it.id for it in items if bool(torch.isin(task.main_input(it.tensors).reshape(-1),
+                                                      wanted).any())]
+    if not using:
+        return []
+    names = ", ".join(repr(task.decode_input([i])) if task.decode_input else str(i)
+                      for i in ids[:5])
+    where = " and ".join(f"{w} ({len(r)} row{'s' if len(r) > 1 else ''})"
+                         for w, r in frozen.items())
+    return [Flag("added tokens not trained",
+                 f"{len(ids)} token{'s' if len(ids) > 1 else ''} added to the pretrained "
+                 f"base's vocabulary ({names}) appear in {len(using)} of {len(items)} "
+                 f"examples, but no parameter trains their rows of the {where}: they keep the "
+                 "values resize_token_embeddings gave them, so the model cannot learn what "
+                 "they mean", len(using),
+                 f"train those rows: LoraConfig(trainable_token_indices={{'embed_tokens': "
+                 f"{ids[:5]}}}) (the head's with them when it is not trained), or "
+                 "modules_to_save=['embed_tokens', 'lm_head']", using)]
+
+
 def adapter_target_audit(model: torch.nn.Module) -> list[Flag]:
     """LoRA `target_modules` entries that match no module of the model (PEFT refuses a config
     only when none match)."""
