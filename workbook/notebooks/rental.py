@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
 from ..contract.data import prepare
 from ..contract.task import Task, task_from_params
 from ..training import campaign as models
-from ..training.predict import Overheads
+from ..training.loop import UpdateShape
+from ..training.predict import Overheads, Plan
 from .rental_candidates import Candidate, candidates_from, same_update, sharded_default
 from .rental_conclusion import conclusion, study_result
+from .rental_offers import offers_table, resume_seconds
 from .rental_plans import (
     _plain,
     cheapest,
@@ -26,7 +29,9 @@ from .rental_plans import (
     planned_variants,
     priced_gpus,
 )
-from .rental_sheet import GIB, Assumptions, gpu, selection_sheet
+from .rental_prices import Catalog, Spot, read_catalog
+from .rental_sheet import GIB, Assumptions, flops, gpu, selection_sheet
+from .rental_speeds import SpeedBook, calibrate, read_speeds
 from .rental_stack import sharded_row, stack_check
 
 
@@ -45,6 +50,10 @@ class RentalResult:
     chosen: dict | None  # the first candidate that fits the GPU to rent
     conclusion: str  # markdown
     study: dict = field(default_factory=dict)  # 06's result as planned on (`study_result`)
+    catalog: Catalog | None = None
+    speeds: SpeedBook | None = None
+    calibration: str = ""  # what notebook 03's measurement did to the speeds, in words
+    offers: pd.DataFrame = field(default_factory=pd.DataFrame)  # the spread across providers
 
 
 def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
@@ -58,9 +67,16 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     gpu(rental_gpu, params["gpus"])
     overheads = Overheads(int(params["cuda_context_gib"] * GIB),
                           params["allocator_cache_share"], False)
+    catalog = read_catalog(params["price_catalog"], params["gpus"], params["currency"])
+    speeds, calibration = speed_book(params, task, data, out_dir.parent)
     assumptions = Assumptions(params["utilisation"], params["eval_every"], 0,
                               params["export_minutes"], overheads,
-                              prices=params["gpu_price_per_hour"], currency=params["currency"])
+                              prices=params["gpu_price_per_hour"], currency=params["currency"],
+                              speeds=speeds, catalog=catalog,
+                              spot=Spot(params["spot_interruptions_per_day"],
+                                        params["spot_restart_minutes"],
+                                        resume_seconds(out_dir.parent)),
+                              parameters=models.models(task).sized_parameters)
     sheet = selection_sheet(task, data.train, data.validation, candidates, params["gpus"],
                             params["gpu_tflops"], params["updates"], params["headroom"],
                             assumptions)
@@ -92,10 +108,55 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     plans = pd.concat([pack(variants, sheet, name, days, params["reserve_share"], role)
                        for name, role in priced_gpus(chosen, options, rental_gpu)
                        for days in (3, 7, 30)], ignore_index=True)
+    offers = offers_table(catalog, options, sheet, assumptions.spot, params["eval_every"])
+    basis = {"catalog": catalog.described(), "typed": sorted(params["gpu_price_per_hour"]),
+             "speeds": speeds.described() if speeds else
+             f"an assumed utilisation of {params['utilisation']:g}",
+             "calibration": calibration}
     return RentalResult(task, rental_gpu, candidates, sheet, stack, plans, options, chosen,
                         conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options,
-                                   not_sized(sheet), sheet.attrs.get("models"), study),
-                        study)
+                                   not_sized(sheet), sheet.attrs.get("models"), study, basis),
+                        study, catalog, speeds, calibration, offers)
+
+
+def speed_book(params: dict[str, Any], task: Task, data, run_dir: Path
+               ) -> tuple[SpeedBook | None, str]:
+    """The speed references `speeds` names ("references": the shipped table, "utilisation":
+    none - the single assumed share - or a CSV path), calibrated by notebook 03's step time
+    when it ran in `run_dir` on a GPU of the list."""
+    if params["speeds"] == "utilisation":
+        return None, "speeds = 'utilisation': every row at the assumed share"
+    book = read_speeds(None if params["speeds"] == "references" else params["speeds"],
+                       params["gpus"])
+
+    def count(micro_batch: int, accumulation: int, length: int, precision: str) -> float:
+        shape = UpdateShape(micro_batch=micro_batch, accumulation=accumulation,
+                            precision=precision)
+        counted = flops(task, data.train, data.validation,
+                        Candidate("03", Plan(shape, length)))
+        return counted["train_micro_batch"] * accumulation
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return book, calibrate(book, run_dir, count, params["gpus"], params["gpu_tflops"],
+                           not models.declared(task), device)
+
+
+def priced_figures(result: RentalResult) -> dict[str, Any]:
+    """What the plans are priced and timed on, for summary.json: the catalog (date, offers,
+    providers), the offer of the recommended GPU, how many sheet rows rest on each kind of
+    speed (measured, reference, interpolated, extrapolated, assumed) and 03's calibration."""
+    catalog, options, chosen = result.catalog, result.options, result.chosen
+    best = options.set_index("candidate").loc[chosen["candidate"]] if chosen else None
+    return {"catalog": None if catalog is None else {
+                "date": catalog.date.isoformat(), "dated_by": catalog.dated_by,
+                "path": catalog.path, "offers": len(catalog.offers),
+                "providers": catalog.providers},
+            "recommended_offer": None if best is None else best.get("cheapest_offer"),
+            "recommended_spot_offer": None if best is None else best.get("cheapest_spot_offer"),
+            "speed_from": {str(k): int(v) for k, v in
+                           result.sheet.speed_from.value_counts().items()}
+            if "speed_from" in result.sheet else {},
+            "calibration": result.calibration}
 
 
 def save(result: RentalResult, out_dir: Path) -> str:
@@ -111,7 +172,7 @@ def save(result: RentalResult, out_dir: Path) -> str:
                                             result.stack, result.chosen)
     write_text(out_dir / "conclusion.md", result.conclusion)
     for table, name in ((sheet, "selection"), (plans, "plan"), (options, "cheapest"),
-                        (stack, "stack")):
+                        (stack, "stack"), (result.offers, "offers")):
         save_table(table, out_dir, name)
     verdict = "pass" if chosen is not None else "fail"
     first = plans[plans.priced_on == plans.priced_on.iloc[0]] if len(plans) else plans
@@ -134,6 +195,7 @@ def save(result: RentalResult, out_dir: Path) -> str:
             strict=True)} if len(plans) else {},
         # the plans on the first GPU priced (the recommended one), by days
         "scheduled": {int(d): int(n) for d, n in
-                      first.groupby("days").scheduled.sum().items()}},
+                      first.groupby("days").scheduled.sum().items()},
+        **priced_figures(result)},
         task=result.task.name)
     return verdict

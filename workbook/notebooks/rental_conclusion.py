@@ -28,6 +28,48 @@ def money(amount: float | None, currency: str) -> str:
         f"{currency} {amount:,.2f}"
 
 
+def offered(best, currency: str) -> str:
+    """', on <offer> (<catalog date>), USD a-b over the speed references' range; on spot USD
+    c (<offer>, interruptions included)' for a candidate's cheapest GPU ('' without offer)."""
+    offer = best.get("cheapest_offer")
+    if offer is None or pd.isna(offer):
+        return ""
+    low, high = best.get("cheapest_cost_low"), best.get("cheapest_cost_high")
+    spread = f", {money(low, currency)} to {money(high, currency)} over the speeds' range" \
+        if low is not None and not pd.isna(low) and low != high else ""
+    spot, spot_offer = best.get("cheapest_spot_cost"), best.get("cheapest_spot_offer")
+    on_spot = f"; on spot {money(spot, currency)} ({spot_offer}, interruptions included)" \
+        if spot is not None and not pd.isna(spot) else "; no spot offer in the catalog"
+    return f", priced on {offer} ({best.get('cheapest_price_from')}){spread}{on_spot}"
+
+
+def ranged(done: pd.DataFrame, currency: str) -> str:
+    """' (1.2-1.9 h, USD 3.10-4.80 over the speeds' range; priced on <offers> of <date>)' for
+    the scheduled rows of a plan; '' when the plan has no range or no row."""
+    if done.empty or "hours_low" not in done or done.hours_low.isna().any():
+        return ""
+    lo, hi = done.hours_low.sum(), done.hours_high.sum()
+    offers = "; ".join(dict.fromkeys(f"{o} ({f})" for o, f in zip(
+        done.offer.fillna("no offer"), done.price_from.fillna("no price"), strict=True)))
+    if round(lo, 1) == round(hi, 1):
+        return f" (no range: the speeds' spread changes no hour; priced on {offers})"
+    costs = "" if done.cost_low.isna().any() else \
+        f", {money(done.cost_low.sum(), currency)}-{money(done.cost_high.sum(), currency)}"
+    return f" ({lo:.1f}-{hi:.1f} h{costs} over the speeds' range; priced on {offers})"
+
+
+def resting_on(basis: dict | None) -> str:
+    """What times and costs rest on, in one sentence."""
+    if not basis:
+        return ("Times rest on an assumed utilisation, costs on assumed prices, memory on a "
+                "fake-tensor prediction plus stated overheads.")
+    typed = f"; typed prices for {', '.join(basis['typed'])} win over it" \
+        if basis.get("typed") else ""
+    return (f"Times rest on {basis['speeds']} ({basis.get('calibration') or 'not calibrated'}); "
+            f"costs on the {basis['catalog']}{typed}; memory on a fake-tensor prediction plus "
+            "stated overheads.")
+
+
 def hours(value: float | None) -> str:
     return "time not known" if value is None or pd.isna(value) else f"{value:.1f} h"
 
@@ -191,7 +233,7 @@ def plan_lines(plans: pd.DataFrame, rental_gpu: str, currency: str) -> list[str]
             lines.append(
                 f"- {named}-day plans {where}: " + (
                     f"all the same - {fit} in {days[0]} days: {total:.1f} h, "
-                    f"{money(cost, currency)} in all" if len(done) else
+                    f"{money(cost, currency)} in all{ranged(done, currency)}" if len(done) else
                     f"none of the {len(shortest)} variants scheduled")
                 + ("; not scheduled in any: " + "; ".join(f"{r.variant} ({r.why_not})"
                                                           for r in left.itertuples())
@@ -206,6 +248,7 @@ def plan_lines(plans: pd.DataFrame, rental_gpu: str, currency: str) -> list[str]
             lines.append(f"- {days}-day plan {where}: {len(done)} of {len(plan)} variants "
                          "scheduled" + (f" ({which})" if len(done) else "") +
                          f", {done.hours.sum():.1f} h, {money(cost, currency)}"
+                         + ranged(done, currency)
                          + ("; not scheduled: " + "; ".join(f"{r.variant} ({r.why_not})"
                                                             for r in left.itertuples())
                             if len(left) else ""))
@@ -267,12 +310,14 @@ def first_failure(run_dir) -> str | None:
 def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFrame,
                stack: pd.DataFrame, options: pd.DataFrame,
                unsized: dict[str, str] | None = None,
-               models_lines: list[str] | None = None, study: dict | None = None) -> str:
+               models_lines: list[str] | None = None, study: dict | None = None,
+               basis: dict | None = None) -> str:
     """The campaign's conclusion in words, every figure rounded, from this notebook's sheet and
     the summaries of the other notebooks of this run where they exist (`unsized`: the
     candidates the prediction could not size, with the reason; `study`: 06's result as
     `study_result` reads it from the run folder, by default). The plans are told per GPU
-    priced on, recommended or planned on (`priced_gpus`)."""
+    priced on, recommended or planned on (`priced_gpus`); `basis` says what the prices and
+    speeds rest on (the catalog, typed prices, the speed references, 03's calibration)."""
     study = study if study is not None else study_result(run_dir)
     lines = ["# Rental decision", ""]
     failure = first_failure(run_dir)
@@ -313,7 +358,7 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                          f"{per_gpu(best.cheapest_required_gib, count)}): the cheapest GPU that "
                          "fits it with headroom, "
                          f"{money(best.cheapest_cost, currency)} for the budget "
-                         f"({spent}). You planned on the {rental_gpu} "
+                         f"({spent}){offered(best, currency)}. You planned on the {rental_gpu} "
                          f"({money(best.asked_cost, currency)}); {best.why}.")
         else:
             count = int(chosen.get("gpus") or 1)
@@ -327,7 +372,8 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
                          f"{chosen['headroom_gib']:.1f} GiB to spare, "
                          f"{money(chosen.get('cost'), currency)} for the budget "
                          f"({hours(chosen['budget_hours'])}"
-                         f"{gpu_hours(chosen.get('gpu_hours'), count)}); {best.why}.")
+                         f"{gpu_hours(chosen.get('gpu_hours'), count)})"
+                         f"{offered(best, currency)}; {best.why}.")
         lines += ["", study["said"]]
         if models_lines:
             lines += ["", "Sized for: " + "; ".join(models_lines) + "."]
@@ -351,7 +397,6 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
     todo = unverified(stack)
     lines += ["", "Still to verify on the rental before adopting it: " +
               ("; ".join(todo) if todo else "nothing beyond matching the versions listed") + ".",
-              "", "This sheet plans; it predicts neither duration nor quality. Times rest on "
-              "an assumed utilisation, costs on assumed prices, memory on a fake-tensor "
-              "prediction plus stated overheads."]
+              "", "This sheet plans; it predicts neither duration nor quality. "
+              + resting_on(basis)]
     return "\n".join(lines) + "\n"

@@ -40,6 +40,12 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
                      "lr_from": v.get("lr_from", ""), "repeats": repeats,
                      "hours": round(hours, 3), "cost": None if pd.isna(cost) else
                      round(float(cost) * repeats, 2),
+                     **{f"{k}_{end}": _times(row.get(f"{c}_{end}"), repeats, digits)
+                        for k, c, digits in (("hours", "budget_hours", 3), ("cost", "cost", 2))
+                        for end in ("low", "high")},
+                     "spot_cost": _times(row.get("spot_cost"), repeats, 2),
+                     "offer": row.get("offer"), "price_from": row.get("price_from"),
+                     "speed_from": row.get("speed_from"),
                      "start_hour": round(clock, 3) if fits else None,
                      "end_hour": round(clock + hours, 3) if fits else None,
                      "scheduled": fits,
@@ -55,8 +61,14 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
 
 
 PLAN_COLUMNS = ["days", "priced_on", "priority", "variant", "candidate", "gpu", "gpus",
-                "strategy", "lr", "lr_from", "repeats", "hours", "cost", "start_hour",
-                "end_hour", "scheduled", "why_not", "planned_as"]
+                "strategy", "lr", "lr_from", "repeats", "hours", "cost", "hours_low",
+                "hours_high", "cost_low", "cost_high", "spot_cost", "offer", "price_from",
+                "speed_from", "start_hour", "end_hour", "scheduled", "why_not", "planned_as"]
+
+
+def _times(value, repeats: int, digits: int) -> float | None:
+    """A sheet figure for `repeats` runs (None when the sheet has none)."""
+    return None if value is None or pd.isna(value) else round(float(value) * repeats, digits)
 
 # what a plan's GPU is to the decision, in the words of the conclusion
 RECOMMENDED, PLANNED, BOTH = "recommended", "planned on", "recommended and planned on"
@@ -180,9 +192,14 @@ VARIANT_LRS = ("control", "study")
 
 
 def _spend(row: pd.Series) -> float:
-    """Unrounded cost of a sheet row (GPU-hours when no price is given)."""
+    """Unrounded cost of a sheet row: hours x GPUs paid for x price (GPU-hours when no price
+    is given)."""
     price = row.get("price_per_hour")
-    return row.gpu_hours * (1.0 if price is None or pd.isna(price) else price)
+    if price is None or pd.isna(price):
+        return row.gpu_hours
+    paid = row.get("paid_gpus")
+    return (row.budget_hours * paid if paid is not None and not pd.isna(paid) and
+            not pd.isna(row.get("budget_hours")) else row.gpu_hours) * price
 
 
 def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
@@ -194,7 +211,9 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
         asked = group[group.gpu == rental_gpu].iloc[0]
         # by cost where every fitting GPU has one; a GPU without time or cost comes last
         key = "cost" if len(fitting) and fitting.cost.notna().all() else "gpu_hours"
-        best = fitting.sort_values(key, kind="stable", na_position="last").iloc[0] \
+        order = fitting.apply(_spend, axis=1) if key == "cost" and len(fitting) else \
+            fitting[key]
+        best = fitting.loc[order.sort_values(kind="stable", na_position="last").index[0]] \
             if len(fitting) else None
         if best is None:
             reason = asked.note if not sized(asked) else "fits no GPU of the list"
@@ -222,6 +241,9 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
                      "cheapest_gpu_hours": None if best is None else best.gpu_hours,
                      "cheapest_cost": None if best is None else best.cost,
                      "cheapest_hours": None if best is None else best.budget_hours,
+                     **{f"cheapest_{k}": None if best is None else best.get(k) for k in (
+                         "offer", "price_from", "cost_low", "cost_high", "spot_cost",
+                         "spot_offer", "speed_from")},
                      "asked_gpu": rental_gpu, "asked_fits": bool(asked.fits),
                      "asked_cost": asked.cost, "currency": asked.currency, "why": reason})
     return pd.DataFrame(rows)

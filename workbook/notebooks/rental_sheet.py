@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pandas as pd
 import torch
@@ -20,17 +21,23 @@ from ..training.loop import build_stepper
 from ..training.predict import Overheads, fit_table, longest_accepted, predict, sized_batches
 from ..training.workload import TRAINING_PHASES
 from .rental_candidates import Candidate
+from .rental_prices import Catalog, Spot, price_columns
 
 GIB = 2**30
 
 
-def check_gpus(gpus: dict, tflops: dict, prices: dict | None = None) -> None:
+def check_gpus(gpus: dict, tflops: dict, prices: dict | None = None,
+               partial: bool = False) -> None:
     """Every GPU has a memory size and a peak throughput that are positive numbers (and a
-    price, when prices are given)."""
+    price, when prices are given; only the GPUs priced when `partial`: a catalog prices the
+    rest)."""
     problems = []
     for name in gpus:
-        if prices and not (isinstance(prices.get(name), (int, float)) and prices[name] >= 0):
+        if prices and not (isinstance(prices.get(name), (int, float)) and prices[name] >= 0) \
+                and (not partial or name in prices):
             problems.append(f"no price per hour for {name!r} (got {prices.get(name)!r})")
+    for name in set(prices or {}) - set(gpus):
+        problems.append(f"a price for {name!r}, which is not one of the gpus")
     for name, gib in gpus.items():
         if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib <= 0:
             problems.append(f"memory of {name!r} is {gib!r}, not a positive number of GiB")
@@ -42,7 +49,8 @@ def check_gpus(gpus: dict, tflops: dict, prices: dict | None = None) -> None:
     if problems:
         raise WorkbookError("GPU list: " + "; ".join(problems),
                             "give gpus as {name: GiB}, gpu_tflops as {name: TFLOP/s} and "
-                            "gpu_price_per_hour as {name: price} for the same names")
+                            "gpu_price_per_hour as {name: price} for the same names (or {} "
+                            "to price every GPU from the catalog)")
 
 
 def gpu(name: str, gpus: dict) -> float:
@@ -84,14 +92,18 @@ def _flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int
 class Assumptions:
     """What the sheet does not measure here, stated once."""
 
-    utilisation: float = 0.35  # share of the GPU's peak the training reaches (MFU)
+    utilisation: float = 0.35  # share of the GPU's peak the training reaches (MFU), unless...
     eval_every: int = 50
     eval_examples: int = 0  # validation examples per evaluation (0: the task's set)
     export_minutes: float = 5.0  # saving and exporting a final checkpoint
     overheads: Overheads = field(default_factory=lambda: Overheads(GIB, 0.1, False))
     ddp_bucket_share: float = 1.0  # data parallel keeps gradient buckets ~ the gradients
-    prices: dict = field(default_factory=dict)  # per GPU-hour; {} = costs not shown
+    prices: dict = field(default_factory=dict)  # typed per GPU-hour: win over the catalog
     currency: str = "USD"
+    catalog: Catalog | None = None  # GPU offers, on-demand and spot (rental_prices)
+    spot: Spot | None = None
+    parameters: int = 0  # of the model the rental trains, for the speed references
+    speeds: Any = None  # ...a SpeedBook (rental_speeds) gives it per GPU, size and strategy
     min_update_s: float = 0.005  # no update is faster: kernel launches of even a tiny model
 
 
@@ -101,7 +113,7 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
     """One row per candidate x GPU: memory needed (predicted) and whether it fits, FLOPs per
     update (counted) and time per update (assumed utilisation), and the budget's hours. A
     candidate the prediction cannot size has rows without memory whose `note` says why."""
-    check_gpus(gpus, tflops, a.prices)
+    check_gpus(gpus, tflops, a.prices, partial=a.catalog is not None)
     rows = []
     eval_examples = a.eval_examples or len(val)
     longest = longest_accepted(task)
@@ -121,7 +133,7 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
             rows.append({**cand.described(name, gib),
                          **memory_columns(predicted, cand, gib, headroom, a),
                          **time_columns(counted, cand, tflops[name], updates, eval_examples,
-                                        a, a.prices.get(name)),
+                                        a, name),
                          "currency": a.currency, "note": note, "expected": cand.expected,
                          "model": which})
     sheet = pd.DataFrame(rows)
@@ -138,14 +150,33 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
                         f"{headroom:.0%} headroom); overheads "
                         f"{'measured' if a.overheads.measured else 'assumed'}",
         "flops_per_update": "counted with torch.utils.flop_counter",
-        "time_per_update_s": f"assumed: vendor peak TFLOP/s x {a.utilisation:.0%} utilisation, "
-                             f"never below {a.min_update_s * 1000:.0f} ms (launch overhead; "
-                             "`time_floored` marks the rows held at that floor)",
-        "cost": f"assumed prices per GPU-hour in {a.currency} (edit gpu_price_per_hour) x "
-                "budget hours x GPUs (replicas, or the FSDP world)",
+        "time_per_update_s": (f"{a.speeds.described()}: the MFU of each row (`mfu`, its range "
+                              "`mfu_low`-`mfu_high`; `speed_from` says measured, reference, "
+                              "interpolated or extrapolated, `speed_source` from what)"
+                              if a.speeds is not None else
+                              f"assumed: vendor peak TFLOP/s x {a.utilisation:.0%} utilisation")
+                             + f" x vendor peak TFLOP/s, never below {a.min_update_s * 1000:.0f}"
+                             " ms (launch overhead; `time_floored` marks the rows held at "
+                             "that floor)",
+        "cost": price_words(a),
+        "budget_hours_low": "the budget's hours at the references' highest MFU, "
+                            "`budget_hours_high` at their lowest (`cost_low`, `cost_high`)",
         "budget_hours": f"{updates} updates + evaluation every {a.eval_every} on "
                         f"{eval_examples} examples + {a.export_minutes} min export (assumed)"}
     return sheet
+
+
+def price_words(a: Assumptions) -> str:
+    """Where the sheet's prices come from, in words."""
+    typed = f"typed prices per GPU-hour for {', '.join(sorted(a.prices))} (they win); " \
+        if a.prices else ""
+    if a.catalog is None:
+        return (f"{typed}in {a.currency} x budget hours x GPUs (replicas, or the FSDP world)"
+                if a.prices else "no prices given: no costs")
+    spot = f"; `spot_cost` at the cheapest spot offer with {a.spot.words()}" if a.spot else ""
+    return (f"{typed}{a.catalog.described()}: the cheapest whole-instance offer for the row's "
+            f"GPUs in {a.currency} (`offer`; `paid_gpus` counts the idle GPUs of a larger "
+            f"instance) x budget hours{spot}")
 
 
 # the training phases decide a fit; a validation row the prediction cannot size (the fused
@@ -154,7 +185,9 @@ DECIDING = TRAINING_PHASES[:-1]
 
 
 NUMBERS = ("predicted_peak_gib", "required_gib", "headroom_gib", "flops_per_update",
-           "time_per_update_s", "budget_hours", "gpu_hours", "price_per_hour", "cost")
+           "time_per_update_s", "budget_hours", "budget_hours_low", "budget_hours_high",
+           "gpu_hours", "price_per_hour", "cost", "cost_low", "cost_high",
+           "spot_price_per_hour", "spot_cost")
 
 
 def predicted_phases(task: Task, train: list, val: list,
@@ -220,26 +253,47 @@ def memory_columns(predicted: pd.DataFrame | None, cand: Candidate, gib: float,
 
 
 def time_columns(counted: dict[str, int] | None, cand: Candidate, tflops: float, updates: int,
-                 eval_examples: int, a: Assumptions, price: float | None,
+                 eval_examples: int, a: Assumptions, gpu: str = "",
                  gpus: int | None = None, accumulation: int | None = None) -> dict:
-    """The time and cost part of a sheet row on `gpus` GPUs (default: the plan's replicas) of
-    `tflops` each, every GPU making `accumulation` micro-batches per update (default: the
-    plan's): empty without a FLOP count. Cost = budget hours x GPUs x price per GPU-hour."""
-    if counted is None:
-        return {"flops_per_update": None, "time_per_update_s": None, "time_floored": False,
-                "budget_hours": None, "gpu_hours": None, "price_per_hour": price, "cost": None}
+    """The speed, time and cost part of a sheet row on `gpus` GPUs (default: the plan's
+    replicas) of the `gpu` (peak `tflops` each), every GPU making `accumulation` micro-batches
+    per update (default: the plan's): the MFU from `a.speeds` (else `a.utilisation`, assumed)
+    with its range, the budget's hours at the MFU and at the range's ends (`budget_hours_low`
+    at the highest MFU), and the prices (`rental_prices.price_columns`). Empty times without a
+    FLOP count."""
     count = gpus or cand.plan.shape.replicas
-    update_flops = counted["train_micro_batch"] * (accumulation or cand.plan.shape.accumulation)
-    rate = tflops * 1e12 * a.utilisation
-    update_s = max(update_flops / rate, a.min_update_s)  # every GPU works in parallel
-    eval_s = counted["eval_example"] * eval_examples / rate / count
-    hours = (updates * update_s + math.ceil(updates / a.eval_every) * eval_s +
-             a.export_minutes * 60) / 3600
-    return {"flops_per_update": update_flops, "time_per_update_s": update_s,
-            "time_floored": update_s == a.min_update_s,
-            "budget_hours": round(hours, 4), "gpu_hours": round(hours * count, 4),
-            "price_per_hour": price,
-            "cost": None if price is None else round(hours * count * price, 2)}
+    speed = a.speeds.estimate(gpu, a.parameters, cand.parallelism) if a.speeds is not None \
+        else None
+    mfu, low, high = (speed.mfu, speed.low, speed.high) if speed else (a.utilisation,) * 3
+    out = {"mfu": mfu, "mfu_low": low, "mfu_high": high,
+           "speed_from": speed.basis if speed else "assumed",
+           "speed_source": speed.words if speed else
+           f"assumed: utilisation {a.utilisation:g} of the peak for every row"}
+    if counted is None:
+        out.update(flops_per_update=None, time_per_update_s=None, time_floored=False,
+                   budget_hours=None, budget_hours_low=None, budget_hours_high=None,
+                   gpu_hours=None)
+        hours = (None, None, None)
+        update_s = None
+    else:
+        update_flops = counted["train_micro_batch"] * (accumulation or
+                                                       cand.plan.shape.accumulation)
+
+        def budget(share: float) -> tuple[float, float]:
+            rate = tflops * 1e12 * share
+            each = max(update_flops / rate, a.min_update_s)  # every GPU works in parallel
+            eval_s = counted["eval_example"] * eval_examples / rate / count
+            return each, (updates * each + math.ceil(updates / a.eval_every) * eval_s +
+                          a.export_minutes * 60) / 3600
+
+        update_s, mid = budget(mfu)
+        hours = (round(mid, 4), round(budget(high)[1], 4), round(budget(low)[1], 4))
+        out.update(flops_per_update=update_flops, time_per_update_s=update_s,
+                   time_floored=update_s == a.min_update_s, budget_hours=hours[0],
+                   budget_hours_low=hours[1], budget_hours_high=hours[2],
+                   gpu_hours=round(mid * count, 4))
+    interval = (update_s or 0) * a.eval_every  # a checkpoint at each evaluation
+    return {**out, **price_columns(gpu, count, hours, a.prices, a.catalog, a.spot, interval)}
 
 
 def sharded_rows(task: Task, train: list, val: list, cand: Candidate, gpus: dict, tflops: dict,
@@ -318,6 +372,6 @@ def sharded_rows(task: Task, train: list, val: list, cand: Candidate, gpus: dict
             "; ".join(skipped) if skipped else "") if n)
         rows.append({**cand.described(name, gib, chosen, per_gpu), **memory,
                      **time_columns(counted.get(chosen), cand, tflops[name], updates,
-                                    eval_examples, a, a.prices.get(name), chosen, acc),
+                                    eval_examples, a, name, chosen, acc),
                      "currency": a.currency, "note": note, "expected": cand.expected})
     return rows
