@@ -88,7 +88,7 @@ class SpeedBook:
 
 
 def _size(parameters: float) -> str:
-    return f"{parameters / 1e9:.2f} B" if parameters >= 1e8 else f"{parameters / 1e6:.2f} M"
+    return f"{parameters / 1e9:.2f} B" if parameters >= 1e9 else f"{parameters / 1e6:.2f} M"
 
 
 def _cited(rows: pd.DataFrame) -> str:
