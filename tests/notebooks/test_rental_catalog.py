@@ -65,6 +65,10 @@ def test_a_clean_catalog_reads_and_leaves_out_what_is_no_gpu_offer(tmp_path):
                                 "no price (neither Price nor SpotPrice)": 1,
                                 "a slice of a GPU": 1}
     assert catalog.offers.line.tolist() == [4, 5, 6], "file line numbers kept per offer"
+    # a GPU SkyPilot knows that the notebook's list leaves out is no error
+    fewer = read_catalog("", {"L4": 24}, today=dt.date(2026, 12, 3))
+    assert set(fewer.offers.gpu) == {"L4"} and fewer.left_out[
+        "a GPU the plan does not consider"] == 21
 
 
 @pytest.mark.parametrize("rows, header, meta, words", [
@@ -107,10 +111,16 @@ def test_a_missing_catalog_and_a_skypilot_file_without_provider_column(tmp_path)
 def test_whole_instances_are_paid_and_the_cheapest_total_wins(tmp_path):
     offers = read_catalog(_catalog(tmp_path, CLEAN), GPUS, today=dt.date(2026, 12, 3)).offers
     assert cheapest_offer(offers, 1, "price").instance == "one"  # 2.0 beats 5.0 and 12.0
-    assert cheapest_offer(offers, 2, "price").instance == "one"  # 2 x 2.0 = 4.0 < 5.0
-    assert cheapest_offer(offers, 2, "spot_price").instance == "two"  # 0.8 < 2 x 1.0
-    assert cheapest_offer(offers, 8, "price").instance == "eight"  # 12.0 < 8 x 2.0
+    # two GPUs share one instance: "two" at 5.0, not two "one" at 4.0 with no link between
+    assert cheapest_offer(offers, 2, "price").instance == "two"
+    assert cheapest_offer(offers, 8, "price").instance == "eight"  # one node, not 8 x "one"
     assert cheapest_offer(offers[offers.instance == "eight"], 1, "spot_price") is None
+    # where no instance holds them all, several smaller ones, said in the offer's words
+    ones = offers[offers.instance == "one"]
+    assert cheapest_offer(ones, 2, "price").instance == "one"
+    catalog = read_catalog(_catalog(tmp_path, CLEAN[:1]), GPUS, today=dt.date(2026, 12, 3))
+    row = price_columns("H100", 2, (1.0, 1.0, 1.0), {}, catalog, None, 0.0)
+    assert row["offer"] == "x one (1 GPU, r1) x2 instances" and row["cost"] == 4.0
 
 
 def test_price_columns_typed_wins_and_spot_adds_the_interruptions(tmp_path):
@@ -122,6 +132,7 @@ def test_price_columns_typed_wins_and_spot_adds_the_interruptions(tmp_path):
     assert row["spot_cost"] is None and row["price_from"] == "catalog 2026-11-01"
     typed = price_columns("H100", 1, (10.0, 8.0, 12.0), {"H100": 3.0}, catalog, None, 0.0)
     assert (typed["cost"], typed["price_from"], typed["paid_gpus"]) == (30.0, "typed", 1)
+    assert typed["offer"] == "typed: gpu_price_per_hour" and typed["spot_cost"] is None
     spot = Spot(interruptions_per_day=2.0, restart_minutes=30.0, resume_s=0.0)
     cheap = read_catalog(_catalog(tmp_path, CLEAN[:1]), GPUS, today=dt.date(2026, 12, 3))
     # 2 a day x (30 min + half of a 1 h checkpoint interval) = 2 h lost a day: 1/12 more
@@ -135,10 +146,12 @@ def test_price_columns_typed_wins_and_spot_adds_the_interruptions(tmp_path):
 def test_the_spread_lists_each_providers_cheapest_offer(tmp_path):
     catalog = read_catalog(_catalog(tmp_path, CLEAN), GPUS, today=dt.date(2026, 12, 3))
     table = spread(catalog, "H100", 2)
-    assert table.provider.tolist() == ["x", "y"]
-    assert table.price_per_gpu_hour.tolist() == [2.0, 2.5] and table.offer.tolist() == [
-        "one", "two"]
-    assert table.spot_price_per_gpu_hour.tolist() == [1.0, 0.4]
+    assert table.provider.tolist() == ["y", "x"]
+    assert table.price_per_used_gpu_hour.tolist() == [2.5, 6.0] and table.offer.tolist() == [
+        "two", "eight"]
+    assert table.spot_price_per_used_gpu_hour.tolist()[0] == 0.4
+    # one GPU used of the 8-GPU instance: its whole price per used GPU
+    assert spread(catalog, "H100", 1).price_per_used_gpu_hour.tolist() == [2.0, 5.0]
 
 
 def test_the_sheet_prices_every_row_from_the_catalog(gen_task, gen_items, tmp_path):
@@ -186,6 +199,8 @@ def test_the_shipped_speed_references_cite_every_row_and_interpolate():
     assert "no single reference: fsdp rows stand in" in tiny.words
     l4 = book.estimate("L4", 7e9, "fsdp")
     assert l4.words.startswith("no L4 reference: those of A100-40GB, A100-80GB, H100")
+    without_h100 = read_speeds("", {"L4": 24})
+    assert "H100" in without_h100.estimate("L4", 8e9, "fsdp").words, "off-list GPUs stand in"
     exact = book.estimate("H100", 8e9, "fsdp")
     assert exact.basis == "reference" and (exact.low, exact.high) == (0.33, 0.39)
 

@@ -9,8 +9,8 @@ import pandas as pd
 
 from .rental_prices import Catalog, Spot, spread
 
-OFFER_COLUMNS = ["candidate", "gpu", "gpus", "provider", "offer", "price_per_gpu_hour", "cost",
-                 "spot_offer", "spot_price_per_gpu_hour", "spot_cost", "budget_hours",
+OFFER_COLUMNS = ["candidate", "gpu", "gpus", "provider", "offer", "price_per_used_gpu_hour", "cost",
+                 "spot_offer", "spot_price_per_used_gpu_hour", "spot_cost", "budget_hours",
                  "currency"]
 
 
@@ -31,11 +31,11 @@ def offers_table(catalog: Catalog, options: pd.DataFrame, sheet: pd.DataFrame,
         for p in spread(catalog, r.cheapest_gpu, count).itertuples():
             rows.append({"candidate": r.candidate, "gpu": r.cheapest_gpu, "gpus": count,
                          "provider": p.provider, "offer": p.offer,
-                         "price_per_gpu_hour": p.price_per_gpu_hour,
-                         "cost": _cost(hours, count, p.price_per_gpu_hour),
+                         "price_per_used_gpu_hour": p.price_per_used_gpu_hour,
+                         "cost": _cost(hours, count, p.price_per_used_gpu_hour),
                          "spot_offer": p.spot_offer,
-                         "spot_price_per_gpu_hour": p.spot_price_per_gpu_hour,
-                         "spot_cost": _cost(hours * extra, count, p.spot_price_per_gpu_hour),
+                         "spot_price_per_used_gpu_hour": p.spot_price_per_used_gpu_hour,
+                         "spot_cost": _cost(hours * extra, count, p.spot_price_per_used_gpu_hour),
                          "budget_hours": round(hours, 3), "currency": r.currency})
     return pd.DataFrame(rows, columns=OFFER_COLUMNS)
 

@@ -16,11 +16,13 @@ from ..base.errors import WorkbookError
 SHIPPED = Path(__file__).with_name("rental_data") / "prices.csv"
 REQUIRED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice", "Region")
 OPTIONAL = ("Provider", "vCPUs", "MemoryGiB", "GpuInfo", "AvailabilityZone", "Source")
-# SkyPilot's accelerator names that are not one of the notebook's GPUs under another spelling;
-# a row naming one of them is a real offer of a GPU the plan does not consider, so it is left
-# out, not refused (sky show-gpus -a; catalogs/v7/common/metadata.csv)
-OTHER_ACCELERATORS = {
-    "a10", "a10g", "a40", "a4000", "a6000", "b200", "b300", "gb200", "gb300", "gh200", "h100-nvl",
+# SkyPilot's accelerator names (sky show-gpus -a; catalogs/v7/common/metadata.csv): a row
+# naming one that is not among the notebook's gpus is a real offer of a GPU the plan does not
+# consider, so it is left out, not refused
+KNOWN_ACCELERATORS = {
+    "l4", "l40s", "a100", "a100-40gb", "a100-80gb", "a100-80gb-sxm", "h100", "h100-sxm",
+    "h100-mega", "h100-nvlink", "h200", "h200-sxm", "a10", "a10g", "a40", "a4000", "a6000",
+    "b200", "b300", "gb200", "gb300", "gh200", "h100-nvl",
     "k80", "l40", "m4000", "m60", "p100", "p4", "p4000", "rtx3060", "rtx3080", "rtx3090",
     "rtx4000-ada", "rtx4090", "rtx6000", "rtx6000-ada", "rtx-6000-ada", "rtx8000", "rtxa4000",
     "rtxa4500", "rtxa5000", "rtxa6000", "rtx-pro-6000", "t4", "t4g", "v100", "v100-32gb",
@@ -179,7 +181,7 @@ def _offer(r: pd.Series, line: int, gpus: dict) -> tuple[dict | None, str]:
     (None, problem) for a bad row."""
     name = str(r["AcceleratorName"]).strip()
     gpu = gpu_named(name, gpus)
-    if gpu is None and name.lower() not in OTHER_ACCELERATORS:
+    if gpu is None and name.lower() not in KNOWN_ACCELERATORS:
         return None, f"line {line}: unknown GPU {name!r}"
     count = _number(r["AcceleratorCount"])
     if count is None or count <= 0:
@@ -265,20 +267,21 @@ def price_columns(gpu: str, count: int | None, hours: tuple, typed: dict,
     if gpu in typed:
         out.update(price_per_hour=typed[gpu], offer="typed: gpu_price_per_hour",
                    price_from="typed")
-    elif catalog is not None:
+    if catalog is not None:  # typed prices are on-demand: spot still comes from the catalog
         here = catalog.offers[catalog.offers.gpu == gpu]
         out["providers"] = here.provider.nunique()
         best = cheapest_offer(here, count, "price")
-        if best is not None:
+        if best is not None and gpu not in typed:
             out.update(price_per_hour=round(best.price / best["count"], 4),
-                       paid_gpus=_paid(count, best["count"]), offer=offer_words(best),
+                       paid_gpus=_paid(count, best["count"]), offer=offer_words(best, count),
                        price_from=f"catalog {catalog.date.isoformat()}")
         spot_best = cheapest_offer(here, count, "spot_price")
         if spot_best is not None:
             paid = _paid(count, spot_best["count"])
             per_gpu = spot_best.spot_price / spot_best["count"]
             extra = 1 + (spot.overhead(checkpoint_interval_s) if spot else 0.0)
-            out.update(spot_price_per_hour=round(per_gpu, 4), spot_offer=offer_words(spot_best),
+            out.update(spot_price_per_hour=round(per_gpu, 4),
+                       spot_offer=offer_words(spot_best, count),
                        spot_cost=cost(None if mid is None else mid * extra, per_gpu, paid))
     paid = out["paid_gpus"]
     out.update(cost=cost(mid, out["price_per_hour"], paid),
@@ -291,37 +294,47 @@ def _paid(count: int, per_instance: float) -> int:
     return int(math.ceil(count / per_instance) * per_instance)
 
 
+NODE = 8  # GPUs one instance holds at most, as the references' nodes (NVLink within)
+
+
 def cheapest_offer(offers: pd.DataFrame, count: int, column: str) -> pd.Series | None:
     """The offer that rents `count` GPUs for the least per hour in `column` ("price" or
-    "spot_price"), whole instances only (a 1-GPU job on an 8-GPU instance pays for 8)."""
+    "spot_price"), whole instances only (a 1-GPU job on an 8-GPU instance pays for 8). The
+    GPUs of a node share one instance: instances of at least min(count, 8) GPUs first, several
+    smaller ones (no fast link between them) only where no such instance is offered."""
     priced = offers[offers[column].notna()]
+    whole = priced[priced["count"] >= min(count, NODE)]
+    priced = whole if len(whole) else priced
     if priced.empty:
         return None
     total = priced[column] * (count / priced["count"]).apply(math.ceil)
     return priced.loc[total.idxmin()]
 
 
-def offer_words(offer: pd.Series) -> str:
-    """'nebius gpu-h100-sxm_1gpu-16vcpu-200gb (1 GPU, eu-north1)'."""
+def offer_words(offer: pd.Series, count: int = 1) -> str:
+    """'nebius gpu-h100-sxm_1gpu-16vcpu-200gb (1 GPU, eu-north1)', with 'x2 instances' when
+    `count` GPUs take more than one."""
     n = offer["count"]
+    instances = math.ceil(count / n)
     return (f"{offer.provider} {offer.instance} ({n:g} GPU{'s' if n != 1 else ''}, "
-            f"{offer.region})")
+            f"{offer.region}){f' x{instances} instances' if instances > 1 else ''}")
 
 
 def spread(catalog: Catalog, gpu: str, count: int = 1) -> pd.DataFrame:
-    """Per provider, its cheapest on-demand and spot price per GPU-hour for `count` GPUs of
-    `gpu` (whole instances), cheapest first: the spread across providers."""
+    """Per provider, its cheapest on-demand and spot offer for `count` GPUs of `gpu`, with the
+    whole instances' price per hour over the `count` GPUs used (`*_per_used_gpu_hour`: idle
+    GPUs of a larger instance raise it), cheapest first: the spread across providers."""
     rows = []
     here = catalog.offers[catalog.offers.gpu == gpu]
     for provider, offers in here.groupby("provider"):
         row = {"gpu": gpu, "provider": provider}
         for column in ("price", "spot_price"):
             best = cheapest_offer(offers, count, column)
-            row[column + "_per_gpu_hour"] = None if best is None else \
+            row[column + "_per_used_gpu_hour"] = None if best is None else \
                 round(best[column] * math.ceil(count / best["count"]) / count, 4)
             row[column.replace("price", "offer")] = None if best is None else best.instance
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=["gpu", "provider", "price_per_gpu_hour", "offer",
-                                        "spot_price_per_gpu_hour", "spot_offer"])
-    return frame.sort_values("price_per_gpu_hour", na_position="last", kind="stable") \
+    frame = pd.DataFrame(rows, columns=["gpu", "provider", "price_per_used_gpu_hour", "offer",
+                                        "spot_price_per_used_gpu_hour", "spot_offer"])
+    return frame.sort_values("price_per_used_gpu_hour", na_position="last", kind="stable") \
         .reset_index(drop=True)

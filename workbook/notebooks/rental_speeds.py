@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..base.errors import WorkbookError
-from .rental_prices import _header, _number
+from .rental_prices import KNOWN_ACCELERATORS, _header, _number
 
 SHIPPED = Path(__file__).with_name("rental_data") / "speeds.csv"
 COLUMNS = ("gpu", "parameters", "strategy", "mfu", "source")
@@ -100,8 +100,9 @@ def _cited(rows: pd.DataFrame) -> str:
 def read_speeds(path: str | Path | None, gpus: dict) -> SpeedBook:
     """The reference table at `path` ("" or None: the one shipped with the workbook), every row
     checked: a missing column, an MFU outside (0, 1], a parameter count that is not positive,
-    a strategy other than single/ddp/fsdp, an unknown GPU or a source without an address is
-    refused with its line and the fix."""
+    a strategy other than single/ddp/fsdp, a GPU neither `gpus` nor SkyPilot names, or a
+    source without an address is refused with its line and the fix. References of GPUs off
+    the list stay: they stand in for a GPU without its own."""
     path = Path(path) if path else SHIPPED
     if not path.is_file():
         raise WorkbookError(f"speed references {path} do not exist",
@@ -120,7 +121,7 @@ def read_speeds(path: str | Path | None, gpus: dict) -> SpeedBook:
     for i, r in table.iterrows():
         line = head + 2 + int(i)
         mfu, size = _number(r["mfu"]), _number(r["parameters"])
-        if r["gpu"] not in gpus:
+        if r["gpu"] not in gpus and r["gpu"].lower() not in KNOWN_ACCELERATORS:
             problems.append(f"line {line}: unknown GPU {r['gpu']!r}")
         elif mfu is None or not 0 < mfu <= 1:
             problems.append(f"line {line}: mfu {r['mfu']!r} is not a share in (0, 1]")
@@ -137,7 +138,8 @@ def read_speeds(path: str | Path | None, gpus: dict) -> SpeedBook:
             rows.append({**r.to_dict(), "mfu": mfu, "parameters": size, "line": line})
     if problems:
         raise WorkbookError(f"speed references {path}: " + "; ".join(problems[:5]),
-                            f"fix those rows (gpu one of {sorted(gpus)}, mfu a share, "
+                            f"fix those rows (gpu one of {sorted(gpus)} or as SkyPilot names "
+                            "it, mfu a share, "
                             "parameters a count, a cited source), or remove them")
     if not rows:
         raise WorkbookError(f"speed references {path} have no rows",
