@@ -325,7 +325,10 @@ KEY_FIGURES: dict[str, dict[str, str]] = {
         "study_conclusive": "study conclusive", "rental_gpu": "GPU planned on",
         "plans_priced_on": "plans priced on", "scheduled": "variants scheduled (days: runs)",
         "fitting_rows": "configurations that fit", "rows": "configurations sized",
-        "not_sized": "not sized", "sized_model": "model sized"},
+        "not_sized": "not sized", "sized_model": "model sized",
+        "recommended_offer": "offer priced on", "recommended_spot_offer": "spot offer",
+        "catalog": "price catalog", "speed_from": "speeds of the sheet's rows",
+        "calibration": "speed calibration"},
     "09_data_parallel": {
         "rules_failing": "rules failing", "replicas": "replicas",
         "faults_caught": "planted faults caught",

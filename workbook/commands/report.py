@@ -285,11 +285,14 @@ def _tables(run: Path, stem: str) -> list[str]:
                 "<h3>Selection sheet</h3>", _table(_csv(run / stem / "selection.csv"), [
                     "candidate", "gpu", "gpu_memory_gib", "strategy", "precision",
                     "micro_batch", "accumulation", "activation_checkpointing",
-                    "required_gib", "fits", "time_per_update_s", "time_floored", "budget_hours",
-                    "cost", "note"]),
+                    "required_gib", "fits", "time_per_update_s", "time_floored", "mfu",
+                    "speed_from", "budget_hours", "offer", "paid_gpus", "price_per_hour",
+                    "cost", "cost_low", "cost_high", "spot_offer", "spot_cost", "note"]),
+                "<h3>Offers across providers</h3>", _table(_csv(run / stem / "offers.csv")),
                 "<h3>3, 7 and 30-day plans</h3>", _table(_csv(run / stem / "plan.csv"), [
                     "days", "priority", "variant", "candidate", "gpu", "repeats", "hours",
-                    "cost", "scheduled", "why_not"])]
+                    "hours_low", "hours_high", "cost", "cost_low", "cost_high", "spot_cost",
+                    "offer", "price_from", "speed_from", "scheduled", "why_not"])]
     if stem == "09_data_parallel":
         parts = ["<h3>Multi-host rules</h3>", _table(_csv(run / stem / "rules.csv"), [
             "rule", "verdict", "measured", "remediation"])]
