@@ -101,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
     ddp.add_argument("--out", required=True, help="the launch's folder: new or empty (rank 0 "
                      "writes there)")
     ddp.add_argument("--resume-from", help="a checkpoint of an earlier launch to continue")
+    from .export import add_parser as add_export  # MLflow and TensorBoard load only when used
+
+    add_export(sub)
     return parser
 
 
@@ -108,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "ddp":
         return _ddp(args)
+    if args.command == "export":
+        from .export import run_command
+
+        return run_command(args)
     if args.command in COMMANDS:
         return _handing_back(args)
     from .pilot import run_pilot
