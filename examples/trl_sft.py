@@ -18,20 +18,23 @@ Planted bugs: `all_tokens_in_loss=True` (assistant_only_loss left off: system an
 are trained on; 01 names targets on prompt tokens), `init_adapters=False` (PEFT's
 `init_lora_weights=False`: B starts random, so the adapters change the base before any update;
 02 and 03 name it), `no_generation_markers=True` (a template without `{% generation %}`: TRL
-refuses it and the pilot says so in TRL's words), `foreign_targets=True` (target_modules
-copied from a BERT recipe, `["q_proj", "v_proj", "query", "value"]`: PEFT accepts it since
-some entries match, and the layers meant by the others train no adapter; 01 names them),
-`loss="mean"` (a trainer subclass whose `compute_loss` returns each micro-batch's mean and
-ignores `num_items_in_batch`, as forum answers write it: the Trainer does not divide it by the
-accumulation steps, transformers#37766; 04 names it - `loss="summed"` is its clean twin, dividing
-by `num_items_in_batch`), `packing=True` (the "wrapped" strategy: packing drops the
-`conversation` column the leakage check needs, and documents attend across their boundaries;
-refused with the fix), `long_system=40` (every fourth chat opens with an 80-word system prompt,
-so at max_length=64 truncation leaves it no assistant token: TRL drops those rows silently and
-01 counts them; `max_length=4` leaves no row at all and is refused), `new_role_token="frozen"`
-(the template's assistant role becomes a new special token `<bot>`, the embeddings resized: its
-input-embedding row stays frozen under LoRA and keeps its random start; 01 names it -
-`new_role_token="trained"` is the clean twin, `trainable_token_indices` training that row).
+refuses it and the pilot says so in TRL's words), `foreign_targets=True` (target_modules copied
+from a BERT recipe, `["q_proj", "v_proj", "query", "value"]`: PEFT accepts it since some entries
+match, and the layers meant by the others train no adapter; 01 names them), `loss="mean"` (a
+trainer subclass whose `compute_loss` returns each micro-batch's mean and ignores
+`num_items_in_batch`, as forum answers write it: the Trainer does not divide it by the
+accumulation steps, transformers#37766; 04 names it - `loss="summed"` is its clean twin,
+dividing by `num_items_in_batch`), `packing=True` (the "wrapped" strategy: documents attend
+across their boundaries; 01 names it - `packing="bfd"` is the clean twin, each document with its
+own position_ids; either way 01's leakage check runs on the conversations given to the trainer,
+as packing drops the `conversation` column), `eval_overlap=5` (five training conversations
+copied into the eval set: 01 names them, also when packed), `long_system=40` (every fourth chat
+opens with an 80-word system prompt, so at max_length=64 truncation leaves it no assistant
+token: TRL drops those rows silently and 01 counts them; `max_length=4` leaves no row at all and
+is refused), `new_role_token="frozen"` (the template's assistant role becomes a new special
+token `<bot>`, the embeddings resized: its input-embedding row stays frozen under LoRA and keeps
+its random start; 01 names it - `new_role_token="trained"` is the clean twin,
+`trainable_token_indices` training that row).
 """
 
 from __future__ import annotations
@@ -82,10 +85,10 @@ def chat_tokenizer(chats: list[dict], template: str = TEMPLATE):
 
 def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                          init_adapters: bool = True, no_generation_markers: bool = False,
-                         foreign_targets: bool = False, packing: bool = False,
+                         foreign_targets: bool = False, packing: bool | str = False,
                          lora: bool = True, loss: str | None = None,
                          max_length: int = 64, long_system: int = 0,
-                         new_role_token: str | None = None):
+                         new_role_token: str | None = None, eval_overlap: int = 0):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -107,7 +110,8 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
             "{% endgeneration %}", "")
     # split by conversation: its turns share their words
     train = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 < 8])
-    evaluation = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 >= 8])
+    evaluation = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 >= 8]
+                                   + list(train)[:eval_overlap])  # planted: train chats in eval
 
     def base():
         model = AutoModelForCausalLM.from_pretrained(BASE)
@@ -120,8 +124,9 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
             model=base(),
             args=SFTConfig(output_dir="trl-sft-out", assistant_only_loss=not all_tokens_in_loss,
                            max_length=max_length, learning_rate=1e-2, per_device_train_batch_size=8,
-                           report_to="none", use_cpu=True, packing=packing,
-                           **({"packing_strategy": "wrapped"} if packing else {})),
+                           report_to="none", use_cpu=True, packing=bool(packing),
+                           **({"packing_strategy": "wrapped" if packing is True else packing}
+                              if packing else {})),
             train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
             # the head trains whole beside the adapters (the words' rows must part)
             peft_config=None if not lora else LoraConfig(r=8, lora_alpha=16, target_modules=[

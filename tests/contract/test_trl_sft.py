@@ -11,7 +11,7 @@ import torch
 import workbook as wb
 from workbook.base.errors import WorkbookError
 from workbook.contract import fine_tuning
-from workbook.contract.data import encode_examples, prepare
+from workbook.contract.data import collate_items, encode_examples, prepare
 from workbook.notebooks.gate_settings import GateSettings
 from workbook.notebooks.gates import GateRun
 from workbook.notebooks.inspection import inspect_task
@@ -127,10 +127,28 @@ def test_a_template_without_generation_markers_is_refused_in_trls_words():
     assert "no notebook could run" in err.value.fix
 
 
-def test_packing_that_drops_the_group_column_is_refused_before_any_check():
-    with pytest.raises(WorkbookError, match="packing drops every column but the tokens") as err:
-        _task(packing=True)
-    assert "packing=False" in err.value.fix
+def test_packed_conversations_are_checked_for_leakage_as_given_to_the_trainer():
+    clean = _task(packing="bfd")  # packing drops the group column: checked before it
+    assert clean.groups_before_packing == {"column": "conversation", "crossing": [],
+                                           "groups": {"train": 48, "validation": 12}}
+    assert "leakage check ran on the rows given to the trainer" in " ".join(
+        clean.adapter_notes)
+    leaky = _task(packing="bfd", eval_overlap=5)
+    flags = {f.check: f for f in inspect_task(leaky, probe_size=4).flags}
+    assert flags["group crosses splits"].count == 5  # (packed rows of copies: duplicates too)
+    assert "before packing" in flags["group crosses splits"].message
+    assert set(flags) <= {"group crosses splits", "duplicate input crosses splits"}
+
+
+def test_a_group_column_the_given_rows_lack_is_refused():
+    from examples.trl_sft import make_trainer_factory
+
+    with pytest.raises(WorkbookError, match="given to the trainer has no 'dialogue' column"):
+        wb.adapters.from_trainer(make_trainer_factory(CHATS, packing="bfd"), name="x",
+                                 group_column="dialogue")
+    with pytest.raises(WorkbookError, match="prepared train rows have no 'dialogue'"):
+        wb.adapters.from_trainer(make_trainer_factory(CHATS), name="x",
+                                 group_column="dialogue")
 
 
 @pytest.mark.parametrize("factory, words", [
@@ -345,3 +363,37 @@ def test_an_added_token_whose_row_trains_raises_nothing():
     assert list(fine_tuning.new_token_ids(model)) == [911]
     assert fine_tuning.frozen_new_tokens(model) == {}
     assert inspect_task(task, probe_size=4).flags == []
+
+
+def _packed(strategy):
+    from examples.trl_sft import make_trainer_factory
+
+    return wb.adapters.from_trainer(make_trainer_factory(CHATS, packing=strategy),
+                                    name="trl-sft-packed")
+
+
+def test_packing_with_per_document_positions_raises_nothing():
+    task = _packed("bfd")  # TRL's padding-free collator: one flat row, positions per document
+    items = encode_examples(task, prepare(task, limits={"train": 6}).raw["train"])
+    batch = collate_items(task, items[:3]).tensors  # one row per packed example, padded
+    assert batch["input_ids"].shape[0] == 3 and "cu_seq_lens_q" not in batch
+    assert inspect_task(task, probe_size=4).flags == []
+
+
+def test_packing_that_joins_documents_without_boundaries_is_named_by_01():
+    flags = inspect_task(_packed(True), probe_size=4).flags  # "wrapped"
+    assert [f.check for f in flags] == ["cross-document attention"]
+    assert "packing_strategy='wrapped'" in flags[0].message and "bfd" in flags[0].fix
+
+
+def test_an_attention_that_ignores_per_document_positions_is_named_by_01():
+    from workbook.notebooks.coverage import packing_audit
+
+    task = _packed("bfd")
+    model = task.build_model().eval()
+    forward = model.forward
+    model.forward = lambda *a, position_ids=None, **k: forward(*a, **k)  # positions dropped
+    items = encode_examples(task, prepare(task, limits={"train": 4}).raw["train"])
+    flags = packing_audit(task, model, items)
+    assert [f.check for f in flags] == ["cross-document attention"]
+    assert "ignores the position_ids" in flags[0].message

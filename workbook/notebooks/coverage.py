@@ -10,7 +10,7 @@ import torch
 
 from ..base.errors import reason
 from ..contract import fine_tuning
-from ..contract.data import Item
+from ..contract.data import Item, collate_items
 from ..contract.targets import contributes
 from ..contract.task import Task
 from ..storage.records import Flag
@@ -224,6 +224,69 @@ def new_token_audit(task: Task, model: torch.nn.Module, items: list[Item]) -> li
                  f"train those rows: LoraConfig(trainable_token_indices={{'embed_tokens': "
                  f"{ids[:5]}}}) (the head's with them when it is not trained), or "
                  "modules_to_save=['embed_tokens', 'lm_head']", using)]
+
+
+def packed_groups_audit(task: Task) -> list[Flag]:
+    """Groups in more than one split, checked on the rows as given before packing joined them
+    (`groups_before_packing`, set by from_trainer): a packed row keeps no group."""
+    checked = getattr(task, "groups_before_packing", None)
+    if not checked or not checked["crossing"]:
+        return []
+    crossing = checked["crossing"]
+    return [Flag("group crosses splits", f"{len(crossing)} groups of {checked['column']!r} "
+                 "appear in more than one split (checked on the rows given to the trainer, "
+                 "before packing): validation leaks training data", len(crossing),
+                 "split by the group key, not by example, before building the trainer",
+                 crossing[:5])]
+
+
+def packing_audit(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Flag]:
+    """Packed rows (several documents per example): each document must attend to itself only.
+    Rows whose position_ids restart at each document are probed - the last document's outputs
+    in its row against the document alone; packing without such positions (TRL's "wrapped")
+    is named by the rows where a document ends before the row does (`task.packed`: the
+    strategy a framework adapter read)."""
+    def restarting(it: Item) -> dict | None:  # the row as the model gets it (the collator's
+        batch = collate_items(task, [it]).tensors  # positions), if its positions restart
+        pos = batch.get("position_ids")
+        return batch if pos is not None and bool((pos.reshape(-1)[1:] == 0).any()) else None
+
+    row = next((it for it in items[:64] if restarting(it) is not None), None)
+    if row is not None:
+        whole = restarting(row)
+        width = whole["input_ids"].shape[-1]
+        start = int((whole["position_ids"].reshape(-1)[1:] == 0).nonzero()[-1]) + 1
+        alone = {k: v[..., start:] if v.dim() and v.shape[-1] == width else v
+                 for k, v in whole.items()}
+        with torch.no_grad():
+            packed = task.forward(model, whole).float()[0, start:]
+            single = task.forward(model, alone).float()[0]
+        if torch.allclose(packed, single, rtol=1e-4, atol=1e-4):
+            return []
+        how = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        return [Flag("cross-document attention", f"in a packed row the last document's "
+                     "outputs differ from the document's alone (max "
+                     f"{float((packed - single).abs().max()):.3g}): the model's attention"
+                     f"{f' ({how})' if how else ''} ignores the position_ids that restart at "
+                     "each document, so every document attends to the ones before it", 1,
+                     "use an attention that keeps packed documents apart by their "
+                     "position_ids (transformers' sdpa and flash_attention_2 do), or train "
+                     "unpacked", [row.id])]
+    strategy = getattr(task, "packed", None)
+    end = task.end_token
+    if not strategy or end is None:
+        return []
+    crossing = [it.id for it in items
+                if bool((task.main_input(it.tensors).reshape(-1)[:-1] == end).any())]
+    if not crossing:
+        return []
+    return [Flag("cross-document attention", f"packing ({strategy}) joins the documents into "
+                 "rows with no boundary the model sees (no per-document position_ids, one "
+                 f"causal mask per row): in {len(crossing)} of {len(items)} packed rows a "
+                 "document ends before the row does and the next one attends to it",
+                 len(crossing), "pack with packing_strategy='bfd' (each document gets its own "
+                 "position_ids, which transformers' attention honours), or packing=False",
+                 crossing[:5])]
 
 
 def adapter_target_audit(model: torch.nn.Module) -> list[Flag]:

@@ -21,6 +21,8 @@ from .coverage import (
     dropped_rows_audit,
     end_token_audit,
     new_token_audit,
+    packed_groups_audit,
+    packing_audit,
     prompt_notes,
 )
 from .data_audits import label_audit, nonfinite_audit, split_audit
@@ -124,6 +126,7 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
              + copy_audit(task, items["train"], model_shift=own_loss_shift(task, model, probe))
              + end_token_audit(task, items["train"]) + adapter_target_audit(model)
              + dropped_rows_audit(task) + new_token_audit(task, model, items["train"])
+             + packing_audit(task, model, items["train"]) + packed_groups_audit(task)
              + label_flags + split_flags)
     # regression: mean(target^2) over the train split - one value whose square is that mean
     square = torch.tensor([math.sqrt(result.train_square.mean)]) \

@@ -193,6 +193,30 @@ def _rendered(tokenizer: Any, messages: list, **how: Any) -> Any:
                             "preparation renders every conversation with it)") from exc
 
 
+# what a padding-free collator adds for its one flattened row (FlashAttention's varlen
+# arguments): it describes that layout only, and the model finds documents by position_ids
+FLAT_LAYOUT = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def _unflattened(collate: Callable, rows: list[dict], pad_id: int) -> dict:
+    """The batch a padding-free collator (TRL's `padding_free`, packing "bfd") makes of
+    `rows`, one row per example: it flattens every row into one sequence whose position_ids
+    restart at each document, and the pilot counts and pads per example. Each row is collated
+    alone and padded on the right (labels -100, positions 0: a padded position is a one-token
+    document nobody attends to) - the same attention as the flattened batch."""
+    parts = [dict(collate([r])) for r in rows]
+    width = max(int(torch.as_tensor(p["input_ids"]).shape[-1]) for p in parts)
+    fill = {"labels": IGNORE_INDEX, "input_ids": pad_id}
+    out = {}
+    for key in parts[0]:
+        if key in FLAT_LAYOUT:
+            continue
+        pieces = [torch.as_tensor(p[key]) for p in parts]
+        out[key] = torch.cat([nn.functional.pad(t, (0, width - t.shape[-1]),
+                                                value=fill.get(key, 0)) for t in pieces])
+    return out
+
+
 def _padding_row(label: Any) -> bool:
     """A row whose label is -100 everywhere: padding (an eval set filled up to a multiple of
     the eval batch, as the Hugging Face convention pads), never an example."""
@@ -284,6 +308,8 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                   if (k != "labels" or own_labels) and k not in (PROMPT, ROW)} for r in rows]
         try:
             out = dict(data_collator(given))
+            if len(given) > 1 and getattr(out.get("input_ids"), "shape", (0,))[0] == 1:
+                out = _unflattened(data_collator, given, tokenizer.pad_token_id or 0)
         except Exception as exc:
             raise WorkbookError(f"the data collator raised {type(exc).__name__}: {reason(exc)}",
                                 "fix the collator, or pass the one your Trainer uses") from exc

@@ -100,10 +100,10 @@ def _own_forwards(model: Any) -> list[str]:
 
 
 @contextlib.contextmanager
-def _counting(log: list[tuple[str, int, int]]) -> Iterator[None]:
-    """Record each dataset TRL's SFTTrainer prepares: (its name, rows given, rows kept). TRL
-    drops the rows truncation leaves without a target, silently; packed or streamed datasets
-    are not counted (their rows are not the given ones)."""
+def _counting(log: list[dict]) -> Iterator[None]:
+    """Record each dataset TRL's SFTTrainer prepares: its name, the dataset given and the rows
+    kept. TRL drops the rows truncation leaves without a target, silently; a packed or
+    streamed dataset's kept rows are not counted (they are not the given ones)."""
     try:
         from trl import SFTTrainer
     except ImportError:
@@ -116,9 +116,11 @@ def _counting(log: list[tuple[str, int, int]]) -> Iterator[None]:
         given = signature.bind(self, *args, **kwargs).arguments
         out = original(self, *args, **kwargs)
         dataset = given.get("dataset")
-        if not given.get("packing") and hasattr(dataset, "__len__") and \
-                hasattr(out, "__len__"):
-            log.append((str(given.get("dataset_name", "train")), len(dataset), len(out)))
+        counts = not given.get("packing") and hasattr(dataset, "__len__") and \
+            hasattr(out, "__len__")
+        log.append({"name": str(given.get("dataset_name", "train")), "given": dataset,
+                    "rows": len(dataset) if counts else None,
+                    "kept": len(out) if counts else None})
         return out
 
     SFTTrainer._prepare_dataset = counted
@@ -128,7 +130,11 @@ def _counting(log: list[tuple[str, int, int]]) -> Iterator[None]:
         SFTTrainer._prepare_dataset = original
 
 
-def _dropped(log: list[tuple[str, int, int]], args: Any) -> dict[str, tuple[int, int, str]]:
+def _split(name: str) -> str:
+    return "validation" if name == "eval" else name
+
+
+def _dropped(log: list[dict], args: Any) -> dict[str, tuple[int, int, str]]:
     """Per split, the rows TRL's preparation dropped: (dropped, given, why); refused when it
     dropped every row of one."""
     length = getattr(args, "max_length", None)
@@ -136,16 +142,37 @@ def _dropped(log: list[tuple[str, int, int]], args: Any) -> dict[str, tuple[int,
     why = (f"truncation at max_length={length} ({how}) left them no target, and TRL drops "
            "such rows silently")
     out = {}
-    for name, given, kept in log:
-        split = "validation" if name == "eval" else name
+    for entry in log:
+        given, kept = entry["rows"], entry["kept"]
+        if given is None:
+            continue
         if kept == 0 and given:
             raise WorkbookError(
-                f"TRL's preparation dropped every one of the {given} {name} rows: {why}",
-                "raise max_length (SFTConfig(max_length=...)) or use "
+                f"TRL's preparation dropped every one of the {given} {entry['name']} rows: "
+                f"{why}", "raise max_length (SFTConfig(max_length=...)) or use "
                 "truncation_mode='keep_end', so the assistant turns fit")
         if kept < given:
-            out[split] = (given - kept, given, why)
+            out[_split(entry["name"])] = (given - kept, given, why)
     return out
+
+
+def _groups_before_packing(log: list[dict], column: str) -> dict[str, Any]:
+    """The leakage check on the conversations as given, before packing joins them (a packed
+    row keeps no group): per split the groups, and the groups in more than one split."""
+    groups = {}
+    for entry in log:
+        dataset = entry["given"]
+        names = getattr(dataset, "column_names", None) or []
+        if column not in names:
+            raise WorkbookError(f"the {entry['name']} dataset given to the trainer has no "
+                                f"{column!r} column (columns {sorted(names)})",
+                                f"keep {column!r} in the dataset you give the trainer, or "
+                                "pass group_column=None")
+        groups[_split(entry["name"])] = {str(g) for g in dataset[column]}
+    seen = list(groups.values())
+    crossing = sorted({g for i, a in enumerate(seen) for b in seen[i + 1:] for g in a & b})
+    return {"column": column, "groups": {s: len(g) for s, g in groups.items()},
+            "crossing": crossing}
 
 
 @contextlib.contextmanager
@@ -189,7 +216,7 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
     `group_column` names the unit of leakage, a column the prepared rows keep (TRL keeps the
     dataset's columns unless it packs). Other Task fields pass through (`pretrained=True` for
     a pretrained base without adapters)."""
-    log: list[tuple[str, int, int]] = []
+    log: list[dict] = []
     trainer = built(make_trainer, log)
     dropped = _dropped(log, trainer.args)
     model_class = type(trainer.model).__name__
@@ -216,15 +243,14 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
                             "the campaign's decisions rest on")
     train = trainer.train_dataset
     first = next(iter(train), None) if train is not None else None
+    packed_groups = None
     if group_column is not None and first is not None and group_column not in first:
-        packed = getattr(trainer.args, "packing", False)
-        raise WorkbookError(
-            f"the trainer's prepared train rows have no {group_column!r} column (columns "
-            f"{sorted(first)})" + (": packing drops every column but the tokens" if packed
-                                   else ""),
-            "pilot the same trainer with packing=False (01's leakage check needs the group "
-            "of every conversation)" if packed else
-            f"keep {group_column!r} in the dataset you give the trainer")
+        if getattr(trainer.args, "packing", False) and log:  # checked on what was packed
+            packed_groups, group_column = _groups_before_packing(log, group_column), None
+        else:
+            raise WorkbookError(f"the trainer's prepared train rows have no {group_column!r} "
+                                f"column (columns {sorted(first)})",
+                                f"keep {group_column!r} in the dataset you give the trainer")
     callbacks = [c for c in trainer.callback_handler.callbacks
                  if type(c).__name__ not in OWN_CALLBACKS
                  and not type(c).__module__.startswith("transformers.integrations")]
@@ -243,6 +269,16 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
                                   "loss kernel and its memory saving are not measured here"
                                   if replaced else ""))
     task.rows_dropped = dropped  # per split: (dropped, given, why), 01 names them
+    task.groups_before_packing = packed_groups  # 01's leakage check on the given rows
+    if packed_groups is not None:
+        task.adapter_notes.append(
+            f"from_trainer: packing joins the conversations into rows that keep no "
+            f"{packed_groups['column']!r}, so 01's leakage check ran on the rows given to the "
+            "trainer (" + ", ".join(f"{n} {s} groups" for s, n in
+                                    packed_groups["groups"].items()) + ")")
+    args = trainer.args  # packing: 01 checks that each document attends to itself only
+    task.packed = (f"packing_strategy={getattr(args, 'packing_strategy', None)!r}"
+                   if getattr(args, "packing", False) else None)
     loss = own_loss(trainer)
     if loss is not None:  # the user's loss code: every update runs it as the Trainer does
         task.train_step = TrainerStep(trainer, task.model_inputs, task.label_shift)
