@@ -66,6 +66,22 @@ def forward_gate(task) -> str:
     return row.detail if row.verdict == "fail" else ""
 
 
+def accounting(loss: str) -> str:
+    from workbook.commands import params
+    from workbook.notebooks import accounting as notebook
+
+    p = params.of("04_batch_accounting", small=True, task="examples.trl_sft:task",
+                  task_options={"count": CHATS, "loss": loss})
+    return " ".join(notebook.run(p).findings)
+
+
+def packed(strategy) -> set[str]:
+    from examples.trl_sft import make_trainer_factory
+    from workbook.contract.adapters import from_trainer
+
+    return flags(from_trainer(make_trainer_factory(CHATS, packing=strategy), name="packed"))
+
+
 def refused(**planted) -> str:
     try:
         sft(**planted)
@@ -83,6 +99,18 @@ PLANTED = [  # (bug, what the pilot must say, how it is looked for)
      lambda: refused(no_generation_markers=True)),
     ("pad_token == eos_token: the end token masked", "end token not a target",
      lambda: flags(hf(pad_is_eos=True))),
+    ("LoRA target_modules copied from a BERT recipe", "adapter targets match no module",
+     lambda: flags(sft(foreign_targets=True))),
+    ("compute_loss ignores num_items_in_batch (transformers#37766)",
+     "ignores num_items_in_batch", lambda: accounting("mean")),
+    ("a long system prompt: TRL drops the truncated rows silently",
+     "rows dropped before training", lambda: flags(sft(long_system=40))),
+    ("a new role token whose embedding row stays frozen under LoRA",
+     "added tokens not trained", lambda: flags(sft(new_role_token="frozen"))),
+    ("packing without document boundaries ('wrapped')", "cross-document attention",
+     lambda: packed(True)),
+    ("training conversations copied into the eval set, packed", "group crosses splits",
+     lambda: flags(sft(packing="bfd", eval_overlap=5))),
 ]
 
 
@@ -90,6 +118,10 @@ def clean_alarms() -> list[str]:
     """What the clean twins raise in 01, 02 and 03 (nothing, when all is well)."""
     alarms = [f"trl_sft 01: {f}" for f in flags(sft())]
     alarms += [f"hf_trainer 01: {f}" for f in flags(hf())]
+    alarms += [f"trl_sft packed (bfd) 01: {f}" for f in flags(sft(packing="bfd"))]
+    alarms += [f"trl_sft trained new token 01: {f}" for f in
+               flags(sft(new_role_token="trained"))]
+    alarms += [f"trl_sft own loss (summed) 04: {f}" for f in [accounting("summed")] if f]
     res = overfit(sft(), examples=4, updates=120)
     alarms += [f"trl_sft 02: {c}" for c in res.checks.loc[~res.checks.passed, "check"]]
     report = gates(sft(), items(sft()))

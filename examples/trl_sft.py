@@ -10,7 +10,7 @@ download); the conversations are the generation sample's, three turns each after
 message. Needs `pip install -e .[llm]` (trl, peft).
 
     python -m workbook pilot --task examples.trl_sft:task --smoke
-    python -m workbook pilot --task examples.trl_sft:task -p 'task_options={"lora": false}'
+    python -m workbook pilot --task examples.trl_sft:task --option lora=false
 
 (`lora=False`: the same fine-tune of the whole pretrained base, no adapters.)
 
