@@ -54,8 +54,8 @@ def lines(done: dict[str, Any]) -> list[str]:
     """What an export did, for people: per destination what was added (or that nothing was),
     where, and how to open it; then what the run folder could not give."""
     plan = done["pilot"]
-    trials = sum(e.kind == "trial" for e in plan.entries)
-    notebooks = sum(e.kind == "notebook" for e in plan.entries)
+    trials = sum(e.role == "trial" for e in plan.entries)
+    notebooks = sum(e.role == "notebook" for e in plan.entries)
     what = f"the pilot, {notebooks} notebooks and {trials} trials of 06"
     out = []
     if "mlflow" in done:

@@ -25,7 +25,7 @@ from ..base.errors import WorkbookError, reason
 from .export_plan import Entry, Pilot, name_of
 
 EXPERIMENT = "workbook pilot"
-KIND, PILOT_ID, DIGEST, COMPLETE, KEY = ("workbook.kind", "workbook.pilot_id",
+ROLE, PILOT_ID, DIGEST, COMPLETE, KEY = ("workbook.role", "workbook.pilot_id",
                                          "workbook.digest", "workbook.complete", "workbook.key")
 NOTE = "mlflow.note.content"  # the run's description in MLflow's UI
 INSTALL = "pip install 'workbook[export]' (or make install, which adds it)"
@@ -243,14 +243,17 @@ def _batches(client: Any, run_id: str, entry: Entry, now: int) -> None:
 
 
 def _write_entry(client: Any, experiment_id: str, entry: Entry, plan: Pilot,
-                 parent_id: str | None, now: int) -> str:
-    tags = {KIND: entry.kind, PILOT_ID: plan.pilot_id, KEY: entry.key, NOTE: entry.note,
+                 parent_id: str | None, now: int, created: list[str]) -> str:
+    """One run, its id added to `created` as soon as it exists (a failure after that deletes
+    it with the rest)."""
+    tags = {ROLE: entry.role, PILOT_ID: plan.pilot_id, KEY: entry.key, NOTE: entry.note,
             **({"mlflow.parentRunId": parent_id} if parent_id else {})}
-    if entry.kind == "pilot":
+    if entry.role == "pilot":
         tags[DIGEST] = plan.digest
     run = client.create_run(experiment_id, start_time=entry.start_ms or now, tags=tags,
                             run_name=entry.name)
     run_id = run.info.run_id
+    created.append(run_id)
     _batches(client, run_id, entry, now)
     for path in entry.files.values():
         client.log_artifact(run_id, str(path))
@@ -284,9 +287,9 @@ def export(plan: Pilot, uri: str, experiment: str = EXPERIMENT) -> dict[str, Any
             raise _unusable(uri, exc) from None
         for run in earlier:
             tags = run.data.tags
-            if tags.get(KIND) == "pilot" and tags.get(COMPLETE) == "true" and \
+            if tags.get(ROLE) == "pilot" and tags.get(COMPLETE) == "true" and \
                     tags.get(DIGEST) == plan.digest:
-                count = sum(r.data.tags.get(KIND) != "pilot" for r in earlier) + 1
+                count = sum(r.data.tags.get(ROLE) != "pilot" for r in earlier) + 1
                 return {**result, "action": "unchanged", "run_id": run.info.run_id,
                         "runs": count}
         created: list[str] = []
@@ -295,8 +298,7 @@ def export(plan: Pilot, uri: str, experiment: str = EXPERIMENT) -> dict[str, Any
             now = int(time.time() * 1000)
             for entry in plan.entries:  # parents come first
                 ids[entry.key] = _write_entry(client, exp_id, entry, plan,
-                                              ids.get(entry.parent or ""), now)
-                created.append(ids[entry.key])
+                                              ids.get(entry.parent or ""), now, created)
             client.set_tag(ids["pilot"], COMPLETE, "true")  # the export is whole from here on
         except BaseException as exc:
             for run_id in reversed(created):

@@ -76,7 +76,7 @@ class Entry:
 
     key: str  # unique in the export: "pilot", a notebook's stem, "06_lr_study/trial-3"
     name: str
-    kind: str  # "pilot", "notebook" or "trial"
+    role: str  # "pilot", "notebook" or "trial"
     parent: str | None = None
     status: str = "FINISHED"
     start_ms: int | None = None
@@ -280,7 +280,7 @@ def _gates(run: Path) -> tuple[dict[str, float], dict[str, str]]:
 
 def _notebook(run: Path, row: IndexRow, missing: list[str]) -> Entry:
     stem = row.notebook
-    entry = Entry(key=stem, name=stem, kind="notebook", parent="pilot",
+    entry = Entry(key=stem, name=stem, role="notebook", parent="pilot",
                   status=STATUS[row.verdict])
     summary = None
     path = run / stem / "summary.json"
@@ -373,7 +373,7 @@ def _trials(run: Path, missing: list[str]) -> list[Entry]:
         tid = int(row["id"])
         params = trial_params(row["params"], f"trial {tid} in {study / 'ledger.sqlite'}")
         status = str(row["status"])
-        entry = Entry(key=f"{STUDY}/trial-{tid}", kind="trial", parent=STUDY,
+        entry = Entry(key=f"{STUDY}/trial-{tid}", role="trial", parent=STUDY,
                       name=f"trial {tid} lr={params['lr']:g} seed={params['seed']}"
                       + ("" if status == "finished" else f" ({status})"),
                       status=TRIAL_STATUS.get(status, "FAILED"),
@@ -470,7 +470,7 @@ def _pilot_entry(run: Path, index: Index, notebooks: list[Entry], missing: list[
         ("fail" if all(v in ("pass", "fail") for v in verdicts) else "error")
     starts = [n.start_ms for n in notebooks if n.start_ms]
     ends = [n.end_ms for n in notebooks if n.end_ms]
-    entry = Entry(key="pilot", name=run.name, kind="pilot", status=STATUS[overall],
+    entry = Entry(key="pilot", name=run.name, role="pilot", status=STATUS[overall],
                   start_ms=min(starts) if starts else None, end_ms=max(ends) if ends else None)
     entry.params = {"task": _text(index.task), "task_options": _text(index.task_options),
                     "smoke": _text(index.smoke), "time_limit_s": _text(index.time_limit_s),

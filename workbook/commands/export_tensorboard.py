@@ -119,7 +119,7 @@ def _write_entry(writer_type: Any, folder: Path, entry: Entry) -> None:
         for name, points in entry.curves.items():
             for step, value, at in points:
                 writer.add_scalar(name, value, step, walltime=at / 1000)
-        writer.add_text("verdict" if entry.kind == "notebook" else "description", entry.note,
+        writer.add_text("verdict" if entry.role == "notebook" else "description", entry.note,
                         0, walltime=stamp)
         if entry.params:
             writer.add_text("parameters", _markdown_table(entry.params, ("parameter", "value")),
@@ -139,7 +139,7 @@ def _write_entry(writer_type: Any, folder: Path, entry: Entry) -> None:
 
 def _folder(root: Path, entry: Entry) -> Path:
     """Where an entry's events go: `pilot/`, `NN_name/`, `06_lr_study/trial-N/`."""
-    return root / ("pilot" if entry.kind == "pilot" else entry.key)
+    return root / ("pilot" if entry.role == "pilot" else entry.key)
 
 
 def export(plan: Pilot, logdir: str | Path) -> dict[str, Any]:
