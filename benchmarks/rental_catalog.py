@@ -58,8 +58,10 @@ def ranges(result: rental.RentalResult) -> None:
             table = spread(result.catalog, gpu, count)
             hourly = table.price_per_used_gpu_hour.dropna() * count
             spot = table.spot_price_per_used_gpu_hour.dropna() * count
+            who = ", ".join(p + (f" x{int(n)} instances" if n and n > 1 else "")
+                            for p, n in zip(table.provider, table.instances, strict=True))
             parts.append(f"{count} GPU{'s' * (count > 1)}/h {hourly.min():.2f}-{hourly.max():.2f}"
-                         f" over {len(hourly)} ({', '.join(table.provider)}), spot "
+                         f" over {len(hourly)} ({who}), spot "
                          + (f"{spot.min():.2f}-{spot.max():.2f} over {len(spot)}"
                             if len(spot) else "none"))
         print(f"  {gpu:<10} " + "; ".join(parts))

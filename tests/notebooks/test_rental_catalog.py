@@ -118,6 +118,11 @@ def test_whole_instances_are_paid_and_the_cheapest_total_wins(tmp_path):
     # where no instance holds them all, several smaller ones, said in the offer's words
     ones = offers[offers.instance == "one"]
     assert cheapest_offer(ones, 2, "price").instance == "one"
+    # at the same total, fewer instances
+    tie = read_catalog(_catalog(tmp_path, ["x,one,H100,1,1,1,,1.0,,r,",
+                                           "x,four,H100,4,1,1,,4.0,,r,"]),
+                       GPUS, today=dt.date(2026, 12, 3)).offers
+    assert cheapest_offer(tie, 8, "price").instance == "four"
     catalog = read_catalog(_catalog(tmp_path, CLEAN[:1]), GPUS, today=dt.date(2026, 12, 3))
     row = price_columns("H100", 2, (1.0, 1.0, 1.0), {}, catalog, None, 0.0)
     assert row["offer"] == "x one (1 GPU, r1) x2 instances" and row["cost"] == 4.0
@@ -129,7 +134,7 @@ def test_price_columns_typed_wins_and_spot_adds_the_interruptions(tmp_path):
     # a 1-GPU job on the only instance, an 8-GPU one: 8 GPUs paid at 1.5 each
     assert (row["paid_gpus"], row["price_per_hour"], row["cost"]) == (8, 1.5, 120.0)
     assert (row["cost_low"], row["cost_high"]) == (96.0, 144.0)
-    assert row["spot_cost"] is None and row["price_from"] == "catalog 2026-11-01"
+    assert row["spot_cost"] is None and row["price_from"] == "catalog of 2026-11-01"
     typed = price_columns("H100", 1, (10.0, 8.0, 12.0), {"H100": 3.0}, catalog, None, 0.0)
     assert (typed["cost"], typed["price_from"], typed["paid_gpus"]) == (30.0, "typed", 1)
     assert typed["offer"] == "typed: gpu_price_per_hour" and typed["spot_cost"] is None
@@ -272,3 +277,30 @@ def test_03_on_a_gpu_of_the_list_calibrates_the_speed_and_says_measured(tmp_path
     assert book.estimate("A100-80GB", 7e9, "fsdp").basis != "measured"
     assert calibrate(read_speeds("", GPUS), tmp_path / "none", count, GPUS, {}, True,
                      None).startswith("notebook 03 did not run")
+
+
+def test_the_conclusion_names_the_offer_the_date_the_range_and_what_it_rests_on():
+    from workbook.notebooks.rental_conclusion import offered, ranged, resting_on
+
+    best = pd.Series({"cheapest_offer": "p s1 (1 GPU, r)", "cheapest_price_from":
+                      "catalog of 2026-11-01", "cheapest_cost_low": 10.0,
+                      "cheapest_cost_high": 14.0, "cheapest_spot_cost": 4.0,
+                      "cheapest_spot_offer": "p s1 (1 GPU, r)"})
+    assert offered(best, "USD") == (
+        ", priced on p s1 (1 GPU, r), catalog of 2026-11-01, USD 10.00 to USD 14.00 over the "
+        "speeds' range; on spot USD 4.00 (p s1 (1 GPU, r), interruptions included)")
+    assert "no spot offer" in offered(best.drop("cheapest_spot_cost"), "USD")
+    assert offered(pd.Series({"cheapest_offer": None}), "USD") == ""
+    plan = pd.DataFrame({"hours_low": [1.0, 2.0], "hours_high": [1.5, 3.0],
+                         "cost_low": [1.0, 2.0], "cost_high": [1.5, 3.0],
+                         "offer": ["p s1 (1 GPU, r)"] * 2, "price_from": ["catalog of D"] * 2})
+    assert ranged(plan, "USD") == (" (3.0-4.5 h, USD 3.00-USD 4.50 over the speeds' range; "
+                                   "priced on p s1 (1 GPU, r), catalog of D)")
+    flat = plan.assign(hours_high=plan.hours_low)
+    assert ranged(flat, "USD").startswith(" (no range")
+    words = resting_on({"speeds": "speed references X", "calibration": "measured: 03",
+                        "catalog": "catalog Y of 2026-11-01", "typed": ["H100"]})
+    assert words == ("Times rest on speed references X (measured: 03); costs on the catalog Y of "
+                     "2026-11-01; typed prices for H100 win over it; memory on a fake-tensor "
+                     "prediction plus stated overheads.")
+    assert "assumed utilisation" in resting_on(None)

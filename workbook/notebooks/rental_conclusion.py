@@ -40,7 +40,7 @@ def offered(best, currency: str) -> str:
     spot, spot_offer = best.get("cheapest_spot_cost"), best.get("cheapest_spot_offer")
     on_spot = f"; on spot {money(spot, currency)} ({spot_offer}, interruptions included)" \
         if spot is not None and not pd.isna(spot) else "; no spot offer in the catalog"
-    return f", priced on {offer} ({best.get('cheapest_price_from')}){spread}{on_spot}"
+    return f", priced on {offer}, {best.get('cheapest_price_from')}{spread}{on_spot}"
 
 
 def ranged(done: pd.DataFrame, currency: str) -> str:
@@ -49,7 +49,7 @@ def ranged(done: pd.DataFrame, currency: str) -> str:
     if done.empty or "hours_low" not in done or done.hours_low.isna().any():
         return ""
     lo, hi = done.hours_low.sum(), done.hours_high.sum()
-    offers = "; ".join(dict.fromkeys(f"{o} ({f})" for o, f in zip(
+    offers = "; ".join(dict.fromkeys(f"{o}, {f}" for o, f in zip(
         done.offer.fillna("no offer"), done.price_from.fillna("no price"), strict=True)))
     if round(lo, 1) == round(hi, 1):
         return f" (no range: the speeds' spread changes no hour; priced on {offers})"

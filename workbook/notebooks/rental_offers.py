@@ -9,7 +9,8 @@ import pandas as pd
 
 from .rental_prices import Catalog, Spot, spread
 
-OFFER_COLUMNS = ["candidate", "gpu", "gpus", "provider", "offer", "price_per_used_gpu_hour", "cost",
+OFFER_COLUMNS = ["candidate", "gpu", "gpus", "provider", "offer", "instances",
+                 "price_per_used_gpu_hour", "cost",
                  "spot_offer", "spot_price_per_used_gpu_hour", "spot_cost", "budget_hours",
                  "currency"]
 
@@ -30,7 +31,7 @@ def offers_table(catalog: Catalog, options: pd.DataFrame, sheet: pd.DataFrame,
         extra = 1 + (spot.overhead(update_s * eval_every) if spot else 0.0)
         for p in spread(catalog, r.cheapest_gpu, count).itertuples():
             rows.append({"candidate": r.candidate, "gpu": r.cheapest_gpu, "gpus": count,
-                         "provider": p.provider, "offer": p.offer,
+                         "provider": p.provider, "offer": p.offer, "instances": p.instances,
                          "price_per_used_gpu_hour": p.price_per_used_gpu_hour,
                          "cost": _cost(hours, count, p.price_per_used_gpu_hour),
                          "spot_offer": p.spot_offer,

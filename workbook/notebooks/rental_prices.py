@@ -54,7 +54,8 @@ class Catalog:
         """'catalog <file> of 2026-12-03 (24 offers, 5 providers)' for sources and the report."""
         return (f"catalog {self.path} of {self.date.isoformat()}"
                 f"{'' if self.dated_by == 'the file' else f' ({self.dated_by})'}, "
-                f"{len(self.offers)} offers from {len(self.providers)} providers")
+                f"{len(self.offers)} offers from {len(self.providers)} provider"
+                f"{'s' if len(self.providers) != 1 else ''}")
 
 
 def read_catalog(path: str | Path | None, gpus: dict, currency: str = "USD",
@@ -63,7 +64,7 @@ def read_catalog(path: str | Path | None, gpus: dict, currency: str = "USD",
     checked: a missing column, a negative or non-numeric price or GPU count, an accelerator
     name neither SkyPilot nor `gpus` knows, or a date after `today` is refused with its line
     and the fix. CPU-only rows, GPU slices and rows without any price are left out, counted."""
-    path = Path(path) if path else SHIPPED
+    path = Path(path).expanduser() if path else SHIPPED
     if not path.is_file():
         raise WorkbookError(f"price catalog {path} does not exist",
                             "give price_catalog the path of a CSV in SkyPilot's vms.csv columns, "
@@ -274,7 +275,7 @@ def price_columns(gpu: str, count: int | None, hours: tuple, typed: dict,
         if best is not None and gpu not in typed:
             out.update(price_per_hour=round(best.price / best["count"], 4),
                        paid_gpus=_paid(count, best["count"]), offer=offer_words(best, count),
-                       price_from=f"catalog {catalog.date.isoformat()}")
+                       price_from=f"catalog of {catalog.date.isoformat()}")
         spot_best = cheapest_offer(here, count, "spot_price")
         if spot_best is not None:
             paid = _paid(count, spot_best["count"])
@@ -307,8 +308,9 @@ def cheapest_offer(offers: pd.DataFrame, count: int, column: str) -> pd.Series |
     priced = whole if len(whole) else priced
     if priced.empty:
         return None
-    total = priced[column] * (count / priced["count"]).apply(math.ceil)
-    return priced.loc[total.idxmin()]
+    instances = (count / priced["count"]).apply(math.ceil)
+    order = pd.DataFrame({"total": priced[column] * instances, "instances": instances})
+    return priced.loc[order.sort_values(["total", "instances"], kind="stable").index[0]]
 
 
 def offer_words(offer: pd.Series, count: int = 1) -> str:
@@ -333,8 +335,11 @@ def spread(catalog: Catalog, gpu: str, count: int = 1) -> pd.DataFrame:
             row[column + "_per_used_gpu_hour"] = None if best is None else \
                 round(best[column] * math.ceil(count / best["count"]) / count, 4)
             row[column.replace("price", "offer")] = None if best is None else best.instance
+            if column == "price":
+                row["instances"] = None if best is None else math.ceil(count / best["count"])
         rows.append(row)
     frame = pd.DataFrame(rows, columns=["gpu", "provider", "price_per_used_gpu_hour", "offer",
-                                        "spot_price_per_used_gpu_hour", "spot_offer"])
+                                        "instances", "spot_price_per_used_gpu_hour",
+                                        "spot_offer"])
     return frame.sort_values("price_per_used_gpu_hour", na_position="last", kind="stable") \
         .reset_index(drop=True)

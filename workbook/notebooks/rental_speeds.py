@@ -103,7 +103,7 @@ def read_speeds(path: str | Path | None, gpus: dict) -> SpeedBook:
     a strategy other than single/ddp/fsdp, a GPU neither `gpus` nor SkyPilot names, or a
     source without an address is refused with its line and the fix. References of GPUs off
     the list stay: they stand in for a GPU without its own."""
-    path = Path(path) if path else SHIPPED
+    path = Path(path).expanduser() if path else SHIPPED
     if not path.is_file():
         raise WorkbookError(f"speed references {path} do not exist",
                             'give speeds a CSV path of your own, "references" for the table '
@@ -206,6 +206,6 @@ def calibrate(book: SpeedBook, run_dir: Path, count_flops, gpus: dict, tflops: d
     speed, why = measured_speed(gates, pipeline, gpu, flops, tflops.get(gpu, 1.0),
                                 trains_campaign)
     if speed is None:
-        return why + ": speeds from the references"
+        return why + "; speeds from the references"
     book.measured[gpu] = speed
     return speed.words
