@@ -12,8 +12,6 @@ row."""
 
 from __future__ import annotations
 
-import copy
-import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
@@ -27,9 +25,9 @@ from .. import kinds
 from ..outputs import accepted_inputs
 from ..sources import numbered
 from ..targets import IGNORE_INDEX
-from ..task import Task, adamw
+from ..task import Task
 from .hf_metrics import ROW, ROW_OFFSET, _probe_padding, _SplitMetrics
-from .hf_trainer import MODELS, _Callbacks, _checkpoint_code, _parameter_groups, _scheduler_factory
+from .hf_trainer import argument_fields
 from .torch import loading_weights, probe_on_meta
 
 SPLITS = ("train", "validation", "test")
@@ -449,39 +447,8 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                     yield ex
         finish(seen)
 
-    fields: dict[str, Any] = {"lr": getattr(args, "learning_rate", None)}
-    if args is not None:
-        def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-            optimizer = torch.optim.AdamW(
-                _parameter_groups(model, getattr(args, "weight_decay", 0.0)), lr=lr,
-                betas=(getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.999)),
-                eps=getattr(args, "adam_epsilon", 1e-8))
-            MODELS[optimizer] = model
-            return optimizer
-        fields["build_optimizer"] = build_optimizer
-    else:
-        fields["build_optimizer"] = adamw
-    # a TrainingArguments or a subclass of it (TRL's SFTConfig, DPOConfig)
-    trainer_args = args is not None and any(k.__name__ == "TrainingArguments"
-                                            for k in type(args).__mro__)
-    hooks = None
-    if callbacks:
-        if not trainer_args:
-            raise WorkbookError("from_hf: callbacks need the TrainingArguments they are called "
-                                "with", "pass args=TrainingArguments(...)")
-        quiet = copy.copy(args)  # the pilot never writes into the campaign's output_dir
-        object.__setattr__(quiet, "output_dir", tempfile.mkdtemp(prefix="from_hf-"))
-        hooks = _Callbacks(list(callbacks), quiet, tokenizer)
-    if trainer_args:
-        fields["build_scheduler"] = _scheduler_factory(args, _train_rows(data["train"], args),
-                                                       hooks, notes)
-        save_only = bool(getattr(args, "save_only_model", False))
-        fields["save_state"], fields["restore_state"] = _checkpoint_code(args, hooks, save_only)
-        strategy = str(getattr(getattr(args, "save_strategy", "steps"), "value",
-                               getattr(args, "save_strategy", "steps")))
-        if strategy == "no":
-            notes.append("from_hf: save_strategy 'no': the campaign writes no checkpoint, so "
-                         "a preempted rental restarts from nothing (07 still checks a resume)")
+    fields = argument_fields(args, (lambda: _train_rows(data["train"], args)), callbacks,
+                             tokenizer, notes)
     if compute_metrics is not None:
         split_metrics = _SplitMetrics(compute_metrics, preprocess_logits_for_metrics)
         fields["eval_step"] = lambda model, batch: split_metrics(task, model, batch)

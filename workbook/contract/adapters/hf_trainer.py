@@ -3,7 +3,9 @@ callbacks stepped along (`_Schedule`), and its checkpoint files."""
 
 from __future__ import annotations
 
+import copy
 import math
+import tempfile
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -14,6 +16,7 @@ from torch import nn
 from ...base.errors import WorkbookError, reason
 from .. import fine_tuning
 from ..run import current_run
+from ..task import adamw
 
 MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> model
 
@@ -262,3 +265,44 @@ def _parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     groups = [{"params": [p for n, p in named if n in decay], "weight_decay": weight_decay},
               {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
+
+
+def argument_fields(args: Any, train_rows: Callable[[], int], callbacks: list | None,
+                    tokenizer: Any, notes: list[str]) -> dict[str, Any]:
+    """The Task fields a trainer's arguments decide: the learning rate and AdamW with its
+    settings (`args` may be any object with them), and from a `TrainingArguments` (or a
+    subclass: TRL's SFTConfig, DPOConfig) the schedule with its warm-up over `train_rows()`
+    rows, the checkpoint code and the user's `callbacks`."""
+    fields: dict[str, Any] = {"lr": getattr(args, "learning_rate", None)}
+    if args is not None:
+        def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+            optimizer = torch.optim.AdamW(
+                _parameter_groups(model, getattr(args, "weight_decay", 0.0)), lr=lr,
+                betas=(getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.999)),
+                eps=getattr(args, "adam_epsilon", 1e-8))
+            MODELS[optimizer] = model
+            return optimizer
+        fields["build_optimizer"] = build_optimizer
+    else:
+        fields["build_optimizer"] = adamw
+    # a TrainingArguments or a subclass of it (TRL's SFTConfig, DPOConfig)
+    trainer_args = args is not None and any(k.__name__ == "TrainingArguments"
+                                            for k in type(args).__mro__)
+    hooks = None
+    if callbacks:
+        if not trainer_args:
+            raise WorkbookError("from_hf: callbacks need the TrainingArguments they are called "
+                                "with", "pass args=TrainingArguments(...)")
+        quiet = copy.copy(args)  # the pilot never writes into the campaign's output_dir
+        object.__setattr__(quiet, "output_dir", tempfile.mkdtemp(prefix="from_hf-"))
+        hooks = _Callbacks(list(callbacks), quiet, tokenizer)
+    if trainer_args:
+        fields["build_scheduler"] = _scheduler_factory(args, train_rows(), hooks, notes)
+        save_only = bool(getattr(args, "save_only_model", False))
+        fields["save_state"], fields["restore_state"] = _checkpoint_code(args, hooks, save_only)
+        strategy = str(getattr(getattr(args, "save_strategy", "steps"), "value",
+                               getattr(args, "save_strategy", "steps")))
+        if strategy == "no":
+            notes.append("from_hf: save_strategy 'no': the campaign writes no checkpoint, so "
+                         "a preempted rental restarts from nothing (07 still checks a resume)")
+    return fields
