@@ -125,10 +125,12 @@ def test_pilot_smoke_resume_and_rental_plan_with_the_report(task, tmp_path):
     assert resume["archive_identical"] and resume["tampering_refused"]
     assert resume["faults_caught"]["checkpoint without optimizer state"]
     plan = summary(run, "08_rental_plan")["figures"]
-    assert plan["chosen"] == "control" and plan["rows"] == 15
+    assert plan["chosen"] == "control" and plan["rows"] == 18  # 3 candidates x 6 GPUs
+    assert plan["catalog"]["offers"] > 0 and plan["recommended_offer"], "priced from a catalog"
     report = (run / "report.html").read_text()
     for part in ('href="03_phase_gates.html"', "Selection sheet", "A100-80GB", "Rental decision",
-                 "update (first)", "Cheapest GPU that fits", "data:image/png;base64,"):
+                 "update (first)", "Cheapest GPU that fits", "data:image/png;base64,",
+                 "Offers across providers", "catalog of "):
         assert part in report, part
     assert (run / "03_phase_gates.html").exists(), "the executed notebook opens in a browser"
 
