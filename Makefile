@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[test,hf,llm,lightning,stream]"
+	$(BIN)/python -m pip install -q -e ".[test,hf,llm,lightning,stream,export]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name workbook --display-name "Python (workbook)"
 	touch $(STAMP)
 

@@ -405,7 +405,8 @@ def test_without_the_extra_the_error_names_the_install(run, tmp_path, monkeypatc
     assert sorted(p.name for p in run.parent.iterdir()) == [run.name], "no store was made"
 
 
-def test_the_command_line(run, tmp_path, capsys):
+def test_the_command_line(run, empty_store, capsys):
+    shutil.copy(empty_store, run.parent / "mlflow.db")  # the default store, its schema made
     assert main(["export", str(run)]) == 2
     assert "export needs a destination" in capsys.readouterr().err
     assert main(["export", "--mlflow", str(run)]) == 0  # the folder taken by --mlflow
@@ -429,9 +430,12 @@ def test_importing_the_workbook_loads_neither_mlflow_nor_tensorboard():
     assert out.strip() == "[]"
 
 
-def test_a_run_the_pilot_made_is_exported_with_its_notebooks_parameters(tmp_path, capsys):
+def test_a_run_the_pilot_made_is_exported_with_its_notebooks_parameters(tmp_path, empty_store,
+                                                                        capsys):
     """End to end: `workbook pilot --smoke --only 06` (papermill), then `workbook export`."""
     from workbook.commands.pilot import run_pilot
+
+    shutil.copy(empty_store, tmp_path / "mlflow.db")  # the default store, its schema made
 
     run, index = run_pilot(CLASSIFICATION, out=str(tmp_path / "run"), smoke=True, only="06",
                            progress=False, params={"lrs": [1e-3, 50.0]})

@@ -66,7 +66,10 @@ def lines(done: dict[str, Any]) -> list[str]:
                 "unchanged": "MLflow: already exported with the same content - nothing added"}
         out += [f"{head[m['action']]} ({m['runs']} runs)",
                 f"  store {m['uri']}, experiment {m['experiment']!r}, pilot run {m['run_id']}"]
-        out += [f"  open: {m['view']}"] if m["view"] else []
+        if m["view"]:  # a database written by a newer MLflow is refused by an older one
+            out.append(f"  open: {m['view']}" + (
+                f" (with mlflow>={m['version']}: pip install mlflow)"
+                if m["uri"].startswith("sqlite") else ""))
     if "tensorboard" in done:
         t = done["tensorboard"]
         head = {"exported": f"TensorBoard: exported {what}",

@@ -242,11 +242,22 @@ def _batches(client: Any, run_id: str, entry: Entry, now: int) -> None:
                          synchronous=True)
 
 
+def _user() -> str:
+    """Who exported (MLflow's UI shows it as "Created by")."""
+    import getpass
+
+    with contextlib.suppress(Exception):
+        return getpass.getuser()
+    return ""
+
+
 def _write_entry(client: Any, experiment_id: str, entry: Entry, plan: Pilot,
                  parent_id: str | None, now: int, created: list[str]) -> str:
     """One run, its id added to `created` as soon as it exists (a failure after that deletes
     it with the rest)."""
     tags = {ROLE: entry.role, PILOT_ID: plan.pilot_id, KEY: entry.key, NOTE: entry.note,
+            "mlflow.source.type": "LOCAL", "mlflow.source.name": "workbook pilot",
+            **({"mlflow.user": _user()} if _user() else {}),
             **({"mlflow.parentRunId": parent_id} if parent_id else {})}
     if entry.role == "pilot":
         tags[DIGEST] = plan.digest
@@ -277,7 +288,9 @@ def export(plan: Pilot, uri: str, experiment: str = EXPERIMENT) -> dict[str, Any
                             f"folder ({found.artifact_location}), which an export never changes",
                             "give --experiment another name")
     exp_id = found.experiment_id
-    result = {"uri": uri, "experiment": experiment, "experiment_id": exp_id,
+    from mlflow.version import VERSION
+
+    result = {"uri": uri, "experiment": experiment, "experiment_id": exp_id, "version": VERSION,
               "view": f"mlflow ui --backend-store-uri {uri}"
               if _sqlite_path(uri) else f"open {uri}" if uri.startswith("http") else ""}
     with _quiet():
