@@ -204,6 +204,10 @@ def test_the_shipped_speed_references_cite_every_row_and_interpolate():
     assert "no single reference: fsdp rows stand in" in tiny.words
     l4 = book.estimate("L4", 7e9, "fsdp")
     assert l4.words.startswith("no L4 reference: those of A100-40GB, A100-80GB, H100")
+    # MPT's "7b" (6.66 and 6.67 B, two sequence lengths) is one size: 2 rows beside 8 B's 2
+    h100 = book.estimate("H100", 7.3e9, "fsdp")
+    assert h100.words.endswith("range 0.33-0.46 MFU over 4 rows of llm-foundry, torchtitan")
+    assert 0.33 < h100.mfu < 0.4644 and (h100.low, h100.high) == (0.33, 0.4644)
     without_h100 = read_speeds("", {"L4": 24})
     assert "H100" in without_h100.estimate("L4", 8e9, "fsdp").words, "off-list GPUs stand in"
     exact = book.estimate("H100", 8e9, "fsdp")

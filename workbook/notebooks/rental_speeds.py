@@ -57,34 +57,52 @@ class SpeedBook:
         else:
             where += f" (no {strategy} reference: {', '.join(sorted(set(refs.strategy)))} " \
                      "rows stand in)"
-        sizes = sorted(set(refs.parameters))
-        below = [s for s in sizes if s <= parameters]
-        above = [s for s in sizes if s >= parameters]
+        groups = size_groups(refs.parameters)
+        inside = [g for g in groups if g[0] <= parameters <= g[-1]]
+        below = [g for g in groups if g[-1] < parameters]
+        above = [g for g in groups if g[0] > parameters]
+        if inside:
+            rows = refs[refs.parameters.isin(inside[0])]
+            return Speed(round(rows.mfu.mean(), 4), rows.mfu.min(), rows.mfu.max(), "reference",
+                         f"{where}, {_size(inside[0][0])}; {_cited(rows)}")
         if not below or not above:
             edge = above[0] if not below else below[-1]
-            rows = refs[refs.parameters == edge]
+            rows = refs[refs.parameters.isin(edge)]
             side, likely = ("smallest", "a smaller model usually reaches less") if not below \
                 else ("largest", "a larger one may reach less")
             return Speed(round(rows.mfu.mean(), 4), rows.mfu.min(), rows.mfu.max(),
                          "extrapolated",
-                         f"{where}: the {side} reference ({_size(edge)}) held for "
+                         f"{where}: the {side} reference ({_size(edge[0])}) held for "
                          f"{_size(parameters)} - {likely}; {_cited(rows)}")
-        lo_size, hi_size = below[-1], above[0]
-        rows = refs[refs.parameters.isin([lo_size, hi_size])]
-        lo_mean = refs[refs.parameters == lo_size].mfu.mean()
-        hi_mean = refs[refs.parameters == hi_size].mfu.mean()
-        t = 0.0 if hi_size == lo_size else \
-            (math.log(parameters) - math.log(lo_size)) / (math.log(hi_size) - math.log(lo_size))
-        mfu = lo_mean + t * (hi_mean - lo_mean)
-        basis = "reference" if lo_size == hi_size else "interpolated"
-        span = _size(lo_size) if lo_size == hi_size else \
-            f"interpolated in log(parameters) between {_size(lo_size)} and {_size(hi_size)}"
-        return Speed(round(mfu, 4), rows.mfu.min(), rows.mfu.max(), basis,
-                     f"{where}, {span}; {_cited(rows)}")
+        low, high = below[-1], above[0]
+        rows = refs[refs.parameters.isin(low + high)]
+        lo_mean = refs[refs.parameters.isin(low)].mfu.mean()
+        hi_mean = refs[refs.parameters.isin(high)].mfu.mean()
+        t = (math.log(parameters) - _log_mean(low)) / (_log_mean(high) - _log_mean(low))
+        mfu = lo_mean + min(max(t, 0.0), 1.0) * (hi_mean - lo_mean)
+        return Speed(round(mfu, 4), rows.mfu.min(), rows.mfu.max(), "interpolated",
+                     f"{where}, interpolated in log(parameters) between {_size(low[0])} and "
+                     f"{_size(high[0])}; {_cited(rows)}")
 
     def described(self) -> str:
         return (f"speed references {self.path}: {len(self.references)} rows from "
                 f"{', '.join(sorted(self.sources)) or 'no named source'}")
+
+
+def size_groups(parameters) -> list[list[float]]:
+    """The references' parameter counts in groups of one model size (each within 10% of its
+    group's smallest: MPT's "7b" is 6.66 and 6.67 B by sequence length), smallest first."""
+    groups: list[list[float]] = []
+    for size in sorted(set(parameters)):
+        if groups and size <= groups[-1][0] * 1.1:
+            groups[-1].append(size)
+        else:
+            groups.append([size])
+    return groups
+
+
+def _log_mean(group: list[float]) -> float:
+    return sum(math.log(x) for x in group) / len(group)
 
 
 def _size(parameters: float) -> str:
