@@ -390,6 +390,43 @@ def test_unreachable_and_invalid_mlflow_stores_are_refused_before_anything_is_wr
     assert runs_of(store).empty
 
 
+def test_stores_mlflow_cannot_write_are_named_with_their_fix(run, store, tmp_path):
+    import sqlite3
+
+    path = store[len("sqlite:///"):]
+    client = mlflow.MlflowClient(store)
+    client.delete_experiment(client.create_experiment("old pilots"))
+    with pytest.raises(WorkbookError, match="experiment 'old pilots' in .* was deleted") as err:
+        export_run(str(run), store, experiment="old pilots")
+    assert "mlflow experiments restore" in err.value.fix
+    for revision, fix in (("0584bdc529eb", "mlflow db upgrade sqlite:///"),  # older schema
+                          ("abcdef123456", "a newer MLflow wrote this store")):
+        copy = tmp_path / f"{revision}.db"  # a new URI: MLflow checks a store's schema once
+        shutil.copy(path, copy)
+        db = sqlite3.connect(copy)
+        db.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+        db.commit()
+        db.close()
+        with pytest.raises(WorkbookError, match="Detected out-of-date database schema") as err:
+            export_run(str(run), str(copy))
+        assert fix in err.value.fix
+    assert not (tmp_path / "store" / "mlartifacts").exists() and runs_of(store).empty
+
+
+def test_a_pilot_still_running_is_exported_as_far_as_it_got_and_said_so(run, tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / ".workbook-claim").write_text(json.dumps({"pid": sleeper.pid,
+                                                         "claimed": "2026-12-03T12:22:00"}))
+        pilot = read_pilot(run)
+        assert pilot.still_running
+        assert "(the pilot is still running: export again when it ends)" in pilot.missing[0]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not read_pilot(run).still_running, "its process ended"
+
+
 def test_without_the_extra_the_error_names_the_install(run, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow raises ImportError
     with pytest.raises(WorkbookError, match="MLflow's client, which is not installed") as err:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -163,15 +164,28 @@ def _unusable(uri: str, exc: BaseException) -> WorkbookError:
     if scheme in ("http", "https"):
         fix = ("start the tracking server (mlflow server --port PORT) or correct the address; "
                "leave the URI out to write a SQLite store beside the run folder")
-    elif scheme.startswith("sqlite") or scheme.startswith(("postgresql", "mysql", "mssql")):
-        text = str(exc).lower()
-        fix = ("upgrade the store's schema with `mlflow db upgrade URI` (after backing it up), "
-               "or give a new file" if "schema" in text or "migrat" in text else
-               "give a database URI MLflow can open, e.g. sqlite:///runs/mlflow.db")
+    elif scheme.startswith(("sqlite", "postgresql", "mysql", "mssql")):
+        found = re.search(r"found version (\w+)", str(exc))
+        if found and not _known_revision(found.group(1)):
+            fix = ("a newer MLflow wrote this store: upgrade this one (pip install -U "
+                   "mlflow-skinny), or give another store")
+        elif found or "schema" in str(exc).lower():
+            fix = (f"upgrade the store's schema (back it up first): mlflow db upgrade {uri}; "
+                   "or give another store")
+        else:
+            fix = "give a database URI MLflow can open, e.g. sqlite:///runs/mlflow.db"
     else:
         fix = ("give sqlite:///PATH/mlflow.db, a database URI or a tracking server "
                "(http://HOST:PORT); leave the URI out for a SQLite store beside the run folder")
     return WorkbookError(f"the MLflow store {uri} cannot be used: {reason(exc, 400)}", fix)
+
+
+def _known_revision(revision: str) -> bool:
+    """Whether the installed MLflow knows a store schema revision (else a newer one wrote it)."""
+    import mlflow.store
+
+    versions = Path(mlflow.store.__file__).parent / "db_migrations" / "versions"
+    return any(versions.glob(f"{revision}_*.py"))
 
 
 def connect(uri: str, experiment: str) -> tuple[Any, Any]:
