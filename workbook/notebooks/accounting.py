@@ -341,7 +341,8 @@ class AccountingResult:
                      "the update's targets" if times else
                      "it normalises per micro-batch (e.g. back-propagates each micro-batch's "
                      "mean): sum the losses and divide once by the update's targets")
-            who = getattr(self.task.train_step, "described", "your train_step's gradient")
+            who = getattr(getattr(self.task, "train_step", None), "described",
+                          "your train_step's gradient")
             found.append(f"{who} depends on how the update is split: "
                          f"micro-batch x accumulation {worst['micro_batch x accumulation']} "
                          f"differs from the whole update in one micro-batch by "
