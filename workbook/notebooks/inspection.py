@@ -127,6 +127,7 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
              + end_token_audit(task, items["train"]) + adapter_target_audit(model)
              + dropped_rows_audit(task) + new_token_audit(task, model, items["train"])
              + packing_audit(task, model, items["train"]) + packed_groups_audit(task)
+             + task.target_kind.audits(task, items["train"])
              + label_flags + split_flags)
     # regression: mean(target^2) over the train split - one value whose square is that mean
     square = torch.tensor([math.sqrt(result.train_square.mean)]) \

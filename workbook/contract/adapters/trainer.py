@@ -19,19 +19,21 @@ import torch
 from ...base.errors import WorkbookError, reason
 from ..task import Task
 from .hf import from_hf
+from .preference import from_preference
 from .torch import real_on_cpu
 from .trainer_step import TrainerStep, own_loss
 
 # callbacks every Trainer adds by itself (progress, logging integrations): not the user's
 OWN_CALLBACKS = ("DefaultFlowCallback", "PrinterCallback", "ProgressCallback",
                  "NotebookProgressCallback")
-MAPPED = ("Trainer", "SFTTrainer")  # the trainer classes (and their subclasses) read here
+# the trainer classes (and their subclasses) read here; DPOTrainer as preference pairs
+MAPPED = ("DPOTrainer", "SFTTrainer", "Trainer")
 
 
 def _mapped(trainer: Any) -> str | None:
     """The mapped class `trainer` is (or derives from), or None."""
     names = [k.__name__ for k in type(trainer).__mro__]
-    if "DPOTrainer" in names or "RewardTrainer" in names or "GRPOTrainer" in names:
+    if "RewardTrainer" in names or "GRPOTrainer" in names:
         return None
     return next((n for n in names if n in MAPPED), None)
 
@@ -56,8 +58,8 @@ def built(make_trainer: Callable[[], Any], log: list | None = None) -> Any:
     if _mapped(trainer) is None:
         raise WorkbookError(
             f"make_trainer returned a {type(trainer).__name__}, not a transformers Trainer or "
-            "TRL SFTTrainer", "return the trainer your script builds, before .train(); "
-            "DPOTrainer and other preference trainers are not mapped yet: write a "
+            "TRL SFTTrainer or DPOTrainer", "return the trainer your script builds, before "
+            ".train(); reward, GRPO and other online trainers are not mapped yet: write a "
             "workbook.Task for them (docs/own-task.md)")
     step = getattr(getattr(trainer, "state", None), "global_step", 0) or 0
     if step:
@@ -99,35 +101,53 @@ def _own_forwards(model: Any) -> list[str]:
     return replaced
 
 
+def _fresh(make_trainer: Callable[[], Any], pick: Callable[[Any], Any]) -> Any:
+    """`pick(trainer)` of a trainer built anew, as the campaign's script builds it: a copy of
+    the first trainer's model would still run its modules (the Trainer binds the model's
+    forward). The Trainer reseeds the process from args.seed, so the pilot's own streams are
+    kept; on the meta device (the pilot's probes, the prediction) the trainer is built on the
+    CPU with real tensors and the model moved there: a Trainer cannot place meta tensors."""
+    meta = torch.get_default_device().type == "meta"
+    with _rng_kept(), _quiet(), real_on_cpu() if meta else contextlib.nullcontext():
+        model = pick(built(make_trainer))
+        _own_forwards(model)
+        return model.to("meta") if meta else model
+
+
 @contextlib.contextmanager
 def _counting(log: list[dict]) -> Iterator[None]:
     """Record each dataset TRL's SFTTrainer prepares: its name, the dataset given and the rows
     kept. TRL drops the rows truncation leaves without a target, silently; a packed or
     streamed dataset's kept rows are not counted (they are not the given ones)."""
     try:
-        from trl import SFTTrainer
+        from trl import DPOTrainer, SFTTrainer
     except ImportError:
         yield
         return
-    original = SFTTrainer.__dict__["_prepare_dataset"]
-    signature = inspect.signature(original)
+    originals = {k: k.__dict__["_prepare_dataset"] for k in (SFTTrainer, DPOTrainer)}
 
-    def counted(self, *args: Any, **kwargs: Any) -> Any:
-        given = signature.bind(self, *args, **kwargs).arguments
-        out = original(self, *args, **kwargs)
-        dataset = given.get("dataset")
-        counts = not given.get("packing") and hasattr(dataset, "__len__") and \
-            hasattr(out, "__len__")
-        log.append({"name": str(given.get("dataset_name", "train")), "given": dataset,
-                    "rows": len(dataset) if counts else None,
-                    "kept": len(out) if counts else None})
-        return out
+    def counting(original: Callable) -> Callable:
+        signature = inspect.signature(original)
 
-    SFTTrainer._prepare_dataset = counted
+        def counted(self, *args: Any, **kwargs: Any) -> Any:
+            given = signature.bind(self, *args, **kwargs).arguments
+            out = original(self, *args, **kwargs)
+            dataset = given.get("dataset")
+            counts = not given.get("packing") and hasattr(dataset, "__len__") and \
+                hasattr(out, "__len__")
+            log.append({"name": str(given.get("dataset_name", "train")), "given": dataset,
+                        "rows": len(dataset) if counts else None,
+                        "kept": len(out) if counts else None})
+            return out
+        return counted
+
+    for k, original in originals.items():
+        k._prepare_dataset = counting(original)
     try:
         yield
     finally:
-        SFTTrainer._prepare_dataset = original
+        for k, original in originals.items():
+            k._prepare_dataset = original
 
 
 def _split(name: str) -> str:
@@ -222,17 +242,17 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
     model_class = type(trainer.model).__name__
     replaced = _own_forwards(trainer.model)
 
+    def fresh(pick: Callable[[Any], Any]) -> Any:
+        return _fresh(make_trainer, pick)
+
+    if _mapped(trainer) == "DPOTrainer":
+        task = from_preference(trainer, fresh, name=name, group_column=group_column,
+                               **task_fields)
+        task.rows_dropped = dropped
+        return task
+
     def fresh_model() -> Any:
-        # the factory again, as the campaign's script builds it: a copy of the trainer's model
-        # would still run the first trainer's modules (the Trainer binds the model's forward);
-        # the Trainer reseeds the process from args.seed, so the pilot's own streams are kept
-        # on the meta device (the pilot's probes, the prediction) the trainer is built on the
-        # CPU with real tensors and its model moved there: a Trainer cannot place meta tensors
-        meta = torch.get_default_device().type == "meta"
-        with _rng_kept(), _quiet(), real_on_cpu() if meta else contextlib.nullcontext():
-            model = built(make_trainer).model
-            _own_forwards(model)
-            return model.to("meta") if meta else model
+        return fresh(lambda t: t.model)
     evaluation = trainer.eval_dataset
     if evaluation is None:
         raise WorkbookError("the trainer has no eval_dataset", "give the trainer an "

@@ -9,11 +9,12 @@ from ...base.errors import WorkbookError
 from .base import Kind
 from .classification import Classification
 from .generation import Generation
+from .preference import Preference
 from .regression import Regression
 from .token_classification import TokenClassification
 
 KINDS: dict[str, Kind] = {k.name: k for k in (Generation(), Classification(), Regression(),
-                                              TokenClassification())}
+                                              TokenClassification(), Preference())}
 
 
 def of(name: str) -> Kind:

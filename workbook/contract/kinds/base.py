@@ -93,6 +93,10 @@ class Kind:
         """02's row of what the memorised model gives back for one example."""
         return {}
 
+    def audits(self, task: Task, items: list) -> list:
+        """01's findings that only this kind's targets can have (Flags), on encoded items."""
+        return []
+
 
 class NamedClasses(Kind):
     """Shared by the kinds whose ids are classes with names (label_names, label_field)."""

@@ -1,0 +1,157 @@
+"""DPO as TRL's DPOTrainer runs it, as a Task of the "preference" kind: a pair is one example,
+its chosen and rejected sequences collated by the trainer's own collator, and the model is the
+policy beside its reference (`PreferencePair`) scoring both answers - so every notebook's loss,
+accuracy, gradient and memory are DPO's own, the reference's forward included."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ...base.errors import WorkbookError
+from ..task import Task
+from .hf_trainer import argument_fields
+
+ANSWERS = ("chosen", "rejected")
+SEQUENCES = ("input_ids", "attention_mask", "completion_mask")  # per answer, as TRL collates
+INPUTS = tuple(f"{a}_{k}" for a in ANSWERS for k in SEQUENCES)
+PAIR = ("prompt_ids", "chosen_ids", "rejected_ids")  # a prepared row's tokens
+
+
+def _answer_logps(model: nn.Module, ids: torch.Tensor, attention: torch.Tensor,
+                  completion: torch.Tensor) -> torch.Tensor:
+    """Each sequence's log-probability of its completion tokens (TRL's summed per-token
+    log-probs of the answer, the prompt left out)."""
+    logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1]
+    picked = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return (picked * completion[:, 1:]).sum(-1)
+
+
+class PreferencePair(nn.Module):
+    """The policy and its reference as one model: per pair, the chosen and the rejected
+    answer's implicit rewards beta * (log pi(y|x) - log pi_ref(y|x)) as two logits, so DPO's
+    sigmoid loss is their cross-entropy against the chosen one. The reference is a frozen
+    copy, or - `reference` None, as DPOTrainer does for PEFT - the policy's own base with the
+    adapters switched off; it runs without gradients."""
+
+    def __init__(self, policy: nn.Module, reference: nn.Module | None, beta: float):
+        super().__init__()
+        self.policy, self.reference, self.beta = policy, reference, beta
+        if reference is not None:
+            reference.requires_grad_(False)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("peft_config", "disable_adapter"):  # the policy's adapters, if it has any
+            return getattr(self._modules["policy"], name)
+        return super().__getattr__(name)
+
+    def train(self, mode: bool = True) -> "PreferencePair":
+        super().train(mode)
+        if self.reference is not None:
+            self.reference.eval()
+        return self
+
+    def forward(self, chosen_input_ids, chosen_attention_mask, chosen_completion_mask,
+                rejected_input_ids, rejected_attention_mask, rejected_completion_mask):
+        ids = torch.cat([chosen_input_ids, rejected_input_ids])
+        attention = torch.cat([chosen_attention_mask, rejected_attention_mask])
+        completion = torch.cat([chosen_completion_mask, rejected_completion_mask])
+        policy = _answer_logps(self.policy, ids, attention, completion)
+        with torch.no_grad():
+            if self.reference is not None:
+                reference = _answer_logps(self.reference, ids, attention, completion)
+            else:
+                with self.policy.disable_adapter():
+                    reference = _answer_logps(self.policy, ids, attention, completion)
+        chosen, rejected = (self.beta * (policy - reference)).chunk(2)
+        return torch.stack([chosen, rejected], dim=-1)
+
+
+def _checked(trainer: Any) -> list[str]:
+    """What of the trainer's DPO setup the pilot runs differently, in words; a loss it does not
+    compute is refused."""
+    losses = list(getattr(trainer, "loss_types", None) or ["sigmoid"])
+    if losses != ["sigmoid"]:
+        raise WorkbookError(f"the DPOTrainer's loss_type {losses} is not mapped: the pilot "
+                            "computes DPO's sigmoid loss", "pilot with loss_type='sigmoid' "
+                            "(DPOConfig's default), or write a workbook.Task with your loss")
+    for name in ("ld_alpha",):
+        if getattr(trainer, name, None) is not None:
+            raise WorkbookError(f"the DPOTrainer's {name} is not mapped", f"pilot with "
+                                f"{name}=None, or write a workbook.Task with your loss")
+    notes = []
+    if getattr(trainer, "precompute_ref_logps", False):
+        notes.append("from_trainer: precompute_ref_logps - the campaign reads the reference's "
+                     "log-probs from the dataset; the pilot computes them in every forward, so "
+                     "03/08 size one reference forward more than the campaign runs")
+    return notes
+
+
+def from_preference(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
+                    name: str, group_column: str | None, **task_fields: Any) -> Task:
+    """A Task of the "preference" kind from a DPOTrainer as built: its prepared pairs, its
+    collator, tokenizer and DPOConfig; `fresh(pick)` builds the trainer again and returns
+    `pick(trainer)` (the pilot's fresh model)."""
+    notes = _checked(trainer)
+    data = {"train": trainer.train_dataset, "validation": trainer.eval_dataset}
+    for split, rows in data.items():
+        missing = [c for c in PAIR if c not in (getattr(rows, "column_names", None) or [])]
+        if missing:
+            raise WorkbookError(f"the DPOTrainer's prepared {split} rows lack {missing}",
+                                "build the trainer from prompt / chosen / rejected rows (TRL "
+                                "tokenizes them): the pilot reads its prepared datasets")
+        if group_column is not None and group_column not in rows.column_names:
+            raise WorkbookError(f"the DPOTrainer's prepared {split} rows have no "
+                                f"{group_column!r} column (columns {rows.column_names})",
+                                f"keep {group_column!r} in the dataset you give the trainer")
+    collator, tokenizer, args = trainer.data_collator, trainer.processing_class, trainer.args
+    beta = float(trainer.beta)
+
+    def load() -> list[dict]:
+        return [{"id": f"{split}-{i}", "split": split, "index": i, "preferred": "chosen",
+                 "group": str(rows[i][group_column]) if group_column else f"{split}-{i}"}
+                for split, rows in data.items() for i in range(len(rows))]
+
+    def encode(ex: dict) -> dict[str, torch.Tensor]:
+        # each answer's whole sequence, as the collator will lay it out (before truncation)
+        row = data[ex["split"]][ex["index"]]
+        prompt, out = row["prompt_ids"], {"labels": torch.tensor(0)}
+        for answer in ANSWERS:
+            given = row[f"{answer}_ids"]
+            out[f"{answer}_input_ids"] = torch.tensor(prompt + given, dtype=torch.long)
+            out[f"{answer}_attention_mask"] = torch.ones(len(prompt) + len(given),
+                                                         dtype=torch.long)
+            out[f"{answer}_completion_mask"] = torch.tensor([0] * len(prompt) + [1] * len(given))
+        return out
+
+    def pair(r: dict) -> dict[str, list[int]]:  # the prepared row again, for the collator
+        cut = int((r["chosen_completion_mask"] == 0).sum())
+        return {"prompt_ids": r["chosen_input_ids"][:cut].tolist(),
+                **{f"{a}_ids": r[f"{a}_input_ids"][cut:].tolist() for a in ANSWERS}}
+
+    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+        batch = collator([pair(r) for r in rows])
+        out = {f"{a}_{k}": half for k in SEQUENCES
+               for a, half in zip(ANSWERS, batch[k].chunk(2), strict=True)}
+        return {**out, "labels": torch.stack([r["labels"] for r in rows])}
+
+    fields = argument_fields(args, lambda: len(data["train"]), None, tokenizer, notes)
+    fields.update(task_fields)
+    task = Task(name=name, kind="preference", load_examples=load, encode=encode,
+                collate=collate, build_model=lambda: fresh(
+                    lambda t: PreferencePair(t.model, t.ref_model, float(t.beta))),
+                model_inputs=INPUTS, split_of=lambda ex: ex["split"],
+                label_names=list(ANSWERS), label_field="preferred", padding_side="right",
+                decode=lambda ids: ", ".join(ANSWERS[int(i)] for i in ids),
+                decode_input=lambda ids: tokenizer.decode([int(i) for i in ids]),
+                max_length=getattr(args, "max_length", None), **fields)
+    task.adapter_notes = [f"from_trainer: a {type(trainer).__name__}'s pairs as it prepared "
+                          "them, its collator and DPOConfig; the model is the policy beside its "
+                          + ("frozen reference copy" if trainer.ref_model is not None else
+                             "base with the adapters off as the reference")
+                          + f", scoring each answer by beta ({beta:g}) times its log-ratio",
+                          *notes]
+    task.padding_rows = {}
+    return task
