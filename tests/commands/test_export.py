@@ -20,7 +20,7 @@ import pytest
 from workbook import WorkbookError
 from workbook.commands import export_mlflow, export_tensorboard
 from workbook.commands.cli import main
-from workbook.commands.export import export_run
+from workbook.commands.export import export_run, lines
 from workbook.commands.export_plan import name_of, read_pilot
 
 from ..conftest import CLASSIFICATION
@@ -425,6 +425,26 @@ def test_a_pilot_still_running_is_exported_as_far_as_it_got_and_said_so(run, tmp
         sleeper.kill()
         sleeper.wait()
     assert not read_pilot(run).still_running, "its process ended"
+
+
+def test_a_notebook_the_pilot_never_finished_is_a_killed_run_with_its_reason(run, tmp_path):
+    from workbook.commands.pilot import _row
+
+    index = json.loads((run / "index.json").read_text())
+    index["notebooks"].append(_row("08_rental_plan", "interrupted", "the pilot was interrupted "
+                                   "(SIGINT/SIGTERM) before this notebook finished"))
+    (run / "index.json").write_text(json.dumps(index))
+    pilot = read_pilot(run)
+    entry = next(e for e in pilot.entries if e.key == "08_rental_plan")
+    assert entry.status == "KILLED" and entry.tags["verdict"] == "interrupted"
+    assert entry.files == {} and entry.metrics["passed"] == 0
+    assert [m for m in pilot.missing if m.startswith("08_rental_plan")] == [
+        "08_rental_plan did not finish (interrupted: the pilot was interrupted (SIGINT/SIGTERM) "
+        "before this notebook finished): what it wrote is exported"]
+    done = export_run(str(run), tensorboard=str(tmp_path / "tb"))
+    assert "interrupted" in _text(_events(tmp_path / "tb" / run.name / "08_rental_plan"),
+                                  "verdict")
+    assert any("08_rental_plan did not finish" in line for line in lines(done))
 
 
 def test_without_the_extra_the_error_names_the_install(run, tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ ROLE, PILOT_ID, DIGEST, COMPLETE, KEY = ("workbook.role", "workbook.pilot_id",
                                          "workbook.digest", "workbook.complete", "workbook.key")
 NOTE = "mlflow.note.content"  # the run's description in MLflow's UI
 INSTALL = "pip install 'workbook[export]' (or make install, which adds it)"
+MAX_KEY = 250  # MLflow's longest metric, parameter or tag name
 PROBE_TIMEOUT_S = "10"  # the first request to a tracking server: refused quickly, not retried
 
 
@@ -245,10 +246,12 @@ def _batches(client: Any, run_id: str, entry: Entry, now: int) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     stamp = entry.end_ms or entry.start_ms or now
-    metrics = [Metric(k, v, stamp, 0) for k, v in entry.metrics.items()]
-    metrics += [Metric(k, v, t, s) for k, points in entry.curves.items() for s, v, t in points]
-    params = [Param(k, v) for k, v in entry.params.items()]
-    tags = [RunTag(k, v) for k, v in entry.tags.items()]
+    key = MAX_KEY  # MLflow's longest name
+    metrics = [Metric(k[:key], v, stamp, 0) for k, v in entry.metrics.items()]
+    metrics += [Metric(k[:key], v, t, s) for k, points in entry.curves.items()
+                for s, v, t in points]
+    params = [Param(k[:key], v) for k, v in entry.params.items()]
+    tags = [RunTag(k[:key], v) for k, v in entry.tags.items()]
     for start in range(0, max(len(metrics), 1), 1000):
         client.log_batch(run_id, metrics=metrics[start:start + 1000], synchronous=True)
     for start in range(0, max(len(params), len(tags)), 100):

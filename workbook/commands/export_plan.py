@@ -42,7 +42,8 @@ STUDY = "06_lr_study"
 GATES = "03_phase_gates"
 ARCHIVE = ("07_resume_reload", "archive")
 TABLES = (".csv", ".json", ".md", ".png")  # a notebook folder's files sent as artifacts
-MAX_TAG = 5000  # characters of one tag value (MLflow keeps 8,000; the file keeps it whole)
+MAX_TAG = 5000  # characters of a parameter or tag (MLflow keeps 6,000 and 8,000; files all)
+MAX_NOTE = 8000  # characters of a run's description (an MLflow tag)
 STATUS = {"pass": "FINISHED", "fail": "FAILED", "error": "FAILED", "interrupted": "KILLED"}
 TRIAL_STATUS = {"finished": "FINISHED", "diverged": "FINISHED", "failed": "FAILED",
                 "interrupted": "KILLED", "running": "RUNNING"}
@@ -127,11 +128,11 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, limit: int = MAX_TAG) -> str:
     """A value as a parameter or tag: strings as they are, anything else as JSON; cut to
-    MAX_TAG characters with the cut said."""
+    `limit` characters with the cut said."""
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= MAX_TAG else text[:MAX_TAG - 40] + " ... (cut; the file has all)"
+    return text if len(text) <= limit else text[:limit - 40] + " ... (cut; the file has all)"
 
 
 def flat_figures(figures: dict, prefix: str = "") -> tuple[dict[str, float], dict[str, str]]:
@@ -292,12 +293,12 @@ def _notebook(run: Path, row: IndexRow, missing: list[str]) -> Entry:
                            "figures are not exported")
     elif os.path.lexists(path):
         missing.append(f"{stem}: its summary.json is not a plain file: not exported")
-    else:
-        missing.append(f"{stem}: no summary.json ({row.verdict}"
-                       + (f": {row.error}" if row.error else "") + "): no key figures")
+    elif row.verdict not in ("error", "interrupted"):
+        missing.append(f"{stem}: no summary.json: no key figures")
     if row.verdict in ("error", "interrupted"):
         missing.append(f"{stem} did not finish ({row.verdict}"
-                       + (f": {row.error}" if row.error else "") + "): what it wrote is exported")
+                       + (f": {row.error}" if row.error else "") + "): what it wrote is "
+                       "exported")
     figures = (summary or {}).get("figures") or {}
     entry.metrics, figure_tags = flat_figures(figures)
     entry.metrics["seconds"] = float(row.seconds)
@@ -309,8 +310,9 @@ def _notebook(run: Path, row: IndexRow, missing: list[str]) -> Entry:
         _iso_ms(record.get("end_time"))
     line = verdict_line(run / stem) if summary else f"verdict: {row.verdict}"
     words = "\n".join(f"| {label} | {value} |" for label, value in key_figures(stem, figures))
-    entry.note = f"**{stem}** - {line}" + (f"\n\nerror: {row.error}" if row.error else "") + (
-        f"\n\n| key figure | value |\n|---|---|\n{words}" if words else "")
+    entry.note = _text(f"**{stem}** - {line}" + (f"\n\nerror: {row.error}" if row.error else "")
+                       + (f"\n\n| key figure | value |\n|---|---|\n{words}" if words else ""),
+                       MAX_NOTE)
     entry.tags = {"verdict": row.verdict, **figure_tags,
                   **({"error": _text(row.error)} if row.error else {})}
     if stem == GATES:
@@ -490,7 +492,7 @@ def _pilot_entry(run: Path, index: Index, notebooks: list[Entry], missing: list[
             lines += ["", read_plain(conclusion, "conclusion", "").decode("utf-8")]
     if missing:
         lines += ["", "Not exported:"] + [f"- {m}" for m in missing]
-    entry.note = "\n".join(lines)
+    entry.note = _text("\n".join(lines), MAX_NOTE)
     for name in ("report.html", "index.json"):
         if _plain_file(run / name):
             entry.files[name] = run / name
