@@ -1,7 +1,7 @@
-"""An LLM fine-tune as TRL and PEFT write it (examples/trl_sft.py, examples/hf_trainer.py,
-examples/llama_lora_campaign.py): the planted bugs the pilot names and the clean twins'
-false alarms, the LoRA twin's predicted peaks against its measured ones, and the time to size
-the 8 B LoRA campaign. Needs the [llm] extra.
+"""An LLM fine-tune as TRL and PEFT write it (examples/trl_sft.py, examples/trl_dpo.py,
+examples/hf_trainer.py, examples/llama_lora_campaign.py): the planted bugs the pilot names and
+the clean twins' false alarms, the LoRA twin's predicted peaks against its measured ones, and
+the time to size the 8 B LoRA campaign. Needs the [llm] extra.
 
     python benchmarks/llm_finetune.py
 
@@ -49,6 +49,12 @@ def sft(**planted):
     from examples.trl_sft import make_task
 
     return make_task(CHATS, **planted)
+
+
+def dpo(**planted):
+    from examples.trl_dpo import make_task
+
+    return make_task(CHATS // 3, **planted)  # three pairs a conversation
 
 
 def hf(**planted):
@@ -111,6 +117,12 @@ PLANTED = [  # (bug, what the pilot must say, how it is looked for)
      lambda: packed(True)),
     ("training conversations copied into the eval set, packed", "group crosses splits",
      lambda: flags(sft(packing="bfd", eval_overlap=5))),
+    ("DPO pairs whose rejected answer is the chosen one", "pair without preference",
+     lambda: flags(dpo(same_answer=True))),
+    ("DPO answers that part only after max_length", "pair without preference",
+     lambda: flags(dpo(shared_opening=True))),
+    ("DPO prompts that fill max_length: TRL drops the pairs", "rows dropped before training",
+     lambda: flags(dpo(long_prompt=True))),
 ]
 
 
@@ -122,6 +134,9 @@ def clean_alarms() -> list[str]:
     alarms += [f"trl_sft trained new token 01: {f}" for f in
                flags(sft(new_role_token="trained"))]
     alarms += [f"trl_sft own loss (summed) 04: {f}" for f in [accounting("summed")] if f]
+    alarms += [f"trl_dpo 01: {f}" for f in flags(dpo())]
+    res = overfit(dpo(), examples=8, updates=150)
+    alarms += [f"trl_dpo 02: {c}" for c in res.checks.loc[~res.checks.passed, "check"]]
     res = overfit(sft(), examples=4, updates=120)
     alarms += [f"trl_sft 02: {c}" for c in res.checks.loc[~res.checks.passed, "check"]]
     report = gates(sft(), items(sft()))
