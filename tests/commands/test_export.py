@@ -43,7 +43,8 @@ def _build_run(run: Path) -> Path:
     through the same `run`/`save` their notebooks call (06 with a diverging rate), 07 stopped
     by an error after writing its archive (its summary as the pilot records an error), 06's
     executed notebook with papermill's record, index.json and the report by the pilot's own
-    writers; 01, 02, 04, 05, 08 and 09 not run."""
+    writers; 01, 02, 04, 05, 08 and 09 not run. 06's ledger also holds a trial whose process
+    ended while it ran."""
     from workbook.commands import pilot
     from workbook.commands.params import of
     from workbook.commands.report import write_report
@@ -61,6 +62,12 @@ def _build_run(run: Path) -> Path:
     s = study.run(p, run / STUDY)
     study.save(s, run / STUDY)
     s.ledger.close()
+    # a third trial left running by a process that ended (a pilot killed mid-study): its row
+    # says running until a ledger opens it; a reader that opened the run's own would change it
+    subprocess.run([sys.executable, "-c", "import sys; from workbook.storage.ledger import "
+                    "Ledger; Ledger(sys.argv[1]).start_trial('lr-comparison', {'lr': 0.01, "
+                    "'seed': 0}, 'python -m workbook trial ...')",
+                    str(run / STUDY / "study" / "ledger.sqlite")], check=True, timeout=120)
     (run / f"{STUDY}.ipynb").write_text(json.dumps({
         "cells": [], "nbformat": 4, "nbformat_minor": 5, "metadata": {"papermill": {
             "parameters": {**p, "out_dir": str(run / STUDY)}, "start_time": STARTED,
@@ -107,12 +114,14 @@ def store(empty_store, tmp_path):
 
 
 def fingerprint(folder: Path) -> dict[str, str]:
-    """Every entry under `folder` (hidden ones too): its kind, mode and bytes."""
+    """Every entry under `folder` (hidden ones too): its kind, mode, bytes and, for files,
+    the time it was last written (a write of the same bytes shows too)."""
     found = {}
     for path in sorted(folder.rglob("*")):
         st = os.lstat(path)
         body = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
-        found[str(path.relative_to(folder))] = f"{oct(st.st_mode)} {body}"
+        written = st.st_mtime_ns if path.is_file() else ""
+        found[str(path.relative_to(folder))] = f"{oct(st.st_mode)} {body} {written}"
     return found
 
 
@@ -133,10 +142,10 @@ def ledger_trials(run: Path) -> pd.DataFrame:
 def test_mlflow_holds_the_pilot_its_notebooks_trials_gates_and_artifacts(run, store,
                                                                           monkeypatch):
     done = export_run(str(run), store)
-    assert done["mlflow"]["action"] == "exported" and done["mlflow"]["runs"] == 6
+    assert done["mlflow"]["action"] == "exported" and done["mlflow"]["runs"] == 7
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     table = mlflow.search_runs(experiment_names=["workbook pilot"])
-    assert len(table) == 6  # the pilot, 03, 06, 07 and 06's two trials
+    assert len(table) == 7  # the pilot, 03, 06, 07 and 06's three trials
     by_name = table.set_index("tags.mlflow.runName")
     pilot = by_name.loc[run.name]
     assert pilot["tags.workbook.role"] == "pilot" and pilot["tags.verdict"] == "error"
@@ -166,7 +175,11 @@ def test_mlflow_holds_the_pilot_its_notebooks_trials_gates_and_artifacts(run, st
     trials = ledger_trials(run)
     client = mlflow.MlflowClient(store)
     kids = table[table["tags.mlflow.parentRunId"] == nb06.run_id].set_index("tags.trial")
-    assert sorted(kids.index) == ["1", "2"]
+    assert sorted(kids.index) == ["1", "2", "3"]
+    cut = kids.loc["3"]  # recorded running; its process is gone
+    assert cut.status == "KILLED" and cut["tags.outcome"] == "interrupted"
+    assert cut["tags.mlflow.runName"] == "trial 3 lr=0.01 seed=0 (interrupted)"
+    assert "ended before the trial finished" in cut["tags.stop_reason"]
     for row in trials.itertuples():
         kid = kids.loc[str(row.id)]
         assert kid["tags.outcome"] == row.status and kid["params.lr"] == str(row.lr)
@@ -214,14 +227,14 @@ def test_a_second_export_adds_nothing_and_the_run_folder_is_never_changed(
     args = ["export", str(run), "--mlflow", store, "--tensorboard", str(tmp_path / "tb")]
     assert main(args) == 0
     first = capsys.readouterr().out
-    assert "MLflow: exported the pilot, 3 notebooks and 2 trials of 06 (6 runs)" in first
+    assert "MLflow: exported the pilot, 3 notebooks and 3 trials of 06 (7 runs)" in first
     assert "not run in this pilot: 01_inspect_examples" in first
     runs, events = runs_of(store, ViewType.ALL), fingerprint(tmp_path / "tb")
     assert main(args) == 0
     second = capsys.readouterr().out
     assert "MLflow: already exported with the same content - nothing added" in second
     assert "TensorBoard: already exported with the same content - nothing added" in second
-    assert len(runs_of(store, ViewType.ALL)) == len(runs) == 6
+    assert len(runs_of(store, ViewType.ALL)) == len(runs) == 7
     assert fingerprint(tmp_path / "tb") == events
     assert fingerprint(run) == before, "the run folder was changed"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "store", "tb"]
@@ -237,7 +250,7 @@ def test_a_changed_run_replaces_its_earlier_export_whole(run, store, tmp_path):
     done = export_run(str(run), store, str(tb))
     assert done["mlflow"]["action"] == done["tensorboard"]["action"] == "replaced"
     now = runs_of(store)
-    assert len(now) == 6 and not set(now.id) & old, "the new export, whole, and nothing else"
+    assert len(now) == 7 and not set(now.id) & old, "the new export, whole, and nothing else"
     assert set(runs_of(store, ViewType.DELETED_ONLY).id) == old
     client = mlflow.MlflowClient(store)
     nb03 = now.set_index("name").loc[GATES, "id"]
@@ -312,6 +325,8 @@ def test_tensorboard_shows_the_pilot_the_notebooks_and_every_trial(run, tmp_path
     assert "diverged" in _text(diverged, "description")
     assert diverged.Scalars("train/loss")[-1].value > 1e6, "the diverging curve is kept"
     assert [e.step for e in _events(root / STUDY / "trial-1").Scalars("val/loss")] == [5, 10]
+    cut = _events(root / STUDY / "trial-3").PluginTagToContent("hparams")
+    assert b"interrupted" in cut["_hparams_/session_start_info"]
 
 
 # --- what is refused, and what is said -------------------------------------------------------
@@ -472,7 +487,7 @@ def test_the_command_line(run, empty_store, capsys):
     assert f"store sqlite:///{store}" in out and f"mlflow ui --backend-store-uri " \
         f"sqlite:///{store}" in out
     assert (run.parent / "mlartifacts").is_dir(), "artifacts beside the store, not in the cwd"
-    assert len(runs_of(f"sqlite:///{store}")) == 6
+    assert len(runs_of(f"sqlite:///{store}")) == 7
     assert main(["export", str(run), "--mlflow", "--experiment", " "]) == 2
     assert "--experiment is empty" in capsys.readouterr().err
 

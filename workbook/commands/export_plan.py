@@ -394,6 +394,9 @@ def _trials(run: Path, missing: list[str]) -> list[Entry]:
                       **({"best_checkpoint": _text(row["best_checkpoint"])}
                          if _value(row["best_checkpoint"]) else {})}
         entry.curves = _curves(tid, steps, evals, entry.start_ms or 0)
+        if status == "interrupted":  # its end is when a ledger noticed (this read, perhaps):
+            last = entry.curves.get("train/loss", [])  # the last update it recorded is when
+            entry.end_ms = last[-1][2] if last else entry.start_ms  # it stopped
         entry.note = (f"**trial {tid}** of study {design.name}: lr {params['lr']:g}, seed "
                       f"{params['seed']} - {status}"
                       + (f" ({row['stop_reason']})" if row["stop_reason"] else "")
