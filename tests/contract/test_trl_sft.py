@@ -397,3 +397,27 @@ def test_an_attention_that_ignores_per_document_positions_is_named_by_01():
     flags = packing_audit(task, model, items)
     assert [f.check for f in flags] == ["cross-document attention"]
     assert "ignores the position_ids" in flags[0].message
+
+
+def test_activation_checkpointing_leaves_a_lora_models_gradients_as_they_were(clean,
+                                                                               clean_items):
+    """05's checkpointing variant on a PEFT model: the frozen embedding's output needs no
+    gradient, and reentrant checkpointing would then train no adapter inside the blocks - the
+    pilot checkpoints as transformers does (non-reentrant, input gradients on): the same
+    gradient for every trainable tensor."""
+    from workbook.training.loop import apply_activation_checkpointing
+
+    batch = collate_items(clean, clean_items["train"][:4]).tensors
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = clean.build_model().eval()
+        if checkpointing:
+            assert apply_activation_checkpointing(clean, model) > 0
+        summed, count = clean.loss(clean.forward(model, batch), batch)
+        (summed / count).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    assert all(g is not None for g in grads[1].values())  # every adapter inside the blocks
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], rtol=1e-4, atol=1e-6), name
