@@ -373,6 +373,9 @@ def test_unreachable_and_invalid_mlflow_stores_are_refused_before_anything_is_wr
     with pytest.raises(WorkbookError, match="cannot be used") as err:
         export_run(str(run), "nosuchscheme://somewhere")
     assert "sqlite:///PATH/mlflow.db" in err.value.fix
+    with pytest.raises(WorkbookError, match="cannot be used") as err:  # a plain ./mlruns folder
+        export_run(str(run), str(tmp_path / "mlruns"))  # (MLflow 3 refuses the file store)
+    assert "sqlite:///PATH/mlflow.db" in err.value.fix and not (tmp_path / "mlruns").exists()
     other = tmp_path / "notes.db"
     import sqlite3
 
