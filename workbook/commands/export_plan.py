@@ -107,16 +107,13 @@ class Pilot:
     still_running: bool
 
 
-def _fail(problem: str, fix: str) -> WorkbookError:
-    return WorkbookError(problem, fix)
-
-
 def name_of(text: str) -> str:
     """A metric, parameter or tag name both trackers accept: letters, digits, `_ . - /` (no
     `..`, no leading or trailing `/`); anything else becomes `_`."""
     text = re.sub(r"[^A-Za-z0-9_./-]+", "_", str(text)).strip("_")
     text = re.sub(r"/+", "/", re.sub(r"\.{2,}", ".", text)).strip("/.")
-    return "/".join(p.strip("_") or "_" for p in text.split("/"))[:250] or "_"
+    return "/".join(p.strip("_") if p.strip("_.") else "_" for p in text.split("/"))[:250] \
+        or "_"
 
 
 def _number(value: Any) -> float | None:
@@ -176,28 +173,27 @@ def _plain_file(path: Path) -> bool:
 
 # --- the run folder -----------------------------------------------------------------------
 def _check_folder(run: Path) -> None:
+    given = "give the run folder the pilot printed at its end (runs/<time>-<task>)"
     if not os.path.lexists(run):
-        raise _fail(f"{run} does not exist", "give the run folder the pilot printed at its end "
-                    "(runs/<time>-<task>)")
+        raise WorkbookError(f"{run} does not exist", given)
     if run.is_symlink():
-        raise _fail(f"{run} is a symbolic link", "give the real run folder (a run folder is "
-                    "read without following links)")
+        raise WorkbookError(f"{run} is a symbolic link", "give the real run folder (a run "
+                            "folder is read without following links)")
     if not run.is_dir():
-        raise _fail(f"{run} is a file, not a run folder", "give the folder the pilot printed "
-                    "at its end (runs/<time>-<task>), not a file in it")
+        raise WorkbookError(f"{run} is a file, not a run folder", f"{given}, not a file in it")
     if not _plain_file(run / "index.json"):
         if _plain_file(run / "summary.json"):
-            raise _fail(f"{run} is the folder of one notebook, not a pilot run (it has a "
-                        "summary.json but no index.json)",
-                        "export the run folder that holds it (python -m workbook pilot makes "
-                        "one: runs/<time>-<task>)")
+            raise WorkbookError(f"{run} is the folder of one notebook, not a pilot run (it has a "
+                                "summary.json but no index.json)",
+                                "export the run folder that holds it (python -m workbook "
+                                "pilot makes one: runs/<time>-<task>)")
         runs = sorted(p.name for p in run.iterdir() if p.is_dir() and not p.is_symlink()
                       and _plain_file(p / "index.json"))
         if runs:
-            raise _fail(f"{run} holds pilot runs, it is not one",
-                        f"give one of them, e.g. {run / runs[-1]}")
-        raise _fail(f"{run} is not a pilot run folder (no index.json)",
-                    "give the folder the pilot printed at its end (runs/<time>-<task>)")
+            raise WorkbookError(f"{run} holds pilot runs, it is not one",
+                                f"give one of them, e.g. {run / runs[-1]}")
+        raise WorkbookError(f"{run} is not a pilot run folder (no index.json)",
+                            "give the folder the pilot printed at its end (runs/<time>-<task>)")
 
 
 def _index(run: Path) -> Index:
@@ -336,7 +332,7 @@ def _ledger_copy(study: Path):
                 with open_plain(source) as src, open(folder / source.name, "wb") as dst:
                     shutil.copyfileobj(src, dst)
             elif os.path.lexists(source):
-                raise _fail(f"{source} is not a plain file", "export an intact run folder")
+                raise WorkbookError(f"{source} is not a plain file", "export an intact run folder")
         ledger = Ledger(folder / "ledger.sqlite", trials=study / "trials")
         try:
             yield ledger
@@ -454,8 +450,8 @@ def read_pilot(run: str | Path) -> Pilot:
     missing: list[str] = []
     ran = [r.notebook for r in index.notebooks]
     if len(set(ran)) != len(ran):
-        raise _fail(f"{run / 'index.json'} lists a notebook twice",
-                    "the run folder is damaged: export an intact copy")
+        raise WorkbookError(f"{run / 'index.json'} lists a notebook twice",
+                            "the run folder is damaged: export an intact copy")
     not_run = [s for s in stems() if s not in ran]
     if not_run:
         missing.append(f"not run in this pilot: {', '.join(not_run)}"
@@ -528,5 +524,5 @@ def _file_digest(path: Path) -> str:
     try:
         return sha256(path)
     except OSError as exc:
-        raise _fail(f"cannot read {path}: {reason(exc)}", "export an intact run folder, "
-                    "readable by you") from None
+        raise WorkbookError(f"cannot read {path}: {reason(exc)}", "export an intact run folder, "
+                            "readable by you") from None
