@@ -33,6 +33,8 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 )
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# MLflow's own SQLAlchemy mappings use a loader SQLAlchemy 2.1 deprecates: not ours to fix
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy")
 STUDY, GATES, RESUME = "06_lr_study", "03_phase_gates", "07_resume_reload"
 STARTED = "2026-12-03T12:24:10.500000+00:00"
 ENDED = "2026-12-03T12:24:33.750000+00:00"
