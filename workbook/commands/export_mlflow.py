@@ -13,6 +13,7 @@ export that fails deletes what it wrote."""
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -287,9 +288,10 @@ def _write_entry(client: Any, experiment_id: str, entry: Entry, plan: Pilot,
         client.log_artifact(run_id, str(path))
     for name, folder in entry.folders.items():
         client.log_artifacts(run_id, str(folder), name)
-    if entry.status != "RUNNING":
-        client.set_terminated(run_id, entry.status,
-                              end_time=entry.end_ms or entry.start_ms or now)
+    if entry.status != "RUNNING":  # MLflow prints two "View run" lines per run to a server:
+        with contextlib.redirect_stdout(io.StringIO()):  # the command says it once
+            client.set_terminated(run_id, entry.status,
+                                  end_time=entry.end_ms or entry.start_ms or now)
     return run_id
 
 
@@ -308,8 +310,7 @@ def export(plan: Pilot, uri: str, experiment: str = EXPERIMENT) -> dict[str, Any
     from mlflow.version import VERSION
 
     result = {"uri": uri, "experiment": experiment, "experiment_id": exp_id, "version": VERSION,
-              "view": f"mlflow ui --backend-store-uri {uri}"
-              if _sqlite_path(uri) else f"open {uri}" if uri.startswith("http") else ""}
+              "view": f"mlflow ui --backend-store-uri {uri}" if _sqlite_path(uri) else ""}
     with _quiet():
         try:
             earlier = _search(client, exp_id, f"tags.`{PILOT_ID}` = '{plan.pilot_id}'")
@@ -321,7 +322,7 @@ def export(plan: Pilot, uri: str, experiment: str = EXPERIMENT) -> dict[str, Any
                     tags.get(DIGEST) == plan.digest:
                 count = sum(r.data.tags.get(ROLE) != "pilot" for r in earlier) + 1
                 return {**result, "action": "unchanged", "run_id": run.info.run_id,
-                        "runs": count}
+                        "runs": count, **_page(uri, exp_id, run.info.run_id)}
         created: list[str] = []
         try:
             ids: dict[str, str] = {}
@@ -344,4 +345,11 @@ def export(plan: Pilot, uri: str, experiment: str = EXPERIMENT) -> dict[str, Any
             with contextlib.suppress(Exception):
                 client.delete_run(run.info.run_id)
     return {**result, "action": "replaced" if earlier else "exported", "run_id": ids["pilot"],
-            "runs": len(created)}
+            "runs": len(created), **_page(uri, exp_id, ids["pilot"])}
+
+
+def _page(uri: str, experiment_id: str, run_id: str) -> dict[str, str]:
+    """A tracking server's page of the pilot run, to open in a browser."""
+    if urlparse(uri).scheme not in ("http", "https"):
+        return {}
+    return {"view": f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"}
