@@ -11,6 +11,9 @@ class WorkbookError(Exception):
         self.fix = fix
         super().__init__(f"{problem}\n  -> fix: {fix}")
 
+    def __reduce__(self):  # pickled whole: a worker process's error reaches its parent as is
+        return type(self), (self.problem, self.fix)
+
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colours some libraries put in errors
 
