@@ -21,6 +21,19 @@ def test_wrong_type_is_named():
         validate({"examples": True}, "02_overfit")
 
 
+@pytest.mark.parametrize("written, value", [("false", False), ("False", False), (0, False),
+                                            ("true", True), ("on", True), (1, True),
+                                            (False, False)])
+def test_a_yes_no_parameter_takes_what_a_command_line_writes(written, value):
+    assert validate({"fsdp": written}, "09_data_parallel")["fsdp"] is value
+
+
+@pytest.mark.parametrize("written", ["maybe", 2, 0.0])
+def test_a_yes_no_parameter_refuses_what_is_neither(written):
+    with pytest.raises(WorkbookError, match="'fsdp' must be bool"):
+        validate({"fsdp": written}, "09_data_parallel")
+
+
 def test_int_is_accepted_for_float_and_defaults_fill_in():
     params = validate({"lr": 1}, "02_overfit")
     assert params["lr"] == 1 and params["updates"] == defaults("02_overfit")["updates"]

@@ -142,6 +142,19 @@ def task_learning_rates(p: dict[str, Any], notebook: str = "") -> dict[str, Any]
     return p
 
 
+SWITCHES = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False}
+
+
+def _as_switch(value: Any) -> Any:
+    """A yes/no parameter as people write it on a command line (`-p fsdp=false`, `fsdp=0`,
+    `fsdp=True`) as a bool; anything else is left for the type check to refuse."""
+    if isinstance(value, str) and value.strip().lower() in SWITCHES:
+        return SWITCHES[value.strip().lower()]
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    return value
+
+
 def validate(given: dict[str, Any], notebook: str,
              spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check parameter names and types against a notebook's defaults, fill in the rest, then
@@ -155,6 +168,8 @@ def validate(given: dict[str, Any], notebook: str,
         problems.append(f"no parameter {name!r}" + (
             f" (it belongs to {', '.join(elsewhere)})" if elsewhere else "")
             + (f" - did you mean {close[0]!r}?" if close else ""))
+    given = {k: _as_switch(v) if k in spec and type(spec[k]) is bool else v
+             for k, v in given.items()}
     for name, value in given.items():
         if name not in spec:
             continue
