@@ -365,3 +365,16 @@ def test_a_phase_a_few_percent_off_a_real_run_is_sized_from_the_ratio_with_the_m
     judged = predict(gen_task, train, val, plan, cpu_exact=True)
     assert judged.predicted_peak_bytes.isna().all(), judged.note.tolist()
     assert judged.note.str.contains(r"-3\.[89]% off|-20\.0% off").all(), judged.note.tolist()
+
+
+def test_a_plain_value_encode_returns_is_kept_when_an_example_is_stretched(gen_task, gen_items):
+    """encode may return plain values beside tensors (an int the user's collate reads); sizing
+    a batch to the plan's length stretches the tensors and keeps them (was AttributeError:
+    'int' object has no attribute 'dim', naming nothing)."""
+    from workbook.contract.data import Item
+    from workbook.training.workload import stretch
+
+    item = gen_items["train"][0]
+    plain = Item(item.id, {**item.tensors, "source": 3})
+    out = stretch(gen_task, plain, 40)
+    assert out.tensors["source"] == 3 and gen_task.length(out.tensors) == 40

@@ -59,8 +59,8 @@ def stretch(task: Task, item: Item, length: int) -> Item:
     would leave holes, tiled positions would restart - read as packed sequences)."""
     n = task.length(item.tensors)
     tensors = {}
-    for key, t in item.tensors.items():
-        if t.dim() >= 1 and t.shape[0] == n:
+    for key, t in item.tensors.items():  # a plain value encode returned (an int label) stays
+        if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == n:
             t = t.repeat(math.ceil(length / n), *[1] * (t.dim() - 1))[:length]
             if key == "attention_mask":
                 t = torch.ones_like(t)
