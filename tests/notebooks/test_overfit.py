@@ -293,6 +293,20 @@ def test_a_short_budget_with_every_example_back_and_the_loss_still_falling_is_no
     assert enough.figures["conclusive"] and enough.figures["stopped_memorised"]
 
 
+def test_a_loss_still_falling_fast_is_not_conclusive_before_every_example_is_back(cls_task):
+    """6 updates: the loss from 1.71 to 0.80 (under half its start) and still falling, 6 of 8
+    examples back - the budget fell short (an SGD LM at lr 20 memorises at 160 updates and
+    read as a failure at 80); at 5 updates (0.90, not yet under half) it is still a fail."""
+    res = overfit(cls_task, examples=8, updates=6)
+    assert res.verdict == "pass" and res.figures["conclusive"] is False
+    assert res.figures["exact_examples"] == 6
+    rows = res.checks.set_index("check")
+    assert "still falling fast and 6 of 8 examples are reproduced so far" in \
+        rows.loc["final loss below threshold"].detail
+    assert rows.loc["exact target ids reproduced"].passed
+    assert overfit(cls_task, examples=8, updates=5).verdict == "fail"
+
+
 def test_still_falling_needs_a_steady_fall_at_the_end():
     from workbook.notebooks.overfit import still_falling
 

@@ -254,9 +254,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         task.initial_loss_rule(outputs) else start.rule
     message = divergence_message(diverged, lr, lr_from) if diverged else ""
     falling = still_falling(steps.loss.tolist())
-    # the mechanics all work and the loss is on its way: the budget, not the loop, fell short
-    unfinished = (not diverged and finite and all(exact) and final.loss >= bar and falling
-                  and final.loss < initial.loss)
+    # the mechanics all work and the loss is on its way: the budget, not the loop, fell short -
+    # with every example back, or with the loss still falling fast (under half its start)
+    unfinished = (not diverged and finite and final.loss >= bar and falling
+                  and final.loss < (initial.loss if all(exact) else FAST_FALL * initial.loss))
     checks = pd.DataFrame([
         {"check": "initial loss near " + rule if judged_start else "initial loss",
          "value": round(initial.loss, 4),
@@ -275,14 +276,16 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
             " x the loss of predicting the mean" if regression else ""),
          "value": round(final.loss, 4), "expected": f"< {bar:.4g}",
          "passed": final.loss < bar or unfinished,
-         "detail": not_conclusive(initial.loss, final.loss, bar, len(result.steps))
-         if unfinished else ""},
+         "detail": not_conclusive(initial.loss, final.loss, bar, len(result.steps),
+                                  sum(exact), len(exact)) if unfinished else ""},
         {"check": "targets reproduced within sqrt(final loss bar)" if regression
          else "exact target ids reproduced", "value": f"{sum(exact)}/{len(exact)}",
          "expected": f"{len(exact)}/{len(exact)}" + (f", |error| <= {tolerance:.4g}"
                                                      if regression else ""),
-         "passed": all(exact),
-         "detail": f"{ambiguous} targets follow a context that other ids follow elsewhere in "
+         "passed": all(exact) or unfinished,
+         "detail": "not conclusive: the loss is still falling fast (see above)"
+         if unfinished and not all(exact) else
+         f"{ambiguous} targets follow a context that other ids follow elsewhere in "
                    f"the subset (no model gives both): not asked for, and their least loss "
                    f"{floor:.4g} per target is in the loss bar" if ambiguous else ""},
     ])
@@ -291,7 +294,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         checks.loc[len(checks)] = {"check": "greedy decoding gives the responses back",
                                    "value": f"{greedy}/{len(items)}",
                                    "expected": f"{len(items)}/{len(items)}",
-                                   "passed": greedy == len(items), "detail": ""}
+                                   "passed": greedy == len(items) or unfinished,
+                                   "detail": "not conclusive: the loss is still falling fast"
+                                   if unfinished and greedy < len(items) else ""}
     figures = {"examples": len(items), "updates": updates, "updates_run": len(result.steps),
                "lr": lr, "lr_from": lr_from, "update_by": update_by(task, cfg),
                "initial_loss": round(initial.loss, 4), "expected_initial_loss":
@@ -322,6 +327,9 @@ def memorised(task: Task, model: torch.nn.Module, items: list[Item], device: tor
         model.train(was)
 
 
+FAST_FALL = 0.5  # a loss under this share of its start, still falling: the budget fell short
+
+
 def still_falling(losses: list[float], share: float = 0.2, drop: float = 0.1) -> bool:
     """The loss still falling steadily at the end of the run: the mean of its last fifth at
     least 10% under the fifth before, and its last tenth under the tenth before that."""
@@ -333,11 +341,14 @@ def still_falling(losses: list[float], share: float = 0.2, drop: float = 0.1) ->
             and fmean(losses[-half:]) < fmean(losses[-2 * half:-half]))
 
 
-def not_conclusive(initial: float, final: float, bar: float, updates: int) -> str:
-    return (f"not conclusive: give it more updates - every example is reproduced and the loss "
-            f"is still falling steadily ({initial:.4g} to {final:.4g} in {updates} updates, "
-            f"bar {bar:.4g}); with updates={2 * updates} it should pass (the run stops as soon "
-            "as the subset is memorised)")
+def not_conclusive(initial: float, final: float, bar: float, updates: int, exact: int,
+                   examples: int) -> str:
+    how = ("every example is reproduced and the loss is still falling steadily"
+           if exact == examples else f"the loss is still falling fast and {exact} of "
+           f"{examples} examples are reproduced so far")
+    return (f"not conclusive: give it more updates - {how} ({initial:.4g} to {final:.4g} in "
+            f"{updates} updates, bar {bar:.4g}); with updates={2 * updates} it should pass "
+            "(the run stops as soon as the subset is memorised)")
 
 
 def _diagnosis(checks: pd.DataFrame, initial: float, final: float, bar: float,
