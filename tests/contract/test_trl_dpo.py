@@ -99,6 +99,14 @@ def test_a_loss_the_pilot_does_not_compute_is_refused():
     with pytest.raises(WorkbookError, match=r"loss_type \['ipo'\] is not mapped"):
         wb.adapters.from_trainer(ipo, name="x")
 
+    def weighted():
+        trainer = make()
+        trainer.ld_alpha = 0.5
+        return trainer
+
+    with pytest.raises(WorkbookError, match="ld_alpha is not mapped"):
+        wb.adapters.from_trainer(weighted, name="x")
+
 
 def test_the_reference_is_sized_as_weights_only(clean_items):
     full = _task(lora=False)  # a frozen copy of the base beside the trained one

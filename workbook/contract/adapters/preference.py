@@ -77,10 +77,10 @@ def _checked(trainer: Any) -> list[str]:
         raise WorkbookError(f"the DPOTrainer's loss_type {losses} is not mapped: the pilot "
                             "computes DPO's sigmoid loss", "pilot with loss_type='sigmoid' "
                             "(DPOConfig's default), or write a workbook.Task with your loss")
-    for name in ("ld_alpha",):
-        if getattr(trainer, name, None) is not None:
-            raise WorkbookError(f"the DPOTrainer's {name} is not mapped", f"pilot with "
-                                f"{name}=None, or write a workbook.Task with your loss")
+    if getattr(trainer, "ld_alpha", None) is not None:
+        raise WorkbookError("the DPOTrainer's ld_alpha is not mapped: the pilot sums every "
+                            "completion token's log-prob", "pilot with ld_alpha=None, or write "
+                            "a workbook.Task with your loss")
     notes = []
     if getattr(trainer, "precompute_ref_logps", False):
         notes.append("from_trainer: precompute_ref_logps - the campaign reads the reference's "
@@ -109,10 +109,12 @@ def from_preference(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], 
     collator, tokenizer, args = trainer.data_collator, trainer.processing_class, trainer.args
     beta = float(trainer.beta)
 
-    def load() -> list[dict]:
+    def load() -> list[dict]:  # the group column read once per split, not row by row
         return [{"id": f"{split}-{i}", "split": split, "index": i, "preferred": "chosen",
-                 "group": str(rows[i][group_column]) if group_column else f"{split}-{i}"}
-                for split, rows in data.items() for i in range(len(rows))]
+                 "group": str(groups[i]) if groups is not None else f"{split}-{i}"}
+                for split, rows in data.items()
+                for groups in [rows[group_column] if group_column else None]
+                for i in range(len(rows))]
 
     def encode(ex: dict) -> dict[str, torch.Tensor]:
         # each answer's whole sequence, as the collator will lay it out (before truncation)
