@@ -30,7 +30,7 @@ _MODULES = {
     "predict": "training", "replica": "training", "sharded_replica": "training",
     "sharding": "training", "workload": "training",
     "adapters": "contract", "data": "contract", "kinds": "contract", "pipeline": "contract",
-    "task": "contract", "tokenizer": "contract",
+    "state": "contract", "task": "contract", "tokenizer": "contract",
     "artifacts": "storage", "files": "storage", "ledger": "storage", "records": "storage",
     "runs": "storage", "schemas": "storage",
     "errors": "base", "frontend": "base",
@@ -38,7 +38,8 @@ _MODULES = {
 _NAMES = {"encode_examples": "data", "load_examples": "data", "prepare": "data",
           "read_jsonl": "data", "split_examples": "data", "WorkbookError": "errors",
           "TrainConfig": "loop", "UpdateShape": "loop", "evaluate": "loop", "train": "loop",
-          "IGNORE_INDEX": "task", "Task": "task", "load_task": "task"}
+          "IGNORE_INDEX": "task", "Task": "task", "load_task": "task",
+          "CarriedState": "state"}
 __all__ = sorted([*_MODULES, *_NAMES])
 
 

@@ -36,7 +36,11 @@ def _option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, parse_literal(value)  # bounded: a value nested 10^5 deep is refused
+    # true / false as a shell user writes them are the booleans (the string "false" would be
+    # truthy in a task factory's `if`)
+    switch = {"true": True, "false": False}.get(value.strip().lower())
+    return key, switch if switch is not None else parse_literal(value)  # bounded: a value
+    # nested 10^5 deep is refused
 
 
 def _seconds(text: str) -> float:

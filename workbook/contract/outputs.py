@@ -177,3 +177,26 @@ def positional_parameters(model_type: type) -> tuple[str, ...]:
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return tuple(p.name for p in inspect.signature(model_type.forward).parameters.values()
                  if p.name != "self" and p.kind in positional)
+
+
+def batch_major(output: Any, rows_steps: tuple[int, ...]) -> Any:
+    """A time-major forward's output (`Task.time_major`) laid out as the batch: every tensor
+    of [time, rows, ...] becomes [rows, time, ...], and one flattened to [time * rows, ...]
+    (word_language_model's `decoded.view(-1, ntoken)`) the same."""
+    rows, steps = rows_steps
+
+    def turned(t: Any) -> Any:
+        if not isinstance(t, Tensor) or t.dim() == 0:
+            return t
+        if t.dim() >= 2 and tuple(t.shape[:2]) == (steps, rows):
+            return t.transpose(0, 1)
+        if t.shape[0] == steps * rows and (steps, rows) != (1, 1):
+            return t.reshape(steps, rows, *t.shape[1:]).transpose(0, 1)
+        return t
+
+    if isinstance(output, Mapping):
+        return type(output)({k: turned(v) for k, v in output.items()}) \
+            if isinstance(output, dict) else {k: turned(v) for k, v in output.items()}
+    if isinstance(output, (tuple, list)):
+        return tuple(turned(v) for v in output)
+    return turned(output)

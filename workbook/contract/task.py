@@ -22,10 +22,12 @@ from .kinds import KINDS, Kind
 from .outputs import (
     ModelOutputs,
     accepted_inputs,
+    batch_major,
     forward_owner,
     model_outputs,
     positional_parameters,
 )
+from .state import CarriedState, state_in, state_out
 
 # the loss pieces a task module uses are public here too (`from workbook.task import ...`)
 from .targets import (  # noqa: F401
@@ -192,6 +194,15 @@ class Task:
     # without it: the main input goes in first when the forward has no parameter of its name,
     # and "labels" reaches a forward's `targets`, as nanoGPT's forward(idx, targets) takes them)
     forward_names: dict[str, str] = field(default_factory=dict)
+    # state carried from one batch to the next (an RNN's hidden state in truncated
+    # backpropagation through time): CarriedState(init=lambda model, rows:
+    # model.init_hidden(rows)) - the workbook passes it to the forward, keeps it per stream,
+    # detaches it, resets it each pass, reads a pass in order and checkpoints it (state.py)
+    state: CarriedState | None = None
+    # the forward takes [time, batch] inputs and returns [time, batch, ...] (or flattened
+    # [time * batch, ...]) outputs - nn.RNN / nn.LSTM's default batch_first=False; batches
+    # stay [batch, time] everywhere else, the model call transposes
+    time_major: bool = False
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -281,7 +292,17 @@ class Task:
         `forward_arguments` lays them out, and the logits (and the model's own loss, when it
         computes one) are read from what comes back (`model_outputs`)."""
         args, kwargs = self.forward_arguments(model, batch)
-        return model_outputs(self, model(*args, **kwargs), batch)
+        if self.time_major:
+            args = [t.transpose(0, 1) for t in args]
+            kwargs = {k: v.transpose(0, 1) for k, v in kwargs.items()}
+        if self.state is not None:
+            kwargs[self.state.argument] = state_in(self.state, model, batch)
+        output = model(*args, **kwargs)
+        if self.state is not None:
+            output = state_out(self.state, batch, output)
+        if self.time_major:
+            output = batch_major(output, self.main_input(batch).shape[:2])
+        return model_outputs(self, output, batch)
 
     def forward_arguments(self, model: nn.Module,
                           batch: dict[str, Tensor]) -> tuple[list[Tensor], dict[str, Tensor]]:

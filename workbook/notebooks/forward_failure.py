@@ -30,8 +30,8 @@ def model_failure(task: Task, model: torch.nn.Module, batch: dict, items: list[I
     if isinstance(exc, WorkbookError):  # it names the problem itself
         raised, causes = f"{what} failed on {batch_of}", [(exc.problem, exc.fix, [])]
     else:
-        causes = (embedding_causes(task, model, batch, data) if step == "forward" else []) + \
-            label_causes(task, model, data, outputs)
+        causes = (state_causes(task, model, exc) + embedding_causes(task, model, batch, data)
+                  if step == "forward" else []) + label_causes(task, model, data, outputs)
         if not causes and SHAPE_WORDS.search(str(exc)):
             causes = [("a shape mismatch", "make the model's sizes match what the data gives "
                        "(the message names both shapes): input features, sequence length, the "
@@ -47,6 +47,32 @@ def model_failure(task: Task, model: torch.nn.Module, batch: dict, items: list[I
     message = raised + (": " + "; ".join(found) if found else "")
     return Flag("model forward fails" if step == "forward" else "loss fails", message,
                 len(examples), "; ".join(dict.fromkeys(f for _, f, _ in causes)), examples[:5])
+
+
+MISSING = re.compile(r"missing (?:\d+ )?required positional arguments?: (.*)")
+
+
+def state_causes(task: Task, model: torch.nn.Module, exc: Exception) -> list[tuple]:
+    """A forward that needs an argument the batch does not give - most often the state a
+    recurrent model carries between batches (`forward(input, hidden)`), which a task declares
+    with `CarriedState`."""
+    found = MISSING.search(str(exc)) if isinstance(exc, TypeError) else None
+    if found is None or "forward()" not in str(exc):
+        return []
+    names = re.findall(r"'(\w+)'", found.group(1))
+    if not names:
+        return []
+    init = next((n for n in ("init_hidden", "init_state", "initial_state", "init_memory")
+                 if callable(getattr(model, n, None))), None)
+    start = f"model.{init}(rows)" if init else "<the state for `rows` streams>"
+    arg = "" if names[0] == "hidden" else f", argument={names[0]!r}"
+    return [(f"the forward needs `{names[0]}`, which no batch key gives"
+             + (f" - the state a recurrent model carries from batch to batch (the model has "
+                f"{init})" if init or task.state is None else ""),
+             f"declare the carried state: Task(state=workbook.CarriedState(init=lambda model, "
+             f"rows: {start}{arg})) - the workbook passes it in, keeps it per stream "
+             "(batch[\"stream\"]), detaches it and resets it each pass; or put "
+             f"{names[0]!r} in model_inputs if the batch should give it", [])]
 
 
 def embedding_causes(task: Task, model: torch.nn.Module, batch: dict,

@@ -15,11 +15,12 @@ import torch
 from ..base.errors import WorkbookError
 from ..contract import fine_tuning
 from ..contract.data import Item, collate_items, encode_examples, prepare
+from ..contract.state import whole_update
 from ..contract.targets import contributes
 from ..contract.task import Task, task_from_params
 from ..storage.records import StepRecord, to_frame
 from ..training.devices import resolve_device
-from ..training.evaluation import eval_mode, evaluate
+from ..training.evaluation import eval_mode, evaluate, outputs_of
 from ..training.loop import UpdateShape, loss_rise, seed_everything, train, update_by
 
 # 02's learning rate when its `lr` is 0 and the task declares no Task.lr: the samples memorise
@@ -156,7 +157,7 @@ def reproduced(task: Task, model: torch.nn.Module, items: list[Item], device: to
     batch = collate_items(task, items).to(device).tensors
     labels = task.targets(batch["labels"])
     with eval_mode(model):
-        outputs = task.forward(model, batch).float()
+        outputs = outputs_of(task, model, items, device).float()
     keep = contributes(labels).reshape(len(items), -1)
     if task.target_kind.float_targets:
         error = (task.predicted(outputs, labels) - labels.float()).abs().reshape(len(items), -1)
@@ -195,8 +196,8 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                             f"examples 8 (the usual), at most {len(train_split)}")
     raw = train_split[:examples]
     items = encode_examples(task, raw)
-    cfg = UpdateShape(len(items)).train_config(updates=updates, lr=lr, seed=seed, device=device,
-                                               grad_clip=1.0, progress=progress)
+    cfg = UpdateShape(*whole_update(task, items)).train_config(
+        updates=updates, lr=lr, seed=seed, device=device, grad_clip=1.0, progress=progress)
     cfg.validate(len(train_split))
     dev = resolve_device(device)
     seed_everything(seed)

@@ -37,7 +37,8 @@ from ..training.loop import (
 from .archive import reload_in_new_process, write_archive
 from .resume_data import global_seed, pass_orders, position_before, repeats, where_from
 
-FAULTS = ("optimizer", "sampler", "rng")  # planted resume bugs, to show what the check catches
+# planted resume bugs, to show what the check catches ("carried": a task's Task.state only)
+FAULTS = ("optimizer", "sampler", "rng", "carried")
 
 
 def recipe(task: str, task_options: dict, cfg: TrainConfig, train_limit: int = 0) -> dict:
@@ -113,7 +114,7 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
             ckpt.save_checkpoint(Path(folder) / name(record.step), st.model,
                                  st.optimizer, st.scheduler, st.scaler, counters,
                                  {"recipe": spec, "task_name": task.name},
-                                 own=task.save_state, sampler=st.sampler)
+                                 own=task.save_state, sampler=st.sampler, carry=st.carry)
         return None
 
     result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
@@ -150,7 +151,8 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
     optimizer = None if "optimizer" in faults else stepper.optimizer
     info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
                                 stepper.scaler, restore_rng="rng" not in faults,
-                                own=task.restore_state, sampler=stepper.sampler)
+                                own=task.restore_state, sampler=stepper.sampler,
+                                carry=None if "carried" in faults else stepper.carry)
     torch.set_num_threads(info["meta"]["threads"])  # 1..4096: checked by load_meta
     c = info["counters"]
     schemas.check(schemas.ResumeCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
@@ -345,10 +347,12 @@ def planted_faults(spec: dict, updates: int, step: int, folder: Path, reference:
                    ref_weights: dict, tolerance: float = 0.0) -> pd.DataFrame:
     """Resume with each classic bug planted and say whether the comparison catches it."""
     rows = []
-    for fault in FAULTS:
+    carries = ckpt.load_state(folder / f"ckpt-{step:06d}").get("carried") is not None
+    for fault in FAULTS if carries else FAULTS[:-1]:
         name = {"optimizer": "checkpoint without optimizer state",
                 "sampler": "sampler restarted on resume",
-                "rng": "random states not restored"}[fault]
+                "rng": "random states not restored",
+                "carried": "carried state (Task.state) not restored"}[fault]
         try:
             resumed, w = run_recipe(spec, updates, start_from=folder / f"ckpt-{step:06d}",
                                     faults=(fault,))

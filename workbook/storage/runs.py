@@ -500,9 +500,13 @@ def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
             text += f"; {sum(bool(v) for v in caught.values())} of {len(caught)} planted " \
                 "faults caught"
             missed = [k for k, v in caught.items() if v is False]
+            why = {"random states not restored": "this training draws no random numbers, "
+                   "e.g. no dropout", "checkpoint without optimizer state": "its optimizer "
+                   "keeps no state, e.g. plain SGD without momentum"}
             if missed:
+                reasons = "; ".join(why.get(m, "the run does not depend on it") for m in missed)
                 text += (f" (not caught: {_listed(missed)} - resuming without it changed "
-                         "nothing, so this training draws no random numbers, e.g. no dropout)")
+                         f"nothing, so {reasons})")
         return text
     if stem.startswith("08"):
         if not ok:

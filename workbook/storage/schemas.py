@@ -356,6 +356,7 @@ class CheckpointState(_Closed):
     scaler: dict[Any, Any] | None
     counters: Counters
     rng: RandomStates
+    carried: dict[StrictStr, list[Any]] | None = None  # Task.state per stream (state.py)
 
 
 # --- archives ----------------------------------------------------------------------------

@@ -83,11 +83,12 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, counters: dict | None = None,
                     meta: dict | None = None, own: Callable | None = None,
-                    sampler: Any = None) -> Path:
+                    sampler: Any = None, carry: Any = None) -> Path:
     """Save the full training state into a new folder `path` (never over an existing one).
     With `own` (a task's `save_state(folder, objects)`), the task writes model, optimizer,
     schedule, scaler, sampler and step its own way; the workbook adds the loop's counters, the
-    random states and digests of what was saved, which the restore checks."""
+    random states and digests of what was saved, which the restore checks. A task's carried
+    state between batches (`carry`, Task.state) is always saved by the workbook."""
     objects = own_objects(model, optimizer, scheduler, scaler, sampler,
                           (counters or {}).get("step"))
 
@@ -109,7 +110,8 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
         torch.save({"optimizer": optimizer.state_dict() if mine and optimizer else None,
                     "scheduler": scheduler.state_dict() if mine and scheduler else None,
                     "scaler": scaler.state_dict() if mine and scaler else None,
-                    "counters": dict(counters or {}), "rng": rng_state()}, tmp / STATE)
+                    "counters": dict(counters or {}), "rng": rng_state(),
+                    "carried": carry.state_dict() if carry is not None else None}, tmp / STATE)
         (tmp / META).write_text(json.dumps({"torch": torch.__version__,
                                             "threads": torch.get_num_threads(),
                                             "digests": {} if mine else digests(objects),
@@ -218,14 +220,18 @@ def load_weights(model: torch.nn.Module, path: Path, what: str) -> None:
 def load_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, restore_rng: bool = True,
-                    own: Callable | None = None, sampler: Any = None) -> dict[str, Any]:
+                    own: Callable | None = None, sampler: Any = None,
+                    carry: Any = None) -> dict[str, Any]:
     """Restore model (and optimizer, schedule, scaler, random states) in place; returns the
     counters and meta data. A checkpoint written by a task's own `save_state` is restored by
     its `restore_state` (`own`), then every part is checked against the digests taken when it
     was saved. The sampler and step are checked only when restore_state changed them: one that
-    leaves them alone leaves them to the workbook, which restores the data position itself."""
+    leaves them alone leaves them to the workbook, which restores the data position itself.
+    `carry` gets back the carried state saved with it."""
     state = load_state(path)
     meta = load_meta(path)
+    if carry is not None:
+        restore_carry(path, state, carry, model)
     objects = own_objects(model, optimizer, scheduler, scaler, sampler)
     if meta.get("own_state"):
         if own is None:
@@ -260,6 +266,17 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     if restore_rng:
         set_rng_state(state["rng"], Path(path) / STATE)
     return {"counters": state["counters"], "meta": meta}
+
+
+def restore_carry(path: str | Path, state: dict[str, Any], carry: Any,
+                  model: torch.nn.Module) -> None:
+    """Load the carried state saved with a checkpoint into `carry`, on the model's device."""
+    if state.get("carried") is None:
+        raise WorkbookError(f"checkpoint {path} holds no carried state, but the task carries "
+                            "one between batches (Task.state)", "resume from a checkpoint "
+                            "written by this task: its carried state is saved with it")
+    device = next((p.device for p in model.parameters()), None)
+    carry.load_state_dict(state["carried"], device)
 
 
 def check_restored(path: str | Path, saved: dict[str, str], objects: dict[str, Any]) -> None:

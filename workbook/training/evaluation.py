@@ -12,6 +12,7 @@ from torch import nn
 from ..base.errors import WorkbookError
 from ..contract.data import Batch, Item, collate_items
 from ..contract.run import EXAMPLE_WEIGHT
+from ..contract.state import Carry, carrying
 from ..contract.targets import IGNORE_INDEX
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord
@@ -55,14 +56,45 @@ LOSS = "(loss)"  # the key of the summed loss among the evaluation sums
 def evaluation_batches(task: Task, items: list[Item], eval_batch: int,
                        device: torch.device) -> Iterator[Batch]:
     """The batches of an evaluation over exactly these items: a final partial batch is padded
-    with copies that weigh zero, and `batch.tensors[EXAMPLE_WEIGHT]` says which rows are real."""
-    for start in range(0, len(items), eval_batch):
-        real = items[start:start + eval_batch]
-        batch = collate_items(task, _padded(real, eval_batch)).to(device)
+    with copies that weigh zero, and `batch.tensors[EXAMPLE_WEIGHT]` says which rows are real.
+    A task carrying state across batches is read in order, a batch never continuing a stream
+    twice, and unpadded (a copy would continue its stream again)."""
+    for real in _chunks(task, items, eval_batch):
+        size = len(real) if task.state is not None else eval_batch
+        batch = collate_items(task, _padded(real, size)).to(device)
         # the copies' weight, for a task's own loss or eval_step that does not read the labels
         batch.tensors[EXAMPLE_WEIGHT] = torch.tensor(
-            [1.0] * len(real) + [0.0] * (eval_batch - len(real)), device=device)
+            [1.0] * len(real) + [0.0] * (size - len(real)), device=device)
         yield batch
+
+
+def _chunks(task: Task, items: list[Item], eval_batch: int) -> Iterator[list[Item]]:
+    """Consecutive runs of at most `eval_batch` items; with a carried state, a run also ends
+    before a stream it already holds."""
+    key = task.state.stream_key if task.state is not None else None
+    run: list[Item] = []
+    streams: set[int] = set()
+    for item in items:
+        stream = int(item.tensors[key]) if key is not None and key in item.tensors else None
+        if len(run) == eval_batch or (stream is not None and stream in streams):
+            yield run
+            run, streams = [], set()
+        run.append(item)
+        if stream is not None:
+            streams.add(stream)
+    if run:
+        yield run
+
+
+def outputs_of(task: Task, model: nn.Module, items: list[Item],
+               device: torch.device) -> torch.Tensor:
+    """The logits of these items in their order, as one forward of them all; a task carrying
+    state gets them batch by batch in order, each stream continuing from its previous item."""
+    if task.state is None:
+        return task.forward(model, collate_items(task, items).to(device).tensors)
+    with carrying(Carry(task.state)):
+        return torch.cat([task.forward(model, collate_items(task, run).to(device).tensors)
+                          for run in _chunks(task, items, len(items))])
 
 
 def metric_sums(task: Task, model: nn.Module, logits: torch.Tensor,
@@ -94,7 +126,7 @@ def evaluation_sums(task: Task, model: nn.Module, items: list[Item], eval_batch:
     dtype = PRECISIONS[precision]
     sums: dict[str, list[float]] = {LOSS: [0.0, 0.0]}
     per_class: dict[str, list[int]] = {}
-    with eval_mode(model):
+    with eval_mode(model), carrying(Carry(task.state) if task.state is not None else None):
         for batch in evaluation_batches(task, items, eval_batch, device):
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 logits = task.forward(model, batch.tensors)

@@ -27,6 +27,7 @@ from ..contract.data import (
 )
 from ..contract.pipeline import DataPosition, Pipeline
 from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
+from ..contract.state import Carry, carrying, not_detached
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
 from .devices import PRECISIONS, check_precision, resolve_device
@@ -294,6 +295,7 @@ class Stepper:
     grad_clip: float = 1.0
     scaler: torch.amp.GradScaler | None = None
     sampler: Any = None  # the task's own data order (make_sampler), made by `train`
+    carry: Carry | None = None  # the task's carried state between batches (Task.state)
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -429,7 +431,7 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None,
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     scaler = torch.amp.GradScaler(device.type) if cfg.shape.precision == "fp16" else None
     return Stepper(task, model, optimizer, scheduler, device, cfg.shape.precision, cfg.grad_clip,
-                   scaler)
+                   scaler, carry=Carry(task.state) if task.state is not None else None)
 
 
 @dataclass(frozen=True)
@@ -463,9 +465,11 @@ def pass_order(sampler: Any, n: int, seed: int, epoch: int) -> tuple[list[int], 
 
 
 def make_sampler(task: Task, n: int, seed: int) -> Any:
-    """The task's own sampler for `n` training examples (None without make_sampler)."""
+    """The task's own sampler for `n` training examples (None without make_sampler); a task
+    carrying state across batches without one is read in order, as a TBPTT loop reads its
+    streams position by position."""
     if task.make_sampler is None:
-        return None
+        return range(n) if task.state is not None else None
     return own_code("make_sampler", task.make_sampler, n, seed, receives="(n, seed)")
 
 
@@ -565,15 +569,19 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
         position, batches = next(stream)
         data_s = time.perf_counter() - begin
         lr = stepper.optimizer.param_groups[0]["lr"]
+        if stepper.carry is not None and position.group == 0:
+            stepper.carry.reset()  # a new pass starts every stream again
         try:
-            if own:
-                loss, targets, norm = stepper.own_update(batches)
-            else:
-                loss_sum, targets = stepper.accumulate(batches)
-                norm = stepper.step()
-                loss = float(loss_sum) / targets
-        except (ValueError, WorkbookError) as exc:
-            named = single_example_batch_norm(exc, batches, examples, cfg)
+            with carrying(stepper.carry):
+                if own:
+                    loss, targets, norm = stepper.own_update(batches)
+                else:
+                    loss_sum, targets = stepper.accumulate(batches)
+                    norm = stepper.step()
+                    loss = float(loss_sum) / targets
+        except (ValueError, RuntimeError, WorkbookError) as exc:
+            named = single_example_batch_norm(exc, batches, examples, cfg) or \
+                not_detached(exc, task.state)
             if named is None:
                 raise
             raise named from exc
