@@ -35,7 +35,14 @@ from ..training.loop import (
     train,
 )
 from .archive import reload_in_new_process, write_archive
-from .resume_data import global_seed, pass_orders, position_before, repeats, where_from
+from .resume_data import (
+    global_seed,
+    pass_orders,
+    position_before,
+    random_data,
+    repeats,
+    where_from,
+)
 
 FAULTS = ("optimizer", "sampler", "rng")  # planted resume bugs, to show what the check catches
 
@@ -314,7 +321,8 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
                                   pass_orders(task, items, config, spec["train_limit"]),
                                   cfg.shape.micro_batch, first)
         if not data and verdict["same_examples"] and not verdict["exact"]:
-            data = global_seed(task, config or cfg)
+            data = global_seed(task, config or cfg) or random_data(
+                task, items, config or cfg, spec["train_limit"])
         rows.append({"case": name, "resumed_after": step, **verdict,
                      "exact": verdict["exact"] and not data,
                      "resumed_by": first_record.get("resumed_by") or "workbook order",

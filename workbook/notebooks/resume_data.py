@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
+import torch
 from torch.utils.data import DataLoader
 
-from ..contract.data import epoch_order, epoch_updates
+from ..contract.data import Item, encode_example, epoch_order, epoch_updates
 from ..contract.pipeline import DataPosition, open_pipeline
 from ..contract.task import Task
 from ..training.loop import TrainConfig
@@ -143,3 +144,26 @@ def global_seed(task: Task, cfg: TrainConfig) -> str:
                 "the global random stream - at another point of it in the resumed run, whose "
                 "dropout then differs; give it generator=torch.Generator().manual_seed(seed)")
     return ""
+
+
+def random_data(task: Task, items: list[Item], cfg: TrainConfig, limit: int = 0) -> str:
+    """'' unless the task's encode gives one example other tensors when it is read again (a
+    random augmentation, or other per-example randomness): measured on the first training
+    example, encoded twice in this process. A resume that read the same examples but did not
+    come out exact then says the data differed, not the loss or the resume."""
+    if cfg.pipeline:
+        pipe = open_pipeline(task, cfg.seed, micro_batch=cfg.shape.micro_batch, limit=limit)
+        raw = next((ex for _, _, ex in pipe.read() if ex is not None), None)
+    else:
+        raw = next((it.raw for it in items if it.raw is not None), None)
+    if raw is None:
+        return ""
+    first, second = (encode_example(task, raw).tensors for _ in range(2))
+    if all(torch.equal(first[k], second[k]) for k in first):
+        return ""
+    where = f"in its {cfg.workers} DataLoader workers" if cfg.workers else "in encode"
+    return (f"the same examples, other parameters: the data differs between runs (random "
+            f"augmentation {where}: example {raw[task.id_key]!r} encoded twice gives other "
+            "tensors) - seed the workers: a DataLoader generator=torch.Generator()"
+            ".manual_seed(seed) and worker seeds derived from it, or seed each example's "
+            "augmentation from the epoch and its index")
