@@ -98,6 +98,11 @@ def _named(epoch: int, n: int, e: int, f: int, micro_batch: int,
     if first_resume is not None and (e, f) == first_resume:
         return (f"{where} - where the first resume began: the pipeline's state did not advance "
                 "after load_state_dict, so a second resume restarts from the first")
+    if first_resume is not None and f == 0 and e == first_resume[0] == epoch and n:
+        return (f"{where}: the pipeline's state did not advance after load_state_dict (the "
+                "first resume was exact; its state_dict then gave the pass's start, so a "
+                "second resume restarts the stream) - let state_dict report the position "
+                "reached after a load as after a fresh start")
     if f == 0 and (e == epoch or e == 0) and n:
         return (f"{where}: the pass restarted from its beginning on restore (an epoch guard "
                 "that restarts the epoch instead of going on inside it)")
@@ -167,3 +172,28 @@ def random_data(task: Task, items: list[Item], cfg: TrainConfig, limit: int = 0)
             "tensors) - seed the workers: a DataLoader generator=torch.Generator()"
             ".manual_seed(seed) and worker seeds derived from it, or seed each example's "
             "augmentation from the epoch and its index")
+
+
+def repeated_pass(reference: list[dict], order: Order | None) -> str:
+    """'' unless a pass of the uninterrupted run read the previous pass's examples again, in
+    the same order, where a new pipeline opened at that pass reads another order: the
+    pipeline moved to the new pass only when a pass ran to its end (the pilot's passes, like
+    a loop that breaks early, stop before it)."""
+    if order is None:
+        return ""
+    passes: dict[int, list[str]] = {}
+    for r in reference:
+        passes.setdefault(r["epoch"], []).extend(r["ids"])
+    for epoch in sorted(passes)[1:]:
+        got, before = passes[epoch], passes.get(epoch - 1, [])
+        if not got or got != before[:len(got)]:
+            continue
+        fresh = order(epoch)[:len(got)]
+        if fresh != got:
+            return (f"pass {epoch} repeated pass {epoch - 1} (the same {len(got)} examples in "
+                    f"the same order, e.g. {got[0]!r} first) where a new pipeline opened at "
+                    f"pass {epoch} reads {fresh[:1]!r} first: the pipeline commits its epoch "
+                    "only when a pass runs to its end, so a loop that breaks early (a step "
+                    "budget, the pilot's cut passes) replays the pass - take the epoch from "
+                    "set_epoch (or advance it in __iter__), not from the end of the pass")
+    return ""
