@@ -4,10 +4,20 @@ restore in a training loop's order; a state that stops advancing after load_stat
 second resume restarts the stream); a pass that repeats the previous one because the pipeline
 moves on only when a pass runs to its end."""
 
+import numpy as np
+import pytest
+
 from workbook.notebooks import resume
 from workbook.notebooks.resume_data import pass_orders, repeated_pass, where_from
 
-from .test_resume_pipeline import LIMIT, MID, UPDATES, data_file, resumes, spec  # noqa: F401
+from .test_resume_pipeline import LIMIT, MID, UPDATES, resumes, spec
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stream") / "stream.bin"
+    np.array(np.arange(20_000) % 251, dtype=np.uint16).tofile(path)
+    return str(path)
 
 
 def loop_order_resume(tmp_path, recipe):
