@@ -250,7 +250,12 @@ def collate_windows(items: list[dict[str, Tensor]], pad_id: int) -> dict[str, Te
 # the training pipeline: what a campaign's loader reads, with its position for exact resume
 
 PIPELINE_BUGS = ("state_frozen", "epoch_guard", "lost_at_yield", "workers_replay",
-                 "ranks_same", "skip_in_batches")  # planted, for 07 and 09 to name
+                 "ranks_same", "skip_in_batches",  # planted, for 07 and 09 to name
+                 # from public reports: huggingface/datasets#8295 (a second resume restarts
+                 # the stream), an epoch guard as users write it (set_epoch resets a position
+                 # load_state_dict gave back), Lightning-AI/litData#649 (the epoch moves on
+                 # only when a pass runs to its end)
+                 "restart_after_load", "guard_as_written", "commit_at_end")
 
 
 class TrainWindows(torch.utils.data.IterableDataset):
@@ -268,8 +273,14 @@ class TrainWindows(torch.utils.data.IterableDataset):
         self.epoch, self.position = 0, 0
         self._resume: dict | None = None
         self._frozen: dict | None = None
+        self._loaded, self._ended, self._asked = False, True, 0
 
     def set_epoch(self, epoch: int) -> None:
+        if self.bug == "commit_at_end":  # taken up when the last pass has run to its end
+            self._asked = epoch
+            return
+        if self.bug == "guard_as_written" and epoch != self.epoch:
+            self.position, self._resume = 0, None  # a new epoch starts at its beginning
         self.epoch = epoch
 
     def mine(self) -> list[int]:
@@ -285,8 +296,13 @@ class TrainWindows(torch.utils.data.IterableDataset):
         return [w for s in order[reader::world * workers] for w in shards[s]]
 
     def __iter__(self):
+        if self.bug == "commit_at_end" and self._ended:
+            self.epoch = self._asked
+        self._ended = False
         start, resume, self._resume = 0, self._resume, None
-        if resume is not None and resume["epoch"] == self.epoch and \
+        if self.bug == "guard_as_written" and resume is not None:
+            start = resume["position"]
+        elif resume is not None and resume["epoch"] == self.epoch and \
                 (self.epoch == 0 or self.bug != "epoch_guard"):
             start = resume["position"] * (self.micro_batch if self.bug == "skip_in_batches"
                                           else 1)
@@ -296,14 +312,20 @@ class TrainWindows(torch.utils.data.IterableDataset):
             self.position = min(k + 2, len(windows)) if self.bug == "lost_at_yield" else k + 1
             w = windows[k]
             yield {"id": w, "group": w // self.stream.group_windows, "start": w * block}
+        self._ended = True
 
     def state_dict(self) -> dict:
         if self.bug == "state_frozen" and self._frozen is not None:
             return dict(self._frozen)  # the loaded state, never advanced
+        if self.bug == "restart_after_load" and self._loaded:
+            return {"epoch": self.epoch, "position": 0}  # the loaded stream's own start
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        self._resume = dict(state)
+        self._resume, self._loaded = dict(state), True
+        if self.bug == "guard_as_written":  # the position comes back, the epoch does not
+            self.position = state["position"]
+            return
         self.epoch, self.position = state["epoch"], state["position"]
         if self.bug == "state_frozen":
             self._frozen = dict(state)

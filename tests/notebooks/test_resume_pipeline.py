@@ -101,7 +101,7 @@ def test_07s_cases_in_new_processes_pass_the_clean_pipeline(tmp_path, data_file)
     cases, details = resume.check_cases(spec(data_file), UPDATES, MID, 4, tmp_path,
                                         twice_step=SECOND, workers=2)
     assert list(cases.case) == ["mid-epoch", "epoch boundary", "resumed twice",
-                                "2 DataLoader workers"]
+                                "restored as a training loop does", "2 DataLoader workers"]
     assert cases.exact.all() and (cases.data == "").all() and (cases.error == "").all(), \
         cases.to_dict("records")
     assert set(cases.resumed_by) == {"its own state_dict"}

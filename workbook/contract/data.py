@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..base.errors import WorkbookError, reason
 from .sources import SPLITS, Checks, read_splits, rows, split_of
@@ -165,10 +165,14 @@ class Batch:
 class ItemDataset(Dataset):
     """A map-style dataset over items, for torch's DataLoader. Given the task, an item that
     came from a raw example is encoded again in `__getitem__` (in the loader's workers when it
-    has any), so every pass pays the encoding a campaign pays."""
+    has any), so every pass pays the encoding a campaign pays. In a worker process the random
+    streams (Python, NumPy, torch) are seeded for each example from `seed` and the example's
+    index, as torch seeds each worker from the loader's base seed: a random augmentation then
+    depends on the pass and the example, not on which worker read it or how far that worker
+    had come - a run resumed mid-pass augments as the uninterrupted one did."""
 
-    def __init__(self, items: list[Item], task: Task | None = None):
-        self.items, self.task = items, task
+    def __init__(self, items: list[Item], task: Task | None = None, seed: int = 0):
+        self.items, self.task, self.seed = items, task, seed
 
     def __len__(self) -> int:
         return len(self.items)
@@ -177,7 +181,21 @@ class ItemDataset(Dataset):
         item = self.items[index]
         if self.task is None or item.raw is None:
             return item
+        if get_worker_info() is not None:
+            seed_example(self.seed, index)
         return encode_example(self.task, item.raw)
+
+
+def seed_example(seed: int, index: int) -> None:
+    """Seed this (worker) process's random streams for one example of a pass."""
+    import random
+
+    import numpy as np
+
+    value = (seed * 1_000_003 + index) % 2**63
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.manual_seed(value)
 
 
 def collate_items(task: Task, items: list[Item]) -> Batch:
@@ -258,7 +276,7 @@ def loader(task: Task, items: list[Item], batches: list[list[int]], workers: int
     training random stream (dropout) untouched."""
     if workers > 0:
         picklable_for_workers(task)
-    return DataLoader(ItemDataset(items, task if encode else None), batch_sampler=batches,
+    return DataLoader(ItemDataset(items, task if encode else None, seed), batch_sampler=batches,
                       num_workers=workers,
                       collate_fn=partial(collate_items, task),
                       generator=torch.Generator().manual_seed(seed))

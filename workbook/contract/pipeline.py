@@ -77,6 +77,9 @@ class Pipeline:
     task: Task
     source: Any
     limit: int = 0  # a pass is the first `limit` examples of the pipeline's pass (0: all)
+    # give a position back as a training loop does: load_state_dict, then set_epoch at the
+    # top of the pass (else set_epoch first, the order an epoch guard always survives)
+    loop_order: bool = False
     skipped: Skipped = field(default_factory=Skipped)
     _epoch: int = 0
     _read: int = 0
@@ -106,7 +109,8 @@ class Pipeline:
         # a pass already cut at the limit has nothing left: its state is not loaded (a pending
         # state would be taken up by the next pass's iter, as datasets and torchdata do)
         done = bool(self.limit) and read >= self.limit
-        _set_epoch(self.source, epoch)
+        if not self.loop_order:
+            _set_epoch(self.source, epoch)
         if start.state is not None and not done:
             try:
                 self.source.load_state_dict(start.state)
@@ -115,6 +119,8 @@ class Pipeline:
                                     f"{type(exc).__name__}: {reason(exc, 300)} (nothing was "
                                     "trained)", "resume with the task, options and pipeline "
                                     "that wrote the checkpoint, or from an earlier one") from exc
+        if self.loop_order:
+            _set_epoch(self.source, epoch)
         examples = self._pass(epoch)
         if start.state is None and read and not done:
             begin = time.perf_counter()
@@ -212,7 +218,7 @@ def loadable(state: Any) -> None:
 
 
 def open_pipeline(task: Task, seed: int, rank: int = 0, world: int = 1, workers: int = 0,
-                  micro_batch: int = 1, limit: int = 0) -> Pipeline:
+                  micro_batch: int = 1, limit: int = 0, loop_order: bool = False) -> Pipeline:
     """The task's train_pipeline opened for one rank; `limit` cuts every pass to its first
     examples (the pilot's small passes; the cut is part of the data position)."""
     if task.train_pipeline is None:
@@ -232,4 +238,4 @@ def open_pipeline(task: Task, seed: int, rank: int = 0, world: int = 1, workers:
         raise WorkbookError("the task's train_pipeline returned a generator, which gives one "
                             "pass only", "return an object whose __iter__ starts a new pass "
                             "(an IterableDataset) - a resume needs every pass again")
-    return Pipeline(task, source, limit)
+    return Pipeline(task, source, limit, loop_order=loop_order)

@@ -23,8 +23,10 @@ from ..storage import schemas
 from ..storage.artifacts import read_json, verify, write_folder
 from ..storage.files import read_plain
 from ..storage.runs import fresh_result, outcome_error, task_args
+from ..training import checkpoint as ckpt
 from ..training.checkpoint import WEIGHTS, load_weights
 from ..training.evaluation import eval_mode
+from ..training.loop import seed_everything
 
 CONFIG = "config.json"
 CONTROL_OUTPUTS = "control_outputs.safetensors"
@@ -50,9 +52,19 @@ def environment(device: torch.device) -> dict:
             "threads": torch.get_num_threads()}
 
 
+CONTROL_SEED = 0  # the random streams an encode draws from while the control inputs are made
+
+
 def control_items(task: Task, n: int) -> list[Item]:
-    """The control inputs: the first n validation examples (fixed by the split rule)."""
-    return prepare(task, ("validation",), {"validation": n}).validation
+    """The control inputs: the first n validation examples (fixed by the split rule), encoded
+    from seeded random streams (an encode with random augmentation gives the same inputs in
+    every process); this process's random state is left as it was."""
+    state = ckpt.rng_state()
+    try:
+        seed_everything(CONTROL_SEED)
+        return prepare(task, ("validation",), {"validation": n}).validation
+    finally:
+        ckpt.set_rng_state(state)
 
 
 def control_outputs(task: Task, model: torch.nn.Module, items: list[Item]) -> torch.Tensor:

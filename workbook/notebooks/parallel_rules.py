@@ -177,6 +177,10 @@ def _gradient_rows(result: dict[str, Any], tolerance: float) -> list[dict[str, s
         check = checks[case]
         dev = check["max_relative_deviation"]
         ok = dev <= tolerance and check["identical_on_ranks"]
+        differ = check.get("data_differs_on_ranks")
+        if differ and not ok:
+            rows.append(_data_row(rule, check, differ))
+            continue
         rows.append(_row(rule, "pass" if ok else "fail",
                          f"{check['split']} on {len(check['targets_per_rank'])} ranks against "
                          f"1 x {check['examples']} in one process: max relative deviation "
@@ -184,6 +188,24 @@ def _gradient_rows(result: dict[str, Any], tolerance: float) -> list[dict[str, s
                          f"{[int(t) for t in check['targets_per_rank']]}"
                          + _rank_mean_note(check, tolerance)))
     return rows
+
+
+DATA_DIFFERS = ("the data differs between runs: rank(s) {ranks} encoded the same examples into "
+                "other tensors than rank 0 (a random augmentation or other per-example "
+                "randomness in encode or the DataLoader workers), so the gradients cannot be "
+                "compared - the loss normalisation is not judged")
+SEED_DATA = ("seed the per-example randomness: a DataLoader generator=torch.Generator()"
+             ".manual_seed(seed) and worker seeds derived from it (torch's worker_init_fn "
+             "default), the same on every rank; or make encode deterministic for this check")
+
+
+def _data_row(rule: str, check: dict[str, Any], ranks: list[int]) -> dict[str, str]:
+    """A normalisation rule that cannot be judged: the ranks' losses received other tensors
+    than the one-process reference for the same examples."""
+    return {"rule": rule, "verdict": "not applicable",
+            "measured": DATA_DIFFERS.format(ranks=ranks) + f" (max relative deviation "
+            f"{check['max_relative_deviation']:.1e} on {check['split']})",
+            "remediation": SEED_DATA}
 
 
 def _rank_mean_note(check: dict[str, Any], tolerance: float) -> str:

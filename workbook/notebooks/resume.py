@@ -35,7 +35,15 @@ from ..training.loop import (
     train,
 )
 from .archive import reload_in_new_process, write_archive
-from .resume_data import global_seed, pass_orders, position_before, repeats, where_from
+from .resume_data import (
+    global_seed,
+    pass_orders,
+    position_before,
+    random_data,
+    repeated_pass,
+    repeats,
+    where_from,
+)
 
 # planted resume bugs, to show what the check catches ("carried": a task's Task.state only)
 FAULTS = ("optimizer", "sampler", "rng", "carried")
@@ -89,7 +97,8 @@ def checkpoint_name(step: int) -> str:
 
 def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
                checkpoint_at: tuple = (), start_from: Path | None = None, faults: tuple = (),
-               task: Task | None = None, name=checkpoint_name) -> tuple[list[dict], dict]:
+               task: Task | None = None, name=checkpoint_name, loop_order: bool = False
+               ) -> tuple[list[dict], dict]:
     """Train to update `to_step` (from scratch, or continuing `start_from`), checkpointing after
     the updates in `checkpoint_at` into `folder / name(step)`. Returns the per-update records
     (a resumed run's first one says how its data position came back) and the final weights."""
@@ -97,7 +106,8 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
                                Path(start_from) / ckpt.META)
     cfg.updates = to_step
     pipe = open_pipeline(task, cfg.seed, workers=cfg.workers, micro_batch=cfg.shape.micro_batch,
-                         limit=spec["train_limit"]) if cfg.pipeline else None
+                         limit=spec["train_limit"], loop_order=loop_order) \
+        if cfg.pipeline else None
     stepper, position, first = None, Position(), 1
     if start_from is not None:
         stepper, position, first = restore(start_from, spec, task, cfg, faults, len(items))
@@ -298,10 +308,12 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
 
     def case(name: str, path: Path, step: int, out: str, ref: list[dict], ref_weights: dict,
              save_at: int = 0, first: tuple[int, int] | None = None, data: str = "",
-             config: TrainConfig | None = None) -> None:
+             config: TrainConfig | None = None, loop_order: bool = False) -> None:
         try:
-            resumed, w = resume_in_new_process(path, updates, folder / out, spec,
-                                               save_at=save_at)
+            resumed, w = (run_recipe(spec, updates, start_from=path, task=task,
+                                     loop_order=True) if loop_order else
+                          resume_in_new_process(path, updates, folder / out, spec,
+                                                save_at=save_at))
         except WorkbookError as exc:  # e.g. the task's restore_state lost a part: a failed case
             rows.append({"case": name, "resumed_after": step, "updates_compared": 0,
                          "max_param_diff": None, "max_loss_diff": None,
@@ -316,7 +328,8 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
                                   pass_orders(task, items, config, spec["train_limit"]),
                                   cfg.shape.micro_batch, first)
         if not data and verdict["same_examples"] and not verdict["exact"]:
-            data = global_seed(task, config or cfg)
+            data = global_seed(task, config or cfg) or random_data(
+                task, items, config or cfg, spec["train_limit"])
         rows.append({"case": name, "resumed_after": step, **verdict,
                      "exact": verdict["exact"] and not data,
                      "resumed_by": first_record.get("resumed_by") or "workbook order",
@@ -331,6 +344,14 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
     if twice_step:
         case("resumed twice", twice, twice_step, "resumed-twice", reference, weights,
              first=position_before(reference, mid_step + 1))
+    if cfg.pipeline:  # load_state_dict, then set_epoch at the next pass, then iterate
+        case("restored as a training loop does", mid, mid_step, "resumed-loop-order",
+             reference, weights, loop_order=True)
+    again = repeated_pass(reference, order)
+    if again:
+        rows.append({"case": "a new pass after a pass cut short", "resumed_after": None,
+                     "exact": False, "continued_to_the_end": True, "data": again, "error": "",
+                     "resumed_by": "", "updates_compared": 0})
     if workers:
         wspec = {**spec, "config": {**spec["config"], "workers": workers}}
         wfolder = folder / f"workers-{workers}"

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
+import torch
 from torch.utils.data import DataLoader
 
-from ..contract.data import epoch_order, epoch_updates
+from ..contract.data import Item, encode_example, epoch_order, epoch_updates
 from ..contract.pipeline import DataPosition, open_pipeline
 from ..contract.task import Task
 from ..training.loop import TrainConfig
@@ -97,6 +98,11 @@ def _named(epoch: int, n: int, e: int, f: int, micro_batch: int,
     if first_resume is not None and (e, f) == first_resume:
         return (f"{where} - where the first resume began: the pipeline's state did not advance "
                 "after load_state_dict, so a second resume restarts from the first")
+    if first_resume is not None and f == 0 and e == first_resume[0] == epoch and n:
+        return (f"{where}: the pipeline's state did not advance after load_state_dict (the "
+                "first resume was exact; its state_dict then gave the pass's start, so a "
+                "second resume restarts the stream) - let state_dict report the position "
+                "reached after a load as after a fresh start")
     if f == 0 and (e == epoch or e == 0) and n:
         return (f"{where}: the pass restarted from its beginning on restore (an epoch guard "
                 "that restarts the epoch instead of going on inside it)")
@@ -142,4 +148,52 @@ def global_seed(task: Task, cfg: TrainConfig) -> str:
                 "generator of its own, so each pass's iterator draws its workers' seed from "
                 "the global random stream - at another point of it in the resumed run, whose "
                 "dropout then differs; give it generator=torch.Generator().manual_seed(seed)")
+    return ""
+
+
+def random_data(task: Task, items: list[Item], cfg: TrainConfig, limit: int = 0) -> str:
+    """'' unless the task's encode gives one example other tensors when it is read again (a
+    random augmentation, or other per-example randomness): measured on the first training
+    example, encoded twice in this process. A resume that read the same examples but did not
+    come out exact then says the data differed, not the loss or the resume."""
+    if cfg.pipeline:
+        pipe = open_pipeline(task, cfg.seed, micro_batch=cfg.shape.micro_batch, limit=limit)
+        raw = next((ex for _, _, ex in pipe.read() if ex is not None), None)
+    else:
+        raw = next((it.raw for it in items if it.raw is not None), None)
+    if raw is None:
+        return ""
+    first, second = (encode_example(task, raw).tensors for _ in range(2))
+    if all(torch.equal(first[k], second[k]) for k in first):
+        return ""
+    where = f"in its {cfg.workers} DataLoader workers" if cfg.workers else "in encode"
+    return (f"the same examples, other parameters: the data differs between runs (random "
+            f"augmentation {where}: example {raw[task.id_key]!r} encoded twice gives other "
+            "tensors) - seed the workers: a DataLoader generator=torch.Generator()"
+            ".manual_seed(seed) and worker seeds derived from it, or seed each example's "
+            "augmentation from the epoch and its index")
+
+
+def repeated_pass(reference: list[dict], order: Order | None) -> str:
+    """'' unless a pass of the uninterrupted run read the previous pass's examples again, in
+    the same order, where a new pipeline opened at that pass reads another order: the
+    pipeline moved to the new pass only when a pass ran to its end (the pilot's passes, like
+    a loop that breaks early, stop before it)."""
+    if order is None:
+        return ""
+    passes: dict[int, list[str]] = {}
+    for r in reference:
+        passes.setdefault(r["epoch"], []).extend(r["ids"])
+    for epoch in sorted(passes)[1:]:
+        got, before = passes[epoch], passes.get(epoch - 1, [])
+        if not got or got != before[:len(got)]:
+            continue
+        fresh = order(epoch)[:len(got)]
+        if fresh != got:
+            return (f"pass {epoch} repeated pass {epoch - 1} (the same {len(got)} examples in "
+                    f"the same order, e.g. {got[0]!r} first) where a new pipeline opened at "
+                    f"pass {epoch} reads {fresh[:1]!r} first: the pipeline commits its epoch "
+                    "only when a pass runs to its end, so a loop that breaks early (a step "
+                    "budget, the pilot's cut passes) replays the pass - take the epoch from "
+                    "set_epoch (or advance it in __iter__), not from the end of the pass")
     return ""

@@ -324,7 +324,8 @@ def gradient_check(task: Task, model: nn.Module, items: list[Item], spec: Replic
         out = replica_update(stepper, clock, batches, [1.0] * len(batches), world, spec.fault,
                              step=False)
         grads = {k: p.grad for k, p in replica.named_parameters() if p.grad is not None}
-        ranks = gather({"digest": digest(grads), "targets": out["local_targets"]})
+        ranks = gather({"digest": digest(grads), "targets": out["local_targets"],
+                        "data": data_digest(mine)})
         shares = gather(len(mine))
         row = {"case": case, "split": " + ".join(
                    f"{accumulation} x {math.ceil(k / accumulation)}" for k in shares),
@@ -335,8 +336,17 @@ def gradient_check(task: Task, model: nn.Module, items: list[Item], spec: Replic
         if reference is not None:
             row["max_relative_deviation"] = relative_deviation(grads, reference)
             row["rank_mean_deviation"] = rank_mean[examples]
+            # the tensors each rank's loss received against rank 0's of the same examples
+            row["data_differs_on_ranks"] = [
+                r for r, got in enumerate(ranks)
+                if got["data"] != data_digest(items[:examples][r::world])]
         rows.append(row)
     return rows
+
+
+def data_digest(items: list[Item]) -> str:
+    """One digest of the tensors of `items`, in order."""
+    return digest({f"{i}/{k}": t for i, it in enumerate(items) for k, t in it.tensors.items()})
 
 
 def example_targets(task: Task, item: Item) -> int:
@@ -419,6 +429,7 @@ def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
 def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task | None,
             rank: int, world: int, device: torch.device, audit: WriteAudit) -> dict[str, Any]:
     task = task if task is not None else load_task(spec.task, **spec.task_options)
+    seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
     data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
     items, val = data.train, data.validation
     cfg = spec.train_config().validate(len(items))

@@ -372,6 +372,7 @@ def _first_updates(task: Task, items: list[Item], spec: ShardedSpec, world: int,
 
 def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, rank: int,
            world: int, device: torch.device, audit: FileAudit) -> dict[str, Any]:
+    seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
     data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
     items, val = data.train, data.validation or data.train
     cfg = spec.train_config().validate(len(items))
@@ -489,6 +490,7 @@ def _resume(spec: ShardedSpec, task: Task, out: Path, resume_from: Path, rank: i
             device: torch.device, audit: FileAudit) -> dict[str, Any]:
     """New processes: load the planted checkpoint (when given) into a fresh sharded model and
     see what it restores, then the checkpoint itself, and continue to the last update."""
+    seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
     data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
     items = data.train
     cfg = spec.train_config().validate(len(items))

@@ -1,0 +1,60 @@
+"""Notebook 07 names resume bugs from public reports as themselves (examples/token_stream.py's
+planted pipelines, each beside its clean twin): an epoch guard as users write it, caught by a
+restore in a training loop's order; a state that stops advancing after load_state_dict (a
+second resume restarts the stream); a pass that repeats the previous one because the pipeline
+moves on only when a pass runs to its end."""
+
+import numpy as np
+import pytest
+
+from workbook.notebooks import resume
+from workbook.notebooks.resume_data import pass_orders, repeated_pass, where_from
+
+from .test_resume_pipeline import LIMIT, MID, UPDATES, resumes, spec
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stream") / "stream.bin"
+    np.array(np.arange(20_000) % 251, dtype=np.uint16).tofile(path)
+    return str(path)
+
+
+def loop_order_resume(tmp_path, recipe):
+    reference, weights = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))
+    resumed, w = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "ckpt-000005",
+                                   loop_order=True)
+    task, items, cfg = resume.rebuild(recipe)
+    return (resume.compare(reference, resumed, weights, w)[1]["exact"],
+            where_from(reference, resumed, MID, pass_orders(task, items, cfg, LIMIT), 2))
+
+
+def test_an_epoch_guard_as_users_write_it_fails_the_loop_order_only(tmp_path, data_file):
+    bug = spec(data_file, "guard_as_written")
+    assert resumes(tmp_path / "07-order", bug)["exact"] == [True, True]  # set_epoch, then load
+    exact, said = loop_order_resume(tmp_path / "loop", bug)
+    assert not exact and "the pass restarted from its beginning on restore (an epoch guard" \
+        in said
+    assert loop_order_resume(tmp_path / "clean", spec(data_file)) == (True, "")
+
+
+def test_a_state_that_stops_advancing_after_a_load_is_named_on_the_second_resume(
+        tmp_path, data_file):
+    got = resumes(tmp_path, spec(data_file, "restart_after_load"))
+    assert got["mid"] == "" and got["exact"] == [True, False]
+    assert "the pipeline's state did not advance after load_state_dict (the first resume " \
+        "was exact" in got["twice"] and "second resume restarts the stream" in got["twice"]
+
+
+def test_a_pass_that_repeats_the_previous_one_is_named_and_the_clean_twin_is_not(
+        tmp_path, data_file):
+    def said(bug, folder):
+        recipe = spec(data_file, bug)
+        reference, _ = resume.run_recipe(recipe, UPDATES, folder)
+        task, items, cfg = resume.rebuild(recipe)
+        return repeated_pass(reference, pass_orders(task, items, cfg, LIMIT))
+
+    got = said("commit_at_end", tmp_path / "bug")
+    assert "pass 1 repeated pass 0" in got and "commits its epoch only when a pass runs to " \
+        "its end, so a loop that breaks early" in got
+    assert said("", tmp_path / "clean") == ""
