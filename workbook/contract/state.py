@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from ..base.errors import WorkbookError
+from .outputs import forward_owner
 
 
 def detached(state: Any) -> Any:
@@ -59,9 +60,10 @@ class CarriedState:
         return dims
 
     def start(self, model: nn.Module, rows: int) -> Any:
-        """The state at the start of `rows` streams."""
+        """The state at the start of `rows` streams (`init` gets the user's model, never a
+        DistributedDataParallel or compile wrapper)."""
         try:
-            return self.init(model, rows)
+            return self.init(forward_owner(model), rows)
         except Exception as exc:
             raise WorkbookError(f"the carried state's init(model, {rows}) raised "
                                 f"{type(exc).__name__}: {exc}", "init(model, rows) returns "

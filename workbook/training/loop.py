@@ -27,11 +27,12 @@ from ..contract.data import (
 )
 from ..contract.pipeline import DataPosition, Pipeline
 from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
-from ..contract.state import Carry, carrying, not_detached
+from ..contract.state import Carry, carrying
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
 from .devices import PRECISIONS, check_precision, resolve_device
 from .evaluation import evaluate, target_count
+from .update_failure import update_failure
 
 
 @dataclass(frozen=True)
@@ -518,23 +519,6 @@ def _pipeline_updates(task: Task, cfg: TrainConfig, start: Position, pipe: Pipel
             group, pending = 0, []
 
 
-def single_example_batch_norm(exc: Exception, batches: list[Batch], examples: int | None,
-                              cfg: TrainConfig) -> WorkbookError | None:
-    """The error to show when batch norm refused a micro-batch of one example in training (the
-    last micro-batch of a pass): the campaign meets it at the same place, so say where."""
-    text = str(exc.__cause__ or exc) if isinstance(exc, WorkbookError) else str(exc)
-    if "Expected more than 1 value per channel when training" not in text:
-        return None
-    sizes = [len(b) for b in batches]
-    return WorkbookError(
-        f"batch norm cannot train on a micro-batch of 1 example (this update's micro-batches "
-        f"hold {sizes}: {examples} training examples in updates of {cfg.shape.micro_batch} x "
-        f"{cfg.shape.accumulation} leave one over at the end of each pass) - the campaign "
-        "meets the same at the end of every pass",
-        "drop the partial update (drop_partial=True, DataLoader drop_last=True), or choose a "
-        "micro-batch or number of examples that leaves no single example")
-
-
 def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module | None = None,
           val_items: list[Item] | None = None,
           on_update: Callable[[StepRecord, Stepper, Position], str | None] | None = None,
@@ -580,8 +564,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
                     norm = stepper.step()
                     loss = float(loss_sum) / targets
         except (ValueError, RuntimeError, WorkbookError) as exc:
-            named = single_example_batch_norm(exc, batches, examples, cfg) or \
-                not_detached(exc, task.state)
+            named = update_failure(exc, task, batches, examples, cfg.shape)
             if named is None:
                 raise
             raise named from exc
