@@ -115,3 +115,15 @@ def test_true_and_false_options_are_booleans():
     assert _option("declare=false") == ("declare", False)
     assert _option("lora=True") == ("lora", True)
     assert _option("name=falsey") == ("name", "falsey")
+
+
+def test_fsdp2_refusing_a_recurrent_kernel_is_a_finding_not_a_crash():
+    from workbook.notebooks.parallel_fsdp import UNSHARDABLE, unshardable
+
+    raised = ("the 2-process launch failed (exit 1): [rank0]: RuntimeError: "
+              "aten.mkldnn_rnn_layer.default got mixed torch.Tensor and DTensor, need to "
+              "convert all torch.Tensor to DTensor before calling distributed operators!")
+    said = unshardable(raised)
+    assert "aten.mkldnn_rnn_layer.default" in said and "train it with DDP" in said
+    assert "nn.RNN / LSTM / GRU" in said
+    assert UNSHARDABLE.search("the 2-process launch failed: a timeout") is None  # not ours

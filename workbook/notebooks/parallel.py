@@ -31,6 +31,7 @@ from .parallel_faults import (
 )
 from .parallel_fsdp import (
     FSDP_RULES,
+    UNSHARDABLE,
     ShardedCheck,
     measure_fsdp,
     memory_table,
@@ -38,6 +39,7 @@ from .parallel_fsdp import (
     sharded_faults,
     sharded_spec,
     sharded_verdict,
+    unshardable,
 )
 from .parallel_launch import check_devices, command, launch, rented_spec, shell_command
 from .parallel_pipeline import PIPELINE_RULES, pipeline_rules
@@ -73,6 +75,7 @@ class ParallelResult:
     faults: pd.DataFrame | None
     rented_command: str  # the same launch on 8 GPUs, by hand
     sharded: "ShardedCheck | None" = None  # the FSDP2 section (parameter fsdp)
+    sharded_note: str = ""  # why the FSDP2 section did not run, when it was asked for
 
 
 def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
@@ -99,9 +102,15 @@ def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
                              tolerance=params["tolerance"])
               if params["demonstrate_faults"] else None)
     rented = rented_spec(spec)
-    sharded = (sharded_check(sharded_spec(spec), task, out_dir, params["tolerance"],
-                             params["resume_tolerance"], params["launch_timeout"])
-               if params.get("fsdp", True) else None)
+    sharded, sharded_note = None, "not run (fsdp = False)"
+    if params.get("fsdp", True):
+        try:
+            sharded = sharded_check(sharded_spec(spec), task, out_dir, params["tolerance"],
+                                    params["resume_tolerance"], params["launch_timeout"])
+        except WorkbookError as exc:  # the model's own operations under fully_shard
+            if not UNSHARDABLE.search(exc.problem):
+                raise
+            sharded_note = unshardable(exc.problem)
     table = with_row(rules(result, items, params["tolerance"], task=task), resume_row)
     for row in pipeline_rules(task, shape.replicas, params["seed"], shape.micro_batch,
                               params["check_examples"]):
@@ -109,7 +118,7 @@ def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
     return ParallelResult(
         task, backend_line, spec, BatchAccount(shape, len(items)), result, table,
         accounting(result, items, task), evaluation_table(result), phase_table(result),
-        resume_row, resumed, faults, shell_command(rented), sharded)
+        resume_row, resumed, faults, shell_command(rented), sharded, sharded_note)
 
 
 def save(result: ParallelResult, out_dir: Path) -> str:
@@ -130,7 +139,8 @@ def save(result: ParallelResult, out_dir: Path) -> str:
                      if r.get("verdict") == "not demonstrable"}
     verdict_ = outcome(rules, faults)
     sharded = result.sharded
-    fsdp = None
+    fsdp = None if result.sharded_note == "not run (fsdp = False)" else \
+        {"not_run": result.sharded_note}
     if sharded is not None:
         for table, name in ((sharded.rules, "fsdp_rules"), (sharded.faults, "fsdp_planted_faults"),
                             (sharded.resumed, "fsdp_resume"), (sharded.memory, "fsdp_memory")):

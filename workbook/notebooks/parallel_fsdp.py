@@ -3,6 +3,7 @@ sharding, the planted FSDP bugs and the per-rank peak against `sharding.predict_
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -280,6 +281,23 @@ class ShardedCheck:
     resumed: pd.DataFrame
     memory: pd.DataFrame
     seconds: float  # both launches, start to end
+
+
+# an operation of the model that takes no DTensor: fully_shard cannot run the model as it is
+UNSHARDABLE = re.compile(r"(aten\.[\w.]+) got mixed torch\.Tensor and DTensor")
+
+
+def unshardable(problem: str) -> str:
+    """Why 09's FSDP2 section did not run: the model's own operation under fully_shard, said
+    as a finding about sharding this model - the data-parallel rules above it stand."""
+    op = UNSHARDABLE.search(problem).group(1)
+    rnn = " (nn.RNN / LSTM / GRU keep flat references to their weights, which fully_shard " \
+        "turns into DTensors)" if "rnn" in op else ""
+    return (f"FSDP2 not run: under fully_shard the model's operation {op} received a sharded "
+            f"DTensor weight beside plain tensors{rnn}, so this model cannot be sharded with "
+            "FSDP2 as it is written - train it with DDP (the rules above), or shard only the "
+            "blocks that take DTensors (fully_shard per block, the recurrent module left "
+            "replicated)")
 
 
 def sharded_check(spec, task: Task, folder: Path, tolerance: float = 1e-4,
