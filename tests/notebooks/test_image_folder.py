@@ -148,3 +148,64 @@ def test_02s_subset_of_a_folder_sorted_by_class_is_drawn_across_the_classes(fold
     assert first == ["circle"] * 4  # ImageFolder lists its classes one after another
     result = overfit(task, examples=4, updates=2, lr=1e-3)
     assert list(result.reproduction.target) == ["circle", "cross", "diamond", "ring"]
+
+
+class Block(nn.Module):
+    """ResNet's basic block: conv-BN-ReLU-conv-BN plus the input (a 1x1 conv-BN when the shape
+    changes), ReLU."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.down = None if stride == 1 and c_in == c_out else nn.Sequential(
+            nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        return self.relu(out + (x if self.down is None else self.down(x)))
+
+
+class ResNetish(nn.Module):
+    def __init__(self, classes: int = 4):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
+        self.blocks = nn.Sequential(Block(64, 64, 1), Block(64, 128, 2))
+        self.fc = nn.Linear(128, classes)
+
+    def forward(self, x):
+        x = nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1)
+        return self.fc(torch.flatten(x, 1))
+
+
+def test_08_sizes_a_resnet_style_cnn_from_the_cpus_convolution_scratch(monkeypatch):
+    """The CPU's convolution kernels allocate scratch memory fake tensors do not see (10-20%
+    of a phase here); 08 sized no candidate of a CNN ("No candidate could be sized ...
+    (suspects: Conv2d)") while 03 judged the same plan: the phases are sized from the real
+    run's ratio, saying so."""
+    from workbook.notebooks.rental_candidates import Candidate
+    from workbook.notebooks.rental_sheet import predicted_phases
+    from workbook.training import predict as prediction
+    from workbook.training.loop import UpdateShape
+
+    monkeypatch.setattr(prediction, "_calibrated", {})
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.rand(3, 32, 32, generator=g), i % 4) for i in range(48)]
+    task = wb.adapters.from_torch(data, ResNetish, nn.CrossEntropyLoss(), name="resnetish",
+                                  fields=("image", "labels"))
+    split = wb.prepare(task)
+    cand = Candidate("c", prediction.Plan(UpdateShape(8, 2, precision="bf16"), None, 8))
+    phases, note = predicted_phases(task, split.train, split.validation, cand)
+    assert phases is not None, note
+    assert phases.predicted_peak_bytes.notna().all()
+    scaled = phases.note[phases.note != ""]
+    assert len(scaled) and scaled.str.startswith("sized from the measured ratio").all()
+    assert scaled.str.contains(r"suspects: Conv2d").all()
+    offs = scaled.str.extract(r"was (-?[\d.]+)% off")[0].astype(float)
+    # beyond the 10% other hidden workspaces are sized up to: refused before (forward -15.7%
+    # on the 2-core Xeon this was written on)
+    assert (offs.abs() > 100 * prediction.SCALED_LIMIT).any(), offs.tolist()
