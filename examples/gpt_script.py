@@ -16,10 +16,10 @@ ignores -1 - the workbook pads labels with -100 (the short last window of a docu
 padding copies of an evaluation's last batch).
 
 Options plant the mistakes the pilot must name: `decay_everything=True` (weight decay on the
-LayerNorm weights and biases too: 03 warns), `targets_off_by_one=True` (`y = data[i:i + T]`,
-the window itself: 01 names targets that copy the input), `model_shifts=True` (the forward
-shifts targets its data already shifted: 01 names the model's own loss differing from the
-task's).
+LayerNorm weights and biases too: 03 notes the convention), `targets_off_by_one=True`
+(`y = data[i:i + T]`, the window itself: 01 names targets that copy the input),
+`model_shifts=True` (the forward shifts targets its data already shifted: 01 names the model's
+own loss differing from the task's).
 """
 
 from __future__ import annotations

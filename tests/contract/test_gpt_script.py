@@ -87,16 +87,18 @@ def gate_rows(task, items, tmp_path):
     return {r.phase: r for r in report.rows}
 
 
-def test_03_warns_on_decay_of_norms_and_biases_and_not_on_the_scripts_grouping(clean, items,
-                                                                               tmp_path):
+def test_03_notes_decay_of_norms_and_biases_as_a_convention_and_passes(clean, items, tmp_path):
     rows = gate_rows(clean, items, tmp_path / "clean")
     assert all(r.verdict == "pass" for r in rows.values()), {p: r.detail for p, r in rows.items()}
     planted = load_task(TASK, decay_everything=True)
     rows = gate_rows(planted, items, tmp_path / "planted")
     first = rows["update (first)"]
-    assert first.verdict == "warn" and "weight decay 0.1 applies to 18 norm" in first.detail
+    # a convention (torchvision's recipe decays everything), not a finding: the gate passes
+    assert first.verdict == "pass" and "note: weight decay 0.1 applies to 18 norm" in \
+        first.detail
+    assert "a convention, not an error" in first.detail
     assert "transformer.h.0.ln_1.weight" in first.detail
-    assert all(r.verdict == "pass" for p, r in rows.items() if p != "update (first)")
+    assert all(r.verdict == "pass" for r in rows.values())
 
 
 def test_03_fails_a_plan_longer_than_the_block_size_in_the_models_own_words(tmp_path):

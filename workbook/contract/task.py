@@ -127,6 +127,11 @@ class Task:
     split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
     label_names: list[str] | None = None  # classification: id -> class name
     label_field: str | None = None  # classification: raw field holding the class name
+    # classification: per split ("train", "validation", "test"), class name -> id as that
+    # split's own data numbers them (from_torch reads a dataset's class_to_idx / classes,
+    # from_hf its ClassLabel names); 01 checks every split, label_names and the model's
+    # id2label agree
+    class_maps: dict[str, dict[str, int]] | None = None
     prompt_field: str | None = None  # generation: raw field of the instruction
     response_field: str | None = None  # generation: raw field of the response
     prompt_in_loss: bool = False  # generation: do prompt tokens contribute to the loss?

@@ -1,11 +1,13 @@
 """Notebook 01's audits of the data itself, over one streaming pass (`scan.Scan`): labels per
-split (histogram, name round trip, ids the model cannot output), regression targets, groups and
-inputs across splits, NaN values."""
+split (histogram, name round trip, ids the model cannot output), the class maps the task's own
+objects carry (per split, the model's), regression targets, groups and inputs across splits,
+NaN values."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from ..contract import class_maps
 from ..contract.sources import SPLITS
 from ..storage.records import Flag
 from .scan_tally import BITS, Scan
@@ -42,6 +44,68 @@ def label_audit(result: Scan, source: str = "") -> tuple[pd.DataFrame | None, li
     order = [n for n in (task.label_names or []) if n in table.index]
     table = table.reindex(order + [n for n in table.index if n not in order])
     return table, flags
+
+
+SPLIT_WORDS = {"train": "training", "validation": "validation", "test": "test"}
+
+
+def class_map_audit(task, model) -> list[Flag]:
+    """Every class map the task's own objects carry numbers the same class the same: each
+    split's dataset (`task.class_maps`: ImageFolder's class_to_idx per split), `label_names`
+    and the model's own (`id2label`, `label_names`), against the training split's (else
+    `label_names`). Maps without a class name in common are not compared (a config's own
+    names for the same ids); a class missing from one map is no finding by itself - a shift of
+    the classes after it is."""
+    if not task.target_kind.named_classes:
+        return []
+    given = dict(task.class_maps or {})
+    names = class_maps.ClassMap({n: i for i, n in enumerate(task.label_names or [])},
+                                "label_names")
+    reference = ("training", given.pop("train")) if "train" in given else ("label_names",
+                                                                           names)
+    others = [(SPLIT_WORDS.get(split, split), m if isinstance(m, class_maps.ClassMap) else
+               class_maps.ClassMap(m, f"the {split} split")) for split, m in given.items()]
+    models = class_maps.of_model(model)
+    # label_names an adapter took from the model's id2label (from_hf) is said once, as id2label
+    if reference[0] != "label_names" and names and all(dict(m) != names for _, m in models):
+        others.append(("label_names", names))
+    return [flag for what, other in others + models
+            if (flag := _map_differs(what, other, *reference))]
+
+
+def _map_differs(what: str, other: dict, ref_what: str, ref: dict) -> Flag | None:
+    """A flag when `other` numbers a class of `ref` with another id, naming the first such
+    class and the classes `other` lacks (the gap every later class shifted into)."""
+    shifted = sorted((ref[n], n, i) for n, i in other.items() if n in ref and ref[n] != i)
+    if not shifted:
+        return None
+    _, name, oid = shifted[0]
+    where, folders = getattr(other, "where", what), getattr(other, "folders", False)
+    lacks = sorted((n for n in ref if n not in other), key=ref.get)
+    more = f"; {len(shifted) - 1} more classes numbered differently" if len(shifted) > 1 \
+        else ""
+    if lacks:
+        cause = (f"{where} has no {', '.join(map(repr, lacks[:3]))} "
+                 f"{'folder' if folders else 'class'}{'s' if len(lacks) > 1 else ''}, so every "
+                 "class after it shifted")
+    else:
+        cause = f"{where} numbers its classes in another order"
+    split_words = what in SPLIT_WORDS.values() and ref_what in SPLIT_WORDS.values()
+    fix = ("build every split's dataset with one class_to_idx: give each split the same class "
+           "folders (torchvision's ImageFolder(..., allow_empty=True) takes an empty one) or "
+           "number the other splits by the training split's class_to_idx (override "
+           "find_classes)") if folders else \
+        ("number every split by one class map: build the label ids of every split from the "
+         "training split's class names") if split_words else \
+        ("pass label_names in the training split's id order (label_names="
+         "train_dataset.classes)") if what == "label_names" else \
+        (f"make {what} name the classes as {ref_what} numbers them (e.g. id2label = "
+         "dict(enumerate(train_dataset.classes)), label2id its inverse)")
+    return Flag("class map differs between splits" if split_words else "class map differs",
+                f"{'class map differs between splits' if split_words else 'class map differs'}"
+                f": {what} numbers {name!r} {oid} where {ref_what} numbers it {ref[name]} "
+                f"({cause}{more}): labels name the wrong classes - the loss computes and "
+                "the wrong task is learned", len(shifted), fix, [n for _, n, _ in shifted])
 
 
 def split_audit(result: Scan) -> tuple[pd.DataFrame, list[Flag]]:

@@ -73,10 +73,11 @@ def norms_and_biases(model: torch.nn.Module) -> dict[int, str]:
 
 def decay_on_norms(task: Task, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer) -> str | None:
-    """The task's optimizer applies weight decay > 0 to norm weights and biases (the
-    convention - nanoGPT's and the Hugging Face Trainer's - decays only tensors of 2 or more
-    dims): the sentence naming them, or None. The workbook's own default (PyTorch's AdamW over
-    every parameter) is not judged: it is no choice the task made."""
+    """A note (never a finding: the gate passes) that the task's optimizer applies weight
+    decay > 0 to norm weights and biases: conventions differ - torchvision's reference recipe
+    decays every parameter by default, nanoGPT and the Hugging Face Trainer decay only tensors
+    of 2 or more dims. The sentence naming them, or None. The workbook's own default
+    (PyTorch's AdamW over every parameter) is not noted: it is no choice the task made."""
     if task.build_optimizer is adamw:
         return None
     excluded = norms_and_biases(model)
@@ -90,7 +91,9 @@ def decay_on_norms(task: Task, model: torch.nn.Module,
         return None
     names = list(decayed)
     rates = sorted(set(decayed.values()))
-    return (f"weight decay {'/'.join(f'{r:g}' for r in rates)} applies to {len(names)} norm "
-            f"weights and biases ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): "
-            "the common convention excludes them - put the parameters with p.dim() < 2 (and "
+    return (f"note: weight decay {'/'.join(f'{r:g}' for r in rates)} applies to {len(names)} "
+            f"norm weights and biases ({', '.join(names[:4])}"
+            f"{', ...' if len(names) > 4 else ''}) - a convention, not an error "
+            "(torchvision's reference recipe decays everything by default; nanoGPT and HF "
+            "Trainer exclude them): to exclude them, put the parameters with p.dim() < 2 (and "
             "those of norm layers) in a group with weight_decay=0.0")

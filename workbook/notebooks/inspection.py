@@ -25,7 +25,7 @@ from .coverage import (
     packing_audit,
     prompt_notes,
 )
-from .data_audits import label_audit, nonfinite_audit, split_audit
+from .data_audits import class_map_audit, label_audit, nonfinite_audit, split_audit
 
 # notebook 01's cells call the views as wb.inspection.batch_view, .browser, .example_display
 from .example_views import batch_view, browser, example_display  # noqa: F401
@@ -128,7 +128,7 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
              + dropped_rows_audit(task) + new_token_audit(task, model, items["train"])
              + packing_audit(task, model, items["train"]) + packed_groups_audit(task)
              + task.target_kind.audits(task, items["train"])
-             + label_flags + split_flags)
+             + class_map_audit(task, model) + label_flags + split_flags)
     # regression: mean(target^2) over the train split - one value whose square is that mean
     square = torch.tensor([math.sqrt(result.train_square.mean)]) \
         if task.target_kind.float_targets and result.train_square.n else None

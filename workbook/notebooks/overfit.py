@@ -179,7 +179,8 @@ def reproduced(task: Task, model: torch.nn.Module, items: list[Item], device: to
 def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
             loss_threshold: float = 0.05, init_tolerance: float = 0.5, seed: int = 0,
             device: str = "cpu", progress: bool = False, lr_from: str = "") -> OverfitResult:
-    """Train on the first `examples` training examples until memorised and check the mechanics:
+    """Train on `examples` of the first training examples (a classifier's drawn across its
+    classes, `Kind.overfit_subset`) until memorised and check the mechanics:
     initial loss near ln(outputs), no divergence, finite at every step, below the threshold,
     the targets back. `lr` 0: the task's Task.lr, else FALLBACK_LR (see `learning_rate`)."""
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
@@ -194,7 +195,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         raise WorkbookError(f"examples={examples} is more than the {len(train_split)} examples "
                             "of the training split", "02 memorises a small subset: give "
                             f"examples 8 (the usual), at most {len(train_split)}")
-    raw = train_split[:examples]
+    raw = task.target_kind.overfit_subset(task, train_split, examples)  # across classes
     items = encode_examples(task, raw)
     cfg = UpdateShape(*whole_update(task, items)).train_config(
         updates=updates, lr=lr, seed=seed, device=device, grad_clip=1.0, progress=progress)

@@ -205,6 +205,11 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
 
 CALIBRATION_TOLERANCE = 0.02  # the prediction's target on the CPU
 SCALED_LIMIT = 0.10  # a phase off by more than 2% and at most this is sized from the ratio
+# ... and for a model whose only hidden-workspace modules are convolutions, sized for a GPU:
+# the CPU's convolution kernels (oneDNN's, or im2col without it) allocate scratch memory in
+# proportion to the batch (ResNet-18 at 32 px: forward -17%, validation -9%), which a GPU's
+# cuDNN replaces by its own workspace - the measured ratio is then a bound, not a guess
+CONV_SCALED_LIMIT = 0.60
 SCALE_MARGIN = 0.02  # added to a measured ratio a phase is sized from
 Scale = tuple[float, str, str]  # (factor, note, what the real run saw)
 # a real run at a low-precision plan's own size is made on the CPU only up to this peak
@@ -238,7 +243,8 @@ def calibration_scales(task: Task, train: list[Item], val: list[Item], plan: Pla
                        device: str = "cpu", cpu_exact: bool = False
                        ) -> dict[str, Scale]:
     """{phase: (factor, note, what the real run saw)} for phases the real run found off by
-    more than 2% and at most `SCALED_LIMIT` (a Conv2d workspace: 3-6%): sized as the
+    more than 2% and at most `SCALED_LIMIT` (`CONV_SCALED_LIMIT` when every hidden-workspace
+    module is a convolution: the CPU's convolution scratch, 3-20%): sized as the
     prediction times the measured ratio plus `SCALE_MARGIN` (never below the prediction), the
     note saying so. Empty for a prediction judged against this CPU (`cpu_exact`): there the
     miss is the finding."""
@@ -281,8 +287,11 @@ def _calibration(task: Task, train: list[Item], val: list[Item], plan: Plan, dev
         _calibrated[key] = (dict.fromkeys(TRAINING_PHASES, why), {})
         return _calibrated[key]
     model = meta_model(task)
-    suspects = sorted({type(m).__name__ for m in (model.modules() if model else ())
-                       if isinstance(m, HIDDEN_WORKSPACE)})
+    hidden = [m for m in (model.modules() if model else ()) if isinstance(m, HIDDEN_WORKSPACE)]
+    suspects = sorted({type(m).__name__ for m in hidden})
+    convolutions = bool(hidden) and all(isinstance(m, torch.nn.modules.conv._ConvNd)
+                                        for m in hidden)
+    scaled_limit = CONV_SCALED_LIMIT if convolutions and not exact else SCALED_LIMIT
     if exact:
         suspects.append(f"float32 scratch buffers of the CPU's {precision} kernels")
     limits, scales = {}, {}
@@ -294,7 +303,7 @@ def _calibration(task: Task, train: list[Item], val: list[Item], plan: Plan, dev
                 f"{100 * off:+.1f}% off the measured peak: a kernel allocates memory that fake "
                 "tensors do not see" + (f" (suspects: {', '.join(suspects)})" if suspects
                                         else ""))
-        if abs(off) <= SCALED_LIMIT and not exact:
+        if abs(off) <= scaled_limit and not exact:
             factor = max(1.0, real[phase] / fake[phase] * (1 + SCALE_MARGIN))
             scales[phase] = (factor, f"sized from the measured ratio: {seen}, so the "
                              f"prediction is taken x {factor:.3f} (the ratio plus a "

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 from ...base.errors import WorkbookError, reason
-from .. import kinds
+from .. import class_maps, kinds
 from ..outputs import accepted_inputs
 from ..sources import numbered
 from ..targets import IGNORE_INDEX
@@ -476,6 +476,9 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     # a model whose weights were loaded (from_pretrained names its folder) starts from its own
     # loss, not ln(outputs); a task field given wins
     fields.setdefault("pretrained", bool(getattr(probe, "name_or_path", "")))
+    if not target.causal:  # each split's ClassLabel names, which 01 checks against id2label
+        fields.setdefault("class_maps", class_maps.of_datasets(dict(zip(SPLITS, (
+            train_dataset, eval_dataset, test_dataset), strict=True)), label_column))
     task = Task(name=name, kind=kind, load_examples=load_stream if streamed else load,
                 encode=encode, collate=collated, build_model=model_factory,
                 model_inputs=tuple(k for k in INPUTS if k in first),

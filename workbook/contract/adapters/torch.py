@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.utils.data import IterableDataset, default_collate
 
 from ...base.errors import WorkbookError, reason
-from .. import kinds
+from .. import class_maps, kinds
 from ..sources import length, numbered
 from ..targets import contributes
 from ..task import Task
@@ -310,6 +310,9 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
         fields_given["loss"] = loss
     if None not in splits:
         fields_given.setdefault("split_of", lambda ex: ex["split"])
+    if target.named_classes:  # each split's own numbering (ImageFolder's class_to_idx), for 01
+        fields_given["class_maps"] = {**class_maps.of_datasets(splits),
+                                      **(fields_given.get("class_maps") or {})}
     decode = fields_given.pop("decode", None) or (
         (lambda ids: ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{int(i)}?>"
                                for i in ids)) if target.named_classes

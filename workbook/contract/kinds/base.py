@@ -93,6 +93,10 @@ class Kind:
         """02's row of what the memorised model gives back for one example."""
         return {}
 
+    def overfit_subset(self, task: Task, raw: list[dict], n: int) -> list[dict]:
+        """02's subset of `n` examples out of the first training examples `raw`: the first."""
+        return raw[:n]
+
     def audits(self, task: Task, items: list) -> list:
         """01's findings that only this kind's targets can have (Flags), on encoded items."""
         return []

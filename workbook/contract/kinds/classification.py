@@ -15,6 +15,24 @@ class Classification(NamedClasses):
     def raw_names(self, task, example):
         return [str(example[task.label_field])]
 
+    def overfit_subset(self, task, raw, n):
+        """Round-robin over the classes of the first training examples, in the order they
+        first appear (a folder dataset lists its classes one after another: its first `n`
+        examples are often one class, which a constant output memorises)."""
+        by_class: dict[str, list[dict]] = {}
+        for ex in raw:
+            by_class.setdefault(str(ex[task.label_field]), []).append(ex)
+        queues = [iter(q) for q in by_class.values()]
+        picked: list[dict] = []
+        while len(picked) < n and queues:
+            for q in list(queues):
+                ex = next(q, None)
+                if ex is None:
+                    queues.remove(q)
+                elif len(picked) < n:
+                    picked.append(ex)
+        return picked
+
     def reproduction(self, task, model, example, item, batch):
         return {"target": str(example[task.label_field]),
                 "predicted": task.decode([int(task.forward(model, batch).argmax(-1)[0])])}
