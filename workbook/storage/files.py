@@ -231,3 +231,14 @@ def write_text(path: str | Path, text: str, overwrite: bool = True) -> Path:
 def write_json(path: str | Path, data: Any, overwrite: bool = True) -> Path:
     """Write JSON atomically (see `write_text`)."""
     return write_text(path, json.dumps(_clean(data), indent=1, sort_keys=True), overwrite)
+
+
+def scratch_folder(prefix: str) -> str:
+    """A private temporary folder for output the pilot never reads back (a framework's log
+    and checkpoint folder it insists on), removed when the process exits."""
+    import atexit
+    import shutil
+
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
