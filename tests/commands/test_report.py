@@ -208,7 +208,12 @@ def test_the_fsdp_rules_and_planted_faults_are_shown_when_09_ran_them(tmp_path):
                   "remediation": ["-"]}).to_csv(folder / "rules.csv", index=False)
     index = pd.DataFrame([{"notebook": "09_data_parallel", "verdict": "pass", "seconds": 1.0,
                            "executed": "09_data_parallel.ipynb", "error": ""}])
-    assert "Rules under FSDP2 sharding" not in write_report(tmp_path, index, "t").read_text()
+    page = write_report(tmp_path, index, "t").read_text()
+    assert "Rules under FSDP2 sharding" not in page and "09 Data parallel under torchrun" in page
+    (folder / "summary.json").write_text(json.dumps({"verdict": "pass", "figures": {"fsdp": {
+        "not_run": "FSDP2 not run: under fully_shard the model's operation aten.x <b>"}}}))
+    page = write_report(tmp_path, index, "t").read_text()
+    assert "FSDP2 not run: under fully_shard the model&#x27;s operation aten.x &lt;b&gt;" in page
     pd.DataFrame({"rule": ["every rank writes its shard of the checkpoint"],
                   "verdict": ["pass"], "measured": ["2 shards"], "remediation": ["-"]}).to_csv(
         folder / "fsdp_rules.csv", index=False)

@@ -21,7 +21,8 @@ COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupte
 TITLES = {"01_inspect_examples": "01 Inspect examples", "02_overfit": "02 Overfit a tiny subset",
           "03_phase_gates": "03 Phase gates", "04_batch_accounting": "04 Batch accounting",
           "05_memory_variants": "05 Memory variants", "06_lr_study": "06 Learning-rate study",
-          "07_resume_reload": "07 Resume and reload", "08_rental_plan": "08 Rental plan"}
+          "07_resume_reload": "07 Resume and reload", "08_rental_plan": "08 Rental plan",
+          "09_data_parallel": "09 Data parallel under torchrun"}
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1180px;margin:0 auto;padding:0 16px;color:#1f2328;
 overflow-wrap:break-word}
@@ -302,5 +303,9 @@ def _tables(run: Path, stem: str) -> list[str]:
                                                       "remediation"]),
                       "<h3>Planted FSDP faults</h3>",
                       _table(_csv(run / stem / "fsdp_planted_faults.csv"))]
+        not_run = ((_summary(run / stem) or {}).get("figures") or {}).get("fsdp") or {}
+        if isinstance(not_run, dict) and not_run.get("not_run"):  # FSDP2 cannot run the model
+            parts += ["<h3>Rules under FSDP2 sharding</h3>",
+                      f"<p>{_escape(str(not_run['not_run']))}</p>"]
         return parts
     return []
