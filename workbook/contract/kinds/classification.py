@@ -16,12 +16,15 @@ class Classification(NamedClasses):
         return [str(example[task.label_field])]
 
     def overfit_subset(self, task, raw, n):
-        """Round-robin over the classes of the first training examples, in the order they
-        first appear (a folder dataset lists its classes one after another: its first `n`
-        examples are often one class, which a constant output memorises)."""
+        """The first `n` examples when they hold every class of the first training examples
+        (or `n` classes); else round-robin over those classes, in the order they first appear
+        (a folder dataset lists its classes one after another: its first `n` examples are
+        often one class, which a constant output memorises)."""
         by_class: dict[str, list[dict]] = {}
         for ex in raw:
             by_class.setdefault(str(ex[task.label_field]), []).append(ex)
+        if len({str(ex[task.label_field]) for ex in raw[:n]}) >= min(n, len(by_class)):
+            return raw[:n]
         queues = [iter(q) for q in by_class.values()]
         picked: list[dict] = []
         while len(picked) < n and queues:
