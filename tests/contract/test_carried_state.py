@@ -127,3 +127,18 @@ def test_fsdp2_refusing_a_recurrent_kernel_is_a_finding_not_a_crash():
     assert "aten.mkldnn_rnn_layer.default" in said and "train it with DDP" in said
     assert "nn.RNN / LSTM / GRU" in said
     assert UNSHARDABLE.search("the 2-process launch failed: a timeout") is None  # not ours
+
+
+def test_reading_every_pass_in_order_is_not_a_repeated_pass(word_lm, tmp_path):
+    """A TBPTT pass reads the corpus in order every time: 07's check for a pipeline that
+    replays the previous pass must not take it for one (it did: a false alarm at full size)."""
+    from workbook.notebooks.resume_data import pass_orders, repeated_pass
+
+    task, data = word_lm
+    spec = recipe(WORD_LM, {"dropout": 0.0}, TrainConfig(UpdateShape(4, 1), lr=5.0),
+                  train_limit=8)  # 2 updates a pass: pass 1 reads pass 0's examples again
+    reference, _ = run_recipe(spec, 4, tmp_path)
+    assert [r["ids"] for r in reference[2:]] == [r["ids"] for r in reference[:2]]
+    cfg = TrainConfig(UpdateShape(4, 1))
+    assert pass_orders(task, data.train, cfg) is None
+    assert repeated_pass(reference, pass_orders(task, data.train, cfg)) == ""

@@ -22,7 +22,7 @@ Order = Callable[[int], list[str]]  # pass -> the ids it gives, in order
 def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0) -> Order | None:
     """The ids of a pass as a fresh run reads them: the task's pipeline read through (nothing
     trained), or the workbook's order of the items; None for a task's own sampler (its order is
-    its own to state)."""
+    its own to state) and for a task carrying state, read in order pass after pass."""
     if cfg.pipeline:
         def read(epoch: int) -> list[str]:
             pipe = open_pipeline(task, cfg.seed, workers=cfg.workers,
@@ -34,7 +34,7 @@ def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0) -> Or
                 ids.append(str(example[task.id_key]))
             return ids
         return read
-    if task.make_sampler is not None:
+    if task.make_sampler is not None or task.state is not None:
         return None
 
     def order(epoch: int) -> list[str]:
