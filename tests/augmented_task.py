@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import workbook as wb
 from examples.cnn_batchnorm import CLASSES, SIZE, Shapes
@@ -58,3 +58,41 @@ def make_task(sources: int = 24, augment: bool = True) -> wb.Task:
 
 
 task = make_task
+
+
+
+class Examples(Dataset):
+    """The training split as raw examples carrying their augmented item, read in the training
+    loop's own DataLoader workers (examples/image_folder.py's idiom)."""
+
+    def __init__(self, data: AugmentedShapes, ids: list[int]):
+        self.data, self.ids = data, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, j: int) -> dict:
+        i = self.ids[j]
+        image, label = self.data[i]
+        return {"id": i, "group": str(self.data.shapes.sources[i]), "label": CLASSES[label],
+                "item": (image, label)}
+
+
+def make_pipeline_task(sources: int = 24) -> wb.Task:
+    """The same task trained from the user's own DataLoader: a seeded DistributedSampler, two
+    workers that augment, its `generator` seeded once (as scripts write it)."""
+    data = AugmentedShapes(sources)
+    train = [i for i in range(len(data)) if wb.task.split_by_group_hash(
+        str(data.shapes.sources[i]), (0.8, 0.1, 0.1)) == "train"]
+
+    def train_pipeline(seed: int, rank: int = 0, world: int = 1):
+        sampler = DistributedSampler(Examples(data, train), num_replicas=world, rank=rank,
+                                     seed=seed)
+        return DataLoader(sampler.dataset, batch_size=None, sampler=sampler, num_workers=2,
+                          generator=torch.Generator().manual_seed(seed))
+
+    return wb.adapters.from_torch(
+        data, TinyCNN, nn.CrossEntropyLoss(), name="augmented-shapes-pipeline",
+        fields=("image", "labels"), label_names=CLASSES,
+        group_of=lambda i, item: data.shapes.sources[i], lr=3e-3,
+        train_pipeline=train_pipeline)

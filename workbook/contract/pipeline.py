@@ -80,6 +80,7 @@ class Pipeline:
     # give a position back as a training loop does: load_state_dict, then set_epoch at the
     # top of the pass (else set_epoch first, the order an epoch guard always survives)
     loop_order: bool = False
+    seed: int = 0  # the run's seed: a worker DataLoader's generator is reseeded from it per pass
     skipped: Skipped = field(default_factory=Skipped)
     _epoch: int = 0
     _read: int = 0
@@ -155,6 +156,8 @@ class Pipeline:
         collate_fn=list gives, is taken apart), each checked; a failure is named with where."""
         key = self.task.id_key
         position, last = 0, None
+        if self.resumes_by == COUNT_AND_SKIP:
+            reseed_workers(self.source, self.seed, epoch)
         try:
             iterator = iter(self.source)
         except Exception as exc:
@@ -192,6 +195,21 @@ class Pipeline:
                              f"{position} of pass {epoch}{after}: {reason(exc, 300)}",
                              "fix the pipeline (a DataLoader worker's traceback is in the "
                              "message); its files must be readable on every pass")
+
+
+def reseed_workers(source: Any, seed: int, epoch: int) -> None:
+    """A DataLoader with worker processes draws its workers' seeds (the random augmentation
+    in them) from its generator, or torch's global one, at each `iter()`: pass p of a process
+    that opened p passes and pass p of one that resumed there (count-and-skip opens it first)
+    would augment differently. Its generator is seeded from (seed, pass) before each pass, so
+    the augmentation is a function of the pass and both runs compare; a campaign resuming this
+    loader without doing the same gets other augmentations after the resume (harmless, but not
+    bit-exact)."""
+    if not isinstance(source, torch.utils.data.DataLoader) or not source.num_workers:
+        return
+    if source.generator is None:
+        source.generator = torch.Generator()
+    source.generator.manual_seed((seed * 1_000_003 + epoch) % 2**63)
 
 
 def _shown(item: Any, key: str) -> str:
@@ -238,4 +256,4 @@ def open_pipeline(task: Task, seed: int, rank: int = 0, world: int = 1, workers:
         raise WorkbookError("the task's train_pipeline returned a generator, which gives one "
                             "pass only", "return an object whose __iter__ starts a new pass "
                             "(an IterableDataset) - a resume needs every pass again")
-    return Pipeline(task, source, limit, loop_order=loop_order)
+    return Pipeline(task, source, limit, loop_order=loop_order, seed=seed)
