@@ -4,7 +4,6 @@ drawn per pass from its generator, so 07's count-and-skip resume - which opens t
 first in a new process - augments as the uninterrupted run did; without the pilot seeding the
 generator per pass it does not."""
 
-import pytest
 
 from workbook import TrainConfig, UpdateShape
 from workbook.contract import pipeline
