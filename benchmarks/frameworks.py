@@ -279,7 +279,7 @@ def pilot_notebooks(path: str, case: Case) -> str:
     it said, the parts with the case's `names` first; "nothing" when it passed without a word),
     all nine for a clean twin (each notebook whose verdict is not "pass", or "nothing")."""
     from workbook.commands.pilot import run_pilot
-    from workbook.storage.runs import verdict_line
+    from workbook.notebooks.registry import verdict_line
 
     notebook, names = case.notebook, case.names
 

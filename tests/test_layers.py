@@ -1,6 +1,7 @@
 """The house: layer folders whose imports point downwards only, no import circle (function-level
-imports included), no module past the size one reads in a sitting, and no module outside
-`contract/kinds/` that branches on a target kind's name."""
+imports included), no module past the size one reads in a sitting, no module outside
+`contract/kinds/` that branches on a target kind's name, and no notebook known by its stem
+outside the notebooks' registry."""
 
 import ast
 import re
@@ -106,6 +107,40 @@ def test_only_the_kinds_branch_on_a_kind():
              for p in PACKAGE.rglob("*.py") if "kinds" not in p.parts
              for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not found, "\n".join(found)
+
+
+# A notebook stem ("03_phase_gates") held as a string: a link no import shows. Only the
+# registry holds them; every other module names a notebook by its entry (`registry.GATES.stem`).
+STEM = re.compile(r"\b\d\d_[a-z][a-z_]*")
+REGISTRY = "workbook.notebooks.registry"
+
+
+def stems_in(source: str) -> list[str]:
+    """The notebook stems a module's code holds as strings ("line: stem"); docstrings and
+    comments, which only describe, aside."""
+    tree = ast.parse(source)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr)}
+    found = [(node.lineno, stem) for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and id(node) not in docs for stem in STEM.findall(node.value)]
+    return [f"{line}: {stem}" for line, stem in sorted(found)]
+
+
+def test_a_stem_held_as_a_string_is_found_and_a_named_entry_is_not():
+    planted = 'path = run / "03_phase_gates" / "gates.csv"\nwhy = f"see {x} in 06_lr_study/"\n'
+    assert stems_in(planted) == ["1: 03_phase_gates", "2: 06_lr_study"]
+    clean = ('"""Reads 03_phase_gates\' folder."""\n\ndef f(run):\n    """Of 06_lr_study."""\n'
+             '    return run / GATES.stem / "gates.csv"  # 03_phase_gates\n')
+    assert stems_in(clean) == []
+
+
+def test_only_the_registry_knows_a_notebook_by_its_stem():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{where}" for name, path in modules().items()
+             if name != REGISTRY for where in stems_in(path.read_text())]
+    assert not found, "name the notebook by its registry entry (workbook.notebooks.registry): " \
+        + "; ".join(found)
 
 
 @pytest.mark.parametrize("short", ["loop", "task", "adapters", "campaign", "runs"])

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from workbook.base import frontend
-from workbook.storage.runs import verdict_line
+from workbook.notebooks import registry
+from workbook.notebooks.registry import verdict_line
 
 
 def _text(frame: pd.DataFrame) -> str:
@@ -49,7 +50,7 @@ def test_a_wide_table_is_split_into_parts_that_each_name_the_row(monkeypatch):
 
 
 def test_key_figures_have_labels_and_come_in_order():
-    table = frontend.figure_table({"targets_per_example_mean": 8.033, "flags": 0,
+    table = registry.figure_table({"targets_per_example_mean": 8.033, "flags": 0,
                                    "contributing_share": 0.3642}, "01_inspect_examples")
     assert list(table.index) == ["flags raised", "share of positions that carry a target",
                                  "targets per example (mean)"]

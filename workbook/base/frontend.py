@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 
 HEADLESS_ENV = "WORKBOOK_HEADLESS"  # "1": no live widgets (set by the pilot and `make test`)
 
@@ -257,91 +258,11 @@ def show_full_text() -> None:
     pd.set_option("display.max_colwidth", None)
 
 
-# Each notebook's key figures, most important first, with the label (and unit) a person reads.
-# A figure not named here follows, its name in words (`header`).
-KEY_FIGURES: dict[str, dict[str, str]] = {
-    "01_inspect_examples": {
-        "flags": "flags raised", "examples": "examples", "num_outputs": "output classes / tokens",
-        "expected_initial_loss": "expected initial loss (ln outputs)",
-        "contributing_share": "share of positions that carry a target",
-        "targets_per_example_mean": "targets per example (mean)",
-        "zero_target_examples": "examples without a target",
-        "targets_on_padding": "targets on padding", "targets_on_prompt": "targets on the prompt",
-        "groups_crossing_splits": "groups in more than one split"},
-    "02_overfit": {
-        "final_loss": "final loss on the subset", "final_loss_bar": "loss to fall below",
-        "exact_examples": "examples reproduced exactly", "examples": "examples memorised",
-        "initial_loss": "initial loss", "expected_initial_loss": "expected initial loss",
-        "initial_loss_rule": "expected initial loss from", "finite": "loss finite throughout",
-        "lr_diverges": "learning rate diverges", "lr": "learning rate", "lr_from": "lr from",
-        "updates_run": "updates run", "updates": "updates planned",
-        "update_by": "update made by", "loss_threshold": "loss threshold"},
-    "03_phase_gates": {
-        "gates": "gates run", "failed": "gates failed", "warned": "gates warned",
-        "plan_fits": "plan fits the rental GPU",
-        "plan_unpredicted": "plan phases not predicted",
-        "plan_needs_sharding": "plan needs sharding (its update fits no one GPU)",
-        "plan_update_required_bytes": "plan's first update needs (with headroom)",
-        "device_memory_gib": "rental GPU memory (GiB)",
-        "plan": "plan (predicted, not run)", "plan_required_bytes": "plan needs (with headroom)",
-        "plan_peak_bytes": "plan peak (predicted)", "ran_at": "gates ran at",
-        "peak_allocated_bytes": "peak allocated in the gates", "peak_phase": "peak phase",
-        "prediction_max_abs_error_pct": "prediction error, largest (%)",
-        "prediction_notes": "prediction notes", "overheads": "CUDA overheads",
-        "models": "model"},
-    "04_batch_accounting": {
-        "reconciled": "loop counts match the calculator",
-        "normalisation_ok": "loss normalised over the update's targets",
-        "wrong_normalisation_caught": "wrong normalisation caught",
-        "max_deviation": "largest gradient deviation (relative)", "findings": "findings",
-        "warned": "warnings", "examples_per_update": "examples per update",
-        "updates_per_pass": "updates per pass",
-        "worked_example_updates": "updates in the worked example",
-        "own_train_step_ok": "task's own train_step agrees",
-        "own_step_loss_agrees": "task's own step loss agrees",
-        "own_eval_ok": "task's own evaluation agrees"},
-    "05_memory_variants": {
-        "measured": "variants measured", "variants": "variants",
-        "not_applicable": "not applicable here", "changes_experiment": "change the experiment",
-        "checkpointing_memory_ratio": "checkpointing: memory (x control)",
-        "checkpointing_time_ratio": "checkpointing: time (x control)"},
-    "06_lr_study": {
-        "finding": "finding", "supported_lr": "learning rate the study supports",
-        "conclusive": "conclusive", "warnings": "warnings", "best_lr": "best learning rate",
-        "best_metric": "best validation value", "metric": "metric",
-        "control_lr": "control learning rate", "control_remains_best": "control still best",
-        "best_at_edge": "best at the grid's edge", "still_improving": "trials still improving",
-        "trials": "trials", "statuses": "trial statuses", "seeds": "seeds", "lrs": "rates tried",
-        "best_trial": "best trial", "best_checkpoint": "best checkpoint",
-        "periodic_curve": "periodic validation curve"},
-    "07_resume_reload": {
-        "cases": "resume cases", "archive_identical": "archive reloads identically",
-        "tampering_refused": "tampered checkpoints refused",
-        "faults_caught": "planted faults caught (a no: the fault changed nothing here)"},
-    "08_rental_plan": {
-        "recommended_gpu": "recommended GPU", "recommended_gpus": "GPUs",
-        "recommended_strategy": "strategy", "chosen": "candidate planned",
-        "planned_lr": "learning rate planned", "study": "learning-rate study",
-        "study_conclusive": "study conclusive", "rental_gpu": "GPU planned on",
-        "plans_priced_on": "plans priced on", "scheduled": "variants scheduled (days: runs)",
-        "fitting_rows": "configurations that fit", "rows": "configurations sized",
-        "not_sized": "not sized", "sized_model": "model sized",
-        "recommended_offer": "offer priced on", "recommended_spot_offer": "spot offer",
-        "catalog": "price catalog", "speed_from": "speeds of the sheet's rows",
-        "calibration": "speed calibration"},
-    "09_data_parallel": {
-        "rules_failing": "rules failing", "replicas": "replicas",
-        "faults_caught": "planted faults caught",
-        "faults_not_demonstrable": "faults not demonstrable here",
-        "gradient_max_relative_deviation": "gradient deviation against one process (relative)",
-        "all_reduce_median_s": "all-reduce, median", "fsdp": "FSDP2"},
-}
-
-
-def key_figures(stem: str, figures: dict) -> list[tuple[str, str]]:
-    """(label, value in words) of a notebook's key figures, in `KEY_FIGURES`' order of
-    importance; sizes in MiB/GiB, seconds in ms below one second, never a Python literal."""
-    labels = KEY_FIGURES.get(stem, {})
+def key_figures(figures: dict, labels: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(label, value in words) of a notebook's key figures: those `labels` names first, in its
+    order of importance (a notebook's registry entry), then the rest, their names in words;
+    sizes in MiB/GiB, seconds in ms below one second, never a Python literal."""
+    labels = labels or {}
     names = [n for n in labels if n in figures] + [n for n in figures if n not in labels]
     return [(labels.get(n) or header(n.removesuffix("_bytes")), figure_word(n, figures[n]))
             for n in names]
@@ -375,12 +296,12 @@ def _key(name) -> str:
     return header(name) if "_" in name and " " not in name else name
 
 
-def figure_table(figures: dict, stem: str = ""):
-    """A notebook's key figures as a table of words: a label (`KEY_FIGURES[stem]`, else the
-    name in words) and the value (`figure_word`), most important first."""
+def figure_table(figures: dict, labels: Mapping[str, str] | None = None):
+    """Key figures as a table of words: a label (from `labels`, else the name in words) and the
+    value (`figure_word`), most important first (`key_figures`)."""
     import pandas as pd
 
-    rows = key_figures(stem, figures)
+    rows = key_figures(figures, labels)
     return pd.DataFrame(rows, columns=["figure", "value"]).set_index("figure").rename_axis(None)
 
 

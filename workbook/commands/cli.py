@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import WorkbookError
+from ..notebooks.registry import PARALLEL
 from ..storage.runs import (
     CLAIM,
     LAUNCH_CLAIM,
@@ -335,7 +336,7 @@ def claim_launch(args: argparse.Namespace) -> None:
         raise WorkbookError(
             "workbook ddp is started by torchrun (notebook 09 does that): RANK and WORLD_SIZE "
             "are not set",
-            "run the notebook (09_data_parallel), or " + command_line(
+            f"run the notebook ({PARALLEL.stem}), or " + command_line(
                 ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "workbook", *again]))
     if rank == "0":
         claim_dir(args.out, LAUNCH_CLAIM, beside=(CLAIM,))

@@ -29,18 +29,18 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ..base.errors import WorkbookError, reason
-from ..base.frontend import key_figures
+from ..notebooks import registry
+from ..notebooks.registry import key_figures, verdict_line
 from ..storage import schemas
 from ..storage.artifacts import verify
 from ..storage.files import open_plain, read_plain, sha256
 from ..storage.ledger import Ledger
-from ..storage.runs import CLAIM, process_alive, verdict_line
+from ..storage.runs import CLAIM, process_alive
 from .params import stems
 
 FORMAT = 1  # raised when what an export holds changes: an older export is then replaced
-STUDY = "06_lr_study"
-GATES = "03_phase_gates"
-ARCHIVE = ("07_resume_reload", "archive")
+STUDY, GATES = registry.STUDY.stem, registry.GATES.stem
+ARCHIVE = (registry.RESUME.stem, "archive")
 TABLES = (".csv", ".json", ".md", ".png")  # a notebook folder's files sent as artifacts
 MAX_TAG = 5000  # characters of a parameter or tag (MLflow keeps 6,000 and 8,000; files all)
 MAX_NOTE = 8000  # characters of a run's description (an MLflow tag)
@@ -485,7 +485,7 @@ def _pilot_entry(run: Path, index: Index, notebooks: list[Entry], missing: list[
         entry.tags["missing"] = _text("; ".join(missing))
     lines = [f"Pilot run **{run.name}** of `{index.task}`: overall **{overall}**", ""]
     lines += [f"- {n.note.splitlines()[0]}" for n in notebooks]
-    conclusion = run / "08_rental_plan" / "conclusion.md"
+    conclusion = run / registry.RENTAL.stem / "conclusion.md"
     if _plain_file(conclusion):
         with contextlib.suppress(WorkbookError, UnicodeDecodeError):
             lines += ["", read_plain(conclusion, "conclusion", "").decode("utf-8")]

@@ -131,10 +131,11 @@ def task_learning_rates(p: dict[str, Any], notebook: str = "") -> dict[str, Any]
         return p
     from ..contract.task import load_task
     from ..notebooks.overfit import FALLBACK_LR  # 02 memorises in a short budget
+    from ..notebooks.registry import OVERFIT
 
     own = load_task(p["task"], **p.get("task_options", {})).lr
     if "lr" in p and not p["lr"]:
-        fallback = FALLBACK_LR if notebook == "02_overfit" else 1e-3
+        fallback = FALLBACK_LR if notebook == OVERFIT.stem else 1e-3
         p["lr"], p["lr_from"] = (own, "task") if own else (fallback, "fallback")
     if "lrs" in p and not p["lrs"]:
         control = own or 1e-4

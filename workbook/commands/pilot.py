@@ -23,11 +23,13 @@ import pandas as pd
 from ..base.errors import WorkbookError
 from ..base.frontend import HEADLESS_ENV
 from ..contract.task import load_task
+from ..notebooks import registry
+from ..notebooks.registry import RENTAL
 from ..storage import schemas
 from ..storage.files import write_json, write_text
 from ..storage.runs import RUNS_ROOT, claim_dir, new_run_dir, sweep_runs
 from ..training.devices import resolve_device
-from .params import NOTEBOOK_DIR, defaults, stems, validate
+from .params import NOTEBOOK_DIR, defaults, validate
 from .params import smoke as smoke_sizes
 from .report import write_report
 
@@ -57,7 +59,7 @@ def ensure_kernel() -> str:
 
 def select(only: str | None) -> list[str]:
     """Notebook stems to run, in order; `only` is a comma list of numbers like "01,02"."""
-    all_stems = stems()
+    all_stems = registry.stems()
     if only is None:
         return all_stems
     wanted = [w.strip() for w in only.split(",") if w.strip()]
@@ -77,7 +79,7 @@ def rental_memory(params: dict[str, Any]) -> dict[str, Any]:
     given or default) sets 03's `device_memory_gib` unless that is given too."""
     if "rental_gpu" not in params or "device_memory_gib" in params:
         return {}
-    gpus = params.get("gpus", defaults("08_rental_plan")["gpus"])
+    gpus = params.get("gpus", defaults(RENTAL.stem)["gpus"])
     gib = gpus.get(params["rental_gpu"]) if isinstance(gpus, dict) else None
     return {"device_memory_gib": float(gib)} if isinstance(gib, (int, float)) else {}
 

@@ -14,15 +14,12 @@ import pandas as pd
 
 from ..base import frontend
 from ..base.errors import WorkbookError
+from ..notebooks import registry
+from ..notebooks.registry import GATES, PARALLEL, RENTAL
 from ..storage import schemas
 from ..storage.files import write_text
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700"}
-TITLES = {"01_inspect_examples": "01 Inspect examples", "02_overfit": "02 Overfit a tiny subset",
-          "03_phase_gates": "03 Phase gates", "04_batch_accounting": "04 Batch accounting",
-          "05_memory_variants": "05 Memory variants", "06_lr_study": "06 Learning-rate study",
-          "07_resume_reload": "07 Resume and reload", "08_rental_plan": "08 Rental plan",
-          "09_data_parallel": "09 Data parallel under torchrun"}
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1180px;margin:0 auto;padding:0 16px;color:#1f2328;
 overflow-wrap:break-word}
@@ -116,24 +113,24 @@ def run_and_predicted(summaries: dict) -> list[str]:
     """What ran here and what was only predicted, from 03's summary: the gates' shape on this
     machine against the rented shape sized on fake tensors, and - unless 08's conclusion says
     it ("Sized for: ...") - the models they belong to."""
-    gates = (summaries.get("03_phase_gates") or {}).get("figures", {})
+    gates = (summaries.get(GATES.stem) or {}).get("figures", {})
     lines = []
     if gates.get("ran_at") and gates.get("plan"):
         lines.append(f"The gates ran {gates['ran_at']}; the rented shape {gates['plan']} was "
                      "predicted on fake tensors, not run.")
-    if not summaries.get("08_rental_plan"):
+    if not summaries.get(RENTAL.stem):
         lines += [f"{line[0].upper()}{line[1:]}." for line in gates.get("models") or []
                   if len(gates.get("models")) > 1]
     return lines
 
 
 def _key_figures(stem: str, summary: dict | None) -> str:
-    """A notebook's key figures in a fixed order of importance (`frontend.KEY_FIGURES`), with
+    """A notebook's key figures in a fixed order of importance (its registry entry's), with
     human labels and units, yes/no, never a Python literal."""
     if not summary:
         return ""
     figures = summary.get("figures", {})
-    labels = frontend.KEY_FIGURES.get(stem, {})
+    labels = registry.labels(stem)
     rows = [{"figure": labels.get(name) or frontend.header(name.removesuffix("_bytes")),
              "value": _shown(name, figures[name])} for name in _ordered(stem, figures)]
     flags = summary.get("flags")
@@ -144,7 +141,7 @@ def _key_figures(stem: str, summary: dict | None) -> str:
 
 def _ordered(stem: str, figures: dict) -> list[str]:
     """The figure names in `frontend.key_figures`' order."""
-    labels = frontend.KEY_FIGURES.get(stem, {})
+    labels = registry.labels(stem)
     return [n for n in labels if n in figures] + [n for n in figures if n not in labels]
 
 
@@ -240,7 +237,7 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
     summaries = {r["notebook"]: _summary(run / r["notebook"]) for r in rows}
     first = [f'<p class="headline">{_escape(s["headline"])}</p>'
              for s in summaries.values() if s and s.get("headline")]
-    conclusion = run / "08_rental_plan" / "conclusion.md"
+    conclusion = run / RENTAL.stem / "conclusion.md"
     scope = "".join(f"<p>{_escape(line)}</p>" for line in run_and_predicted(summaries))
     if first or conclusion.exists() or scope:
         render = mistune.create_markdown(escape=True)
@@ -258,7 +255,7 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
                   if executed.exists() else ""),
                  f'<a href="{_escape(stem)}/">its folder</a>' if folder.exists() else ""]
         parts.append(
-            f'<h2 id="{_escape(stem)}">{_escape(TITLES.get(stem, stem))}: '
+            f'<h2 id="{_escape(stem)}">{_escape(registry.title(stem))}: '
             f'<span style="color:{COLOURS.get(r["verdict"], "#57606a")}">'
             f'{_escape(r["verdict"])}</span> <small>({r["seconds"]} s)</small></h2>'
             f'<div class="links">{"".join(links)}</div>'
@@ -276,11 +273,11 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
 
 def _tables(run: Path, stem: str) -> list[str]:
     """The tables a decision rests on, per notebook."""
-    if stem == "03_phase_gates":
+    if stem == GATES.stem:
         return ["<h3>Gate table</h3>", _table(_csv(run / stem / "gates.csv"), [
             "phase", "micro_batch", "seq_len", "precision", "peak_allocated_bytes",
             "peak_reserved_bytes", "time_s", "verdict", "detail"])]
-    if stem == "08_rental_plan":
+    if stem == RENTAL.stem:
         return ["<h3>Cheapest GPU that fits, per candidate</h3>",
                 _table(_csv(run / stem / "cheapest.csv")),
                 "<h3>Selection sheet</h3>", _table(_csv(run / stem / "selection.csv"), [
@@ -294,7 +291,7 @@ def _tables(run: Path, stem: str) -> list[str]:
                     "days", "priority", "variant", "candidate", "gpu", "repeats", "hours",
                     "hours_low", "hours_high", "cost", "cost_low", "cost_high", "spot_cost",
                     "offer", "price_from", "speed_from", "scheduled", "why_not"])]
-    if stem == "09_data_parallel":
+    if stem == PARALLEL.stem:
         parts = ["<h3>Multi-host rules</h3>", _table(_csv(run / stem / "rules.csv"), [
             "rule", "verdict", "measured", "remediation"])]
         if (run / stem / "fsdp_rules.csv").exists():  # the FSDP2 launches ran

@@ -1,5 +1,11 @@
 """One module per notebook capability (01 inspection ... 09 parallel) and their figures.
 
-Each has `run(params, out) -> result` and `save(result, out) -> verdict`; it may import
+Each has `run(params, out) -> result` and `save(result, out) -> verdict`; `registry` holds one
+entry per notebook (stem, title, key figures, its verdict's reason, its module). They may import
 training, contract, storage and base, never commands.
 """
+
+from ..storage import runs
+from .registry import explain
+
+runs.explain_verdicts_with(explain)  # a notebook's last cell, `wb.runs.verdict_line(out)`, says why

@@ -9,6 +9,16 @@ from typing import Any
 
 import pandas as pd
 
+from .registry import (
+    ACCOUNTING,
+    GATES,
+    INSPECTION,
+    OVERFIT,
+    RESUME,
+    STUDY,
+    VARIANTS,
+    verdict_line,
+)
 from .rental_plans import BOTH, PLANNED, RECOMMENDED
 from .rental_stack import unverified
 
@@ -111,7 +121,7 @@ def study_result(run_dir, task_lr: float | None = None) -> dict[str, Any]:
     to plan on (None without one), `control_lr` 06's control, `short` the state in a few
     words, `said` the decision's sentence on the learning rate and `study` the study's line
     (None when 06 gave no figures)."""
-    path = Path(run_dir) / "06_lr_study" / "summary.json"
+    path = Path(run_dir) / STUDY.stem / "summary.json"
     out: dict[str, Any] = {"state": "not run", "lr": None, "control_lr": None,
                            "control_best": False, "conclusive": False, "warnings": [],
                            "seeds": None, "study": None, "short": "06 did not run"}
@@ -121,7 +131,7 @@ def study_result(run_dir, task_lr: float | None = None) -> dict[str, Any]:
         if summary is not None and not isinstance(summary, dict):
             raise ValueError("not an object")
     except (ValueError, OSError):
-        summary = {"verdict": "error", "error": "06_lr_study/summary.json cannot be read"}
+        summary = {"verdict": "error", "error": f"{STUDY.stem}/summary.json cannot be read"}
     if summary is None:
         out["said"] = ("**Learning rate: not chosen by a study** - notebook 06 did not run in "
                        f"this run folder{own}: run it before the campaign.")
@@ -263,11 +273,9 @@ def plan_lines(plans: pd.DataFrame, rental_gpu: str, currency: str) -> list[str]
     return lines
 
 
-EARLIER_NOTEBOOKS = (("01_inspect_examples", "inspection"), ("02_overfit", "overfit"),
-                     ("03_phase_gates", "phase gates"), ("04_batch_accounting",
-                                                         "batch accounting"),
-                     ("05_memory_variants", "memory variants"),
-                     ("07_resume_reload", "resume and reload"))
+EARLIER_NOTEBOOKS = ((INSPECTION, "inspection"), (OVERFIT, "overfit"), (GATES, "phase gates"),
+                     (ACCOUNTING, "batch accounting"), (VARIANTS, "memory variants"),
+                     (RESUME, "resume and reload"))
 
 
 def _summary(run_dir, stem: str) -> dict | None:
@@ -281,9 +289,8 @@ def _summary(run_dir, stem: str) -> dict | None:
 def first_failure(run_dir) -> str | None:
     """The first notebook of this run before 08 that did not pass, with why and its fix where
     the notebook wrote one (01's first flag, 03's first failed gate); None when all passed."""
-    from ..storage.runs import verdict_line
-
-    for stem, label in EARLIER_NOTEBOOKS:
+    for entry, label in EARLIER_NOTEBOOKS:
+        stem = entry.stem
         s = _summary(run_dir, stem)
         if not isinstance(s, dict) or s.get("verdict") == "pass":
             continue
@@ -291,9 +298,10 @@ def first_failure(run_dir) -> str | None:
         why = str(s.get("error") or "") if s.get("verdict") != "fail" else \
             verdict_line(folder).removeprefix("verdict: fail").removeprefix(" - ")
         fix = ""
-        with_fix = {"01": ("flags.json", "fix"), "03": ("gates.json", "remediation")}
-        if stem[:2] in with_fix:
-            name, key = with_fix[stem[:2]]
+        with_fix = {INSPECTION.stem: ("flags.json", "fix"),
+                    GATES.stem: ("gates.json", "remediation")}
+        if stem in with_fix:
+            name, key = with_fix[stem]
             try:
                 rows = json.loads((folder / name).read_text())
             except (OSError, ValueError):
@@ -385,8 +393,8 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
     if study.get("study"):
         lines += ["", study["study"]]
     verdicts = []
-    for stem, label in EARLIER_NOTEBOOKS:
-        s = _summary(run_dir, stem)
+    for entry, label in EARLIER_NOTEBOOKS:
+        s = _summary(run_dir, entry.stem)
         if isinstance(s, dict) and s.get("verdict"):  # an error too: never read as a pass
             verdicts.append(f"{label} {s['verdict']}" + (
                 f" ({str(s.get('error', ''))[:120]})" if s["verdict"] != "pass" and

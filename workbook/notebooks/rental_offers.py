@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .registry import GATES
 from .rental_prices import Catalog, Spot, spread
 
 OFFER_COLUMNS = ["candidate", "gpu", "gpus", "provider", "offer", "instances",
@@ -48,7 +49,7 @@ def _cost(hours: float, count: int, per_gpu: float | None) -> float | None:
 def resume_seconds(run_dir: str | Path) -> float | None:
     """The time notebook 03's resume gate took in this run folder (restoring the checkpoint of
     the model it trained), None when 03 did not run or the gate failed."""
-    path = Path(run_dir) / "03_phase_gates" / "gates.csv"
+    path = Path(run_dir) / GATES.stem / "gates.csv"
     if not path.is_file():
         return None
     gates = pd.read_csv(path)

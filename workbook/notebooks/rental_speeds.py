@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..base.errors import WorkbookError
+from .registry import GATES
 from .rental_prices import KNOWN_ACCELERATORS, _header, _number
 
 SHIPPED = Path(__file__).with_name("rental_data") / "speeds.csv"
@@ -208,7 +209,7 @@ def calibrate(book: SpeedBook, run_dir: Path, count_flops, gpus: dict, tflops: d
     (`device_name`: the CUDA device's name, None without one); `count_flops(micro_batch,
     accumulation, length, precision)` counts an update's FLOPs. Returns what was done, in
     words."""
-    folder = Path(run_dir) / "03_phase_gates"
+    folder = Path(run_dir) / GATES.stem
     if not (folder / "gates.csv").is_file():
         return "notebook 03 did not run in this run folder: speeds from the references"
     gates = pd.read_csv(folder / "gates.csv")

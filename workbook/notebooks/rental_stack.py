@@ -15,6 +15,7 @@ import torch
 from ..base.errors import WorkbookError
 from ..storage.artifacts import read_json
 from ..training.loop import check_precision, resolve_device
+from .registry import PARALLEL
 from .rental_candidates import Candidate
 
 
@@ -52,7 +53,7 @@ def stack_check(task_path: str, device: str, precision: str, replicas: int = 1,
 
 def data_parallel_row(replicas: int, run_dir: str | Path | None) -> dict[str, object]:
     """What notebook 09 verified of data parallelism (torchrun + DDP), read from its summary."""
-    path = Path(run_dir) / "09_data_parallel" / "summary.json" if run_dir else None
+    path = Path(run_dir) / PARALLEL.stem / "summary.json" if run_dir else None
     summary = read_json(path, "notebook 09's summary") if path and path.exists() else None
     if summary is None:
         here, ok = ("not run yet: notebook 09 checks the multi-host rules (the pilot runs it "

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -374,169 +374,35 @@ def save_table(frame: pd.DataFrame, out_dir: Path, name: str) -> Path:
     return Path(out_dir) / f"{name}.csv"
 
 
-def verdict_line(out_dir: Path) -> str:
+# How a notebook's verdict is explained: (folder name's stem, summary) -> one sentence. Storage
+# knows no notebook; the notebooks layer sets this (`notebooks.registry.explain`) on import, so a
+# notebook's last cell `wb.runs.verdict_line(out)` says why.
+_explainer: list[Callable[[str, dict], str]] = []
+
+
+def explain_verdicts_with(explain: Callable[[str, dict], str]) -> None:
+    """Make `explain` the reason `verdict_line` gives (the notebooks layer's registry)."""
+    _explainer[:] = [explain]
+
+
+def notebook_of(folder: str | Path) -> str:
+    """The notebook stem a folder is named by: `NN_name` of `<run>/NN_name` or of a notebook's
+    own `<timestamp>-NN_name[-n]`."""
+    return re.sub(r"^\d{8}-\d{6}-", "", Path(folder).name)
+
+
+def verdict_line(out_dir: str | Path, explain: Callable[[str, dict], str] | None = None) -> str:
     """A notebook's last line: its verdict and, in one sentence, why - built from the
     `summary.json` that its `save` just wrote (e.g. "verdict: pass - 9 of 9 gates passed; the
-    plan mb16 x acc2 len1024 bf16 needs 1.38 GiB and fits the 80 GiB rental GPU")."""
+    plan mb16 x acc2 len1024 bf16 needs 1.38 GiB and fits the 80 GiB rental GPU"). `explain`
+    gives the reason (default: the one the notebooks layer set); its errors are raised."""
     try:
         summary = json.loads((Path(out_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return "verdict: unknown - no summary.json was written"
-    verdict = summary.get("verdict", "unknown")
-    stem = re.sub(r"^\d{8}-\d{6}-", "", Path(out_dir).name)
-    try:
-        why = _why(stem, verdict == "pass", summary.get("figures") or {}, summary)
-    except Exception:  # a reason is a courtesy: never fail the notebook's last cell
-        why = ""
-    return f"verdict: {verdict}" + (f" - {why}" if why else "")
-
-
-def _gib(n) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
-
-
-def _listed(items, empty="none") -> str:
-    items = list(items or [])
-    return ", ".join(map(str, items)) if items else empty
-
-
-def _n(value) -> str:
-    """A number in a sentence: at most 4 significant digits."""
-    from ..base.frontend import word
-
-    return word(value)
-
-
-def _why(stem: str, ok: bool, f: dict, summary: dict) -> str:
-    """The reason behind a verdict, per notebook (one sentence, no Python literal)."""
-    if stem.startswith("01"):
-        flags = summary.get("flags") or []
-        return (f"no flag on {f.get('examples', 0):,} examples ({f.get('num_outputs')} outputs, "
-                f"expected initial loss {_n(f.get('expected_initial_loss'))})" if ok else
-                f"{len(flags)} flag{'s' * (len(flags) != 1)} raised: {_listed(flags)}")
-    if stem.startswith("02"):
-        if ok and f.get("conclusive") is False:
-            return (f"not conclusive: give it more updates - the loss fell from "
-                    f"{_n(f.get('initial_loss'))} to {_n(f.get('final_loss'))} in "
-                    f"{f.get('updates_run')} updates and is still falling (bar "
-                    f"{_n(f.get('final_loss_bar'))}); {f.get('exact_examples')} of "
-                    f"{f.get('examples')} examples are reproduced exactly")
-        if ok:
-            return (f"the loss fell from {_n(f.get('initial_loss'))} to "
-                    f"{_n(f.get('final_loss'))} (below {_n(f.get('final_loss_bar'))}) in "
-                    f"{f.get('updates_run')} updates and "
-                    f"{f.get('exact_examples')} of {f.get('examples')} examples are reproduced "
-                    "exactly")
-        return (f"failed: {_listed(summary.get('failed'))}"
-                + (f"; {summary['diagnosis']}" if summary.get("diagnosis") else ""))
-    if stem.startswith("03"):
-        failed, gates = f.get("failed") or [], f.get("gates", 0)
-        head = f"{gates - len(failed)} of {gates} gates passed" + (
-            f" (failed: {_listed(failed)})" if failed else "") + (
-            f", {len(f['warned'])} warned ({_listed(f['warned'])})" if f.get("warned") else "")
-        if f.get("plan_refused"):
-            return head + f"; the plan is refused: {f['plan_refused']}"
-        need = f.get("plan_required_bytes")
-        fits = f.get("plan_fits")
-        device = f.get("device_memory_gib")
-        on = f"the {device:g} GiB rental GPU" if device else "the rental GPU"
-        plan = f"; the plan {f.get('plan')} needs {_gib(need)}" if need else ""
-        if plan and f.get("plan_needs_sharding"):
-            update = _gib(f.get("plan_update_required_bytes"))
-            plan += (f" and fits no single {device:g} GiB GPU: its first update alone needs "
-                     f"{update} (weights, gradients, optimizer state), so the campaign shards "
-                     "it - 08 sizes FSDP2 over several GPUs")
-        elif plan and fits is not None:
-            plan += f" and {'fits' if fits else 'does not fit'} {on}"
-        elif f.get("plan_unpredicted"):
-            plan += (f"; the plan {f.get('plan')}: {_listed(f['plan_unpredicted'])} not "
-                     "predicted, its fit not judged")
-        elif plan:
-            plan += " (no device memory given: fit not judged)"
-        return head + plan
-    if stem.startswith("04"):
-        parts = [("the loop's counts match the calculator", f.get("reconciled")),
-                 ("the loss is normalised over the update's targets", f.get("normalisation_ok")),
-                 ("the wrong normalisation is caught", f.get("wrong_normalisation_caught"))]
-        if ok:
-            return ", ".join(p for p, _ in parts) + (
-                f" (largest gradient deviation {f['max_deviation']:.1e})"
-                if isinstance(f.get("max_deviation"), float) else "")
-        bad = [p.replace(" match", " do not match").replace(" is ", " is not ")
-               for p, good in parts if good is False]
-        return "; ".join(bad + [f"finding: {x}" for x in f.get("findings") or []]) or "failed"
-    if stem.startswith("05"):
-        text = f"{f.get('measured')} of {f.get('variants')} variants measured" + (
-            f" (not applicable here: {_listed(f.get('not_applicable'))})"
-            if f.get("not_applicable") else "")
-        if f.get("checkpointing_memory_ratio") is not None:
-            text += (f"; activation checkpointing needs {f['checkpointing_memory_ratio']:.2f} "
-                     "of the control's peak memory")
-        return text if ok else "a measured variant gave a non-finite loss; " + text
-    if stem.startswith("06"):
-        statuses = f.get("statuses") or {}
-        done = ", ".join(f"{n} {s}" for s, n in statuses.items())
-        if not ok:
-            return f"trials: {done or 'none'}" + (
-                "; the periodic validation curve says the evaluation repeats itself"
-                if f.get("periodic_curve") else "")
-        text = f"{f.get('trials')} trials ({done}); best lr {f.get('best_lr'):g} " \
-            f"({f.get('metric')} {f.get('best_metric'):.4g})" \
-            if f.get("best_lr") is not None else f"{f.get('trials')} trials ({done})"
-        warnings = f.get("warnings") or []
-        return text + (f", provisional: {len(warnings)} warning"
-                       f"{'s' * (len(warnings) != 1)} (see the finding)" if warnings else "")
-    if stem.startswith("07"):
-        cases = f.get("cases") or []
-        exact = sum(bool(c.get("exact")) for c in cases)
-        caught = f.get("faults_caught") or {}
-        text = (f"{exact} of {len(cases)} resume cases exact, tampered checkpoints "
-                f"{'refused' if f.get('tampering_refused') else 'NOT refused'}, the archive "
-                f"{'reloads identically' if f.get('archive_identical') else 'reloads DIFFERENTLY'}")
-        named = [c for c in cases if c.get("data")]
-        if named:  # the data's own words: where the resumed run read from, and why
-            text += f"; {named[0]['case']}: {named[0]['data']}"
-        if caught:
-            text += f"; {sum(bool(v) for v in caught.values())} of {len(caught)} planted " \
-                "faults caught"
-            missed = [k for k, v in caught.items() if v is False]
-            why = {"random states not restored": "this training draws no random numbers, "
-                   "e.g. no dropout", "checkpoint without optimizer state": "its optimizer "
-                   "keeps no state, e.g. plain SGD without momentum"}
-            if missed:
-                reasons = "; ".join(why.get(m, "the run does not depend on it") for m in missed)
-                text += (f" (not caught: {_listed(missed)} - resuming without it changed "
-                         f"nothing, so {reasons})")
-        return text
-    if stem.startswith("08"):
-        if not ok:
-            return "no candidate fits any GPU of the sheet"
-        gpus = f.get("recommended_gpus") or 1
-        return (f"candidate {f.get('chosen')} on {gpus} x {f.get('recommended_gpu')} "
-                f"({f.get('recommended_strategy')}); {f.get('fitting_rows')} of {f.get('rows')} "
-                "configurations fit")
-    if stem.startswith("09"):
-        rules = summary.get("rules") or {}
-        failing = [r for r, v in rules.items() if v == "fail"]
-        caught = f.get("faults_caught") or {}
-        shown = {k: v for k, v in caught.items() if v is not None}
-        text = (f"{len(rules) - len(failing)} of {len(rules)} rules hold on "
-                f"{f.get('replicas')} replicas" if not failing else
-                f"{len(failing)} rules fail: {_listed(failing)}")
-        if shown:
-            text += (f"; {sum(bool(v) for v in shown.values())} of {len(shown)} planted faults "
-                     "caught")
-        fsdp = f.get("fsdp") or {}
-        if fsdp.get("rules"):
-            bad = [r for r, v in fsdp["rules"].items() if v == "fail"]
-            text += "; FSDP2: " + (f"{len(bad)} rules fail ({_listed(bad)})" if bad else
-                                   f"all {len(fsdp['rules'])} rules hold")
-            gap = fsdp.get("memory_max_abs_error_pct")
-            if gap is not None:  # shown, not judged: what the sizing misses on this machine
-                text += (", per-rank memory within 2% of the prediction" if gap < 2 else
-                         f", per-rank memory up to {gap:.3g}% off the prediction")
-        return text
-    return ""
+    explain = explain or next(iter(_explainer), None)
+    why = explain(notebook_of(out_dir), summary) if explain else ""
+    return f"verdict: {summary.get('verdict', 'unknown')}" + (f" - {why}" if why else "")
 
 
 def seal_file(path: str | Path) -> Path:
