@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..base import frontend
-from ..base.errors import WorkbookError
+from ..base.errors import WorkbookError, shorten
 from ..storage import runs
 
 # (passed, key figures, the whole summary.json) -> the verdict's reason, one sentence
@@ -354,6 +354,8 @@ def explain(stem: str, summary: dict) -> str:
     found = entry_of(stem)
     if found is None:
         return ""
+    if summary.get("verdict") == "error":  # it stopped: the error is the why, not its figures
+        return shorten(str(summary.get("error") or "the notebook stopped with an error"), 300)
     return found.why(summary.get("verdict") == "pass", summary.get("figures") or {}, summary)
 
 
