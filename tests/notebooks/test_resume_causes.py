@@ -82,3 +82,27 @@ def test_a_skip_by_a_length_the_stream_does_not_have_is_named_as_itself(
         assert stated.format(length=length) in said and (length is None) == ("without" in bug)
         assert "skip by the examples read in the pass (the checkpoint's position), or give " \
             "the stream a state_dict that holds its position" in said
+
+
+@pytest.mark.parametrize("bug, fix", [
+    ("", ""),
+    ("commit_at_end", "the pipeline commits its epoch only when a pass runs to its end"),
+    ("restart_after_load", "the pipeline's state did not advance after load_state_dict (the "
+                           "first resume was exact"),
+    ("state_frozen", "the pipeline's state did not advance after load_state_dict, so a "
+                     "second resume restarts from the first"),
+    ("guard_as_written", "the pass restarted from its beginning on restore (an epoch guard"),
+    ("skip_in_batches", "a skip counted in batches where the checkpoint counts examples"),
+    ("skip_by_length", "the resume skipped by a length the stream does not have"),
+])
+def test_09s_position_rule_gives_the_fix_of_the_cause_and_passes_the_clean_twin(
+        data_file, bug, fix):
+    from workbook import load_task
+    from workbook.notebooks.parallel_pipeline import PIPELINE_RULES, pipeline_rules
+
+    task = load_task("examples.token_stream:task", data_file=data_file, block_size=16,
+                     n_layer=1, n_embd=32, pipeline_bug=bug)
+    row = pipeline_rules(task, 2, 0, 2, 16)[1]
+    assert row["verdict"] == ("fail" if bug else "pass") and fix in row["remediation"], row
+    assert row["remediation"] != PIPELINE_RULES[row["rule"]] and "rank 1" in row["measured"] \
+        if bug else row["remediation"] == ""

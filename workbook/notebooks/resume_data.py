@@ -19,23 +19,13 @@ PASS_LIMIT = 200_000  # ids of one pass read for the diagnosis at most
 Order = Callable[..., list[str]]  # (pass, upto=0) -> the ids it gives, in order
 
 
-def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0, rank: int = 0,
-                world: int = 1) -> Order | None:
-    """The ids of a pass as a fresh run (of `rank` of `world`) reads them: the task's pipeline
-    read through (nothing trained), or the workbook's order of the items; None for a task's own
-    sampler (its order is its own to state). `order(epoch, upto)` reads the pipeline's pass
-    past the limit, to its first `upto` examples."""
+def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0) -> Order | None:
+    """The ids of a pass as a fresh run reads them: the task's pipeline read through (nothing
+    trained), or the workbook's order of the items; None for a task's own sampler (its order is
+    its own to state)."""
     if cfg.pipeline:
-        def read(epoch: int, upto: int = 0) -> list[str]:
-            pipe = open_pipeline(task, cfg.seed, rank, world, workers=cfg.workers,
-                                 micro_batch=cfg.shape.micro_batch, limit=0 if upto else limit)
-            ids, most = [], min(upto or PASS_LIMIT, PASS_LIMIT)
-            for _, _, example in pipe.read(DataPosition(epoch)):
-                if example is None or len(ids) >= most:
-                    break
-                ids.append(str(example[task.id_key]))
-            return ids
-        return read
+        return pipeline_order(task, cfg.seed, workers=cfg.workers,
+                              micro_batch=cfg.shape.micro_batch, limit=limit)
     if task.make_sampler is not None:
         return None
 
@@ -46,13 +36,36 @@ def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0, rank:
     return order
 
 
+def pipeline_order(task: Task, seed: int, rank: int = 0, world: int = 1, workers: int = 0,
+                   micro_batch: int = 1, limit: int = 0) -> Order:
+    """A pass of the task's pipeline (of `rank` of `world`) as a new pipeline reads it, cut at
+    `limit`; `order(epoch, upto)` reads past the limit, to the pass's first `upto` examples."""
+    def read(epoch: int, upto: int = 0) -> list[str]:
+        pipe = open_pipeline(task, seed, rank, world, workers=workers,
+                             micro_batch=micro_batch, limit=0 if upto else limit)
+        ids, most = [], min(upto or PASS_LIMIT, PASS_LIMIT)
+        for _, _, example in pipe.read(DataPosition(epoch)):
+            if example is None or len(ids) >= most:
+                break
+            ids.append(str(example[task.id_key]))
+        return ids
+    return read
+
+
 def stated_length(task: Task, cfg: TrainConfig) -> int | None:
     """The length the task's pipeline states (len() of what train_pipeline returns), None for
     a stream without one - what a count-and-skip by length divides by."""
     if not cfg.pipeline:
         return None
-    source = open_pipeline(task, cfg.seed, workers=cfg.workers,
-                           micro_batch=cfg.shape.micro_batch).source
+    return pipeline_length(task, cfg.seed, workers=cfg.workers,
+                           micro_batch=cfg.shape.micro_batch)
+
+
+def pipeline_length(task: Task, seed: int, rank: int = 0, world: int = 1, workers: int = 0,
+                    micro_batch: int = 1) -> int | None:
+    """len() of the pipeline `rank` opens, None when it has none."""
+    source = open_pipeline(task, seed, rank, world, workers=workers,
+                           micro_batch=micro_batch).source
     try:
         return int(len(source))
     except Exception:  # no __len__, or one that raises (a stream without a length)
@@ -106,8 +119,9 @@ def resumed_from(epoch: int, n: int, total: int, got: list[str], order: Order,
     skipped = _length_skip(epoch, n, total, got, order, length)
     if skipped:
         return skipped
+    upto = max(n * max(micro_batch, 1), total) + len(got)  # past a pass cut short
     for e in dict.fromkeys([epoch, *range(epoch + 2)]):
-        f = _find(order(e), got)
+        f = _find(order(e, upto=upto), got)
         if f is not None:
             return _named(epoch, n, e, f, micro_batch, first_resume)
     seen = set(order(epoch)[:n])
@@ -235,8 +249,14 @@ def repeated_pass(reference: list[dict], order: Order | None) -> str:
     the same order, where a new pipeline opened at that pass reads another order: the
     pipeline moved to the new pass only when a pass ran to its end (the pilot's passes, like
     a loop that breaks early, stop before it)."""
+    found = repeated(reference, order)
+    return f"{found[0]}: {found[1]}" if found else ""
+
+
+def repeated(reference: list[dict], order: Order | None) -> tuple[str, str] | None:
+    """repeated_pass's finding as (what was read, the cause and its fix), or None."""
     if order is None:
-        return ""
+        return None
     passes: dict[int, list[str]] = {}
     for r in reference:
         passes.setdefault(r["epoch"], []).extend(r["ids"])
@@ -248,8 +268,8 @@ def repeated_pass(reference: list[dict], order: Order | None) -> str:
         if fresh != got:
             return (f"pass {epoch} repeated pass {epoch - 1} (the same {len(got)} examples in "
                     f"the same order, e.g. {got[0]!r} first) where a new pipeline opened at "
-                    f"pass {epoch} reads {fresh[:1]!r} first: the pipeline commits its epoch "
+                    f"pass {epoch} reads {fresh[:1]!r} first", "the pipeline commits its epoch "
                     "only when a pass runs to its end, so a loop that breaks early (a step "
                     "budget, the pilot's cut passes) replays the pass - take the epoch from "
                     "set_epoch (or advance it in __iter__), not from the end of the pass")
-    return ""
+    return None
