@@ -175,7 +175,9 @@ def _named(epoch: int, n: int, e: int, f: int, micro_batch: int,
                 "reached after a load as after a fresh start")
     if f == 0 and (e == epoch or e == 0) and n:
         return (where, "the pass restarted from its beginning on restore (an epoch guard "
-                "that restarts the epoch instead of going on inside it)")
+                "that restarts the epoch instead of going on inside it, or an __iter__ that "
+                "starts each pass at its beginning and drops the position load_state_dict gave "
+                "back) - go on from the loaded position inside the pass")
     if e != epoch:
         return (where, "the pass number did not come back (set_epoch, or the epoch in its "
                 "state)")
