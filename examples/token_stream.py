@@ -255,7 +255,11 @@ PIPELINE_BUGS = ("state_frozen", "epoch_guard", "lost_at_yield", "workers_replay
                  # the stream), an epoch guard as users write it (set_epoch resets a position
                  # load_state_dict gave back), Lightning-AI/litData#649 (the epoch moves on
                  # only when a pass runs to its end)
-                 "restart_after_load", "guard_as_written", "commit_at_end")
+                 "restart_after_load", "guard_as_written", "commit_at_end",
+                 # huggingface/transformers#26413: a Trainer-style resume that skips
+                 # `steps_done % len(dataloader)` - len the shard count, or no len at all
+                 "skip_by_length", "skip_without_length")
+SKIP_BY_COUNT = ("skip_by_length", "skip_without_length")
 
 
 class TrainWindows(torch.utils.data.IterableDataset):
@@ -274,6 +278,7 @@ class TrainWindows(torch.utils.data.IterableDataset):
         self._resume: dict | None = None
         self._frozen: dict | None = None
         self._loaded, self._ended, self._asked = False, True, 0
+        self.seen = 0  # examples yielded since the run began (a Trainer's steps done)
 
     def set_epoch(self, epoch: int) -> None:
         if self.bug == "commit_at_end":  # taken up when the last pass has run to its end
@@ -300,7 +305,7 @@ class TrainWindows(torch.utils.data.IterableDataset):
             self.epoch = self._asked
         self._ended = False
         start, resume, self._resume = 0, self._resume, None
-        if self.bug == "guard_as_written" and resume is not None:
+        if self.bug in ("guard_as_written", *SKIP_BY_COUNT) and resume is not None:
             start = resume["position"]
         elif resume is not None and resume["epoch"] == self.epoch and \
                 (self.epoch == 0 or self.bug != "epoch_guard"):
@@ -310,6 +315,7 @@ class TrainWindows(torch.utils.data.IterableDataset):
         for k in range(start, len(windows)):
             # lost_at_yield counts the window it reads ahead as if it were trained on
             self.position = min(k + 2, len(windows)) if self.bug == "lost_at_yield" else k + 1
+            self.seen += 1
             w = windows[k]
             yield {"id": w, "group": w // self.stream.group_windows, "start": w * block}
         self._ended = True
@@ -319,16 +325,31 @@ class TrainWindows(torch.utils.data.IterableDataset):
             return dict(self._frozen)  # the loaded state, never advanced
         if self.bug == "restart_after_load" and self._loaded:
             return {"epoch": self.epoch, "position": 0}  # the loaded stream's own start
+        if self.bug in SKIP_BY_COUNT:
+            return {"seen": self.seen}  # the steps done, as a Trainer's checkpoint holds them
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
         self._resume, self._loaded = dict(state), True
+        if self.bug in SKIP_BY_COUNT:  # epochs done and the skip, from the steps done
+            self.seen = state["seen"]
+            self.epoch, skip = divmod(self.seen, len(self)) if self.bug == "skip_by_length" \
+                else (0, self.seen)  # no length: the whole run counted as one pass
+            self._resume = {"epoch": self.epoch, "position": skip}
+            return
         if self.bug == "guard_as_written":  # the position comes back, the epoch does not
             self.position = state["position"]
             return
         self.epoch, self.position = state["epoch"], state["position"]
         if self.bug == "state_frozen":
             self._frozen = dict(state)
+
+
+class ShardCounted(TrainWindows):
+    """TrainWindows whose len() is its shard count, as a sharded stream states one."""
+
+    def __len__(self) -> int:
+        return -(-len(self.train) // self.shard_windows)
 
 
 def train_pipeline(stream: TokenStream, fractions: tuple, bug: str, seed: int, rank: int = 0,
@@ -338,7 +359,8 @@ def train_pipeline(stream: TokenStream, fractions: tuple, bug: str, seed: int, r
     workbook then resumes by count-and-skip); one raw example at a time (batch_size=None)."""
     train = [w for w in range(stream.windows())
              if split_by_group_hash(w // stream.group_windows, fractions) == "train"]
-    windows = TrainWindows(stream, train, seed, rank, world, micro_batch, bug=bug)
+    kind = ShardCounted if bug == "skip_by_length" else TrainWindows
+    windows = kind(stream, train, seed, rank, world, micro_batch, bug=bug)
     if not workers:
         return windows
     try:

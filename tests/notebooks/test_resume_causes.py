@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from workbook.notebooks import resume
-from workbook.notebooks.resume_data import pass_orders, repeated_pass, where_from
+from workbook.notebooks.resume_data import pass_orders, repeated_pass, stated_length, where_from
 
 from .test_resume_pipeline import LIMIT, MID, UPDATES, resumes, spec
 
@@ -58,3 +58,51 @@ def test_a_pass_that_repeats_the_previous_one_is_named_and_the_clean_twin_is_not
     assert "pass 1 repeated pass 0" in got and "commits its epoch only when a pass runs to " \
         "its end, so a loop that breaks early" in got
     assert said("", tmp_path / "clean") == ""
+
+
+@pytest.mark.parametrize("bug, stated", [
+    ("skip_by_length", "divided by the pipeline's len() of {length};"),
+    ("skip_without_length", "skipped from a pass's start (a stream without a usable __len__"),
+])
+def test_a_skip_by_a_length_the_stream_does_not_have_is_named_as_itself(
+        tmp_path, data_file, bug, stated):
+    """huggingface/transformers#26413: the steps done, skipped by len() (a shard count) or
+    from a pass's start (no len): the resume lands elsewhere, in either restore order."""
+    recipe = spec(data_file, bug)
+    reference, _ = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))
+    task, items, cfg = resume.rebuild(recipe)
+    order, length = pass_orders(task, items, cfg, LIMIT), stated_length(task, cfg)
+    for loop_order in (False, True):
+        resumed, _ = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "ckpt-000005",
+                                       loop_order=loop_order)
+        said = where_from(reference, resumed, MID, order, 2, length=length)
+        assert f"the resumed run read from example 40 of pass {int(loop_order)}, the " \
+            "uninterrupted run from example 8 of pass 1: the resume skipped by a length the " \
+            "stream does not have (40 examples read in all" in said, said
+        assert stated.format(length=length) in said and (length is None) == ("without" in bug)
+        assert "skip by the examples read in the pass (the checkpoint's position), or give " \
+            "the stream a state_dict that holds its position" in said
+
+
+@pytest.mark.parametrize("bug, fix", [
+    ("", ""),
+    ("commit_at_end", "the pipeline commits its epoch only when a pass runs to its end"),
+    ("restart_after_load", "the pipeline's state did not advance after load_state_dict (the "
+                           "first resume was exact"),
+    ("state_frozen", "the pipeline's state did not advance after load_state_dict, so a "
+                     "second resume restarts from the first"),
+    ("guard_as_written", "the pass restarted from its beginning on restore (an epoch guard"),
+    ("skip_in_batches", "a skip counted in batches where the checkpoint counts examples"),
+    ("skip_by_length", "the resume skipped by a length the stream does not have"),
+])
+def test_09s_position_rule_gives_the_fix_of_the_cause_and_passes_the_clean_twin(
+        data_file, bug, fix):
+    from workbook import load_task
+    from workbook.notebooks.parallel_pipeline import PIPELINE_RULES, pipeline_rules
+
+    task = load_task("examples.token_stream:task", data_file=data_file, block_size=16,
+                     n_layer=1, n_embd=32, pipeline_bug=bug)
+    row = pipeline_rules(task, 2, 0, 2, 16)[1]
+    assert row["verdict"] == ("fail" if bug else "pass") and fix in row["remediation"], row
+    assert row["remediation"] != PIPELINE_RULES[row["rule"]] and "rank 1" in row["measured"] \
+        if bug else row["remediation"] == ""

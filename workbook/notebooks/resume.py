@@ -42,6 +42,7 @@ from .resume_data import (
     random_data,
     repeated_pass,
     repeats,
+    stated_length,
     where_from,
 )
 
@@ -301,7 +302,7 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
         raise WorkbookError(f"twice_step {twice_step} must come after mid_step {mid_step}",
                             "give twice_step between mid_step and updates, or 0")
     task, items, cfg = rebuild(spec, task)
-    order = pass_orders(task, items, cfg, spec["train_limit"])
+    order, length = pass_orders(task, items, cfg, spec["train_limit"]), stated_length(task, cfg)
     reference, weights = run_recipe(spec, updates, folder,
                                     checkpoint_at=(mid_step, boundary_step), task=task)
     rows, details = [], {"reference": reference, "weights": weights}
@@ -326,7 +327,7 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
         first_record = resumed[0] if resumed else {}
         data = data or where_from(ref, resumed, step, order if config is None else
                                   pass_orders(task, items, config, spec["train_limit"]),
-                                  cfg.shape.micro_batch, first)
+                                  cfg.shape.micro_batch, first, length)
         if not data and verdict["same_examples"] and not verdict["exact"]:
             data = global_seed(task, config or cfg) or random_data(
                 task, items, config or cfg, spec["train_limit"])

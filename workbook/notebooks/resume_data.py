@@ -16,7 +16,7 @@ from ..training.loop import TrainConfig
 
 PASS_LIMIT = 200_000  # ids of one pass read for the diagnosis at most
 
-Order = Callable[[int], list[str]]  # pass -> the ids it gives, in order
+Order = Callable[..., list[str]]  # (pass, upto=0) -> the ids it gives, in order
 
 
 def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0) -> Order | None:
@@ -24,24 +24,52 @@ def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0) -> Or
     trained), or the workbook's order of the items; None for a task's own sampler (its order is
     its own to state) and for a task carrying state, read in order pass after pass."""
     if cfg.pipeline:
-        def read(epoch: int) -> list[str]:
-            pipe = open_pipeline(task, cfg.seed, workers=cfg.workers,
-                                 micro_batch=cfg.shape.micro_batch, limit=limit)
-            ids = []
-            for _, _, example in pipe.read(DataPosition(epoch)):
-                if example is None or len(ids) >= PASS_LIMIT:
-                    break
-                ids.append(str(example[task.id_key]))
-            return ids
-        return read
+        return pipeline_order(task, cfg.seed, workers=cfg.workers,
+                              micro_batch=cfg.shape.micro_batch, limit=limit)
     if task.make_sampler is not None or task.state is not None:
         return None
 
-    def order(epoch: int) -> list[str]:
+    def order(epoch: int, upto: int = 0) -> list[str]:
         groups = epoch_updates(epoch_order(len(items), cfg.seed, epoch), cfg.shape.micro_batch,
                                cfg.shape.accumulation, cfg.drop_partial)
         return [str(items[i].id) for g in groups for mb in g for i in mb]
     return order
+
+
+def pipeline_order(task: Task, seed: int, rank: int = 0, world: int = 1, workers: int = 0,
+                   micro_batch: int = 1, limit: int = 0) -> Order:
+    """A pass of the task's pipeline (of `rank` of `world`) as a new pipeline reads it, cut at
+    `limit`; `order(epoch, upto)` reads past the limit, to the pass's first `upto` examples."""
+    def read(epoch: int, upto: int = 0) -> list[str]:
+        pipe = open_pipeline(task, seed, rank, world, workers=workers,
+                             micro_batch=micro_batch, limit=0 if upto else limit)
+        ids, most = [], min(upto or PASS_LIMIT, PASS_LIMIT)
+        for _, _, example in pipe.read(DataPosition(epoch)):
+            if example is None or len(ids) >= most:
+                break
+            ids.append(str(example[task.id_key]))
+        return ids
+    return read
+
+
+def stated_length(task: Task, cfg: TrainConfig) -> int | None:
+    """The length the task's pipeline states (len() of what train_pipeline returns), None for
+    a stream without one - what a count-and-skip by length divides by."""
+    if not cfg.pipeline:
+        return None
+    return pipeline_length(task, cfg.seed, workers=cfg.workers,
+                           micro_batch=cfg.shape.micro_batch)
+
+
+def pipeline_length(task: Task, seed: int, rank: int = 0, world: int = 1, workers: int = 0,
+                    micro_batch: int = 1) -> int | None:
+    """len() of the pipeline `rank` opens, None when it has none."""
+    source = open_pipeline(task, seed, rank, world, workers=workers,
+                           micro_batch=micro_batch).source
+    try:
+        return int(len(source))
+    except Exception:  # no __len__, or one that raises (a stream without a length)
+        return None
 
 
 def position_before(reference: list[dict], step: int) -> tuple[int, int]:
@@ -61,10 +89,11 @@ def _find(ids: list[str], got: list[str]) -> int | None:
 
 
 def where_from(reference: list[dict], resumed: list[dict], after: int, order: Order | None,
-               micro_batch: int, first_resume: tuple[int, int] | None = None) -> str:
+               micro_batch: int, first_resume: tuple[int, int] | None = None,
+               length: int | None = None) -> str:
     """'' when the resumed run's first update read what the uninterrupted run read; else where
     its examples came from and the pipeline bug that explains it. `first_resume`: for a resume
-    of a resume, the position the first resume began from."""
+    of a resume, the position the first resume began from; `length`: the pipeline's len()."""
     steps = {r["step"] for r in reference}
     if not resumed or after + 1 not in steps:
         return ""
@@ -72,51 +101,94 @@ def where_from(reference: list[dict], resumed: list[dict], after: int, order: Or
     expected = next(r["ids"] for r in reference if r["step"] == after + 1)
     if got == expected:
         return ""
-    epoch, n = position_before(reference, after + 1)
     if order is None:
         return (f"update {after + 1} read other examples than the uninterrupted run (the task's "
                 "own sampler: its order after the resume is not the one it gave)")
+    epoch, n = position_before(reference, after + 1)
+    total = sum(len(r["ids"]) for r in reference if r["step"] < after + 1)
+    where, why = resumed_from(epoch, n, total, got, order, micro_batch, first_resume, length)
+    return f"{where}: {why}" if where.startswith("the resumed") else \
+        f"update {after + 1} {where}: {why}"
+
+
+def resumed_from(epoch: int, n: int, total: int, got: list[str], order: Order,
+                 micro_batch: int, first_resume: tuple[int, int] | None = None,
+                 length: int | None = None) -> tuple[str, str]:
+    """(where a resume that should go on at example `n` of pass `epoch` - `total` examples
+    read in all - read `got` from, the pipeline bug that explains it and its fix)."""
+    skipped = _length_skip(epoch, n, total, got, order, length)
+    if skipped:
+        return skipped
+    upto = max(n * max(micro_batch, 1), total) + len(got)  # past a pass cut short
     for e in dict.fromkeys([epoch, *range(epoch + 2)]):
-        f = _find(order(e), got)
+        f = _find(order(e, upto=upto), got)
         if f is not None:
             return _named(epoch, n, e, f, micro_batch, first_resume)
     seen = set(order(epoch)[:n])
     again = [i for i in got if i in seen]
     if not again:
-        return (f"update {after + 1} read examples pass {epoch} had not given yet, but not in "
-                "the uninterrupted order: the order after the resume is another (a shuffle "
-                "buffer whose content the state does not hold, or a reseeded shuffle)")
-    return (f"update {after + 1} read {len(again)} examples pass {epoch} had already given "
-            f"before the resume (e.g. {again[0]!r}), in another order: the pipeline was "
-            "reshuffled or reseeded on restore")
+        return (f"read examples pass {epoch} had not given yet, but not in the uninterrupted "
+                "order", "the order after the resume is another (a shuffle buffer whose "
+                "content the state does not hold, or a reseeded shuffle)")
+    return (f"read {len(again)} examples pass {epoch} had already given before the resume "
+            f"(e.g. {again[0]!r}), in another order", "the pipeline was reshuffled or "
+            "reseeded on restore")
+
+
+def _where(epoch: int, n: int, e: int, f: int) -> str:
+    return f"the resumed run read from example {f} of pass {e}, the uninterrupted run from " \
+           f"example {n} of pass {epoch}"
+
+
+def _length_skip(epoch: int, n: int, total: int, got: list[str], order: Order,
+                 length: int | None) -> tuple[str, str] | None:
+    """The resume skipped `total % length` examples of pass `total // length` (or of the pass
+    it was given), a Trainer's count-and-skip by len(dataloader) - or, without a length, the
+    whole run's count from a pass's start (huggingface/transformers#26413)."""
+    if not total or not got:
+        return None
+    by = [divmod(total, length), (epoch, total % length)] if length else \
+        [(0, total), (epoch, total)]
+    for e, f in dict.fromkeys(by):
+        if (e, f) == (epoch, n) or order(e, upto=f + len(got))[f:f + len(got)] != got:
+            continue
+        stated = f"{total} examples read in all, " + (
+            f"divided by the pipeline's len() of {length}" if length else "skipped from a "
+            "pass's start (a stream without a usable __len__: the run counted as one pass)")
+        return (_where(epoch, n, e, f), f"the resume skipped by a length the stream does not "
+                f"have ({stated}; this run's pass {epoch} had given {n}) - skip by the "
+                "examples read in the pass (the checkpoint's position), or give the stream a "
+                "state_dict that holds its position")
+    return None
 
 
 def _named(epoch: int, n: int, e: int, f: int, micro_batch: int,
-           first_resume: tuple[int, int] | None) -> str:
-    where = f"the resumed run read from example {f} of pass {e}, the uninterrupted run from " \
-            f"example {n} of pass {epoch}"
+           first_resume: tuple[int, int] | None) -> tuple[str, str]:
+    where = _where(epoch, n, e, f)
     if first_resume is not None and (e, f) == first_resume:
-        return (f"{where} - where the first resume began: the pipeline's state did not advance "
-                "after load_state_dict, so a second resume restarts from the first")
+        return (f"{where} - where the first resume began", "the pipeline's state did not "
+                "advance after load_state_dict, so a second resume restarts from the first")
     if first_resume is not None and f == 0 and e == first_resume[0] == epoch and n:
-        return (f"{where}: the pipeline's state did not advance after load_state_dict (the "
+        return (where, "the pipeline's state did not advance after load_state_dict (the "
                 "first resume was exact; its state_dict then gave the pass's start, so a "
                 "second resume restarts the stream) - let state_dict report the position "
                 "reached after a load as after a fresh start")
     if f == 0 and (e == epoch or e == 0) and n:
-        return (f"{where}: the pass restarted from its beginning on restore (an epoch guard "
-                "that restarts the epoch instead of going on inside it)")
+        return (where, "the pass restarted from its beginning on restore (an epoch guard "
+                "that restarts the epoch instead of going on inside it, or an __iter__ that "
+                "starts each pass at its beginning and drops the position load_state_dict gave "
+                "back) - go on from the loaded position inside the pass")
     if e != epoch:
-        return (f"{where}: the pass number did not come back (set_epoch, or the epoch in its "
+        return (where, "the pass number did not come back (set_epoch, or the epoch in its "
                 "state)")
     if micro_batch > 1 and n and f == n * micro_batch:
-        return (f"{where} = {n} x the micro-batch of {micro_batch}: a skip counted in batches "
-                "where the checkpoint counts examples")
+        return (f"{where} = {n} x the micro-batch of {micro_batch}", "a skip counted in "
+                "batches where the checkpoint counts examples")
     if f > n:
-        return (f"{where}: {f - n} example(s) lost at the resume point (the state counted "
+        return (where, f"{f - n} example(s) lost at the resume point (the state counted "
                 "an example read ahead but not yet trained on - one in flight at a yield "
                 "boundary)")
-    return f"{where}: {n - f} example(s) read again"
+    return (where, f"{n - f} example(s) read again")
 
 
 def repeats(records: list[dict], workers: int) -> str:
@@ -179,8 +251,14 @@ def repeated_pass(reference: list[dict], order: Order | None) -> str:
     the same order, where a new pipeline opened at that pass reads another order: the
     pipeline moved to the new pass only when a pass ran to its end (the pilot's passes, like
     a loop that breaks early, stop before it)."""
+    found = repeated(reference, order)
+    return f"{found[0]}: {found[1]}" if found else ""
+
+
+def repeated(reference: list[dict], order: Order | None) -> tuple[str, str] | None:
+    """repeated_pass's finding as (what was read, the cause and its fix), or None."""
     if order is None:
-        return ""
+        return None
     passes: dict[int, list[str]] = {}
     for r in reference:
         passes.setdefault(r["epoch"], []).extend(r["ids"])
@@ -192,8 +270,8 @@ def repeated_pass(reference: list[dict], order: Order | None) -> str:
         if fresh != got:
             return (f"pass {epoch} repeated pass {epoch - 1} (the same {len(got)} examples in "
                     f"the same order, e.g. {got[0]!r} first) where a new pipeline opened at "
-                    f"pass {epoch} reads {fresh[:1]!r} first: the pipeline commits its epoch "
+                    f"pass {epoch} reads {fresh[:1]!r} first", "the pipeline commits its epoch "
                     "only when a pass runs to its end, so a loop that breaks early (a step "
                     "budget, the pilot's cut passes) replays the pass - take the epoch from "
                     "set_epoch (or advance it in __iter__), not from the end of the pass")
-    return ""
+    return None
