@@ -183,7 +183,7 @@ class Manifest(_Closed):
 
 # --- configurations ----------------------------------------------------------------------
 class Shape(_Closed):
-    """loop.UpdateShape."""
+    """contract.shape.UpdateShape."""
 
     micro_batch: Count = 2
     accumulation: Count = 1
