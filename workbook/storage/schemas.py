@@ -32,7 +32,7 @@ from ..base.errors import WorkbookError
 MAX_JSON_BYTES = 256 * 2**20  # a metrics file of a long run is a few MiB
 MAX_JSON_DEPTH = 64  # the workbook nests its files 6 deep
 MAX_INT_DIGITS = 40  # a seed or a byte count has at most 20
-SEED_MAX = 2**32 - 1  # NumPy's seed range (seed_everything seeds it)
+SEED_MAX = 2**32 - 1  # NumPy's seed range (seed_everything seeds it); cli and params check by it
 MAX_THREADS = 4096
 MAX_IDS = 1_000_000
 
