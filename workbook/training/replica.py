@@ -14,7 +14,6 @@ import copy
 import math
 import os
 import re
-import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -38,7 +37,15 @@ from .deviation import relative_deviation
 from .evaluation import evaluation_sums
 from .loop import Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, state_tensors
-from .ranks import bn_buffers, bn_check, digest, gather, join_launch, sync_batch_norm
+from .ranks import (
+    WriteAudit,
+    bn_buffers,
+    bn_check,
+    digest,
+    gather,
+    join_launch,
+    sync_batch_norm,
+)
 
 # Planted multi-process bugs, each named by one rule of `parallel.RULES`.
 FAULTS = {
@@ -98,40 +105,6 @@ class ReplicaSpec:
 
 
 # --- what this process writes ----------------------------------------------------------------
-class WriteAudit:
-    """Every file this process creates, writes or renames under `root`, seen through Python's
-    audit hooks (PEP 578): the workbook's writes all end in a rename, so even files written by
-    C++ code are seen when they land."""
-
-    EVENTS = ("open", "os.rename", "os.mkdir", "os.remove", "shutil.rmtree")
-    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
-
-    def __init__(self, root: Path):
-        self.root = str(root.resolve())
-        self.paths: set[str] = set()
-        sys.addaudithook(self._hook)
-
-    def _hook(self, event: str, args: tuple) -> None:
-        try:
-            self._record(event, args)
-        except Exception:  # an audit hook that raises would fail the write it watches
-            pass
-
-    def _record(self, event: str, args: tuple) -> None:
-        if event not in self.EVENTS or not args or not isinstance(args[0], (str, Path)):
-            return
-        if event == "open":
-            mode, flags = (args[1], args[2]) if len(args) > 2 else (None, 0)
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
-                (isinstance(flags, int) and flags & self._WRITE_FLAGS)
-            if not writes:
-                return
-        target = args[1] if event == "os.rename" else args[0]
-        path = os.path.abspath(str(target))
-        if path.startswith(self.root + os.sep):
-            self.paths.add(_artifact(os.path.relpath(path, self.root)))
-
-
 def _artifact(relative: str) -> str:
     """The artifact a written path belongs to: `.ckpt-5.partial-123/x` -> `ckpt-5`."""
     first = relative.split(os.sep)[0]
@@ -417,7 +390,7 @@ def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
     try:
         audit = WriteAudit(out)
         result = _launch(spec, out, resume_from, task, rank, world, device, audit)
-        writers = gather(sorted(audit.paths))
+        writers = gather(sorted({_artifact(path) for path in audit.paths}))
         if rank == 0:
             result["writes"] = writers
             write_json(out / RESULT, result)

@@ -37,9 +37,9 @@ from . import checkpoint as ckpt
 from .deviation import max_difference, relative_deviation
 from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, rebased
-from .ranks import digest, gather, join_launch, sync_batch_norm
+from .ranks import WriteAudit, digest, gather, join_launch, sync_batch_norm
 from .replica import RESULT, WEIGHTS, replica_updates
-from .sharded_checkpoint import FileAudit, coverage, load_sharded, save_sharded
+from .sharded_checkpoint import coverage, load_sharded, save_sharded
 from .sharded_model import (
     TieWatch,
     _local,
@@ -345,7 +345,7 @@ def run_sharded(spec: ShardedSpec, out: Path, resume_from: Path | None = None) -
     """The body of one process of an FSDP launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
     rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
     try:
-        audit = FileAudit(out)
+        audit = WriteAudit(out)
         task = load_task(spec.task, **spec.task_options)
         work = _resume if resume_from is not None else _train
         result = work(spec, task, out, resume_from, rank, world, device, audit)
@@ -371,7 +371,7 @@ def _first_updates(task: Task, items: list[Item], spec: ShardedSpec, world: int,
 
 
 def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, rank: int,
-           world: int, device: torch.device, audit: FileAudit) -> dict[str, Any]:
+           world: int, device: torch.device, audit: WriteAudit) -> dict[str, Any]:
     seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
     data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
     items, val = data.train, data.validation or data.train
@@ -439,7 +439,7 @@ def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, r
 
 def _steps(spec: ShardedSpec, task: Task, items: list[Item], stepper: Stepper,
            start: Position, first: int, rank: int, world: int, device: torch.device,
-           out: Path, audit: FileAudit) -> tuple[list[dict], dict | None]:
+           out: Path, audit: WriteAudit) -> tuple[list[dict], dict | None]:
     stream = replica_updates(task, items, spec, rank, world, start)
     records, checkpoint = [], None
     for step in range(first, spec.updates + 1):
@@ -459,7 +459,7 @@ def _steps(spec: ShardedSpec, task: Task, items: list[Item], stepper: Stepper,
 
 def _checkpoint(spec: ShardedSpec, stepper: Stepper, step: int, after: Position, rank: int,
                 world: int, device: torch.device, out: Path,
-                audit: FileAudit) -> dict[str, Any]:
+                audit: WriteAudit) -> dict[str, Any]:
     """Every rank writes its shard of one DCP checkpoint (with `plant`, rank 0 alone also
     writes one the classic way); the whole state's digests say what a resume must restore.
     Batch-norm running statistics are averaged over the ranks first, as the DDP loop does:
@@ -487,7 +487,7 @@ def _checkpoint(spec: ShardedSpec, stepper: Stepper, step: int, after: Position,
 
 
 def _resume(spec: ShardedSpec, task: Task, out: Path, resume_from: Path, rank: int, world: int,
-            device: torch.device, audit: FileAudit) -> dict[str, Any]:
+            device: torch.device, audit: WriteAudit) -> dict[str, Any]:
     """New processes: load the planted checkpoint (when given) into a fresh sharded model and
     see what it restores, then the checkpoint itself, and continue to the last update."""
     seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
