@@ -228,8 +228,9 @@ class Recipe(_Closed):
     config: TrainConfig
 
 
-class LaunchSpec(_Closed):
-    """replica.ReplicaSpec as `workbook ddp --spec` takes it (JSON on the command line)."""
+class LaunchBase(_Closed):
+    """launch_spec.LaunchBase: what every launch of notebook 09 takes (JSON on the command
+    line)."""
 
     task: Name
     task_options: Options = {}
@@ -241,11 +242,32 @@ class LaunchSpec(_Closed):
     validation_limit: Index = 0
     eval_batch: Count = 8
     drop_partial: StrictBool = False
-    check_examples: Count = 16
     checkpoint_at: Index = 0
     device: StrictStr = "cpu"
     collective_timeout_s: Positive = 120.0
+
+
+class LaunchSpec(LaunchBase):
+    """replica.ReplicaSpec as `workbook ddp --spec` takes it."""
+
+    check_examples: Count = 16
     fault: StrictStr = ""
+
+
+class ShardedSpec(LaunchBase):
+    """sharded_replica.ShardedSpec as `workbook ddp --spec` takes it (its "strategy": "fsdp")."""
+
+    updates: Count = 6
+    validation_limit: Index = 8
+    checkpoint_at: Index = 3
+    compare_updates: Index = 2
+    plant: StrictBool = True
+    memory: StrictBool = True
+    plan_length: Index = 0
+    plan_eval_length: Index = 0
+    train: StrictBool = True
+    planted_checkpoint: StrictStr = ""
+    strategy: Literal["fsdp"] = "fsdp"
 
 
 # --- checkpoints -------------------------------------------------------------------------

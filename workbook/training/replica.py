@@ -15,7 +15,7 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -35,7 +35,8 @@ from ..storage.files import write_json
 from . import checkpoint as ckpt
 from .deviation import relative_deviation
 from .evaluation import evaluation_sums
-from .loop import Position, Stepper, UpdateShape, build_stepper, seed_everything
+from .launch_spec import LaunchBase
+from .loop import Position, Stepper, build_stepper, seed_everything
 from .memory import measure, state_tensors
 from .ranks import (
     WriteAudit,
@@ -61,47 +62,22 @@ WEIGHTS = "weights.safetensors"
 
 
 @dataclass
-class ReplicaSpec:
-    """What one launch runs; passed as JSON on the command line (never read from a folder)."""
+class ReplicaSpec(LaunchBase):
+    """What one DDP launch runs: the shared settings, the gradient check's size and a planted
+    fault."""
 
-    task: str
-    task_options: dict = field(default_factory=dict)
-    shape: UpdateShape = UpdateShape(2, 2, replicas=2)  # replicas: the processes launched
-    updates: int = 10
-    lr: float = 1e-3
-    seed: int = 0
-    train_limit: int = 32  # examples of the training split (0: all)
-    validation_limit: int = 0
-    eval_batch: int = 8
-    drop_partial: bool = False
+    what = "replica settings"
+    schema = schemas.LaunchSpec
+
     check_examples: int = 16  # the 1 x N against R x N/R gradient check
-    checkpoint_at: int = 0  # the update after which rank 0 checkpoints (0: none)
-    device: str = "cpu"
-    collective_timeout_s: float = 120.0  # a rank waiting longer on the others raises
     fault: str = ""
 
     @classmethod
-    def from_dict(cls, data: Any) -> "ReplicaSpec":
-        known = {f.name for f in fields(cls)}
-        if not isinstance(data, dict) or not isinstance(data.get("task"), str):
-            raise WorkbookError(f"the replica settings must be an object with a 'task' path, got "
-                                f"{str(data)[:80]!r}", 'give --spec \'{"task": "pkg.mod:attr", '
-                                '...}\'')
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise WorkbookError(f"unknown replica settings {unknown}", f"use {sorted(known)}")
-        shape = UpdateShape.from_dict(data.get("shape", {}))  # names unknown shape fields
-        schemas.check(schemas.LaunchSpec, data, "--spec", "launch spec",
-                      "give --spec with values of the right types")
-        spec = cls(**{**data, "shape": shape})
+    def from_dict(cls, data: Any) -> ReplicaSpec:
+        spec = super().from_dict(data)
         if spec.fault and spec.fault not in FAULTS:
             raise WorkbookError(f"unknown planted fault {spec.fault!r}", f"use {list(FAULTS)}")
         return spec
-
-    def train_config(self):
-        return self.shape.train_config(
-            updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
-            drop_partial=self.drop_partial, eval_batch=self.eval_batch)
 
 
 # --- what this process writes ----------------------------------------------------------------

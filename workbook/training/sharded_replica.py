@@ -19,7 +19,7 @@ import gc
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,10 +31,12 @@ from torch import nn
 from ..base.errors import WorkbookError
 from ..contract.data import Batch, Item, prepare
 from ..contract.task import Task, load_task
+from ..storage import schemas
 from ..storage.artifacts import write_file
 from ..storage.files import write_json
 from . import checkpoint as ckpt
 from .deviation import max_difference, relative_deviation
+from .launch_spec import LaunchBase
 from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, rebased
 from .ranks import WriteAudit, digest, gather, join_launch, sync_batch_norm
@@ -65,23 +67,17 @@ SHARDED_FAULTS = {
 
 
 @dataclass
-class ShardedSpec:
-    """What one FSDP launch runs; passed as JSON on the command line."""
+class ShardedSpec(LaunchBase):
+    """What one FSDP launch runs: the shared settings (a shorter run, a checkpoint after
+    update 3) and what it measures and plants."""
 
-    task: str
-    task_options: dict
-    shape: UpdateShape = UpdateShape(2, 2, replicas=2)
+    what = "FSDP launch settings"
+    schema = schemas.ShardedSpec
+
     updates: int = 6
-    lr: float = 1e-3
-    seed: int = 0
-    train_limit: int = 32
     validation_limit: int = 8
-    eval_batch: int = 8
-    drop_partial: bool = False
     checkpoint_at: int = 3  # every rank saves its shard after this update (0: none)
     compare_updates: int = 2  # the first updates compared with one process
-    device: str = "cpu"
-    collective_timeout_s: float = 120.0
     plant: bool = True  # the planted faults in the same processes
     memory: bool = True  # measure every phase's per-rank peak
     plan_length: int = 0  # positions of the measured workload (0: the data's longest)
@@ -93,19 +89,6 @@ class ShardedSpec:
     @property
     def fault(self) -> str:  # the data order of `replica` (no data fault under FSDP)
         return ""
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "ShardedSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise WorkbookError(f"unknown FSDP launch settings {unknown}", f"use {sorted(known)}")
-        return cls(**{**data, "shape": UpdateShape.from_dict(data.get("shape", {}))})
-
-    def train_config(self):
-        return self.shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
-                                       device=self.device, drop_partial=self.drop_partial,
-                                       eval_batch=self.eval_batch)
 
 
 # --- one update across ranks ------------------------------------------------------------------
