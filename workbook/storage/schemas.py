@@ -6,7 +6,11 @@ counter "five" or a learning rate "1e-3" is refused, not converted), numbers fin
 their range (positive where they must be, steps and positions never negative), and JSON is
 parsed bounded: a file above MAX_JSON_BYTES, nested deeper than MAX_JSON_DEPTH or holding an
 integer of more than MAX_INT_DIGITS digits is refused before (or while) it is parsed. A file
-that fails names the file, the field and what was expected."""
+that fails names the file, the field and what was expected.
+
+The configurations stored (`UpdateShape`, `TrainConfig`, the launch specs, `StudyDesign`) are
+dataclasses of the layers above, which this module cannot import: `tests/test_layers.py` holds
+each schema here to its dataclass field by field (names, types, defaults)."""
 
 from __future__ import annotations
 
@@ -195,7 +199,7 @@ class Shape(_Closed):
 class TrainConfig(_Closed):
     """loop.TrainConfig as a recipe stores it (`asdict`)."""
 
-    shape: Shape = Shape()
+    shape: Shape = Shape(micro_batch=2, accumulation=8)
     updates: Count = 200
     lr: Positive = 1e-3
     warmup_updates: Index = 0
