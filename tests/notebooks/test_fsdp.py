@@ -58,6 +58,24 @@ def test_the_launch_settings_round_trip_and_refuse_unknown_ones():
         ShardedSpec.from_dict({**asdict(spec), "world": 2})
 
 
+@pytest.mark.parametrize("change, named", [
+    ({"compare_updates": "2"}, "field 'compare_updates' should be a valid integer"),
+    ({"collective_timeout_s": float("inf")}, "field 'collective_timeout_s' should be a finite"),
+    ({"updates": 0}, "field 'updates' should be greater than or equal to 1"),
+])
+def test_fsdp_launch_settings_of_the_wrong_type_are_named_by_the_schema(change, named):
+    """ShardedSpec is checked against schemas.ShardedSpec as ReplicaSpec against LaunchSpec
+    (before, nothing checked the FSDP launch's values)."""
+    from dataclasses import asdict
+
+    from workbook import WorkbookError
+
+    spec = asdict(parallel.sharded_spec(ReplicaSpec(GENERATION)))
+    assert ShardedSpec.from_dict(spec).compare_updates == 2  # clean twin
+    with pytest.raises(WorkbookError, match=named):
+        ShardedSpec.from_dict({**spec, **change})
+
+
 def _launched(written, covered=10, elements=10):
     return {"checkpoint": {"path": "ckpt-000002", "written": {"ckpt-000002": written},
                            "coverage": {"ckpt-000002": {

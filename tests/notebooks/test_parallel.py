@@ -104,6 +104,23 @@ def test_written_paths_are_named_by_their_artifact():
     assert _artifact("weights.safetensors") == "weights.safetensors"
 
 
+def test_the_write_audit_sees_what_this_process_wrote_under_its_folder_only(tmp_path):
+    """The one audit of both launches (DDP names artifacts, FSDP a folder's final files)."""
+    from workbook.training.ranks import WriteAudit
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "read.txt").write_text("x")
+    audit = WriteAudit(tmp_path / "out")
+    (tmp_path / "out" / "ckpt").mkdir()
+    (tmp_path / "out" / "ckpt" / "a.distcp.tmp").write_text("x")
+    (tmp_path / "out" / "ckpt" / "a.distcp.tmp").rename(tmp_path / "out" / "ckpt" / "a.distcp")
+    (tmp_path / "read.txt").read_text()
+    (tmp_path / "elsewhere.txt").write_text("x")
+    assert audit.paths == {"ckpt", "ckpt/a.distcp.tmp", "ckpt/a.distcp"}
+    assert audit.under("ckpt") == ["a.distcp"]
+    assert {_artifact(p) for p in audit.paths} == {"ckpt"}
+
+
 def test_evaluation_sums_add_over_ranks():
     ranks = [{"(loss)": [10.0, 4.0], "accuracy": [3.0, 4.0]},
              {"(loss)": [2.0, 1.0], "accuracy": [0.0, 1.0]}]

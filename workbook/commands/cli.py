@@ -28,9 +28,8 @@ from ..storage.runs import (
     hand_back,
     refuse_existing,
 )
+from ..storage.schemas import SEED_MAX
 from .params import parse_literal
-
-SEED_MAX = 2**32 - 1  # seed_everything seeds NumPy too, whose seed is 0..2**32-1
 
 
 def _option(text: str) -> tuple[str, object]:

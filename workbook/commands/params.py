@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import WorkbookError
+from ..storage.schemas import SEED_MAX
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 # Small sizes for CI and a first look (`--smoke`): one papermill parameters file per notebook,
@@ -220,8 +221,6 @@ class Rule:
         return (f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}"
                 f"{')' if self.hi_open else ']'}")
 
-
-SEED_MAX = 2**32 - 1  # seed_everything seeds NumPy too, whose seed is 0..2**32-1 (cli.SEED_MAX)
 
 
 def _count(what: str) -> Rule:

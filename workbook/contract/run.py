@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ..training.loop import UpdateShape
+from .shape import UpdateShape
 
 DEFAULT_UPDATES = 200  # a run's optimizer steps when nothing says otherwise (TrainConfig.updates)
 EXAMPLE_WEIGHT = "example_weight"  # evaluation batches: 1 per real example, 0 per padding copy

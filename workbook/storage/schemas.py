@@ -6,7 +6,11 @@ counter "five" or a learning rate "1e-3" is refused, not converted), numbers fin
 their range (positive where they must be, steps and positions never negative), and JSON is
 parsed bounded: a file above MAX_JSON_BYTES, nested deeper than MAX_JSON_DEPTH or holding an
 integer of more than MAX_INT_DIGITS digits is refused before (or while) it is parsed. A file
-that fails names the file, the field and what was expected."""
+that fails names the file, the field and what was expected.
+
+The configurations stored (`UpdateShape`, `TrainConfig`, the launch specs, `StudyDesign`) are
+dataclasses of the layers above, which this module cannot import: `tests/test_layers.py` holds
+each schema here to its dataclass field by field (names, types, defaults)."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from ..base.errors import WorkbookError
 MAX_JSON_BYTES = 256 * 2**20  # a metrics file of a long run is a few MiB
 MAX_JSON_DEPTH = 64  # the workbook nests its files 6 deep
 MAX_INT_DIGITS = 40  # a seed or a byte count has at most 20
-SEED_MAX = 2**32 - 1  # NumPy's seed range (seed_everything seeds it)
+SEED_MAX = 2**32 - 1  # NumPy's seed range (seed_everything seeds it); cli and params check by it
 MAX_THREADS = 4096
 MAX_IDS = 1_000_000
 
@@ -183,7 +187,7 @@ class Manifest(_Closed):
 
 # --- configurations ----------------------------------------------------------------------
 class Shape(_Closed):
-    """loop.UpdateShape."""
+    """contract.shape.UpdateShape."""
 
     micro_batch: Count = 2
     accumulation: Count = 1
@@ -195,7 +199,7 @@ class Shape(_Closed):
 class TrainConfig(_Closed):
     """loop.TrainConfig as a recipe stores it (`asdict`)."""
 
-    shape: Shape = Shape()
+    shape: Shape = Shape(micro_batch=2, accumulation=8)
     updates: Count = 200
     lr: Positive = 1e-3
     warmup_updates: Index = 0
@@ -228,8 +232,9 @@ class Recipe(_Closed):
     config: TrainConfig
 
 
-class LaunchSpec(_Closed):
-    """replica.ReplicaSpec as `workbook ddp --spec` takes it (JSON on the command line)."""
+class LaunchBase(_Closed):
+    """launch_spec.LaunchBase: what every launch of notebook 09 takes (JSON on the command
+    line)."""
 
     task: Name
     task_options: Options = {}
@@ -241,11 +246,32 @@ class LaunchSpec(_Closed):
     validation_limit: Index = 0
     eval_batch: Count = 8
     drop_partial: StrictBool = False
-    check_examples: Count = 16
     checkpoint_at: Index = 0
     device: StrictStr = "cpu"
     collective_timeout_s: Positive = 120.0
+
+
+class LaunchSpec(LaunchBase):
+    """replica.ReplicaSpec as `workbook ddp --spec` takes it."""
+
+    check_examples: Count = 16
     fault: StrictStr = ""
+
+
+class ShardedSpec(LaunchBase):
+    """sharded_replica.ShardedSpec as `workbook ddp --spec` takes it (its "strategy": "fsdp")."""
+
+    updates: Count = 6
+    validation_limit: Index = 8
+    checkpoint_at: Index = 3
+    compare_updates: Index = 2
+    plant: StrictBool = True
+    memory: StrictBool = True
+    plan_length: Index = 0
+    plan_eval_length: Index = 0
+    train: StrictBool = True
+    planted_checkpoint: StrictStr = ""
+    strategy: Literal["fsdp"] = "fsdp"
 
 
 # --- checkpoints -------------------------------------------------------------------------

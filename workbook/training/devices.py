@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..base.errors import WorkbookError
+from ..contract.shape import PRECISIONS
 from ..contract.task import Task
 
 
@@ -22,9 +23,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and device.index is None:  # tensors report "cuda:0", not "cuda"
         device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_precision(precision: str, device: torch.device, task: Task | None = None) -> None:

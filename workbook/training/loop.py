@@ -27,79 +27,13 @@ from ..contract.data import (
 )
 from ..contract.pipeline import DataPosition, Pipeline
 from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
+from ..contract.shape import UpdateShape, set_config_class
 from ..contract.state import Carry, carrying
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
 from .devices import PRECISIONS, check_precision, resolve_device
 from .evaluation import evaluate, target_count
 from .update_failure import update_failure
-
-
-@dataclass(frozen=True)
-class UpdateShape:
-    """The shape of one update, the one declaration embedded by every configuration that trains
-    or sizes one (the loop's `TrainConfig`, the gates' settings, memory variants, rental
-    candidates, the study design, the data-parallel launch): micro-batch x accumulation x
-    replicas, the precision and activation checkpointing. The sequence length belongs to the
-    sized batches (`predict.Plan`), not to the update: the loop trains on the examples as the
-    task encodes them."""
-
-    micro_batch: int = 2  # examples per forward/backward pass (per replica)
-    accumulation: int = 1  # passes combined into one update
-    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
-    activation_checkpointing: bool = False  # recompute the task's blocks in backward
-    replicas: int = 1  # data-parallel processes, each making micro_batch x accumulation
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any], prefix: str = "") -> "UpdateShape":
-        """The shape named in a notebook's parameters (`<prefix><field>`; absent fields keep
-        their defaults), checked."""
-        return cls(**{name: params[prefix + name] for name in cls.__dataclass_fields__
-                      if prefix + name in params}).validate()
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "UpdateShape":
-        """A shape stored as a dict (a recipe, a design, a launch's settings) back."""
-        if not isinstance(data, dict):
-            raise WorkbookError(f"an update shape must be an object, got {str(data)[:80]!r}",
-                                'give it as {"micro_batch": 2, "accumulation": 8, ...}')
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise WorkbookError(f"unknown update-shape fields {unknown}",
-                                f"use {sorted(cls.__dataclass_fields__)}")
-        return cls(**data).validate()
-
-    @classmethod
-    def nested(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """A stored configuration with its shape under "shape": one written before the shape
-        was one field (flat micro_batch, accumulation, ...) is moved there."""
-        if not isinstance(data, dict) or "shape" in data:
-            return data
-        fields = cls.__dataclass_fields__
-        return {**{k: v for k, v in data.items() if k not in fields},
-                "shape": {k: v for k, v in data.items() if k in fields}}
-
-    @property
-    def examples_per_update(self) -> int:
-        return self.micro_batch * self.accumulation * self.replicas
-
-    def validate(self) -> "UpdateShape":
-        for name in ("micro_batch", "accumulation", "replicas"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
-                                    f"set {name} to 1 or more")
-        if self.precision not in PRECISIONS:
-            raise WorkbookError(f"unknown precision {self.precision!r}",
-                                f"use one of {list(PRECISIONS)}")
-        if not isinstance(self.activation_checkpointing, bool):
-            raise WorkbookError("activation_checkpointing must be True or False, got "
-                                f"{self.activation_checkpointing!r}", "set it to True or False")
-        return self
-
-    def train_config(self, **rest: Any) -> "TrainConfig":
-        """The loop's configuration for updates of this shape; `rest` sets the other fields."""
-        return TrainConfig(shape=self, **rest)
 
 
 @dataclass
@@ -152,6 +86,9 @@ class TrainConfig:
                                 "lower micro_batch x accumulation or keep partial")
         check_precision(shape.precision, resolve_device(self.device))
         return self
+
+
+set_config_class(TrainConfig)
 
 
 @dataclass

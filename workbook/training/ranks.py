@@ -1,12 +1,14 @@
 """What the ranks of a launch share, for the DDP and the FSDP launches alike: joining the process
-group, what every rank can see of the others (gathered objects, digests) and batch-norm statistics
-averaged over the ranks."""
+group, what every rank can see of the others (gathered objects, digests), the files each process
+wrote and batch-norm statistics averaged over the ranks."""
 
 from __future__ import annotations
 
 import datetime
 import hashlib
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +17,46 @@ from torch import nn
 
 from ..base.errors import WorkbookError
 from .devices import resolve_device
+
+
+# --- what this process writes ---------------------------------------------------------------
+class WriteAudit:
+    """Every path this process creates, writes, renames or removes under `root` (relative),
+    seen through Python's audit hooks (PEP 578): the workbook's writes all end in a rename, so
+    even files written by C++ code are seen when they land."""
+
+    EVENTS = ("open", "os.rename", "os.mkdir", "os.remove", "shutil.rmtree")
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+
+    def __init__(self, root: Path):
+        self.root = str(root.resolve())
+        self.paths: set[str] = set()
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        try:
+            self._record(event, args)
+        except Exception:  # an audit hook that raises would fail the write it watches
+            pass
+
+    def _record(self, event: str, args: tuple) -> None:
+        if event not in self.EVENTS or not args or not isinstance(args[0], (str, Path)):
+            return
+        if event == "open":
+            mode, flags = (args[1], args[2]) if len(args) > 2 else (None, 0)
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                (isinstance(flags, int) and flags & self._WRITE_FLAGS)
+            if not writes:
+                return
+        target = args[1] if event == "os.rename" else args[0]
+        path = os.path.abspath(str(target))
+        if path.startswith(self.root + os.sep):
+            self.paths.add(os.path.relpath(path, self.root))
+
+    def under(self, folder: str) -> list[str]:
+        """The final names this process wrote in `folder` (temporary names left out)."""
+        names = {p[len(folder) + 1:] for p in self.paths if p.startswith(folder + os.sep)}
+        return sorted(n for n in names if not n.endswith(".tmp") and ".partial" not in n)
 
 
 # --- what every rank can see of the others -------------------------------------------------

@@ -14,9 +14,8 @@ import copy
 import math
 import os
 import re
-import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,9 +35,18 @@ from ..storage.files import write_json
 from . import checkpoint as ckpt
 from .deviation import relative_deviation
 from .evaluation import evaluation_sums
-from .loop import Position, Stepper, UpdateShape, build_stepper, seed_everything
+from .launch_spec import LaunchBase
+from .loop import Position, Stepper, build_stepper, seed_everything
 from .memory import measure, state_tensors
-from .ranks import bn_buffers, bn_check, digest, gather, join_launch, sync_batch_norm
+from .ranks import (
+    WriteAudit,
+    bn_buffers,
+    bn_check,
+    digest,
+    gather,
+    join_launch,
+    sync_batch_norm,
+)
 
 # Planted multi-process bugs, each named by one rule of `parallel.RULES`.
 FAULTS = {
@@ -54,84 +62,25 @@ WEIGHTS = "weights.safetensors"
 
 
 @dataclass
-class ReplicaSpec:
-    """What one launch runs; passed as JSON on the command line (never read from a folder)."""
+class ReplicaSpec(LaunchBase):
+    """What one DDP launch runs: the shared settings, the gradient check's size and a planted
+    fault."""
 
-    task: str
-    task_options: dict = field(default_factory=dict)
-    shape: UpdateShape = UpdateShape(2, 2, replicas=2)  # replicas: the processes launched
-    updates: int = 10
-    lr: float = 1e-3
-    seed: int = 0
-    train_limit: int = 32  # examples of the training split (0: all)
-    validation_limit: int = 0
-    eval_batch: int = 8
-    drop_partial: bool = False
+    what = "replica settings"
+    schema = schemas.LaunchSpec
+
     check_examples: int = 16  # the 1 x N against R x N/R gradient check
-    checkpoint_at: int = 0  # the update after which rank 0 checkpoints (0: none)
-    device: str = "cpu"
-    collective_timeout_s: float = 120.0  # a rank waiting longer on the others raises
     fault: str = ""
 
     @classmethod
-    def from_dict(cls, data: Any) -> "ReplicaSpec":
-        known = {f.name for f in fields(cls)}
-        if not isinstance(data, dict) or not isinstance(data.get("task"), str):
-            raise WorkbookError(f"the replica settings must be an object with a 'task' path, got "
-                                f"{str(data)[:80]!r}", 'give --spec \'{"task": "pkg.mod:attr", '
-                                '...}\'')
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise WorkbookError(f"unknown replica settings {unknown}", f"use {sorted(known)}")
-        shape = UpdateShape.from_dict(data.get("shape", {}))  # names unknown shape fields
-        schemas.check(schemas.LaunchSpec, data, "--spec", "launch spec",
-                      "give --spec with values of the right types")
-        spec = cls(**{**data, "shape": shape})
+    def from_dict(cls, data: Any) -> ReplicaSpec:
+        spec = super().from_dict(data)
         if spec.fault and spec.fault not in FAULTS:
             raise WorkbookError(f"unknown planted fault {spec.fault!r}", f"use {list(FAULTS)}")
         return spec
 
-    def train_config(self):
-        return self.shape.train_config(
-            updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
-            drop_partial=self.drop_partial, eval_batch=self.eval_batch)
-
 
 # --- what this process writes ----------------------------------------------------------------
-class WriteAudit:
-    """Every file this process creates, writes or renames under `root`, seen through Python's
-    audit hooks (PEP 578): the workbook's writes all end in a rename, so even files written by
-    C++ code are seen when they land."""
-
-    EVENTS = ("open", "os.rename", "os.mkdir", "os.remove", "shutil.rmtree")
-    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
-
-    def __init__(self, root: Path):
-        self.root = str(root.resolve())
-        self.paths: set[str] = set()
-        sys.addaudithook(self._hook)
-
-    def _hook(self, event: str, args: tuple) -> None:
-        try:
-            self._record(event, args)
-        except Exception:  # an audit hook that raises would fail the write it watches
-            pass
-
-    def _record(self, event: str, args: tuple) -> None:
-        if event not in self.EVENTS or not args or not isinstance(args[0], (str, Path)):
-            return
-        if event == "open":
-            mode, flags = (args[1], args[2]) if len(args) > 2 else (None, 0)
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
-                (isinstance(flags, int) and flags & self._WRITE_FLAGS)
-            if not writes:
-                return
-        target = args[1] if event == "os.rename" else args[0]
-        path = os.path.abspath(str(target))
-        if path.startswith(self.root + os.sep):
-            self.paths.add(_artifact(os.path.relpath(path, self.root)))
-
-
 def _artifact(relative: str) -> str:
     """The artifact a written path belongs to: `.ckpt-5.partial-123/x` -> `ckpt-5`."""
     first = relative.split(os.sep)[0]
@@ -417,7 +366,7 @@ def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
     try:
         audit = WriteAudit(out)
         result = _launch(spec, out, resume_from, task, rank, world, device, audit)
-        writers = gather(sorted(audit.paths))
+        writers = gather(sorted({_artifact(path) for path in audit.paths}))
         if rank == 0:
             result["writes"] = writers
             write_json(out / RESULT, result)

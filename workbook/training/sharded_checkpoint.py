@@ -1,11 +1,9 @@
 """Checkpoints of a sharded model: one DCP checkpoint every rank writes its shard of (planted:
-rank 0 alone), what its metadata covers, and the files each process wrote."""
+rank 0 alone) and what its metadata covers."""
 
 from __future__ import annotations
 
 import io
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,39 +11,6 @@ import torch
 import torch.distributed as dist
 
 from .loop import Stepper
-
-
-class FileAudit:
-    """Every file this process creates or renames under `root` (relative paths), through
-    Python's audit hooks, as `replica.WriteAudit` but file by file."""
-
-    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
-
-    def __init__(self, root: Path):
-        self.root = str(root.resolve())
-        self.paths: set[str] = set()
-        sys.addaudithook(self._hook)
-
-    def _hook(self, event: str, args: tuple) -> None:
-        try:
-            if event not in ("open", "os.rename") or not args or \
-                    not isinstance(args[0], (str, Path)):
-                return
-            if event == "open":
-                mode, flags = (args[1], args[2]) if len(args) > 2 else (None, 0)
-                if not ((isinstance(mode, str) and any(c in mode for c in "wax+")) or
-                        (isinstance(flags, int) and flags & self._WRITE_FLAGS)):
-                    return
-            path = os.path.abspath(str(args[1] if event == "os.rename" else args[0]))
-            if path.startswith(self.root + os.sep):
-                self.paths.add(os.path.relpath(path, self.root))
-        except Exception:  # an audit hook that raises would fail the write it watches
-            pass
-
-    def under(self, folder: str) -> list[str]:
-        """The final names this process wrote in `folder` (temporary names left out)."""
-        names = {p[len(folder) + 1:] for p in self.paths if p.startswith(folder + os.sep)}
-        return sorted(n for n in names if not n.endswith(".tmp") and ".partial" not in n)
 
 
 def _trainer_bytes(state: dict[str, Any]) -> bytes:

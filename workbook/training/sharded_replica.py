@@ -19,7 +19,7 @@ import gc
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,15 +31,17 @@ from torch import nn
 from ..base.errors import WorkbookError
 from ..contract.data import Batch, Item, prepare
 from ..contract.task import Task, load_task
+from ..storage import schemas
 from ..storage.artifacts import write_file
 from ..storage.files import write_json
 from . import checkpoint as ckpt
 from .deviation import max_difference, relative_deviation
+from .launch_spec import LaunchBase
 from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
 from .memory import measure, rebased
-from .ranks import digest, gather, join_launch, sync_batch_norm
+from .ranks import WriteAudit, digest, gather, join_launch, sync_batch_norm
 from .replica import RESULT, WEIGHTS, replica_updates
-from .sharded_checkpoint import FileAudit, coverage, load_sharded, save_sharded
+from .sharded_checkpoint import coverage, load_sharded, save_sharded
 from .sharded_model import (
     TieWatch,
     _local,
@@ -65,23 +67,17 @@ SHARDED_FAULTS = {
 
 
 @dataclass
-class ShardedSpec:
-    """What one FSDP launch runs; passed as JSON on the command line."""
+class ShardedSpec(LaunchBase):
+    """What one FSDP launch runs: the shared settings (a shorter run, a checkpoint after
+    update 3) and what it measures and plants."""
 
-    task: str
-    task_options: dict
-    shape: UpdateShape = UpdateShape(2, 2, replicas=2)
+    what = "FSDP launch settings"
+    schema = schemas.ShardedSpec
+
     updates: int = 6
-    lr: float = 1e-3
-    seed: int = 0
-    train_limit: int = 32
     validation_limit: int = 8
-    eval_batch: int = 8
-    drop_partial: bool = False
     checkpoint_at: int = 3  # every rank saves its shard after this update (0: none)
     compare_updates: int = 2  # the first updates compared with one process
-    device: str = "cpu"
-    collective_timeout_s: float = 120.0
     plant: bool = True  # the planted faults in the same processes
     memory: bool = True  # measure every phase's per-rank peak
     plan_length: int = 0  # positions of the measured workload (0: the data's longest)
@@ -93,19 +89,6 @@ class ShardedSpec:
     @property
     def fault(self) -> str:  # the data order of `replica` (no data fault under FSDP)
         return ""
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "ShardedSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise WorkbookError(f"unknown FSDP launch settings {unknown}", f"use {sorted(known)}")
-        return cls(**{**data, "shape": UpdateShape.from_dict(data.get("shape", {}))})
-
-    def train_config(self):
-        return self.shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
-                                       device=self.device, drop_partial=self.drop_partial,
-                                       eval_batch=self.eval_batch)
 
 
 # --- one update across ranks ------------------------------------------------------------------
@@ -345,7 +328,7 @@ def run_sharded(spec: ShardedSpec, out: Path, resume_from: Path | None = None) -
     """The body of one process of an FSDP launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
     rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
     try:
-        audit = FileAudit(out)
+        audit = WriteAudit(out)
         task = load_task(spec.task, **spec.task_options)
         work = _resume if resume_from is not None else _train
         result = work(spec, task, out, resume_from, rank, world, device, audit)
@@ -371,7 +354,7 @@ def _first_updates(task: Task, items: list[Item], spec: ShardedSpec, world: int,
 
 
 def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, rank: int,
-           world: int, device: torch.device, audit: FileAudit) -> dict[str, Any]:
+           world: int, device: torch.device, audit: WriteAudit) -> dict[str, Any]:
     seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
     data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
     items, val = data.train, data.validation or data.train
@@ -439,7 +422,7 @@ def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, r
 
 def _steps(spec: ShardedSpec, task: Task, items: list[Item], stepper: Stepper,
            start: Position, first: int, rank: int, world: int, device: torch.device,
-           out: Path, audit: FileAudit) -> tuple[list[dict], dict | None]:
+           out: Path, audit: WriteAudit) -> tuple[list[dict], dict | None]:
     stream = replica_updates(task, items, spec, rank, world, start)
     records, checkpoint = [], None
     for step in range(first, spec.updates + 1):
@@ -459,7 +442,7 @@ def _steps(spec: ShardedSpec, task: Task, items: list[Item], stepper: Stepper,
 
 def _checkpoint(spec: ShardedSpec, stepper: Stepper, step: int, after: Position, rank: int,
                 world: int, device: torch.device, out: Path,
-                audit: FileAudit) -> dict[str, Any]:
+                audit: WriteAudit) -> dict[str, Any]:
     """Every rank writes its shard of one DCP checkpoint (with `plant`, rank 0 alone also
     writes one the classic way); the whole state's digests say what a resume must restore.
     Batch-norm running statistics are averaged over the ranks first, as the DDP loop does:
@@ -487,7 +470,7 @@ def _checkpoint(spec: ShardedSpec, stepper: Stepper, step: int, after: Position,
 
 
 def _resume(spec: ShardedSpec, task: Task, out: Path, resume_from: Path, rank: int, world: int,
-            device: torch.device, audit: FileAudit) -> dict[str, Any]:
+            device: torch.device, audit: WriteAudit) -> dict[str, Any]:
     """New processes: load the planted checkpoint (when given) into a fresh sharded model and
     see what it restores, then the checkpoint itself, and continue to the last update."""
     seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)

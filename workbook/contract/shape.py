@@ -1,0 +1,98 @@
+"""The shape of one update, declared once for every layer: the contract's run being built
+(`run.RunLength`), the loop's `TrainConfig`, the launches of notebook 09 and every notebook's
+configuration embed it as `shape`. `training/loop.py` re-exports it (`loop.UpdateShape`,
+`wb.UpdateShape`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..base.errors import WorkbookError
+
+# the precisions an update can run in, with the autocast dtype of each (None: no autocast)
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# The loop's configuration class (`training.loop.TrainConfig`): the loop, a layer above, names
+# it with `set_config_class` when it is imported, so `UpdateShape.train_config` can make one
+# while the contract imports nothing above it.
+_config_class: Callable[..., Any] | None = None
+
+
+def set_config_class(config_class: Callable[..., Any]) -> None:
+    """Name the class `UpdateShape.train_config` makes (the loop's `TrainConfig`)."""
+    global _config_class
+    _config_class = config_class
+
+
+@dataclass(frozen=True)
+class UpdateShape:
+    """The shape of one update, the one declaration embedded by every configuration that trains
+    or sizes one (the loop's `TrainConfig`, the gates' settings, memory variants, rental
+    candidates, the study design, the data-parallel launch): micro-batch x accumulation x
+    replicas, the precision and activation checkpointing. The sequence length belongs to the
+    sized batches (`predict.Plan`), not to the update: the loop trains on the examples as the
+    task encodes them."""
+
+    micro_batch: int = 2  # examples per forward/backward pass (per replica)
+    accumulation: int = 1  # passes combined into one update
+    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
+    activation_checkpointing: bool = False  # recompute the task's blocks in backward
+    replicas: int = 1  # data-parallel processes, each making micro_batch x accumulation
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], prefix: str = "") -> UpdateShape:
+        """The shape named in a notebook's parameters (`<prefix><field>`; absent fields keep
+        their defaults), checked."""
+        return cls(**{name: params[prefix + name] for name in cls.__dataclass_fields__
+                      if prefix + name in params}).validate()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UpdateShape:
+        """A shape stored as a dict (a recipe, a design, a launch's settings) back."""
+        if not isinstance(data, dict):
+            raise WorkbookError(f"an update shape must be an object, got {str(data)[:80]!r}",
+                                'give it as {"micro_batch": 2, "accumulation": 8, ...}')
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise WorkbookError(f"unknown update-shape fields {unknown}",
+                                f"use {sorted(cls.__dataclass_fields__)}")
+        return cls(**data).validate()
+
+    @classmethod
+    def nested(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """A stored configuration with its shape under "shape": one written before the shape
+        was one field (flat micro_batch, accumulation, ...) is moved there."""
+        if not isinstance(data, dict) or "shape" in data:
+            return data
+        fields = cls.__dataclass_fields__
+        return {**{k: v for k, v in data.items() if k not in fields},
+                "shape": {k: v for k, v in data.items() if k in fields}}
+
+    @property
+    def examples_per_update(self) -> int:
+        return self.micro_batch * self.accumulation * self.replicas
+
+    def validate(self) -> UpdateShape:
+        for name in ("micro_batch", "accumulation", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
+                                    f"set {name} to 1 or more")
+        if self.precision not in PRECISIONS:
+            raise WorkbookError(f"unknown precision {self.precision!r}",
+                                f"use one of {list(PRECISIONS)}")
+        if not isinstance(self.activation_checkpointing, bool):
+            raise WorkbookError("activation_checkpointing must be True or False, got "
+                                f"{self.activation_checkpointing!r}", "set it to True or False")
+        return self
+
+    def train_config(self, **rest: Any) -> Any:
+        """The loop's configuration (`TrainConfig`) for updates of this shape; `rest` sets the
+        other fields."""
+        if _config_class is None:
+            raise WorkbookError("no training loop is loaded to make a configuration from this "
+                                "update shape", "import workbook.training.loop first")
+        return _config_class(shape=self, **rest)
