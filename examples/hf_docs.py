@@ -54,8 +54,8 @@ def metrics_for(classes: int, count_padding: bool = False, f1: bool = False):
         if not count_padding:  # the padding rows carry label -100: they are no examples
             mask = labels != -100
             predictions, labels = predictions[mask], labels[mask]
-        got = accuracy_and_f1(predictions, labels, classes)
-        return got if f1 else {"accuracy": got["accuracy"]}
+        got = {**accuracy_and_f1(predictions, labels, classes), "n_examples": len(labels)}
+        return got if f1 else {k: got[k] for k in ("accuracy", "n_examples")}
     return compute_metrics
 
 

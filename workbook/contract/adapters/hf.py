@@ -451,7 +451,11 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                              tokenizer, notes)
     if compute_metrics is not None:
         split_metrics = _SplitMetrics(compute_metrics, preprocess_logits_for_metrics)
-        fields["eval_step"] = lambda model, batch: split_metrics(task, model, batch)
+
+        def eval_step(model: nn.Module, batch: dict) -> dict[str, tuple]:
+            return split_metrics(task, model, batch)
+        eval_step.metric_reductions = split_metrics.metric_reductions  # type: ignore[attr-defined]
+        fields["eval_step"] = eval_step
     fields.update(task_fields)
     first = collated([encode({"split": "train", "index": 0, "row": first_row})])
 
