@@ -105,19 +105,23 @@ def lm_pieces(options: dict) -> tuple[Callable, Any]:
     return lambda: LitLanguageModel(**model_flags), data
 
 
-def docs_pieces(options: dict) -> tuple[Callable, Any]:
-    """examples/lightning_docs.py's module and datamodule, as its make_task hands them over."""
-    from examples.lightning_docs import LitClassifier, RowsDataModule
+def docs_pieces(options: dict) -> tuple[Callable, Any, list]:
+    """examples/lightning_docs.py's module, datamodule and callbacks, as its make_task hands
+    them over."""
+    from examples.lightning_docs import EvalModeCallback, LitClassifier, RowsDataModule
 
-    return lambda: LitClassifier(**options), RowsDataModule()
+    flags = {k: v for k, v in options.items() if k != "callback_eval"}
+    hook = options.get("callback_eval")
+    return (lambda: LitClassifier(**flags), RowsDataModule(),
+            [EvalModeCallback(hook)] if hook else [])
 
 
 def lightning_run(pieces: Callable[[dict], tuple[Callable, Any]], case: Case) -> str:
     import lightning.pytorch as pl
 
-    module, data = pieces(case.options)
+    module, data, *more = pieces(case.options)
     common = dict(accelerator="cpu", logger=False, enable_progress_bar=False,
-                  enable_model_summary=False)
+                  enable_model_summary=False, callbacks=more[0] if more else None)
     with quiet() as said, tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         trainer = pl.Trainer(fast_dev_run=True, accumulate_grad_batches=4, **common)
@@ -372,6 +376,13 @@ CASES = [
          names=("val_acc", "evaluation batch"), **LIT_DOCS),
     Case("Lightning docs", "macro_f1", "09", warns=("sync_dist", "f1"),
          names=("sums over ranks",), **LIT_DOCS),
+    Case("Lightning docs", "bn_train_in_validation", "04", warns=("batchnorm", "train"),
+         names=("in training mode",), **LIT_DOCS),
+    Case("Lightning docs", "callback_eval", "04", warns=("eval", "callback"),
+         names=("in eval mode",), options={"callback_eval": "train_epoch_start"}, **LIT_DOCS),
+    Case("Lightning docs", "", "", options={"callback_eval": "validation_end"}, **LIT_DOCS),
+    Case("Lightning docs", "epoch_interval", "04", warns=("interval", "epoch", "schedul"),
+         names=("once per epoch",), **LIT_DOCS),
     Case("HF docs", "", "", **HF_DOCS_),
     Case("HF docs", "metrics_count_padding", "01", warns=("pad", "-100"),
          names=("compute_metrics", "padding rows"), **HF_DOCS_),
