@@ -392,6 +392,8 @@ CASES = [
          names=("save_only_model",), resume=True, **HF_DOCS_),
     Case("HF docs", "callback_raises", "03", warns=("tokenizer", "callback"),
          names=("callback",), **HF_DOCS_),
+    Case("HF docs", "max_length", "01", warns=("truncat", "max_length"),
+         names=("truncation",), options={"max_length": 3}, **HF_DOCS_),
     Case("GPT script", "", "", **SCRIPT),
     Case("GPT script", "", "", options={"dropout": 0.1}, **SCRIPT),
     Case("GPT script", "targets_off_by_one", "01", warns=("target",),

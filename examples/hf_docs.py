@@ -18,7 +18,11 @@ Clean by default. Planted bugs, each one the pilot names:
       attention_mask: the model attends to the padding (01: padding changes outputs);
   `save_only_model=True` - checkpoints without optimizer and schedule (07: resume);
   `callback_raises=True` - the callback's on_save reads kwargs["tokenizer"], which the Trainer
-      of transformers 5 passes as processing_class (named at the first checkpoint).
+      of transformers 5 passes as processing_class (named at the first checkpoint);
+  `max_length=3` - preprocess_function truncates every post to its first 3 tokens ([CLS],
+      two words, [SEP]): distinct posts become identical inputs, some in both splits (01 names
+      the truncation, not only the duplicates). The default, 32, cuts posts too and makes no
+      duplicate: nothing to name.
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def save_record_callback(raises: bool = False):
 def trainer_pieces(examples: int = 600, collator: str = "padding",
                    metrics_count_padding: bool = False, collator_drops_mask: bool = False,
                    save_only_model: bool = False, callback_raises: bool = False,
-                   f1: bool = False, arch: str = "bert") -> dict:
+                   f1: bool = False, arch: str = "bert", max_length: int = 32) -> dict:
     """What `transformers.Trainer(...)` receives, the docs' way."""
     from datasets import Dataset
     from transformers import (
@@ -128,7 +132,7 @@ def trainer_pieces(examples: int = 600, collator: str = "padding",
     tokenizer = tokenizer_from([r["text"] for r in rows])
 
     def preprocess_function(examples):
-        return tokenizer(examples["text"], truncation=True, max_length=32)
+        return tokenizer(examples["text"], truncation=True, max_length=max_length)
 
     # split by author: an author's posts share their words
     train = [r for r in rows if int(r["author"][6:]) % 10 < 8]
@@ -170,10 +174,10 @@ def trainer_pieces(examples: int = 600, collator: str = "padding",
 def make_task(examples: int = 600, collator: str = "padding",
               metrics_count_padding: bool = False, collator_drops_mask: bool = False,
               save_only_model: bool = False, callback_raises: bool = False,
-              f1: bool = False, arch: str = "bert") -> wb.Task:
+              f1: bool = False, arch: str = "bert", max_length: int = 32) -> wb.Task:
     """`arch="llama"`: the same pieces on a tiny LlamaForSequenceClassification."""
     p = trainer_pieces(examples, collator, metrics_count_padding, collator_drops_mask,
-                       save_only_model, callback_raises, f1, arch)
+                       save_only_model, callback_raises, f1, arch, max_length)
     return wb.adapters.from_hf(p["model_init"], p["train_dataset"], p["eval_dataset"],
                                p["data_collator"], p["processing_class"], p["args"],
                                name="hf-docs", group_column="author",

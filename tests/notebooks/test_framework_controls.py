@@ -118,3 +118,17 @@ def test_a_one_cycle_sized_per_update_but_stepped_per_epoch_is_named():
     with pytest.raises(WorkbookError, match=r"sizes OneCycleLR in updates \(total_steps=6.* "
                                             r"once per epoch.*stays near its start"):
         _train_and_evaluate(epoch_interval=True)
+
+
+@pytest.mark.parametrize("max_length", [3, 32])
+def test_duplicates_made_by_the_tokenizers_truncation_are_named_as_such(max_length):
+    from workbook.notebooks.inspection import inspect_task
+
+    flags = [f for f in inspect_task(load_task(HF_DOCS, max_length=max_length)).flags
+             if f.check == "duplicate input crosses splits"]
+    if max_length == 32:  # the docs' own length cuts posts too, but makes no duplicate
+        assert flags == []
+        return
+    assert len(flags) == 1 and "truncation: max_length 3 cuts" in flags[0].message
+    assert "identical only after the cut" in flags[0].message
+    assert flags[0].fix.startswith("raise max_length")
