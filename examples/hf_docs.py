@@ -23,6 +23,8 @@ Clean by default. Planted bugs, each one the pilot names:
       two words, [SEP]): distinct posts become identical inputs, some in both splits (01 names
       the truncation, not only the duplicates). The default, 32, cuts posts too and makes no
       duplicate: nothing to name.
+Clean twin: `callback_eval=True` - the callback calls model.eval() in on_step_end and
+on_evaluate, which the Trainer undoes (training_step calls model.train() before every update).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class PadCollator:
         return dict(batch)
 
 
-def save_record_callback(raises: bool = False):
+def save_record_callback(raises: bool = False, evaluates: bool = False):
     from transformers import TrainerCallback
 
     class SaveRecordCallback(TrainerCallback):
@@ -97,6 +99,12 @@ def save_record_callback(raises: bool = False):
 
         def on_step_end(self, args, state, control, **kwargs):
             self.events.append(("on_step_end", state.global_step))
+            if evaluates:  # harmless: the Trainer's training_step calls model.train()
+                kwargs["model"].eval()
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            if evaluates:
+                kwargs["model"].eval()
 
         def on_save(self, args, state, control, **kwargs):
             self.events.append(("on_save", state.global_step))
@@ -113,7 +121,8 @@ def save_record_callback(raises: bool = False):
 def trainer_pieces(examples: int = 600, collator: str = "padding",
                    metrics_count_padding: bool = False, collator_drops_mask: bool = False,
                    save_only_model: bool = False, callback_raises: bool = False,
-                   f1: bool = False, arch: str = "bert", max_length: int = 32) -> dict:
+                   f1: bool = False, arch: str = "bert", max_length: int = 32,
+                   callback_eval: bool = False) -> dict:
     """What `transformers.Trainer(...)` receives, the docs' way."""
     from datasets import Dataset
     from transformers import (
@@ -168,16 +177,17 @@ def trainer_pieces(examples: int = 600, collator: str = "padding",
             "eval_dataset": datasets["eval"], "processing_class": tokenizer,
             "data_collator": data_collator,
             "compute_metrics": metrics_for(len(label2id), metrics_count_padding, f1),
-            "callbacks": [save_record_callback(callback_raises)]}
+            "callbacks": [save_record_callback(callback_raises, callback_eval)]}
 
 
 def make_task(examples: int = 600, collator: str = "padding",
               metrics_count_padding: bool = False, collator_drops_mask: bool = False,
               save_only_model: bool = False, callback_raises: bool = False,
-              f1: bool = False, arch: str = "bert", max_length: int = 32) -> wb.Task:
+              f1: bool = False, arch: str = "bert", max_length: int = 32,
+              callback_eval: bool = False) -> wb.Task:
     """`arch="llama"`: the same pieces on a tiny LlamaForSequenceClassification."""
     p = trainer_pieces(examples, collator, metrics_count_padding, collator_drops_mask,
-                       save_only_model, callback_raises, f1, arch, max_length)
+                       save_only_model, callback_raises, f1, arch, max_length, callback_eval)
     return wb.adapters.from_hf(p["model_init"], p["train_dataset"], p["eval_dataset"],
                                p["data_collator"], p["processing_class"], p["args"],
                                name="hf-docs", group_column="author",

@@ -132,3 +132,11 @@ def test_duplicates_made_by_the_tokenizers_truncation_are_named_as_such(max_leng
     assert len(flags) == 1 and "truncation: max_length 3 cuts" in flags[0].message
     assert "identical only after the cut" in flags[0].message
     assert flags[0].fix.startswith("raise max_length")
+
+
+def test_an_hf_callbacks_eval_is_undone_before_the_next_update_as_the_trainer_does():
+    task = load_task(HF_DOCS, examples=120, callback_eval=True)
+    data = prepare(task)
+    cfg = UpdateShape(4, 1).train_config(updates=3, device="cpu")
+    result = train(task, data.train[:16], cfg)
+    assert result.model.training  # on_step_end's model.eval() did not reach the updates
