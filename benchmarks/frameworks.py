@@ -120,24 +120,28 @@ def lightning_run(pieces: Callable[[dict], tuple[Callable, Any]], case: Case) ->
     import lightning.pytorch as pl
 
     module, data, *more = pieces(case.options)
+    callbacks = more[0] if more else []
     common = dict(accelerator="cpu", logger=False, enable_progress_bar=False,
-                  enable_model_summary=False, callbacks=more[0] if more else None)
+                  enable_model_summary=False)
     with quiet() as said, tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
-        trainer = pl.Trainer(fast_dev_run=True, accumulate_grad_batches=4, **common)
+        trainer = pl.Trainer(fast_dev_run=True, accumulate_grad_batches=4,
+                             callbacks=list(callbacks), **common)  # a Trainer adds to the list
         trainer.fit(module(), data)
         dev = {k: round(float(v), 3) for k, v in trainer.callback_metrics.items()
                if not k.endswith(("_step", "_epoch"))}
         trainer = pl.Trainer(overfit_batches=2, max_epochs=40, accumulate_grad_batches=2,
-                             enable_checkpointing=False, **common)
+                             enable_checkpointing=False, callbacks=list(callbacks), **common)
         trainer.fit(module(), data)
         over = float(trainer.callback_metrics.get("train_loss", float("nan")))
         resumed = ""
         if case.resume:
-            first = pl.Trainer(max_steps=4, default_root_dir=tmp, **common)
+            first = pl.Trainer(max_steps=4, default_root_dir=tmp, callbacks=list(callbacks),
+                               **common)
             first.fit(module(), data)
             ckpt = next(Path(tmp).rglob("*.ckpt"))
-            again = pl.Trainer(max_steps=6, default_root_dir=tmp, **common)
+            again = pl.Trainer(max_steps=6, default_root_dir=tmp, callbacks=list(callbacks),
+                               **common)
             again.fit(module(), data, ckpt_path=str(ckpt))
             resumed = "; resume from its checkpoint: ran on"
     return (f"{relevant(said, case.heard)}{resumed}; overfit_batches=2: train_loss {over:.3f}; "
@@ -376,9 +380,10 @@ CASES = [
          names=("val_acc", "evaluation batch"), **LIT_DOCS),
     Case("Lightning docs", "macro_f1", "09", warns=("sync_dist", "f1"),
          names=("sums over ranks",), **LIT_DOCS),
-    Case("Lightning docs", "bn_train_in_validation", "04", warns=("batchnorm", "train"),
-         names=("in training mode",), **LIT_DOCS),
-    Case("Lightning docs", "callback_eval", "04", warns=("eval", "callback"),
+    Case("Lightning docs", "bn_train_in_validation", "04",
+         warns=("batchnorm", "training mode", "per channel"), names=("in training mode",),
+         **LIT_DOCS),
+    Case("Lightning docs", "callback_eval", "04", warns=("eval mode", ".eval()"),
          names=("in eval mode",), options={"callback_eval": "train_epoch_start"}, **LIT_DOCS),
     Case("Lightning docs", "", "", options={"callback_eval": "validation_end"}, **LIT_DOCS),
     Case("Lightning docs", "epoch_interval", "04", warns=("interval", "epoch", "schedul"),
