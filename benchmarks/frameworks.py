@@ -14,6 +14,7 @@ finding on it is a false alarm.
   smoke mode for a clean twin, a false alarm where any verdict is not "pass".
 
     python benchmarks/frameworks.py          (about 10 minutes on 2 cores)
+    python benchmarks/frameworks.py --cases max_length,callback_eval   (those rows only)
 
 Last line: `frameworks_named_by_pilot: <named>/<planted>  false_alarms: <n>`.
 """
@@ -262,7 +263,9 @@ def notebook_words(out: Path, error: str = "") -> list[str]:
         summary = {}
     f = summary.get("figures") or {}
     said = [problem(error), problem(summary.get("error") or "")]
-    said += [f"flag: {x}" for x in summary.get("flags") or []]
+    flags = out / "flags.json"  # 01's flags with their words (the summary names them only)
+    said += [f"flag: {x['check']}: {x['message']}" for x in json.loads(flags.read_text())] \
+        if flags.exists() else [f"flag: {x}" for x in summary.get("flags") or []]
     said += [f"failed: {x}" for x in summary.get("failed") or []]
     said += [summary.get("diagnosis") or ""] if summary.get("failed") else []
     said += [f"finding: {x}" for x in f.get("findings") or []]
@@ -411,11 +414,20 @@ CASES = [
 
 
 def main() -> None:
+    """`--cases a,b`: only the rows whose label (the planted option, or "(clean twin...)")
+    contains one of the words."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="", help="comma-separated words of the rows to run")
+    words = [w for w in parser.parse_args().cases.split(",") if w]
     named = planted = false_alarms = 0
     notes = []
     print("| framework | planted | the framework's own check | the pilot |")
     print("|---|---|---|---|")
     for case in CASES:
+        if words and not any(w in case.label for w in words):
+            continue
         own, pilot = case.run_own(), case.pilot(case)
         if case.option:
             planted += 1
