@@ -14,6 +14,7 @@ finding on it is a false alarm.
   smoke mode for a clean twin, a false alarm where any verdict is not "pass".
 
     python benchmarks/frameworks.py          (about 10 minutes on 2 cores)
+    python benchmarks/frameworks.py --cases max_length,callback_eval   (those rows only)
 
 Last line: `frameworks_named_by_pilot: <named>/<planted>  false_alarms: <n>`.
 """
@@ -105,35 +106,43 @@ def lm_pieces(options: dict) -> tuple[Callable, Any]:
     return lambda: LitLanguageModel(**model_flags), data
 
 
-def docs_pieces(options: dict) -> tuple[Callable, Any]:
-    """examples/lightning_docs.py's module and datamodule, as its make_task hands them over."""
-    from examples.lightning_docs import LitClassifier, RowsDataModule
+def docs_pieces(options: dict) -> tuple[Callable, Any, list]:
+    """examples/lightning_docs.py's module, datamodule and callbacks, as its make_task hands
+    them over."""
+    from examples.lightning_docs import EvalModeCallback, LitClassifier, RowsDataModule
 
-    return lambda: LitClassifier(**options), RowsDataModule()
+    flags = {k: v for k, v in options.items() if k != "callback_eval"}
+    hook = options.get("callback_eval")
+    return (lambda: LitClassifier(**flags), RowsDataModule(),
+            [EvalModeCallback(hook)] if hook else [])
 
 
 def lightning_run(pieces: Callable[[dict], tuple[Callable, Any]], case: Case) -> str:
     import lightning.pytorch as pl
 
-    module, data = pieces(case.options)
+    module, data, *more = pieces(case.options)
+    callbacks = more[0] if more else []
     common = dict(accelerator="cpu", logger=False, enable_progress_bar=False,
                   enable_model_summary=False)
     with quiet() as said, tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
-        trainer = pl.Trainer(fast_dev_run=True, accumulate_grad_batches=4, **common)
+        trainer = pl.Trainer(fast_dev_run=True, accumulate_grad_batches=4,
+                             callbacks=list(callbacks), **common)  # a Trainer adds to the list
         trainer.fit(module(), data)
         dev = {k: round(float(v), 3) for k, v in trainer.callback_metrics.items()
                if not k.endswith(("_step", "_epoch"))}
         trainer = pl.Trainer(overfit_batches=2, max_epochs=40, accumulate_grad_batches=2,
-                             enable_checkpointing=False, **common)
+                             enable_checkpointing=False, callbacks=list(callbacks), **common)
         trainer.fit(module(), data)
         over = float(trainer.callback_metrics.get("train_loss", float("nan")))
         resumed = ""
         if case.resume:
-            first = pl.Trainer(max_steps=4, default_root_dir=tmp, **common)
+            first = pl.Trainer(max_steps=4, default_root_dir=tmp, callbacks=list(callbacks),
+                               **common)
             first.fit(module(), data)
             ckpt = next(Path(tmp).rglob("*.ckpt"))
-            again = pl.Trainer(max_steps=6, default_root_dir=tmp, **common)
+            again = pl.Trainer(max_steps=6, default_root_dir=tmp, callbacks=list(callbacks),
+                               **common)
             again.fit(module(), data, ckpt_path=str(ckpt))
             resumed = "; resume from its checkpoint: ran on"
     return (f"{relevant(said, case.heard)}{resumed}; overfit_batches=2: train_loss {over:.3f}; "
@@ -254,7 +263,9 @@ def notebook_words(out: Path, error: str = "") -> list[str]:
         summary = {}
     f = summary.get("figures") or {}
     said = [problem(error), problem(summary.get("error") or "")]
-    said += [f"flag: {x}" for x in summary.get("flags") or []]
+    flags = out / "flags.json"  # 01's flags with their words (the summary names them only)
+    said += [f"flag: {x['check']}: {x['message']}" for x in json.loads(flags.read_text())] \
+        if flags.exists() else [f"flag: {x}" for x in summary.get("flags") or []]
     said += [f"failed: {x}" for x in summary.get("failed") or []]
     said += [summary.get("diagnosis") or ""] if summary.get("failed") else []
     said += [f"finding: {x}" for x in f.get("findings") or []]
@@ -372,6 +383,14 @@ CASES = [
          names=("val_acc", "evaluation batch"), **LIT_DOCS),
     Case("Lightning docs", "macro_f1", "09", warns=("sync_dist", "f1"),
          names=("sums over ranks",), **LIT_DOCS),
+    Case("Lightning docs", "bn_train_in_validation", "04",
+         warns=("batchnorm", "training mode", "per channel"), names=("in training mode",),
+         **LIT_DOCS),
+    Case("Lightning docs", "callback_eval", "04", warns=("eval mode", ".eval()"),
+         names=("in eval mode",), options={"callback_eval": "train_epoch_start"}, **LIT_DOCS),
+    Case("Lightning docs", "", "", options={"callback_eval": "validation_end"}, **LIT_DOCS),
+    Case("Lightning docs", "epoch_interval", "04", warns=("interval", "epoch", "schedul"),
+         names=("once per epoch",), **LIT_DOCS),
     Case("HF docs", "", "", **HF_DOCS_),
     Case("HF docs", "metrics_count_padding", "01", warns=("pad", "-100"),
          names=("compute_metrics", "padding rows"), **HF_DOCS_),
@@ -381,6 +400,8 @@ CASES = [
          names=("save_only_model",), resume=True, **HF_DOCS_),
     Case("HF docs", "callback_raises", "03", warns=("tokenizer", "callback"),
          names=("callback",), **HF_DOCS_),
+    Case("HF docs", "max_length", "01", warns=("truncat", "max_length"),
+         names=("truncation",), options={"max_length": 3}, **HF_DOCS_),
     Case("GPT script", "", "", **SCRIPT),
     Case("GPT script", "", "", options={"dropout": 0.1}, **SCRIPT),
     Case("GPT script", "targets_off_by_one", "01", warns=("target",),
@@ -393,11 +414,20 @@ CASES = [
 
 
 def main() -> None:
+    """`--cases a,b`: only the rows whose label (the planted option, or "(clean twin...)")
+    contains one of the words."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="", help="comma-separated words of the rows to run")
+    words = [w for w in parser.parse_args().cases.split(",") if w]
     named = planted = false_alarms = 0
     notes = []
     print("| framework | planted | the framework's own check | the pilot |")
     print("|---|---|---|---|")
     for case in CASES:
+        if words and not any(w in case.label for w in words):
+            continue
         own, pilot = case.run_own(), case.pilot(case)
         if case.option:
             planted += 1

@@ -18,7 +18,13 @@ Clean by default. Planted bugs, each one the pilot names:
       attention_mask: the model attends to the padding (01: padding changes outputs);
   `save_only_model=True` - checkpoints without optimizer and schedule (07: resume);
   `callback_raises=True` - the callback's on_save reads kwargs["tokenizer"], which the Trainer
-      of transformers 5 passes as processing_class (named at the first checkpoint).
+      of transformers 5 passes as processing_class (named at the first checkpoint);
+  `max_length=3` - preprocess_function truncates every post to its first 3 tokens ([CLS],
+      two words, [SEP]): distinct posts become identical inputs, some in both splits (01 names
+      the truncation, not only the duplicates). The default, 32, cuts posts too and makes no
+      duplicate: nothing to name.
+Clean twin: `callback_eval=True` - the callback calls model.eval() in on_step_end and
+on_evaluate, which the Trainer undoes (training_step calls model.train() before every update).
 """
 
 from __future__ import annotations
@@ -54,8 +60,8 @@ def metrics_for(classes: int, count_padding: bool = False, f1: bool = False):
         if not count_padding:  # the padding rows carry label -100: they are no examples
             mask = labels != -100
             predictions, labels = predictions[mask], labels[mask]
-        got = accuracy_and_f1(predictions, labels, classes)
-        return got if f1 else {"accuracy": got["accuracy"]}
+        got = {**accuracy_and_f1(predictions, labels, classes), "n_examples": len(labels)}
+        return got if f1 else {k: got[k] for k in ("accuracy", "n_examples")}
     return compute_metrics
 
 
@@ -78,7 +84,7 @@ class PadCollator:
         return dict(batch)
 
 
-def save_record_callback(raises: bool = False):
+def save_record_callback(raises: bool = False, evaluates: bool = False):
     from transformers import TrainerCallback
 
     class SaveRecordCallback(TrainerCallback):
@@ -93,6 +99,12 @@ def save_record_callback(raises: bool = False):
 
         def on_step_end(self, args, state, control, **kwargs):
             self.events.append(("on_step_end", state.global_step))
+            if evaluates:  # harmless: the Trainer's training_step calls model.train()
+                kwargs["model"].eval()
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            if evaluates:
+                kwargs["model"].eval()
 
         def on_save(self, args, state, control, **kwargs):
             self.events.append(("on_save", state.global_step))
@@ -109,7 +121,8 @@ def save_record_callback(raises: bool = False):
 def trainer_pieces(examples: int = 600, collator: str = "padding",
                    metrics_count_padding: bool = False, collator_drops_mask: bool = False,
                    save_only_model: bool = False, callback_raises: bool = False,
-                   f1: bool = False, arch: str = "bert") -> dict:
+                   f1: bool = False, arch: str = "bert", max_length: int = 32,
+                   callback_eval: bool = False) -> dict:
     """What `transformers.Trainer(...)` receives, the docs' way."""
     from datasets import Dataset
     from transformers import (
@@ -128,7 +141,7 @@ def trainer_pieces(examples: int = 600, collator: str = "padding",
     tokenizer = tokenizer_from([r["text"] for r in rows])
 
     def preprocess_function(examples):
-        return tokenizer(examples["text"], truncation=True, max_length=32)
+        return tokenizer(examples["text"], truncation=True, max_length=max_length)
 
     # split by author: an author's posts share their words
     train = [r for r in rows if int(r["author"][6:]) % 10 < 8]
@@ -164,16 +177,17 @@ def trainer_pieces(examples: int = 600, collator: str = "padding",
             "eval_dataset": datasets["eval"], "processing_class": tokenizer,
             "data_collator": data_collator,
             "compute_metrics": metrics_for(len(label2id), metrics_count_padding, f1),
-            "callbacks": [save_record_callback(callback_raises)]}
+            "callbacks": [save_record_callback(callback_raises, callback_eval)]}
 
 
 def make_task(examples: int = 600, collator: str = "padding",
               metrics_count_padding: bool = False, collator_drops_mask: bool = False,
               save_only_model: bool = False, callback_raises: bool = False,
-              f1: bool = False, arch: str = "bert") -> wb.Task:
+              f1: bool = False, arch: str = "bert", max_length: int = 32,
+              callback_eval: bool = False) -> wb.Task:
     """`arch="llama"`: the same pieces on a tiny LlamaForSequenceClassification."""
     p = trainer_pieces(examples, collator, metrics_count_padding, collator_drops_mask,
-                       save_only_model, callback_raises, f1, arch)
+                       save_only_model, callback_raises, f1, arch, max_length, callback_eval)
     return wb.adapters.from_hf(p["model_init"], p["train_dataset"], p["eval_dataset"],
                                p["data_collator"], p["processing_class"], p["args"],
                                name="hf-docs", group_column="author",

@@ -25,6 +25,16 @@ Planted bugs (task options), each named by a notebook:
   computes it from its own outputs, and no sum over ranks gives the epoch's F1 (Lightning's
   `sync_dist=True` averages the ranks' values): 09's "evaluation reduced as sums over ranks"
   names it. Gather the outputs first (`self.all_gather`) or accumulate confusion counts.
+- `bn_train_in_validation`: `validation_step` calls `self.train()`: the batch norm normalises
+  each validation batch with its own statistics and moves the running ones (a batch of one row
+  fails); named as that, whether the step fails or not (04).
+- `callback_eval="train_epoch_start"`: a `Callback` whose `on_train_epoch_start` calls
+  `pl_module.eval()` (a batch-norm freeze gone wide): every update after it trains without
+  dropout and with frozen statistics, which Lightning does not undo (04 names the callback).
+  Its clean twin `callback_eval="validation_end"` does the same in `on_validation_end`, which
+  Lightning undoes (it restores the modes it found after validation): nothing to name.
+- `epoch_interval`: the `OneCycleLR` sized by `estimated_stepping_batches` is returned with
+  `"interval": "epoch"`: stepped once a pass, it stays at its start (04 names it).
 """
 
 from __future__ import annotations
@@ -136,7 +146,8 @@ def macro_f1(preds: torch.Tensor, target: torch.Tensor, classes: int) -> torch.T
 class LitClassifier(pl.LightningModule):
     def __init__(self, hidden: int = 64, dropout: float = 0.2, lr: float = 1e-2,
                  weight_decay: float = 1e-4, weighted_mean_step: bool = False,
-                 val_mean_of_batch_means: bool = False, macro_f1: bool = False):
+                 val_mean_of_batch_means: bool = False, macro_f1: bool = False,
+                 bn_train_in_validation: bool = False, epoch_interval: bool = False):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(FEATURES, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
@@ -161,6 +172,8 @@ class LitClassifier(pl.LightningModule):
         self.val_acc.reset()
 
     def validation_step(self, batch, batch_idx):
+        if self.hparams.bn_train_in_validation:
+            self.train()
         x, y, w = batch
         logits = self(x)
         losses = F.cross_entropy(logits, y, reduction="none")
@@ -180,10 +193,13 @@ class LitClassifier(pl.LightningModule):
         else:
             self.log("val_acc", self.val_acc.compute())
             self.log("val_weighted_loss", torch.cat([o["weighted_loss"] for o in outputs]).mean())
+            # the rows validated: a count, summed over ranks (not averaged)
+            self.log("val_n", float(sum(len(o["target"]) for o in outputs)), reduce_fx="sum",
+                     sync_dist=True)
             if self.hparams.macro_f1:
                 preds = torch.cat([o["preds"] for o in outputs])
                 target = torch.cat([o["target"] for o in outputs])
-                self.log("val_f1", macro_f1(preds, target, CLASSES))
+                self.log("val_f1", macro_f1(preds, target, CLASSES), sync_dist=True)
         outputs.clear()  # free memory
 
     def configure_optimizers(self):
@@ -193,7 +209,8 @@ class LitClassifier(pl.LightningModule):
             optimizer, max_lr=self.hparams.lr,
             total_steps=self.trainer.estimated_stepping_batches)
         return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+                "lr_scheduler": {"scheduler": scheduler,
+                                 "interval": "epoch" if self.hparams.epoch_interval else "step"}}
 
 
 def weighted_loss(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,15 +222,35 @@ def weighted_loss(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torc
     return torch.where(keep, losses * w, 0.0).sum(), keep.sum()
 
 
+class EvalModeCallback(pl.Callback):
+    """Puts the module in eval mode in one hook: `on_train_epoch_start` (it lasts for the
+    updates) or `on_validation_end` (Lightning restores the modes after validation)."""
+
+    def __init__(self, hook: str):
+        self.hook = hook
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if self.hook == "train_epoch_start":
+            pl_module.eval()
+
+    def on_validation_end(self, trainer, pl_module):
+        if self.hook == "validation_end":
+            pl_module.eval()
+
+
 def make_task(rows: int = 600, weighted_mean_step: bool = False,
-              val_mean_of_batch_means: bool = False, macro_f1: bool = False) -> wb.Task:
+              val_mean_of_batch_means: bool = False, macro_f1: bool = False,
+              bn_train_in_validation: bool = False, callback_eval: str = "",
+              epoch_interval: bool = False) -> wb.Task:
     return wb.adapters.from_lightning(
         lambda: LitClassifier(weighted_mean_step=weighted_mean_step,
                               val_mean_of_batch_means=val_mean_of_batch_means,
-                              macro_f1=macro_f1),
+                              macro_f1=macro_f1, bn_train_in_validation=bn_train_in_validation,
+                              epoch_interval=epoch_interval),
         RowsDataModule(rows=rows), name="lightning-docs", kind="classification",
         fields=("x", "labels", "w"), loss=weighted_loss,
-        label_names=["common", "middle", "rare"])
+        label_names=["common", "middle", "rare"],
+        callbacks=[EvalModeCallback(callback_eval)] if callback_eval else [])
 
 
 task = make_task

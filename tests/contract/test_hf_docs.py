@@ -146,7 +146,8 @@ def test_04s_evaluation_check_passes_the_clean_compute_metrics(clean):
     _, task = clean
     data = prepare(task)
     table = evaluation_check(task, data.validation[:21])
-    assert set(table.metric) == {"accuracy"} and table.ok.all(), table.to_dict("records")
+    assert set(table.metric) == {"accuracy", "n_examples"} and table.ok.all(), \
+        table.to_dict("records")
     assert evaluation_findings(table) == []
 
 

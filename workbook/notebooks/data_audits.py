@@ -124,8 +124,12 @@ def split_audit(result: Scan) -> tuple[pd.DataFrame, list[Flag]]:
                           sorted(result.crossing_groups)))
     dupes = result.inputs.count(crossing=True)
     if dupes:
+        # an adapter that knows why (from_hf: the tokenizer's truncation made them identical)
+        why = getattr(task, "duplicates_cause", None)
+        cause = why() if callable(why) else None
         flags.append(Flag("duplicate input crosses splits", f"{dupes} identical inputs sit in "
-                          "two splits", dupes,
+                          "two splits" + (f": {cause[0]}" if cause else ""), dupes,
+                          cause[1] if cause else
                           "remove duplicates before splitting or give them one group",
                           [str(w) for w in result.crossing_inputs]))
     return table, flags

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..contract.data import Item
 from ..contract.task import Task
-from ..training.loop import TrainConfig, UpdateShape
+from ..training.loop import DEFAULT_UPDATES, TrainConfig, UpdateShape
 from ..training.predict import Plan
 from ..training.workload import TRAINING_PHASES
 
@@ -38,6 +38,11 @@ REMEDIATION = {
 # (num_workers > 0) prefetch a batch this cheap while the GPU computes.
 INPUT_BOUND_FLOOR_S = 0.005
 GATE_UPDATES = 2  # the updates the gates make on one stepper: the first and a later one
+# the run the gates' stepper is built for: a task's own schedule (a one-cycle over Lightning's
+# estimated_stepping_batches, a Trainer's num_training_steps) is sized for a campaign of this
+# many updates and the gates make its first GATE_UPDATES - never a schedule squeezed into the
+# gates' two updates, whose second would run at the cycle's final, vanishing rate
+CAMPAIGN_UPDATES = DEFAULT_UPDATES
 INPUT_TIMED_UPDATES = 3  # at least this many updates are timed: the judgement takes medians
 INPUT_BOUND_CAUSES = ("data not next to the process (network or slow disk)",
                       "expensive online preprocessing (do it once, offline, or in DataLoader "
@@ -73,7 +78,10 @@ class GateSettings:
     def plan(self) -> Plan:
         return Plan(self.shape, self.length or None, self.eval_batch)
 
-    def train_config(self, updates: int = GATE_UPDATES) -> TrainConfig:
+    def train_config(self, updates: int = CAMPAIGN_UPDATES) -> TrainConfig:
+        """The loop's configuration: by default the stepper the gates measure, built for a
+        campaign's length (its schedule sized so), of which they make the first updates;
+        `updates` for a run that makes them all (the timed input pipeline)."""
         return self.shape.train_config(updates=updates, lr=self.lr, seed=self.seed,
                                        device=self.device)
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from ..base.errors import WorkbookError
 from ..contract.data import Item
+from ..contract.metric_reduction import GATHERED, MEAN, ROWS, WORDS, rank_value, reduced
 from ..contract.task import Task
 from ..storage.records import StepRecord
 from ..training.deviation import max_difference
@@ -244,31 +245,75 @@ def reduce_sums(sums: list[dict[str, list[float]]]) -> dict[str, list[float]]:
     return {k: [sum(s[k][0] for s in sums), sum(s[k][1] for s in sums)] for k in sums[0]}
 
 
+def rank_reductions(ev: dict[str, Any]) -> dict[str, str]:
+    """How the task's framework reduces each metric over ranks, as the ranks' adapters declared
+    it (`eval_step.metric_reductions`); a metric not named is a mean over rows."""
+    return {k: v for r in ev["ranks"] for k, v in (r.get("reductions") or {}).items()}
+
+
+def reduced_values(ev: dict[str, Any]) -> dict[str, float]:
+    """Each metric reduced over ranks the way its framework reduces it (a metric the framework
+    computes from gathered outputs: the one-process value)."""
+    how = rank_reductions(ev)
+    single = ev["single"] or {}
+    out = {}
+    for k in ev["ranks"][0]["sums"]:
+        value = reduced(how.get(k, ROWS), [tuple(r["sums"][k]) for r in ev["ranks"]
+                                           if k in r["sums"]])
+        out[k] = value if value is not None else rank_value(*single.get(k, (0.0, 0.0)))
+    return out
+
+
 def _eval_row(result: dict[str, Any], tolerance: float) -> dict[str, str]:
     rule = "evaluation reduced as sums over ranks"
     ev = result["evaluation"]
-    reduced, single = reduce_sums([r["sums"] for r in ev["ranks"]]), ev["single"]
-    deviations = {k: abs(reduced[k][0] / reduced[k][1] - single[k][0] / single[k][1]) /
-                  max(abs(single[k][0] / single[k][1]), 1e-12) for k in single if single[k][1]}
+    how, values, single = rank_reductions(ev), reduced_values(ev), ev["single"]
+    deviations = {k: abs(values[k] - single[k][0] / single[k][1]) /
+                  max(abs(single[k][0] / single[k][1]), 1e-12)
+                  for k in single if single[k][1] and k in values}
     means = [r["sums"][LOSS][0] / max(r["sums"][LOSS][1], 1) for r in ev["ranks"]]
     wrong = sum(means) / len(means)
     right = single[LOSS][0] / single[LOSS][1]
     worst = max(deviations.values())
     sizes = [r["examples"] for r in ev["ranks"]]
-    return _row(rule, "pass" if worst <= tolerance else "fail",
-                f"shards of {sizes} examples; loss {reduced[LOSS][0] / reduced[LOSS][1]:.6g} "
-                f"reduced vs {right:.6g} in one process (max relative deviation {worst:.1e}); "
-                f"the mean of rank means would say {wrong:.6g}")
+    measured = (f"shards of {sizes} examples; loss {values[LOSS]:.6g} reduced vs {right:.6g} "
+                f"in one process (max relative deviation {worst:.1e}); the mean of rank means "
+                f"would say {wrong:.6g}")
+    off = [k for k, d in deviations.items() if d > tolerance]
+    if off:
+        measured += "; " + "; ".join(_metric_note(k, how.get(k, ROWS), values[k],
+                                                  single[k][0] / single[k][1]) for k in off)
+    gathered = sorted(k for k, v in how.items() if v == GATHERED)
+    if gathered:
+        measured += (f"; {', '.join(gathered)}: {WORDS[GATHERED]}, as in one process")
+    return _row(rule, "fail" if off else "pass", measured)
+
+
+def _metric_note(name: str, how: str, value: float, single: float) -> str:
+    """One metric reduced off its one-process value, with the likely cause."""
+    said = (f"{'the loss' if name == LOSS else name} {value:.6g} reduced as {WORDS[how]} vs "
+            f"{single:.6g} in one process")
+    if how == MEAN:
+        return said + (" - a metric logged with sync_dist=True at the epoch's end is the mean of "
+                       "the ranks' own values: no F1, ratio of totals or count is; compute it "
+                       "from outputs gathered over ranks (self.all_gather, a torchmetrics "
+                       "Metric) or log counts with reduce_fx='sum'")
+    if how == ROWS and name != LOSS:
+        return said + (" - it is reduced as a mean over rows (Lightning's epoch mean of a step "
+                       "log, sync_dist=True): a per-rank F1, ratio of totals or count is no "
+                       "such mean; gather the outputs first or sum its counts over ranks")
+    return said
 
 
 def evaluation_table(result: dict[str, Any]) -> pd.DataFrame:
-    """Loss and metrics per rank, reduced over ranks and in one process."""
+    """Loss and metrics per rank, reduced over ranks (each metric as its framework reduces
+    it) and in one process."""
     ev = result["evaluation"]
     rows = [{"evaluated by": f"rank {r}", "examples": e["examples"], **_ratios(e["sums"])}
             for r, e in enumerate(ev["ranks"])]
     total = sum(e["examples"] for e in ev["ranks"])
     rows.append({"evaluated by": "all ranks (sums reduced)", "examples": total,
-                 **_ratios(reduce_sums([e["sums"] for e in ev["ranks"]]))})
+                 **{("loss" if k == LOSS else k): v for k, v in reduced_values(ev).items()}})
     rows.append({"evaluated by": "one process", "examples": total, **_ratios(ev["single"])})
     return pd.DataFrame(rows)
 

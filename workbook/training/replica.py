@@ -229,12 +229,15 @@ def _measured(readings: dict | None, phase: str, stepper: Stepper, now: bool):
 # --- the launch -------------------------------------------------------------------------------
 def _eval_split(task: Task, model: nn.Module, items: list[Item], spec: ReplicaSpec,
                 rank: int, world: int, device: torch.device) -> dict[str, Any]:
-    """Each rank evaluates its shard; the sums are added over ranks; rank 0 also evaluates
-    everything alone, the reference the reduced result must equal."""
+    """Each rank evaluates its shard; the sums are added over ranks (each metric as its
+    framework reduces it); rank 0 also evaluates everything alone, the reference the reduced
+    result must equal."""
     mine = items[rank::world]
     precision = spec.shape.precision
     sums, _ = evaluation_sums(task, model, mine, spec.eval_batch, device, precision)
-    every = gather({"examples": len(mine), "sums": sums})
+    # how the task's framework reduces each metric over ranks (its adapter says, as it evaluates)
+    reductions = dict(getattr(task.eval_step, "metric_reductions", None) or {})
+    every = gather({"examples": len(mine), "sums": sums, "reductions": reductions})
     single = None
     if rank == 0:
         single, _ = evaluation_sums(task, model, items, spec.eval_batch, device, precision)

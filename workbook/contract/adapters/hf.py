@@ -28,6 +28,7 @@ from ..targets import IGNORE_INDEX
 from ..task import Task
 from .hf_metrics import ROW, ROW_OFFSET, _probe_padding, _SplitMetrics
 from .hf_trainer import argument_fields
+from .hf_truncation import truncation_cause
 from .torch import loading_weights, probe_on_meta
 
 SPLITS = ("train", "validation", "test")
@@ -451,7 +452,11 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                              tokenizer, notes)
     if compute_metrics is not None:
         split_metrics = _SplitMetrics(compute_metrics, preprocess_logits_for_metrics)
-        fields["eval_step"] = lambda model, batch: split_metrics(task, model, batch)
+
+        def eval_step(model: nn.Module, batch: dict) -> dict[str, tuple]:
+            return split_metrics(task, model, batch)
+        eval_step.metric_reductions = split_metrics.metric_reductions  # type: ignore[attr-defined]
+        fields["eval_step"] = eval_step
     fields.update(task_fields)
     first = collated([encode({"split": "train", "index": 0, "row": first_row})])
 
@@ -485,4 +490,7 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
                 split_of=lambda ex: ex["split"], **{**shown, **generation, **fields})
     task.padding_rows = {}  # per split: rows with label -100, left out (set by load_examples)
     task.adapter_notes = notes  # what the adapter mapped or left out, in words
+    # why inputs sit in two splits when the tokenizer's cut made them identical (01 asks)
+    task.duplicates_cause = truncation_cause(
+        {s: d for s, d in data.items() if not isinstance(d, _Stream)}, tokenizer)
     return task

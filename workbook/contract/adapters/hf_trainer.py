@@ -76,6 +76,18 @@ class _Callbacks:
         return state, TrainerControl()
 
     def event(self, name: str, schedule: "_Schedule", **extra: Any) -> None:
+        """Every callback's hook `name`. A model in training mode stays so: the Trainer's
+        training_step calls model.train() before every update, so a callback's model.eval()
+        (in on_step_end, on_evaluate, ...) never reaches one - nor here."""
+        model = schedule.model
+        training = model is not None and model.training
+        try:
+            self._event(name, schedule, **extra)
+        finally:
+            if training and not model.training:
+                model.train()
+
+    def _event(self, name: str, schedule: "_Schedule", **extra: Any) -> None:
         for callback in self.callbacks:
             hook = getattr(callback, name, None)
             if hook is None:

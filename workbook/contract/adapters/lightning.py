@@ -35,9 +35,17 @@ from ..run import DEFAULT_UPDATES, EXAMPLE_WEIGHT
 from ..sources import length
 from ..task import Task
 from .lightning_batches import _flat, _model_inputs, _shape_of
-from .lightning_optimizers import SCHEDULES, _optimizer_and_schedule, _own_lr, _rescale
+from .lightning_hooks import _call, fire, modes_of
+from .lightning_optimizers import (
+    SCHEDULES,
+    _optimizer_and_schedule,
+    _own_lr,
+    _rescale,
+    stepped_per_pass_but_sized_per_update,
+)
 from .lightning_trainer import (
     RUNS,
+    Logged,
     PilotTrainer,
     _attached,
     _logged,
@@ -61,21 +69,6 @@ def _lightning():
                                 "pip install -e '.[lightning]' (or pip install lightning)"
                                 ) from exc
     return pl
-
-
-def _call(piece: str, fn: Callable, *args: Any) -> Any:
-    """One of the module's own methods; a failure names it."""
-    try:
-        return fn(*args)
-    except WorkbookError:
-        raise
-    except Exception as exc:
-        text = reason(exc, 300)
-        fix = ("a LightningModule the pilot does not build reached for its trainer (one "
-               "created inside the module, not a child of it): read what it needs from the "
-               "module's own attributes (hparams)" if "attached to a `Trainer`" in text
-               else f"fix {piece}")
-        raise WorkbookError(f"the module's {piece} failed: {text}", fix) from exc
 
 
 def _loss_of(returned: Any) -> torch.Tensor:
@@ -113,6 +106,7 @@ class _ValEpoch:
     batch_idx: int = 0
     rows: int = 0
     reported: dict[str, float] = dataclasses.field(default_factory=dict)
+    summed: dict[str, float] = dataclasses.field(default_factory=dict)  # reduce_fx="sum" logs
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)  # logged Metric objects
     last: bool = False
 
@@ -153,7 +147,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
                    fields: Sequence[str] | None = None,
                    group_of: Callable[[int, Any], Any] | None = None,
                    gradient_clip_val: float | None = None,
-                   model_inputs: Sequence[str] | None = None, **task_fields: Any) -> Task:
+                   model_inputs: Sequence[str] | None = None, callbacks: Sequence[Any] = (),
+                   **task_fields: Any) -> Task:
     """A Task that runs a LightningModule as `Trainer.fit` would. `module_factory()` builds the
     module; `datamodule` gives the train and validation datasets and the train loader's
     `collate_fn` (its `prepare_data` and `setup("fit")` are called); a loader's
@@ -165,11 +160,13 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
     is the loss the pilot's own checks (01-03) compute per target, as in `from_torch` (None for
     generation: the task's token cross-entropy; pass `decode`), or give `loss(outputs, batch)
     -> (sum, count)` itself (a sample-weighted loss); 04 checks it against what
-    `training_step` returns. `gradient_clip_val` is the Trainer's. Other Task fields pass
+    `training_step` returns. `gradient_clip_val` and `callbacks` (Lightning `Callback`s, whose
+    fit and validation hooks run before the module's) are the Trainer's. Other Task fields pass
     through (`lr` defaults to the one configure_optimizers sets). The Task's
     `campaign_differs_in` says which Trainer values the module read differ from the
     campaign's."""
     pl = _lightning()
+    callbacks = list(callbacks)
     differs: dict[str, str] = {}
     scratch_dir: list[str] = []
 
@@ -288,6 +285,9 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
             opt, sched = _optimizer_and_schedule(_call("configure_optimizers",
                                                        module.configure_optimizers))
         RUNS[opt] = run
+        wrong = stepped_per_pass_but_sized_per_update(sched, run.updates, run.max_epochs)
+        if wrong is not None:
+            raise wrong
         if lr != own_lr:
             _rescale(opt, sched, lr / own_lr)
         if sched is not None:
@@ -305,36 +305,36 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         with hooks(module, run, "train"):
             if not run.started:
                 run.started = True
-                _call("on_fit_start", module.on_fit_start)
-                _call("on_train_start", module.on_train_start)
+                fire("on_fit_start", module, callbacks)
+                fire("on_train_start", module, callbacks)
             if run.batch_idx == 0:
-                _call("on_train_epoch_start", module.on_train_epoch_start)
+                fire("on_train_epoch_start", module, callbacks)
             for i, batch in enumerate(micro_batches):
                 given, index = users(batch), run.batch_idx
-                _call("on_train_batch_start", module.on_train_batch_start, given, index)
+                fire("on_train_batch_start", module, callbacks, given, index)
                 returned = _call("training_step", module.training_step, given, index)
                 loss = _loss_of(returned)
                 scaled = loss / count  # as accumulate_grad_batches divides
-                _call("on_before_backward", module.on_before_backward, scaled)
+                fire("on_before_backward", module, callbacks, scaled)
                 scaled.backward()
-                _call("on_after_backward", module.on_after_backward)
+                fire("on_after_backward", module, callbacks)
                 total += float(loss.detach())
                 run.batch_idx += 1
                 if i < count - 1:
-                    _call("on_train_batch_end", module.on_train_batch_end, returned, given,
+                    fire("on_train_batch_end", module, callbacks, returned, given,
                           index)
-            _call("on_before_optimizer_step", module.on_before_optimizer_step, opt)
+            fire("on_before_optimizer_step", module, callbacks, opt)
             if gradient_clip_val:
                 nn.utils.clip_grad_norm_(model.parameters(), gradient_clip_val)
             opt.step()
-            _call("on_before_zero_grad", module.on_before_zero_grad, opt)
+            fire("on_before_zero_grad", module, callbacks, opt)
             opt.zero_grad(set_to_none=True)
             passes = run.current_epoch
             run.global_step += 1
             run.examples_seen += rows
-            _call("on_train_batch_end", module.on_train_batch_end, returned, given, index)
+            fire("on_train_batch_end", module, callbacks, returned, given, index)
             if run.current_epoch > passes:
-                _call("on_train_epoch_end", module.on_train_epoch_end)
+                fire("on_train_epoch_end", module, callbacks)
                 run.batch_idx = 0
         sched = SCHEDULES.get(opt)
         if sched is not None:
@@ -355,13 +355,13 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         try:
             with hooks(module, run, "validate") as seen, torch.no_grad():
                 _set_modes(module, epoch.modes)
-                _call("on_validation_epoch_end", module.on_validation_epoch_end)
+                fire("on_validation_epoch_end", module, callbacks)
                 ended = dict(seen)
                 for metric in epoch.metrics.values():
                     if callable(getattr(metric, "reset", None)):
                         metric.reset()
-                _call("on_validation_end", module.on_validation_end)
-                _call("on_validation_model_train", module.on_validation_model_train)
+                fire("on_validation_end", module, callbacks)
+                fire("on_validation_model_train", module, callbacks)
         finally:
             _set_modes(module, found)
         return ended
@@ -372,6 +372,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         with hooks(shadow, run, "validate") as seen, torch.no_grad():
             _call("on_validation_epoch_end", shadow.on_validation_epoch_end)
         return dict(seen)
+
+    reductions: dict[str, str] = {}
 
     def eval_step(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
         module = _unwrap(model)
@@ -390,45 +392,53 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
         try:
             with hooks(module, run, "validate") as seen, torch.no_grad():
                 if epoch is None:
-                    _call("on_validation_model_eval", module.on_validation_model_eval)
-                    _call("on_validation_start", module.on_validation_start)
-                    _call("on_validation_epoch_start", module.on_validation_epoch_start)
+                    fire("on_validation_model_eval", module, callbacks)
+                    fire("on_validation_start", module, callbacks)
+                    fire("on_validation_epoch_start", module, callbacks)
                     epoch = VALIDATION[module] = _ValEpoch(key, _modes(module))
                     seen.clear()
                 else:
                     _set_modes(module, epoch.modes)
                 index = epoch.batch_idx
-                _call("on_validation_batch_start", module.on_validation_batch_start, given,
-                      index)
-                returned = _call("validation_step", module.validation_step, given, index)
-                _call("on_validation_batch_end", module.on_validation_batch_end, returned,
-                      given, index)
+                fire("on_validation_batch_start", module, callbacks, given, index,
+                     evaluating=modes_of(module))
+                returned = fire("validation_step", module, callbacks, given, index,
+                                evaluating=modes_of(module))
+                fire("on_validation_batch_end", module, callbacks, returned, given, index,
+                     evaluating=modes_of(module))
                 stepped = dict(seen)
-                whole = {n: _logged_value(metric)[0] for n, (_, _, _, metric) in stepped.items()
-                         if metric is not None}  # metric objects: their value over the epoch
+                whole = {n: _logged_value(got.metric)[0] for n, got in stepped.items()
+                         if got.metric is not None}  # metric objects: their value over the epoch
             epoch.batch_idx += 1
             epoch.rows += rows
             epoch.last = keep is not None and not bool(keep.all())
-            epoch.metrics.update({n: m for n, (_, _, _, m) in stepped.items() if m is not None})
+            epoch.metrics.update({n: got.metric for n, got in stepped.items()
+                                  if got.metric is not None})
+            for n, got in stepped.items():  # a step log summed over the epoch (a count)
+                if got.metric is None and got.reduce_fx == "sum" and math.isfinite(got.value):
+                    epoch.summed[n] = whole[n] = epoch.summed.get(n, 0.0) + got.value
             ended = close_validation(module, run) if epoch.last else \
                 epoch_so_far(module, run) if ends_epoch else {}
         finally:
             _set_modes(module, found)
-        whole.update({n: value for n, (value, _, _, _) in ended.items()})
+        whole.update({n: got.value for n, got in ended.items()})
+        reductions.update({n: got.reduction(n in ended) for n, got in
+                           (*stepped.items(), *ended.items())})
         if not stepped and not whole and isinstance(returned, torch.Tensor) and \
                 returned.dim() == 0:
-            stepped["val_loss"] = (float(returned), None, "mean", None)
+            stepped["val_loss"] = Logged(float(returned), None, "mean", None)
         if not stepped and not whole:
             raise WorkbookError("validation_step logs nothing and returns no loss",
                                 "self.log('val_loss', loss) in validation_step (or the epoch's "
                                 "metric in on_validation_epoch_end), as Lightning's "
                                 "checkpointing and early stopping need")
         out = {}
-        for metric, (value, size, reduce_fx, obj) in stepped.items():
-            if obj is not None or reduce_fx != "mean" or not math.isfinite(value):
+        for metric, got in stepped.items():
+            if got.metric is not None or got.reduce_fx != "mean" or \
+                    not math.isfinite(got.value):
                 continue
-            count = rows if size is None else size
-            out[metric] = (value * count, count)
+            count = rows if got.size is None else got.size
+            out[metric] = (got.value * count, count)
         for metric, value in whole.items():  # telescoped: the evaluation's sum is the epoch's
             if not math.isfinite(value):
                 continue
@@ -497,6 +507,8 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
             own.seed = seed
         return own
 
+    # how Lightning reduces each logged metric over data-parallel ranks (09 reads it)
+    eval_step.metric_reductions = reductions  # type: ignore[attr-defined]
     evaluates = type(probe).validation_step is not pl.LightningModule.validation_step or \
         ends_epoch
     task = dataclasses.replace(

@@ -101,6 +101,32 @@ def _optimizer_and_schedule(configured: Any) -> tuple[torch.optim.Optimizer, _Sc
     return optimizers[0], _Schedule(scheduler, interval, int(given.get("frequency", 1)))
 
 
+SIZES = ("total_steps", "T_max", "total_iters")  # what a schedule's length is called
+
+
+def stepped_per_pass_but_sized_per_update(schedule: _Schedule | None, updates: int,
+                                          passes: int) -> WorkbookError | None:
+    """A schedule sized in updates (its total_steps / T_max / total_iters is the stand-in's
+    estimated_stepping_batches) that Lightning steps once per epoch: over the run it takes
+    only a step a pass, so a one-cycle stays at its start and never warms up."""
+    if schedule is None or schedule.interval != "epoch" or updates <= passes:
+        return None
+    inner = schedule.scheduler
+    size = next((n for n in SIZES if getattr(inner, n, None) == updates), None)
+    if size is None:
+        return None
+    name, lr = type(inner).__name__, inner.get_last_lr()[0]
+    return WorkbookError(
+        f"configure_optimizers sizes {name} in updates ({size}={updates}, "
+        f"trainer.estimated_stepping_batches) but steps it once per epoch (\"interval\": "
+        f"\"epoch\"): a run of {updates} updates in {passes} pass{'es' if passes > 1 else ''} "
+        f"takes {passes} of its "
+        f"{updates} steps, so the learning rate stays near its start ({lr:.3g})"
+        + (" and never reaches max_lr" if hasattr(inner, "total_steps") else ""),
+        '"interval": "step" in the lr_scheduler dict (Lightning then steps it after every '
+        "update), or size it in epochs (trainer.max_epochs)")
+
+
 def _rescale(optimizer: torch.optim.Optimizer, schedule: _Schedule | None, ratio: float) -> None:
     """Every rate the module configured times `ratio` (the study's lr over the module's own):
     the groups keep their ratios and the schedule its shape."""

@@ -8,12 +8,13 @@ import contextlib
 import dataclasses
 import math
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch import nn
 
 from ...base.errors import WorkbookError
+from ..metric_reduction import GATHERED, MAX, MEAN, MIN, ROWS, SUM
 from ..run import DEFAULT_UPDATES, current_run
 
 # the pilot's precision as Lightning names it (`trainer.precision`)
@@ -286,19 +287,49 @@ def _logged_value(value: Any) -> tuple[float, bool]:
     return float(value), False
 
 
+class Logged(NamedTuple):
+    """One `self.log` call: the value, its batch_size, reduce_fx ("mean", "sum", "max",
+    "min"), the metric object logged (None for a number) and sync_dist."""
+
+    value: float
+    size: int | None
+    reduce_fx: str
+    metric: Any
+    sync_dist: bool = False
+
+    def reduction(self, epoch_end: bool) -> str:
+        """How Lightning combines it over ranks: a torchmetrics Metric syncs its own states
+        (gathered); a step log's epoch mean weighs every rank's rows (sync_dist sums values and
+        batch sizes); an epoch-end number is reduced by reduce_fx over the ranks' values with
+        sync_dist ("sum": a count), else read as a mean over rows."""
+        if self.metric is not None:
+            return GATHERED if _is_torchmetric(self.metric) else ROWS
+        if self.reduce_fx == "sum":
+            return SUM
+        if not epoch_end or not self.sync_dist:
+            return ROWS
+        return {"max": MAX, "min": MIN}.get(self.reduce_fx, MEAN)
+
+
+def _is_torchmetric(value: Any) -> bool:
+    return any(c.__module__.startswith("torchmetrics") and c.__name__ == "Metric"
+               for c in type(value).__mro__)
+
+
 @contextlib.contextmanager
 def _logged(module: nn.Module):
-    """What `self.log` / `self.log_dict` record during one call: {name: (value, batch_size,
-    reduce_fx, metric object or None)}. Nests: the outer recorder is back after."""
-    seen: dict[str, tuple[float, int | None, str, Any]] = {}
+    """What `self.log` / `self.log_dict` record during one call: {name: Logged}. Nests: the
+    outer recorder is back after."""
+    seen: dict[str, Logged] = {}
 
-    def log(name, value, *args, batch_size=None, reduce_fx="mean", **kwargs):
+    def log(name, value, *args, batch_size=None, reduce_fx="mean", sync_dist=False, **kwargs):
         number, is_metric = _logged_value(value)
-        seen[name] = (number, batch_size, str(reduce_fx), value if is_metric else None)
+        seen[name] = Logged(number, batch_size, getattr(reduce_fx, "__name__", str(reduce_fx)),
+                            value if is_metric else None, bool(sync_dist))
 
-    def log_dict(values, *args, batch_size=None, reduce_fx="mean", **kwargs):
+    def log_dict(values, *args, batch_size=None, reduce_fx="mean", sync_dist=False, **kwargs):
         for name, value in dict(values).items():
-            log(name, value, batch_size=batch_size, reduce_fx=reduce_fx)
+            log(name, value, batch_size=batch_size, reduce_fx=reduce_fx, sync_dist=sync_dist)
 
     saved = {k: module.__dict__[k] for k in ("log", "log_dict") if k in module.__dict__}
     module.log, module.log_dict = log, log_dict
