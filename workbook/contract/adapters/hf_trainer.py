@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError, reason
+from ...storage.files import scratch_folder
 from .. import fine_tuning
 from ..run import current_run
 from ..task import adamw
@@ -306,7 +306,7 @@ def argument_fields(args: Any, train_rows: Callable[[], int], callbacks: list | 
             raise WorkbookError("from_hf: callbacks need the TrainingArguments they are called "
                                 "with", "pass args=TrainingArguments(...)")
         quiet = copy.copy(args)  # the pilot never writes into the campaign's output_dir
-        object.__setattr__(quiet, "output_dir", tempfile.mkdtemp(prefix="from_hf-"))
+        object.__setattr__(quiet, "output_dir", scratch_folder("from_hf-"))
         hooks = _Callbacks(list(callbacks), quiet, tokenizer)
     if trainer_args:
         fields["build_scheduler"] = _scheduler_factory(args, train_rows(), hooks, notes)

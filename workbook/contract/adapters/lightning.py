@@ -20,7 +20,6 @@ import contextlib
 import copy
 import dataclasses
 import math
-import tempfile
 import weakref
 from itertools import islice
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError, reason
+from ...storage.files import scratch_folder
 from .. import kinds
 from ..run import DEFAULT_UPDATES, EXAMPLE_WEIGHT
 from ..sources import length
@@ -172,7 +172,7 @@ def from_lightning(module_factory: Callable[[], nn.Module], datamodule: Any, *, 
 
     def scratch() -> str:
         if not scratch_dir:
-            scratch_dir.append(tempfile.mkdtemp(prefix="workbook-lightning-"))
+            scratch_dir.append(scratch_folder("workbook-lightning-"))
         return scratch_dir[0]
 
     loaders = {}
