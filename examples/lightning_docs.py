@@ -147,9 +147,11 @@ class LitClassifier(pl.LightningModule):
     def __init__(self, hidden: int = 64, dropout: float = 0.2, lr: float = 1e-2,
                  weight_decay: float = 1e-4, weighted_mean_step: bool = False,
                  val_mean_of_batch_means: bool = False, macro_f1: bool = False,
-                 bn_train_in_validation: bool = False, epoch_interval: bool = False):
+                 bn_train_in_validation: bool = False, epoch_interval: bool = False,
+                 label_names: tuple[str, ...] = ("common", "middle", "rare")):
         super().__init__()
         self.save_hyperparameters()
+        self.label_names = list(label_names)  # class id -> name, for the logged class metrics
         self.net = nn.Sequential(nn.Linear(FEATURES, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
                                  nn.Dropout(dropout), nn.Linear(hidden, CLASSES))
         self.val_acc = Accuracy()
@@ -241,9 +243,11 @@ class EvalModeCallback(pl.Callback):
 def make_task(rows: int = 600, weighted_mean_step: bool = False,
               val_mean_of_batch_means: bool = False, macro_f1: bool = False,
               bn_train_in_validation: bool = False, callback_eval: str = "",
-              epoch_interval: bool = False) -> wb.Task:
+              epoch_interval: bool = False, shifted_label_names: bool = False) -> wb.Task:
+    # planted: the module's class names in another order than the data's class ids
+    names = ("middle", "rare", "common") if shifted_label_names else ("common", "middle", "rare")
     return wb.adapters.from_lightning(
-        lambda: LitClassifier(weighted_mean_step=weighted_mean_step,
+        lambda: LitClassifier(label_names=names, weighted_mean_step=weighted_mean_step,
                               val_mean_of_batch_means=val_mean_of_batch_means,
                               macro_f1=macro_f1, bn_train_in_validation=bn_train_in_validation,
                               epoch_interval=epoch_interval),

@@ -140,3 +140,17 @@ def test_an_hf_callbacks_eval_is_undone_before_the_next_update_as_the_trainer_do
     cfg = UpdateShape(4, 1).train_config(updates=3, device="cpu")
     result = train(task, data.train[:16], cfg)
     assert result.model.training  # on_step_end's model.eval() did not reach the updates
+
+
+def test_a_lightning_modules_class_names_in_another_order_are_named():
+    """A LightningModule naming its classes (for its logged class metrics) in another order
+    than the data's ids: 01's class-map check names it; the clean twin raises nothing."""
+    from workbook import load_task
+    from workbook.notebooks.data_audits import class_map_audit
+
+    shifted = load_task("examples.lightning_docs:task", shifted_label_names=True)
+    [flag] = class_map_audit(shifted, shifted.build_model())
+    assert "LitClassifier.label_names numbers 'common' 2 where label_names numbers it 0" \
+        in flag.message
+    clean = load_task("examples.lightning_docs:task")
+    assert class_map_audit(clean, clean.build_model()) == []
