@@ -1,4 +1,4 @@
-"""The structure of a Lightning loader's items and batches (`_Shape`): flattened to the
+"""The structure of a Lightning loader's items and batches (`BatchShape`): flattened to the
 pilot's {name: tensor} and built back for the module's steps, and the fields its forward takes."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .torch import LABELS, Stream
 
 
 @dataclasses.dataclass(frozen=True)
-class _Shape:
+class BatchShape:
     """The structure of an item or a batch: a leaf (named), or a tuple, list or dict of
     shapes. The pilot's batches are flat {name: tensor}; the module's steps get the
     structure back."""
@@ -52,7 +52,7 @@ class _Shape:
         return tuple(built) if self.form == "tuple" else built
 
 
-def _structure_changed(where: str, shape: _Shape, obj: Any) -> WorkbookError:
+def _structure_changed(where: str, shape: BatchShape, obj: Any) -> WorkbookError:
     return WorkbookError(f"{where} is a {type(obj).__name__} of another structure than the "
                          f"first one (fields {shape.names()})", "give every item (and every "
                          "batch) the same structure: the same tuple length or dict keys")
@@ -66,7 +66,7 @@ def _paths(obj: Any, path: tuple = ()) -> list[tuple]:
     return [path]
 
 
-def _shape_of(obj: Any, fields: Sequence[str] | None, where: str) -> _Shape:
+def shape_of(obj: Any, fields: Sequence[str] | None, where: str) -> BatchShape:
     """The structure of `obj` with its leaves named: by `fields` in order (depth first) when
     given for a tuple or list, by their keys (joined by '.') in a dict, and a flat pair by
     from_torch's default ('inputs', 'labels')."""
@@ -91,20 +91,20 @@ def _shape_of(obj: Any, fields: Sequence[str] | None, where: str) -> _Shape:
                             "give every element its own name")
     leaves = iter(names)
 
-    def build(o: Any) -> _Shape:
+    def build(o: Any) -> BatchShape:
         if isinstance(o, dict):
-            return _Shape("dict", parts=tuple((k, build(v)) for k, v in o.items()))
+            return BatchShape("dict", parts=tuple((k, build(v)) for k, v in o.items()))
         if isinstance(o, (tuple, list)):
-            return _Shape("tuple" if isinstance(o, tuple) else "list",
+            return BatchShape("tuple" if isinstance(o, tuple) else "list",
                           parts=tuple(build(v) for v in o))
-        return _Shape("leaf", next(leaves))
+        return BatchShape("leaf", next(leaves))
     return build(obj)
 
 
-class _Flat(torch.utils.data.Dataset):
+class FlatItems(torch.utils.data.Dataset):
     """A dataset whose items are the user's items flattened to {name: leaf}."""
 
-    def __init__(self, data: Any, shape: _Shape, split: str):
+    def __init__(self, data: Any, shape: BatchShape, split: str):
         self.data, self.shape, self.split = data, shape, split
 
     def __len__(self) -> int:
@@ -114,11 +114,11 @@ class _Flat(torch.utils.data.Dataset):
         return self.shape.flatten(self.data[i], f"the {self.split} dataset's item {i}")
 
 
-class _FlatStream(torch.utils.data.IterableDataset):
+class FlatStream(torch.utils.data.IterableDataset):
     """A `Stream` whose items are the user's items flattened to {name: leaf}, read in turn;
     an item of another structure than the first is named with its position."""
 
-    def __init__(self, stream: Stream, shape: _Shape, split: str):
+    def __init__(self, stream: Stream, shape: BatchShape, split: str):
         self.stream, self.shape, self.split = stream, shape, split
 
     def __iter__(self) -> Any:
@@ -126,13 +126,13 @@ class _FlatStream(torch.utils.data.IterableDataset):
             yield self.shape.flatten(item, f"the {self.split} dataset's item {i}")
 
 
-def _flat(data: Any, shape: _Shape, split: str) -> torch.utils.data.Dataset:
+def flat_items(data: Any, shape: BatchShape, split: str) -> torch.utils.data.Dataset:
     """A split's items flattened: indexed (a map-style dataset) or read in turn (a Stream)."""
-    return _FlatStream(data, shape, split) if isinstance(data, Stream) else \
-        _Flat(data, shape, split)
+    return FlatStream(data, shape, split) if isinstance(data, Stream) else \
+        FlatItems(data, shape, split)
 
 
-def _model_inputs(probe: nn.Module, names: list[str], dict_batch: bool) -> tuple[str, ...]:
+def model_inputs_of(probe: nn.Module, names: list[str], dict_batch: bool) -> tuple[str, ...]:
     """The batch fields the module's forward takes: by name for a dict batch, the first ones
     (as many as forward's positional arguments) for a tuple."""
     candidates = [n for n in names if n != LABELS]

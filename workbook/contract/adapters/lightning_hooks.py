@@ -1,5 +1,5 @@
 """The hooks of a LightningModule and of its callbacks as the pilot calls them: a failure names
-the piece (`_call`), callbacks first as Lightning calls them (`fire`), and the modes they set
+the piece (`call_piece`), callbacks first as Lightning calls them (`fire`), and the modes they set
 judged where Lightning does not undo them - a layer put in training mode inside validation
 (validation normalises with each batch's statistics and moves the running ones), and a layer
 left in eval mode by a hook that runs before `training_step` (the updates train without
@@ -26,7 +26,7 @@ FIX_TRAINING = ("set the mode back (pl_module.train()) or freeze only what you m
                 "hook lasts for every update after it")
 
 
-def _call(piece: str, fn: Callable, *args: Any) -> Any:
+def call_piece(piece: str, fn: Callable, *args: Any) -> Any:
     """One of the module's own methods; a failure names it."""
     try:
         return fn(*args)
@@ -62,7 +62,7 @@ def fire(name: str, module: nn.Module, callbacks: list, *args: Any,
     returned = None
     for piece, fn, given in calls:
         def call(fn=fn, piece=piece, given=given):
-            return _call(piece, fn, *given)
+            return call_piece(piece, fn, *given)
         if name in TRAINING_HOOKS:
             returned = training_hook(piece, module, call)
         elif name in VALIDATION_HOOKS and evaluating is not None:

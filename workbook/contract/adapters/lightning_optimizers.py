@@ -1,5 +1,5 @@
 """What `configure_optimizers` returns, as `from_lightning` runs it: one optimizer, its
-scheduler stepped as Lightning steps it (`_Schedule`), and the rates rescaled to a study's lr."""
+scheduler stepped as Lightning steps it (`Schedule`), and the rates rescaled to a study's lr."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ SCALED = ("lr", "initial_lr", "max_lr", "min_lr")  # group keys a scheduler read
 
 
 @dataclasses.dataclass
-class _Schedule:
+class Schedule:
     """The scheduler `configure_optimizers` returned, stepped as Lightning steps it: every
     `frequency` updates (`interval` "step") or passes over the train set ("epoch"). The
     workbook steps it once per update; `train_step` counts the examples each update saw.
@@ -62,10 +62,10 @@ class _Schedule:
         self.examples_seen, self.updates = state["examples_seen"], state["updates"]
 
 
-SCHEDULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Schedule
+SCHEDULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> Schedule
 
 
-def _optimizer_and_schedule(configured: Any) -> tuple[torch.optim.Optimizer, _Schedule | None]:
+def optimizer_and_schedule(configured: Any) -> tuple[torch.optim.Optimizer, Schedule | None]:
     """Lightning's return forms of configure_optimizers, with one optimizer."""
     schedulers: list = []
     if isinstance(configured, dict):
@@ -98,13 +98,13 @@ def _optimizer_and_schedule(configured: Any) -> tuple[torch.optim.Optimizer, _Sc
     if interval not in ("step", "epoch"):
         raise WorkbookError(f"the scheduler's interval is {interval!r}",
                             "give interval 'step' or 'epoch', as Lightning takes")
-    return optimizers[0], _Schedule(scheduler, interval, int(given.get("frequency", 1)))
+    return optimizers[0], Schedule(scheduler, interval, int(given.get("frequency", 1)))
 
 
 SIZES = ("total_steps", "T_max", "total_iters")  # what a schedule's length is called
 
 
-def stepped_per_pass_but_sized_per_update(schedule: _Schedule | None, updates: int,
+def stepped_per_pass_but_sized_per_update(schedule: Schedule | None, updates: int,
                                           passes: int) -> WorkbookError | None:
     """A schedule sized in updates (its total_steps / T_max / total_iters is the stand-in's
     estimated_stepping_batches) that Lightning steps once per epoch: over the run it takes
@@ -127,7 +127,7 @@ def stepped_per_pass_but_sized_per_update(schedule: _Schedule | None, updates: i
         "update), or size it in epochs (trainer.max_epochs)")
 
 
-def _rescale(optimizer: torch.optim.Optimizer, schedule: _Schedule | None, ratio: float) -> None:
+def rescale(optimizer: torch.optim.Optimizer, schedule: Schedule | None, ratio: float) -> None:
     """Every rate the module configured times `ratio` (the study's lr over the module's own):
     the groups keep their ratios and the schedule its shape."""
     for group in optimizer.param_groups:
@@ -141,7 +141,7 @@ def _rescale(optimizer: torch.optim.Optimizer, schedule: _Schedule | None, ratio
                 setattr(sched, name, [v * ratio for v in getattr(sched, name)])
 
 
-def _own_lr(optimizer: torch.optim.Optimizer, schedule: _Schedule | None) -> float:
+def own_lr(optimizer: torch.optim.Optimizer, schedule: Schedule | None) -> float:
     """The rate the module configured, as the workbook reads a schedule's start (its
     `initial_lr`): the scheduler's base rate (before a warm-up lowered it; a one-cycle
     schedule's max_lr / div_factor), else the optimizer's."""

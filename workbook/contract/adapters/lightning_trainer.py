@@ -1,6 +1,6 @@
 """The Trainer side of `from_lightning`: the pilot's run as a Trainer would describe it
-(`_Run`), the `PilotTrainer` a module reads as `self.trainer` while the pilot calls its hooks,
-and what the module logs with `self.log` meanwhile."""
+(`LightningRun`), the `PilotTrainer` a module reads as `self.trainer` while the pilot calls its
+hooks, and what the module logs with `self.log` meanwhile."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixe
 
 
 @dataclasses.dataclass
-class _Run:
+class LightningRun:
     """The pilot's run as a Trainer would describe it: the configuration (from the loop's
     `loop.TrainConfig` when found, else defaults) and the counters the train step advances."""
 
@@ -62,22 +62,22 @@ class _Run:
         return self.examples_seen // self.pass_examples
 
 
-def _run_of_build(default_examples: int, micro_batch: int) -> _Run:
+def run_of_build(default_examples: int, micro_batch: int) -> LightningRun:
     """The run whose optimizer is being built (`loop.current_run()`, set by `build_stepper`).
     Outside one (a direct call), DEFAULT_UPDATES updates of the train loader's batch over the
     whole train set."""
     run = current_run()
     if run is None:
-        return _Run(DEFAULT_UPDATES, max(micro_batch, 1), 1, default_examples)
+        return LightningRun(DEFAULT_UPDATES, max(micro_batch, 1), 1, default_examples)
     shape = run.shape
-    return _Run(run.updates, shape.micro_batch, shape.accumulation,
+    return LightningRun(run.updates, shape.micro_batch, shape.accumulation,
                 run.examples if run.examples is not None else default_examples,
                 shape.precision, shape.replicas, run.drop_partial,
                 "the run's configuration" + ("" if run.examples is not None else
                                              " (examples: the whole train set)"))
 
 
-RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module or optimizer -> _Run
+RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module or optimizer -> LightningRun
 
 
 class TrainerAttributeMissing(WorkbookError):
@@ -110,7 +110,7 @@ class PilotTrainer:
     the pilot calls its hooks: not a `lightning.Trainer`. Attributes it does not provide raise
     `TrainerAttributeMissing` naming them (never a silent None)."""
 
-    def __init__(self, run: _Run, module: nn.Module, datamodule: Any, stage: str,
+    def __init__(self, run: LightningRun, module: nn.Module, datamodule: Any, stage: str,
                  differs: dict[str, str], scratch: Callable[[], str], val_batches: float,
                  gradient_clip_val: float | None):
         self._run, self._module, self._datamodule, self._stage = run, module, datamodule, stage
@@ -266,7 +266,7 @@ PROVIDED = sorted(n for n, v in vars(PilotTrainer).items() if isinstance(v, prop
 
 
 @contextlib.contextmanager
-def _attached(module: nn.Module, trainer: PilotTrainer) -> Iterator[None]:
+def attached(module: nn.Module, trainer: PilotTrainer) -> Iterator[None]:
     """`module.trainer = trainer` as Lightning attaches its own (the setter reaches child
     LightningModules too), put back as it was after."""
     before = module._trainer
@@ -277,7 +277,7 @@ def _attached(module: nn.Module, trainer: PilotTrainer) -> Iterator[None]:
         module.trainer = before
 
 
-def _logged_value(value: Any) -> tuple[float, bool]:
+def logged_value(value: Any) -> tuple[float, bool]:
     """A logged value as a float, and whether it is a metric object (torchmetrics' Metric, or
     anything with compute()): Lightning computes those at the epoch's end, over the epoch."""
     if callable(getattr(value, "compute", None)) and not isinstance(value, torch.Tensor):
@@ -317,13 +317,13 @@ def _is_torchmetric(value: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _logged(module: nn.Module):
+def logged(module: nn.Module):
     """What `self.log` / `self.log_dict` record during one call: {name: Logged}. Nests: the
     outer recorder is back after."""
     seen: dict[str, Logged] = {}
 
     def log(name, value, *args, batch_size=None, reduce_fx="mean", sync_dist=False, **kwargs):
-        number, is_metric = _logged_value(value)
+        number, is_metric = logged_value(value)
         seen[name] = Logged(number, batch_size, getattr(reduce_fx, "__name__", str(reduce_fx)),
                             value if is_metric else None, bool(sync_dist))
 

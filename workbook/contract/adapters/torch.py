@@ -19,6 +19,7 @@ from .. import class_maps, kinds
 from ..sources import length, numbered
 from ..targets import contributes
 from ..task import Task
+from .base import Adapter
 
 LABELS = "labels"
 SPLITS = ("train", "validation", "test")
@@ -59,7 +60,7 @@ def probe_on_meta(factory: Callable[[], nn.Module], what: str, fix: str) -> nn.M
                             fix) from exc
 
 
-def _as_dict(item: Any, fields: Sequence[str] | None, where: str) -> dict[str, Any]:
+def as_dict(item: Any, fields: Sequence[str] | None, where: str) -> dict[str, Any]:
     """A dataset item or a collated batch as a dict: dicts as they are, tuples/lists by
     `fields` (default: every element but the last is an input, the last the labels)."""
     if isinstance(item, dict):
@@ -125,7 +126,7 @@ class Stream:
         return length(self.data)
 
 
-def _per_target(criterion: Any) -> Callable[[Tensor, Tensor], Tensor]:
+def per_target(criterion: Any) -> Callable[[Tensor, Tensor], Tensor]:
     """The criterion per target (summed by the task's loss under a mask, never by indexing: a
     data-dependent shape does not run on the fake tensors that size the rental): an `nn` loss
     is copied with reduction 'none'; a function is called with `reduction="none"`."""
@@ -142,6 +143,214 @@ def _per_target(criterion: Any) -> Callable[[Tensor, Tensor], Tensor]:
         return lambda outputs, labels: criterion(outputs, labels, reduction="none")
     raise WorkbookError(f"the criterion is a {type(criterion).__name__}, not callable",
                         "pass the loss you train with, e.g. nn.CrossEntropyLoss()")
+
+
+class TorchAdapter(Adapter):
+    """A plain dataset (or a dict of splits), collate_fn, model factory and criterion, read
+    once; the Task's steps read, encode, collate and score them (see `from_torch`)."""
+
+    def __init__(self, dataset: Any, build_model: Callable[[], nn.Module], criterion: Any, *,
+                 name: str, kind: str = "classification", collate_fn: Callable | None = None,
+                 fields: Sequence[str] | None = None,
+                 group_of: Callable[[int, Any], Any] | None = None,
+                 label_names: list[str] | None = None, **task_fields: Any):
+        target = kinds.KINDS.get(kind)
+        if target is None or (target.per_position and not target.causal):
+            raise WorkbookError(f"from_torch maps classification, regression and generation, "
+                                f"not {kind!r}", "give kind='classification', 'regression' or "
+                                "'generation', or write a workbook.Task for per-position "
+                                "classes")
+        if target.per_position and "decode" not in task_fields:
+            raise WorkbookError("a generation task needs decode (token ids -> text)",
+                                "pass decode=your_tokenizer.decode")
+        self.name, self.kind, self.target = name, kind, target
+        self.build_model, self.fields, self.group_of = build_model, fields, group_of
+        self.task_fields = dict(task_fields)
+        self.read_splits(dataset, label_names)
+        self.user_collate = collate_fn or default_collate
+        self.each = per_target(criterion) if criterion is not None or not target.per_position \
+            else None
+        self.weight = getattr(criterion, "weight", None) if isinstance(
+            criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) else None
+        self.read_structure()
+        self.label_names = label_names
+        if target.named_classes and label_names is None:
+            seen = sorted({int(self.item(i)[LABELS]) for i in range(len(self.index))})
+            self.label_names = [str(c) for c in range(max(seen) + 1)] if seen else []
+
+    # -- reading the datasets ------------------------------------------------------------------
+
+    def read_splits(self, dataset: Any, label_names: list[str] | None) -> None:
+        """The splits as given (one dataset: split by group later), each a Stream when it is
+        read by iterating; a map-style split's (split, position) per example id."""
+        splits = dict(dataset) if isinstance(dataset, dict) else {None: dataset}
+        for split in splits:
+            if split not in (None, *SPLITS):
+                raise WorkbookError(f"the datasets are named {sorted(map(str, splits))}; "
+                                    f"{split!r} is not a split", f"name them {list(SPLITS)}")
+        self.splits = {split: Stream(data, split) if streams(data) else data
+                       for split, data in splits.items()}
+        self.streamed = any(isinstance(data, Stream) for data in self.splits.values())
+        if "train" in self.splits and not self.streamed and not len(self.splits["train"]):
+            raise WorkbookError("the train dataset has no items", "pass the data you train on")
+        if self.streamed and self.target.named_classes and label_names is None:
+            raise WorkbookError("the dataset is read as a stream, so its classes are not known "
+                                "before all of it is read", "pass label_names=[...]: the class "
+                                "names in class-id order")
+        self.index = [] if self.streamed else [(split, i) for split, data in self.splits.items()
+                                               for i in range(len(data))]
+
+    def read_structure(self) -> None:
+        """The first item's fields: the model's inputs and whether items are tuples."""
+        first_data = next(iter(self.splits.values()))
+        first_raw = first_data.first if isinstance(first_data, Stream) else \
+            first_data[0] if len(first_data) else None
+        self.tuple_items = first_raw is not None and not isinstance(first_raw, dict)
+        self.first = self.tensors(first_raw, "dataset item 0") if first_raw is not None else {}
+        self.inputs = tuple(k for k in self.first if k != LABELS)
+
+    def at(self, split: str | None, j: int) -> Any:
+        try:
+            return self.splits[split][j]
+        except Exception as exc:
+            raise WorkbookError(f"the {split or ''} dataset raised on item {j}: "
+                                f"{reason(exc)}".replace("  ", " "),
+                                "fix the dataset's __getitem__") from exc
+
+    def raw(self, i: int) -> Any:
+        return self.at(*self.index[i])
+
+    def tensors(self, raw_item: Any, where: str) -> dict[str, Any]:
+        out = as_dict(raw_item, self.fields, where)
+        if LABELS not in out:
+            raise WorkbookError(f"{where} has no 'labels' (keys {sorted(out)})",
+                                "name the labels 'labels' (fields=(..., 'labels') for tuples)")
+        return {k: torch.as_tensor(v) for k, v in out.items()}
+
+    def item(self, i: int) -> dict[str, Any]:
+        return self.tensors(self.raw(i), f"dataset item {i}")
+
+    def class_name(self, label: Tensor, where: str) -> str:
+        names = self.label_names
+        if label.numel() != 1:
+            raise WorkbookError(f"{where} has {label.numel()} labels; from_torch classifies "
+                                "one label per example", "write a token-level task with "
+                                "workbook.Task")
+        if names and not 0 <= int(label) < len(names):
+            raise WorkbookError(f"{where} has the class id {int(label)}, outside label_names "
+                                f"({len(names)} classes)", "pass label_names naming every "
+                                "class id, in order")
+        return names[int(label)] if names else str(int(label))
+
+    def group(self, split: str | None, j: Any, it: Any) -> str:
+        """The example's unit of leakage: `group_of(position, item)`, else its position."""
+        return str(self.group_of(j, it) if self.group_of else (f"{split}-{j}" if split else j))
+
+    def load_examples(self) -> list[dict]:
+        """Map-style splits: one example per item, its id the position in `index`."""
+        rows = []
+        for i, (split, j) in enumerate(self.index):
+            ex = {"id": i, "group": self.group(split, j, self.raw(i) if self.group_of else None)}
+            if split:
+                ex["split"] = split
+            if self.target.named_classes:
+                ex["label"] = self.class_name(self.item(i)[LABELS], f"dataset item {i}")
+            rows.append(ex)
+        return rows
+
+    def read(self, split: str | None, data: Any) -> Iterator[dict]:
+        """A split's examples in order, read lazily, each carrying its item; an item whose
+        fields differ from the first item's is named with its position."""
+        pairs = data.items() if isinstance(data, Stream) else \
+            ((j, self.at(split, j)) for j in range(len(data)))
+        for j, it in pairs:
+            where = f"the {split + ' ' if split else ''}dataset's item {j}"
+            given = as_dict(it, self.fields, where)
+            if list(given) != list(self.first):
+                raise WorkbookError(f"{where} has the fields {list(given)}, not the first "
+                                    f"item's {list(self.first)}: the items change structure",
+                                    "give every item the same structure: the same tuple "
+                                    "length or dict keys")
+            ex = {"id": f"{split}-{j}" if split else j, "item": it,
+                  "group": self.group(split, j, it)}
+            if split:
+                ex["split"] = split
+            if self.target.named_classes:
+                ex["label"] = self.class_name(self.tensors(it, where)[LABELS], where)
+            yield ex
+
+    def load_stream(self) -> Iterator[dict]:
+        """Every split read in turn, one item of each at a time, so the first examples of
+        each split come without reading the others whole."""
+        readers = [self.read(split, data) for split, data in self.splits.items()]
+        while readers:
+            for reader in list(readers):
+                ex = next(reader, None)
+                if ex is None:
+                    readers.remove(reader)
+                else:
+                    yield ex
+
+    def encode(self, ex: dict) -> dict[str, Tensor]:
+        if "item" in ex:  # read from a stream: never indexed
+            return self.tensors(ex["item"], f"dataset item {ex['id']}")
+        return self.item(ex["id"])
+
+    # -- the batch structure -------------------------------------------------------------------
+
+    def collate(self, batch: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """The user's collate_fn over the items (as tuples when the dataset's are), named."""
+        names = [*self.inputs, LABELS]
+        given = [tuple(b[k] for k in names) for b in batch] if self.tuple_items else batch
+        out = as_dict(self.user_collate(given), names if self.tuple_items else None,
+                      "the collated batch")
+        return dict(out)
+
+    # -- the loss and what people read ---------------------------------------------------------
+
+    def loss(self, outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """The criterion per target: (sum, count), padding copies and ignored targets
+        weighing 0; a weighted criterion counts its targets' weights."""
+        labels, each = batch[LABELS], self.each
+        keep = contributes(labels)  # padding copies (-100 / NaN) and ignored targets weigh 0
+        if self.target.float_targets:
+            losses = each(outputs.reshape(labels.shape), torch.where(keep, labels, 0.0))
+            return torch.where(keep, losses, 0.0).sum(), keep.sum().to(losses.dtype)
+        clean = torch.where(keep, labels, 0)
+        losses = torch.where(keep, each(outputs, clean), 0.0)
+        if self.weight is not None:  # a weighted mean divides by the targets' weights
+            return losses.sum(), (self.weight.to(labels.device)[clean] * keep).sum()
+        return losses.sum(), keep.sum()
+
+    def decode(self, ids: Any) -> str:
+        """Class ids as their names, or regression targets as numbers."""
+        if self.target.named_classes:
+            names = self.label_names
+            return ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{int(i)}?>"
+                             for i in ids)
+        return ", ".join(f"{float(v):.3g}" for v in ids)
+
+    def task(self) -> Task:
+        fields, named = dict(self.task_fields), self.target.named_classes
+        if self.each is not None:
+            fields["loss"] = self.loss
+        if None not in self.splits:
+            fields.setdefault("split_of", split_of)
+        if named:  # each split's own numbering (ImageFolder's class_to_idx), for 01
+            fields["class_maps"] = {**class_maps.of_datasets(self.splits),
+                                    **(fields.get("class_maps") or {})}
+        decode = fields.pop("decode", None) or self.decode
+        return Task(name=self.name, kind=self.kind,
+                    load_examples=self.load_stream if self.streamed else self.load_examples,
+                    encode=self.encode, collate=self.collate,
+                    build_model=self.build_model, decode=decode, model_inputs=self.inputs,
+                    label_names=self.label_names if named else None,
+                    label_field="label" if named else None, **fields)
+
+
+def split_of(ex: dict) -> str:
+    """The split a framework's own datasets put the example in."""
+    return ex["split"]
 
 
 def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: Any, *,
@@ -162,164 +371,6 @@ def from_torch(dataset: Any, build_model: Callable[[], nn.Module], criterion: An
     where nothing is learned) needs `decode` and takes `criterion=None` for the task's token
     cross-entropy. Other Task fields (`lr`, `build_optimizer`, `train_step`, `save_state`,
     ...) pass through."""
-    target = kinds.KINDS.get(kind)
-    if target is None or (target.per_position and not target.causal):
-        raise WorkbookError(f"from_torch maps classification, regression and generation, not "
-                            f"{kind!r}", "give kind='classification', 'regression' or "
-                            "'generation', or write a workbook.Task for per-position classes")
-    if target.per_position and "decode" not in task_fields:
-        raise WorkbookError("a generation task needs decode (token ids -> text)",
-                            "pass decode=your_tokenizer.decode")
-    splits = dict(dataset) if isinstance(dataset, dict) else {None: dataset}
-    for split in splits:
-        if split not in (None, *SPLITS):
-            raise WorkbookError(f"the datasets are named {sorted(map(str, splits))}; "
-                                f"{split!r} is not a split", f"name them {list(SPLITS)}")
-    splits = {split: Stream(data, split) if streams(data) else data
-              for split, data in splits.items()}
-    streamed = any(isinstance(data, Stream) for data in splits.values())
-    if "train" in splits and not streamed and not len(splits["train"]):
-        raise WorkbookError("the train dataset has no items", "pass the data you train on")
-    if streamed and target.named_classes and label_names is None:
-        raise WorkbookError("the dataset is read as a stream, so its classes are not known "
-                            "before all of it is read", "pass label_names=[...]: the class "
-                            "names in class-id order")
-    collate = collate_fn or default_collate
-    each = _per_target(criterion) if criterion is not None or not target.per_position else None
-    weight = getattr(criterion, "weight", None) if isinstance(
-        criterion, (nn.CrossEntropyLoss, nn.NLLLoss)) else None
-    index = [] if streamed else [(split, i) for split, data in splits.items()
-                                 for i in range(len(data))]
-    first_data = next(iter(splits.values()))
-    first_raw = first_data.first if isinstance(first_data, Stream) else \
-        first_data[0] if len(first_data) else None
-    tuple_items = first_raw is not None and not isinstance(first_raw, dict)
-
-    def at(split: str | None, j: int) -> Any:
-        try:
-            return splits[split][j]
-        except Exception as exc:
-            raise WorkbookError(f"the {split or ''} dataset raised on item {j}: "
-                                f"{reason(exc)}".replace("  ", " "),
-                                "fix the dataset's __getitem__") from exc
-
-    def raw(i: int) -> Any:
-        return at(*index[i])
-
-    def tensors(raw_item: Any, where: str) -> dict[str, Any]:
-        out = _as_dict(raw_item, fields, where)
-        if LABELS not in out:
-            raise WorkbookError(f"{where} has no 'labels' (keys {sorted(out)})",
-                                "name the labels 'labels' (fields=(..., 'labels') for tuples)")
-        return {k: torch.as_tensor(v) for k, v in out.items()}
-
-    def item(i: int) -> dict[str, Any]:
-        return tensors(raw(i), f"dataset item {i}")
-
-    def class_name(label: Tensor, where: str) -> str:
-        if label.numel() != 1:
-            raise WorkbookError(f"{where} has {label.numel()} labels; from_torch classifies "
-                                "one label per example", "write a token-level task with "
-                                "workbook.Task")
-        if names and not 0 <= int(label) < len(names):
-            raise WorkbookError(f"{where} has the class id {int(label)}, outside label_names "
-                                f"({len(names)} classes)", "pass label_names naming every "
-                                "class id, in order")
-        return names[int(label)] if names else str(int(label))
-
-    first = tensors(first_raw, "dataset item 0") if first_raw is not None else {}
-    inputs = tuple(k for k in first if k != LABELS)
-
-    def load() -> list[dict]:
-        rows = []
-        for i, (split, j) in enumerate(index):
-            ex = {"id": i, "group": str(group_of(j, raw(i)) if group_of else
-                                        (f"{split}-{j}" if split else i))}
-            if split:
-                ex["split"] = split
-            if target.named_classes:
-                ex["label"] = class_name(item(i)[LABELS], f"dataset item {i}")
-            rows.append(ex)
-        return rows
-
-    def read(split: str | None, data: Any) -> Iterator[dict]:
-        """A split's examples in order, read lazily, each carrying its item; an item whose
-        fields differ from the first item's is named with its position."""
-        pairs = data.items() if isinstance(data, Stream) else \
-            ((j, at(split, j)) for j in range(len(data)))
-        for j, it in pairs:
-            where = f"the {split + ' ' if split else ''}dataset's item {j}"
-            given = _as_dict(it, fields, where)
-            if list(given) != list(first):
-                raise WorkbookError(f"{where} has the fields {list(given)}, not the first "
-                                    f"item's {list(first)}: the items change structure",
-                                    "give every item the same structure: the same tuple "
-                                    "length or dict keys")
-            ex = {"id": f"{split}-{j}" if split else j, "item": it,
-                  "group": str(group_of(j, it) if group_of else
-                               (f"{split}-{j}" if split else j))}
-            if split:
-                ex["split"] = split
-            if target.named_classes:
-                ex["label"] = class_name(tensors(it, where)[LABELS], where)
-            yield ex
-
-    def load_stream() -> Iterator[dict]:
-        """Every split read in turn, one item of each at a time, so the first examples of
-        each split come without reading the others whole."""
-        readers = [read(split, data) for split, data in splits.items()]
-        while readers:
-            for reader in list(readers):
-                ex = next(reader, None)
-                if ex is None:
-                    readers.remove(reader)
-                else:
-                    yield ex
-
-    names = label_names
-    if target.named_classes and names is None:
-        seen = sorted({int(item(i)[LABELS]) for i in range(len(index))})
-        names = [str(c) for c in range(max(seen) + 1)] if seen else []
-
-    def encoded(ex: dict) -> dict[str, Tensor]:
-        if "item" in ex:  # read from a stream: never indexed
-            return tensors(ex["item"], f"dataset item {ex['id']}")
-        return item(ex["id"])
-
-    def collated(batch: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-        given = [tuple(b[k] for k in (*inputs, LABELS)) for b in batch] if tuple_items \
-            else batch
-        out = _as_dict(collate(given), [*inputs, LABELS] if tuple_items else None,
-                       "the collated batch")
-        return dict(out)
-
-    def loss(outputs: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        labels = batch[LABELS]
-        keep = contributes(labels)  # padding copies (-100 / NaN) and ignored targets weigh 0
-        if target.float_targets:
-            losses = each(outputs.reshape(labels.shape), torch.where(keep, labels, 0.0))
-            return torch.where(keep, losses, 0.0).sum(), keep.sum().to(losses.dtype)
-        clean = torch.where(keep, labels, 0)
-        losses = torch.where(keep, each(outputs, clean), 0.0)
-        if weight is not None:  # a weighted mean divides by the targets' weights
-            return losses.sum(), (weight.to(labels.device)[clean] * keep).sum()
-        return losses.sum(), keep.sum()
-
-    fields_given = dict(task_fields)
-    if each is not None:
-        fields_given["loss"] = loss
-    if None not in splits:
-        fields_given.setdefault("split_of", lambda ex: ex["split"])
-    if target.named_classes:  # each split's own numbering (ImageFolder's class_to_idx), for 01
-        fields_given["class_maps"] = {**class_maps.of_datasets(splits),
-                                      **(fields_given.get("class_maps") or {})}
-    decode = fields_given.pop("decode", None) or (
-        (lambda ids: ", ".join(names[int(i)] if 0 <= int(i) < len(names) else f"<{int(i)}?>"
-                               for i in ids)) if target.named_classes
-        else (lambda values: ", ".join(f"{float(v):.3g}" for v in values)))
-    return Task(name=name, kind=kind, load_examples=load_stream if streamed else load,
-                encode=encoded, collate=collated,
-                build_model=build_model, decode=decode, model_inputs=inputs,
-                label_names=names if target.named_classes else None,
-                label_field="label" if target.named_classes else None,
-                **fields_given)
+    return TorchAdapter(dataset, build_model, criterion, name=name, kind=kind,
+                        collate_fn=collate_fn, fields=fields, group_of=group_of,
+                        label_names=label_names, **task_fields).task()
