@@ -84,3 +84,15 @@ def test_a_folder_no_notebook_wrote_has_a_verdict_without_a_reason(tmp_path):
     assert registry.verdict_line(tmp_path / "nothing").startswith("verdict: unknown")
     with pytest.raises(workbook.WorkbookError, match="unknown notebook '10_new'"):
         registry.entry("10_new")
+
+
+def test_every_report_table_is_a_file_its_notebook_writes():
+    """The report shows what an entry declares: a table the notebook's code never writes (a
+    typo, a renamed CSV) would be 'not produced in this run' on every report."""
+    source = "\n".join(p.read_text() for p in
+                       Path(registry.__file__).parent.rglob("*.py"))
+    declared = [(e.stem, part) for e in registry.ENTRIES for part in e.report]
+    assert declared, "the report shows 03's, 08's and 09's tables"
+    for stem, part in declared:
+        name = part.file if isinstance(part, registry.ReportTable) else f'"{part.key}"'
+        assert name in source, (stem, name)

@@ -15,7 +15,7 @@ import pandas as pd
 from ..base import frontend
 from ..base.errors import WorkbookError
 from ..notebooks import registry
-from ..notebooks.registry import GATES, PARALLEL, RENTAL
+from ..notebooks.registry import GATES, RENTAL
 from ..storage import schemas
 from ..storage.files import write_text
 
@@ -272,37 +272,16 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
 
 
 def _tables(run: Path, stem: str) -> list[str]:
-    """The tables a decision rests on, per notebook."""
-    if stem == GATES.stem:
-        return ["<h3>Gate table</h3>", _table(_csv(run / stem / "gates.csv"), [
-            "phase", "micro_batch", "seq_len", "precision", "peak_allocated_bytes",
-            "peak_reserved_bytes", "time_s", "verdict", "detail"])]
-    if stem == RENTAL.stem:
-        return ["<h3>Cheapest GPU that fits, per candidate</h3>",
-                _table(_csv(run / stem / "cheapest.csv")),
-                "<h3>Selection sheet</h3>", _table(_csv(run / stem / "selection.csv"), [
-                    "candidate", "gpu", "gpu_memory_gib", "strategy", "precision",
-                    "micro_batch", "accumulation", "activation_checkpointing",
-                    "required_gib", "fits", "time_per_update_s", "time_floored", "mfu",
-                    "speed_from", "budget_hours", "offer", "paid_gpus", "price_per_hour",
-                    "cost", "cost_low", "cost_high", "spot_offer", "spot_cost", "note"]),
-                "<h3>Offers across providers</h3>", _table(_csv(run / stem / "offers.csv")),
-                "<h3>3, 7 and 30-day plans</h3>", _table(_csv(run / stem / "plan.csv"), [
-                    "days", "priority", "variant", "candidate", "gpu", "repeats", "hours",
-                    "hours_low", "hours_high", "cost", "cost_low", "cost_high", "spot_cost",
-                    "offer", "price_from", "speed_from", "scheduled", "why_not"])]
-    if stem == PARALLEL.stem:
-        parts = ["<h3>Multi-host rules</h3>", _table(_csv(run / stem / "rules.csv"), [
-            "rule", "verdict", "measured", "remediation"])]
-        if (run / stem / "fsdp_rules.csv").exists():  # the FSDP2 launches ran
-            parts += ["<h3>Rules under FSDP2 sharding</h3>", _table(
-                _csv(run / stem / "fsdp_rules.csv"), ["rule", "verdict", "measured",
-                                                      "remediation"]),
-                      "<h3>Planted FSDP faults</h3>",
-                      _table(_csv(run / stem / "fsdp_planted_faults.csv"))]
-        not_run = ((_summary(run / stem) or {}).get("figures") or {}).get("fsdp") or {}
-        if isinstance(not_run, dict) and not_run.get("not_run"):  # FSDP2 cannot run the model
-            parts += ["<h3>Rules under FSDP2 sharding</h3>",
-                      f"<p>{_escape(str(not_run['not_run']))}</p>"]
-        return parts
-    return []
+    """The tables a decision rests on, as the notebook's registry entry declares them."""
+    folder, parts = run / stem, []
+    for part in registry.entry(stem).report:
+        if isinstance(part, registry.ReportNote):
+            value = ((_summary(folder) or {}).get("figures") or {}).get(part.figure)
+            if isinstance(value, dict) and value.get(part.key):
+                parts += [f"<h3>{_escape(part.heading)}</h3>",
+                          f"<p>{_escape(str(value[part.key]))}</p>"]
+        elif not part.optional or (folder / part.file).exists():
+            parts += [f"<h3>{_escape(part.heading)}</h3>",
+                      _table(_csv(folder / part.file), list(part.columns) if part.columns
+                             else None)]
+    return parts

@@ -23,12 +23,34 @@ Why = Callable[[bool, dict, dict], str]
 
 
 @dataclass(frozen=True)
+class ReportTable:
+    """A table of the notebook's folder the report shows: its heading, the CSV, the columns in
+    order (None: all of them); an optional one is shown only when the notebook wrote it."""
+
+    heading: str
+    file: str
+    columns: tuple[str, ...] | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class ReportNote:
+    """A sentence the report shows under a heading when the summary's figure `figure` is a
+    dict holding `key` (why a part of the notebook did not run)."""
+
+    heading: str
+    figure: str
+    key: str
+
+
+@dataclass(frozen=True)
 class NotebookEntry:
     stem: str  # NN_name: notebooks/NN_name.ipynb, notebooks/smoke/NN_name.yaml, its run folder
     title: str  # the report's heading
     module: str  # the notebooks module with its `run(params, out)` and `save(result, out)`
     key_figures: Mapping[str, str]  # figure name -> label, most important first
     why: Why
+    report: tuple[ReportTable | ReportNote, ...] = ()  # the tables the decision rests on
 
     @property
     def code(self) -> ModuleType:
@@ -147,7 +169,10 @@ GATES = NotebookEntry(
         "peak_allocated_bytes": "peak allocated in the gates", "peak_phase": "peak phase",
         "prediction_max_abs_error_pct": "prediction error, largest (%)",
         "prediction_notes": "prediction notes", "overheads": "CUDA overheads",
-        "models": "model"})
+        "models": "model"},
+    report=(ReportTable("Gate table", "gates.csv", (
+        "phase", "micro_batch", "seq_len", "precision", "peak_allocated_bytes",
+        "peak_reserved_bytes", "time_s", "verdict", "detail")),))
 
 
 def _accounting_why(ok: bool, f: dict, summary: dict) -> str:
@@ -278,7 +303,20 @@ RENTAL = NotebookEntry(
         "not_sized": "not sized", "sized_model": "model sized",
         "recommended_offer": "offer priced on", "recommended_spot_offer": "spot offer",
         "catalog": "price catalog", "speed_from": "speeds of the sheet's rows",
-        "calibration": "speed calibration"})
+        "calibration": "speed calibration"},
+    report=(
+        ReportTable("Cheapest GPU that fits, per candidate", "cheapest.csv"),
+        ReportTable("Selection sheet", "selection.csv", (
+            "candidate", "gpu", "gpu_memory_gib", "strategy", "precision", "micro_batch",
+            "accumulation", "activation_checkpointing", "required_gib", "fits",
+            "time_per_update_s", "time_floored", "mfu", "speed_from", "budget_hours", "offer",
+            "paid_gpus", "price_per_hour", "cost", "cost_low", "cost_high", "spot_offer",
+            "spot_cost", "note")),
+        ReportTable("Offers across providers", "offers.csv"),
+        ReportTable("3, 7 and 30-day plans", "plan.csv", (
+            "days", "priority", "variant", "candidate", "gpu", "repeats", "hours", "hours_low",
+            "hours_high", "cost", "cost_low", "cost_high", "spot_cost", "offer", "price_from",
+            "speed_from", "scheduled", "why_not"))))
 
 
 def _parallel_why(ok: bool, f: dict, summary: dict) -> str:
@@ -311,7 +349,16 @@ PARALLEL = NotebookEntry(
         "faults_caught": "planted faults caught",
         "faults_not_demonstrable": "faults not demonstrable here",
         "gradient_max_relative_deviation": "gradient deviation against one process (relative)",
-        "all_reduce_median_s": "all-reduce, median", "fsdp": "FSDP2"})
+        "all_reduce_median_s": "all-reduce, median", "fsdp": "FSDP2"},
+    report=(
+        ReportTable("Multi-host rules", "rules.csv", ("rule", "verdict", "measured",
+                                                      "remediation")),
+        # the FSDP2 launches ran
+        ReportTable("Rules under FSDP2 sharding", "fsdp_rules.csv", (
+            "rule", "verdict", "measured", "remediation"), optional=True),
+        ReportTable("Planted FSDP faults", "fsdp_planted_faults.csv", optional=True),
+        # FSDP2 cannot run the model as it is written
+        ReportNote("Rules under FSDP2 sharding", "fsdp", "not_run")))
 
 
 ENTRIES = (INSPECTION, OVERFIT, GATES, ACCOUNTING, VARIANTS, STUDY, RESUME, RENTAL, PARALLEL)
