@@ -45,9 +45,10 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
-# Unit tests, planted bugs, papermill regression and nbval: within 10 minutes on 2 cores.
+# Unit tests, planted bugs, papermill regression and nbval: within 10 minutes on 2 cores (the
+# 25 slowest are listed at the end, to see which to make cheaper when a feature adds tests).
 test: lint docs
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -m "not slow" --durations=25
 
 # Everything, including the slow soak tests (kills at random points, both samples everywhere).
 test-all: lint docs
