@@ -174,114 +174,38 @@ def test_a_short_name_leaves_the_module_its_own_spec():
     assert importlib.reload(short) is short
 
 
-# --- a stored dataclass and its file's schema agree field by field ---------------------------
-# The schemas live in storage, below the layers whose dataclasses they check (UpdateShape is the
-# contract's, TrainConfig and the launch specs training's, StudyDesign a notebook's), so neither
-# can be built from the other without an upward import: this test holds the two together.
-def _stored_pairs():
+# --- a stored dataclass is declared once: its file's schema is derived from its fields --------
+def _stored():
     from workbook.contract.shape import UpdateShape
     from workbook.notebooks.study import StudyDesign
-    from workbook.storage import schemas
     from workbook.training.launch_spec import LaunchBase
     from workbook.training.loop import TrainConfig
     from workbook.training.replica import ReplicaSpec
     from workbook.training.sharded_replica import ShardedSpec
 
-    return [(UpdateShape, schemas.Shape), (TrainConfig, schemas.TrainConfig),
-            (LaunchBase, schemas.LaunchBase), (ReplicaSpec, schemas.LaunchSpec),
-            (ShardedSpec, schemas.ShardedSpec), (StudyDesign, schemas.StudyDesign)]
+    return [UpdateShape, TrainConfig, LaunchBase, ReplicaSpec, ShardedSpec, StudyDesign]
 
 
-def _plain(value):
-    """A default as a file holds it: a dataclass or a model as a dict."""
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    return value.model_dump() if hasattr(value, "model_dump") else value
+def test_no_schema_repeats_a_stored_dataclass_by_hand():
+    """storage/schemas.py declares no model with a stored dataclass's fields (the schemas of
+    UpdateShape, TrainConfig, the launch specs and StudyDesign are `schemas.derived` from the
+    classes), and each derived schema has exactly its class's fields and defaults."""
+    import pydantic
 
-
-def _kind(annotation, nested: dict) -> object:
-    """The plain type an annotation stores: Literal["a", "b"] -> str, a nested model -> the
-    dataclass it checks, list[X] -> (list, X)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Annotated:  # the schema's bounds: Count, Seed, Positive...
-        return _kind(args[0], nested)
-    if origin is typing.Literal:
-        return type(args[0])
-    if origin in (list, tuple):
-        return (list, _kind(args[0], nested))
-    if origin is dict or annotation is dict:
-        return dict
-    return nested.get(annotation, annotation)
-
-
-def disagreements(cls, model, nested: dict | None = None) -> list[str]:
-    """Where the dataclass `cls` and the schema `model` of the file that stores it differ: a
-    field only one has, a field's type, or a default the schema has and the dataclass has
-    otherwise (the schema may require what the dataclass defaults: a file must hold it).
-    `nested` maps a nested schema to the dataclass it checks."""
-    nested = nested or {}
-    hints = typing.get_type_hints(cls)
-    mine = {f.name: f for f in dataclasses.fields(cls)}
-    theirs = model.model_fields
-    out = [f"{cls.__name__}.{n} is not in the schema {model.__name__}"
-           for n in mine if n not in theirs]
-    out += [f"the schema {model.__name__}.{n} is not a field of {cls.__name__}"
-            for n in theirs if n not in mine]
-    for name in mine.keys() & theirs.keys():
-        field, info = mine[name], theirs[name]
-        if _kind(hints[name], nested) != _kind(info.annotation, nested):
-            out.append(f"{cls.__name__}.{name} is {hints[name]}, the schema's "
-                       f"{model.__name__}.{name} {info.annotation}")
-        if info.is_required():
-            continue
-        default = field.default_factory() if field.default_factory is not \
-            dataclasses.MISSING else field.default
-        if _plain(default) != _plain(info.get_default(call_default_factory=True)):
-            out.append(f"{cls.__name__}.{name} defaults to {_plain(default)!r}, the schema's "
-                       f"to {_plain(info.get_default(call_default_factory=True))!r}")
-    return sorted(out)
-
-
-def test_a_dataclass_and_a_schema_that_differ_are_named_field_by_field():
-    from pydantic import BaseModel
-
-    class Stored(BaseModel):
-        micro_batch: int = 2
-        precision: typing.Literal["fp32", "bf16"] = "fp32"
-        lrs: list[float] = [1e-3]
-        stale: int = 0
-
-    @dataclasses.dataclass
-    class Clean:
-        micro_batch: int = 2
-        precision: str = "fp32"
-        lrs: list[float] = dataclasses.field(default_factory=lambda: [1e-3])
-        stale: int = 0
-
-    assert disagreements(Clean, Stored) == []  # clean twin
-
-    @dataclasses.dataclass
-    class Drifted:
-        micro_batch: float = 2.0
-        precision: str = "bf16"
-        lrs: list[float] = dataclasses.field(default_factory=lambda: [1e-3])
-        added: bool = False
-
-    assert disagreements(Drifted, Stored) == [
-        "Drifted.added is not in the schema Stored",
-        "Drifted.micro_batch is <class 'float'>, the schema's Stored.micro_batch <class 'int'>",
-        "Drifted.precision defaults to 'bf16', the schema's to 'fp32'",
-        "the schema Stored.stale is not a field of Drifted"]
-
-
-def test_every_stored_dataclass_agrees_with_its_files_schema():
-    """UpdateShape ~ schemas.Shape, TrainConfig, the launch specs (LaunchBase, ReplicaSpec,
-    ShardedSpec) and StudyDesign: a field added, renamed, retyped or re-defaulted on one side
-    only is named; the precisions the schema allows are the contract's."""
     from workbook.contract.shape import PRECISIONS, UpdateShape
     from workbook.storage import schemas
 
-    found = [d for cls, model in _stored_pairs()
-             for d in disagreements(cls, model, {schemas.Shape: UpdateShape})]
-    assert not found, "\n".join(found)
-    assert typing.Literal[tuple(PRECISIONS)] == schemas.Shape.model_fields["precision"].annotation
+    stored = {cls: {f.name for f in dataclasses.fields(cls)} for cls in _stored()}
+    by_hand = [name for name, model in vars(schemas).items() if isinstance(model, type)
+               and issubclass(model, pydantic.BaseModel) and model.__module__ == schemas.__name__
+               and any(set(model.model_fields) == names for names in stored.values())]
+    assert not by_hand, f"schemas that repeat a stored dataclass: {by_hand}"
+    for cls, names in stored.items():
+        model = schemas.derived(cls)
+        assert set(model.model_fields) == names, cls
+        made = model.model_validate({"name": "n", "task": "a:b"} if "name" in names else
+                                    {"task": "a:b"} if "task" in names else {})
+        default = cls(**{k: v for k, v in made.model_dump().items() if k in ("name", "task")})
+        assert made.model_dump() == dataclasses.asdict(default), cls
+    precision = schemas.derived(UpdateShape).model_fields["precision"].annotation
+    assert typing.get_args(precision) == tuple(PRECISIONS)

@@ -64,7 +64,7 @@ def test_the_launch_settings_round_trip_and_refuse_unknown_ones():
     ({"updates": 0}, "field 'updates' should be greater than or equal to 1"),
 ])
 def test_fsdp_launch_settings_of_the_wrong_type_are_named_by_the_schema(change, named):
-    """ShardedSpec is checked against schemas.ShardedSpec as ReplicaSpec against LaunchSpec
+    """ShardedSpec is checked against the schema derived from its fields, as ReplicaSpec is
     (before, nothing checked the FSDP launch's values)."""
     from dataclasses import asdict
 

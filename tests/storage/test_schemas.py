@@ -10,6 +10,7 @@ import torch
 from workbook import WorkbookError
 from workbook.commands.report import SAFE_URL, safe_links, safe_url
 from workbook.storage import schemas
+from workbook.training.replica import ReplicaSpec
 
 
 def test_json_is_parsed_bounded_in_depth_integer_length_and_size(tmp_path, monkeypatch):
@@ -176,18 +177,18 @@ def test_a_checkpoint_without_the_launch_counters_cannot_resume_a_launch():
 
 
 def test_launch_settings_of_the_wrong_type_are_named():
-    """For replica.ReplicaSpec.from_dict (a --spec with a string lr was a TypeError)."""
-    with pytest.raises(WorkbookError, match="field 'lr' should be a valid number"):
-        schemas.check(schemas.LaunchSpec, {"task": "a:b", "lr": "0.1"}, "--spec", "launch spec")
-    with pytest.raises(WorkbookError, match="field 'collective_timeout_s' should be a finite"):
-        schemas.check(schemas.LaunchSpec, {"task": "a:b", "collective_timeout_s": float("inf")},
-                      "--spec", "launch spec")
+    """For replica.ReplicaSpec.from_dict (a --spec with a string lr was a TypeError); its schema
+    is derived from its fields."""
     from dataclasses import asdict
 
-    from workbook.training.replica import ReplicaSpec
-
+    schema = schemas.derived(ReplicaSpec)
+    with pytest.raises(WorkbookError, match="field 'lr' should be a valid number"):
+        schemas.check(schema, {"task": "a:b", "lr": "0.1"}, "--spec", "launch spec")
+    with pytest.raises(WorkbookError, match="field 'collective_timeout_s' should be a finite"):
+        schemas.check(schema, {"task": "a:b", "collective_timeout_s": float("inf")},
+                      "--spec", "launch spec")
     spec = asdict(ReplicaSpec("a:b"))
-    assert schemas.check(schemas.LaunchSpec, spec, "--spec", "launch spec").model_dump() == spec
+    assert schemas.check(schema, spec, "--spec", "launch spec").model_dump() == spec
 
 
 def test_a_launch_spec_with_a_string_lr_is_refused_naming_the_field():

@@ -6,11 +6,14 @@ configuration embed it as `shape`. `training/loop.py` re-exports it (`loop.Updat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 
 from ..base.errors import WorkbookError
+from ..storage.schemas import Count, StrictBool
+
+Precision = Literal["fp32", "bf16", "fp16"]  # PRECISIONS' names, as a file may hold them
 
 # the precisions an update can run in, with the autocast dtype of each (None: no autocast)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,11 +39,12 @@ class UpdateShape:
     sized batches (`predict.Plan`), not to the update: the loop trains on the examples as the
     task encodes them."""
 
-    micro_batch: int = 2  # examples per forward/backward pass (per replica)
-    accumulation: int = 1  # passes combined into one update
-    precision: str = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast + GradScaler, CUDA)
-    activation_checkpointing: bool = False  # recompute the task's blocks in backward
-    replicas: int = 1  # data-parallel processes, each making micro_batch x accumulation
+    micro_batch: Count = 2  # examples per forward/backward pass (per replica)
+    accumulation: Count = 1  # passes combined into one update
+    precision: Precision = "fp32"  # "fp32", "bf16" (autocast) or "fp16" (autocast +
+    # GradScaler, CUDA)
+    activation_checkpointing: StrictBool = False  # recompute the task's blocks in backward
+    replicas: Count = 1  # data-parallel processes, each making micro_batch x accumulation
 
     @classmethod
     def from_params(cls, params: dict[str, Any], prefix: str = "") -> UpdateShape:

@@ -24,6 +24,7 @@ from ..storage.artifacts import copy_folder, reseal, write_file
 from ..storage.files import write_text
 from ..storage.records import StepRecord
 from ..storage.runs import fresh_process, task_args, workbook_command
+from ..storage.schemas import Index, Name, Options
 from ..training import checkpoint as ckpt
 from ..training.loop import (
     Position,
@@ -48,6 +49,16 @@ from .resume_data import (
 
 # planted resume bugs, to show what the check catches ("carried": a task's Task.state only)
 FAULTS = ("optimizer", "sampler", "rng", "carried")
+StoredConfig = schemas.derived(TrainConfig)  # TrainConfig's fields as a recipe stores them
+
+
+class Recipe(schemas.Closed):
+    """A recipe as `recipe` writes it: everything a new process needs to rebuild a run."""
+
+    task: Name
+    task_options: Options = {}
+    train_limit: Index = 0
+    config: StoredConfig
 
 
 def recipe(task: str, task_options: dict, cfg: TrainConfig, train_limit: int = 0) -> dict:
@@ -76,13 +87,13 @@ def rebuild(spec: dict, task: Task | None = None, source: Any = "the recipe"
 
 def check_recipe(spec: Any, source: Any = "the recipe", field: str = "") -> dict:
     """A recipe (read from `source`, e.g. a checkpoint's meta.json) checked against
-    `schemas.Recipe` before any of it is used: a task and its options, a train_limit of 0 or
+    `Recipe` before any of it is used: a task and its options, a train_limit of 0 or
     more, and a configuration of finite, in-range values (grad_clip NaN, a string lr or a
     negative seed are refused by name). A recipe written before the shape was one field is
     read too. Returns it with its defaults filled in."""
     if isinstance(spec, dict) and isinstance(spec.get("config"), dict):
         spec = {**spec, "config": UpdateShape.nested(spec["config"])}
-    return schemas.check(schemas.Recipe, spec, source, "recipe",
+    return schemas.check(Recipe, spec, source, "recipe",
                          "resume with the workbook version that wrote the checkpoint, or use "
                          "an intact checkpoint", field).model_dump()
 

@@ -13,10 +13,11 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pandas as pd
 import torch
+from pydantic import Field
 
 from ..base.errors import WorkbookError
 from ..contract.data import Item, collate_items, prepare
@@ -28,6 +29,16 @@ from ..storage.files import write_json
 from ..storage.ledger import Ledger
 from ..storage.records import EvalRecord, StepRecord
 from ..storage.runs import seal_file, shown, task_args
+from ..storage.schemas import (
+    Count,
+    Index,
+    Multiple,
+    Name,
+    Options,
+    Positive,
+    Seed,
+    StrictStr,
+)
 from ..training import checkpoint as ckpt
 from ..training.devices import resolve_device
 from ..training.evaluation import eval_mode, evaluate
@@ -40,23 +51,25 @@ DESIGN = "design.json"
 class StudyDesign:
     """Everything fixed before the first trial: the trials, the budget, evaluation, stopping."""
 
-    name: str
-    task: str
-    task_options: dict = field(default_factory=dict)
-    lrs: list[float] = field(default_factory=lambda: [1e-4, 5e-5, 2e-4])  # control first
-    seeds: list[int] = field(default_factory=lambda: [0])
-    updates: int = 200
+    name: Name
+    task: Name
+    task_options: Options = field(default_factory=dict)
+    # control first
+    lrs: Annotated[list[Positive], Field(min_length=1)] = field(
+        default_factory=lambda: [1e-4, 5e-5, 2e-4])
+    seeds: Annotated[list[Seed], Field(min_length=1)] = field(default_factory=lambda: [0])
+    updates: Count = 200
     shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
-    eval_every: int = 50  # updates, never seconds
-    eval_batch: int = 32  # at least the micro-batch
-    eval_sample: int = 0  # validation examples evaluated periodically (0: all)
-    metric: str = "loss"  # "loss" or a metric of the task, e.g. "accuracy"
-    top_n: int = 2  # best checkpoints kept per trial, plus the last
-    divergence_multiple: float = 3.0  # stop when the median loss of the last 5 updates exceeds
-    # this x the median of the first 5 (loop.loss_rise)
-    prediction_examples: int = 4  # validation examples whose predictions are kept
-    device: str = "cpu"
-    notes: str = ""
+    eval_every: Count = 50  # updates, never seconds
+    eval_batch: Count = 32  # at least the micro-batch
+    eval_sample: Index = 0  # validation examples evaluated periodically (0: all)
+    metric: Name = "loss"  # "loss" or a metric of the task, e.g. "accuracy"
+    top_n: Count = 2  # best checkpoints kept per trial, plus the last
+    divergence_multiple: Multiple = 3.0  # stop when the median loss of the last 5 updates
+    # exceeds this x the median of the first 5 (loop.loss_rise)
+    prediction_examples: Index = 4  # validation examples whose predictions are kept
+    device: StrictStr = "cpu"
+    notes: StrictStr = ""
 
     @property
     def mode(self) -> str:
@@ -143,13 +156,15 @@ def periodicity(steps: list[int], values: list[float], period_updates: int,
 
 def read_design(path: Path) -> StudyDesign:
     """design.json back as a StudyDesign, or a clear error for a damaged or edited file: it is
-    verified against its manifest, parsed bounded and checked against `schemas.StudyDesign`
+    verified against its manifest, parsed bounded and checked against its schema
     (every field present and of its type, learning rates positive and finite, seeds in NumPy's
-    range, a divergence multiple above 1, counts of 1 or more) before any value is used."""
+    range, a divergence multiple above 1, counts of 1 or more; the schema derived from
+    StudyDesign's fields, every one required) before any value is used."""
     verify_file(path, "study design")
     data = UpdateShape.nested(read_json(path, "study design"))
     fix = "use an intact study folder, or start a new study (a new out_dir)"
-    schemas.check(schemas.StudyDesign, data, path, "study design", fix)
+    schemas.check(schemas.derived(StudyDesign, every_field=True), data, path, "study design",
+                  fix)
     try:
         return StudyDesign(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
     except (TypeError, ValueError, WorkbookError) as exc:

@@ -9,14 +9,18 @@ integer of more than MAX_INT_DIGITS digits is refused before (or while) it is pa
 that fails names the file, the field and what was expected.
 
 The configurations stored (`UpdateShape`, `TrainConfig`, the launch specs, `StudyDesign`) are
-dataclasses of the layers above, which this module cannot import: `tests/test_layers.py` holds
-each schema here to its dataclass field by field (names, types, defaults)."""
+dataclasses of the layers above, declared once: their fields are annotated with this module's
+constrained types (`Count`, `Positive`, `Seed` ...) and `derived(cls)` makes each one's schema
+from its own fields, names, types and defaults - no schema here repeats them."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -28,6 +32,7 @@ from pydantic import (
     StrictBool,
     StrictStr,
     ValidationError,
+    create_model,
     field_validator,
 )
 
@@ -49,17 +54,18 @@ Number = Annotated[float, Strict()]  # any float, NaN included (a diverged loss 
 Digest = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{64}$")]
 Name = Annotated[str, Strict(), Field(min_length=1, max_length=4096)]
 Options = dict[StrictStr, Any]
+Multiple = Annotated[float, Strict(), Field(gt=1, allow_inf_nan=False)]  # a factor above 1
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class _Closed(BaseModel):
+class Closed(BaseModel):
     """A record whose fields are all known: anything else in it is refused by name."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
 
-class _Open(BaseModel):
+class Open(BaseModel):
     """A record that may carry more than the fields checked here (a caller's own meta data)."""
 
     model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)
@@ -174,108 +180,51 @@ def read(path: Path | str, model: type[M], what: str, fix: str = "use an intact 
                  what, fix)
 
 
+# --- the stored dataclasses --------------------------------------------------------------
+@functools.cache
+def derived(cls: type, every_field: bool = False) -> type[BaseModel]:
+    """The closed schema of a stored dataclass, made from its own fields: each field's
+    annotation (this module's constrained types; a dataclass field: that dataclass's derived
+    schema) and its default (a dataclass default as its record). `every_field`: a file that
+    must hold every field (written whole, never by an older version), so none defaults."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    spec: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        nested = derived(kind) if dataclasses.is_dataclass(kind) else None
+        if every_field or (f.default is dataclasses.MISSING
+                           and f.default_factory is dataclasses.MISSING):
+            spec[f.name] = (nested or kind, ...)
+        elif f.default_factory is not dataclasses.MISSING:
+            spec[f.name] = (kind, Field(default_factory=f.default_factory))
+        elif nested is not None:
+            spec[f.name] = (nested, nested.model_validate(dataclasses.asdict(f.default)))
+        else:
+            spec[f.name] = (kind, f.default)
+    return create_model(cls.__name__, __base__=Closed, __doc__=f"{cls.__qualname__}, as stored",
+                        **spec)
+
+
 # --- artifact folders --------------------------------------------------------------------
-class FileEntry(_Closed):
+class FileEntry(Closed):
     bytes: Index
     sha256: Digest
 
 
-class Manifest(_Closed):
+class Manifest(Closed):
     format: Literal["workbook-manifest-1"]
     files: dict[Name, FileEntry] = Field(min_length=1)
 
 
 # --- configurations ----------------------------------------------------------------------
-class Shape(_Closed):
-    """contract.shape.UpdateShape."""
-
-    micro_batch: Count = 2
-    accumulation: Count = 1
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    activation_checkpointing: StrictBool = False
-    replicas: Count = 1
-
-
-class TrainConfig(_Closed):
-    """loop.TrainConfig as a recipe stores it (`asdict`)."""
-
-    shape: Shape = Shape(micro_batch=2, accumulation=8)
-    updates: Count = 200
-    lr: Positive = 1e-3
-    warmup_updates: Index = 0
-    seed: Seed = 0
-    device: StrictStr = "auto"
-    eval_every: Index = 0
-    eval_batch: Count = 32
-    drop_partial: StrictBool = False
-    grad_clip: NonNegative = 1.0
-    workers: Index = 0
-    encode_each_pass: StrictBool = True
-    progress: StrictBool = False
-    own_step: StrictBool = True
-    pipeline: StrictBool = False
-
-
-class RecordedTask(_Open):
+class RecordedTask(Open):
     """What a folder records of the task that wrote it (compared, never imported)."""
 
     task: Name
     task_options: Options = {}
 
 
-class Recipe(_Closed):
-    """resume.recipe: everything a new process needs to rebuild a run."""
-
-    task: Name
-    task_options: Options = {}
-    train_limit: Index = 0
-    config: TrainConfig
-
-
-class LaunchBase(_Closed):
-    """launch_spec.LaunchBase: what every launch of notebook 09 takes (JSON on the command
-    line)."""
-
-    task: Name
-    task_options: Options = {}
-    shape: Shape = Shape(micro_batch=2, accumulation=2, replicas=2)
-    updates: Count = 10
-    lr: Positive = 1e-3
-    seed: Seed = 0
-    train_limit: Index = 32
-    validation_limit: Index = 0
-    eval_batch: Count = 8
-    drop_partial: StrictBool = False
-    checkpoint_at: Index = 0
-    device: StrictStr = "cpu"
-    collective_timeout_s: Positive = 120.0
-
-
-class LaunchSpec(LaunchBase):
-    """replica.ReplicaSpec as `workbook ddp --spec` takes it."""
-
-    check_examples: Count = 16
-    fault: StrictStr = ""
-
-
-class ShardedSpec(LaunchBase):
-    """sharded_replica.ShardedSpec as `workbook ddp --spec` takes it (its "strategy": "fsdp")."""
-
-    updates: Count = 6
-    validation_limit: Index = 8
-    checkpoint_at: Index = 3
-    compare_updates: Index = 2
-    plant: StrictBool = True
-    memory: StrictBool = True
-    plan_length: Index = 0
-    plan_eval_length: Index = 0
-    train: StrictBool = True
-    planted_checkpoint: StrictStr = ""
-    strategy: Literal["fsdp"] = "fsdp"
-
-
-# --- checkpoints -------------------------------------------------------------------------
-class CheckpointMeta(_Open):
+class CheckpointMeta(Open):
     """meta.json of a checkpoint (a caller's own fields beside these are kept as they are)."""
 
     torch: StrictStr
@@ -286,7 +235,7 @@ class CheckpointMeta(_Open):
     task_name: Name | None = None
 
 
-class DataCounters(_Closed):
+class DataCounters(Closed):
     """A training pipeline's position: the pass, the examples read in it, its own state."""
 
     epoch: Index
@@ -294,7 +243,7 @@ class DataCounters(_Closed):
     state: Any = None
 
 
-class Counters(_Open):
+class Counters(Open):
     """The loop's counters: the updates done and the data position (pass, next update)."""
 
     step: Index | None = None
@@ -334,7 +283,7 @@ def _tensor(value: Any, dtype: str, shape: tuple[int, ...] | None, what: str) ->
     return value
 
 
-class RandomStates(_Closed):
+class RandomStates(Closed):
     """checkpoint.rng_state: Python, NumPy, torch (and CUDA) random states."""
 
     python: tuple[Annotated[int, Strict()], Any, Number | None]
@@ -374,7 +323,7 @@ class RandomStates(_Closed):
         return value
 
 
-class CheckpointState(_Closed):
+class CheckpointState(Closed):
     """state.pt of a checkpoint (loaded with weights_only=True)."""
 
     optimizer: dict[Any, Any] | None
@@ -386,14 +335,14 @@ class CheckpointState(_Closed):
 
 
 # --- archives ----------------------------------------------------------------------------
-class ArchiveConfig(_Closed):
+class ArchiveConfig(Closed):
     task: Name
     task_options: Options = {}
     train: dict[StrictStr, Any] = {}
     task_name: Name
 
 
-class Revision(_Closed):
+class Revision(Closed):
     commit: StrictStr | None
     dirty: StrictBool | None
     note: StrictStr = ""
@@ -405,28 +354,7 @@ class ControlInputs(BaseModel):
 
 
 # --- studies -----------------------------------------------------------------------------
-class StudyDesign(_Closed):
-    """study.StudyDesign as design.json stores it."""
-
-    name: Name
-    task: Name
-    task_options: Options
-    lrs: list[Positive] = Field(min_length=1)
-    seeds: list[Seed] = Field(min_length=1)
-    updates: Count
-    shape: Shape
-    eval_every: Count
-    eval_batch: Count
-    eval_sample: Index
-    metric: Name
-    top_n: Count
-    divergence_multiple: Annotated[float, Strict(), Field(gt=1, allow_inf_nan=False)]
-    prediction_examples: Index
-    device: StrictStr
-    notes: StrictStr
-
-
-class TrialParams(_Closed):
+class TrialParams(Closed):
     """A trial's parameters as the ledger stores them."""
 
     lr: Positive
@@ -434,12 +362,12 @@ class TrialParams(_Closed):
 
 
 # --- what commands and notebooks hand back -----------------------------------------------
-class HandedBackError(_Closed):
+class HandedBackError(Closed):
     problem: StrictStr
     fix: StrictStr
 
 
-class Outcome(_Closed):
+class Outcome(Closed):
     """What `trial`, `resume` and `reload` write to --result."""
 
     command: StrictStr = ""
@@ -448,7 +376,7 @@ class Outcome(_Closed):
     error: HandedBackError | None
 
 
-class ResumedRecord(_Closed):
+class ResumedRecord(Closed):
     """One update of a resumed run, as `workbook resume` hands it back."""
 
     step: Count
@@ -465,7 +393,7 @@ class ResumedRecords(BaseModel):
     records: list[ResumedRecord]
 
 
-class Summary(_Open):
+class Summary(Open):
     """A notebook's summary.json, as the pilot and the report read it."""
 
     verdict: Literal["pass", "fail", "error"]

@@ -1,7 +1,8 @@
 """What every launch of notebook 09 runs, shared by the DDP launch (`replica.ReplicaSpec`) and
 the FSDP launch (`sharded_replica.ShardedSpec`): the task, the update shape, the data, the
 budget and the collectives' time limit; passed as JSON on the command line (never read from a
-folder) and checked against its schema (`schemas.LaunchSpec`, `schemas.ShardedSpec`)."""
+folder) and checked against the schema derived from the class's own fields
+(`schemas.derived`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ from typing import Any, TypeVar
 from ..base.errors import WorkbookError
 from ..contract.shape import UpdateShape
 from ..storage import schemas
+from ..storage.schemas import (
+    Count,
+    Index,
+    Name,
+    Options,
+    Positive,
+    Seed,
+    StrictBool,
+    StrictStr,
+)
 from .loop import TrainConfig
 
 S = TypeVar("S", bound="LaunchBase")
@@ -18,27 +29,25 @@ S = TypeVar("S", bound="LaunchBase")
 
 @dataclass
 class LaunchBase:
-    """The settings both launches share; a subclass adds its own, names its settings in
-    errors (`what`) and its schema (`schema`)."""
+    """The settings both launches share; a subclass adds its own and names its settings in
+    errors (`what`). A spec given as JSON is checked against the schema derived from the
+    class's fields (their annotations are the schema's types)."""
 
-    # class attributes, not fields: the settings as errors name them, and the schema a spec
-    # given as JSON is checked against
-    what = "launch settings"
-    schema = schemas.LaunchBase
+    what = "launch settings"  # a class attribute, not a field
 
-    task: str
-    task_options: dict = field(default_factory=dict)
+    task: Name
+    task_options: Options = field(default_factory=dict)
     shape: UpdateShape = UpdateShape(2, 2, replicas=2)  # replicas: the processes launched
-    updates: int = 10
-    lr: float = 1e-3
-    seed: int = 0
-    train_limit: int = 32  # examples of the training split (0: all)
-    validation_limit: int = 0
-    eval_batch: int = 8
-    drop_partial: bool = False
-    checkpoint_at: int = 0  # the update after which the ranks checkpoint (0: none)
-    device: str = "cpu"
-    collective_timeout_s: float = 120.0  # a rank waiting longer on the others raises
+    updates: Count = 10
+    lr: Positive = 1e-3
+    seed: Seed = 0
+    train_limit: Index = 32  # examples of the training split (0: all)
+    validation_limit: Index = 0
+    eval_batch: Count = 8
+    drop_partial: StrictBool = False
+    checkpoint_at: Index = 0  # the update after which the ranks checkpoint (0: none)
+    device: StrictStr = "cpu"
+    collective_timeout_s: Positive = 120.0  # a rank waiting longer on the others raises
 
     @classmethod
     def from_dict(cls: type[S], data: Any) -> S:
@@ -53,7 +62,7 @@ class LaunchBase:
         if unknown:
             raise WorkbookError(f"unknown {cls.what} {unknown}", f"use {sorted(known)}")
         shape = UpdateShape.from_dict(data.get("shape", {}))  # names unknown shape fields
-        schemas.check(cls.schema, data, "--spec", "launch spec",
+        schemas.check(schemas.derived(cls), data, "--spec", "launch spec",
                       "give --spec with values of the right types")
         return cls(**{**data, "shape": shape})
 

@@ -31,6 +31,7 @@ from ..contract.shape import UpdateShape, set_config_class
 from ..contract.state import Carry, carrying
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
+from ..storage.schemas import Count, Index, NonNegative, Positive, Seed, StrictBool, StrictStr
 from .devices import PRECISIONS, check_precision, resolve_device
 from .evaluation import evaluate, target_count
 from .update_failure import update_failure
@@ -41,20 +42,21 @@ class TrainConfig:
     """How to train: the shape of an update, the budget, evaluation and the device."""
 
     shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
-    updates: int = DEFAULT_UPDATES  # optimizer steps in the budget
-    lr: float = 1e-3
-    warmup_updates: int = 0  # linear warm-up, then constant
-    seed: int = 0
-    device: str = "auto"  # "cpu", "cuda" or "auto"
-    eval_every: int = 0  # evaluate every N updates (0: never); steps, never seconds
-    eval_batch: int = 32
-    drop_partial: bool = False  # leave out the examples that do not fill a whole update
-    grad_clip: float = 1.0  # max gradient norm (0: no clipping, norm still recorded)
-    workers: int = 0  # DataLoader worker processes
-    encode_each_pass: bool = True  # encode the raw examples in the loader on every pass
-    progress: bool = False  # show a tqdm bar
-    own_step: bool = True  # run the task's train_step (its clipping, not grad_clip) if it has one
-    pipeline: bool = False  # draw from the task's train_pipeline (its workers: `workers`)
+    updates: Count = DEFAULT_UPDATES  # optimizer steps in the budget
+    lr: Positive = 1e-3
+    warmup_updates: Index = 0  # linear warm-up, then constant
+    seed: Seed = 0
+    device: StrictStr = "auto"  # "cpu", "cuda" or "auto"
+    eval_every: Index = 0  # evaluate every N updates (0: never); steps, never seconds
+    eval_batch: Count = 32
+    drop_partial: StrictBool = False  # leave out the examples that do not fill a whole update
+    grad_clip: NonNegative = 1.0  # max gradient norm (0: no clipping, norm still recorded)
+    workers: Index = 0  # DataLoader worker processes
+    encode_each_pass: StrictBool = True  # encode the raw examples in the loader on every pass
+    progress: StrictBool = False  # show a tqdm bar
+    own_step: StrictBool = True  # run the task's train_step (its clipping, not grad_clip) if
+    # it has one
+    pipeline: StrictBool = False  # draw from the task's train_pipeline (its workers: `workers`)
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":

@@ -32,6 +32,7 @@ from ..contract.task import Task, load_recorded_task, load_task
 from ..storage import schemas
 from ..storage.artifacts import write_file
 from ..storage.files import write_json
+from ..storage.schemas import Count, StrictStr
 from . import checkpoint as ckpt
 from .deviation import relative_deviation
 from .evaluation import evaluation_sums
@@ -67,10 +68,9 @@ class ReplicaSpec(LaunchBase):
     fault."""
 
     what = "replica settings"
-    schema = schemas.LaunchSpec
 
-    check_examples: int = 16  # the 1 x N against R x N/R gradient check
-    fault: str = ""
+    check_examples: Count = 16  # the 1 x N against R x N/R gradient check
+    fault: StrictStr = ""
 
     @classmethod
     def from_dict(cls, data: Any) -> ReplicaSpec:

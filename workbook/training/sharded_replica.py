@@ -21,7 +21,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 import torch.distributed as dist
@@ -31,9 +31,9 @@ from torch import nn
 from ..base.errors import WorkbookError
 from ..contract.data import Batch, Item, prepare
 from ..contract.task import Task, load_task
-from ..storage import schemas
 from ..storage.artifacts import write_file
 from ..storage.files import write_json
+from ..storage.schemas import Count, Index, StrictBool, StrictStr
 from . import checkpoint as ckpt
 from .deviation import max_difference, relative_deviation
 from .launch_spec import LaunchBase
@@ -72,19 +72,18 @@ class ShardedSpec(LaunchBase):
     update 3) and what it measures and plants."""
 
     what = "FSDP launch settings"
-    schema = schemas.ShardedSpec
 
-    updates: int = 6
-    validation_limit: int = 8
-    checkpoint_at: int = 3  # every rank saves its shard after this update (0: none)
-    compare_updates: int = 2  # the first updates compared with one process
-    plant: bool = True  # the planted faults in the same processes
-    memory: bool = True  # measure every phase's per-rank peak
-    plan_length: int = 0  # positions of the measured workload (0: the data's longest)
-    plan_eval_length: int = 0  # positions of its evaluation batch (0: plan_length)
-    train: bool = True  # False: only the measured phases (the benchmark)
-    planted_checkpoint: str = ""  # resume launch: the planted checkpoint to load as well
-    strategy: str = STRATEGY
+    updates: Count = 6
+    validation_limit: Index = 8
+    checkpoint_at: Index = 3  # every rank saves its shard after this update (0: none)
+    compare_updates: Index = 2  # the first updates compared with one process
+    plant: StrictBool = True  # the planted faults in the same processes
+    memory: StrictBool = True  # measure every phase's per-rank peak
+    plan_length: Index = 0  # positions of the measured workload (0: the data's longest)
+    plan_eval_length: Index = 0  # positions of its evaluation batch (0: plan_length)
+    train: StrictBool = True  # False: only the measured phases (the benchmark)
+    planted_checkpoint: StrictStr = ""  # resume launch: the planted checkpoint to load as well
+    strategy: Literal["fsdp"] = STRATEGY
 
     @property
     def fault(self) -> str:  # the data order of `replica` (no data fault under FSDP)
