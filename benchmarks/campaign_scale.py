@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import workbook as wb  # noqa: E402
-from workbook.contract.tokenizer import VOCAB_SIZE  # noqa: E402
 from workbook.samples.models import TinyDecoder  # noqa: E402
+from workbook.samples.tokenizer import VOCAB_SIZE  # noqa: E402
 from workbook.training.loop import UpdateShape  # noqa: E402
 from workbook.training.predict import Plan, predict, sized_batches  # noqa: E402
 from workbook.training.workload import TRAINING_PHASES, measured_peaks  # noqa: E402

@@ -146,7 +146,7 @@ def write_arrow(path: Path, n: int) -> None:
 def write_bin(path: Path, n: int) -> None:
     import numpy as np
 
-    from workbook.contract import tokenizer as tok
+    from workbook.samples import tokenizer as tok
 
     with path.open("wb") as handle:
         for chunk in chunks(n):

@@ -601,7 +601,7 @@ def resumed_records_of_the_wrong_type(tmp: Path) -> Outcome:
 
 
 def result_with_a_huge_exit_code(tmp: Path) -> Outcome:
-    from workbook.storage.runs import read_result
+    from workbook.storage.processes import read_result
 
     (tmp / "r.json").write_text('{"exit_code": ' + "1" * 5000 + ', "result": null, '
                                 '"error": null}')
@@ -610,7 +610,7 @@ def result_with_a_huge_exit_code(tmp: Path) -> Outcome:
 
 def _no_result(text: str) -> Callable[[Path], Outcome]:
     def run(tmp: Path) -> Outcome:
-        from workbook.storage.runs import read_result
+        from workbook.storage.processes import read_result
 
         (tmp / "r.json").write_text(text)
         return Outcome(read_result(tmp / "r.json") is None, "no result: not in the format")
@@ -936,13 +936,13 @@ EVIL = "x$(touch PWNED)`touch PWNED`;touch PWNED"
 
 
 def repro_with_a_hostile_task_name(tmp: Path) -> Outcome:
-    from workbook.storage.runs import task_args, workbook_command
+    from workbook.storage.processes import task_args, workbook_command
 
     return _pasted(workbook_command(["trial", *task_args(f"{EVIL}:task", {})]), tmp)
 
 
 def repro_with_a_hostile_option(tmp: Path) -> Outcome:
-    from workbook.storage.runs import task_args, workbook_command
+    from workbook.storage.processes import task_args, workbook_command
 
     return _pasted(workbook_command(["pilot", *task_args(OWN, {"n": f"'; {EVIL} #"})]), tmp)
 
@@ -969,7 +969,7 @@ def ddp_fix_with_a_hostile_spec(tmp: Path) -> Outcome:
 
 
 def timeout_fix_with_a_hostile_path(tmp: Path) -> Outcome:
-    from workbook.storage.runs import fresh_process
+    from workbook.storage.processes import fresh_process
 
     try:
         fresh_process(["reload", "--archive", str(tmp / EVIL), "--task", OWN], 0.01)
@@ -1225,7 +1225,7 @@ def report_conclusion_link(tmp: Path) -> Outcome:
 
 # --- processes ------------------------------------------------------------------------------
 def _alive(pid: int) -> bool:
-    from workbook.storage.runs import process_alive
+    from workbook.storage.processes import process_alive
 
     return process_alive(pid)
 
@@ -1246,7 +1246,7 @@ def _stuck_archive(tmp: Path, **options) -> tuple[Path, list[str]]:
     """An archive of the task that hangs while loading its examples in `workbook reload`
     (tests/stuck_task.py), and the arguments that reload it."""
     from workbook.notebooks.archive import write_archive
-    from workbook.storage.runs import task_args
+    from workbook.storage.processes import task_args
 
     options = {"pid_file": str(tmp / "child.pid"), **options}
     model = __import__("tests.own_task", fromlist=["task"]).task.build_model()
@@ -1257,7 +1257,7 @@ def _stuck_archive(tmp: Path, **options) -> tuple[Path, list[str]]:
 
 PARENT = """
 import sys
-from workbook.storage.runs import fresh_process
+from workbook.storage.processes import fresh_process
 fresh_process(sys.argv[1:], 600)
 """
 
@@ -1308,7 +1308,7 @@ def child_of_a_timeout_and_its_own_child(tmp: Path) -> Outcome:
     """A timeout stops the child and the process it started (torchrun's workers)."""
     import time
 
-    from workbook.storage.runs import fresh_process
+    from workbook.storage.processes import fresh_process
 
     pid_file = tmp / "child.pid"
     _, args = _stuck_archive(tmp, grandchild=True)
@@ -1408,7 +1408,7 @@ def child_stopped_at_a_normal_exit(tmp: Path) -> Outcome:
 
     pid_file = tmp / "child.pid"
     _, args = _stuck_archive(tmp)
-    script = ("import sys, time\nfrom pathlib import Path\nfrom workbook.storage.runs import "
+    script = ("import sys, time\nfrom pathlib import Path\nfrom workbook.storage.processes import "
               "start_child\nstart_child(sys.argv[2:])\nwhile not Path(sys.argv[1]).exists():\n"
               "    time.sleep(0.1)\n")
     done = subprocess.run(

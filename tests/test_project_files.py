@@ -31,7 +31,7 @@ def test_environment_yml_lists_the_pyproject_packages():
 
 
 def test_tokenizer_round_trip():
-    from workbook.contract import tokenizer as tok
+    from workbook.samples import tokenizer as tok
 
     text = "upper: déjà\n"
     assert tok.decode(tok.encode(text)) == text

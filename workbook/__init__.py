@@ -26,14 +26,15 @@ _MODULES = {
     "parallel": "notebooks", "plots": "notebooks", "registry": "notebooks", "rental": "notebooks",
     "resume": "notebooks", "study": "notebooks", "variants": "notebooks",
     "campaign": "training", "checkpoint": "training", "deviation": "training",
-    "ghost_batch_norm": "training", "loop": "training", "memory": "training",
+    "loop": "training", "memory": "training",
     "predict": "training", "replica": "training", "sharded_replica": "training",
     "sharding": "training", "workload": "training",
     "adapters": "contract", "data": "contract", "kinds": "contract", "pipeline": "contract",
-    "state": "contract", "task": "contract", "tokenizer": "contract",
+    "state": "contract", "task": "contract",
     "artifacts": "storage", "files": "storage", "ledger": "storage", "records": "storage",
     "runs": "storage", "schemas": "storage",
     "errors": "base", "frontend": "base",
+    "ghost_batch_norm": "samples", "tokenizer": "samples",  # what the built-in samples use
 }
 _NAMES = {"encode_examples": "data", "load_examples": "data", "prepare": "data",
           "read_jsonl": "data", "split_examples": "data", "WorkbookError": "errors",

@@ -85,7 +85,7 @@ def test_a_failed_reload_hands_back_its_error_in_the_result_file(tmp_path):
 
 
 def test_the_parent_reads_the_error_a_child_handed_back_or_its_stderr():
-    from workbook.storage.runs import outcome_error
+    from workbook.storage.processes import outcome_error
 
     done = subprocess.CompletedProcess([], 2, "", "Traceback ...\nValueError: x")
     handed = {"exit_code": 2, "result": None, "error": {"problem": "bad", "fix": "mend it"}}
@@ -98,7 +98,7 @@ def test_the_parent_reads_the_error_a_child_handed_back_or_its_stderr():
 
 @pytest.mark.parametrize("content", ["not json", "[1]", '{"exit_code": "0"}'])
 def test_a_result_file_not_in_the_format_is_no_result(content, tmp_path):
-    from workbook.storage.runs import read_result
+    from workbook.storage.processes import read_result
 
     (tmp_path / "r.json").write_text(content)
     assert read_result(tmp_path / "r.json") is None

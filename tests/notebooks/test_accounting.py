@@ -8,7 +8,7 @@ from workbook.notebooks.accounting import (
     normalisation_check,
     reconcile,
 )
-from workbook.training.ghost_batch_norm import GhostBatchNorm
+from workbook.samples.ghost_batch_norm import GhostBatchNorm
 from workbook.training.loop import UpdateShape
 
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from workbook import load_task
-from workbook.contract import tokenizer as tok
 from workbook.contract.data import prepare
 from workbook.notebooks.example_views import batch_view, browser, browser_view, render_tokens
 from workbook.notebooks.inspection import inspect_task
 from workbook.samples import classification, generation
+from workbook.samples import tokenizer as tok
 from workbook.samples.models import TinyDecoder, TrigramClassifier
 
 

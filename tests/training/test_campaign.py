@@ -10,8 +10,8 @@ import torch
 
 import workbook as wb
 from workbook.base.errors import WorkbookError
-from workbook.contract.tokenizer import VOCAB_SIZE
 from workbook.samples.generation import TinyDecoder
+from workbook.samples.tokenizer import VOCAB_SIZE
 from workbook.training import campaign
 from workbook.training.loop import UpdateShape
 from workbook.training.memory import _rss_peak, _rss_reset

@@ -19,15 +19,8 @@ from typing import Any
 
 from ..base.errors import WorkbookError
 from ..notebooks.registry import PARALLEL
-from ..storage.runs import (
-    CLAIM,
-    LAUNCH_CLAIM,
-    RESULT_OPTION,
-    claim_dir,
-    command_line,
-    hand_back,
-    refuse_existing,
-)
+from ..storage.processes import RESULT_OPTION, command_line, hand_back
+from ..storage.runs import CLAIM, LAUNCH_CLAIM, claim_dir, refuse_existing
 from ..storage.schemas import SEED_MAX
 from .params import parse_literal
 

@@ -35,7 +35,8 @@ from ..storage import schemas
 from ..storage.artifacts import verify
 from ..storage.files import open_plain, read_plain, sha256
 from ..storage.ledger import Ledger
-from ..storage.runs import CLAIM, process_alive
+from ..storage.processes import process_alive
+from ..storage.runs import CLAIM
 from .params import stems
 
 FORMAT = 1  # raised when what an export holds changes: an older export is then replaced

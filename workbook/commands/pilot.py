@@ -382,7 +382,7 @@ def _headless_kernels() -> Iterator[None]:
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (a CI job cancelled, `kill`) and SIGHUP (the terminal closed) end the pilot like
-    Ctrl-C: the kernel is shut down (its children end with it: `runs.start_child`), the
+    Ctrl-C: the kernel is shut down (its children end with it: `processes.start_child`), the
     executed notebook kept or removed, the index and report written, then exit 130."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")

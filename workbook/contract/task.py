@@ -519,7 +519,7 @@ def load_recorded_task(recorded: Any, task: str | None, options: dict | None,
     rec_task, rec_options = recorded.get("task"), recorded.get("task_options") or {}
     given = json.loads(json.dumps(options or {}, default=str))
     if task is None or task != rec_task or given != rec_options:
-        from ..storage.runs import command_line, task_args
+        from ..storage.processes import command_line, task_args
 
         shown = command_line(task_args(str(rec_task), rec_options))
         raise WorkbookError(

@@ -22,7 +22,7 @@ from ..contract.task import Task, load_recorded_task, load_task
 from ..storage import schemas
 from ..storage.artifacts import read_json, verify, write_folder
 from ..storage.files import read_plain
-from ..storage.runs import fresh_result, outcome_error, task_args
+from ..storage.processes import fresh_result, outcome_error, task_args
 from ..training import checkpoint as ckpt
 from ..training.checkpoint import WEIGHTS, load_weights
 from ..training.evaluation import eval_mode

@@ -10,7 +10,7 @@ import torch
 from ..contract.task import Task, adamw
 
 
-def _first_nonfinite_module(model: torch.nn.Module, run: Callable[[], Any]) -> str | None:
+def first_nonfinite_module(model: torch.nn.Module, run: Callable[[], Any]) -> str | None:
     """Re-run a forward with hooks and name the first module whose output is not finite."""
     found: list[str] = []
 

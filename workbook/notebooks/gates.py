@@ -35,7 +35,7 @@ from ..training.predict import (
     summary_figures,
 )
 from ..training.workload import Workload, targets_of
-from .gate_diagnosis import _first_nonfinite_module, companion_causes, decay_on_norms
+from .gate_diagnosis import companion_causes, decay_on_norms, first_nonfinite_module
 from .gate_plan import GatesResult
 from .gate_settings import (
     INPUT_BOUND_CAUSES,
@@ -236,7 +236,7 @@ def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
     if logits.shape[0] != micro:
         return "fail", f"logits batch dimension {logits.shape[0]} != {micro}"
     if not math.isfinite(loss):
-        where = _first_nonfinite_module(model, lambda: run.task.forward(model,
+        where = first_nonfinite_module(model, lambda: run.task.forward(model,
                                                                         run.batch.tensors))
         return "fail", (f"loss is {loss} (NaN/inf produced in forward"
                         + (f", first by module '{where}')" if where else ")"))

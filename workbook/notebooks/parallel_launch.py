@@ -14,7 +14,8 @@ import torch
 from ..base.errors import WorkbookError
 from ..storage.artifacts import read_json
 from ..storage.files import write_text
-from ..storage.runs import claim_dir, fresh_process
+from ..storage.processes import fresh_process
+from ..storage.runs import claim_dir
 from ..storage.runs import shown as shown_path
 from ..training.devices import resolve_device
 from ..training.ranks import backend

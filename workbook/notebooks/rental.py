@@ -20,12 +20,12 @@ from .rental_candidates import Candidate, candidates_from, same_update, sharded_
 from .rental_conclusion import conclusion, study_result
 from .rental_offers import offers_table, resume_seconds
 from .rental_plans import (
-    _plain,
     cheapest,
     check_variants,
     choose,
     not_sized,
     pack,
+    plain_count,
     planned_variants,
     priced_gpus,
 )
@@ -181,7 +181,7 @@ def save(result: RentalResult, out_dir: Path) -> str:
         "rental_gpu": result.rental_gpu, "chosen": chosen and chosen["candidate"],
         "recommended_gpu": options.set_index("candidate").cheapest_gpu.get(chosen["candidate"])
         if chosen else None,
-        "recommended_gpus": _plain(options.set_index("candidate").cheapest_gpus.get(
+        "recommended_gpus": plain_count(options.set_index("candidate").cheapest_gpus.get(
             chosen["candidate"])) if chosen else None,
         "recommended_strategy": options.set_index("candidate").cheapest_strategy.get(
             chosen["candidate"]) if chosen else None,

@@ -35,7 +35,7 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
         lr = v.get("lr")
         rows.append({"days": days, "priced_on": priced_on, "priority": v["priority"],
                      "variant": v["name"], "candidate": v["candidate"], "gpu": gpu_name,
-                     "gpus": _plain(row.get("gpus")), "strategy": row.get("strategy"),
+                     "gpus": plain_count(row.get("gpus")), "strategy": row.get("strategy"),
                      "lr": float(lr) if isinstance(lr, (int, float)) else None,
                      "lr_from": v.get("lr_from", ""), "repeats": repeats,
                      "hours": round(hours, 3), "cost": None if pd.isna(cost) else
@@ -272,6 +272,6 @@ def choose(sheet: pd.DataFrame, rental_gpu: str) -> dict | None:
     return fitting.iloc[0].to_dict() if len(fitting) else None
 
 
-def _plain(value):
+def plain_count(value):
     """A count from a table cell as a plain int (None for a missing one), for JSON."""
     return None if value is None or pd.isna(value) else int(value)

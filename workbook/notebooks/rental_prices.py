@@ -70,7 +70,7 @@ def read_catalog(path: str | Path | None, gpus: dict, currency: str = "USD",
                             "give price_catalog the path of a CSV in SkyPilot's vms.csv columns, "
                             "or leave it empty for the catalog shipped with the workbook")
     lines = path.read_text(encoding="utf-8").splitlines()
-    meta, head = _header(lines)
+    meta, head = comment_header(lines)
     try:
         table = pd.read_csv(path, skiprows=head, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
@@ -120,7 +120,7 @@ OFFER_COLUMNS = ["provider", "instance", "gpu", "count", "price", "spot_price", 
                  "source", "line"]
 
 
-def _header(lines: list[str]) -> tuple[dict[str, str], int]:
+def comment_header(lines: list[str]) -> tuple[dict[str, str], int]:
     """The `# key: value` lines above the column header, and how many lines they take."""
     meta, n = {}, 0
     for text in lines:
@@ -171,7 +171,7 @@ def _left_out(r: pd.Series) -> str:
         return "CPU only"
     if not str(r["Price"]).strip() and not str(r["SpotPrice"]).strip():
         return "no price (neither Price nor SpotPrice)"
-    count = _number(r["AcceleratorCount"])
+    count = finite_number(r["AcceleratorCount"])
     if count is not None and 0 < count < 1:
         return "a slice of a GPU"
     return ""
@@ -184,14 +184,14 @@ def _offer(r: pd.Series, line: int, gpus: dict) -> tuple[dict | None, str]:
     gpu = gpu_named(name, gpus)
     if gpu is None and name.lower() not in KNOWN_ACCELERATORS:
         return None, f"line {line}: unknown GPU {name!r}"
-    count = _number(r["AcceleratorCount"])
+    count = finite_number(r["AcceleratorCount"])
     if count is None or count <= 0:
         return None, f"line {line}: AcceleratorCount {r['AcceleratorCount']!r} is not a " \
                      "positive number"
     prices = {}
     for column in ("Price", "SpotPrice"):
         text = str(r[column]).strip()
-        value = _number(text) if text else None
+        value = finite_number(text) if text else None
         if text and (value is None or value < 0):
             return None, f"line {line}: {column} {text!r} is not a price of 0 or more"
         prices[column] = value
@@ -202,7 +202,8 @@ def _offer(r: pd.Series, line: int, gpus: dict) -> tuple[dict | None, str]:
             "region": str(r["Region"]), "source": str(r.get("Source", "")), "line": line}, ""
 
 
-def _number(text) -> float | None:
+def finite_number(text) -> float | None:
+    """A catalog cell as a finite number; None for an empty, non-numeric or infinite one."""
     try:
         value = float(text)
     except (TypeError, ValueError):

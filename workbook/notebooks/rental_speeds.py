@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..base.errors import WorkbookError
 from .registry import GATES
-from .rental_prices import KNOWN_ACCELERATORS, _header, _number
+from .rental_prices import KNOWN_ACCELERATORS, comment_header, finite_number
 
 SHIPPED = Path(__file__).with_name("rental_data") / "speeds.csv"
 COLUMNS = ("gpu", "parameters", "strategy", "mfu", "source")
@@ -127,7 +127,7 @@ def read_speeds(path: str | Path | None, gpus: dict) -> SpeedBook:
         raise WorkbookError(f"speed references {path} do not exist",
                             'give speeds a CSV path of your own, "references" for the table '
                             'shipped with the workbook, or "utilisation" for the single share')
-    meta, head = _header(path.read_text(encoding="utf-8").splitlines())
+    meta, head = comment_header(path.read_text(encoding="utf-8").splitlines())
     table = pd.read_csv(path, skiprows=head, dtype=str, keep_default_na=False)
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
@@ -139,7 +139,7 @@ def read_speeds(path: str | Path | None, gpus: dict) -> SpeedBook:
     problems, rows = [], []
     for i, r in table.iterrows():
         line = head + 2 + int(i)
-        mfu, size = _number(r["mfu"]), _number(r["parameters"])
+        mfu, size = finite_number(r["mfu"]), finite_number(r["parameters"])
         if r["gpu"] not in gpus and r["gpu"].lower() not in KNOWN_ACCELERATORS:
             problems.append(f"line {line}: unknown GPU {r['gpu']!r}")
         elif mfu is None or not 0 < mfu <= 1:

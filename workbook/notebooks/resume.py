@@ -22,8 +22,8 @@ from ..contract.task import Task, load_task, task_from_params
 from ..storage import schemas
 from ..storage.artifacts import copy_folder, reseal, write_file
 from ..storage.files import write_text
+from ..storage.processes import fresh_process, task_args, workbook_command
 from ..storage.records import StepRecord
-from ..storage.runs import fresh_process, task_args, workbook_command
 from ..storage.schemas import Index, Name, Options
 from ..training import checkpoint as ckpt
 from ..training.loop import (

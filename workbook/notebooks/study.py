@@ -27,8 +27,9 @@ from ..storage import schemas
 from ..storage.artifacts import read_json, replace_file, verify_file
 from ..storage.files import write_json
 from ..storage.ledger import Ledger
+from ..storage.processes import task_args
 from ..storage.records import EvalRecord, StepRecord
-from ..storage.runs import seal_file, shown, task_args
+from ..storage.runs import seal_file, shown
 from ..storage.schemas import (
     Count,
     Index,

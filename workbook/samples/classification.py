@@ -14,11 +14,11 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from ..base.errors import WorkbookError
-from ..contract import tokenizer as tok
 from ..contract.data import JsonlRows
 from ..contract.task import Task
-from ..training.ghost_batch_norm import GhostBatchNorm
 from . import DATA_DIR
+from . import tokenizer as tok
+from .ghost_batch_norm import GhostBatchNorm
 from .models import TrigramClassifier
 
 

@@ -12,11 +12,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
-from ..contract import tokenizer as tok
 from ..contract.data import JsonlRows
 from ..contract.targets import IGNORE_INDEX
 from ..contract.task import Task, logits_of
 from . import DATA_DIR
+from . import tokenizer as tok
 from .models import TinyDecoder
 
 

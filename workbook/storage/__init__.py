@@ -1,2 +1,3 @@
-"""Storage: run folders, files written atomically and read back through schemas, the SQLite
-ledger, record dataclasses. Imports base only."""
+"""Storage: run folders, the child processes a command starts (their outcome handed back in a
+file), files written atomically and read back through schemas, the SQLite ledger, record
+dataclasses. Imports base only."""

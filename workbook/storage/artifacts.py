@@ -22,19 +22,19 @@ from typing import Callable
 from ..base.errors import WorkbookError
 from . import schemas
 from .files import (
-    _NOFOLLOW,
-    _a,
-    _digest,
-    _kind,
-    _target,
+    NOFOLLOW,
     file_mode,
+    kind_of,
+    link_target,
     not_plain,
     open_plain,
     plain_folder,
     read_plain,
     sha256,
+    sha256_of,
     shown_name,
     umask,
+    with_article,
     write_error,
     write_failure,
 )
@@ -49,7 +49,7 @@ FORMAT = "workbook-manifest-1"
 
 
 def _exists(path: Path, what: str) -> WorkbookError:
-    link = f" (a symbolic link{_target(path)})" if path.is_symlink() else ""
+    link = f" (a symbolic link{link_target(path)})" if path.is_symlink() else ""
     return WorkbookError(f"{what} {path} already exists{link}",
                          f"write the {what} under a new name; it is never overwritten")
 
@@ -79,8 +79,10 @@ def _seal_entry(tmp: Path, name: str, what: str) -> dict:
     st = os.lstat(f)
     if not stat.S_ISREG(st.st_mode):
         raise WorkbookError(f"the {what} being written holds {shown_name(name)}, which is "
-                            f"{_kind(st.st_mode)}{_target(f) if stat.S_ISLNK(st.st_mode) else ''}",
-                            f"write plain files into {_a(what)} (no links, folders or pipes)")
+                            f"{kind_of(st.st_mode)}"
+                            f"{link_target(f) if stat.S_ISLNK(st.st_mode) else ''}",
+                            f"write plain files into {with_article(what)} (no links, folders "
+                            "or pipes)")
     if st.st_nlink > 1:  # another name elsewhere would share the sealed file: copy it
         copy = tmp / f".{name}.own"
         shutil.copyfile(f, copy, follow_symlinks=False)
@@ -89,7 +91,7 @@ def _seal_entry(tmp: Path, name: str, what: str) -> dict:
     with open_plain(f) as handle:
         os.fsync(handle.fileno())
         handle.seek(0)
-        return {"bytes": os.fstat(handle.fileno()).st_size, "sha256": _digest(handle)}
+        return {"bytes": os.fstat(handle.fileno()).st_size, "sha256": sha256_of(handle)}
 
 
 def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "folder") -> Path:
@@ -108,7 +110,7 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "fo
                                 f"leave {MANIFEST} to the workbook: it lists the {what}'s files")
         files = {n: _seal_entry(tmp, n, what) for n in sorted(os.listdir(tmp))}
         manifest = json.dumps({"format": FORMAT, "files": files}, indent=1).encode()
-        fd = os.open(tmp / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
+        fd = os.open(tmp / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW,
                      file_mode())
         with os.fdopen(fd, "wb") as handle:
             handle.write(manifest)
@@ -171,8 +173,8 @@ def verify(path: str | Path, what: str = "folder") -> dict[str, dict]:
     except OSError:
         entries = {}
     if MANIFEST not in entries:
-        raise WorkbookError(f"{path} is not {_a(what)} (no {MANIFEST})",
-                            f"point at {_a(what)} folder written by the workbook")
+        raise WorkbookError(f"{path} is not {with_article(what)} (no {MANIFEST})",
+                            f"point at {with_article(what)} folder written by the workbook")
     for name, mode in sorted(entries.items()):
         if not stat.S_ISREG(mode):
             raise not_plain(what, path, name, mode)
@@ -196,7 +198,7 @@ def verify(path: str | Path, what: str = "folder") -> dict[str, dict]:
         try:
             with open_plain(path / name) as handle:
                 size = os.fstat(handle.fileno()).st_size
-                same = size == entry["bytes"] and _digest(handle) == entry["sha256"]
+                same = size == entry["bytes"] and sha256_of(handle) == entry["sha256"]
         except OSError:  # replaced since the listing (by a link, a pipe...)
             same = False
         if not same:
@@ -256,7 +258,7 @@ def replace_file(path: str | Path, data: bytes, what: str = "file") -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, file_mode())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, file_mode())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -281,7 +283,7 @@ def reseal(path: str | Path) -> None:
     for f in sorted(path.iterdir()):
         if f.name != MANIFEST:
             with f.open("rb") as handle:
-                files[f.name] = {"bytes": f.stat().st_size, "sha256": _digest(handle)}
+                files[f.name] = {"bytes": f.stat().st_size, "sha256": sha256_of(handle)}
     replace_file(path / MANIFEST, json.dumps({"format": FORMAT, "files": files},
                                              indent=1).encode(), "manifest")
 

@@ -25,7 +25,7 @@ os.umask(_UMASK)
 
 
 # O_NONBLOCK: opening a named pipe planted under a file's name must not wait for a writer.
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | \
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | \
     getattr(os, "O_BINARY", 0)
 
 
@@ -52,11 +52,14 @@ def shown_name(text: object, limit: int = 120) -> str:
     return safe + ("..." if len(text) > limit else "")
 
 
-def _a(what: str) -> str:
+def with_article(what: str) -> str:
+    """`what` with its article, for a message: "an archive", "a study"."""
     return f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What an entry that is not a plain file is, in words ("a symbolic link", "a folder",
+    "a named pipe"...), from its `st_mode`."""
     for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
                        (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
@@ -65,7 +68,9 @@ def _kind(mode: int) -> str:
     return "not a plain file"
 
 
-def _target(path: Path) -> str:
+def link_target(path: Path) -> str:
+    """" (to TARGET)" naming where a symbolic link points, for a message; "" when it cannot be
+    read."""
     try:
         return f" (to {shown_name(os.readlink(path))})"
     except OSError:
@@ -74,10 +79,10 @@ def _target(path: Path) -> str:
 
 def not_plain(what: str, folder: Path, name: str, mode: int) -> WorkbookError:
     """The error for an entry of a folder that is not a plain file (a link, a pipe, a folder)."""
-    kind = _kind(mode) + (_target(folder / name) if stat.S_ISLNK(mode) else "")
+    kind = kind_of(mode) + (link_target(folder / name) if stat.S_ISLNK(mode) else "")
     return WorkbookError(f"{what} {folder}: {shown_name(name)} is {kind}",
-                         f"{_a(what)} holds plain files only - copy the real file in, or use an "
-                         f"intact {what}")
+                         f"{with_article(what)} holds plain files only - copy the real file "
+                         f"in, or use an intact {what}")
 
 
 def plain_folder(path: Path, what: str, holds: str = "") -> None:
@@ -85,8 +90,9 @@ def plain_folder(path: Path, what: str, holds: str = "") -> None:
     names what the folder holds when it is not itself the `what` (a study's design)."""
     if path.is_symlink():
         name, noun = (f"the folder of the {holds}", holds) if holds else (what, what)
-        rule = f"{_a(noun)} lives in a plain folder" if holds else f"{_a(noun)} is a plain folder"
-        raise WorkbookError(f"{name} {path} is a symbolic link{_target(path)}",
+        rule = f"{with_article(noun)} " + ("lives in a plain folder" if holds else
+                                           "is a plain folder")
+        raise WorkbookError(f"{name} {path} is a symbolic link{link_target(path)}",
                             f"{rule}, never a link - name the real folder if you trust it, or "
                             f"use an intact {noun}")
 
@@ -94,14 +100,15 @@ def plain_folder(path: Path, what: str, holds: str = "") -> None:
 def open_plain(path: Path) -> BinaryIO:
     """Open a plain file for reading without following a link (OSError ELOOP for a link,
     EINVAL for a pipe, a device or a folder)."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | NOFOLLOW)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a plain file", str(path))
     return os.fdopen(fd, "rb")
 
 
-def _digest(handle: BinaryIO) -> str:
+def sha256_of(handle: BinaryIO) -> str:
+    """The sha256 of what is left to read in an open binary file (read in 1 MiB chunks)."""
     digest = hashlib.sha256()
     for chunk in iter(lambda: handle.read(1 << 20), b""):
         digest.update(chunk)
@@ -111,7 +118,7 @@ def _digest(handle: BinaryIO) -> str:
 def sha256(path: Path) -> str:
     """The sha256 of a plain file (a link is refused: OSError)."""
     with open_plain(Path(path)) as handle:
-        return _digest(handle)
+        return sha256_of(handle)
 
 
 def write_failure(exc: BaseException) -> bool:
@@ -152,7 +159,7 @@ def read_plain(path: Path, what: str, fix: str) -> bytes:
             return handle.read()
     except OSError as exc:
         if path.is_symlink():
-            raise WorkbookError(f"{what} {path} is a symbolic link{_target(path)}",
+            raise WorkbookError(f"{what} {path} is a symbolic link{link_target(path)}",
                                 "a folder the workbook reads holds plain files only - copy the "
                                 "real file in, or use an intact copy") from None
         raise WorkbookError(f"cannot read {what} {path}: {exc.strerror or exc}", fix) from None

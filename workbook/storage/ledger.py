@@ -31,7 +31,8 @@ import pandas as pd
 from ..base.errors import WorkbookError
 from . import schemas
 from .files import shown_name
-from .runs import process_alive, shown
+from .processes import process_alive
+from .runs import shown
 
 STATUSES = ("running", "finished", "diverged", "failed", "interrupted")
 BUSY_S = 5.0  # how long a call waits for another process's write before it is refused

@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from ..base.errors import WorkbookError
+from .files import with_article
 
 MAX_JSON_BYTES = 256 * 2**20  # a metrics file of a long run is a few MiB
 MAX_JSON_DEPTH = 64  # the workbook nests its files 6 deep
@@ -162,14 +163,10 @@ def check(model: type[M], data: Any, path: Path | str, what: str,
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise WorkbookError(f"{what} {path} is not {_a(what)} this workbook wrote: "
+        raise WorkbookError(f"{what} {path} is not {with_article(what)} this workbook wrote: "
                             f"{problems(exc, prefix=(field,) if field else ())}", fix) from None
     except RecursionError:
         raise WorkbookError(f"{what} {path} nests its values too deep", fix) from None
-
-
-def _a(what: str) -> str:
-    return f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
 
 
 def read(path: Path | str, model: type[M], what: str, fix: str = "use an intact copy") -> M:

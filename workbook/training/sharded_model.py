@@ -123,7 +123,8 @@ class TieWatch:
 
 
 # --- state across ranks -----------------------------------------------------------------------
-def _local(t: Any) -> Any:
+def local_tensor(t: Any) -> Any:
+    """A sharded tensor's (DTensor's) local shard; any other tensor as it is."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
@@ -134,7 +135,7 @@ def local_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     holds at this moment (the root's after a forward without backward)."""
     from torch.distributed.fsdp import FSDPModule
 
-    tensors = [_local(p) for p in model.parameters()] + [_local(b) for b in model.buffers()]
+    tensors = [local_tensor(t) for t in (*model.parameters(), *model.buffers())]
     for module in model.modules():  # FSDP2's own storages (private: read where present)
         state = module._get_fsdp_state() if isinstance(module, FSDPModule) else None
         for group in getattr(state, "_fsdp_param_groups", None) or ():
@@ -142,10 +143,10 @@ def local_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
                 tensors += [t for t in (getattr(param, "_sharded_param_data", None),
                                         getattr(param, "_unsharded_param", None))
                             if isinstance(t, torch.Tensor)]
-    tensors += [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    tensors += [local_tensor(p.grad) for p in model.parameters() if p.grad is not None]
     if optimizer is not None:
         for state in optimizer.state.values():
-            tensors += [_local(v) for v in state.values() if isinstance(v, torch.Tensor)]
+            tensors += [local_tensor(v) for v in state.values() if isinstance(v, torch.Tensor)]
     return tensors + list(extra)
 
 

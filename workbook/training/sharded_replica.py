@@ -44,11 +44,11 @@ from .replica import RESULT, WEIGHTS, replica_updates
 from .sharded_checkpoint import coverage, load_sharded, save_sharded
 from .sharded_model import (
     TieWatch,
-    _local,
     blocks,
     full_state,
     live_bytes,
     local_state,
+    local_tensor,
     shard_model,
     tie,
     tied_groups,
@@ -518,8 +518,8 @@ def _planted_load(path: Path, fresh, restored: Stepper, rank: int) -> dict[str, 
         load_sharded(path, other)
     except Exception as exc:  # DCP raises on every rank alike (its plans are exchanged)
         return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"}
-    mine = {n: _local(p).detach() for n, p in other.model.named_parameters()}
-    theirs = {n: _local(p).detach() for n, p in restored.model.named_parameters()}
+    mine = {n: local_tensor(p).detach() for n, p in other.model.named_parameters()}
+    theirs = {n: local_tensor(p).detach() for n, p in restored.model.named_parameters()}
     off = gather(max_difference(mine, theirs))
     return {"rank_max_difference": off}
 

@@ -12,7 +12,7 @@ BREAKDOWN = ("sharded_state", "unsharded_params", "unsharded_grads", "activation
              "collective_buffers", "buffers_and_inputs")
 
 
-def _tracker_class():
+def tracker_class():
     """The phase tracker, made on first use (the FSDP tools import torch.distributed)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 
@@ -162,24 +162,24 @@ def _tracker_class():
 TRACE_KINDS = (*BREAKDOWN, "other")
 
 
-def _fixed_and_sharded(kinds) -> tuple[int, int]:
+def fixed_and_sharded(kinds) -> tuple[int, int]:
     """(bytes that do not depend on the world size, bytes of the sharded state) of a traced
     operator (`TRACE_KINDS`)."""
     return sum(kinds) - kinds[0], kinds[0]
 
 
-def _gpu_bytes(offload: bool, scale: float | None = None):
+def gpu_bytes(offload: bool, scale: float | None = None):
     """The bytes one GPU holds at a traced operator; with `scale`, at another world size (the
     sharded state scaled by `scale`, as `ShardedRun.at` does)."""
     def on_gpu(kinds) -> int:
-        fixed, shard = _fixed_and_sharded(kinds)
+        fixed, shard = fixed_and_sharded(kinds)
         if offload:
             return fixed
         return fixed + (shard if scale is None else round(shard * scale))
     return on_gpu
 
 
-def _traced_breakdown(kinds, offload: bool) -> dict[str, int]:
+def traced_breakdown(kinds, offload: bool) -> dict[str, int]:
     """A traced operator's breakdown, keyed as the tracker's phase snapshot is."""
     out = dict(zip(BREAKDOWN, kinds[:len(BREAKDOWN)], strict=True))
     if offload:
@@ -222,6 +222,6 @@ def _paired(x: list, y: list) -> list[tuple] | None:
     return list(zip(a, b, strict=True))
 
 
-def _carried(traces: tuple, key) -> list[list[int]] | None:
+def carried_sharded(traces: tuple, key) -> list[list[int]] | None:
     """`campaign.carried` of a sharded phase, loops outside the stack paired (`_paired`)."""
     return models.carried(*traces, key=key, stretch=_paired)

@@ -43,11 +43,11 @@ from .loop import build_stepper
 from .predict import Plan, calibration_limits, check_length, path_limits, sized_batches
 from .sharded_model import blocks
 from .sharded_tracker import (
-    _carried,
-    _fixed_and_sharded,
-    _gpu_bytes,
-    _traced_breakdown,
-    _tracker_class,
+    carried_sharded,
+    fixed_and_sharded,
+    gpu_bytes,
+    traced_breakdown,
+    tracker_class,
 )
 from .workload import TRAINING_PHASES, Workload, targets_of
 
@@ -129,8 +129,8 @@ class ShardedRun:
             else:
                 scale = self.world / world
                 if "carry" in data:  # the operators carried again, the largest at this world
-                    on_gpu = _gpu_bytes(self.offload, scale)
-                    peak = max(map(on_gpu, _carried(data["carry"], on_gpu)))
+                    on_gpu = gpu_bytes(self.offload, scale)
+                    peak = max(map(on_gpu, carried_sharded(data["carry"], on_gpu)))
                 else:
                     peak = max(f + (0 if self.offload else round(s * scale))
                                for f, s in data["points"])
@@ -240,18 +240,18 @@ def _carry(traced: dict[int, dict], depth: int, offload: bool) -> tuple[dict, li
     was 6.7% low.
     Returns the phases and those whose traces do not line up (run at the full depth)."""
     shallow, deeper = (traced[n] for n in models.TRACE_DEPTHS)
-    on_gpu = _gpu_bytes(offload)
+    on_gpu = gpu_bytes(offload)
     phases, missing = {}, []
     for phase in SHARDED_PHASES:
         traces = (models.attach_gaps(shallow[phase]["trace"]),
                   models.attach_gaps(deeper[phase]["trace"]), depth)
-        candidates = _carried(traces, on_gpu)
+        candidates = carried_sharded(traces, on_gpu)
         if candidates is None:
             missing.append(phase)
             continue
         top = max(candidates, key=on_gpu)
-        phases[phase] = {"peak": on_gpu(top), "breakdown": _traced_breakdown(top, offload),
-                         "points": [_fixed_and_sharded(c) for c in candidates],
+        phases[phase] = {"peak": on_gpu(top), "breakdown": traced_breakdown(top, offload),
+                         "points": [fixed_and_sharded(c) for c in candidates],
                          "carry": traces}
     return phases, missing
 
@@ -324,7 +324,7 @@ class _FakeRun:
                 return fake_batch(fake, b, torch.device("cpu"))
             work = Workload(stepper, to_fake(self.batch), [to_fake(b) for b in self.group],
                             to_fake(self.eval_batch), self.targets, self.group_targets)
-            tracker = _tracker_class()(stepper.model, stepper.optimizer, self.offload, stack)
+            tracker = tracker_class()(stepper.model, stepper.optimizer, self.offload, stack)
             tracker.track_inputs(tuple(work.tensors()))
             with tracker:
                 for phase in SHARDED_PHASES:
