@@ -361,6 +361,8 @@ class HFAdapter(Adapter):
     # --- the Task
 
     def task(self) -> Task:
+        """The Task of these steps, with the Trainer's arguments (`argument_fields`) and the
+        adapter's notes: `from_hf`'s; built once per adapter (the passes write to it)."""
         args, tokenizer, notes = self.args, self.tokenizer, self.notes
         fields = argument_fields(args, lambda: train_rows(self.data["train"], args),
                                  self.callbacks, tokenizer, notes)
