@@ -154,11 +154,6 @@ def test_only_the_registry_knows_a_notebook_by_its_stem():
 
 # A name one module keeps private, imported by another: the two are one module in fact, or the
 # name is shared and should say so (public, with a docstring), or it belongs to its only user.
-# The adapters are being turned into classes, which removes theirs: the lead drops this prefix
-# once that work is merged.
-PENDING_ADAPTERS = {"workbook.contract.adapters"}
-
-
 def private_imports(name: str, source: str, known, package: bool = False) -> list[str]:
     """"line: from MODULE import _NAME" for each underscore name the module `name` (a package's
     `__init__` with `package`) imports from another workbook module (`known`: their names), at
@@ -197,7 +192,6 @@ def test_a_private_name_imported_from_a_sibling_is_found_and_a_public_one_is_not
 def test_no_module_imports_a_private_name_of_another():
     known = modules()
     found = [f"{path.relative_to(PACKAGE.parent)}:{where}" for name, path in sorted(known.items())
-             if not any(name.startswith(p) for p in PENDING_ADAPTERS)
              for where in private_imports(name, path.read_text(), known,
                                           path.name == "__init__.py")]
     assert not found, "make the name public in its module (with a docstring), or move it to " \

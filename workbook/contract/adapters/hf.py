@@ -12,21 +12,21 @@ row."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Iterator
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import IterableDataset
 
 from ...base.errors import WorkbookError, reason
 from .. import class_maps, kinds
 from ..outputs import accepted_inputs
-from ..sources import numbered
 from ..targets import IGNORE_INDEX
 from ..task import Task
-from .hf_metrics import ROW, ROW_OFFSET, _probe_padding, _SplitMetrics
+from .base import Adapter
+from .hf_metrics import ROW, ROW_OFFSET, SplitMetrics, probe_padding
+from .hf_rows import Stream, first_row, padding_row, split_rows, train_rows, unflattened
 from .hf_trainer import argument_fields
 from .hf_truncation import truncation_cause
 from .torch import loading_weights, probe_on_meta
@@ -50,92 +50,6 @@ def _kind(model: nn.Module) -> tuple[str, int]:
                         "write a workbook.Task for it (docs/own-task.md); "
                         "seq2seq and token classification are not mapped yet")
 
-
-def _rows(dataset: Any, split: str) -> Any:
-    if dataset is None:
-        return []
-    if _streams(dataset):
-        return _Stream(dataset, split)
-    if len(dataset) and not isinstance(dataset[0], dict):
-        raise WorkbookError(f"rows of the {split} dataset are {type(dataset[0]).__name__}, not "
-                            "dicts of token ids", "tokenize it first (dataset.map(tokenize))")
-    if len(dataset) and "input_ids" not in dataset[0]:
-        raise WorkbookError(f"rows of the {split} dataset have no input_ids (columns "
-                            f"{sorted(dataset[0])})", "tokenize it first (dataset.map(tokenize))")
-    return dataset
-
-
-def _streams(dataset: Any) -> bool:
-    """Whether a dataset is read by iterating: a torch IterableDataset (its inherited
-    __getitem__ raises), or anything without both __len__ and __getitem__ - a streaming
-    `datasets.IterableDataset`, a generator."""
-    return isinstance(dataset, IterableDataset) or not (
-        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"))
-
-
-class _Stream:
-    """A split read by iterating, never indexed nor held: its first row is read once here,
-    to check it and to read the columns from; every other row when a pass reaches it."""
-
-    def __init__(self, dataset: Any, split: str):
-        name = "eval" if split == "validation" else split
-        if not hasattr(dataset, "__iter__"):
-            raise WorkbookError(f"the {name} dataset is a {type(dataset).__name__}, not a "
-                                "dataset (a datasets.Dataset, an IterableDataset or a list "
-                                "of dicts)", "pass the dataset your Trainer gets")
-        if iter(dataset) is dataset:
-            raise WorkbookError(
-                f"the {name} dataset is a {type(dataset).__name__} that can be read once "
-                "only, and the pilot reads it once per notebook (and the campaign once per "
-                "epoch)", "pass something that starts again on every iter(): a "
-                "datasets.IterableDataset (load_dataset(..., streaming=True)), a torch "
-                "IterableDataset or a class whose __iter__ opens the data anew")
-        self.dataset, self.split, self.name = dataset, split, name
-        self.first = next(self.rows(), (0, None))[1]
-        if self.first is not None and "input_ids" not in self.first:
-            raise WorkbookError(f"rows of the {name} dataset have no input_ids (columns "
-                                f"{sorted(self.first)})", "tokenize it first "
-                                "(dataset.map(tokenize))")
-
-    def rows(self) -> Iterator[tuple[int, dict]]:
-        """(position, row) of every row in order, each checked to be a dict of columns; a
-        failure while reading names the dataset and the row it had reached."""
-        for i, row in numbered(self.dataset, lambda i, exc: WorkbookError(
-                f"from_hf: reading the {self.name} dataset failed at row {i}: "
-                f"{type(exc).__name__}: {reason(exc, 200)}", f"fix the {self.name} dataset's "
-                "source at that row (the file or shard it reads there)")):
-            if not isinstance(row, Mapping):
-                raise WorkbookError(f"rows of the {self.name} dataset are "
-                                    f"{type(row).__name__}, not dicts of token ids (row {i})",
-                                    "tokenize it first (dataset.map(tokenize))")
-            yield i, dict(row)
-
-    def length(self) -> int | None:
-        """The rows a stream says it has (a torch IterableDataset with __len__), else None."""
-        try:
-            return len(self.dataset) if hasattr(self.dataset, "__len__") else None
-        except TypeError:
-            return None
-
-
-def _train_rows(dataset: Any, args: Any) -> int:
-    """The train rows the Trainer's own count of updates reads: a stream without a length
-    needs `max_steps`, as the Trainer itself refuses one without it."""
-    rows = dataset.length() if isinstance(dataset, _Stream) else len(dataset)
-    if rows is None and not (getattr(args, "max_steps", -1) or -1) > 0:
-        raise WorkbookError("from_hf: the train dataset is a stream without a length and the "
-                            "TrainingArguments set no max_steps, which the Trainer refuses "
-                            "too (it cannot count the updates of an epoch)",
-                            "set max_steps=N in TrainingArguments: the updates the campaign "
-                            "makes")
-    return rows or 0
-
-
-def _first(dataset: Any) -> dict | None:
-    """A split's first row (None: it has none)."""
-    if isinstance(dataset, _Stream):
-        return dataset.first
-    return dataset[0] if len(dataset) else None
 
 
 def _prompts(tokenizer: Any, response_template: str | None,
@@ -192,37 +106,304 @@ def _rendered(tokenizer: Any, messages: list, **how: Any) -> Any:
                             "preparation renders every conversation with it)") from exc
 
 
-# what a padding-free collator adds for its one flattened row (FlashAttention's varlen
-# arguments): it describes that layout only, and the model finds documents by position_ids
-FLAT_LAYOUT = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+class HFAdapter(Adapter):
+    """A Hugging Face Trainer's pieces as a Task: `__init__` reads the user's objects once (the
+    model's kind on the meta device, the splits, the label column, the prompt finder, the
+    columns the Trainer keeps); the datasets are read by `load_examples` / `load_stream` and
+    `encode`, batched by `collate` (the user's collator), evaluated by `eval_step` (with
+    `compute_metrics`) and shown by `decode`; `task()` assembles them (`from_hf`)."""
 
+    def __init__(self, model_factory: Callable[[], nn.Module], train_dataset: Any,
+                 eval_dataset: Any, data_collator: Callable, tokenizer: Any, args: Any = None, *,
+                 name: str, test_dataset: Any = None, group_column: str | None = None,
+                 label_column: str | None = None, response_template: str | None = None,
+                 compute_metrics: Callable | None = None, callbacks: list | None = None,
+                 preprocess_logits_for_metrics: Callable | None = None, **task_fields: Any):
+        self.model_factory = loading_weights(model_factory)  # from_pretrained: real, then meta
+        self.probe = probe_on_meta(self.model_factory, "model", "pass a factory that builds "
+                                   "the model from its config or a local folder (no download "
+                                   "inside it)")
+        self.kind, self.shift = _kind(self.probe)
+        self.target = kinds.of(self.kind)
+        self.datasets = (train_dataset, eval_dataset, test_dataset)
+        self.data = {split: split_rows(d, split)
+                     for split, d in zip(SPLITS, self.datasets, strict=True)}
+        if first_row(self.data["train"]) is None or first_row(self.data["validation"]) is None:
+            raise WorkbookError("from_hf needs a train and an eval dataset with rows",
+                                "pass both (the pilot evaluates on the eval dataset)")
+        id2label = getattr(self.probe.config, "id2label", None) or {}
+        self.label_names = [str(id2label.get(i, i)) for i in range(
+            self.probe.config.num_labels)] if self.target.named_classes else None
+        self.first_row = first_row(self.data["train"])
+        self.streamed = [s for s, d in self.data.items() if isinstance(d, Stream)]
+        if label_column is None:
+            label_column = next((c for c in LABEL_COLUMNS if c in self.first_row), "labels")
+        self.label_column = label_column
+        self.own_labels = label_column in self.first_row  # else the collator makes them
+        if self.target.named_classes and not self.own_labels:
+            raise WorkbookError(f"rows of the train dataset have no label column (columns "
+                                f"{sorted(self.first_row)})", "give the rows a 'label' (class "
+                                "id) column, or name yours with label_column=")
+        self.prompt_of = _prompts(tokenizer, response_template, self.first_row) \
+            if self.target.prompts else None
+        forward_takes = accepted_inputs(type(self.probe))
+        self.keep_all = "**" in forward_takes or \
+            getattr(args, "remove_unused_columns", True) is False
+        self.kept = set(forward_takes) | set(LABEL_COLUMNS) | set(
+            getattr(args, "label_names", None) or ()) | {label_column}
+        self.collator, self.tokenizer, self.args = data_collator, tokenizer, args
+        self.name, self.group_column, self.callbacks = name, group_column, callbacks
+        self.compute_metrics, self.task_fields = compute_metrics, task_fields
+        self.split_metrics = SplitMetrics(compute_metrics, preprocess_logits_for_metrics) \
+            if compute_metrics is not None else None
+        self.notes: list[str] = []  # what the adapter mapped or left out, in words
+        self.built: Task | None = None  # the task `task()` made (the passes write to it)
 
-def _unflattened(collate: Callable, rows: list[dict], pad_id: int) -> dict:
-    """The batch a padding-free collator (TRL's `padding_free`, packing "bfd") makes of
-    `rows`, one row per example: it flattens every row into one sequence whose position_ids
-    restart at each document, and the pilot counts and pads per example. Each row is collated
-    alone and padded on the right (labels -100, positions 0: a padded position is a one-token
-    document nobody attends to) - the same attention as the flattened batch."""
-    parts = [dict(collate([r])) for r in rows]
-    width = max(int(torch.as_tensor(p["input_ids"]).shape[-1]) for p in parts)
-    fill = {"labels": IGNORE_INDEX, "input_ids": pad_id}
-    out = {}
-    for key in parts[0]:
-        if key in FLAT_LAYOUT:
-            continue
-        pieces = [torch.as_tensor(p[key]) for p in parts]
-        out[key] = torch.cat([nn.functional.pad(t, (0, width - t.shape[-1]),
-                                                value=fill.get(key, 0)) for t in pieces])
-    return out
+    # --- reading the datasets
 
+    def tensors(self, row: dict) -> dict[str, torch.Tensor]:
+        """The row's columns as the Trainer hands them to the collator, as tensors (the label
+        column under "labels", the pilot's name); text and other unused columns left out."""
+        out = {}
+        for k, v in row.items():
+            if not (self.keep_all or k in self.kept) or isinstance(v, str):
+                continue
+            try:
+                t = torch.as_tensor(v)
+            except (TypeError, ValueError, RuntimeError):
+                continue
+            if t.dtype.is_floating_point or t.dtype in (torch.int64, torch.int32, torch.bool,
+                                                        torch.int16, torch.int8, torch.uint8):
+                out["labels" if k == self.label_column else k] = t
+        return out
 
-def _padding_row(label: Any) -> bool:
-    """A row whose label is -100 everywhere: padding (an eval set filled up to a multiple of
-    the eval batch, as the Hugging Face convention pads), never an example."""
-    if label is None:
-        return False
-    values = np.asarray(label)
-    return values.size > 0 and values.dtype.kind in "iu" and bool((values == IGNORE_INDEX).all())
+    def encode(self, ex: dict) -> dict[str, torch.Tensor]:
+        """An example's row as tensors, with the labels the collator makes of it alone (the
+        ones the campaign trains on), its prompt mask and which row it is (`ROW`)."""
+        row = ex["row"] if "row" in ex else self.data[ex["split"]][ex["index"]]
+        one = self.tensors(row)
+        one["labels"] = self.collate([one])["labels"][0]
+        if self.prompt_of is not None:
+            one[PROMPT] = self.prompt_of(row)
+        one[ROW] = torch.tensor(SPLITS.index(ex["split"]) * ROW_OFFSET + ex["index"])
+        return one
+
+    def label_name(self, value: Any) -> str:
+        i = int(value)
+        return self.label_names[i] if 0 <= i < len(self.label_names) else f"<{i}?>"
+
+    def failed(self, split: str, i: int, step: str, exc: Exception) -> WorkbookError:
+        """A row's reading (`step` "rows") or label (`step` "labels") failing, named."""
+        return WorkbookError(
+            f"from_hf: reading the {'eval' if split == 'validation' else split} "
+            f"dataset's {step} failed at row {i}: {type(exc).__name__}: {reason(exc, 200)}",
+            f"give every row of the {split} dataset a {self.label_column!r} class id "
+            "(-100 for a padding row)" if step == "labels" else
+            f"check the {split} dataset's row {i}")
+
+    def indexed(self, split: str, dataset: Any) -> Iterator[tuple[int, Any]]:
+        """(index, row) of an indexed split, a failing row named."""
+        for i in range(len(dataset)):
+            try:
+                row = dataset[i]
+            except WorkbookError:
+                raise
+            except Exception as exc:
+                raise self.failed(split, i, "rows", exc) from exc
+            yield i, row
+
+    def read(self, split: str, dataset: Any, seen: dict) -> Iterator[dict]:
+        """The examples of one split in order, read lazily; padding rows (label -100) are
+        counted in `seen`, with the eval labels the padding probe needs (a stream's: the
+        first LABELS_KEPT of each sort)."""
+        stream, named = isinstance(dataset, Stream), self.target.named_classes
+        for i, row in dataset.rows() if stream else self.indexed(split, dataset):
+            try:
+                label = row.get(self.label_column)
+                if split == "validation" and named:
+                    value = int(label)
+                    sort = "padding" if value == IGNORE_INDEX else "real"
+                    seen["kept"][sort] = seen["kept"].get(sort, 0) + 1
+                    if not stream or seen["kept"][sort] <= LABELS_KEPT:
+                        seen["labels"].append(value)
+                if padding_row(label):
+                    seen["padding"][split] = seen["padding"].get(split, 0) + 1
+                    continue
+                ex = {"id": f"{split}-{i}", "split": split, "index": i,
+                      "group": str(row[self.group_column]) if self.group_column
+                      else f"{split}-{i}"}
+                if named:
+                    ex["label"] = self.label_name(label)
+            except WorkbookError:
+                raise
+            except Exception as exc:
+                raise self.failed(split, i, "labels", exc) from exc
+            if stream:
+                ex["row"] = row  # encode reads it here: a stream is never indexed
+            seen["validation"] = seen["validation"] or split == "validation"
+            yield ex
+
+    @staticmethod
+    def fresh_pass() -> dict:
+        """What one pass counts."""
+        return {"padding": {}, "labels": [], "kept": {}, "validation": False}
+
+    def finish(self, seen: dict) -> None:
+        """After a whole pass: the padding rows counted and said, the eval set checked."""
+        padding_rows = seen["padding"]
+        self.notes[:] = [n for n in self.notes if "label -100" not in n] + [
+            f"from_hf: {n} rows of the {'eval' if split == 'validation' else split} dataset "
+            "have label -100 (padding): left out, they are no examples"
+            for split, n in padding_rows.items()]
+        if self.built is not None:
+            self.built.padding_rows = dict(padding_rows)
+        if not seen["validation"]:
+            raise WorkbookError("from_hf: every row of the eval dataset has label -100",
+                                "pass the eval dataset with its labelled rows")
+        if self.compute_metrics is not None and self.target.named_classes and \
+                padding_rows.get("validation"):
+            probe_padding(self.compute_metrics, seen["labels"], len(self.label_names))
+
+    def load_examples(self) -> list[dict]:
+        """Every split's examples, read whole (indexed datasets)."""
+        seen = self.fresh_pass()
+        examples = [ex for split, dataset in self.data.items()
+                    for ex in self.read(split, dataset, seen)]
+        self.finish(seen)
+        return examples
+
+    def load_stream(self) -> Iterator[dict]:
+        """A pass over every split in turn, one row of each at a time, so the first examples
+        of the eval split come without reading the whole train stream; the pass's checks run
+        when it reaches the end (a pass stopped early checks nothing)."""
+        seen = self.fresh_pass()
+        readers = {split: self.read(split, dataset, seen) for split, dataset in self.data.items()}
+        while readers:
+            for split in list(readers):
+                ex = next(readers[split], None)
+                if ex is None:
+                    del readers[split]
+                else:
+                    yield ex
+        self.finish(seen)
+
+    @staticmethod
+    def split_of(ex: dict) -> str:
+        return ex["split"]
+
+    # --- the batch structure
+
+    def collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        """The user's collator on the rows as the dataset holds them (the label column under
+        its own name, labels the collator made in `encode` left out; the pilot's renaming is
+        done on the batch after); evaluation's padding copies (labels -100) weigh nothing,
+        whatever the collator made; the prompt mask padded as the collator padded input_ids."""
+        given = [{(self.label_column if k == "labels" else k):
+                  (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in r.items()
+                  if (k != "labels" or self.own_labels) and k not in (PROMPT, ROW)} for r in rows]
+        try:
+            out = dict(self.collator(given))
+            if len(given) > 1 and getattr(out.get("input_ids"), "shape", (0,))[0] == 1:
+                out = unflattened(self.collator, given, self.tokenizer.pad_token_id or 0)
+        except Exception as exc:
+            raise WorkbookError(f"the data collator raised {type(exc).__name__}: {reason(exc)}",
+                                "fix the collator, or pass the one your Trainer uses") from exc
+        if "labels" not in out:
+            for alias in (self.label_column, "label", "label_ids"):
+                if alias in out:
+                    out["labels"] = out.pop(alias)
+                    break
+        copies = [i for i, r in enumerate(rows) if "labels" in r and
+                  bool((torch.as_tensor(r["labels"]) == IGNORE_INDEX).all())]
+        if copies and "labels" in out:
+            out["labels"] = torch.as_tensor(out["labels"]).clone()
+            out["labels"][copies] = IGNORE_INDEX
+        if "labels" not in out:
+            raise WorkbookError("the data collator returns no labels (keys "
+                                f"{sorted(out)})", "use a collator that makes labels "
+                                "(DataCollatorForLanguageModeling(tokenizer, mlm=False) for a "
+                                "causal LM) or give the rows a labels column")
+        try:
+            out = {k: torch.as_tensor(v) for k, v in out.items()}
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise WorkbookError(f"the data collator returns values that are not tensors "
+                                f"({reason(exc)}; keys {sorted(out)})", "return a dict of "
+                                "tensors (return_tensors='pt')") from exc
+        if rows and all(PROMPT in r for r in rows):
+            width = out["input_ids"].shape[1]
+            mask = torch.zeros(len(rows), width, dtype=torch.bool)
+            for b, r in enumerate(rows):
+                n = min(len(r[PROMPT]), width)
+                if self.tokenizer.padding_side == "left":
+                    mask[b, width - n:] = r[PROMPT][-n:] if n else False
+                else:
+                    mask[b, :n] = r[PROMPT][:n]
+            out[PROMPT] = mask
+        if rows and all(ROW in r for r in rows):
+            out[ROW] = torch.stack([torch.as_tensor(r[ROW]).reshape(()) for r in rows])
+        return out
+
+    # --- evaluation and what people read
+
+    def eval_step(self, model: nn.Module, batch: dict) -> dict[str, tuple]:
+        """compute_metrics on the eval split seen so far, as per-batch sums (`SplitMetrics`)."""
+        return self.split_metrics(self.built, model, batch)
+
+    def decode(self, ids: Any) -> str:
+        """Token ids, or a classifier's class ids, for people."""
+        if self.target.causal:
+            return self.tokenizer.decode([int(i) for i in ids if int(i) >= 0])
+        return ", ".join(self.label_name(i) for i in ids)
+
+    def decode_input(self, ids: Any) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    # --- the Task
+
+    def task(self) -> Task:
+        """The Task of these steps, with the Trainer's arguments (`argument_fields`) and the
+        adapter's notes: `from_hf`'s; built once per adapter (the passes write to it)."""
+        args, tokenizer, notes = self.args, self.tokenizer, self.notes
+        fields = argument_fields(args, lambda: train_rows(self.data["train"], args),
+                                 self.callbacks, tokenizer, notes)
+        if self.split_metrics is not None:  # a step that carries the metrics' reductions (09)
+            fields["eval_step"] = functools.partial(self.eval_step)
+            fields["eval_step"].metric_reductions = self.split_metrics.metric_reductions
+        fields.update(self.task_fields)
+        first = self.collate([self.encode({"split": "train", "index": 0, "row": self.first_row})])
+        generation = {"label_shift": self.shift, "padding_side": tokenizer.padding_side,
+                      "end_token": getattr(tokenizer, "eos_token_id", None),
+                      "max_length": getattr(args, "max_length", None),  # TRL's configs cut
+                      "prompt_in_loss": self.prompt_of is None and
+                      self.task_fields.get("prompt_field") is None} \
+            if self.target.causal else {"label_names": self.label_names, "label_field": "label"}
+        if self.streamed:
+            which = " and ".join("eval" if n == "validation" else n for n in self.streamed)
+            notes.append(f"from_hf: the {which} dataset"
+                         f"{'s are' if len(self.streamed) > 1 else ' is'} read as a stream, "
+                         "one row of each split in turn as the notebooks ask for examples: "
+                         "never indexed nor held whole, each example carries its row; padding "
+                         "rows are counted when a pass reaches the end")
+        # a model whose weights were loaded (from_pretrained names its folder) starts from its
+        # own loss, not ln(outputs); a task field given wins
+        fields.setdefault("pretrained", bool(getattr(self.probe, "name_or_path", "")))
+        if not self.target.causal:  # each split's ClassLabel names, which 01 checks
+            fields.setdefault("class_maps", class_maps.of_datasets(
+                dict(zip(SPLITS, self.datasets, strict=True)), self.label_column))
+        task = Task(name=self.name, kind=self.kind,
+                    load_examples=self.load_stream if self.streamed else self.load_examples,
+                    encode=self.encode, collate=self.collate, build_model=self.model_factory,
+                    model_inputs=tuple(k for k in INPUTS if k in first),
+                    split_of=self.split_of, **{"decode": self.decode,
+                                               "decode_input": self.decode_input,
+                                               **generation, **fields})
+        self.built = task
+        task.padding_rows = {}  # per split: rows with label -100, left out (load_examples)
+        task.adapter_notes = notes  # what the adapter mapped or left out, in words
+        # why inputs sit in two splits when the tokenizer's cut made them identical (01 asks)
+        task.duplicates_cause = truncation_cause(
+            {s: d for s, d in self.data.items() if not isinstance(d, Stream)}, tokenizer)
+        return task
 
 
 def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dataset: Any,
@@ -253,244 +434,9 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     tokenizer's chat template (every message but the last, with the generation prompt): 01
     then checks the collator keeps it out of the loss (`prompt_in_loss=True` says it should be
     in). Other Task fields pass through."""
-    model_factory = loading_weights(model_factory)  # from_pretrained: real, then on meta
-    probe = probe_on_meta(model_factory, "model", "pass a factory that builds the model from "
-                          "its config or a local folder (no download inside it)")
-    kind, shift = _kind(probe)
-    target = kinds.of(kind)
-    data = {split: _rows(d, split) for split, d in zip(SPLITS, (train_dataset, eval_dataset,
-                                                               test_dataset), strict=True)}
-    if _first(data["train"]) is None or _first(data["validation"]) is None:
-        raise WorkbookError("from_hf needs a train and an eval dataset with rows",
-                            "pass both (the pilot evaluates on the eval dataset)")
-    id2label = getattr(probe.config, "id2label", None) or {}
-    label_names = [str(id2label.get(i, i)) for i in range(probe.config.num_labels)] \
-        if target.named_classes else None
-    first_row = _first(data["train"])
-    streamed = [s for s, d in data.items() if isinstance(d, _Stream)]
-    if label_column is None:
-        label_column = next((c for c in LABEL_COLUMNS if c in first_row), "labels")
-    own_labels = label_column in first_row  # else the collator makes them
-    if target.named_classes and not own_labels:
-        raise WorkbookError(f"rows of the train dataset have no label column (columns "
-                            f"{sorted(first_row)})", "give the rows a 'label' (class id) "
-                            "column, or name yours with label_column=")
-    prompt_of = _prompts(tokenizer, response_template, first_row) \
-        if target.prompts else None
-    forward_takes = accepted_inputs(type(probe))
-    keep_all = "**" in forward_takes or getattr(args, "remove_unused_columns", True) is False
-    kept = set(forward_takes) | set(LABEL_COLUMNS) | set(getattr(args, "label_names", None)
-                                                         or ()) | {label_column}
-    notes: list[str] = []
-
-    def tensors(row: dict) -> dict[str, torch.Tensor]:
-        """The row's columns as the Trainer hands them to the collator, as tensors (the label
-        column under "labels", the pilot's name); text and other unused columns left out."""
-        out = {}
-        for k, v in row.items():
-            if not (keep_all or k in kept) or isinstance(v, str):
-                continue
-            try:
-                t = torch.as_tensor(v)
-            except (TypeError, ValueError, RuntimeError):
-                continue
-            if t.dtype.is_floating_point or t.dtype in (torch.int64, torch.int32, torch.bool,
-                                                        torch.int16, torch.int8, torch.uint8):
-                out["labels" if k == label_column else k] = t
-        return out
-
-    def collated(rows: list[dict]) -> dict[str, torch.Tensor]:
-        # the rows as the dataset holds them: the label column under its own name, labels the
-        # collator made (encode) left out; the pilot's renaming is done on the batch after
-        given = [{(label_column if k == "labels" else k):
-                  (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in r.items()
-                  if (k != "labels" or own_labels) and k not in (PROMPT, ROW)} for r in rows]
-        try:
-            out = dict(data_collator(given))
-            if len(given) > 1 and getattr(out.get("input_ids"), "shape", (0,))[0] == 1:
-                out = _unflattened(data_collator, given, tokenizer.pad_token_id or 0)
-        except Exception as exc:
-            raise WorkbookError(f"the data collator raised {type(exc).__name__}: {reason(exc)}",
-                                "fix the collator, or pass the one your Trainer uses") from exc
-        if "labels" not in out:
-            for alias in (label_column, "label", "label_ids"):
-                if alias in out:
-                    out["labels"] = out.pop(alias)
-                    break
-        copies = [i for i, r in enumerate(rows) if "labels" in r and
-                  bool((torch.as_tensor(r["labels"]) == IGNORE_INDEX).all())]
-        if copies and "labels" in out:  # evaluation's padding copies weigh nothing, whatever
-            out["labels"] = torch.as_tensor(out["labels"]).clone()  # the collator made
-            out["labels"][copies] = IGNORE_INDEX
-        if "labels" not in out:
-            raise WorkbookError("the data collator returns no labels (keys "
-                                f"{sorted(out)})", "use a collator that makes labels "
-                                "(DataCollatorForLanguageModeling(tokenizer, mlm=False) for a "
-                                "causal LM) or give the rows a labels column")
-        try:
-            out = {k: torch.as_tensor(v) for k, v in out.items()}
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise WorkbookError(f"the data collator returns values that are not tensors "
-                                f"({reason(exc)}; keys {sorted(out)})", "return a dict of "
-                                "tensors (return_tensors='pt')") from exc
-        if rows and all(PROMPT in r for r in rows):  # padded as the collator padded input_ids
-            width = out["input_ids"].shape[1]
-            mask = torch.zeros(len(rows), width, dtype=torch.bool)
-            for b, r in enumerate(rows):
-                n = min(len(r[PROMPT]), width)
-                if tokenizer.padding_side == "left":
-                    mask[b, width - n:] = r[PROMPT][-n:] if n else False
-                else:
-                    mask[b, :n] = r[PROMPT][:n]
-            out[PROMPT] = mask
-        if rows and all(ROW in r for r in rows):
-            out[ROW] = torch.stack([torch.as_tensor(r[ROW]).reshape(()) for r in rows])
-        return out
-
-    def encode(ex: dict) -> dict[str, torch.Tensor]:
-        row = ex["row"] if "row" in ex else data[ex["split"]][ex["index"]]
-        one = tensors(row)
-        # the labels the collator makes of this row alone: the ones the campaign trains on
-        one["labels"] = collated([one])["labels"][0]
-        if prompt_of is not None:
-            one[PROMPT] = prompt_of(row)
-        one[ROW] = torch.tensor(SPLITS.index(ex["split"]) * ROW_OFFSET + ex["index"])
-        return one
-
-    def label_name(value: Any) -> str:
-        i = int(value)
-        return label_names[i] if 0 <= i < len(label_names) else f"<{i}?>"
-
-    def failed(split: str, i: int, step: str, exc: Exception) -> WorkbookError:
-        return WorkbookError(
-            f"from_hf: reading the {'eval' if split == 'validation' else split} "
-            f"dataset's {step} failed at row {i}: {type(exc).__name__}: {reason(exc, 200)}",
-            f"give every row of the {split} dataset a {label_column!r} class id "
-            "(-100 for a padding row)" if step == "labels" else
-            f"check the {split} dataset's row {i}")
-
-    def indexed(split: str, dataset: Any) -> Iterator[tuple[int, Any]]:
-        for i in range(len(dataset)):
-            try:
-                row = dataset[i]
-            except WorkbookError:
-                raise
-            except Exception as exc:
-                raise failed(split, i, "rows", exc) from exc
-            yield i, row
-
-    def read(split: str, dataset: Any, seen: dict) -> Iterator[dict]:
-        """The examples of one split in order, read lazily; padding rows (label -100) are
-        counted in `seen`, with the eval labels the padding probe needs (a stream's: the
-        first LABELS_KEPT of each sort)."""
-        stream = isinstance(dataset, _Stream)
-        for i, row in dataset.rows() if stream else indexed(split, dataset):
-            try:
-                label = row.get(label_column)
-                if split == "validation" and target.named_classes:
-                    value = int(label)
-                    sort = "padding" if value == IGNORE_INDEX else "real"
-                    seen["kept"][sort] = seen["kept"].get(sort, 0) + 1
-                    if not stream or seen["kept"][sort] <= LABELS_KEPT:
-                        seen["labels"].append(value)
-                if _padding_row(label):
-                    seen["padding"][split] = seen["padding"].get(split, 0) + 1
-                    continue
-                ex = {"id": f"{split}-{i}", "split": split, "index": i,
-                      "group": str(row[group_column]) if group_column else f"{split}-{i}"}
-                if target.named_classes:
-                    ex["label"] = label_name(label)
-            except WorkbookError:
-                raise
-            except Exception as exc:
-                raise failed(split, i, "labels", exc) from exc
-            if stream:
-                ex["row"] = row  # encode reads it here: a stream is never indexed
-            seen["validation"] = seen["validation"] or split == "validation"
-            yield ex
-
-    def finish(seen: dict) -> None:
-        """After a whole pass: the padding rows counted and said, the eval set checked."""
-        padding_rows = seen["padding"]
-        notes[:] = [n for n in notes if "label -100" not in n] + [
-            f"from_hf: {n} rows of the {'eval' if split == 'validation' else split} dataset "
-            "have label -100 (padding): left out, they are no examples"
-            for split, n in padding_rows.items()]
-        task.padding_rows = dict(padding_rows)
-        if not seen["validation"]:
-            raise WorkbookError("from_hf: every row of the eval dataset has label -100",
-                                "pass the eval dataset with its labelled rows")
-        if compute_metrics is not None and target.named_classes and padding_rows.get(
-                "validation"):
-            _probe_padding(compute_metrics, seen["labels"], len(label_names))
-
-    def fresh() -> dict:  # what one pass counts
-        return {"padding": {}, "labels": [], "kept": {}, "validation": False}
-
-    def load() -> list[dict]:
-        seen = fresh()
-        examples = [ex for split, dataset in data.items() for ex in read(split, dataset, seen)]
-        finish(seen)
-        return examples
-
-    def load_stream() -> Iterator[dict]:
-        """A pass over every split in turn, one row of each at a time, so the first examples
-        of the eval split come without reading the whole train stream; the pass's checks run
-        when it reaches the end (a pass stopped early checks nothing)."""
-        seen = fresh()
-        readers = {split: read(split, dataset, seen) for split, dataset in data.items()}
-        while readers:
-            for split in list(readers):
-                ex = next(readers[split], None)
-                if ex is None:
-                    del readers[split]
-                else:
-                    yield ex
-        finish(seen)
-
-    fields = argument_fields(args, (lambda: _train_rows(data["train"], args)), callbacks,
-                             tokenizer, notes)
-    if compute_metrics is not None:
-        split_metrics = _SplitMetrics(compute_metrics, preprocess_logits_for_metrics)
-
-        def eval_step(model: nn.Module, batch: dict) -> dict[str, tuple]:
-            return split_metrics(task, model, batch)
-        eval_step.metric_reductions = split_metrics.metric_reductions  # type: ignore[attr-defined]
-        fields["eval_step"] = eval_step
-    fields.update(task_fields)
-    first = collated([encode({"split": "train", "index": 0, "row": first_row})])
-
-    def decode(ids) -> str:  # token ids, or a classifier's class ids, for people
-        if target.causal:
-            return tokenizer.decode([int(i) for i in ids if int(i) >= 0])
-        return ", ".join(label_name(i) for i in ids)
-
-    shown = {"decode": decode, "decode_input": lambda ids: tokenizer.decode([int(i) for i in ids])}
-    generation = {"label_shift": shift, "padding_side": tokenizer.padding_side,
-                  "end_token": getattr(tokenizer, "eos_token_id", None),
-                  "max_length": getattr(args, "max_length", None),  # TRL's configs truncate
-                  "prompt_in_loss": prompt_of is None and task_fields.get("prompt_field")
-                  is None} \
-        if target.causal else {"label_names": label_names, "label_field": "label"}
-    if streamed:
-        which = " and ".join("eval" if n == "validation" else n for n in streamed)
-        notes.append(f"from_hf: the {which} dataset{'s are' if len(streamed) > 1 else ' is'} "
-                     "read as a stream, one row of each split in turn as the notebooks ask "
-                     "for examples: never indexed nor held whole, each example carries its "
-                     "row; padding rows are counted when a pass reaches the end")
-    # a model whose weights were loaded (from_pretrained names its folder) starts from its own
-    # loss, not ln(outputs); a task field given wins
-    fields.setdefault("pretrained", bool(getattr(probe, "name_or_path", "")))
-    if not target.causal:  # each split's ClassLabel names, which 01 checks against id2label
-        fields.setdefault("class_maps", class_maps.of_datasets(dict(zip(SPLITS, (
-            train_dataset, eval_dataset, test_dataset), strict=True)), label_column))
-    task = Task(name=name, kind=kind, load_examples=load_stream if streamed else load,
-                encode=encode, collate=collated, build_model=model_factory,
-                model_inputs=tuple(k for k in INPUTS if k in first),
-                split_of=lambda ex: ex["split"], **{**shown, **generation, **fields})
-    task.padding_rows = {}  # per split: rows with label -100, left out (set by load_examples)
-    task.adapter_notes = notes  # what the adapter mapped or left out, in words
-    # why inputs sit in two splits when the tokenizer's cut made them identical (01 asks)
-    task.duplicates_cause = truncation_cause(
-        {s: d for s, d in data.items() if not isinstance(d, _Stream)}, tokenizer)
-    return task
+    return HFAdapter(model_factory, train_dataset, eval_dataset, data_collator, tokenizer, args,
+                     name=name, test_dataset=test_dataset, group_column=group_column,
+                     label_column=label_column, response_template=response_template,
+                     compute_metrics=compute_metrics, callbacks=callbacks,
+                     preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+                     **task_fields).task()

@@ -1,5 +1,5 @@
 """`compute_metrics` in `from_hf`: the Trainer's whole-split metrics through the workbook's
-per-batch sums, exactly (`_SplitMetrics`), and the check that it leaves padding rows out."""
+per-batch sums, exactly (`SplitMetrics`), and the check that it leaves padding rows out."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _metric_values(compute_metrics: Callable, predictions: np.ndarray,
                             '{"accuracy": 0.91}') from exc
 
 
-class _SplitMetrics:
+class SplitMetrics:
     """`compute_metrics` as the Trainer calls it - once, on the predictions and labels of the
     whole eval split - mapped onto the workbook's per-batch sums without approximation: each
     batch adds the rows seen so far to one running split, calls compute_metrics on all of it
@@ -121,7 +121,7 @@ def _version(model: nn.Module) -> int:
         return 0
 
 
-def _probe_padding(compute_metrics: Callable, labels: list, num_labels: int) -> None:
+def probe_padding(compute_metrics: Callable, labels: list, num_labels: int) -> None:
     """The Trainer hands compute_metrics every row of the eval set, its padding rows (label
     -100) too: with perfect predictions on the real rows, the metrics must not change when the
     padding rows are left out - else compute_metrics counts them."""

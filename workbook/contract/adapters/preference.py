@@ -12,6 +12,7 @@ from torch import nn
 
 from ...base.errors import WorkbookError
 from ..task import Task
+from .base import Adapter
 from .hf_trainer import argument_fields
 
 ANSWERS = ("chosen", "rejected")
@@ -89,36 +90,44 @@ def _checked(trainer: Any) -> list[str]:
     return notes
 
 
-def from_preference(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
-                    name: str, group_column: str | None, **task_fields: Any) -> Task:
-    """A Task of the "preference" kind from a DPOTrainer as built: its prepared pairs, its
-    collator, tokenizer and DPOConfig; `fresh(pick)` builds the trainer again and returns
-    `pick(trainer)` (the pilot's fresh model)."""
-    notes = _checked(trainer)
-    data = {"train": trainer.train_dataset, "validation": trainer.eval_dataset}
-    for split, rows in data.items():
-        missing = [c for c in PAIR if c not in (getattr(rows, "column_names", None) or [])]
-        if missing:
-            raise WorkbookError(f"the DPOTrainer's prepared {split} rows lack {missing}",
-                                "build the trainer from prompt / chosen / rejected rows (TRL "
-                                "tokenizes them): the pilot reads its prepared datasets")
-        if group_column is not None and group_column not in rows.column_names:
-            raise WorkbookError(f"the DPOTrainer's prepared {split} rows have no "
-                                f"{group_column!r} column (columns {rows.column_names})",
-                                f"keep {group_column!r} in the dataset you give the trainer")
-    collator, tokenizer, args = trainer.data_collator, trainer.processing_class, trainer.args
-    beta = float(trainer.beta)
+class PreferenceAdapter(Adapter):
+    """A DPOTrainer as built, as a Task of the "preference" kind: `__init__` reads its prepared
+    pairs (checked), collator, tokenizer and DPOConfig; the pairs are read by `load_examples`
+    and `encode`, batched by `collate` (the trainer's collator on each `pair`), and the model
+    is `build_model`'s `PreferencePair`; `task()` assembles them."""
 
-    def load() -> list[dict]:  # the group column read once per split, not row by row
+    def __init__(self, trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
+                 name: str, group_column: str | None, **task_fields: Any):
+        self.notes = _checked(trainer)
+        self.data = {"train": trainer.train_dataset, "validation": trainer.eval_dataset}
+        for split, rows in self.data.items():
+            missing = [c for c in PAIR if c not in (getattr(rows, "column_names", None) or [])]
+            if missing:
+                raise WorkbookError(f"the DPOTrainer's prepared {split} rows lack {missing}",
+                                    "build the trainer from prompt / chosen / rejected rows "
+                                    "(TRL tokenizes them): the pilot reads its prepared "
+                                    "datasets")
+            if group_column is not None and group_column not in rows.column_names:
+                raise WorkbookError(f"the DPOTrainer's prepared {split} rows have no "
+                                    f"{group_column!r} column (columns {rows.column_names})",
+                                    f"keep {group_column!r} in the dataset you give the "
+                                    "trainer")
+        self.trainer, self.fresh, self.name, self.group_column = trainer, fresh, name, group_column
+        self.collator, self.tokenizer = trainer.data_collator, trainer.processing_class
+        self.args, self.beta, self.task_fields = trainer.args, float(trainer.beta), task_fields
+
+    def load_examples(self) -> list[dict]:
+        """Every pair of both splits, the chosen answer preferred; the group column read once
+        per split, not row by row."""
         return [{"id": f"{split}-{i}", "split": split, "index": i, "preferred": "chosen",
                  "group": str(groups[i]) if groups is not None else f"{split}-{i}"}
-                for split, rows in data.items()
-                for groups in [rows[group_column] if group_column else None]
+                for split, rows in self.data.items()
+                for groups in [rows[self.group_column] if self.group_column else None]
                 for i in range(len(rows))]
 
-    def encode(ex: dict) -> dict[str, torch.Tensor]:
-        # each answer's whole sequence, as the collator will lay it out (before truncation)
-        row = data[ex["split"]][ex["index"]]
+    def encode(self, ex: dict) -> dict[str, torch.Tensor]:
+        """Each answer's whole sequence, as the collator will lay it out (before truncation)."""
+        row = self.data[ex["split"]][ex["index"]]
         prompt, out = row["prompt_ids"], {"labels": torch.tensor(0)}
         for answer in ANSWERS:
             given = row[f"{answer}_ids"]
@@ -128,32 +137,60 @@ def from_preference(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], 
             out[f"{answer}_completion_mask"] = torch.tensor([0] * len(prompt) + [1] * len(given))
         return out
 
-    def pair(r: dict) -> dict[str, list[int]]:  # the prepared row again, for the collator
+    @staticmethod
+    def pair(r: dict) -> dict[str, list[int]]:
+        """An encoded example as the prepared row again, for the collator."""
         cut = int((r["chosen_completion_mask"] == 0).sum())
         return {"prompt_ids": r["chosen_input_ids"][:cut].tolist(),
                 **{f"{a}_ids": r[f"{a}_input_ids"][cut:].tolist() for a in ANSWERS}}
 
-    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
-        batch = collator([pair(r) for r in rows])
+    def collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        """The trainer's collator on the pairs, its chosen and rejected halves apart."""
+        batch = self.collator([self.pair(r) for r in rows])
         out = {f"{a}_{k}": half for k in SEQUENCES
                for a, half in zip(ANSWERS, batch[k].chunk(2), strict=True)}
         return {**out, "labels": torch.stack([r["labels"] for r in rows])}
 
-    fields = argument_fields(args, lambda: len(data["train"]), None, tokenizer, notes)
-    fields.update(task_fields)
-    task = Task(name=name, kind="preference", load_examples=load, encode=encode,
-                collate=collate, build_model=lambda: fresh(
-                    lambda t: PreferencePair(t.model, t.ref_model, float(t.beta))),
-                model_inputs=INPUTS, split_of=lambda ex: ex["split"],
-                label_names=list(ANSWERS), label_field="preferred", padding_side="right",
-                decode=lambda ids: ", ".join(ANSWERS[int(i)] for i in ids),
-                decode_input=lambda ids: tokenizer.decode([int(i) for i in ids]),
-                max_length=getattr(args, "max_length", None), **fields)
-    task.adapter_notes = [f"from_trainer: a {type(trainer).__name__}'s pairs as it prepared "
-                          "them, its collator and DPOConfig; the model is the policy beside its "
-                          + ("frozen reference copy" if trainer.ref_model is not None else
-                             "base with the adapters off as the reference")
-                          + f", scoring each answer by beta ({beta:g}) times its log-ratio",
-                          *notes]
-    task.padding_rows = {}
-    return task
+    def build_model(self) -> nn.Module:
+        """The policy beside its reference, of a trainer built anew."""
+        return self.fresh(lambda t: PreferencePair(t.model, t.ref_model, float(t.beta)))
+
+    @staticmethod
+    def split_of(ex: dict) -> str:
+        return ex["split"]
+
+    @staticmethod
+    def decode(ids: Any) -> str:
+        return ", ".join(ANSWERS[int(i)] for i in ids)
+
+    def decode_input(self, ids: Any) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def task(self) -> Task:
+        fields = argument_fields(self.args, lambda: len(self.data["train"]), None,
+                                 self.tokenizer, self.notes)
+        fields.update(self.task_fields)
+        task = Task(name=self.name, kind="preference", load_examples=self.load_examples,
+                    encode=self.encode, collate=self.collate, build_model=self.build_model,
+                    model_inputs=INPUTS, split_of=self.split_of, label_names=list(ANSWERS),
+                    label_field="preferred", padding_side="right", decode=self.decode,
+                    decode_input=self.decode_input,
+                    max_length=getattr(self.args, "max_length", None), **fields)
+        task.adapter_notes = [f"from_trainer: a {type(self.trainer).__name__}'s pairs as it "
+                              "prepared them, its collator and DPOConfig; the model is the "
+                              "policy beside its " + (
+                                  "frozen reference copy" if self.trainer.ref_model is not None
+                                  else "base with the adapters off as the reference")
+                              + f", scoring each answer by beta ({self.beta:g}) times its "
+                              "log-ratio", *self.notes]
+        task.padding_rows = {}
+        return task
+
+
+def from_preference(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
+                    name: str, group_column: str | None, **task_fields: Any) -> Task:
+    """A Task of the "preference" kind from a DPOTrainer as built: its prepared pairs, its
+    collator, tokenizer and DPOConfig; `fresh(pick)` builds the trainer again and returns
+    `pick(trainer)` (the pilot's fresh model)."""
+    return PreferenceAdapter(trainer, fresh, name=name, group_column=group_column,
+                             **task_fields).task()

@@ -18,6 +18,7 @@ import torch
 
 from ...base.errors import WorkbookError, reason
 from ..task import Task
+from .base import Adapter
 from .hf import from_hf
 from .preference import from_preference
 from .torch import real_on_cpu
@@ -226,6 +227,115 @@ def _quiet() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
+class TrainerAdapter(Adapter):
+    """A built trainer as a Task: `__init__` builds it once and reads what its construction
+    did (the rows its preparation dropped, the forwards it replaced); `build_model` is the
+    model of a trainer built anew, `evaluation` its one eval dataset, `groups` the unit of
+    leakage its prepared rows keep, `callbacks` the user's own, `train_step` the user's own
+    loss code; `task()` hands the rest to `from_hf` (a DPOTrainer to `from_preference`)."""
+
+    def __init__(self, make_trainer: Callable[[], Any], *, name: str,
+                 group_column: str | None = None, **task_fields: Any):
+        self.make_trainer, self.name, self.group_column = make_trainer, name, group_column
+        self.task_fields = task_fields
+        self.log: list[dict] = []  # what each dataset's preparation kept
+        self.trainer = built(make_trainer, self.log)
+        self.dropped = _dropped(self.log, self.trainer.args)
+        self.model_class = type(self.trainer.model).__name__
+        self.replaced = _own_forwards(self.trainer.model)
+
+    def fresh(self, pick: Callable[[Any], Any]) -> Any:
+        """`pick(trainer)` of a trainer built anew (`_fresh`)."""
+        return _fresh(self.make_trainer, pick)
+
+    def build_model(self) -> Any:
+        """The model of a trainer built anew, as the campaign's script builds it."""
+        return self.fresh(lambda t: t.model)
+
+    def evaluation(self) -> Any:
+        """The trainer's one eval dataset."""
+        evaluation = self.trainer.eval_dataset
+        if evaluation is None:
+            raise WorkbookError("the trainer has no eval_dataset", "give the trainer an "
+                                "eval_dataset (the pilot evaluates on it, as the campaign "
+                                "should)")
+        if isinstance(evaluation, dict):
+            raise WorkbookError(f"the trainer has {len(evaluation)} eval datasets "
+                                f"({sorted(evaluation)})", "build the pilot's trainer with the "
+                                "one the campaign's decisions rest on")
+        return evaluation
+
+    def groups(self) -> tuple[str | None, dict | None]:
+        """(the group column of the prepared rows, the groups before packing): packed rows
+        keep no group column, so the leakage check reads the rows given to the trainer."""
+        train, group_column = self.trainer.train_dataset, self.group_column
+        first = next(iter(train), None) if train is not None else None
+        if group_column is not None and first is not None and group_column not in first:
+            if getattr(self.trainer.args, "packing", False) and self.log:
+                return None, _groups_before_packing(self.log, group_column)
+            raise WorkbookError(f"the trainer's prepared train rows have no {group_column!r} "
+                                f"column (columns {sorted(first)})",
+                                f"keep {group_column!r} in the dataset you give the trainer")
+        return group_column, None
+
+    def callbacks(self) -> list | None:
+        """The callbacks the user gave, not the ones every Trainer adds by itself."""
+        return [c for c in self.trainer.callback_handler.callbacks
+                if type(c).__name__ not in OWN_CALLBACKS
+                and not type(c).__module__.startswith("transformers.integrations")] or None
+
+    def train_step(self, task: Task) -> TrainerStep | None:
+        """The update through the user's own loss code, as the Trainer makes it; None when
+        the loss is the library's (the pilot computes it from the logits)."""
+        if own_loss(self.trainer) is None:
+            return None
+        return TrainerStep(self.trainer, task.model_inputs, task.label_shift)
+
+    def task(self) -> Task:
+        trainer = self.trainer
+        if _mapped(trainer) == "DPOTrainer":
+            task = from_preference(trainer, self.fresh, name=self.name,
+                                   group_column=self.group_column, **self.task_fields)
+            task.rows_dropped = self.dropped
+            return task
+        evaluation = self.evaluation()
+        group_column, packed_groups = self.groups()
+        task = from_hf(self.build_model, trainer.train_dataset, evaluation,
+                       trainer.data_collator, trainer.processing_class, trainer.args,
+                       name=self.name, group_column=group_column,
+                       compute_metrics=trainer.compute_metrics, callbacks=self.callbacks(),
+                       preprocess_logits_for_metrics=trainer.preprocess_logits_for_metrics,
+                       **self.task_fields)
+        replaced = self.replaced
+        task.adapter_notes.insert(0, f"from_trainer: a {type(trainer).__name__}'s model "
+                                  f"({self.model_class}), prepared datasets, collator and "
+                                  "arguments" + (
+                                      f"; the forward the trainer put on the model ("
+                                      f"{'; '.join(replaced)}) is left out: the pilot computes "
+                                      "the loss from the model's logits, so the campaign's "
+                                      "fused loss kernel and its memory saving are not "
+                                      "measured here" if replaced else ""))
+        task.rows_dropped = self.dropped  # per split: (dropped, given, why), 01 names them
+        task.groups_before_packing = packed_groups  # 01's leakage check on the given rows
+        if packed_groups is not None:
+            task.adapter_notes.append(
+                f"from_trainer: packing joins the conversations into rows that keep no "
+                f"{packed_groups['column']!r}, so 01's leakage check ran on the rows given to "
+                "the trainer (" + ", ".join(f"{n} {s} groups" for s, n in
+                                            packed_groups["groups"].items()) + ")")
+        args = trainer.args  # packing: 01 checks that each document attends to itself only
+        task.packed = (f"packing_strategy={getattr(args, 'packing_strategy', None)!r}"
+                       if getattr(args, "packing", False) else None)
+        step = self.train_step(task)
+        if step is not None:  # the user's loss code: every update runs it as the Trainer does
+            task.train_step = step
+            task.adapter_notes.append(
+                f"from_trainer: the loss is {step.where}: each update calls it as "
+                "Trainer.training_step does (num_items_in_batch, the division by the "
+                "accumulation steps, max_grad_norm), so 04 judges the campaign's own loss code")
+        return task
+
+
 def from_trainer(make_trainer: Callable[[], Any], *, name: str,
                  group_column: str | None = None, **task_fields: Any) -> Task:
     """A Task from the trainer `make_trainer()` builds, exactly as the campaign's script
@@ -236,74 +346,5 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
     `group_column` names the unit of leakage, a column the prepared rows keep (TRL keeps the
     dataset's columns unless it packs). Other Task fields pass through (`pretrained=True` for
     a pretrained base without adapters)."""
-    log: list[dict] = []
-    trainer = built(make_trainer, log)
-    dropped = _dropped(log, trainer.args)
-    model_class = type(trainer.model).__name__
-    replaced = _own_forwards(trainer.model)
-
-    def fresh(pick: Callable[[Any], Any]) -> Any:
-        return _fresh(make_trainer, pick)
-
-    if _mapped(trainer) == "DPOTrainer":
-        task = from_preference(trainer, fresh, name=name, group_column=group_column,
-                               **task_fields)
-        task.rows_dropped = dropped
-        return task
-
-    def fresh_model() -> Any:
-        return fresh(lambda t: t.model)
-    evaluation = trainer.eval_dataset
-    if evaluation is None:
-        raise WorkbookError("the trainer has no eval_dataset", "give the trainer an "
-                            "eval_dataset (the pilot evaluates on it, as the campaign should)")
-    if isinstance(evaluation, dict):
-        raise WorkbookError(f"the trainer has {len(evaluation)} eval datasets "
-                            f"({sorted(evaluation)})", "build the pilot's trainer with the one "
-                            "the campaign's decisions rest on")
-    train = trainer.train_dataset
-    first = next(iter(train), None) if train is not None else None
-    packed_groups = None
-    if group_column is not None and first is not None and group_column not in first:
-        if getattr(trainer.args, "packing", False) and log:  # checked on what was packed
-            packed_groups, group_column = _groups_before_packing(log, group_column), None
-        else:
-            raise WorkbookError(f"the trainer's prepared train rows have no {group_column!r} "
-                                f"column (columns {sorted(first)})",
-                                f"keep {group_column!r} in the dataset you give the trainer")
-    callbacks = [c for c in trainer.callback_handler.callbacks
-                 if type(c).__name__ not in OWN_CALLBACKS
-                 and not type(c).__module__.startswith("transformers.integrations")]
-    task = from_hf(fresh_model, train, evaluation, trainer.data_collator,
-                   trainer.processing_class, trainer.args, name=name,
-                   group_column=group_column, compute_metrics=trainer.compute_metrics,
-                   callbacks=callbacks or None,
-                   preprocess_logits_for_metrics=trainer.preprocess_logits_for_metrics,
-                   **task_fields)
-    task.adapter_notes.insert(0, f"from_trainer: a {type(trainer).__name__}'s model "
-                              f"({model_class}), prepared datasets, collator and "
-                              "arguments" + (
-                                  f"; the forward the trainer put on the model ("
-                                  f"{'; '.join(replaced)}) is left out: the pilot computes "
-                                  "the loss from the model's logits, so the campaign's fused "
-                                  "loss kernel and its memory saving are not measured here"
-                                  if replaced else ""))
-    task.rows_dropped = dropped  # per split: (dropped, given, why), 01 names them
-    task.groups_before_packing = packed_groups  # 01's leakage check on the given rows
-    if packed_groups is not None:
-        task.adapter_notes.append(
-            f"from_trainer: packing joins the conversations into rows that keep no "
-            f"{packed_groups['column']!r}, so 01's leakage check ran on the rows given to the "
-            "trainer (" + ", ".join(f"{n} {s} groups" for s, n in
-                                    packed_groups["groups"].items()) + ")")
-    args = trainer.args  # packing: 01 checks that each document attends to itself only
-    task.packed = (f"packing_strategy={getattr(args, 'packing_strategy', None)!r}"
-                   if getattr(args, "packing", False) else None)
-    loss = own_loss(trainer)
-    if loss is not None:  # the user's loss code: every update runs it as the Trainer does
-        task.train_step = TrainerStep(trainer, task.model_inputs, task.label_shift)
-        task.adapter_notes.append(
-            f"from_trainer: the loss is {loss}: each update calls it as "
-            "Trainer.training_step does (num_items_in_batch, the division by the "
-            "accumulation steps, max_grad_norm), so 04 judges the campaign's own loss code")
-    return task
+    return TrainerAdapter(make_trainer, name=name, group_column=group_column,
+                          **task_fields).task()

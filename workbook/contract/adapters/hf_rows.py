@@ -1,0 +1,139 @@
+"""The rows of `from_hf`'s datasets as the Trainer holds them: a split checked to be tokenized
+rows (`split_rows`), a split read by iterating (`Stream`, never indexed nor held), a row that is
+evaluation's padding (`padding_row`), and the batch a padding-free collator flattens, laid out
+one row per example again (`unflattened`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset
+
+from ...base.errors import WorkbookError, reason
+from ..sources import numbered
+from ..targets import IGNORE_INDEX
+
+
+def split_rows(dataset: Any, split: str) -> Any:
+    """A split's rows: none, a `Stream`, or the indexed dataset with its first row checked."""
+    if dataset is None:
+        return []
+    if streams(dataset):
+        return Stream(dataset, split)
+    if len(dataset) and not isinstance(dataset[0], dict):
+        raise WorkbookError(f"rows of the {split} dataset are {type(dataset[0]).__name__}, not "
+                            "dicts of token ids", "tokenize it first (dataset.map(tokenize))")
+    if len(dataset) and "input_ids" not in dataset[0]:
+        raise WorkbookError(f"rows of the {split} dataset have no input_ids (columns "
+                            f"{sorted(dataset[0])})", "tokenize it first (dataset.map(tokenize))")
+    return dataset
+
+
+def streams(dataset: Any) -> bool:
+    """Whether a dataset is read by iterating: a torch IterableDataset (its inherited
+    __getitem__ raises), or anything without both __len__ and __getitem__ - a streaming
+    `datasets.IterableDataset`, a generator."""
+    return isinstance(dataset, IterableDataset) or not (
+        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"))
+
+
+class Stream:
+    """A split read by iterating, never indexed nor held: its first row is read once here,
+    to check it and to read the columns from; every other row when a pass reaches it."""
+
+    def __init__(self, dataset: Any, split: str):
+        name = "eval" if split == "validation" else split
+        if not hasattr(dataset, "__iter__"):
+            raise WorkbookError(f"the {name} dataset is a {type(dataset).__name__}, not a "
+                                "dataset (a datasets.Dataset, an IterableDataset or a list "
+                                "of dicts)", "pass the dataset your Trainer gets")
+        if iter(dataset) is dataset:
+            raise WorkbookError(
+                f"the {name} dataset is a {type(dataset).__name__} that can be read once "
+                "only, and the pilot reads it once per notebook (and the campaign once per "
+                "epoch)", "pass something that starts again on every iter(): a "
+                "datasets.IterableDataset (load_dataset(..., streaming=True)), a torch "
+                "IterableDataset or a class whose __iter__ opens the data anew")
+        self.dataset, self.split, self.name = dataset, split, name
+        self.first = next(self.rows(), (0, None))[1]
+        if self.first is not None and "input_ids" not in self.first:
+            raise WorkbookError(f"rows of the {name} dataset have no input_ids (columns "
+                                f"{sorted(self.first)})", "tokenize it first "
+                                "(dataset.map(tokenize))")
+
+    def rows(self) -> Iterator[tuple[int, dict]]:
+        """(position, row) of every row in order, each checked to be a dict of columns; a
+        failure while reading names the dataset and the row it had reached."""
+        for i, row in numbered(self.dataset, lambda i, exc: WorkbookError(
+                f"from_hf: reading the {self.name} dataset failed at row {i}: "
+                f"{type(exc).__name__}: {reason(exc, 200)}", f"fix the {self.name} dataset's "
+                "source at that row (the file or shard it reads there)")):
+            if not isinstance(row, Mapping):
+                raise WorkbookError(f"rows of the {self.name} dataset are "
+                                    f"{type(row).__name__}, not dicts of token ids (row {i})",
+                                    "tokenize it first (dataset.map(tokenize))")
+            yield i, dict(row)
+
+    def length(self) -> int | None:
+        """The rows a stream says it has (a torch IterableDataset with __len__), else None."""
+        try:
+            return len(self.dataset) if hasattr(self.dataset, "__len__") else None
+        except TypeError:
+            return None
+
+
+def train_rows(dataset: Any, args: Any) -> int:
+    """The train rows the Trainer's own count of updates reads: a stream without a length
+    needs `max_steps`, as the Trainer itself refuses one without it."""
+    rows = dataset.length() if isinstance(dataset, Stream) else len(dataset)
+    if rows is None and not (getattr(args, "max_steps", -1) or -1) > 0:
+        raise WorkbookError("from_hf: the train dataset is a stream without a length and the "
+                            "TrainingArguments set no max_steps, which the Trainer refuses "
+                            "too (it cannot count the updates of an epoch)",
+                            "set max_steps=N in TrainingArguments: the updates the campaign "
+                            "makes")
+    return rows or 0
+
+
+def first_row(dataset: Any) -> dict | None:
+    """A split's first row (None: it has none)."""
+    if isinstance(dataset, Stream):
+        return dataset.first
+    return dataset[0] if len(dataset) else None
+
+
+def padding_row(label: Any) -> bool:
+    """A row whose label is -100 everywhere: padding (an eval set filled up to a multiple of
+    the eval batch, as the Hugging Face convention pads), never an example."""
+    if label is None:
+        return False
+    values = np.asarray(label)
+    return values.size > 0 and values.dtype.kind in "iu" and bool((values == IGNORE_INDEX).all())
+
+
+# what a padding-free collator adds for its one flattened row (FlashAttention's varlen
+# arguments): it describes that layout only, and the model finds documents by position_ids
+FLAT_LAYOUT = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def unflattened(collate: Callable, rows: list[dict], pad_id: int) -> dict:
+    """The batch a padding-free collator (TRL's `padding_free`, packing "bfd") makes of
+    `rows`, one row per example: it flattens every row into one sequence whose position_ids
+    restart at each document, and the pilot counts and pads per example. Each row is collated
+    alone and padded on the right (labels -100, positions 0: a padded position is a one-token
+    document nobody attends to) - the same attention as the flattened batch."""
+    parts = [dict(collate([r])) for r in rows]
+    width = max(int(torch.as_tensor(p["input_ids"]).shape[-1]) for p in parts)
+    fill = {"labels": IGNORE_INDEX, "input_ids": pad_id}
+    out = {}
+    for key in parts[0]:
+        if key in FLAT_LAYOUT:
+            continue
+        pieces = [torch.as_tensor(p[key]) for p in parts]
+        out[key] = torch.cat([nn.functional.pad(t, (0, width - t.shape[-1]),
+                                                value=fill.get(key, 0)) for t in pieces])
+    return out
