@@ -152,7 +152,8 @@ def test_only_the_registry_knows_a_notebook_by_its_stem():
         + "; ".join(found)
 
 
-@pytest.mark.parametrize("short", ["loop", "task", "adapters", "campaign", "runs"])
+@pytest.mark.parametrize("short", ["loop", "task", "adapters", "campaign", "runs", "gates",
+                                   "archive", "forward_failure"])
 def test_the_short_public_paths_are_the_layered_modules(short):
     import importlib
 
@@ -167,11 +168,25 @@ def test_a_short_name_leaves_the_module_its_own_spec():
     """Relative imports inside the module and importlib.reload see where it really lives."""
     import importlib
 
-    import workbook.inspection as short
+    import workbook.archive as part
+    import workbook.gates.settings as settings
+    import workbook.inspection as family
 
-    assert short.__spec__.name == "workbook.notebooks.inspection"
-    assert short.__package__ == "workbook.notebooks"
-    assert importlib.reload(short) is short
+    assert family.__spec__.name == "workbook.notebooks.inspection"
+    assert family.__package__ == "workbook.notebooks.inspection"  # a family is a package
+    assert importlib.reload(family) is family
+    assert (part.__spec__.name, part.__package__) == ("workbook.notebooks.resume.archive",
+                                                      "workbook.notebooks.resume")
+    assert settings is importlib.import_module("workbook.notebooks.gates.settings")
+    assert settings.__package__ == "workbook.notebooks.gates"
+
+
+def test_a_family_part_is_in_the_notebooks_layer():
+    """The notebooks' families are packages: their parts are seen by every rule above."""
+    assert layer("workbook.notebooks.gates.settings") == "notebooks"
+    assert {"workbook.notebooks.gates", "workbook.notebooks.gates.settings",
+            "workbook.notebooks.rental.prices"} <= set(modules())
+    assert "workbook.notebooks.gates.settings" in GRAPH["workbook.notebooks.gates"]
 
 
 # --- a stored dataclass and its file's schema agree field by field ---------------------------
