@@ -889,7 +889,7 @@ def ddp_launch_folder_used_twice(tmp: Path) -> Outcome:
     import argparse
     import os
 
-    from workbook.commands.cli import claim_launch
+    from workbook.notebooks.parallel.process import claim_launch
 
     args = argparse.Namespace(spec="{}", out=str(tmp / "launch"), resume_from=None)
     env = {"RANK": "0", "WORLD_SIZE": "1"}

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from workbook import TrainConfig, UpdateShape, WorkbookError
-from workbook.commands.cli import SEED_MAX, claim_launch, main
+from workbook.commands.cli import SEED_MAX, main
+from workbook.notebooks.parallel.process import claim_launch
 from workbook.storage.ledger import Ledger
 from workbook.storage.runs import CLAIM, claim_dir
 
