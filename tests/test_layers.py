@@ -181,6 +181,51 @@ def test_a_short_name_leaves_the_module_its_own_spec():
     assert settings.__package__ == "workbook.notebooks.gates"
 
 
+def shadowed_parts(package) -> list[str]:
+    """The parts of a family package that its entry (`__init__`) hides behind a name of its own
+    (`from .launch import launch` makes `parallel.launch` the function, not the module):
+    `from workbook.notebooks.parallel import <part>` would give the wrong object."""
+    import importlib
+    import pkgutil
+
+    return sorted(part.name for part in pkgutil.iter_modules(package.__path__)
+                  if importlib.import_module(f"{package.__name__}.{part.name}")  # imported first
+                  is not getattr(package, part.name))
+
+
+def test_a_part_hidden_by_its_entrys_name_is_found_and_a_distinct_one_is_not(tmp_path,
+                                                                               monkeypatch):
+    import sys
+
+    family = tmp_path / "planted_family"
+    family.mkdir()
+    (family / "launches.py").write_text("def launch():\n    return 1\n")
+    (family / "launch.py").write_text("def launch():\n    return 2\n")
+    (family / "__init__.py").write_text("from .launch import launch\nfrom .launches import "
+                                        "launch as launched\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import planted_family
+
+    try:
+        assert shadowed_parts(planted_family) == ["launch"]  # `launches` stays the module
+    finally:
+        for name in [n for n in sys.modules if n.startswith("planted_family")]:
+            del sys.modules[name]
+
+
+def test_every_family_part_is_reached_by_its_name():
+    import importlib
+    import pkgutil
+
+    import workbook.notebooks as notebooks
+
+    families = [importlib.import_module(f"{notebooks.__name__}.{m.name}")
+                for m in pkgutil.iter_modules(notebooks.__path__) if m.ispkg]
+    assert len(families) >= 7
+    hidden = {f.__name__: found for f in families if (found := shadowed_parts(f))}
+    assert not hidden, f"rename the part or the entry's name: {hidden}"
+
+
 def test_a_family_part_is_in_the_notebooks_layer():
     """The notebooks' families are packages: their parts are seen by every rule above."""
     assert layer("workbook.notebooks.gates.settings") == "notebooks"

@@ -19,7 +19,7 @@ from workbook.contract.task import load_task  # noqa: E402
 from workbook.notebooks import accounting as acc  # noqa: E402
 from workbook.notebooks.gates import run_gates  # noqa: E402
 from workbook.notebooks.gates.settings import GateSettings  # noqa: E402
-from workbook.notebooks.parallel.rules import _eval_row  # noqa: E402
+from workbook.notebooks.parallel.rank_rules import _eval_row  # noqa: E402
 from workbook.training.evaluation import evaluation_sums  # noqa: E402
 from workbook.training.loop import UpdateShape, train  # noqa: E402
 

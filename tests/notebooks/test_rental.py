@@ -15,7 +15,7 @@ from workbook.contract.data import prepare
 from workbook.notebooks import rental
 from workbook.notebooks.rental import sheet as rental_sheet
 from workbook.notebooks.rental.candidates import Candidate, candidates_from, sharded_default
-from workbook.notebooks.rental.conclusion import conclusion, plan_lines, study_result
+from workbook.notebooks.rental.conclusions import conclusion, plan_lines, study_result
 from workbook.notebooks.rental.plans import (
     cheapest,
     check_variants,

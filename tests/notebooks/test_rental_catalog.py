@@ -284,7 +284,7 @@ def test_03_on_a_gpu_of_the_list_calibrates_the_speed_and_says_measured(tmp_path
 
 
 def test_the_conclusion_names_the_offer_the_date_the_range_and_what_it_rests_on():
-    from workbook.notebooks.rental.conclusion import offered, ranged, resting_on
+    from workbook.notebooks.rental.conclusions import offered, ranged, resting_on
 
     best = pd.Series({"cheapest_offer": "p s1 (1 GPU, r)", "cheapest_price_from":
                       "catalog of 2026-11-01", "cheapest_cost_low": 10.0,

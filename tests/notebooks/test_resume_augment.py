@@ -8,9 +8,9 @@ import torch
 
 from workbook import TrainConfig, UpdateShape, load_task
 from workbook.contract.data import loader, prepare
-from workbook.notebooks.parallel import rules as parallel_rules
+from workbook.notebooks.parallel import rank_rules as parallel_rules
 from workbook.notebooks.parallel.faults import planted_faults
-from workbook.notebooks.parallel.launch import launch
+from workbook.notebooks.parallel.launches import launch
 from workbook.notebooks.resume import compare, recipe, run_recipe
 from workbook.notebooks.resume.archive import control_items
 from workbook.notebooks.resume.position import pass_orders, random_data, where_from

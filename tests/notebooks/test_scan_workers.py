@@ -1,4 +1,4 @@
-"""Notebook 01's pass on several processes (notebooks/inspection/scan.py's workers,
+"""Notebook 01's pass on several processes (notebooks/inspection/scanning.py's workers,
 base/forked.py): with workers the figures, flags and kept examples are exactly those of one
 process, planted trouble far into the stream included; a worker that raises, dies or sticks is
 named, and no process is left behind."""
@@ -16,8 +16,7 @@ import workbook as wb
 from tests.notebooks.test_scan import NAMES, Counted, row, task_over
 from workbook.base import forked
 from workbook.base.forked import ForkedWorkers, WorkerTraceback
-from workbook.notebooks.inspection import inspect_task
-from workbook.notebooks.inspection import scan as scanning
+from workbook.notebooks.inspection import inspect_task, scanning
 
 pytestmark = pytest.mark.skipif(not forked.fork_available(), reason="workers are forked (Linux)")
 PARENT = os.getpid()

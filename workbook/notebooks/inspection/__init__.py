@@ -31,7 +31,7 @@ from .data_audits import class_map_audit, label_audit, nonfinite_audit, split_au
 from .example_views import batch_view, browser, example_display  # noqa: F401
 from .forward_failure import model_failure, output_layer
 from .loss_probes import copy_audit, loss_probe, own_loss_shift
-from .scan import coverage_table, scan
+from .scanning import coverage_table, scan
 
 
 @dataclass

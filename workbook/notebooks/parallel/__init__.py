@@ -41,9 +41,9 @@ from .fsdp import (
     sharded_verdict,
     unshardable,
 )
-from .launch import check_devices, command, launch, rented_spec, shell_command
+from .launches import check_devices, command, launch, rented_spec, shell_command
 from .pipeline import PIPELINE_RULES, pipeline_rules
-from .rules import (
+from .rank_rules import (
     RULES,
     accounting,
     evaluation_table,

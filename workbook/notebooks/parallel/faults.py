@@ -25,8 +25,8 @@ from ...training.replica import (
     shard,
     update_groups,
 )
-from .launch import launch
-from .rules import rules
+from .launches import launch
+from .rank_rules import rules
 
 # The rule each planted fault must fail.
 CAUGHT_BY = {"rank_seed": "identical initial parameters",

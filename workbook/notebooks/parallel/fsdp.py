@@ -18,7 +18,7 @@ from ...contract.task import Task
 from ...training.deviation import max_difference
 from ...training.replica import WEIGHTS, ReplicaSpec
 from .faults import NOT_DEMONSTRABLE
-from .launch import LAUNCH_TIMEOUT, launch
+from .launches import LAUNCH_TIMEOUT, launch
 
 FSDP_REMEDIATION = {
     "every rank writes its shard of the checkpoint":

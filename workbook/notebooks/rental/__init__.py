@@ -17,7 +17,7 @@ from ...training import campaign as models
 from ...training.loop import UpdateShape
 from ...training.predict import Overheads, Plan
 from .candidates import Candidate, candidates_from, same_update, sharded_default
-from .conclusion import conclusion, study_result
+from .conclusions import conclusion, study_result
 from .offers import offers_table, resume_seconds
 from .plans import (
     _plain,

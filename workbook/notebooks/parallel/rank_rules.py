@@ -21,7 +21,7 @@ from ...training.evaluation import LOSS
 from ...training.loop import UpdateShape
 from ...training.replica import WEIGHTS, ReplicaSpec
 from ..accounting import BatchAccount, reconcile
-from .launch import launch
+from .launches import launch
 
 REMEDIATION = {
     "only rank 0 writes": "guard every log line, ledger row and checkpoint with "
