@@ -35,10 +35,11 @@ import numpy as np  # noqa: E402
 
 from workbook import TrainConfig, UpdateShape, WorkbookError, load_task  # noqa: E402
 from workbook.contract.data import prepare  # noqa: E402
-from workbook.notebooks import resume, resume_data  # noqa: E402
+from workbook.notebooks import resume  # noqa: E402
 from workbook.notebooks.inspection import inspect_task, probe_outputs  # noqa: E402
 from workbook.notebooks.overfit import overfit  # noqa: E402
-from workbook.notebooks.resume_data import pass_orders, repeated_pass, where_from  # noqa: E402
+from workbook.notebooks.resume import position as resume_data  # noqa: E402
+from workbook.notebooks.resume.position import pass_orders, repeated_pass, where_from  # noqa: E402
 from workbook.training.loop import train  # noqa: E402
 
 WORD_LM = "examples.word_lm:task"

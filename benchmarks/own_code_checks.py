@@ -20,7 +20,7 @@ from workbook import WorkbookError
 from workbook.contract.data import prepare  # noqa: E402
 from workbook.contract.task import load_task  # noqa: E402
 from workbook.notebooks import accounting as acc  # noqa: E402
-from workbook.notebooks import own_code_checks as checks  # noqa: E402
+from workbook.notebooks.accounting import own_code_checks as checks  # noqa: E402
 from workbook.training import loop  # noqa: E402
 
 # (task path, the option planting the per-micro-batch mean, the planted evaluation options)

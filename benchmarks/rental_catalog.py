@@ -18,7 +18,7 @@ import pandas as pd
 
 import workbook as wb
 from workbook.notebooks import rental
-from workbook.notebooks.rental_prices import spread
+from workbook.notebooks.rental.prices import spread
 
 # the hand-typed on-demand prices 08 assumed before it read a catalog ("ASSUMED ... edit these")
 ASSUMED = {"L4": 0.8, "A100-40GB": 1.6, "L40S": 1.2, "A100-80GB": 2.2, "H200": 4.0}

@@ -84,7 +84,7 @@ def _reseal(path: Path, name: str) -> None:
 
 
 def archive_names_another_task(tmp: Path) -> Outcome:
-    from workbook.notebooks.archive import write_archive
+    from workbook.notebooks.resume.archive import write_archive
 
     model = __import__("tests.own_task", fromlist=["task"]).task.build_model()
     path = write_archive(tmp / "archive", OWN, {}, model, {}, pd.DataFrame({"x": [1]}), [], 2)
@@ -530,7 +530,7 @@ def optimizer_state_in_another_dtype(tmp: Path) -> Outcome:
 
 
 def _archive(tmp: Path) -> Path:
-    from workbook.notebooks.archive import write_archive
+    from workbook.notebooks.resume.archive import write_archive
 
     model = __import__("tests.own_task", fromlist=["task"]).task.build_model()
     return write_archive(tmp / "archive", OWN, {}, model, {}, pd.DataFrame({"x": [1]}), [], 2)
@@ -626,7 +626,7 @@ result_exit_code_a_boolean = _no_result('{"exit_code": true, "result": {}, "erro
 def task_prints_while_loading(tmp: Path) -> Outcome:
     """A task that prints (a forged result among it) while the fresh `reload` loads it: the
     result comes from the file the child hands back, so the reload is identical."""
-    from workbook.notebooks.archive import reload_in_new_process, write_archive
+    from workbook.notebooks.resume.archive import reload_in_new_process, write_archive
 
     noisy = "tests.noisy_task:task"
     quiet = io.TextIOWrapper(io.BytesIO())  # its prints here (bytes too) stay out of the way
@@ -877,7 +877,7 @@ def checkpoint_over_an_existing_one(tmp: Path) -> Outcome:
 
 
 def archive_over_an_existing_one(tmp: Path) -> Outcome:
-    from workbook.notebooks.archive import write_archive
+    from workbook.notebooks.resume.archive import write_archive
 
     path = _archive(tmp)
     model = __import__("tests.own_task", fromlist=["task"]).task.build_model()
@@ -889,7 +889,7 @@ def ddp_launch_folder_used_twice(tmp: Path) -> Outcome:
     import argparse
     import os
 
-    from workbook.commands.cli import claim_launch
+    from workbook.notebooks.parallel.process import claim_launch
 
     args = argparse.Namespace(spec="{}", out=str(tmp / "launch"), resume_from=None)
     env = {"RANK": "0", "WORLD_SIZE": "1"}
@@ -1078,7 +1078,7 @@ def _on_full_disk(size: str, write: Callable[[Path], object], *words: str
 
 
 def _archive_on(disk: Path) -> None:
-    from workbook.notebooks.archive import write_archive
+    from workbook.notebooks.resume.archive import write_archive
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Linear(2, 300_000))
     task = __import__("tests.own_task", fromlist=["task"]).task
@@ -1245,7 +1245,7 @@ STUCK = "tests.stuck_task:stuck_child"
 def _stuck_archive(tmp: Path, **options) -> tuple[Path, list[str]]:
     """An archive of the task that hangs while loading its examples in `workbook reload`
     (tests/stuck_task.py), and the arguments that reload it."""
-    from workbook.notebooks.archive import write_archive
+    from workbook.notebooks.resume.archive import write_archive
     from workbook.storage.processes import task_args
 
     options = {"pid_file": str(tmp / "child.pid"), **options}

@@ -198,7 +198,8 @@ def test_no_module_imports_a_private_name_of_another():
         "its only user: " + "; ".join(found)
 
 
-@pytest.mark.parametrize("short", ["loop", "task", "adapters", "campaign", "runs"])
+@pytest.mark.parametrize("short", ["loop", "task", "adapters", "campaign", "runs", "gates",
+                                   "archive", "forward_failure"])
 def test_the_short_public_paths_are_the_layered_modules(short):
     import importlib
 
@@ -213,11 +214,70 @@ def test_a_short_name_leaves_the_module_its_own_spec():
     """Relative imports inside the module and importlib.reload see where it really lives."""
     import importlib
 
-    import workbook.inspection as short
+    import workbook.archive as part
+    import workbook.gates.settings as settings
+    import workbook.inspection as family
 
-    assert short.__spec__.name == "workbook.notebooks.inspection"
-    assert short.__package__ == "workbook.notebooks"
-    assert importlib.reload(short) is short
+    assert family.__spec__.name == "workbook.notebooks.inspection"
+    assert family.__package__ == "workbook.notebooks.inspection"  # a family is a package
+    assert importlib.reload(family) is family
+    assert (part.__spec__.name, part.__package__) == ("workbook.notebooks.resume.archive",
+                                                      "workbook.notebooks.resume")
+    assert settings is importlib.import_module("workbook.notebooks.gates.settings")
+    assert settings.__package__ == "workbook.notebooks.gates"
+
+
+def shadowed_parts(package) -> list[str]:
+    """The parts of a family package that its entry (`__init__`) hides behind a name of its own
+    (`from .launch import launch` makes `parallel.launch` the function, not the module):
+    `from workbook.notebooks.parallel import <part>` would give the wrong object."""
+    import importlib
+    import pkgutil
+
+    return sorted(part.name for part in pkgutil.iter_modules(package.__path__)
+                  if importlib.import_module(f"{package.__name__}.{part.name}")  # imported first
+                  is not getattr(package, part.name))
+
+
+def test_a_part_hidden_by_its_entrys_name_is_found_and_a_distinct_one_is_not(tmp_path,
+                                                                               monkeypatch):
+    import sys
+
+    family = tmp_path / "planted_family"
+    family.mkdir()
+    (family / "launches.py").write_text("def launch():\n    return 1\n")
+    (family / "launch.py").write_text("def launch():\n    return 2\n")
+    (family / "__init__.py").write_text("from .launch import launch\nfrom .launches import "
+                                        "launch as launched\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import planted_family
+
+    try:
+        assert shadowed_parts(planted_family) == ["launch"]  # `launches` stays the module
+    finally:
+        for name in [n for n in sys.modules if n.startswith("planted_family")]:
+            del sys.modules[name]
+
+
+def test_every_family_part_is_reached_by_its_name():
+    import importlib
+    import pkgutil
+
+    import workbook.notebooks as notebooks
+
+    families = [importlib.import_module(f"{notebooks.__name__}.{m.name}")
+                for m in pkgutil.iter_modules(notebooks.__path__) if m.ispkg]
+    assert len(families) >= 7
+    hidden = {f.__name__: found for f in families if (found := shadowed_parts(f))}
+    assert not hidden, f"rename the part or the entry's name: {hidden}"
+
+
+def test_a_family_part_is_in_the_notebooks_layer():
+    """The notebooks' families are packages: their parts are seen by every rule above."""
+    assert layer("workbook.notebooks.gates.settings") == "notebooks"
+    assert {"workbook.notebooks.gates", "workbook.notebooks.gates.settings",
+            "workbook.notebooks.rental.prices"} <= set(modules())
+    assert "workbook.notebooks.gates.settings" in GRAPH["workbook.notebooks.gates"]
 
 
 # --- a stored dataclass is declared once: its file's schema is derived from its fields --------

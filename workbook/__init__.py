@@ -18,23 +18,29 @@ import importlib.util
 import sys
 from typing import Any
 
-# The short name of each public module -> where it lives.
+# The short name of each public module -> where it lives. A notebook's family is a package
+# whose own module (`__init__`) is the notebook's entry (run, save), its parts beside it.
 _MODULES = {
-    "cli": "commands", "params": "commands", "pilot": "commands", "report": "commands",
-    "accounting": "notebooks", "archive": "notebooks", "forward_failure": "notebooks",
-    "gates": "notebooks", "inspection": "notebooks", "overfit": "notebooks",
-    "parallel": "notebooks", "plots": "notebooks", "registry": "notebooks", "rental": "notebooks",
-    "resume": "notebooks", "study": "notebooks", "variants": "notebooks",
-    "campaign": "training", "checkpoint": "training", "deviation": "training",
-    "loop": "training", "memory": "training",
-    "predict": "training", "replica": "training", "sharded_replica": "training",
-    "sharding": "training", "workload": "training",
-    "adapters": "contract", "data": "contract", "kinds": "contract", "pipeline": "contract",
-    "state": "contract", "task": "contract",
-    "artifacts": "storage", "files": "storage", "ledger": "storage", "records": "storage",
-    "runs": "storage", "schemas": "storage",
-    "errors": "base", "frontend": "base",
-    "ghost_batch_norm": "samples", "tokenizer": "samples",  # what the built-in samples use
+    "cli": "commands.cli", "params": "commands.params", "pilot": "commands.pilot",
+    "report": "commands.report",
+    "accounting": "notebooks.accounting", "archive": "notebooks.resume.archive",
+    "forward_failure": "notebooks.inspection.forward_failure", "gates": "notebooks.gates",
+    "inspection": "notebooks.inspection", "overfit": "notebooks.overfit",
+    "parallel": "notebooks.parallel", "plots": "notebooks.plots",
+    "registry": "notebooks.registry", "rental": "notebooks.rental",
+    "resume": "notebooks.resume", "study": "notebooks.study", "variants": "notebooks.variants",
+    "campaign": "training.campaign", "checkpoint": "training.checkpoint",
+    "deviation": "training.deviation",
+    "loop": "training.loop", "memory": "training.memory", "predict": "training.predict",
+    "replica": "training.replica", "sharded_replica": "training.sharded_replica",
+    "sharding": "training.sharding", "workload": "training.workload",
+    "adapters": "contract.adapters", "data": "contract.data", "kinds": "contract.kinds",
+    "pipeline": "contract.pipeline", "state": "contract.state", "task": "contract.task",
+    "artifacts": "storage.artifacts", "files": "storage.files", "ledger": "storage.ledger",
+    "records": "storage.records", "runs": "storage.runs", "schemas": "storage.schemas",
+    "errors": "base.errors", "frontend": "base.frontend",
+    # what only the built-in samples use
+    "ghost_batch_norm": "samples.ghost_batch_norm", "tokenizer": "samples.tokenizer",
 }
 _NAMES = {"encode_examples": "data", "load_examples": "data", "prepare": "data",
           "read_jsonl": "data", "split_examples": "data", "WorkbookError": "errors",
@@ -45,7 +51,7 @@ __all__ = sorted([*_MODULES, *_NAMES])
 
 
 def _full(short: str) -> str:
-    return f"{__name__}.{_MODULES[short]}.{short}"
+    return f"{__name__}.{_MODULES[short]}"
 
 
 def __getattr__(name: str) -> Any:

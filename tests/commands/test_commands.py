@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from workbook import TrainConfig, UpdateShape, WorkbookError
-from workbook.commands.cli import SEED_MAX, claim_launch, main
+from workbook.commands.cli import SEED_MAX, main
+from workbook.notebooks.parallel.process import claim_launch
 from workbook.storage.ledger import Ledger
 from workbook.storage.runs import CLAIM, claim_dir
 
@@ -51,7 +52,7 @@ def pasted_runs_nothing(line: str, marker) -> bool:
 # --- reload ------------------------------------------------------------------------------------
 def archive_of(task_path, folder):
     from workbook import load_task
-    from workbook.notebooks.archive import write_archive
+    from workbook.notebooks.resume.archive import write_archive
 
     torch.manual_seed(0)
     model = load_task(task_path).build_model()
@@ -61,7 +62,7 @@ def archive_of(task_path, folder):
 
 def test_a_task_that_prints_while_loading_still_reloads_identical_in_a_new_process(
         tmp_path, umask_022):
-    from workbook.notebooks.archive import reload_in_new_process
+    from workbook.notebooks.resume.archive import reload_in_new_process
 
     path = archive_of(NOISY, tmp_path / "archive")
     assert {f.name: mode(f) for f in path.iterdir()} == {

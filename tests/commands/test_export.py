@@ -52,7 +52,7 @@ def _build_run(run: Path) -> Path:
     from workbook.commands.report import write_report
     from workbook.contract.task import load_task
     from workbook.notebooks import gates, plots, study
-    from workbook.notebooks.archive import write_archive
+    from workbook.notebooks.resume.archive import write_archive
     from workbook.storage.runs import claim_dir
 
     claim_dir(run)

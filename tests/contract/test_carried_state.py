@@ -118,7 +118,7 @@ def test_true_and_false_options_are_booleans():
 
 
 def test_fsdp2_refusing_a_recurrent_kernel_is_a_finding_not_a_crash():
-    from workbook.notebooks.parallel_fsdp import UNSHARDABLE, unshardable
+    from workbook.notebooks.parallel.fsdp import UNSHARDABLE, unshardable
 
     raised = ("the 2-process launch failed (exit 1): [rank0]: RuntimeError: "
               "aten.mkldnn_rnn_layer.default got mixed torch.Tensor and DTensor, need to "
@@ -132,7 +132,7 @@ def test_fsdp2_refusing_a_recurrent_kernel_is_a_finding_not_a_crash():
 def test_reading_every_pass_in_order_is_not_a_repeated_pass(word_lm, tmp_path):
     """A TBPTT pass reads the corpus in order every time: 07's check for a pipeline that
     replays the previous pass must not take it for one (it did: a false alarm at full size)."""
-    from workbook.notebooks.resume_data import pass_orders, repeated_pass
+    from workbook.notebooks.resume.position import pass_orders, repeated_pass
 
     task, data = word_lm
     spec = recipe(WORD_LM, {"dropout": 0.0}, TrainConfig(UpdateShape(4, 1), lr=5.0),

@@ -141,7 +141,7 @@ def test_compute_metrics_through_the_sums_equals_the_trainers_on_the_whole_split
 
 
 def test_04s_evaluation_check_passes_the_clean_compute_metrics(clean):
-    from workbook.notebooks.own_code_checks import evaluation_check, evaluation_findings
+    from workbook.notebooks.accounting.own_code_checks import evaluation_check, evaluation_findings
 
     _, task = clean
     data = prepare(task)

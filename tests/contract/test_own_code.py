@@ -10,7 +10,7 @@ from workbook import WorkbookError
 from workbook.contract.data import prepare
 from workbook.contract.task import load_task
 from workbook.notebooks import accounting as acc
-from workbook.notebooks.own_code_checks import clipping_held_off
+from workbook.notebooks.accounting.own_code_checks import clipping_held_off
 from workbook.training import checkpoint as ckpt
 from workbook.training.loop import HeldBehaviour, UpdateShape, train
 

@@ -12,8 +12,8 @@ import workbook as wb
 from workbook.base.errors import WorkbookError
 from workbook.contract import fine_tuning
 from workbook.contract.data import collate_items, encode_examples, prepare
-from workbook.notebooks.gate_settings import GateSettings
 from workbook.notebooks.gates import GateRun
+from workbook.notebooks.gates.settings import GateSettings
 from workbook.notebooks.inspection import inspect_task
 from workbook.notebooks.overfit import overfit
 from workbook.training.loop import UpdateShape
@@ -271,7 +271,7 @@ def test_building_the_model_leaves_the_pilots_random_streams_alone(clean):
 def test_the_archive_holds_the_adapters_and_reloads_them_onto_the_base(clean_items, tmp_path):
     import pandas as pd
 
-    from workbook.notebooks.archive import reload_archive, write_archive
+    from workbook.notebooks.resume.archive import reload_archive, write_archive
     from workbook.training.loop import train
 
     task = _task()
@@ -387,7 +387,7 @@ def test_packing_that_joins_documents_without_boundaries_is_named_by_01():
 
 
 def test_an_attention_that_ignores_per_document_positions_is_named_by_01():
-    from workbook.notebooks.coverage import packing_audit
+    from workbook.notebooks.inspection.coverage import packing_audit
 
     task = _packed("bfd")
     model = task.build_model().eval()

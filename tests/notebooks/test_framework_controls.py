@@ -17,9 +17,9 @@ from workbook.contract.data import prepare  # noqa: E402
 from workbook.contract.metric_reduction import GATHERED, MEAN, ROWS, SUM, reduced  # noqa: E402
 from workbook.contract.task import load_task  # noqa: E402
 from workbook.notebooks import accounting as acc  # noqa: E402
-from workbook.notebooks.gate_settings import GateSettings  # noqa: E402
 from workbook.notebooks.gates import run_gates  # noqa: E402
-from workbook.notebooks.parallel_rules import _eval_row  # noqa: E402
+from workbook.notebooks.gates.settings import GateSettings  # noqa: E402
+from workbook.notebooks.parallel.rank_rules import _eval_row  # noqa: E402
 from workbook.training.evaluation import evaluation_sums  # noqa: E402
 from workbook.training.loop import UpdateShape, train  # noqa: E402
 
@@ -146,7 +146,7 @@ def test_a_lightning_modules_class_names_in_another_order_are_named():
     """A LightningModule naming its classes (for its logged class metrics) in another order
     than the data's ids: 01's class-map check names it; the clean twin raises nothing."""
     from workbook import load_task
-    from workbook.notebooks.data_audits import class_map_audit
+    from workbook.notebooks.inspection.data_audits import class_map_audit
 
     shifted = load_task("examples.lightning_docs:task", shifted_label_names=True)
     [flag] = class_map_audit(shifted, shifted.build_model())

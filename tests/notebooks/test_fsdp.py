@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from workbook import load_task
-from workbook.notebooks import parallel, parallel_fsdp
+from workbook.notebooks import parallel
+from workbook.notebooks.parallel import fsdp as parallel_fsdp
 from workbook.training import sharding
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import ReplicaSpec

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbook.notebooks.gate_settings import INPUT_BOUND_FLOOR_S, PHASES, GateSettings, input_bound
 from workbook.notebooks.gates import GateRun
+from workbook.notebooks.gates.settings import INPUT_BOUND_FLOOR_S, PHASES, GateSettings, input_bound
 from workbook.samples import generation
 from workbook.samples.models import TinyDecoder, TrigramClassifier
 from workbook.training.loop import UpdateShape
@@ -314,7 +314,7 @@ def _adamw_groups(model, decay_all, wd=0.1):
 
 def test_weight_decay_on_norms_and_biases_is_named_and_the_conventions_are_silent(gen_task):
     from workbook.contract.task import adamw
-    from workbook.notebooks.gate_diagnosis import decay_on_norms
+    from workbook.notebooks.gates.diagnosis import decay_on_norms
 
     model = gen_task.build_model()
     own = dataclasses.replace(gen_task, build_optimizer=lambda m, lr: _adamw_groups(m, True))

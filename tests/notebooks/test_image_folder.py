@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, Subset
 
 import workbook as wb
 from examples.image_folder import CLASSES, write_folders
-from workbook.notebooks.data_audits import class_map_audit
+from workbook.notebooks.inspection.data_audits import class_map_audit
 
 
 class Folder(Dataset):
@@ -187,8 +187,8 @@ def test_08_sizes_a_resnet_style_cnn_from_the_cpus_convolution_scratch(monkeypat
     of a phase here); 08 sized no candidate of a CNN ("No candidate could be sized ...
     (suspects: Conv2d)") while 03 judged the same plan: the phases are sized from the real
     run's ratio, saying so."""
-    from workbook.notebooks.rental_candidates import Candidate
-    from workbook.notebooks.rental_sheet import predicted_phases
+    from workbook.notebooks.rental.candidates import Candidate
+    from workbook.notebooks.rental.sheet import predicted_phases
     from workbook.training import predict as prediction
     from workbook.training.loop import UpdateShape
 

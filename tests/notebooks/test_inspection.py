@@ -8,8 +8,13 @@ import torch
 
 from workbook import load_task
 from workbook.contract.data import prepare
-from workbook.notebooks.example_views import batch_view, browser, browser_view, render_tokens
 from workbook.notebooks.inspection import inspect_task
+from workbook.notebooks.inspection.example_views import (
+    batch_view,
+    browser,
+    browser_view,
+    render_tokens,
+)
 from workbook.samples import classification, generation
 from workbook.samples import tokenizer as tok
 from workbook.samples.models import TinyDecoder, TrigramClassifier
@@ -342,7 +347,7 @@ def test_prompt_masking_that_cannot_be_checked_is_a_note_not_a_failure(gen_task)
 def test_label_shift_is_offered_only_where_the_workbooks_loss_is_the_one_trained(gen_task):
     """Labels that copy the input: label_shift=1 is the fix for a task trained on its `loss`;
     a task whose own train_step (or model) computes the loss is told to shift its data."""
-    from workbook.notebooks.loss_probes import copy_audit
+    from workbook.notebooks.inspection.loss_probes import copy_audit
 
     def copying(ex, **kw):
         out = generation.encode(ex, max_length=64, prompt_in_loss=True)

@@ -14,15 +14,17 @@ import torch
 from workbook import WorkbookError, load_task
 from workbook.commands.pilot import run_pilot
 from workbook.contract.data import load_examples, prepare, split_examples
-from workbook.notebooks import parallel, parallel_faults, parallel_rules
-from workbook.notebooks.parallel_faults import (
+from workbook.notebooks import parallel
+from workbook.notebooks.parallel import faults as parallel_faults
+from workbook.notebooks.parallel import rank_rules as parallel_rules
+from workbook.notebooks.parallel.faults import (
     CAUGHT_BY,
     NOT_DEMONSTRABLE,
     demonstration,
     planted_faults,
 )
-from workbook.notebooks.parallel_launch import check_devices, launch
-from workbook.notebooks.parallel_rules import RULES, reduce_sums
+from workbook.notebooks.parallel.launches import check_devices, launch
+from workbook.notebooks.parallel.rank_rules import RULES, reduce_sums
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import (
     FAULTS,
@@ -313,7 +315,7 @@ def test_the_rented_command_runs_the_rules_at_the_rentals_scale_and_parses_back(
     import json
     import shlex
 
-    from workbook.notebooks.parallel_launch import rented_spec, shell_command
+    from workbook.notebooks.parallel.launches import rented_spec, shell_command
     from workbook.training.replica import ReplicaSpec
 
     line = shell_command(rented_spec(ReplicaSpec("workbook.samples.generation:task")))

@@ -33,7 +33,7 @@ def test_every_notebook_has_one_entry_that_names_its_files_and_module():
         assert f"wb.{entry.module}.run(" in source and f"wb.{entry.module}.save(" in source
         assert callable(entry.run) and callable(entry.save)
         assert (SMOKE_DIR / f"{entry.stem}.yaml").exists()
-        assert workbook._MODULES[entry.module] == "notebooks"  # `wb.<module>` in the notebook
+        assert workbook._MODULES[entry.module] == f"notebooks.{entry.module}"  # `wb.<module>`
         assert entry.title.startswith(entry.stem[:2] + " ") and entry.key_figures
         assert registry.entry(entry.stem) is entry
 

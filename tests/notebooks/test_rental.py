@@ -12,10 +12,11 @@ from workbook import WorkbookError
 from workbook.base.frontend import readable
 from workbook.commands import params
 from workbook.contract.data import prepare
-from workbook.notebooks import rental, rental_sheet
-from workbook.notebooks.rental_candidates import Candidate, candidates_from, sharded_default
-from workbook.notebooks.rental_conclusion import conclusion, plan_lines, study_result
-from workbook.notebooks.rental_plans import (
+from workbook.notebooks import rental
+from workbook.notebooks.rental import sheet as rental_sheet
+from workbook.notebooks.rental.candidates import Candidate, candidates_from, sharded_default
+from workbook.notebooks.rental.conclusions import conclusion, plan_lines, study_result
+from workbook.notebooks.rental.plans import (
     cheapest,
     check_variants,
     choose,
@@ -23,8 +24,8 @@ from workbook.notebooks.rental_plans import (
     planned_variants,
     priced_gpus,
 )
-from workbook.notebooks.rental_sheet import Assumptions, check_gpus, gpu, selection_sheet
-from workbook.notebooks.rental_stack import stack_check
+from workbook.notebooks.rental.sheet import Assumptions, check_gpus, gpu, selection_sheet
+from workbook.notebooks.rental.stack import stack_check
 from workbook.training import predict as predict_module
 from workbook.training.loop import UpdateShape
 from workbook.training.predict import Overheads, Plan

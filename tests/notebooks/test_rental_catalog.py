@@ -10,17 +10,17 @@ import pandas as pd
 import pytest
 
 from workbook import WorkbookError
-from workbook.notebooks.rental_candidates import Candidate
-from workbook.notebooks.rental_plans import cheapest, pack
-from workbook.notebooks.rental_prices import (
+from workbook.notebooks.rental.candidates import Candidate
+from workbook.notebooks.rental.plans import cheapest, pack
+from workbook.notebooks.rental.prices import (
     Spot,
     cheapest_offer,
     price_columns,
     read_catalog,
     spread,
 )
-from workbook.notebooks.rental_sheet import Assumptions, selection_sheet
-from workbook.notebooks.rental_speeds import (
+from workbook.notebooks.rental.sheet import Assumptions, selection_sheet
+from workbook.notebooks.rental.speeds import (
     calibrate,
     gpu_of_device,
     measured_speed,
@@ -284,7 +284,7 @@ def test_03_on_a_gpu_of_the_list_calibrates_the_speed_and_says_measured(tmp_path
 
 
 def test_the_conclusion_names_the_offer_the_date_the_range_and_what_it_rests_on():
-    from workbook.notebooks.rental_conclusion import offered, ranged, resting_on
+    from workbook.notebooks.rental.conclusions import offered, ranged, resting_on
 
     best = pd.Series({"cheapest_offer": "p s1 (1 GPU, r)", "cheapest_price_from":
                       "catalog of 2026-11-01", "cheapest_cost_low": 10.0,

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from workbook import TrainConfig, UpdateShape, WorkbookError, load_task
-from workbook.notebooks.archive import reload_archive, reload_in_new_process, write_archive
 from workbook.notebooks.resume import (
     check_cases,
     compare,
@@ -22,6 +21,7 @@ from workbook.notebooks.resume import (
     run_recipe,
     tamper_checks,
 )
+from workbook.notebooks.resume.archive import reload_archive, reload_in_new_process, write_archive
 from workbook.training.checkpoint import load_checkpoint, save_checkpoint, verify
 
 from ..conftest import CLASSIFICATION, GENERATION

@@ -8,12 +8,12 @@ import torch
 
 from workbook import TrainConfig, UpdateShape, load_task
 from workbook.contract.data import loader, prepare
-from workbook.notebooks import parallel_rules
-from workbook.notebooks.archive import control_items
-from workbook.notebooks.parallel_faults import planted_faults
-from workbook.notebooks.parallel_launch import launch
+from workbook.notebooks.parallel import rank_rules as parallel_rules
+from workbook.notebooks.parallel.faults import planted_faults
+from workbook.notebooks.parallel.launches import launch
 from workbook.notebooks.resume import compare, recipe, run_recipe
-from workbook.notebooks.resume_data import pass_orders, random_data, where_from
+from workbook.notebooks.resume.archive import control_items
+from workbook.notebooks.resume.position import pass_orders, random_data, where_from
 from workbook.training.replica import ReplicaSpec
 
 AUGMENTED = "tests.augmented_task:task"

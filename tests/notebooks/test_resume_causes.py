@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from workbook.notebooks import resume
-from workbook.notebooks.resume_data import pass_orders, repeated_pass, stated_length, where_from
+from workbook.notebooks.resume.position import pass_orders, repeated_pass, stated_length, where_from
 
 from .test_resume_pipeline import LIMIT, MID, UPDATES, resumes, spec
 
@@ -98,7 +98,7 @@ def test_a_skip_by_a_length_the_stream_does_not_have_is_named_as_itself(
 def test_09s_position_rule_gives_the_fix_of_the_cause_and_passes_the_clean_twin(
         data_file, bug, fix):
     from workbook import load_task
-    from workbook.notebooks.parallel_pipeline import PIPELINE_RULES, pipeline_rules
+    from workbook.notebooks.parallel.pipeline import PIPELINE_RULES, pipeline_rules
 
     task = load_task("examples.token_stream:task", data_file=data_file, block_size=16,
                      n_layer=1, n_embd=32, pipeline_bug=bug)

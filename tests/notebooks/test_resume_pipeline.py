@@ -8,8 +8,8 @@ import pytest
 
 from workbook import load_task
 from workbook.notebooks import resume
-from workbook.notebooks.parallel_pipeline import pipeline_rules
-from workbook.notebooks.resume_data import pass_orders, position_before, repeats, where_from
+from workbook.notebooks.parallel.pipeline import pipeline_rules
+from workbook.notebooks.resume.position import pass_orders, position_before, repeats, where_from
 from workbook.training.loop import UpdateShape
 
 TASK = "examples.token_stream:task"

@@ -1,6 +1,6 @@
-"""Notebook 01's one pass (notebooks/scan.py, contract/hash_index.py): a stream of any length is
-scanned once with only its first examples kept whole, a prefix or a seeded sample when asked,
-and a finding far past the kept examples is still counted and named."""
+"""Notebook 01's one pass (notebooks/inspection/scanning.py, contract/hash_index.py): a stream of
+any length is scanned once with only its first examples kept whole, a prefix or a seeded sample
+when asked, and a finding far past the kept examples is still counted and named."""
 
 import itertools
 
@@ -9,9 +9,7 @@ import torch
 
 import workbook as wb
 from workbook.contract import hash_index
-from workbook.notebooks import scan as scanning
-from workbook.notebooks import scan_tally
-from workbook.notebooks.inspection import inspect_task
+from workbook.notebooks.inspection import inspect_task, scan_tally, scanning
 
 NAMES = ["no", "yes"]
 

@@ -1,7 +1,7 @@
-"""Notebook 01's pass on several processes (notebooks/scan.py's workers, base/forked.py): with
-workers the figures, flags and kept examples are exactly those of one process, planted trouble
-far into the stream included; a worker that raises, dies or sticks is named, and no process is
-left behind."""
+"""Notebook 01's pass on several processes (notebooks/inspection/scanning.py's workers,
+base/forked.py): with workers the figures, flags and kept examples are exactly those of one
+process, planted trouble far into the stream included; a worker that raises, dies or sticks is
+named, and no process is left behind."""
 
 import math
 import multiprocessing
@@ -16,8 +16,7 @@ import workbook as wb
 from tests.notebooks.test_scan import NAMES, Counted, row, task_over
 from workbook.base import forked
 from workbook.base.forked import ForkedWorkers, WorkerTraceback
-from workbook.notebooks import scan as scanning
-from workbook.notebooks.inspection import inspect_task
+from workbook.notebooks.inspection import inspect_task, scanning
 
 pytestmark = pytest.mark.skipif(not forked.fork_available(), reason="workers are forked (Linux)")
 PARENT = os.getpid()
@@ -202,7 +201,7 @@ def test_a_stuck_worker_is_named_and_stopped():
 def test_kept_tensors_packed_for_the_trip_come_back_as_they_were():
     import pickle
 
-    from workbook.notebooks.scan_block import Packed
+    from workbook.notebooks.inspection.scan_block import Packed
 
     window = torch.arange(65)
     kept = {"train": [(0, {"input_ids": window[:-1], "labels": window[1:],

@@ -115,7 +115,7 @@ def test_eval_mode_restores_the_mode_also_after_an_error():
 
 
 def test_control_outputs_leave_a_training_model_training(gen_task, gen_items):
-    from workbook.notebooks.archive import control_outputs
+    from workbook.notebooks.resume.archive import control_outputs
 
     model = gen_task.build_model().train()
     control_outputs(gen_task, model, gen_items["validation"][:2])

@@ -220,8 +220,8 @@ def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_i
     # failed); FLOPs are device-free and counted on the CPU even where "auto" picks a GPU
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from workbook.notebooks.rental_candidates import Candidate
-    from workbook.notebooks.rental_sheet import flops
+    from workbook.notebooks.rental.candidates import Candidate
+    from workbook.notebooks.rental.sheet import flops
     from workbook.training.fake_phases import fake_batch
     from workbook.training.predict import sized_batches
 

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from ..base.errors import WorkbookError
-from ..notebooks.registry import PARALLEL
-from ..storage.processes import RESULT_OPTION, command_line, hand_back
-from ..storage.runs import CLAIM, LAUNCH_CLAIM, claim_dir, refuse_existing
+from ..storage.processes import RESULT_OPTION, hand_back
+from ..storage.runs import refuse_existing
 from ..storage.schemas import SEED_MAX
 from .params import parse_literal
 
@@ -205,86 +202,24 @@ def _hand_back(result: Path | None, command: str, code: int, outcome: dict | Non
     return code
 
 
+# Each command's body lives beside its notebook and loads when run (a new process starts
+# quickly): 06's trial, 07's resume and reload, 09's torchrun process.
 def _trial(args: argparse.Namespace) -> tuple[int, dict, WorkbookError | None]:
-    from ..notebooks.study import Study
+    from ..notebooks.study.process import trial_in_this_process
 
-    if not 0 <= args.seed <= SEED_MAX:
-        raise WorkbookError(f"--seed {args.seed} is outside 0..{SEED_MAX}",
-                            f"give a seed from 0 to {SEED_MAX}: the trial seeds Python, NumPy "
-                            "and torch from it, and NumPy takes no other")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        raise WorkbookError(f"--lr {args.lr} is not a positive finite number",
-                            "give a learning rate such as --lr 1e-3")
-    if args.repeats is not None and args.repeats < 1:
-        raise WorkbookError(f"--repeats {args.repeats} is not a trial id",
-                            "give the id of the trial this one repeats (see the study table)")
-    study = Study(args.study, task=args.task, task_options=dict(args.option))
-    try:
-        tid = study.run_trial(args.lr, args.seed, args.repeats)
-        row = study.ledger.trial(tid)
-    finally:
-        study.ledger.close()
-    outcome = {"trial": tid, "status": row["status"], "stop_reason": row["stop_reason"],
-               "stop_step": _plain(row["stop_step"])}
-    if row["status"] == "failed":
-        return 1, outcome, WorkbookError(
-            f"trial {tid} failed: {row['stop_reason']}",
-            "the ledger keeps its row and error; fix the cause, then run it again as a new "
-            f"trial: {study.repro(args.lr, args.seed, tid)}")
-    print(f"trial {tid}: {row['status']}" + (f" ({row['stop_reason']})"
-                                              if row["stop_reason"] else ""))
-    return 0, outcome, None
-
-
-def _plain(value: Any) -> Any:
-    """A ledger value as plain JSON (pandas gives numpy numbers and NaN for NULL)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return value.item() if hasattr(value, "item") else value
+    return trial_in_this_process(args)
 
 
 def _resume(args: argparse.Namespace) -> tuple[int, dict, None]:
-    from safetensors.torch import save_file
+    from ..notebooks.resume.process import resume_in_this_process
 
-    from ..contract.task import load_recorded_task
-    from ..notebooks.resume import check_recipe, run_recipe
-    from ..storage.artifacts import write_file
-    from ..storage.files import write_text
-    from ..training.checkpoint import META, load_meta, load_state
-
-    out = Path(args.out)
-    records_path, weights_path = out.with_suffix(".json"), out.with_suffix(".safetensors")
-    saved = out.with_suffix(".ckpt")
-    refuse_existing([records_path, weights_path] + ([saved] if args.save_at else []), "--out")
-    if args.to < 1:
-        raise WorkbookError(f"--to {args.to} is not an update", "give --to 1 or later")
-    if args.save_at and not 0 < args.save_at <= args.to:
-        raise WorkbookError(f"--save-at {args.save_at} lies outside the run (updates 1 to "
-                            f"{args.to})", "give --save-at between the resume point and --to")
-    load_state(args.checkpoint)  # refuse a tampered checkpoint before anything runs
-    spec = check_recipe(load_meta(args.checkpoint).get("recipe"),
-                        Path(args.checkpoint) / META, "recipe")
-    task = load_recorded_task(spec, args.task, dict(args.option),
-                              f"checkpoint {args.checkpoint}")
-    records, weights = run_recipe(spec, args.to, saved.parent,
-                                  (args.save_at,) if args.save_at else (),
-                                  start_from=Path(args.checkpoint), faults=tuple(args.fault),
-                                  task=task, name=lambda step: saved.name)
-    # the weights first, the records last: the records' file says the hand-back is complete
-    write_file(weights_path, lambda tmp: save_file(
-        {k: v.contiguous() for k, v in weights.items()}, str(tmp)), "resumed weights")
-    write_text(records_path, json.dumps(records), overwrite=False)
-    print(f"resumed to update {args.to}")
-    return 0, {"resumed_to": args.to, "updates": len(records), "records": str(records_path),
-               "weights": str(weights_path)}, None
+    return resume_in_this_process(args)
 
 
 def _reload(args: argparse.Namespace) -> tuple[int, dict, None]:
-    from ..notebooks.archive import reload_archive
+    from ..notebooks.resume.process import reload_in_this_process
 
-    result = reload_archive(args.archive, args.task, dict(args.option))
-    print(json.dumps(result))
-    return (0 if result["identical"] else 1), result, None
+    return reload_in_this_process(args)
 
 
 COMMANDS = {"trial": _trial, "resume": _resume, "reload": _reload}
@@ -295,17 +230,15 @@ def _ddp(args: argparse.Namespace) -> int:
     """One process of a launch. Outside torchrun, or with an --out that holds anything, it is
     refused before anything starts; rank 0 claims --out (the other ranks wait for it in the
     process group, so none writes first)."""
+    from ..notebooks.parallel.process import claim_launch, replica_in_this_process
+
     try:
         claim_launch(args)
     except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from ..training import replica, sharded_replica
-
     try:
-        data = replica.read_spec(args.spec)
-        sharded = isinstance(data, dict) and data.get("strategy") == "fsdp"  # 09's FSDP launches
-        code = (sharded_replica if sharded else replica).main(data, args.out, args.resume_from)
+        code = replica_in_this_process(args)
     except WorkbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = 2
@@ -316,22 +249,6 @@ def _ddp(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def claim_launch(args: argparse.Namespace) -> None:
-    """Refuse `workbook ddp` outside torchrun (no RANK/WORLD_SIZE) with the command that starts
-    it; on rank 0, claim --out: new or empty (a launch of notebook 09 made and claimed it)."""
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if not (rank or "").isdigit() or not (world or "").isdigit():
-        again = ["ddp", "--spec", args.spec, "--out", args.out]
-        again += ["--resume-from", args.resume_from] if args.resume_from else []
-        raise WorkbookError(
-            "workbook ddp is started by torchrun (notebook 09 does that): RANK and WORLD_SIZE "
-            "are not set",
-            f"run the notebook ({PARALLEL.stem}), or " + command_line(
-                ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "workbook", *again]))
-    if rank == "0":
-        claim_dir(args.out, LAUNCH_CLAIM, beside=(CLAIM,))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ class ReportNote:
 class NotebookEntry:
     stem: str  # NN_name: notebooks/NN_name.ipynb, notebooks/smoke/NN_name.yaml, its run folder
     title: str  # the report's heading
-    module: str  # the notebooks module with its `run(params, out)` and `save(result, out)`
+    module: str  # its entry module (a family: its package) with `run(params, out)`, `save(...)`
     key_figures: Mapping[str, str]  # figure name -> label, most important first
     why: Why
     report: tuple[ReportTable | ReportNote, ...] = ()  # the tables the decision rests on

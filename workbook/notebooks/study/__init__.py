@@ -1,0 +1,571 @@
+"""Notebook 06: a learning-rate comparison as a tracked study. The design is written before the
+first trial and cannot change afterwards; every trial keeps its row in the ledger, diverged ones
+included; evaluation runs at fixed step intervals; each trial keeps its top-N checkpoints and
+the best is chosen afterwards."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shlex
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+import torch
+from pydantic import Field
+
+from ...base.errors import WorkbookError
+from ...contract.data import Item, collate_items, prepare
+from ...contract.targets import contributes
+from ...contract.task import Task, load_recorded_task, load_task
+from ...storage import schemas
+from ...storage.artifacts import read_json, replace_file, verify_file
+from ...storage.files import write_json
+from ...storage.ledger import Ledger
+from ...storage.processes import task_args
+from ...storage.records import EvalRecord, StepRecord
+from ...storage.runs import seal_file, shown
+from ...storage.schemas import (
+    Count,
+    Index,
+    Multiple,
+    Name,
+    Options,
+    Positive,
+    Seed,
+    StrictStr,
+)
+from ...training import checkpoint as ckpt
+from ...training.devices import resolve_device
+from ...training.evaluation import eval_mode, evaluate
+from ...training.loop import Stepper, UpdateShape, loss_rise, train
+
+DESIGN = "design.json"
+
+
+@dataclass
+class StudyDesign:
+    """Everything fixed before the first trial: the trials, the budget, evaluation, stopping."""
+
+    name: Name
+    task: Name
+    task_options: Options = field(default_factory=dict)
+    # control first
+    lrs: Annotated[list[Positive], Field(min_length=1)] = field(
+        default_factory=lambda: [1e-4, 5e-5, 2e-4])
+    seeds: Annotated[list[Seed], Field(min_length=1)] = field(default_factory=lambda: [0])
+    updates: Count = 200
+    shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
+    eval_every: Count = 50  # updates, never seconds
+    eval_batch: Count = 32  # at least the micro-batch
+    eval_sample: Index = 0  # validation examples evaluated periodically (0: all)
+    metric: Name = "loss"  # "loss" or a metric of the task, e.g. "accuracy"
+    top_n: Count = 2  # best checkpoints kept per trial, plus the last
+    divergence_multiple: Multiple = 3.0  # stop when the median loss of the last 5 updates
+    # exceeds this x the median of the first 5 (loop.loss_rise)
+    prediction_examples: Index = 4  # validation examples whose predictions are kept
+    device: StrictStr = "cpu"
+    notes: StrictStr = ""
+
+    @property
+    def mode(self) -> str:
+        """"min" for the loss and error-like metrics (mae, rmse, perplexity...), else "max"."""
+        lower = ("loss", "error", "mae", "mse", "perplexity")
+        return "min" if any(w in self.metric.lower() for w in lower) else "max"
+
+    def validate(self, task: Task, val: list[Item]) -> "StudyDesign":
+        self.shape.validate()
+        problems = []
+        if not self.lrs:
+            problems.append("the learning-rate list is empty")
+        if any(not isinstance(lr, (int, float)) or not lr > 0 for lr in self.lrs):
+            problems.append(f"every learning rate must be positive, got {self.lrs}")
+        if not self.seeds:
+            problems.append("the seed list is empty")
+        if not 0 < self.eval_every <= self.updates:
+            problems.append(f"eval_every {self.eval_every} must be between 1 and the budget "
+                            f"of {self.updates} updates")
+        if self.eval_batch < self.shape.micro_batch:
+            problems.append(f"eval_batch {self.eval_batch} is below the micro-batch "
+                            f"{self.shape.micro_batch} (evaluation keeps no activations: it can be "
+                            "larger)")
+        if self.top_n < 1:
+            problems.append("top_n must be at least 1")
+        if self.metric != "loss":
+            produced = evaluate(task, task.build_model(), val[:2], 2, torch.device("cpu"))
+            if self.metric not in produced.metrics:
+                problems.append(f"metric {self.metric!r} is not produced by the task (it gives "
+                                f"{['loss', *produced.metrics]})")
+        if problems:
+            raise WorkbookError("study design: " + "; ".join(problems),
+                                "fix the study parameters before the first trial")
+        return self
+
+    def trials(self) -> list[dict]:
+        return [{"lr": lr, "seed": seed} for lr in self.lrs for seed in self.seeds]
+
+    def better(self, a: float, b: float | None) -> bool:
+        return b is None or (a < b if self.mode == "min" else a > b)
+
+
+def eval_sample(task: Task, val: list[Item], raw: list[dict], size: int, seed: int = 0
+                ) -> tuple[list[Item], pd.DataFrame]:
+    """A fixed random sample of the validation set, and its skew against the full set
+    (class shares, lengths)."""
+    if not size or size >= len(val):
+        return val, pd.DataFrame()
+    picked = sorted(random.Random(seed).sample(range(len(val)), size))
+    sample = [val[i] for i in picked]
+    rows = []
+    lengths = pd.Series([task.length(it.tensors) for it in val])
+    rows.append({"property": "mean length", "full": round(lengths.mean(), 3),
+                 "sample": round(lengths[picked].mean(), 3)})
+    full = task.target_kind.class_shares(task, raw)
+    if full is not None:
+        part = task.target_kind.class_shares(task, [raw[i] for i in picked])
+        part = part if part is not None else pd.Series(dtype=float)
+        for name in full.index:
+            rows.append({"property": f"share of {name}", "full": round(full[name], 4),
+                         "sample": round(part.get(name, 0.0), 4)})
+    skew = pd.DataFrame(rows)
+    skew["difference"] = (skew["sample"] - skew["full"]).round(4)
+    return sample, skew
+
+
+def periodicity(steps: list[int], values: list[float], period_updates: int,
+                threshold: float = 0.6) -> dict:
+    """Does the validation curve repeat every pass? The changes between evaluations are
+    correlated with the changes one period later; a strong correlation suggests training data
+    that is not shuffled or evaluation data that overlaps training."""
+    if len(steps) < 3:
+        return {"tested": False, "reason": "fewer than 3 evaluations"}
+    interval = steps[1] - steps[0]
+    lag = round(period_updates / interval) if interval else 0
+    diffs = pd.Series(values).diff().dropna().reset_index(drop=True)
+    if lag < 1 or len(diffs) < 2 * lag + 2:
+        return {"tested": False, "reason": f"needs at least two passes of evaluations "
+                f"({2 * lag + 3} at this interval), has {len(steps)}"}
+    corr = float(diffs.autocorr(lag))
+    return {"tested": True, "lag_evaluations": lag, "autocorrelation": round(corr, 3),
+            "periodic": bool(corr > threshold)}
+
+
+def read_design(path: Path) -> StudyDesign:
+    """design.json back as a StudyDesign, or a clear error for a damaged or edited file: it is
+    verified against its manifest, parsed bounded and checked against its schema
+    (every field present and of its type, learning rates positive and finite, seeds in NumPy's
+    range, a divergence multiple above 1, counts of 1 or more; the schema derived from
+    StudyDesign's fields, every one required) before any value is used."""
+    verify_file(path, "study design")
+    data = UpdateShape.nested(read_json(path, "study design"))
+    fix = "use an intact study folder, or start a new study (a new out_dir)"
+    schemas.check(schemas.derived(StudyDesign, every_field=True), data, path, "study design",
+                  fix)
+    try:
+        return StudyDesign(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
+    except (TypeError, ValueError, WorkbookError) as exc:
+        raise WorkbookError(f"{path} cannot be read as a study design ({exc})",
+                            "use an intact study folder") from None
+
+
+def trial_params(text: Any, where: Any) -> dict:
+    """A trial's parameters as the ledger holds them (JSON {"lr", "seed"}), checked."""
+    fix = "the ledger was edited; start a new study (a new out_dir)"
+    data = schemas.parse_json(str(text), where, "trial parameters", fix)
+    return schemas.check(schemas.TrialParams, data, where, "trial's parameters", fix).model_dump()
+
+
+class Study:
+    """A study folder: `design.json`, `ledger.sqlite`, and `trials/<id>/` for each trial."""
+
+    def __init__(self, folder: str | Path, design: StudyDesign | None = None,
+                 task: str | None = None, task_options: dict | None = None):
+        """A new study from its `design`, or (design None) an existing one reopened: then the caller
+        names the task (`task`, `task_options`), which must be the one design.json records - a
+        task path read from a folder is never imported."""
+        self.folder = Path(folder)
+        path = self.folder / DESIGN
+        if path.exists():
+            stored = read_design(path)
+            if design is not None and asdict(design) != asdict(stored):
+                changed = sorted(k for k, v in asdict(design).items() if asdict(stored)[k] != v)
+                raise WorkbookError(f"study {stored.name!r} in {self.folder} was planned before "
+                                    f"its first trial; the design cannot change ({changed})",
+                                    "start a new study (a new out_dir) for a new design")
+            self.design = stored
+        elif design is None:
+            raise WorkbookError(f"{self.folder} holds no study (no {DESIGN})",
+                                "create the study with its design first (notebook 06)")
+        else:
+            self.design = design
+        self.task = load_task(design.task, **design.task_options) if design is not None else \
+            load_recorded_task(asdict(self.design), task, task_options, f"study {self.folder}")
+        data = prepare(self.task)
+        splits = self.raw = data.raw
+        self.train_items, self.val_items = data.train, data.validation
+        self.design.validate(self.task, self.val_items)
+        self.sample, self.skew = eval_sample(self.task, self.val_items, splits["validation"],
+                                             self.design.eval_sample)
+        self.sampled = len(self.sample) < len(self.val_items)
+        if not path.exists():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_json(path, asdict(self.design))  # written before any trial starts
+            seal_file(path)
+        self.ledger = Ledger(self.folder / "ledger.sqlite")
+        self.ledger.add_study(self.design.name, str(path), self.design.notes)
+        self._clean_partials()
+
+    def _clean_partials(self) -> None:
+        """Half-written checkpoint folders of interrupted trials are never kept (they were never
+        recorded in the ledger, so nothing points at them)."""
+        trials = self.ledger.frame("trials")
+        for tid in trials.id[trials.status == "interrupted"]:
+            for partial in (self.folder / "trials" / str(tid)).glob(".*.partial-*"):
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def repro(self, lr: float, seed: int, repeats: int | None = None) -> str:
+        cmd = [shown(sys.executable), "-m", "workbook", "trial", "--study", shown(self.folder),
+               *task_args(self.design.task, self.design.task_options), "--lr", repr(lr),
+               "--seed", str(seed)]
+        return shlex.join(cmd + (["--repeats", str(repeats)] if repeats else []))
+
+    def run_all(self, progress: bool = False) -> list[int]:
+        """Run every planned trial not yet run; a diverged or failed one does not stop the rest.
+        An interrupted trial is not done: it runs again as a new trial that repeats it (the
+        interrupted row and its checkpoints stay)."""
+        trials = self.ledger.frame("trials")
+        done, interrupted = set(), {}
+        for tid, text, status in zip(trials.id, trials.params, trials.status, strict=True):
+            p = trial_params(text, f"trial {tid} in {self.ledger.path}")
+            if status == "interrupted":
+                interrupted[(p["lr"], p["seed"])] = int(tid)
+            else:
+                done.add((p["lr"], p["seed"]))
+        return [self.run_trial(t["lr"], t["seed"], interrupted.get((t["lr"], t["seed"])),
+                               progress=progress)
+                for t in self.design.trials() if (t["lr"], t["seed"]) not in done]
+
+    def run_trial(self, lr: float, seed: int, repeats: int | None = None,
+                  progress: bool = False) -> int:
+        """One trial, recorded from its first step; returns its id."""
+        if not lr > 0:
+            raise WorkbookError(f"learning rate {lr} is not positive", "give a positive lr")
+        design, ledger = self.design, self.ledger
+        tid = ledger.start_trial(design.name, {"lr": lr, "seed": seed},
+                                 self.repro(lr, seed, repeats), repeats)
+        folder = self.folder / "trials" / str(tid)
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            raise WorkbookError(f"trial folder {folder} already exists but the ledger does not "
+                                "know it", "the study folder was edited; start a new study (a "
+                                "new out_dir)") from None
+        cfg = design.shape.train_config(
+            updates=design.updates, lr=lr, seed=seed, device=design.device,
+            eval_every=design.eval_every, eval_batch=design.eval_batch, progress=progress)
+        pending: list[dict] = []
+        losses: list[float] = []  # every update's, for the divergence rule
+        kept: list[tuple[float, int, Path]] = []  # (metric, step, path) of checkpoints on disk
+        best: list = [None, None, None]  # metric, step, path
+
+        def on_update(record: StepRecord, *_) -> str | None:
+            pending.append({k: getattr(record, k) for k in
+                            ("step", "loss", "lr", "examples", "targets", "time_s")})
+            losses.append(record.loss)
+            if not math.isfinite(record.loss):
+                return f"non-finite loss ({record.loss}) at update {record.step}"
+            return loss_rise(losses, design.divergence_multiple) or None
+
+        def on_eval(record: EvalRecord, stepper: Stepper) -> None:
+            ledger.add_steps(tid, pending)
+            pending.clear()
+            scope = "sample" if self.sampled else "full"
+            ledger.add_eval(tid, record.step, scope, record.loss, record.metrics,
+                            record.per_class)
+            self._save_predictions(stepper.model, folder, record.step)
+            value = record.loss if design.metric == "loss" else record.metrics[design.metric]
+            if not math.isfinite(value):
+                return
+            path = folder / f"step-{record.step:06d}"
+            ckpt.save_checkpoint(path, stepper.model, stepper.optimizer, stepper.scheduler,
+                                 stepper.scaler, {"step": record.step, "trial": tid},
+                                 {"study": design.name, "lr": lr, "seed": seed},
+                                 own=self.task.save_state)  # the task's format when it has one
+            ledger.add_checkpoint(tid, record.step, str(path.relative_to(self.folder)), value)
+            kept.append((value, record.step, path))
+            if design.better(value, best[0]):
+                best[:] = [value, record.step, path]
+                ledger.set_best(tid, record.step, value, str(path.relative_to(self.folder)))
+            self._prune(tid, kept, record.step)
+
+        try:
+            result = train(self.task, self.train_items, cfg, val_items=self.sample,
+                           on_update=on_update, on_eval=on_eval)
+        except Exception as exc:  # recorded, and the study goes on
+            ledger.add_steps(tid, pending)
+            ledger.end_trial(tid, "failed", f"{type(exc).__name__}: {exc}"[:500],
+                             pending[-1]["step"] if pending else None)
+            return tid
+        ledger.add_steps(tid, pending)
+        last = result.steps[-1].step if result.steps else None
+        if result.stop_reason:
+            ledger.end_trial(tid, "diverged", result.stop_reason, last)
+        else:
+            ledger.end_trial(tid, "finished", "", last)
+        if best[2] is not None and self.sampled:
+            self._full_evaluation(tid, best[2], int(best[1]))
+        return tid
+
+    def _prune(self, tid: int, kept: list, latest: int) -> None:
+        """Keep the top-N checkpoints of this trial by the metric, and the latest; remove the
+        rest - only files this trial recorded, inside this trial's folder."""
+        design = self.design
+        ranked = sorted(kept, key=lambda k: k[0], reverse=design.mode == "max")
+        keep = {k[1] for k in ranked[: design.top_n]} | {latest}
+        mine = self.folder / "trials" / str(tid)
+        for entry in list(kept):
+            value, step, path = entry
+            if step not in keep and path.parent == mine:
+                shutil.rmtree(path)
+                self.ledger.drop_checkpoint(tid, step)
+                kept.remove(entry)
+
+    def _save_predictions(self, model: torch.nn.Module, folder: Path, step: int) -> None:
+        """Predictions for a fixed selection of validation examples, for later reading: the
+        argmax at every target position (teacher forcing; regression: the output values), in one
+        forward pass."""
+        items = self.val_items[: self.design.prediction_examples]
+        if not items:
+            return
+        batch = collate_items(self.task, items).to(resolve_device(self.design.device)).tensors
+        labels = self.task.targets(batch["labels"])
+        with eval_mode(model):
+            predicted = self.task.predicted(self.task.forward(model, batch), labels)
+        rows = []
+        for b, it in enumerate(items):
+            keep = contributes(labels[b])
+            rows.append({"step": step, "example": it.id,
+                         "target": self.task.decode(labels[b][keep].reshape(-1).tolist()),
+                         "prediction": self.task.decode(predicted[b][keep].reshape(-1)
+                                                        .tolist())})
+        path = folder / "predictions.jsonl"  # appended whole: a full disk truncates no line
+        before = path.read_bytes() if path.exists() else b""
+        replace_file(path, before + "".join(json.dumps(r) + "\n" for r in rows).encode(),
+                     "predictions")
+
+    def _full_evaluation(self, tid: int, path: Path, step: int) -> None:
+        """The best checkpoint of a trial evaluated on the whole validation set."""
+        model = self.task.build_model()
+        ckpt.load_checkpoint(path, model, restore_rng=False, own=self.task.restore_state)
+        device = resolve_device(self.design.device)
+        record = evaluate(self.task, model.to(device), self.val_items, self.design.eval_batch,
+                          device, step)
+        self.ledger.add_eval(tid, step, "full-best", record.loss, record.metrics,
+                             record.per_class)
+
+    # --- reading the study --------------------------------------------------------------
+    def trial_table(self) -> pd.DataFrame:
+        trials = self.ledger.frame("trials")
+        params = pd.DataFrame([trial_params(p, f"trial {tid} in {self.ledger.path}")
+                               for tid, p in zip(trials.id, trials.params, strict=True)],
+                              index=trials.index, columns=["lr", "seed"])
+        table = pd.concat([trials[["id"]], params, trials.drop(columns=["id", "params"])],
+                          axis=1)
+        return table[["id", "lr", "seed", "status", "stop_reason", "stop_step", "best_step",
+                      "best_metric", "best_checkpoint", "repeats", "repro"]]
+
+    def evals(self) -> pd.DataFrame:
+        return self.ledger.frame("evals")
+
+    def curves(self) -> pd.DataFrame:
+        return self.ledger.frame("steps")
+
+    def best(self) -> dict | None:
+        """The study's best checkpoint, chosen after all trials by the planned metric."""
+        trials = self.trial_table().dropna(subset=["best_metric"])
+        if trials.empty:
+            return None
+        row = trials.sort_values("best_metric", ascending=self.design.mode == "min",
+                                 kind="stable").iloc[0]
+        return row.to_dict()
+
+    def lr_summary(self) -> pd.DataFrame:
+        """Per learning rate: every seed's best metric, and their mean; the spread (std, min,
+        max) only when a learning rate has two or more seeds with a value - one seed has no
+        spread, and none is shown."""
+        return lr_summary(self.trial_table())
+
+    def study_table(self) -> pd.DataFrame:
+        """The spreadsheet view: one row for the study."""
+        best = self.best() or {}
+        return pd.DataFrame([{
+            "study": self.design.name, "config": shown(self.folder / DESIGN),
+            "notes": self.design.notes,
+            "trials": len(self.trial_table()), "metric": self.design.metric,
+            "best_value": best.get("best_metric"), "best_trial": best.get("id"),
+            "best_checkpoint": best.get("best_checkpoint"), "repro": best.get("repro")}])
+
+    def periodicity(self) -> pd.DataFrame:
+        """The periodicity check on every trial's validation curve (one pass = a period)."""
+        per_pass = math.ceil(len(self.train_items) / self.design.shape.examples_per_update)
+        evals = self.evals()
+        rows = []
+        for tid, rows_ in evals[evals.scope != "full-best"].groupby("trial"):
+            rows.append({"trial": tid, **periodicity(rows_.step.tolist(), rows_.loss.tolist(),
+                                                     per_pass)})
+        return pd.DataFrame(rows)
+
+
+def lr_summary(trials: pd.DataFrame) -> pd.DataFrame:
+    """`Study.lr_summary` from a trial table (id, lr, seed, status, best_metric)."""
+    summary = trials.groupby("lr").agg(
+        trials=("id", "count"), seeds=("seed", lambda s: sorted(s.tolist())),
+        statuses=("status", lambda s: ", ".join(sorted(set(s)))),
+        seeds_with_value=("best_metric", "count"), best_mean=("best_metric", "mean"),
+        best_std=("best_metric", "std"), best_min=("best_metric", "min"),
+        best_max=("best_metric", "max")).reset_index()
+    if not (summary.seeds_with_value >= 2).any():  # one seed each: a mean of one value, no spread
+        summary = summary.drop(columns=["best_std", "best_min", "best_max"])
+    return summary
+
+
+def lr_figure(study: Study, save: Path | None = None):
+    """`plots.lr_summary` for this study: mean +/- std bars only from two or more seeds; with
+    one seed each, the dots alone, and the title says so."""
+    from .. import plots
+
+    summary, trials = study.lr_summary(), study.trial_table()
+    if "best_std" in summary:
+        return plots.lr_summary(summary, trials, study.design.metric, save=save)
+    fig = plots.lr_summary(summary.assign(best_std=float("nan")), trials, study.design.metric)
+    ax = fig.axes[0]
+    for container in list(ax.containers):  # the "mean +/- std" of one value: no bar
+        container.remove()
+    ax.set_title("per learning rate (one seed: no spread)")
+    if ax.get_legend() is not None:
+        ax.legend(fontsize="small")
+    return plots._done(fig, save)
+
+
+def _grid(lrs: list[float]) -> str:
+    return ", ".join(f"{lr:g}" for lr in sorted(set(lrs)))
+
+
+def findings(trials: pd.DataFrame, design: StudyDesign) -> dict[str, Any]:
+    """What the study supports, from its trial table (`Study.trial_table`): the best learning
+    rate, how many seeds stand behind it, and the warnings that make it provisional - the best
+    at the edge of the grid ("extend the range upward" or "downward"), the best trial still
+    improving at its last update (the budget is too short to call a winner), a single learning
+    rate. Keys: best_lr, best_metric, best_trial, control_lr, control_remains_best, seeds,
+    lrs, best_at_edge ("upward", "downward" or ""), still_improving (trial ids), warnings,
+    conclusive (no warning), supported_lr (the rate to plan on; None when none can be
+    chosen) and finding (the result in one sentence)."""
+    control = design.lrs[0]
+    lrs = sorted(set(design.lrs))
+    seeds = len(design.seeds)
+    done = trials.dropna(subset=["best_metric"])
+    out: dict[str, Any] = {"control_lr": control, "lrs": lrs, "seeds": seeds,
+                           "best_at_edge": "", "still_improving": [], "warnings": []}
+    if done.empty:
+        every = bool(len(trials)) and bool((trials.status == "diverged").all())
+        out.update(best_lr=None, best_metric=None, best_trial=None, conclusive=False,
+                   supported_lr=None, control_remains_best=False, finding=(
+                       f"every learning rate tried diverged ({_grid(design.lrs)}): nothing "
+                       "was learned to compare - lower the range (check the task's lr for a "
+                       "typo, e.g. 1e3 for 1e-3)") if every else
+                   "no trial produced a metric: no learning rate can be chosen yet")
+        return out
+    row = done.sort_values("best_metric", ascending=design.mode == "min", kind="stable").iloc[0]
+    best_lr, best_id = float(row.lr), int(row.id)
+    warnings = out["warnings"]
+    if len(lrs) == 1:
+        warnings.append(f"one learning rate tried ({best_lr:g}): nothing was compared - add "
+                        "rates below and above it")
+    elif best_lr == lrs[-1]:
+        out["best_at_edge"] = "upward"
+        warnings.append(f"the best lr {best_lr:g} is the largest tried ({_grid(lrs)}): a "
+                        "larger one may be better - extend the range upward")
+    elif best_lr == lrs[0]:
+        out["best_at_edge"] = "downward"
+        warnings.append(f"the best lr {best_lr:g} is the smallest tried ({_grid(lrs)}): a "
+                        "smaller one may be better - extend the range downward")
+    # still improving: a finished trial whose best evaluation is its last one, after an
+    # earlier evaluation (a single evaluation shows no trend)
+    finished = done[done.status == "finished"]
+    improving = finished[(finished.best_step == finished.stop_step) &
+                         (finished.stop_step > design.eval_every)]
+    out["still_improving"] = [int(i) for i in improving.id]
+    if best_id in out["still_improving"]:
+        who = (f"every trial ({len(improving)} of {len(trials)})" if len(improving) ==
+               len(trials) else f"the best trial ({best_id})")
+        warnings.append(f"{who} was still improving at its last update "
+                        f"({int(row.stop_step)} of {design.updates}): the budget is too short "
+                        "to call a winner - lengthen it")
+    beat = best_lr != control
+    verdict = (f"lr {best_lr:g} beat the control (lr {control:g})" if beat else
+               f"the control (lr {control:g}) remains the best choice")
+    seeds_said = "one seed, so no spread" if seeds == 1 else \
+        f"{seeds} seeds (mean and spread per learning rate)"
+    finding = (f"{verdict}: best validation {design.metric} {float(row.best_metric):.4g} "
+               f"(trial {best_id}), on {seeds_said}")
+    if warnings:
+        finding += "; provisional - " + "; ".join(warnings)
+    out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
+               control_remains_best=not beat, conclusive=not warnings, supported_lr=best_lr,
+               finding=finding + ".")
+    return out
+
+
+def design_from_params(params: dict) -> StudyDesign:
+    """A study design from notebook 06's parameters."""
+    names = set(StudyDesign.__dataclass_fields__) - {"name", "task", "shape"}
+    return StudyDesign(name=params["study_name"], task=params["task"],
+                       shape=UpdateShape.from_params(params),
+                       **{k: params[k] for k in names if k in params})
+
+
+def run(params: dict[str, Any], out_dir: Path, progress: bool = False) -> Study:
+    """Notebook 06 from its parameters: the design written to `out_dir`/study before any trial,
+    then every trial run (a study folder that already holds them is resumed, never
+    overwritten)."""
+    study = Study(out_dir / "study", design_from_params(params))
+    study.run_all(progress=progress)
+    return study
+
+
+def save(study: Study, out_dir: Path) -> str:
+    """The study's tables and `summary.json`. The verdict fails when a trial failed (raised),
+    a validation curve looks periodic, or every trial diverged (nothing was learned to compare:
+    the range is wrong, often a typo in the task's lr); one diverged trial is a result, not a
+    failure. `findings` goes into the figures: a best lr at the edge of the grid or a best
+    trial still improving at its last update are warnings (the result is provisional), never
+    a failure."""
+    from ...storage.runs import save_table, write_summary
+
+    trials = study.trial_table()
+    period = study.periodicity()
+    save_table(study.study_table(), out_dir, "study_table")
+    save_table(trials, out_dir, "trials")
+    save_table(study.lr_summary(), out_dir, "lr_summary")
+    save_table(period, out_dir, "periodicity")
+    periodic = bool(period.get("periodic", pd.Series(dtype=bool)).fillna(False).any())
+    best = study.best() or {}
+    found = findings(trials, study.design)
+    figures = {"trials": len(trials), "statuses": trials.status.value_counts().to_dict(),
+               "best_trial": best.get("id"), "best_lr": best.get("lr"),
+               "best_metric": best.get("best_metric"), "metric": study.design.metric,
+               "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic,
+               "control_lr": study.design.lrs[0],
+               "control_remains_best": best.get("lr") == study.design.lrs[0],
+               **{k: found[k] for k in ("seeds", "lrs", "best_at_edge", "still_improving",
+                                        "warnings", "conclusive", "supported_lr", "finding")}}
+    all_diverged = bool(len(trials)) and bool((trials.status == "diverged").all())
+    verdict = "fail" if (trials.status == "failed").any() or periodic or all_diverged \
+        else "pass"
+    write_summary(out_dir, verdict, figures, study=study.design.name)
+    return verdict
