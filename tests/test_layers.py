@@ -1,7 +1,8 @@
 """The house: layer folders whose imports point downwards only, no import circle (function-level
 imports included), no module past the size one reads in a sitting, no module outside
-`contract/kinds/` that branches on a target kind's name, and no notebook known by its stem
-outside the notebooks' registry."""
+`contract/kinds/` that branches on a target kind's name, no notebook known by its stem
+outside the notebooks' registry, no private name imported from another module, no stored
+dataclass repeated by a hand-written schema, and ARCHITECTURE.md naming every module."""
 
 import ast
 import dataclasses
@@ -315,3 +316,19 @@ def test_no_schema_repeats_a_stored_dataclass_by_hand():
         assert made.model_dump() == dataclasses.asdict(default), cls
     precision = schemas.derived(UpdateShape).model_fields["precision"].annotation
     assert typing.get_args(precision) == tuple(PRECISIONS)
+
+
+def test_architecture_names_every_module():
+    """ARCHITECTURE.md draws the house as it is: every module and family of the package is
+    named in it (in backticks; a part as its family's `_suffix`, e.g. `lightning` + `_hooks`)."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`([A-Za-z_][\w/.]*)`", text))
+
+    def is_named(stem: str) -> bool:
+        return stem in named or f"{stem}/" in named or any(
+            stem.endswith(n) and stem[:-len(n)] in named for n in named if n.startswith("_"))
+
+    missing = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if path.parent != PACKAGE and not is_named(
+                         path.parent.name if path.stem in ("__init__", "__main__") else path.stem))
+    assert not missing, f"name these in ARCHITECTURE.md: {missing}"

@@ -23,12 +23,11 @@ from typing import Any
 _MODULES = {
     "cli": "commands.cli", "params": "commands.params", "pilot": "commands.pilot",
     "report": "commands.report",
-    "accounting": "notebooks.accounting", "archive": "notebooks.resume.archive",
-    "forward_failure": "notebooks.inspection.forward_failure", "gates": "notebooks.gates",
-    "inspection": "notebooks.inspection", "overfit": "notebooks.overfit",
-    "parallel": "notebooks.parallel", "plots": "notebooks.plots",
-    "registry": "notebooks.registry", "rental": "notebooks.rental",
-    "resume": "notebooks.resume", "study": "notebooks.study", "variants": "notebooks.variants",
+    # a notebook's entry module is found through its registry entry (`_location`); these are
+    # the notebooks' other public modules
+    "archive": "notebooks.resume.archive",
+    "forward_failure": "notebooks.inspection.forward_failure", "plots": "notebooks.plots",
+    "registry": "notebooks.registry",
     "campaign": "training.campaign", "checkpoint": "training.checkpoint",
     "deviation": "training.deviation",
     "loop": "training.loop", "memory": "training.memory", "predict": "training.predict",
@@ -47,23 +46,44 @@ _NAMES = {"encode_examples": "data", "load_examples": "data", "prepare": "data",
           "TrainConfig": "loop", "UpdateShape": "loop", "evaluate": "loop", "train": "loop",
           "IGNORE_INDEX": "task", "Task": "task", "load_task": "task",
           "CarriedState": "state"}
-__all__ = sorted([*_MODULES, *_NAMES])
+
+
+_LAYERS = {"commands", "notebooks", "training", "contract", "storage", "base", "samples"}
+
+
+def _notebook_modules() -> list[str]:
+    """Each notebook's entry module, as its registry entry names it (`wb.gates`, ...): adding a
+    notebook adds no line here."""
+    from .notebooks import registry
+
+    return [entry.module for entry in registry.ENTRIES]
+
+
+def _location(short: str) -> str | None:
+    """Where a short name lives, below `workbook`: `_MODULES`, else a notebook's entry module."""
+    if short in _MODULES:
+        return _MODULES[short]
+    if short in _LAYERS or short.startswith("_"):
+        return None
+    return f"notebooks.{short}" if short in _notebook_modules() else None
 
 
 def _full(short: str) -> str:
-    return f"{__name__}.{_MODULES[short]}"
+    return f"{__name__}.{_location(short)}"
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        return importlib.import_module(_full(name))
+    if name == "__all__":  # `from workbook import *`: read when asked, the notebooks included
+        return __dir__()
     if name in _NAMES:
         return getattr(importlib.import_module(_full(_NAMES[name])), name)
+    if _location(name) is not None:
+        return importlib.import_module(_full(name))
     raise AttributeError(f"module 'workbook' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return sorted({*_MODULES, *_NAMES, *_notebook_modules()})
 
 
 class _ShortNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -75,7 +95,7 @@ class _ShortNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, fullname, path=None, target=None):
         short = fullname.split(".")
-        if len(short) >= 2 and short[0] == __name__ and short[1] in _MODULES:
+        if len(short) >= 2 and short[0] == __name__ and _location(short[1]) is not None:
             return importlib.util.spec_from_loader(fullname, self)
         return None
 
