@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbook import load_task
-from workbook.base.frontend import HEADLESS_ENV
+from workbook.base.progress import HEADLESS_ENV
 from workbook.contract.data import SPLITS, prepare
 
 torch.set_num_threads(1)

@@ -59,13 +59,15 @@ def test_key_figures_have_labels_and_come_in_order():
 
 
 def test_a_headless_progress_bar_writes_nothing_to_stderr(monkeypatch, capsys):
-    monkeypatch.setenv(frontend.HEADLESS_ENV, "1")
-    bar = frontend.progress_bar(total=3, initial=0, desc="lr 0.001 seed 0")
+    from workbook.base import progress
+
+    monkeypatch.setenv(progress.HEADLESS_ENV, "1")
+    bar = progress.progress_bar(total=3, initial=0, desc="lr 0.001 seed 0")
     for _ in range(3):
         bar.update(1)
         bar.set_postfix(loss="2.944", refresh=False)
     bar.close()
-    quiet = frontend.progress_bar(total=3, disable=True)
+    quiet = progress.progress_bar(total=3, disable=True)
     quiet.update(1)
     quiet.close()
     out, err = capsys.readouterr()

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 
 from ..base.errors import WorkbookError
-from ..base.frontend import HEADLESS_ENV
+from ..base.progress import HEADLESS_ENV
 from ..contract.task import load_task
 from ..notebooks import registry
 from ..notebooks.registry import RENTAL

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..base.errors import WorkbookError
-from ..base.frontend import progress_bar
+from ..base.progress import progress_bar
 from ..contract import run as run_context
 from ..contract.data import (
     Batch,

@@ -9,7 +9,7 @@ import warnings
 import pandas as pd
 import torch
 
-from ...base.frontend import headless
+from ...base.progress import headless
 from ...contract.data import Item, collate_items
 from ...contract.targets import IGNORE_INDEX, contributes
 from ...contract.task import Task

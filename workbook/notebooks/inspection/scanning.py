@@ -17,7 +17,7 @@ import pandas as pd
 
 from ...base.errors import WorkbookError, reason
 from ...base.forked import ForkedWorkers, cores, fork_available
-from ...base.frontend import progress_bar
+from ...base.progress import progress_bar
 from ...contract.data import Item
 from ...contract.hash_index import HashIndex
 from ...contract.sources import SPLITS, Checks, length, opened
