@@ -72,15 +72,34 @@ def test_phase_gates_fail_when_the_plan_does_not_fit(tmp_path):
     assert summary(run, "03_phase_gates")["figures"]["plan_fits"] is False
 
 
-def test_the_readme_own_task_runs_through_the_pilot(tmp_path):
+def test_the_readme_own_task_runs_through_the_pilot_with_the_report(tmp_path):
+    """The README's own task (a plain Dataset) through 01, 03, 04, 07 and 08: every verdict
+    passes, 03's gates and prediction, 07's exact cases and caught faults, 08's priced plan,
+    and the report with its tables and figures, never a NaN."""
+    import re
+
     run, index = run_pilot("tests.own_task:task", out=str(tmp_path / "run"), smoke=True,
                            only="01,03,04,07,08", progress=False)
     assert index.verdict.tolist() == ["pass"] * len(index), index.error.tolist()
-    assert summary(run, "07_resume_reload")["figures"]["archive_identical"]
+    gates = summary(run, "03_phase_gates")["figures"]
+    assert gates["gates"] == 9 and gates["failed"] == []
+    assert gates["prediction_max_abs_error_pct"] < 2.0
+    assert gates["plan_peak_bytes"] > 0 and gates["overheads"] == "assumed"
+    assert (run / "03_phase_gates" / "gates.csv").exists()
+    resume = summary(run, "07_resume_reload")["figures"]
+    assert all(c["exact"] and c["max_param_diff"] == 0 for c in resume["cases"])
+    assert resume["archive_identical"] and resume["tampering_refused"]
+    assert resume["faults_caught"]["checkpoint without optimizer state"]
+    plan = summary(run, "08_rental_plan")["figures"]
+    assert plan["chosen"] == "control" and plan["rows"] == 18  # 3 candidates x 6 GPUs
+    assert plan["catalog"]["offers"] > 0 and plan["recommended_offer"], "priced from a catalog"
     report = (run / "report.html").read_text()
-    assert "Rent an L4" in report and "not applicable: " in report, "the why, never NaN"
-    import re
-
+    for part in ('href="03_phase_gates.html"', "Selection sheet", "A100-80GB", "Rental decision",
+                 "update (first)", "Cheapest GPU that fits", "data:image/png;base64,",
+                 "Offers across providers", "catalog of ", "Gate table", "Rent an L4",
+                 "not applicable: "):
+        assert part in report, part
+    assert (run / "03_phase_gates.html").exists(), "the executed notebook opens in a browser"
     text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", report)
     assert not re.search(r"\bnan\b", text, re.IGNORECASE), "no NaN anywhere on the page"
 
@@ -110,31 +129,6 @@ def test_pilot_smoke_lr_study(tmp_path):
     assert (run / "06_lr_study" / "study" / "ledger.sqlite").exists()
 
 
-@pytest.mark.parametrize("task", [CLASSIFICATION])
-def test_pilot_smoke_resume_and_rental_plan_with_the_report(task, tmp_path):
-    run, index = run_pilot(task, out=str(tmp_path / "run"), smoke=True, only="03,07,08",
-                           progress=False)
-    assert index.verdict.tolist() == ["pass"] * 3, index.error.tolist()
-    gates = summary(run, "03_phase_gates")["figures"]
-    assert gates["gates"] == 9 and gates["failed"] == []
-    assert gates["prediction_max_abs_error_pct"] < 2.0
-    assert gates["plan_peak_bytes"] > 0 and gates["overheads"] == "assumed"
-    assert (run / "03_phase_gates" / "gates.csv").exists()
-    resume = summary(run, "07_resume_reload")["figures"]
-    assert all(c["exact"] and c["max_param_diff"] == 0 for c in resume["cases"])
-    assert resume["archive_identical"] and resume["tampering_refused"]
-    assert resume["faults_caught"]["checkpoint without optimizer state"]
-    plan = summary(run, "08_rental_plan")["figures"]
-    assert plan["chosen"] == "control" and plan["rows"] == 18  # 3 candidates x 6 GPUs
-    assert plan["catalog"]["offers"] > 0 and plan["recommended_offer"], "priced from a catalog"
-    report = (run / "report.html").read_text()
-    for part in ('href="03_phase_gates.html"', "Selection sheet", "A100-80GB", "Rental decision",
-                 "update (first)", "Cheapest GPU that fits", "data:image/png;base64,",
-                 "Offers across providers", "catalog of "):
-        assert part in report, part
-    assert (run / "03_phase_gates.html").exists(), "the executed notebook opens in a browser"
-
-
 def test_an_unknown_rental_gpu_fails_the_plan_with_its_name(tmp_path):
     run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="08",
                            progress=False, params={"rental_gpu": "B300"})
@@ -143,57 +137,6 @@ def test_an_unknown_rental_gpu_fails_the_plan_with_its_name(tmp_path):
     summary = json.loads((run / "08_rental_plan" / "summary.json").read_text())
     assert summary["verdict"] == "error" and "unknown GPU 'B300'" in summary["error"]
     assert isinstance(summary["found"], list)
-
-
-@pytest.mark.parametrize("fault", ["hang", pytest.param("die", marks=pytest.mark.slow)])
-def test_a_stuck_or_dead_kernel_becomes_an_error_row_and_the_pilot_goes_on(fault, tmp_path):
-    flag = tmp_path / "fault-once"
-    flag.write_text("")
-    run, index = run_pilot("tests.stuck_task:task", out=str(tmp_path / "run"), smoke=True,
-                           only="01,02", task_options={"flag": str(flag), "fault": fault},
-                           progress=False, timeout=30)  # 02 at smoke size: ~10 s
-    first, second = index.to_dict(orient="records")
-    assert first["verdict"] == "error" and not flag.exists()
-    if fault == "hang":
-        assert "did not finish within 30 s" in first["error"] and "stuck in cell" in first["error"]
-        assert first["seconds"] < 30 + 30
-    else:
-        assert "kernel died in cell" in first["error"]
-    assert "wb.inspection.run(p, out" in first["error"], "names the cell that was running"
-    assert second["verdict"] == "pass", second["error"]
-    stored = json.loads((run / "index.json").read_text())
-    assert [r["verdict"] for r in stored["notebooks"]] == ["error", "pass"]
-
-
-def test_a_killed_pilot_leaves_a_valid_index_of_what_finished(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "workbook", "pilot", "--task",
-                             "tests.own_task:task", "--smoke", "--only", "01,02,03",
-                             "--out", str(out)], env={**os.environ, "PYTHONPATH": os.getcwd()},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and not (out / "index.json").exists():
-            time.sleep(0.2)  # until notebook 01 has finished and been indexed
-        assert (out / "index.json").exists(), "notebook 01 never finished"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err[-800:]
-    stored = json.loads((out / "index.json").read_text())
-    rows = {r["notebook"]: r for r in stored["notebooks"]}
-    assert rows["01_inspect_examples"]["verdict"] == "pass"
-    assert rows["03_phase_gates"]["verdict"] == "interrupted"
-    assert list(rows) == ["01_inspect_examples", "02_overfit", "03_phase_gates"]
-    assert (out / "index.csv").read_text().count("\n") == 4 and (out / "report.html").exists()
-    assert not list(out.glob("*.tmp"))
 
 
 def test_pilot_options_are_not_notebook_parameters(tmp_path):
@@ -231,42 +174,3 @@ def test_03_judges_the_plan_against_the_gpu_08_rents():
     assert rental_memory({"rental_gpu": "L4", "device_memory_gib": 16.0}) == {}  # given: kept
     assert rental_memory({"rental_gpu": "B300"}) == {}  # unknown: 08 names it
     assert rental_memory({}) == {}
-
-
-def test_a_finished_kernel_is_shut_down_without_an_interrupt_and_a_time_limit_still_has_one(
-        tmp_path):
-    """jupyter_client sends SIGINT before every shutdown request; a kernel that is not in its
-    idle loop when it lands writes a KeyboardInterrupt ('Fatal Python error' while it starts)
-    into kernels.log - one per notebook. The pilot's kernels are shut down without it; a
-    cell's time limit still interrupts."""
-    import asyncio
-    import signal
-
-    from workbook.commands.pilot import _kernel_manager, ensure_kernel
-
-    async def lifecycle():
-        km = _kernel_manager(tmp_path / "kernels.log")(kernel_name=ensure_kernel())
-        await km.start_kernel()
-        client = km.client()
-        client.start_channels()
-        sent, send = [], km.provisioner.send_signal
-
-        async def spy(signum):
-            sent.append(signum)
-            return await send(signum)
-        km.provisioner.send_signal = spy
-        try:
-            await client.wait_for_ready(timeout=60)
-            await km.interrupt_kernel()  # what a cell's time limit does
-            await client.wait_for_ready(timeout=60)
-            interrupted = list(sent)
-            await km.shutdown_kernel()
-        finally:
-            client.stop_channels()
-            if await km.is_alive():
-                await km.shutdown_kernel(now=True)
-        return interrupted, sent, await km.is_alive()
-
-    interrupted, sent, alive = asyncio.run(asyncio.wait_for(lifecycle(), 120))
-    assert interrupted == [signal.SIGINT], "a time limit interrupts"
-    assert sent == [signal.SIGINT] and not alive, "the shutdown sent no SIGINT of its own"

@@ -19,6 +19,7 @@ from ...training.deviation import max_difference
 from ...training.replica import WEIGHTS, ReplicaSpec
 from .faults import NOT_DEMONSTRABLE
 from .launches import LAUNCH_TIMEOUT, launch
+from .rank_rules import resumed_updates
 
 FSDP_REMEDIATION = {
     "every rank writes its shard of the checkpoint":
@@ -147,18 +148,7 @@ def sharded_resume_rule(launched: dict[str, Any], resumed: dict[str, Any], folde
     state (digests), every later update (loss, learning rate, each rank's examples), the final
     parameters."""
     rule = FSDP_RULES[3]
-    ref = {rec["step"]: [r[i] for r in launched["records"]]
-           for i, rec in enumerate(launched["records"][0])}
-    rows = []
-    for i, rec in enumerate(resumed["records"][0]):
-        mine, theirs = [r[i] for r in resumed["records"]], ref[rec["step"]]
-        rows.append({"step": rec["step"], "loss_uninterrupted": theirs[0]["loss"],
-                     "loss_resumed": rec["loss"],
-                     "loss_diff": abs(rec["loss"] - theirs[0]["loss"]),
-                     "same_lr": rec["lr"] == theirs[0]["lr"],
-                     "same_examples_on_every_rank": all(
-                         a["ids"] == b["ids"] for a, b in zip(mine, theirs, strict=True))})
-    table = pd.DataFrame(rows)
+    table = resumed_updates(launched["records"], resumed["records"])
     a, b = load_file(str(folder / WEIGHTS)), load_file(str(resumed_folder / WEIGHTS))
     diff = max_difference(a, b)
     point, got = launched["checkpoint"], resumed["restored"]

@@ -351,6 +351,22 @@ def _finite(x: float) -> bool:
 
 
 # --- resume in new processes -------------------------------------------------------------------
+
+def resumed_updates(uninterrupted: list[list[dict]], resumed: list[list[dict]]) -> pd.DataFrame:
+    """Each resumed update against the same update of the uninterrupted launch (per rank, its
+    records in order): the loss, the learning rate and every rank's examples."""
+    ref = {rec["step"]: [records[i] for records in uninterrupted]
+           for i, rec in enumerate(uninterrupted[0])}
+    rows = []
+    for i, rec in enumerate(resumed[0]):
+        mine, theirs = [records[i] for records in resumed], ref[rec["step"]]
+        rows.append({"step": rec["step"], "loss_uninterrupted": theirs[0]["loss"],
+                     "loss_resumed": rec["loss"], "loss_diff": abs(rec["loss"] - theirs[0]["loss"]),
+                     "same_lr": rec["lr"] == theirs[0]["lr"],
+                     "same_examples_on_every_rank": all(
+                         a["ids"] == b["ids"] for a, b in zip(mine, theirs, strict=True))})
+    return pd.DataFrame(rows)
+
 def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder: Path,
                  folder: Path, tolerance: float = 0.0) -> tuple[dict[str, str], pd.DataFrame]:
     """Continue the reference launch's checkpoint in N new processes and compare update by
@@ -360,19 +376,8 @@ def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder:
                             "give checkpoint_at, an update before the last")
     resumed = launch(spec, folder,
                      resume_from=reference_folder / reference["checkpoint"]["path"])
-    ref = {rec["step"]: [r["records"][i] for r in reference["ranks"]]
-           for i, rec in enumerate(reference["ranks"][0]["records"])}
-    rows = []
-    for i, rec in enumerate(resumed["ranks"][0]["records"]):
-        mine = [r["records"][i] for r in resumed["ranks"]]
-        theirs = ref[rec["step"]]
-        rows.append({"step": rec["step"], "loss_uninterrupted": theirs[0]["loss"],
-                     "loss_resumed": rec["loss"], "loss_diff": abs(rec["loss"] -
-                                                                   theirs[0]["loss"]),
-                     "same_lr": rec["lr"] == theirs[0]["lr"],
-                     "same_examples_on_every_rank": all(
-                         a["ids"] == b["ids"] for a, b in zip(mine, theirs, strict=True))})
-    table = pd.DataFrame(rows)
+    table = resumed_updates([r["records"] for r in reference["ranks"]],
+                            [r["records"] for r in resumed["ranks"]])
     a, b = load_file(str(reference_folder / WEIGHTS)), load_file(str(folder / WEIGHTS))
     diff = max_difference(a, b)
     exact = bool(len(table) and table.same_lr.all() and table.same_examples_on_every_rank.all()

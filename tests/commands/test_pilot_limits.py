@@ -1,0 +1,100 @@
+"""The pilot's time limits and interruptions: a stuck or dead kernel becomes an error row and
+the pilot goes on, a killed pilot leaves a valid index of what finished, a finished kernel is
+shut down without an interrupt (apart from tests/commands/test_pilot.py so that the two test
+workers share the pilot's heavy runs)."""
+
+import json
+
+import pytest
+
+from workbook.commands.pilot import run_pilot
+
+
+@pytest.mark.parametrize("fault", ["hang", pytest.param("die", marks=pytest.mark.slow)])
+def test_a_stuck_or_dead_kernel_becomes_an_error_row_and_the_pilot_goes_on(fault, tmp_path):
+    flag = tmp_path / "fault-once"
+    flag.write_text("")
+    run, index = run_pilot("tests.stuck_task:task", out=str(tmp_path / "run"), smoke=True,
+                           only="01,02", task_options={"flag": str(flag), "fault": fault},
+                           progress=False, timeout=30)  # 02 at smoke size: ~10 s
+    first, second = index.to_dict(orient="records")
+    assert first["verdict"] == "error" and not flag.exists()
+    if fault == "hang":
+        assert "did not finish within 30 s" in first["error"] and "stuck in cell" in first["error"]
+        assert first["seconds"] < 30 + 30
+    else:
+        assert "kernel died in cell" in first["error"]
+    assert "wb.inspection.run(p, out" in first["error"], "names the cell that was running"
+    assert second["verdict"] == "pass", second["error"]
+    stored = json.loads((run / "index.json").read_text())
+    assert [r["verdict"] for r in stored["notebooks"]] == ["error", "pass"]
+
+
+def test_a_killed_pilot_leaves_a_valid_index_of_what_finished(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "workbook", "pilot", "--task",
+                             "tests.own_task:task", "--smoke", "--only", "01,02,03",
+                             "--out", str(out)], env={**os.environ, "PYTHONPATH": os.getcwd()},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (out / "index.json").exists():
+            time.sleep(0.2)  # until notebook 01 has finished and been indexed
+        assert (out / "index.json").exists(), "notebook 01 never finished"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-800:]
+    stored = json.loads((out / "index.json").read_text())
+    rows = {r["notebook"]: r for r in stored["notebooks"]}
+    assert rows["01_inspect_examples"]["verdict"] == "pass"
+    assert rows["03_phase_gates"]["verdict"] == "interrupted"
+    assert list(rows) == ["01_inspect_examples", "02_overfit", "03_phase_gates"]
+    assert (out / "index.csv").read_text().count("\n") == 4 and (out / "report.html").exists()
+    assert not list(out.glob("*.tmp"))
+
+
+def test_a_finished_kernel_is_shut_down_without_an_interrupt_and_a_time_limit_still_has_one(
+        tmp_path):
+    """jupyter_client sends SIGINT before every shutdown request; a kernel that is not in its
+    idle loop when it lands writes a KeyboardInterrupt ('Fatal Python error' while it starts)
+    into kernels.log - one per notebook. The pilot's kernels are shut down without it; a
+    cell's time limit still interrupts."""
+    import asyncio
+    import signal
+
+    from workbook.commands.pilot import _kernel_manager, ensure_kernel
+
+    async def lifecycle():
+        km = _kernel_manager(tmp_path / "kernels.log")(kernel_name=ensure_kernel())
+        await km.start_kernel()
+        client = km.client()
+        client.start_channels()
+        sent, send = [], km.provisioner.send_signal
+
+        async def spy(signum):
+            sent.append(signum)
+            return await send(signum)
+        km.provisioner.send_signal = spy
+        try:
+            await client.wait_for_ready(timeout=60)
+            await km.interrupt_kernel()  # what a cell's time limit does
+            await client.wait_for_ready(timeout=60)
+            interrupted = list(sent)
+            await km.shutdown_kernel()
+        finally:
+            client.stop_channels()
+            if await km.is_alive():
+                await km.shutdown_kernel(now=True)
+        return interrupted, sent, await km.is_alive()
+
+    interrupted, sent, alive = asyncio.run(asyncio.wait_for(lifecycle(), 120))
+    assert interrupted == [signal.SIGINT], "a time limit interrupts"
+    assert sent == [signal.SIGINT] and not alive, "the shutdown sent no SIGINT of its own"
