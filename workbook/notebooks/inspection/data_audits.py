@@ -102,8 +102,7 @@ def _map_differs(what: str, other: dict, ref_what: str, ref: dict) -> Flag | Non
         (f"make {what} name the classes as {ref_what} numbers them (e.g. id2label = "
          "dict(enumerate(train_dataset.classes)), label2id its inverse)")
     return Flag("class map differs between splits" if split_words else "class map differs",
-                f"{'class map differs between splits' if split_words else 'class map differs'}"
-                f": {what} numbers {name!r} {oid} where {ref_what} numbers it {ref[name]} "
+                f"{what} numbers {name!r} {oid} where {ref_what} numbers it {ref[name]} "
                 f"({cause}{more}): labels name the wrong classes - the loss computes and "
                 "the wrong task is learned", len(shifted), fix, [n for _, n, _ in shifted])
 
