@@ -272,8 +272,11 @@ def notebook_words(out: Path, error: str = "") -> list[str]:
     said += [f"warning: {x}" for x in f.get("warnings") or []]
     gates = out / "gates.json"
     if gates.exists():
+        # a failing gate, or a passing one whose detail carries a note (a convention the
+        # pilot names without failing: weight decay on norm weights and biases)
         said += [f"{g['phase']} {g['verdict']}: {g['detail']}"
-                 for g in json.loads(gates.read_text()) if g.get("verdict") != "pass"]
+                 for g in json.loads(gates.read_text())
+                 if g.get("verdict") != "pass" or "note:" in (g.get("detail") or "")]
     else:
         said += [f"warned: {x}" for x in f.get("warned") or []]
     said += [f"{c['case']}: {problem(c['error'])}" for c in f.get("cases") or []
