@@ -12,7 +12,8 @@ with the error of the prediction and of the "4 x model size" rule, and ends with
 `--modules` sizes the standard torch.nn building blocks instead (convolutions with batch norm,
 LSTM, GRU, multi-head attention over embeddings: examples/module_families.py).
 `--hf` sizes three Hugging Face families built from small configs instead (GPT-2, a BERT-style
-encoder, a Llama-style decoder: examples/hf_families.py; needs the [hf] extra). A configuration
+encoder, a Llama-style decoder: examples/hf_families.py; needs the [hf] extra) and a TRL SFT
+fine-tune with LoRA (examples/trl_sft.py; the [llm] extra). A configuration
 the prediction cannot run, or a phase it cannot size (the model takes another path on real tensors
 than on fake ones), is printed as "not predicted: <reason>", never left out silently.
 """
@@ -64,18 +65,13 @@ def load(name: str):
     return load_task(f"examples.{module}:{path}", **({"family": family} if family else {}))
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="six configurations only")
-    parser.add_argument("--hf", action="store_true", help="the Hugging Face families instead")
-    parser.add_argument("--modules", action="store_true",
-                        help="torch.nn building blocks instead (examples/module_families.py)")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    pd.set_option("display.width", 200)
+LORA = [("trl_sft:task", 4, 0, "fp32", False)]  # TRL SFT with LoRA (examples/trl_sft.py)
+
+
+def measure_grid(grid: list, device: str) -> tuple[pd.DataFrame, list[str]]:
+    """Predicted against measured peaks per configuration and phase on `device`, and the
+    configurations or phases not predicted (each printed with its reason as it goes)."""
     tasks, rows, skipped = {}, [], []
-    grid = HF if args.hf else MODULES if args.modules else QUICK if args.quick else GRID
     for name, mb, length, precision, ac in grid:
         if name not in tasks:
             task = load(name)
@@ -84,11 +80,11 @@ def main():
                            encode_examples(task, splits["validation"][:64]))
         task, train, val = tasks[name]
         settings = GateSettings(UpdateShape(mb, 2, precision, ac), eval_batch=mb, length=length,
-                                device=args.device, input_updates=1)
+                                device=device, input_updates=1)
         with tempfile.TemporaryDirectory() as tmp:
             gates = GateRun(task, settings, train, val, Path(tmp)).run().table()
         try:
-            predicted = predict(task, train, val, settings.plan(), device=args.device,
+            predicted = predict(task, train, val, settings.plan(), device=device,
                                 cpu_exact=True)  # judged against this CPU itself
         except WorkbookError as exc:
             skipped.append(f"{name} mb{mb} len{length}")
@@ -107,11 +103,29 @@ def main():
         table.insert(0, "config", f"{name} {predicted.config[0]}")
         rows.append(table)
         print(table.to_string(index=False, header=len(rows) == 1), flush=True)
+    result = pd.concat(rows, ignore_index=True).dropna(subset=["error_pct"]) if rows else \
+        pd.DataFrame(columns=["config", "phase", "error_pct", "rule_error_pct"])
+    return result, skipped
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="six configurations only")
+    parser.add_argument("--hf", action="store_true",
+                        help="the Hugging Face families and a LoRA fine-tune instead")
+    parser.add_argument("--modules", action="store_true",
+                        help="torch.nn building blocks instead (examples/module_families.py)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    pd.set_option("display.width", 200)
+    grid = [*HF, *LORA] if args.hf else MODULES if args.modules else \
+        QUICK if args.quick else GRID
+    result, skipped = measure_grid(grid, args.device)
     if skipped:
         print(f"not predicted: {len(skipped)} configurations or phases ({', '.join(skipped)})")
-    result = pd.concat(rows, ignore_index=True).dropna(subset=["error_pct"])
     worst = result.error_pct.abs().max()
-    print(f"\n{len(result)} phase peaks over {len(rows)} configurations on {args.device}; "
+    print(f"\n{len(result)} phase peaks over {len(grid)} configurations on {args.device}; "
           f"'4 x model size' rule error from {result.rule_error_pct.min():.1f}% to "
           f"{result.rule_error_pct.max():.1f}%")
     print(f"memory_prediction_max_abs_error_pct: {worst:.3f}")

@@ -219,3 +219,17 @@ def test_a_one_element_bias_whose_shard_is_empty_on_rank_1_passes_every_rule(tmp
     verdicts = check.rules.set_index("rule").verdict
     assert set(verdicts) <= {"pass", "not applicable"} and (verdicts == "pass").sum() >= 3, \
         check.rules[["rule", "verdict", "measured"]].to_string()
+
+
+def test_fsdp_launches_leave_a_shared_gpu_for_the_cpu(monkeypatch):
+    """Seen on one H200 (benchmarks/gpu_check.py): two FSDP2 ranks sharing the GPU over gloo
+    died with SIGSEGV; with a GPU per process they keep CUDA (NCCL), on the CPU the CPU."""
+    import torch
+
+    from workbook.notebooks.parallel.fsdp import sharded_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert sharded_device("cuda", 2) == "cpu"
+    assert sharded_device("cpu", 2) == "cpu"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert sharded_device("cuda", 2) == "cuda"

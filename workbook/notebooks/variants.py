@@ -64,6 +64,22 @@ def _targets(task: Task, items: list[Item]) -> dict:
     return {it.id: task.target_count(it.tensors["labels"]) for it in items}
 
 
+def training_flags(steps: list, precision: str) -> list[str]:
+    """A variant's training judged: a non-finite loss or gradient breaks it, except the fp16
+    updates the GradScaler skipped - it skips exactly those whose scaled gradients overflowed
+    and lowers its scale, by design at the start - while the loss stays finite and some
+    updates apply."""
+    broken = [s.step for s in steps if not (math.isfinite(s.loss) and
+                                            math.isfinite(s.grad_norm))]
+    applied = sum(math.isfinite(s.grad_norm) for s in steps)
+    if not broken:
+        return []
+    if precision == "fp16" and applied and all(math.isfinite(s.loss) for s in steps):
+        return [f"GradScaler skipped updates {broken[:5]} (fp16 gradients overflowed at its "
+                f"scale, which it then lowered): {applied} of {len(steps)} updates applied"]
+    return [f"{NON_FINITE} at updates {broken[:5]}"]
+
+
 @dataclass
 class VariantStudy:
     """Everything shared by the variants: the task path, the data, the measurement sizes."""
@@ -152,10 +168,7 @@ class VariantStudy:
         cfg = shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
                                          device=self.device)
         result = train(task, train_items, cfg)
-        broken = [s.step for s in result.steps if not (math.isfinite(s.loss) and
-                                                       math.isfinite(s.grad_norm))]
-        if broken:
-            flags.append(f"{NON_FINITE} at updates {broken[:5]}")
+        flags += training_flags(result.steps, shape.precision)
         times = [s.time_s for s in result.steps[1:]] or [result.steps[0].time_s]
         row["time_per_update_s"] = statistics.median(times)
         # quality on the CONTROL's validation examples, so truncation cannot flatter itself

@@ -16,6 +16,7 @@ from ...base.errors import WorkbookError
 from ...contract.data import prepare
 from ...contract.task import Task
 from ...training.deviation import max_difference
+from ...training.ranks import backend
 from ...training.replica import WEIGHTS, ReplicaSpec
 from .faults import NOT_DEMONSTRABLE
 from .launches import LAUNCH_TIMEOUT, launch
@@ -60,7 +61,8 @@ FSDP_RESUMED_UPDATES = 2  # ... and resumes for 2 more (the shard order is the D
 
 def sharded_spec(spec: ReplicaSpec, **changes: Any):
     """The FSDP launch of the same run: task, update shape, data and learning rate; a short
-    run (a checkpoint after `FSDP_CHECKPOINT_AT` updates, `FSDP_RESUMED_UPDATES` after it)."""
+    run (a checkpoint after `FSDP_CHECKPOINT_AT` updates, `FSDP_RESUMED_UPDATES` after it).
+    Processes that would share a GPU run it on the CPU (`sharded_device`)."""
     from ...training.sharded_replica import ShardedSpec
 
     at = min(spec.checkpoint_at, FSDP_CHECKPOINT_AT)
@@ -69,8 +71,15 @@ def sharded_spec(spec: ReplicaSpec, **changes: Any):
     return ShardedSpec(spec.task, spec.task_options, spec.shape, lr=spec.lr, seed=spec.seed,
                        train_limit=spec.train_limit, validation_limit=spec.validation_limit,
                        eval_batch=spec.eval_batch, drop_partial=spec.drop_partial,
-                       device=spec.device, collective_timeout_s=spec.collective_timeout_s,
-                       **settings)
+                       device=sharded_device(spec.device, spec.shape.replicas),
+                       collective_timeout_s=spec.collective_timeout_s, **settings)
+
+
+def sharded_device(device: str, replicas: int) -> str:
+    """Where the FSDP2 launches run: on CUDA only with a GPU per process (NCCL). FSDP2's
+    collectives over gloo on CUDA tensors shared by two processes crashed both ranks (SIGSEGV,
+    torch 2.11 on one H200: benchmarks/gpu_check.py), so those run on the CPU over gloo."""
+    return device if device == "cpu" or backend(device, replicas) == "nccl" else "cpu"
 
 
 def shard_rule(launched: dict[str, Any], name: str) -> dict[str, str]:

@@ -95,5 +95,6 @@ def check_devices(device: str, replicas: int) -> str:
     if chosen == "nccl":
         return f"{replicas} processes, one GPU each, collectives over NCCL"
     return (f"{replicas} processes share {torch.cuda.device_count()} GPU(s): NCCL needs one GPU "
-            "per process, so gloo carries the collectives on CUDA tensors. The rules are the "
+            "per process, so gloo carries the collectives on CUDA tensors (the FSDP2 launches "
+            "run on the CPU: FSDP2 over gloo on shared CUDA tensors crashes). The rules are the "
             "same; NCCL itself is not exercised - run with one GPU per process to check it")

@@ -188,7 +188,10 @@ def measured_speed(gates: pd.DataFrame, pipeline: pd.DataFrame, gpu: str | None,
         return None, "notebook 03 timed no update: not calibrated"
     achieved = twin_flops_per_update / times / (peak_tflops * 1e12)
     mfu = float(twin_flops_per_update / times.median() / (peak_tflops * 1e12))
-    return Speed(round(mfu, 4), float(achieved.min()), float(achieved.max()), "measured",
+    if not mfu > 0:
+        return None, "notebook 03's updates counted no FLOPs: not calibrated"
+    # significant digits, not decimals: a small model on a large GPU reaches 1e-5 of its peak
+    return Speed(float(f"{mfu:.4g}"), float(achieved.min()), float(achieved.max()), "measured",
                  f"measured: notebook 03's median update of {times.median() * 1000:.1f} ms on "
                  f"the {gpu} (range over its {len(times)} updates)"), ""
 
