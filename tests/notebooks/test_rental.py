@@ -558,3 +558,18 @@ def test_a_failed_inspection_leads_the_decision_with_its_first_flag_and_fix(tmp_
     (folder / "summary.json").write_text(json.dumps({"verdict": "pass", "figures": {}}))
     _, text = _decide(tmp_path, _sheet(), "planned")
     assert "Do not rent" not in text and "**Rent a cheap** for candidate **control**" in text
+
+
+def test_measured_speed_of_a_small_model_on_a_large_gpu_is_not_zero():
+    """An H200 timed the sample twin at 8e-6 of its peak; rounded to 4 decimals that was an MFU
+    of 0 and 08 died dividing by it."""
+    import pandas as pd
+
+    from workbook.notebooks.rental.speeds import measured_speed
+
+    gates = pd.DataFrame({"device": ["cuda:0"]})
+    pipeline = pd.DataFrame({"time_s": [0.004, 0.0041, 0.0039]})
+    speed, why = measured_speed(gates, pipeline, "H200", 3.2e7, 989.0, True)
+    assert why == "" and speed.mfu > 0 and abs(speed.mfu - 8.09e-6) < 1e-7
+    none, why = measured_speed(gates, pipeline, "H200", 0.0, 989.0, True)
+    assert none is None and "not calibrated" in why

@@ -53,3 +53,16 @@ def test_storage_bytes_counts_shared_storage_once():
 def test_fmt_bytes():
     assert fmt_bytes(512) == "512 B" and fmt_bytes(3 * 2**20) == "3.00 MiB"
     assert fmt_bytes(None) == "-"
+
+
+def test_cublas_workspaces_are_nothing_off_cuda():
+    """On a GPU the prediction adds the cuBLAS workspaces it measures (an H200 held 64 MiB:
+    benchmarks/gpu_check.py); on the CPU nothing is added and no column appears."""
+    import torch
+
+    from workbook.training.fake_phases import with_workspaces
+    from workbook.training.memory import cublas_workspace_bytes
+
+    assert cublas_workspace_bytes(torch.device("cpu")) == 0
+    rows = [{"phase": "backward", "predicted_peak_bytes": 10}]
+    assert with_workspaces(rows, torch.device("cpu")) == rows

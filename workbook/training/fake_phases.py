@@ -16,6 +16,7 @@ from ..contract.task import Task
 from . import campaign as models
 from .devices import resolve_device
 from .loop import TrainConfig, build_stepper, seed_everything
+from .memory import cublas_workspace_bytes
 from .workload import TRAINING_PHASES, Workload, targets_of
 
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
@@ -147,7 +148,15 @@ def fake_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
                              **{f"{k.lower()}_bytes": v for k, v in
                                 tracker.breakdown().items()},
                              **({"trace": tracker.trace} if layers else {})})
-    return rows
+    return with_workspaces(rows, device)
+
+
+def with_workspaces(rows: list[dict], device: torch.device) -> list[dict]:
+    """On a present GPU, each phase's peak plus the cuBLAS workspaces its matmuls hold in the
+    caching allocator (measured: `memory.cublas_workspace_bytes`); unchanged elsewhere."""
+    held = cublas_workspace_bytes(device)
+    return [{**r, "predicted_peak_bytes": r["predicted_peak_bytes"] + held,
+             "cublas_workspace_bytes": held} for r in rows] if held else rows
 
 
 def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batch],
@@ -174,9 +183,9 @@ def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batc
                          **{f"{k.lower()}_bytes": v
                             for k, v in zip(CATEGORIES, categories, strict=True)}})
         else:
-            return rows, (f"each operator's memory carried from fake runs at "
-                          f"{' and '.join(map(str, models.TRACE_DEPTHS))} layers to "
-                          f"{deep.layers}")
+            return with_workspaces(rows, resolve_device(cfg.device)), (
+                f"each operator's memory carried from fake runs at "
+                f"{' and '.join(map(str, models.TRACE_DEPTHS))} layers to {deep.layers}")
     how = "run at its full depth" + (
         " (the shallow runs did not line up layer for layer)" if deep else "")
     return fake_phases(task, cfg, batch, group, eval_batch, label, campaign=True), how

@@ -5,6 +5,7 @@ allocation events, and the process resident-set high-water mark, which is NOT te
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -166,6 +167,27 @@ def cuda_overheads(device: torch.device) -> dict[str, int] | None:
     reserved = torch.cuda.memory_reserved(device)
     return {"total_bytes": total, "context_and_workspaces_bytes": total - free - reserved,
             "cache_bytes": reserved - torch.cuda.memory_allocated(device)}
+
+
+@functools.cache
+def cublas_workspace_bytes(device: torch.device) -> int:
+    """Bytes the cuBLAS and cuBLASLt workspaces hold in the caching allocator once a matmul
+    has run on `device` (0 off CUDA). Fake tensors never see them (64 MiB on an H200 with
+    torch 2.11: 97% of a small model's measured peak), and their size depends on the GPU,
+    the build and CUBLAS_WORKSPACE_CONFIG, so they are measured: cleared, one fp32 and one
+    bf16 matmul with bias, read back."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return 0
+    torch.cuda.synchronize(device)
+    torch._C._cuda_clearCublasWorkspaces()
+    before = torch.cuda.memory_allocated(device)
+    full = torch.ones(64, 64, device=device)
+    half = torch.ones(64, 64, device=device, dtype=torch.bfloat16)
+    bias = torch.ones(64, device=device, dtype=torch.bfloat16)
+    outputs = (full @ full, torch.addmm(bias, half, half))
+    torch.cuda.synchronize(device)
+    held = torch.cuda.memory_allocated(device) - before
+    return max(held - storage_bytes([full, half, bias, *outputs]), 0)
 
 
 def fmt_bytes(n: int | float | None) -> str:
