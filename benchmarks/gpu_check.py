@@ -14,8 +14,8 @@ Sections, each with its own time limit; one failing is a row with its error, nev
               memory_prediction.py's grid (fp32, bf16 autocast, checkpointing, HF families, LoRA)
   oom         a gate asked for a micro-batch that cannot fit (the allocator capped to stand for
               a smaller card): recorded as the row's finding with the figure it reached
-  speed       the 8 B LoRA campaign (examples/llama_lora_campaign.py's shape) trained for real:
-              its MFU against what 08's speed references assume for this card
+  speed       the 8 B LoRA campaign (examples/llama_lora_campaign.py's shape) trained for real,
+              last and alone: its MFU against what 08's speed references assume for this card
   pilot       `make pilot`'s nine notebooks --smoke on cuda, and the LoRA twin's 03, 05, 07
               and 08 (--twin-only), verdicts;
               05's bf16 / fp16 variants and 07's resume read from those runs
@@ -307,27 +307,38 @@ def speed(c: Check) -> str:
                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     micro_batch, length = (4, 2048) if gpu_run else (2, 64)
     torch.manual_seed(0)
-    with torch.device(c.device):
-        model = LlamaForCausalLM(LlamaConfig(**shape)).to(torch.bfloat16)
-    parameters = sum(p.numel() for p in model.parameters())
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
-                                             modules_to_save=["lm_head"],
-                                             task_type="CAUSAL_LM"))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    ids = torch.randint(0, shape["vocab_size"], (micro_batch, length), device=c.device)
 
-    def step():
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def build(device: str):
+        with torch.device(device):
+            base = LlamaForCausalLM(LlamaConfig(**shape))
+        base = base.to(torch.bfloat16)
+        return get_peft_model(base, LoraConfig(r=16, lora_alpha=32,
+                                               target_modules="all-linear",
+                                               modules_to_save=["lm_head"],
+                                               task_type="CAUSAL_LM"))
 
-    # counted as 08 counts (torch.utils.flop_counter), through eager attention: the counter's
-    # SDPA formula refuses grouped key-value heads (torch 2.11)
-    model.base_model.model.set_attn_implementation("eager")
-    with FlopCounterMode(display=False) as flops:
-        step()
-    model.base_model.model.set_attn_implementation("sdpa")
+    def step_of(model, ids):
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    # counted as 08 counts (torch.utils.flop_counter) on the meta device (nothing allocated),
+    # through eager attention: the counter's SDPA formula refuses grouped key-value heads
+    meta = build("meta")
+    meta.base_model.model.set_attn_implementation("eager")
+    ids = torch.zeros(micro_batch, length, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as flops:  # forward and backward (an update's FLOPs)
+        meta(input_ids=ids, labels=ids).loss.backward()
+    model = build(c.device)
+    parameters = sum(p.numel() for n, p in model.named_parameters()
+                     if "lora_" not in n and "modules_to_save" not in n)
+    step = step_of(model, torch.randint(0, shape["vocab_size"], (micro_batch, length),
+                                        device=c.device))
     for _ in range(2):
         step()
     sync = torch.cuda.synchronize if gpu_run else (lambda: None)
@@ -440,10 +451,13 @@ def main(argv: list[str] | None = None) -> int:
             started[figure] = (_pilot(c, run, task, only), run)
     try:
         for name, body in (("env", env), ("counter", counter), ("oom", oom),
-                           ("prediction", prediction), ("speed", speed)):
+                           ("prediction", prediction)):
             c.section(name, body)
         if started:
             c.section("pilot", lambda c: pilots(c, started))
+        # last, alone on the card: the 8 B model fills most of it (run beside the pilots on an
+        # H200, it starved them: 09 out of memory, 07 not exact)
+        c.section("speed", speed)
     finally:
         for proc, _ in started.values():
             if proc.poll() is None:

@@ -172,22 +172,24 @@ def cuda_overheads(device: torch.device) -> dict[str, int] | None:
 @functools.cache
 def cublas_workspace_bytes(device: torch.device) -> int:
     """Bytes the cuBLAS and cuBLASLt workspaces hold in the caching allocator once a matmul
-    has run on `device` (0 off CUDA). Fake tensors never see them (64 MiB on an H200 with
-    torch 2.11: 97% of a small model's measured peak), and their size depends on the GPU,
-    the build and CUBLAS_WORKSPACE_CONFIG, so they are measured: cleared, one fp32 and one
-    bf16 matmul with bias, read back."""
+    has run on `device` (0 off CUDA). Fake tensors never see them (on an H200 with torch
+    2.11, 33 MiB per cuBLAS handle, one for the forward's thread and one for autograd's: 97%
+    of a small model's measured peak), and their size depends on the GPU, the build and
+    CUBLAS_WORKSPACE_CONFIG, so they are measured: cleared, an fp32 matmul with its backward
+    and a bf16 one with bias, read back."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return 0
     torch.cuda.synchronize(device)
     torch._C._cuda_clearCublasWorkspaces()
     before = torch.cuda.memory_allocated(device)
-    full = torch.ones(64, 64, device=device)
+    full = torch.ones(64, 64, device=device, requires_grad=True)
     half = torch.ones(64, 64, device=device, dtype=torch.bfloat16)
     bias = torch.ones(64, device=device, dtype=torch.bfloat16)
     outputs = (full @ full, torch.addmm(bias, half, half))
+    outputs[0].sum().backward()  # autograd's own thread holds its own handle and workspace
     torch.cuda.synchronize(device)
     held = torch.cuda.memory_allocated(device) - before
-    return max(held - storage_bytes([full, half, bias, *outputs]), 0)
+    return max(held - storage_bytes([full, full.grad, half, bias, *outputs]), 0)
 
 
 def fmt_bytes(n: int | float | None) -> str:
