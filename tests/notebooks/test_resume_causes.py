@@ -157,7 +157,7 @@ def test_an_update_that_cannot_be_run_twice_leaves_a_suspicion_with_the_test_to_
     said = undeclared_state(dataclasses.replace(task, train_step=steps_twice), items, cfg)
     assert "the model's forward takes 'hidden' while the task declares no carried state" in \
         said and "(not confirmed: running one update twice failed, WorkbookError) - test it: " \
-        "run your train_step twice" in said and "wb.CarriedState(" in said, said
+        "run the task's train_step twice" in said and "wb.CarriedState(" in said, said
 
 
 @pytest.mark.parametrize("name", ["examples.mlp_dropout:task",

@@ -19,9 +19,10 @@ from ...training.loop import Stepper, TrainConfig, build_stepper, runs_own_step,
 STATE_NAMES = ("hx", "h0", "state", "memory", "mems", "carry")  # besides "...hidden..."
 TOLERANCE = 1e-6  # relative: one update run twice in one process agrees to rounding
 DECLARE = ("declare it: state=wb.CarriedState(init=lambda model, rows: "
-           "model.init_hidden(rows)) and let the workbook's update call the model (it passes "
-           "the state to the forward per stream, detaches it and saves it in every checkpoint;"
-           " docs/own-task.md, \"State carried across batches\")")
+           "model.init_hidden(rows)) and leave the model call to the workbook's update (no "
+           "state of your own in train_step): it passes the state to the forward per stream, "
+           "detaches it and saves it in every checkpoint (docs/own-task.md, \"State carried "
+           "across batches\"); or save and restore it in save_state/restore_state")
 
 
 def state_argument(model: torch.nn.Module) -> str | None:
@@ -79,12 +80,15 @@ def undeclared_state(task: Task, items: list[Item], cfg: TrainConfig, limit: int
         return ""
     own = runs_own_step(task, cfg)
     who = "the task's train_step" if own else "the workbook's update of the task's model"
-    stepper = build_stepper(task, cfg)
+    try:
+        stepper = build_stepper(task, cfg)
+    except Exception:  # the runs compared built it: nothing to say beyond their error
+        return ""
     argument = state_argument(stepper.model)
     takes = f"; the model's forward takes {argument!r}" if argument else ""
     try:
         (first, a), (second, b) = twice(stepper, first_update(task, items, cfg, limit), own,
-                                            cfg.seed)
+                                        cfg.seed)
     except Exception as exc:  # the experiment could not run: a suspicion at most
         if not argument:
             return ""
@@ -92,8 +96,8 @@ def undeclared_state(task: Task, items: list[Item], cfg: TrainConfig, limit: int
                 f"{argument!r} while the task declares no carried state: a state your loop "
                 "carries from batch to batch starts afresh in a resumed process (not "
                 f"confirmed: running one update twice failed, {type(exc).__name__}) - test it: "
-                "run your train_step twice from the same model, optimizer and random state "
-                "on the same batch; if the two losses differ, " + DECLARE)
+                f"run {who} twice from the same model, optimizer and random state on the same "
+                "batch; if the two losses differ, " + DECLARE)
     moved = max((float((a[k] - b[k]).abs().max()) for k in a if a[k].numel()), default=0.0)
     scale = max(max((float(v.abs().max()) for v in a.values() if v.numel()), default=0.0), 1.0)
     if abs(first - second) <= TOLERANCE * max(abs(first), 1.0) and moved <= TOLERANCE * scale:
