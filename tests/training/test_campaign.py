@@ -229,6 +229,16 @@ def test_a_campaign_model_converted_as_users_write_it_is_sized_in_its_dtype(
     assert sized.gradient_bytes.tolist() == reference.gradient_bytes.tolist()
 
 
+@pytest.mark.parametrize("move", [lambda m: m.to("cuda", torch.bfloat16),
+                                  lambda m: m.bfloat16().cuda(),
+                                  lambda m: m.to(device="cpu", dtype=torch.bfloat16)])
+def test_a_factory_that_moves_its_model_to_a_device_is_built_on_the_meta_device(move):
+    """`.to("cuda", ...)`, `.cuda()`, `.to("cpu")`: a meta tensor has no data to move (and this
+    machine may have no GPU); it stays on the meta device in the dtype asked for."""
+    model = campaign.on_meta(lambda: move(transformers.LlamaForCausalLM(_llama())))
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("meta", torch.bfloat16)}
+
+
 def test_a_campaign_factory_that_reads_values_is_refused_with_the_config_model_fix(
         gen_task, gen_items):
     def reads_a_value():

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..base.errors import WorkbookError, reason
 from . import four_bit
@@ -42,14 +43,35 @@ def which(task, campaign: bool = True) -> str:
     return "campaign model" if campaign else "pilot twin"
 
 
+class _MetaStays(TorchFunctionMode):
+    """A meta tensor moved to a device (`.to("cuda", torch.bfloat16)`, `.cuda()`, `.cpu()`)
+    stays on the meta device, its dtype converted: it has no data to move (PyTorch: "Cannot
+    copy out of meta tensor"), and a machine without the device could not build it at all."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        moved = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if moved is None or not moved.is_meta or func not in _MOVES:
+            return func(*args, **kwargs)
+        if func is torch.Tensor.to:
+            rest = {k: v for k, v in kwargs.items() if k != "copy"}
+            dtype = torch._C._nn._parse_to(*args[1:], **rest)[1]
+            return moved.to(dtype) if dtype is not None else moved
+        return moved
+
+
+_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
+
+
 def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
     """A model built on the meta device: shapes and dtypes only, nothing allocated. Built
     outside any active fake mode: a factory's own conversion (`.to(torch.bfloat16)`, `.half()`)
     then runs on plain meta tensors, where inside the mode PyTorch must swap fake parameters and
-    refuses ("_apply(): Couldn't swap Embedding.weight", pytorch/pytorch#148977)."""
+    refuses ("_apply(): Couldn't swap Embedding.weight", pytorch/pytorch#148977); a move to a
+    device keeps the meta device (`_MetaStays`)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily(), torch.device("meta"):
+    with unset_fake_temporarily(), torch.device("meta"), _MetaStays():
         return build()
 
 
