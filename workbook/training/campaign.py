@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 from ..base.errors import WorkbookError, reason
@@ -43,6 +44,9 @@ def which(task, campaign: bool = True) -> str:
     return "campaign model" if campaign else "pilot twin"
 
 
+_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
+
+
 class _MetaStays(TorchFunctionMode):
     """A meta tensor moved to a device (`.to("cuda", torch.bfloat16)`, `.cuda()`, `.cpu()`)
     stays on the meta device, its dtype converted: it has no data to move (PyTorch: "Cannot
@@ -60,17 +64,12 @@ class _MetaStays(TorchFunctionMode):
         return moved
 
 
-_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
-
-
 def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
     """A model built on the meta device: shapes and dtypes only, nothing allocated. Built
     outside any active fake mode: a factory's own conversion (`.to(torch.bfloat16)`, `.half()`)
     then runs on plain meta tensors, where inside the mode PyTorch must swap fake parameters and
     refuses ("_apply(): Couldn't swap Embedding.weight", pytorch/pytorch#148977); a move to a
     device keeps the meta device (`_MetaStays`)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     with unset_fake_temporarily(), torch.device("meta"), _MetaStays():
         return build()
 
@@ -87,8 +86,7 @@ def unconvertible(exc: BaseException, meta: BaseException, piece: str) -> Workbo
     return WorkbookError(
         f"the task's {piece} cannot be sized on fake tensors: it does not build on the meta "
         f"device ({reason(meta.__cause__ or meta)}), and on fake tensors PyTorch cannot "
-        "convert the model it builds "
-        f"({reason(exc.__cause__ or exc)})",
+        f"convert the model it builds ({reason(exc.__cause__ or exc)})",
         "build the model in its dtype instead of converting it afterwards: "
         "wb.campaign.ConfigModel(ModelClass, config, dtype=torch.bfloat16) (adapters="
         "LoraConfig(...) for a fine-tune), or a factory that reads no tensor values")
