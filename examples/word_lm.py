@@ -27,7 +27,10 @@ clipped step (`lr=20` gives the script's lr with four times its clipped step).
 Planted options: `detach=False` keeps the carried state attached to the previous batch's graph
 (the script without `repackage_hidden`: PyTorch stops with "Trying to backward through the
 graph a second time", whose advice is wrong, and the pilot names the state); `declare=False`
-leaves the state undeclared, so the forward is called without `hidden`.
+leaves the state undeclared, so the forward is called without `hidden`; `closure=True` is the
+script's own `train()` as the task's `train_step`, its hidden state kept in the step's closure
+(as scripts keep it) and undeclared, the forward starting from `init_hidden` when given none:
+07 names the state a resumed process starts afresh.
 """
 
 from __future__ import annotations
@@ -108,6 +111,39 @@ class Dictionary(object):
         return len(self.idx2word)
 
 
+class ScriptModel(RNNModel):
+    """`RNNModel` whose forward starts from `init_hidden` when given no state."""
+
+    def forward(self, input, hidden=None):
+        return super().forward(input, self.init_hidden(input.size(1)) if hidden is None
+                               else hidden)
+
+
+def closure_step():
+    """The script's `train()` as a train_step: the hidden state lives in the step's closure,
+    carried from one call to the next and detached between them."""
+    hidden = None
+
+    def train_step(model, optimizer, micro_batches):
+        nonlocal hidden
+        model.train()
+        optimizer.zero_grad()
+        total = 0.0
+        for batch in micro_batches:
+            data, targets = batch["input_ids"].t(), batch["labels"].t()  # [bptt, batch]
+            if hidden is None or hidden[0].size(1) != data.size(1):
+                hidden = model.init_hidden(data.size(1))
+            hidden = repackage_hidden(hidden)
+            output, hidden = model(data, hidden)
+            loss = F.nll_loss(output, targets.reshape(-1)) / len(micro_batches)
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        optimizer.step()
+        return total
+    return train_step
+
+
 @lru_cache(maxsize=1)
 def corpus() -> tuple[Dictionary, dict[str, torch.Tensor]]:
     """The script's `Corpus`: one dictionary over the three splits, each split one stream of
@@ -143,7 +179,7 @@ def repackage_hidden(h):
 
 def task(batch_size: int = 4, eval_batch_size: int = 10, bptt: int = 16, emsize: int = 200,
          nhid: int = 200, nlayers: int = 2, dropout: float = 0.2, lr: float = 5.0,
-         detach: bool = True, declare: bool = True) -> wb.Task:
+         detach: bool = True, declare: bool = True, closure: bool = False) -> wb.Task:
     dictionary, ids = corpus()
     columns = {"train": batchify(ids["train"], batch_size),
                "validation": batchify(ids["validation"], eval_batch_size),
@@ -169,7 +205,8 @@ def task(batch_size: int = 4, eval_batch_size: int = 10, bptt: int = 16, emsize:
         return {k: torch.stack([item[k] for item in items]) for k in items[0]}
 
     def build_model() -> nn.Module:
-        return RNNModel("LSTM", len(dictionary), emsize, nhid, nlayers, dropout)
+        return (ScriptModel if closure else RNNModel)("LSTM", len(dictionary), emsize, nhid,
+                                                      nlayers, dropout)
 
     state = wb.CarriedState(init=lambda model, rows: model.init_hidden(rows),
                             detach=repackage_hidden if detach else (lambda h: h))
@@ -179,5 +216,6 @@ def task(batch_size: int = 4, eval_batch_size: int = 10, bptt: int = 16, emsize:
         decode=lambda ids_: " ".join(dictionary.idx2word[i] for i in ids_ if i >= 0),
         model_inputs=("input_ids",), split_of=lambda example: example["split"],
         build_optimizer=lambda model, lr_: torch.optim.SGD(model.parameters(), lr=lr_),
-        lr=lr, state=state if declare else None, time_major=True,
+        lr=lr, state=state if declare and not closure else None, time_major=True,
+        train_step=closure_step() if closure else None,
         options={"batch_size": batch_size, "bptt": bptt})

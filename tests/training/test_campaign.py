@@ -159,3 +159,118 @@ def test_a_tiny_models_parameters_are_counted_not_rounded_to_zero_millions():
     tiny = Models(False, "MLP", 49, "MLP", 49).lines()
     assert tiny == ["model: 49 parameters, trained and sized here"]
     assert "8.59 M parameters" in Models(False, "x", 8_590_000, "x", 8_590_000).lines()[0]
+
+
+def _llama(layers: int = 2, width: int = 64, vocab: int = 300, **more):
+    return transformers.LlamaConfig(vocab_size=vocab, hidden_size=width,
+                                    intermediate_size=2 * width, num_hidden_layers=layers,
+                                    num_attention_heads=4, num_key_value_heads=2,
+                                    max_position_embeddings=64, **more)
+
+
+def _lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+CONVERSIONS = {"to": lambda m: m.to(torch.bfloat16), "half": lambda m: m.half(),
+               "bfloat16": lambda m: m.bfloat16()}
+
+
+def _as_users_write_it(config, convert: str, lora: bool):
+    """A campaign factory as users write one: the model built, converted, maybe wrapped."""
+    def build():
+        model = CONVERSIONS[convert](transformers.LlamaForCausalLM(config))
+        if not lora:
+            return model
+        from peft import get_peft_model
+
+        return get_peft_model(model, _lora())
+    return build
+
+
+def _held_bytes(model) -> int:
+    """Bytes the parameters hold (shared tensors once)."""
+    return sum(p.numel() * p.element_size()
+               for p in {id(p): p for p in model.parameters()}.values())
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("convert", sorted(CONVERSIONS))
+def test_a_campaign_model_converted_as_users_write_it_is_sized_in_its_dtype(
+        gen_task, gen_items, convert, lora):
+    """`LlamaForCausalLM(cfg).to(torch.bfloat16)` (or `.half()`, `.bfloat16()`), maybe wrapped
+    by get_peft_model: PyTorch refuses to convert fake parameters ("_apply(): Couldn't swap
+    Embedding.weight"), so the factory runs on the meta device outside the fake mode. Its base
+    holds 2 bytes a parameter, as the same base through ConfigModel(dtype=bf16)."""
+    if lora:
+        pytest.importorskip("peft")
+    adapters = _lora() if lora else None
+    users = _as_users_write_it(_llama(), convert, lora)
+    task = dataclasses.replace(
+        gen_task, label_shift=0,
+        build_model=campaign.ConfigModel(transformers.LlamaForCausalLM, _llama(), adapters),
+        campaign_model=users)
+    train, val, plan = gen_items["train"][:8], gen_items["validation"][:4], \
+        Plan(UpdateShape(2, 1, "bf16"), 32)
+    sized = predict(task, train, val, plan, campaign=True).set_index("phase")
+    assert sized.predicted_peak_bytes.notna().all() and (sized.note == "").all(), sized.note
+    meta = campaign.on_meta(task.campaign_model)
+    base = [p for p in meta.parameters() if not p.requires_grad] if lora else \
+        list(meta.parameters())
+    assert {p.element_size() for p in base} == {2}  # bf16 or fp16, never fp32
+    assert (sized.parameter_bytes == _held_bytes(meta)).all()
+    assert sized.parameter_bytes.iloc[0] < 3 * campaign.parameter_count(meta)
+    through_config = dataclasses.replace(task, campaign_model=campaign.ConfigModel(
+        transformers.LlamaForCausalLM, _llama(), adapters, dtype=torch.bfloat16))
+    reference = predict(through_config, train, val, plan, campaign=True).set_index("phase")
+    assert sized.parameter_bytes.tolist() == reference.parameter_bytes.tolist()
+    assert sized.gradient_bytes.tolist() == reference.gradient_bytes.tolist()
+
+
+@pytest.mark.parametrize("move", [lambda m: m.to("cuda", torch.bfloat16),
+                                  lambda m: m.bfloat16().cuda(),
+                                  lambda m: m.to(device="cpu", dtype=torch.bfloat16)])
+def test_a_factory_that_moves_its_model_to_a_device_is_built_on_the_meta_device(move):
+    """`.to("cuda", ...)`, `.cuda()`, `.to("cpu")`: a meta tensor has no data to move (and this
+    machine may have no GPU); it stays on the meta device in the dtype asked for."""
+    model = campaign.on_meta(lambda: move(transformers.LlamaForCausalLM(_llama())))
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("meta", torch.bfloat16)}
+
+
+def test_a_campaign_factory_that_reads_values_is_refused_with_the_config_model_fix(
+        gen_task, gen_items):
+    def reads_a_value():
+        torch.tensor([0.5]).item()  # no value on the meta device
+        return transformers.LlamaForCausalLM(_llama()).to(torch.bfloat16)
+
+    task = dataclasses.replace(
+        gen_task, label_shift=0, campaign_model=reads_a_value,
+        build_model=campaign.ConfigModel(transformers.LlamaForCausalLM, _llama()))
+    with pytest.raises(WorkbookError, match="cannot be built on the meta device "
+                       r"\(Tensor.item\(\) cannot be called on meta tensors\)") as err:
+        predict(task, gen_items["train"][:8], gen_items["validation"][:4],
+                Plan(UpdateShape(2, 1, "bf16"), 32), campaign=True)
+    assert "wb.campaign.ConfigModel(ModelClass, config, dtype=torch.bfloat16)" in err.value.fix
+
+
+def test_an_8b_lora_campaign_converted_by_to_is_sized_in_bf16(gen_task, gen_items):
+    """The 8 B LoRA campaign as users write it (Llama-3-8B's shape, `.to(torch.bfloat16)`,
+    get_peft_model): every phase sized, the frozen base at 2 bytes a parameter."""
+    pytest.importorskip("peft")
+    config = transformers.LlamaConfig(vocab_size=128256, hidden_size=4096,
+                                      intermediate_size=14336, num_hidden_layers=32,
+                                      num_attention_heads=32, num_key_value_heads=8,
+                                      max_position_embeddings=8192, rope_theta=500000.0)
+    task = dataclasses.replace(
+        gen_task, label_shift=0, campaign_model=_as_users_write_it(config, "to", True),
+        build_model=campaign.ConfigModel(transformers.LlamaForCausalLM,
+                                         campaign.twin_config(config), _lora()))
+    sized = predict(task, gen_items["train"][:8], gen_items["validation"][:4],
+                    Plan(UpdateShape(1, 1, "bf16"), 32), campaign=True).set_index("phase")
+    assert sized.predicted_peak_bytes.notna().all()
+    meta = campaign.on_meta(task.campaign_model)
+    frozen = sum(p.numel() for p in meta.parameters() if not p.requires_grad)
+    assert frozen > 7.5e9 and (sized.parameter_bytes == _held_bytes(meta)).all()
+    assert 2 * frozen < sized.parameter_bytes.iloc[0] < 2.01 * frozen  # bf16, not fp32

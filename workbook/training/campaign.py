@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.overrides import TorchFunctionMode
 
 from ..base.errors import WorkbookError, reason
 from . import four_bit
@@ -42,10 +44,52 @@ def which(task, campaign: bool = True) -> str:
     return "campaign model" if campaign else "pilot twin"
 
 
+_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
+
+
+class _MetaStays(TorchFunctionMode):
+    """A meta tensor moved to a device (`.to("cuda", torch.bfloat16)`, `.cuda()`, `.cpu()`)
+    stays on the meta device, its dtype converted: it has no data to move (PyTorch: "Cannot
+    copy out of meta tensor"), and a machine without the device could not build it at all."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        moved = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if moved is None or not moved.is_meta or func not in _MOVES:
+            return func(*args, **kwargs)
+        if func is torch.Tensor.to:
+            rest = {k: v for k, v in kwargs.items() if k != "copy"}
+            dtype = torch._C._nn._parse_to(*args[1:], **rest)[1]
+            return moved.to(dtype) if dtype is not None else moved
+        return moved
+
+
 def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
-    """A model built on the meta device: shapes and dtypes only, nothing allocated."""
-    with torch.device("meta"):
+    """A model built on the meta device: shapes and dtypes only, nothing allocated. Built
+    outside any active fake mode: a factory's own conversion (`.to(torch.bfloat16)`, `.half()`)
+    then runs on plain meta tensors, where inside the mode PyTorch must swap fake parameters and
+    refuses ("_apply(): Couldn't swap Embedding.weight", pytorch/pytorch#148977); a move to a
+    device keeps the meta device (`_MetaStays`)."""
+    with unset_fake_temporarily(), torch.device("meta"), _MetaStays():
         return build()
+
+
+SWAP = "Couldn't swap"  # PyTorch's words when it converts a fake tensor in place
+
+
+def unconvertible(exc: BaseException, meta: BaseException, piece: str) -> WorkbookError | None:
+    """A factory that reads tensor values while it builds (so not on the meta device) and then
+    converts its model (`.to(dtype)`, `.half()`): PyTorch cannot convert fake parameters, so
+    such a model cannot be sized; said with the fix, else None."""
+    if SWAP not in str(exc):
+        return None
+    return WorkbookError(
+        f"the task's {piece} cannot be sized on fake tensors: it does not build on the meta "
+        f"device ({reason(meta.__cause__ or meta)}), and on fake tensors PyTorch cannot "
+        f"convert the model it builds ({reason(exc.__cause__ or exc)})",
+        "build the model in its dtype instead of converting it afterwards: "
+        "wb.campaign.ConfigModel(ModelClass, config, dtype=torch.bfloat16) (adapters="
+        "LoraConfig(...) for a fine-tune), or a factory that reads no tensor values")
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -225,13 +269,15 @@ def check_twin(task) -> None:
         return
     try:
         campaign, twin = on_meta(task.campaign_model), on_meta(task.build_model)
-    except WorkbookError:
-        raise
     except Exception as exc:
+        cause = exc.__cause__ if isinstance(exc, WorkbookError) else exc  # the factory's own
+        if cause is None or isinstance(cause, WorkbookError) or "meta" not in str(cause):
+            raise  # a failure of the factory itself, in its own words
         raise WorkbookError(f"the campaign model or its twin of {task.name!r} cannot be built on "
-                            f"the meta device ({reason(exc)})",
+                            f"the meta device ({reason(cause)})",
                             "build them without reading tensor values (no weights loaded from "
-                            "disk in the factory)") from exc
+                            "disk in the factory): wb.campaign.ConfigModel(ModelClass, config, "
+                            "dtype=torch.bfloat16) for a transformers model") from exc
     problems = []
     if type(campaign) is not type(twin):
         problems.append(f"the campaign model is a {type(campaign).__name__}, the twin a "

@@ -86,9 +86,15 @@ def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode,
     build = models.factory(task, campaign)
     try:
         model = models.on_meta(build)
-    except Exception:  # a model that reads values while it is built: build it in the fake mode
-        with torch.device(device):
-            model = build()
+    except Exception as meta:  # a model that reads values while it is built: in the fake mode
+        try:
+            with torch.device(device):
+                model = build()
+        except WorkbookError as exc:
+            named = models.unconvertible(exc, meta, getattr(build, "piece", "model factory"))
+            if named is None:
+                raise
+            raise named from exc
     remade: dict[int, torch.Tensor] = {}
 
     def home(t: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,7 @@ from .position import (
     stated_length,
     where_from,
 )
+from .undeclared import undeclared_state
 
 # planted resume bugs, to show what the check catches ("carried": a task's Task.state only)
 FAULTS = ("optimizer", "sampler", "rng", "carried")
@@ -341,12 +342,19 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
                                   cfg.shape.micro_batch, first, length)
         if not data and verdict["same_examples"] and not verdict["exact"]:
             data = global_seed(task, config or cfg) or random_data(
-                task, items, config or cfg, spec["train_limit"])
+                task, items, config or cfg, spec["train_limit"]) or carried(config or cfg)
         rows.append({"case": name, "resumed_after": step, **verdict,
                      "exact": verdict["exact"] and not data,
                      "resumed_by": first_record.get("resumed_by") or "workbook order",
                      "skipped": first_record.get("skipped"),
                      "skip_s": first_record.get("skip_s"), "data": data, "error": ""})
+
+    found: dict[int, str] = {}
+
+    def carried(config: TrainConfig) -> str:  # measured once per configuration
+        if id(config) not in found:
+            found[id(config)] = undeclared_state(task, items, config, spec["train_limit"])
+        return found[id(config)]
 
     mid, twice = folder / checkpoint_name(mid_step), folder / "resumed-mid-epoch.ckpt"
     case("mid-epoch", mid, mid_step, "resumed-mid-epoch", reference, weights,
