@@ -45,8 +45,10 @@ def row_text(row: dict) -> str:
     return f"{row.get('detail') or ''} | {row.get('remediation') or ''}"
 
 
-# "learning rate 0", "lr 0", "lr=0.0", "learning rate of 0" - never "lr 0.0004"
-LR_ZERO = re.compile(r"\b(?:learning rate|lr)\b(?: of| is| was| at|=|:)?\s*0(?:\.0+)?(?![.\d])",
+# "learning rate 0", "lr 0", "lr=0.0", "learning rate of 0", "zero learning rate" - never
+# "lr 0.0004"
+LR_ZERO = re.compile(r"\b(?:learning rate|lr)\b(?: of| is| was| at|=|:)?\s*"
+                     r"(?:0(?:\.0+)?(?!\.?\d)|zero\b)|\b(?:zero|0)\s+(?:learning rate|lr)\b",
                      re.IGNORECASE)
 
 
@@ -97,6 +99,15 @@ def test_label_smoothing_model_that_cannot_learn_still_fails(tmp_path):
     assert "exact target ids reproduced" in summary["failed"]
 
 
+@pytest.mark.xfail(strict=False, reason="blind case: first run said 'the loss fell from 1.778 to "
+                   "1.678 in 80 updates at lr 0.05 ... give it more updates' - the lr the task "
+                   "gave, not the 0 its build_optimizer made of it")
+def test_label_smoothing_unlearnable_twin_names_the_optimizers_lr_zero(tmp_path):
+    _, _, summary = run_notebook(wb.overfit, "02_overfit", tmp_path, task=SMOOTHING,
+                                 task_options={"bug": "lr_floor_division"})
+    assert LR_ZERO.search(summary["diagnosis"]), summary["diagnosis"]
+
+
 # 3. LlamaForCausalLM(config).to(torch.bfloat16) as campaign_model - pytorch/pytorch#145529 -----
 
 @pytest.mark.xfail(strict=False, reason="blind case: first run did not size the campaign model: "
@@ -137,6 +148,26 @@ def test_overfit_names_the_clip_value_it_applied(tmp_path):
                                       task_options={"gradient_clip_val": 0.3})
     said = json.dumps(summary) + result.checks.to_string()
     assert re.search(r"clip\w*\W{0,6}[^\n]{0,60}?\b0\.3\b", said, re.IGNORECASE), said
+
+
+HF_CLIP = "tests.blind.hf_max_grad_norm:task"
+
+
+@pytest.mark.xfail(strict=False, reason="blind case: first run ignored TrainingArguments' "
+                   "max_grad_norm: 02's loss curve at max_grad_norm 0.3, 1.0 and 100 was the "
+                   "same to 6 digits, and nothing names the clip value")
+def test_overfit_applies_the_trainers_max_grad_norm(tmp_path):
+    curves = {}
+    for clip in (0.3, 100.0):
+        result, _, _ = run_notebook(
+            wb.overfit, "02_overfit", tmp_path / str(clip), task=HF_CLIP, updates=6,
+            task_options={"max_grad_norm": clip, "adam_epsilon": 1.0, "learning_rate": 0.5})
+        curves[clip] = [float(x) for x in result.steps["loss"]]
+    # the first loss is before any update; every later one follows a clipped update (the raw
+    # gradient norm is 0.9-2.4 on these updates, so 0.3 clips each of them and 100 none)
+    assert curves[0.3][0] == pytest.approx(curves[100.0][0])
+    gaps = [abs(a - b) for a, b in zip(curves[0.3][1:], curves[100.0][1:], strict=True)]
+    assert max(gaps) > 1e-3, curves
 
 
 # 5. hidden state kept in the loop's closure - Lightning-AI/pytorch-lightning#655 ---------------
