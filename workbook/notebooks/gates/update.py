@@ -44,7 +44,8 @@ class Finding:
 
 
 def _listed(names: list[str]) -> str:
-    return f"{len(names)} trainable tensors ({', '.join(names[:5])}{', ...' * (len(names) > 5)})"
+    return (f"{len(names)} trainable tensor{'s' * (len(names) != 1)} ({', '.join(names[:5])}"
+            f"{', ...' * (len(names) > 5)})")
 
 
 def unchanged_causes(stepper: Stepper, names: list[str], before: BeforeUpdate,
