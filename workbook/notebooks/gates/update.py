@@ -77,7 +77,7 @@ def unchanged_causes(stepper: Stepper, names: list[str], before: BeforeUpdate,
             by_group.setdefault(group[n], []).append((n, params[n], before.params[n],
                                                       g * clip_scale))
     for k, members in by_group.items():
-        findings.append(_resolution(optimizer, k, members, before.lrs[k], first))
+        findings += _resolution(optimizer, k, members, before.lrs[k], first)
     return findings
 
 
@@ -169,44 +169,61 @@ def spacing(values: torch.Tensor) -> float:
 
 
 def _resolution(optimizer: torch.optim.Optimizer, k: int, members: list, lr: float,
-                first: bool) -> Finding:
+                first: bool) -> list[Finding]:
     """Replay the update of a group's unchanged tensors on copies, in float64 and in their own
-    dtype: moved in float64 but not in their dtype confirms an update under their float
-    resolution (harmless where the schedule's base lr moves them; a warning where it does not)."""
+    dtype - from an empty state on the first update; after it, from a copy of the optimizer's
+    state or an empty one: moved in float64 but not in their dtype confirms an update under
+    their float resolution (a note where the schedule's base lr moves them, else a warning)."""
     names = [n for n, _, _, _ in members]
+    below: dict[str, tuple[float, bool]] = {}  # name -> (its float64 change, state kept empty)
+    moved = dict.fromkeys(names, 0.0)  # name -> its largest float64 change
     try:
-        exact = replayed(optimizer, k, members, lr, torch.float64, first)
-        own = replayed(optimizer, k, members, lr, None, first)
+        for fresh in ([True] if first else [False, True]):
+            exact = replayed(optimizer, k, members, lr, torch.float64, fresh)
+            own = replayed(optimizer, k, members, lr, None, fresh)
+            for name, d, o in zip(names, exact, own, strict=True):
+                change = float(d.abs().max())
+                moved[name] = max(moved[name], change)
+                if change > 0 and not bool(o.any()):
+                    below.setdefault(name, (change, fresh))
     except Exception as exc:  # an optimizer that cannot be rebuilt from its group's settings
-        return Finding("fail", f"{_listed(names)} did not change, though in the optimizer "
-                       f"(param group {k}, lr {lr:g}) with a nonzero gradient; the cause is not "
-                       f"confirmed: replaying the update with {type(optimizer).__name__} failed "
-                       f"({type(exc).__name__}: {str(exc)[:120]})",
-                       "test: step a copy of the optimizer on these tensors alone and compare "
-                       "them before and after; if they move, something in the step skips them")
-    moved = max(float(d.abs().max()) for d in exact)
-    dtypes = sorted({str(v.dtype).replace("torch.", "") for _, _, v, _ in members})
-    gap = min(spacing(v) for _, _, v, _ in members)
-    if moved > 0 and not any(bool(d.any()) for d in own):
-        words = (f"{_listed(names)} changed by less than their float resolution: the update at "
-                 f"lr {lr:g}, replayed on copies in float64, moves them by at most {moved:.2g}, "
-                 f"under the {'/'.join(dtypes)} spacing {gap:.2g} near their values (the copies "
-                 f"in {'/'.join(dtypes)} do not move either) - not a fault of the optimizer")
+        return [Finding("fail", f"{_listed(names)} did not change, though in the optimizer "
+                        f"(param group {k}, lr {lr:g}) with a nonzero gradient; the cause is "
+                        f"not confirmed: replaying the update with {type(optimizer).__name__} "
+                        f"failed ({type(exc).__name__}: {str(exc)[:120]})",
+                        "test: step a copy of the optimizer on these tensors alone and compare "
+                        "them before and after; if they move, something in the step skips them")]
+    out = []
+    if below:
+        small = [m for m in members if m[0] in below]
+        dtypes = "/".join(sorted({str(v.dtype).replace("torch.", "") for _, _, v, _ in small}))
+        words = (f"{_listed(list(below))} changed by less than their float resolution: the "
+                 f"update at lr {lr:g}, replayed on copies in float64, moves them by at most "
+                 f"{max(c for c, _ in below.values()):.2g}, under the {dtypes} spacing "
+                 f"{min(spacing(v) for _, _, v, _ in small):.2g} near their values (the copies "
+                 f"in {dtypes} do not move either) - not a fault of the optimizer")
         base = float(optimizer.param_groups[k].get("initial_lr", lr))
-        if base > lr and any(bool(d.any()) for d in replayed(optimizer, k, members, base,
-                                                              None, first)):
-            return Finding("pass", f"{words}; at the schedule's base lr {base:g} they move")
-        return Finding("warn", f"{words}; at lr {max(base, lr):g}, the schedule's base, they "
-                       "do not move either: in this dtype they will not train",
-                       "keep these tensors in float32 (master weights), or raise their "
-                       "learning rate")
-    return Finding("fail", f"{_listed(names)} did not change, though in the optimizer (param "
-                   f"group {k}, lr {lr:g}) with a nonzero gradient, and the update replayed on "
-                   f"copies moves them by up to {moved:.2g}: the cause is not confirmed - "
-                   "suspect the step itself (an optimizer that skips a group, a hook or "
-                   "callback that writes them back, a GradScaler that skipped the step)",
-                   "test: step the optimizer on these tensors alone and compare them before "
-                   "and after")
+        fresh = any(f for _, f in below.values())
+        if base > lr and any(bool(d.any()) for d in replayed(optimizer, k, small, base, None,
+                                                              fresh)):
+            out.append(Finding("pass", f"{words}; at the schedule's base lr {base:g} they move"))
+        else:
+            out.append(Finding("warn", f"{words}; at lr {max(base, lr):g}, the schedule's base, "
+                               "they do not move either: in this dtype they will not train",
+                               "keep these tensors in float32 (master weights), or raise "
+                               "their learning rate"))
+    other = [n for n in names if n not in below]
+    if other:
+        out.append(Finding("fail", f"{_listed(other)} did not change, though in the optimizer "
+                           f"(param group {k}, lr {lr:g}) with a nonzero gradient, and the "
+                           f"update replayed on copies moves them by up to "
+                           f"{max(moved[n] for n in other):.2g}: the "
+                           "cause is not confirmed - suspect the step itself (an optimizer "
+                           "that skips a group, a hook or callback that writes them back, a "
+                           "GradScaler that skipped the step)",
+                           "test: step the optimizer on these tensors alone and compare them "
+                           "before and after"))
+    return out
 
 
 def update_check(expected_step: int, run: Any, before: BeforeUpdate, _) -> tuple[str, ...]:
