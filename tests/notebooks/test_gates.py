@@ -453,3 +453,33 @@ def test_an_unexplained_unchanged_tensor_is_a_suspicion_with_its_test(gen_task, 
            "moves them by up to 0.001: the cause is not confirmed - suspect the step itself" \
            in first.detail, first.detail
     assert "test: step the optimizer on these tensors alone" in first.remediation
+
+
+def test_torchvisions_no_decay_norm_group_in_a_warm_up_is_under_resolution_not_frozen(tmp_path):
+    """torchvision's reference recipe: SGD with momentum, `--norm-weight-decay 0.0` (norm
+    weights and biases in a group without decay) and a linear warm-up from 1% of the lr."""
+    from workbook import load_task
+    from workbook.contract.data import prepare
+    from workbook.notebooks.gates.diagnosis import norms_and_biases
+
+    def sgd(model, lr):
+        norms = norms_and_biases(model)
+        return torch.optim.SGD(
+            [{"params": [p for p in model.parameters() if id(p) not in norms],
+              "weight_decay": 1e-4},
+             {"params": [p for p in model.parameters() if id(p) in norms],
+              "weight_decay": 0.0}], lr=lr, momentum=0.9)
+
+    def warm_up(optimizer):
+        return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.01, total_iters=5)
+    task = dataclasses.replace(load_task("examples.cnn_batchnorm:task"), build_optimizer=sgd,
+                               build_scheduler=warm_up)
+    items = prepare(task).items
+    _, rows = gates(task, items, tmp_path, settings=dataclasses.replace(CALM, lr=1e-4),
+                    n_train=64)
+    first = rows["update (first)"]
+    assert first.verdict == "pass", first.detail
+    assert "1 trainable tensor (blocks.0.bn.weight) changed by less than their float " \
+           "resolution: the update at lr 1e-06" in first.detail
+    assert "at the schedule's base lr 0.0001 they move" in first.detail
+    assert rows["update (later)"].verdict == "pass"

@@ -211,7 +211,10 @@ def _resolution(optimizer: torch.optim.Optimizer, k: int, members: list, lr: flo
             out.append(Finding("warn", f"{words}; at lr {max(base, lr):g}, the schedule's base, "
                                "they do not move either: in this dtype they will not train",
                                "keep these tensors in float32 (master weights), or raise "
-                               "their learning rate"))
+                               "their learning rate" if any(torch.finfo(v.dtype).bits < 32
+                                                            for _, _, v, _ in small) else
+                               f"raise their learning rate: in {dtypes} an update this small "
+                               "is lost"))
     other = [n for n in names if n not in below]
     if other:
         out.append(Finding("fail", f"{_listed(other)} did not change, though in the optimizer "
