@@ -383,3 +383,20 @@ def test_a_trainers_max_grad_norm_is_the_tasks_clipping():
     assert clip(max_grad_norm=0.3) == 0.3
     assert clip(max_grad_norm=0.0) is None and clip(max_grad_norm=None) is None
     assert clip() == "undeclared"  # arguments without it: the Task's default
+
+
+def test_the_least_loss_of_soft_targets_is_their_entropy_measured_on_the_loss_itself():
+    from workbook.notebooks.overfit import least_loss
+
+    teacher = torch.tensor([0.4, 0.3, 0.1, 0.1, 0.05, 0.05])  # not even over the other classes
+
+    def distilled(logits, batch):  # a soft-target loss: the label blended with a teacher
+        labels = batch["labels"]
+        soft = 0.7 * nn.functional.one_hot(labels, 6).float() + 0.3 * teacher
+        return -(soft * logits.log_softmax(-1)).sum(), labels.numel()
+    task = dataclasses.replace(shapes(), loss=distilled)
+    batch = {"labels": torch.arange(6), "inputs": torch.zeros(6, 8)}
+    soft = 0.7 * torch.eye(6) + 0.3 * teacher
+    entropy = float(-(soft * soft.log()).sum(1).mean())
+    assert least_loss(task, torch.zeros(6, 6), batch) == pytest.approx(entropy, rel=1e-3)
+    assert least_loss(shapes(), torch.zeros(6, 6), batch) == 0.0  # a plain cross-entropy

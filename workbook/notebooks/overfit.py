@@ -164,9 +164,9 @@ def least_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor])
     targets = task.targets(batch["labels"])
     if task.target_kind.float_targets or targets.shape != logits.shape[:-1]:
         return 0.0
-    size = logits.shape[-1]
-    hot = torch.nn.functional.one_hot(targets.clamp(0, size - 1), size).float() * \
-        contributes(targets).unsqueeze(-1)
+    hot = torch.zeros(logits.shape).scatter_(  # 1 at each contributing target, else 0
+        -1, targets.clamp(0, logits.shape[-1] - 1).unsqueeze(-1),
+        contributes(targets).float().unsqueeze(-1))
 
     def per_target(z: torch.Tensor) -> torch.Tensor:
         summed, count = task.loss(z, batch)
