@@ -54,14 +54,15 @@ from .update import BeforeUpdate, update_check
 @dataclass(frozen=True)
 class Gate:
     """One row of the gates: `work(run, context)` is what is measured, `check(run, context,
-    result)` judges it as (verdict, detail). `prepare(run)` makes the context before the
+    result)` judges it as (verdict, detail), or (verdict, detail, remediation) where the check
+    found the cause and its fix. `prepare(run)` makes the context before the
     measurement (a snapshot to compare with), `finish(run)` tidies after it; `blocked(run)` says
     why the gate cannot run (None: it can). A chained gate's memory is read from what the
     previous phase left; `training` gates are also the memory variants' phases."""
 
     phase: str
     work: Callable[["GateRun", Any], Any]
-    check: Callable[["GateRun", Any, Any], tuple[str, str]]
+    check: Callable[["GateRun", Any, Any], tuple[str, ...]]
     prepare: Callable[["GateRun"], Any] = lambda run: None
     finish: Callable[["GateRun"], None] = lambda run: None
     blocked: Callable[["GateRun"], str | None] = lambda run: None
