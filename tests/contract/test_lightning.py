@@ -43,6 +43,16 @@ def test_the_module_runs_as_trainer_fit_with_its_lr_schedule_and_the_pilots_lr()
     assert [round(s.lr / 1e-3, 3) for s in steps[:5]] == [0.2, 0.4, 0.6, 0.8, 1.0]
 
 
+def test_the_trainers_gradient_clip_val_is_the_tasks_clipping():
+    from examples.lightning_module import LitLanguageModel, TextDataModule, tok
+
+    assert load_task(TASK, conversations=60).grad_clip is None  # Lightning's default: none
+    clipped = wb.adapters.from_lightning(
+        LitLanguageModel, TextDataModule(conversations=60), name="clipped", kind="generation",
+        fields=("input_ids", "labels"), decode=tok.decode, gradient_clip_val=0.5)
+    assert clipped.grad_clip == 0.5
+
+
 def test_training_step_mean_is_exact_on_packed_blocks_and_named_on_padded_examples():
     task, items, _ = _items()
     own = acc.normalisation_check(task, items[:8], (8, 2, 1))

@@ -322,3 +322,81 @@ def test_a_subset_larger_than_the_training_split_is_refused_with_the_split_size(
     with pytest.raises(WorkbookError, match=f"examples=100000 is more than the {size} "):
         overfit(cls_task, examples=100000, updates=5)
     assert overfit(cls_task, examples=size, updates=1).figures["examples"] == size  # the edge
+
+
+# --- the bar from the task's own loss, and the task's own clipping ---------------------------
+
+class Shapes(torch.utils.data.Dataset):
+    """Six classes of well separated features."""
+
+    def __init__(self, n: int = 60):
+        g = torch.Generator().manual_seed(0)
+        self.y = torch.arange(n) % 6
+        self.x = 3 * nn.functional.one_hot(self.y, 8).float() + torch.randn(n, 8, generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def shapes(smoothing: float = 0.0, **fields) -> Task:
+    from workbook.contract.adapters import from_torch
+
+    return from_torch(Shapes(), lambda: nn.Sequential(nn.Linear(8, 32), nn.ReLU(),
+                                                      nn.Linear(32, 6)),
+                      nn.CrossEntropyLoss(label_smoothing=smoothing), name="shapes",
+                      lr=1e-2, **fields)
+
+
+def test_label_smoothing_sets_the_least_loss_from_the_tasks_own_loss_and_the_twin_has_none():
+    res = overfit(shapes(0.1), examples=6, updates=150)
+    f, eps, k = res.figures, 0.1, 6
+    right, wrong = 1 - eps + eps / k, eps / k
+    least = -right * math.log(right) - (k - 1) * wrong * math.log(wrong)  # 0.421
+    assert f["loss_floor"] == pytest.approx(least, rel=1e-4)
+    assert f["final_loss_bar"] == pytest.approx(0.05 + least, rel=1e-4)
+    assert res.verdict == "pass" and f["memorised"], res.checks
+    row = res.checks.set_index("check").loc["final loss below threshold"]
+    assert row.detail.startswith(f"the bar is 0.05 above {least:.4g}, the least loss per "
+                                 "target your loss reaches on these targets even with every "
+                                 "example memorised")
+    assert f["grad_clip"] == 1.0 and f["clipping"] == "clip 1 (the task's grad_clip)"
+    twin = overfit(shapes(0.0, grad_clip=None), examples=6, updates=150)
+    assert twin.verdict == "pass" and twin.figures["loss_floor"] == 0.0
+    assert twin.figures["final_loss_bar"] == 0.05
+    assert twin.checks.set_index("check").loc["final loss below threshold"].detail == ""
+    # the task's clipping, said in the result: here none
+    assert twin.figures["grad_clip"] is None
+    assert "no clipping (the task's grad_clip is None)" in twin.checks.value[1]
+
+
+def test_a_trainers_max_grad_norm_is_the_tasks_clipping():
+    from types import SimpleNamespace
+
+    from workbook.contract.adapters.hf_trainer import argument_fields
+
+    def clip(**args):
+        return argument_fields(SimpleNamespace(learning_rate=1e-3, **args), lambda: 8, None,
+                               None, []).get("grad_clip", "undeclared")
+    assert clip(max_grad_norm=0.3) == 0.3
+    assert clip(max_grad_norm=0.0) is None and clip(max_grad_norm=None) is None
+    assert clip() == "undeclared"  # arguments without it: the Task's default
+
+
+def test_the_least_loss_of_soft_targets_is_their_entropy_measured_on_the_loss_itself():
+    from workbook.notebooks.overfit import least_loss
+
+    teacher = torch.tensor([0.4, 0.3, 0.1, 0.1, 0.05, 0.05])  # not even over the other classes
+
+    def distilled(logits, batch):  # a soft-target loss: the label blended with a teacher
+        labels = batch["labels"]
+        soft = 0.7 * nn.functional.one_hot(labels, 6).float() + 0.3 * teacher
+        return -(soft * logits.log_softmax(-1)).sum(), labels.numel()
+    task = dataclasses.replace(shapes(), loss=distilled)
+    batch = {"labels": torch.arange(6), "inputs": torch.zeros(6, 8)}
+    soft = 0.7 * torch.eye(6) + 0.3 * teacher
+    entropy = float(-(soft * soft.log()).sum(1).mean())
+    assert least_loss(task, torch.zeros(6, 6), batch) == pytest.approx(entropy, rel=1e-3)
+    assert least_loss(shapes(), torch.zeros(6, 6), batch) == 0.0  # a plain cross-entropy

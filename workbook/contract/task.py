@@ -120,6 +120,10 @@ class Task:
     # step(), state_dict() and load_state_dict() (an LRScheduler), stepped after every update
     # in place of the workbook's warm-up (`warmup_updates` is then unused); None: the warm-up
     build_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
+    # the gradient norm the campaign's updates clip at (None: they do not clip) - the
+    # framework's own (max_grad_norm, gradient_clip_val) through the adapters; 02 and 03 make
+    # the workbook's updates at it
+    grad_clip: float | None = 1.0
     id_key: str = "id"
     group_key: str = "group"
     model_inputs: tuple[str, ...] = ("input_ids", "attention_mask")
@@ -235,6 +239,11 @@ class Task:
         """The labels each logit position is trained to predict (`label_shift` applied), for
         one example or a batch; -100 where none."""
         return self.target_kind.targets(labels, self.label_shift)
+
+    def clipping(self) -> str:
+        """The clipping the workbook's updates of this task use, in words (02 and 03 say it)."""
+        return (f"clip {self.grad_clip:g} (the task's grad_clip)" if self.grad_clip else
+                "no clipping (the task's grad_clip is None)")
 
     def optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
         """The task's optimizer for `model`, built by `build_optimizer(model, lr)`."""
@@ -412,6 +421,10 @@ def validate_task(task: Any, path: str = "task") -> Task:
             problems.append(f"`{name}` must be callable or None")
     if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):
         problems.append(f"`lr` must be a positive number or None, got {task.lr!r}")
+    clip = task.grad_clip
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                             or not clip >= 0):
+        problems.append(f"`grad_clip` must be a number >= 0 or None, got {clip!r}")
     for name in ("logits_at", "loss_at"):
         where = getattr(task, name)
         if where is not None and (isinstance(where, bool) or not isinstance(where, (int, str))):

@@ -21,7 +21,14 @@ from ..contract.task import Task, task_from_params
 from ..storage.records import StepRecord, to_frame
 from ..training.devices import resolve_device
 from ..training.evaluation import eval_mode, evaluate, outputs_of
-from ..training.loop import UpdateShape, loss_rise, seed_everything, train, update_by
+from ..training.loop import (
+    UpdateShape,
+    loss_rise,
+    runs_own_step,
+    seed_everything,
+    train,
+    update_by,
+)
 
 # 02's learning rate when its `lr` is 0 and the task declares no Task.lr: the samples memorise
 # 8 examples in 150 updates (4 in the 80 of --smoke) at it with a wide margin, while the general
@@ -32,6 +39,7 @@ LR_FROM = {"task": "the task's Task.lr", "parameter": "the lr parameter",
 # the rule of notebook 06: the median loss of the last 5 updates above 3 x the first update's
 DIVERGENCE_MULTIPLE = 3.0
 MEMORISED_EVERY = 10  # updates between the early-stop checks once the loss is under its bar
+NO_FLOOR = 1e-6  # a least loss per target under this is 0: a plain cross-entropy's
 
 
 @dataclass
@@ -147,6 +155,46 @@ def ambiguity(task: Task, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor,
     return ambiguous.reshape(labels.shape), floor / max(total, 1), int(ambiguous.sum())
 
 
+def least_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> float:
+    """The least loss per target the task's own `loss` reaches on these targets with every
+    example memorised: 0 for a plain cross-entropy, above 0 under label smoothing (for K classes
+    -(1-e+e/K)ln(1-e+e/K) - (K-1)(e/K)ln(e/K)) or soft targets. Measured on the loss itself, at
+    logits shaped as the model's: each target a margin s above every other output (the best s),
+    then free logits from there (L-BFGS). 0 where the loss cannot be evaluated so."""
+    targets = task.targets(batch["labels"])
+    if task.target_kind.float_targets or targets.shape != logits.shape[:-1]:
+        return 0.0
+    hot = torch.zeros(logits.shape).scatter_(  # 1 at each contributing target, else 0
+        -1, targets.clamp(0, logits.shape[-1] - 1).unsqueeze(-1),
+        contributes(targets).float().unsqueeze(-1))
+
+    def per_target(z: torch.Tensor) -> torch.Tensor:
+        summed, count = task.loss(z, batch)
+        return summed.float() / max(float(count), 1.0)
+    try:
+        with torch.no_grad():
+            if float(per_target(40.0 * hot)) < NO_FLOOR:  # the targets alone: no floor
+                return 0.0
+            low, high = 0.0, 40.0  # the loss is convex in s: a golden-section search
+            for _ in range(40):
+                a, b = low + 0.382 * (high - low), low + 0.618 * (high - low)
+                low, high = (low, b) if per_target(a * hot) < per_target(b * hot) else (a, high)
+            least = float(per_target((low + high) / 2 * hot))
+        z = ((low + high) / 2 * hot).requires_grad_(True)
+        search = torch.optim.LBFGS([z], max_iter=50, line_search_fn="strong_wolfe")
+
+        def closure() -> torch.Tensor:
+            search.zero_grad()
+            value = per_target(z)
+            value.backward()
+            return value
+        search.step(closure)
+        least = min(least, float(per_target(z.detach())))
+    except Exception:  # a loss that needs more than logits and the batch: no floor measured
+        return 0.0
+    return least if least >= NO_FLOOR else 0.0
+
+
 def reproduced(task: Task, model: torch.nn.Module, items: list[Item], device: torch.device,
                tolerance: float) -> pd.DataFrame:
     """Per example, on one eval-mode forward of the whole subset (the mode and batch the final
@@ -198,7 +246,10 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     raw = task.target_kind.overfit_subset(task, train_split, examples)  # across classes
     items = encode_examples(task, raw)
     cfg = UpdateShape(*whole_update(task, items)).train_config(
-        updates=updates, lr=lr, seed=seed, device=device, grad_clip=1.0, progress=progress)
+        updates=updates, lr=lr, seed=seed, device=device, grad_clip=task.grad_clip or 0.0,
+        progress=progress)
+    clipping = "clipping as the task's train_step does" if runs_own_step(task, cfg) else \
+        task.clipping()
     cfg.validate(len(train_split))
     dev = resolve_device(device)
     seed_everything(seed)
@@ -217,8 +268,11 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     # task's targets live in (not the subset's: 8 rows of one group are near-duplicates)
     scale = target_variance(task, train_split) if task.target_kind.float_targets else 1.0
     # ids that follow the same context differently in the subset: their least loss is added
-    _, floor, ambiguous = ambiguity(task, collate_items(task, items).tensors)
-    bar = loss_threshold * scale + floor
+    subset = collate_items(task, items).tensors
+    _, floor, ambiguous = ambiguity(task, subset)
+    with eval_mode(model):  # the least the task's own loss reaches on these targets
+        own_floor = least_loss(task, outputs_of(task, model, items, dev).float().cpu(), subset)
+    bar = loss_threshold * scale + floor + own_floor
     tolerance = math.sqrt(bar)  # per regression target, in the targets' units
     seen: list[StepRecord] = []
 
@@ -227,7 +281,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         if divergence(seen):
             return divergence(seen)  # a diverged run stops: the rest would be noise
         if record.loss < bar and len(seen) % MEMORISED_EVERY == 0 and memorised(
-                task, stepper.model, items, dev, bar, tolerance):
+                task, stepper.model, items, dev, bar, tolerance, own_floor):
             return "memorised"  # the rest of the budget would only confirm it
         return None
 
@@ -269,7 +323,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
          "passed": init_gap <= init_tolerance,
          "detail": start.rule if not judged_start else fine_tuning.NOT_IDENTITY
          if start.tolerance and init_gap > init_tolerance else ""},
-        {"check": "learning rate does not diverge", "value": f"lr {lr:g} ({lr_from})",
+        {"check": "learning rate does not diverge", "value": f"lr {lr:g} ({lr_from}), {clipping}",
          "expected": f"no rise above {DIVERGENCE_MULTIPLE:g} x the first losses, finite",
          "passed": not diverged, "detail": message},
         {"check": "loss finite at every step", "value": finite, "expected": True,
@@ -279,7 +333,8 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
          "value": round(final.loss, 4), "expected": f"< {bar:.4g}",
          "passed": final.loss < bar or unfinished,
          "detail": not_conclusive(initial.loss, final.loss, bar, len(result.steps),
-                                  sum(exact), len(exact)) if unfinished else ""},
+                                  sum(exact), len(exact)) if unfinished else
+         floor_words(own_floor, loss_threshold * scale) if own_floor else ""},
         {"check": "targets reproduced within sqrt(final loss bar)" if regression
          else "exact target ids reproduced", "value": f"{sum(exact)}/{len(exact)}",
          "expected": f"{len(exact)}/{len(exact)}" + (f", |error| <= {tolerance:.4g}"
@@ -306,7 +361,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                "final_loss": round(final.loss, 4), "exact_examples": sum(exact),
                "finite": finite, "lr_diverges": bool(diverged),
                "loss_threshold": loss_threshold, "final_loss_bar": round(bar, 6),
-               "ambiguous_targets": ambiguous, "least_loss": round(floor, 6),
+               "ambiguous_targets": ambiguous, "least_loss": round(floor + own_floor, 6),
+               "loss_floor": round(own_floor, 6), "grad_clip": cfg.grad_clip or None,
+               "clipping": clipping,
                "initial_loss_rule": rule,
                "memorised": final.loss < bar and all(exact), "conclusive": not unfinished,
                "stopped_memorised": result.stop_reason == "memorised"}
@@ -314,16 +371,18 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         figures["target_variance"] = round(scale, 6)
         figures["reproduction_tolerance"] = round(tolerance, 6)
     return OverfitResult(task, steps, checks, reproduction, figures,
-                         message or _diagnosis(checks, initial.loss, final.loss, bar, updates, lr))
+                         message or _diagnosis(checks, initial.loss, final.loss, bar, updates, lr,
+                                               own_floor))
 
 
 def memorised(task: Task, model: torch.nn.Module, items: list[Item], device: torch.device,
-              bar: float, tolerance: float) -> bool:
+              bar: float, tolerance: float, least: float = 0.0) -> bool:
     """Memorised with a margin, on the final judgement's terms (eval mode, the whole subset):
-    the loss under half its bar and every target given back."""
+    the loss under half way from the least the task's loss reaches (`least`) to its bar, and
+    every target given back."""
     was = model.training
     try:
-        return (evaluate(task, model, items, len(items), device).loss < bar / 2
+        return (evaluate(task, model, items, len(items), device).loss < (least + bar) / 2
                 and bool(reproduced(task, model, items, device, tolerance).exact_ids.all()))
     finally:
         model.train(was)
@@ -353,8 +412,16 @@ def not_conclusive(initial: float, final: float, bar: float, updates: int, exact
             "(the run stops as soon as the subset is memorised)")
 
 
+def floor_words(least: float, margin: float) -> str:
+    """Why the bar stands above the threshold: the least loss of the task's own loss."""
+    return (f"the bar is {margin:.4g} above {least:.4g}, the least loss per target your loss "
+            "reaches on these targets even with every example memorised (measured on the "
+            "task's loss at the best logits: label smoothing or soft targets keep the target's "
+            "probability under 1)")
+
+
 def _diagnosis(checks: pd.DataFrame, initial: float, final: float, bar: float,
-               updates: int, lr: float) -> str:
+               updates: int, lr: float, least: float = 0.0) -> str:
     """The failure in words when the learning rate does not diverge ("" on a pass)."""
     failed = checks.loc[~checks.passed, "check"].tolist()
     if not failed:
@@ -362,7 +429,9 @@ def _diagnosis(checks: pd.DataFrame, initial: float, final: float, bar: float,
     if any(c.startswith("final loss") for c in failed) and math.isfinite(final) \
             and final < initial:
         return (f"not memorised: the loss fell from {initial:.4g} to {final:.4g} in {updates} "
-                f"updates at lr {lr:g}, not below the bar {bar:.4g}, without diverging; give it "
+                f"updates at lr {lr:g}, not below the bar {bar:.4g}"
+                + (f" ({least:.4g} of it the least your loss reaches)" if least else "")
+                + ", without diverging; give it "
                 "more updates, or compare learning rates with notebook 06")
     return "failed: " + "; ".join(failed)
 

@@ -281,11 +281,13 @@ def _parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def argument_fields(args: Any, train_rows: Callable[[], int], callbacks: list | None,
                     tokenizer: Any, notes: list[str]) -> dict[str, Any]:
-    """The Task fields a trainer's arguments decide: the learning rate and AdamW with its
-    settings (`args` may be any object with them), and from a `TrainingArguments` (or a
-    subclass: TRL's SFTConfig, DPOConfig) the schedule with its warm-up over `train_rows()`
-    rows, the checkpoint code and the user's `callbacks`."""
+    """The Task fields a trainer's arguments decide: the learning rate, the clipping
+    (`max_grad_norm`) and AdamW with its settings (`args` may be any object with them), and
+    from a `TrainingArguments` (or a subclass: TRL's SFTConfig, DPOConfig) the schedule with
+    its warm-up over `train_rows()` rows, the checkpoint code and the user's `callbacks`."""
     fields: dict[str, Any] = {"lr": getattr(args, "learning_rate", None)}
+    if hasattr(args, "max_grad_norm"):  # the Trainer clips at it; 0 or None: never
+        fields["grad_clip"] = args.max_grad_norm or None
     if args is not None:
         def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
             optimizer = torch.optim.AdamW(

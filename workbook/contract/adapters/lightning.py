@@ -406,7 +406,8 @@ class LightningAdapter(Adapter):
             build_optimizer=self.build_optimizer, build_scheduler=self.build_scheduler,
             save_state=self.save_state, restore_state=self.restore_state,
             make_sampler=self.make_sampler if self.own_order else None,
-            lr=fields.get("lr", self.own_lr))
+            lr=fields.get("lr", self.own_lr),
+            grad_clip=fields.get("grad_clip", self.gradient_clip_val or None))
         task.campaign_differs_in = self.differs
         return task
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +22,7 @@ from ...training import campaign
 from ...training import checkpoint as ckpt
 from ...training.devices import resolve_device
 from ...training.evaluation import eval_mode, evaluate
-from ...training.loop import RUNAWAY_MULTIPLE, HeldBehaviour, build_stepper, train
+from ...training.loop import HeldBehaviour, build_stepper, train
 from ...training.memory import GIB, MemoryReading, measure, rebased, state_tensors, storage_bytes
 from ...training.predict import (
     Overheads,
@@ -35,7 +35,7 @@ from ...training.predict import (
     summary_figures,
 )
 from ...training.workload import Workload, targets_of
-from .diagnosis import companion_causes, decay_on_norms, first_nonfinite_module
+from .diagnosis import companion_causes, first_nonfinite_module
 from .plan import GatesResult
 from .settings import (
     INPUT_BOUND_CAUSES,
@@ -48,19 +48,21 @@ from .settings import (
     encode_seconds,
     input_bound,
 )
+from .update import BeforeUpdate, update_check
 
 
 @dataclass(frozen=True)
 class Gate:
     """One row of the gates: `work(run, context)` is what is measured, `check(run, context,
-    result)` judges it as (verdict, detail). `prepare(run)` makes the context before the
+    result)` judges it as (verdict, detail), or (verdict, detail, remediation) where the check
+    found the cause and its fix. `prepare(run)` makes the context before the
     measurement (a snapshot to compare with), `finish(run)` tidies after it; `blocked(run)` says
     why the gate cannot run (None: it can). A chained gate's memory is read from what the
     previous phase left; `training` gates are also the memory variants' phases."""
 
     phase: str
     work: Callable[["GateRun", Any], Any]
-    check: Callable[["GateRun", Any, Any], tuple[str, str]]
+    check: Callable[["GateRun", Any, Any], tuple[str, ...]]
     prepare: Callable[["GateRun"], Any] = lambda run: None
     finish: Callable[["GateRun"], None] = lambda run: None
     blocked: Callable[["GateRun"], str | None] = lambda run: None
@@ -75,7 +77,8 @@ class GateRun:
                  val_items: list[Item], out_dir: Path,
                  save: Callable[..., Path] = ckpt.save_checkpoint,
                  load: Callable[..., dict] = ckpt.load_checkpoint):
-        self.task, self.settings, self.out_dir = task, settings, Path(out_dir)
+        self.task, self.out_dir = task, Path(out_dir)
+        self.settings = replace(settings, grad_clip=task.grad_clip)  # the task's clipping
         self.train_items, self.val_items = train_items, val_items
         self.encode_s = 0.0  # median seconds to encode one raw example
         self.save, self.load = save, load
@@ -109,7 +112,8 @@ class GateRun:
             context = gate.prepare(self)
             with measure(self.device) as holder:
                 result = gate.work(self, context)
-            row.verdict, row.detail = gate.check(self, context, result)
+            row.verdict, row.detail, *remedy = gate.check(self, context, result)
+            row.remediation = remedy[0] if remedy else row.remediation
         except Exception as exc:
             oom = isinstance(exc, torch.OutOfMemoryError)
             row.verdict = "fail"
@@ -298,64 +302,6 @@ def _backward_check(run: GateRun, _, __) -> tuple[str, str]:
                     f"normalised by {run.work.targets} targets")
 
 
-def _parameters_before(run: GateRun) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in run.work.stepper.model.named_parameters()}
-
-
-def _update_check(expected_step: int, run: GateRun, before: dict, _) -> tuple[str, str]:
-    model, optimizer = run.work.stepper.model, run.work.stepper.optimizer
-    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    after = dict(model.named_parameters())
-    trainable = [n for n, p in after.items() if p.requires_grad]
-    unchanged = [n for n in trainable if torch.equal(before[n], after[n])]
-    waiting = fine_tuning.waiting_for_partner(before) & set(unchanged)
-    unchanged = [n for n in unchanged if n not in waiting]
-    frozen_moved = [n for n, p in after.items()
-                    if not p.requires_grad and not torch.equal(before[n], p)]
-    left_out = [n for n, p in after.items() if p.requires_grad and id(p) not in in_optimizer]
-    steps = {int(st["step"]) for st in optimizer.state.values() if "step" in st}
-    lr = optimizer.param_groups[0]["lr"]
-    problems = []
-    if left_out:
-        problems.append(f"trainable parameters not in the optimizer: {left_out[:5]}")
-    if unchanged:
-        problems.append(f"{len(unchanged)} trainable tensors did not change: {unchanged[:5]}")
-    if frozen_moved:
-        problems.append(f"frozen parameters changed: {frozen_moved[:5]}")
-    if steps and steps != {expected_step}:
-        problems.append(f"optimizer step counter {sorted(steps)}, expected {expected_step}")
-    if run.task.build_scheduler is None:
-        scheduled, base = run.settings.lr, run.settings.lr
-    else:  # the task's own schedule: at its own rate now, from the lr this run asked for
-        scheduled = run.work.stepper.scheduler.get_last_lr()[0]
-        base = optimizer.param_groups[0].get("initial_lr", run.settings.lr)
-    if not math.isclose(lr, scheduled, rel_tol=1e-9):
-        problems.append(f"lr {lr} is not the scheduled {scheduled}")
-    if not math.isclose(base, run.settings.lr, rel_tol=1e-9):
-        problems.append(f"the task's schedule starts from lr {base}, not the {run.settings.lr} "
-                        "this run asked for")
-    norm = float(run.work.state["grad_norm"])
-    if not math.isfinite(norm):
-        problems.append(f"gradient norm {norm}")
-    first = run.work.state.setdefault("first_grad_norm", norm)
-    if expected_step > 1 and norm == 0:
-        problems.append(f"gradient norm 0 after the first update at lr {lr:g}: no gradient "
-                        "reaches the parameters any more (dead units - most often a learning "
-                        "rate far too large; 02 says whether it diverges)")
-    elif expected_step > 1 and norm > RUNAWAY_MULTIPLE * first > 0:
-        problems.append(f"gradient norm rose from {first:.3g} to {norm:.3g} in one update at lr "
-                        f"{lr:g}: the learning rate diverges (02 says so too) - lower it")
-    if problems:
-        return "fail", "; ".join(problems)
-    detail = (f"{len(trainable) - len(waiting)} tensors changed, step counter {expected_step}, "
-              f"lr {lr:g}, grad norm {norm:.3g}")
-    if waiting:
-        detail += (f"; {len(waiting)} LoRA A tensors wait for their B, which starts at zero "
-                   "(they move from the next update, which this gate judges there)")
-    decayed = decay_on_norms(run.task, model, optimizer) if expected_step == 1 else None
-    return "pass", f"{detail}; {decayed}" if decayed else detail  # a note, never a finding
-
-
 def _modes(run: GateRun) -> dict[str, bool]:
     """Every module's training flag before any evaluation."""
     return {n: m.training for n, m in run.work.stepper.model.named_modules()}
@@ -488,10 +434,10 @@ GATES = (
          prepare=GateRun.build_workload, finish=_note_loss),
     Gate("backward", lambda run, _: run.work.backward(), _backward_check,
          blocked=_no_finite_loss),
-    Gate("update (first)", lambda run, _: run.work.update_first(), partial(_update_check, 1),
-         prepare=_parameters_before, blocked=_no_finite_loss),
-    Gate("update (later)", lambda run, _: run.work.update_later(), partial(_update_check, 2),
-         prepare=_parameters_before, blocked=_no_finite_loss),
+    Gate("update (first)", lambda run, _: run.work.update_first(), partial(update_check, 1),
+         prepare=lambda run: BeforeUpdate.of(run.work.stepper), blocked=_no_finite_loss),
+    Gate("update (later)", lambda run, _: run.work.update_later(), partial(update_check, 2),
+         prepare=lambda run: BeforeUpdate.of(run.work.stepper), blocked=_no_finite_loss),
     Gate("validation", lambda run, _: run.work.validation(), _validation_check, prepare=_modes,
          finish=lambda run: run.work.state.pop("eval_logits", None), blocked=_no_model),
     Gate("checkpoint save", _save_work, lambda run, _, path: (

@@ -68,6 +68,7 @@ class GateSettings:
     input_updates: int = 4  # updates timed for the input pipeline (at least 3)
     init_tolerance: float = 0.5  # relative gap allowed between initial loss and ln(outputs)
     resume_tolerance: float = 0.0  # max |difference| after resume (0: bit-exact, the CPU rule)
+    grad_clip: float | None = 1.0  # the updates' clipping: GateRun takes the task's grad_clip
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "GateSettings":
@@ -83,7 +84,7 @@ class GateSettings:
         campaign's length (its schedule sized so), of which they make the first updates;
         `updates` for a run that makes them all (the timed input pipeline)."""
         return self.shape.train_config(updates=updates, lr=self.lr, seed=self.seed,
-                                       device=self.device)
+                                       device=self.device, grad_clip=self.grad_clip or 0.0)
 
 
 @dataclass
