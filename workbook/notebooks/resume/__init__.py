@@ -46,6 +46,7 @@ from .position import (
     stated_length,
     where_from,
 )
+from .stream_state import probe_pipeline
 from .undeclared import undeclared_state
 
 # planted resume bugs, to show what the check catches ("carried": a task's Task.state only)
@@ -315,6 +316,7 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
                             "give twice_step between mid_step and updates, or 0")
     task, items, cfg = rebuild(spec, task)
     order, length = pass_orders(task, items, cfg, spec["train_limit"]), stated_length(task, cfg)
+    probes = probe_pipeline(task, cfg, spec["train_limit"]) if cfg.pipeline else None
     reference, weights = run_recipe(spec, updates, folder,
                                     checkpoint_at=(mid_step, boundary_step), task=task)
     rows, details = [], {"reference": reference, "weights": weights}
@@ -339,7 +341,8 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
         first_record = resumed[0] if resumed else {}
         data = data or where_from(ref, resumed, step, order if config is None else
                                   pass_orders(task, items, config, spec["train_limit"]),
-                                  cfg.shape.micro_batch, first, length)
+                                  cfg.shape.micro_batch, first, length,
+                                  probes if config is None else None, loop_order)
         if not data and verdict["same_examples"] and not verdict["exact"]:
             data = global_seed(task, config or cfg) or random_data(
                 task, items, config or cfg, spec["train_limit"]) or carried(config or cfg)
@@ -367,7 +370,9 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
     if cfg.pipeline:  # load_state_dict, then set_epoch at the next pass, then iterate
         case("restored as a training loop does", mid, mid_step, "resumed-loop-order",
              reference, weights, loop_order=True)
-    again = repeated_pass(reference, order)
+    again = repeated_pass(reference, order) or (probes.partial if probes else "")
+    if probes is not None:  # the resumes that read elsewhere cite the same cause
+        probes.partial = again
     if again:
         rows.append({"case": "a new pass after a pass cut short", "resumed_after": None,
                      "exact": False, "continued_to_the_end": True, "data": again, "error": "",

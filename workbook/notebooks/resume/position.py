@@ -13,6 +13,7 @@ from ...contract.data import Item, encode_example, epoch_order, epoch_updates
 from ...contract.pipeline import DataPosition, open_pipeline
 from ...contract.task import Task
 from ...training.loop import TrainConfig
+from .stream_state import Findings, find_start
 
 PASS_LIMIT = 200_000  # ids of one pass read for the diagnosis at most
 
@@ -78,16 +79,6 @@ def position_before(reference: list[dict], step: int) -> tuple[int, int]:
     return epoch, sum(len(r["ids"]) for r in reference if r["step"] < step and r["epoch"] == epoch)
 
 
-def _find(ids: list[str], got: list[str]) -> int | None:
-    """Where `got` begins in `ids` (a match may run past the pass's end)."""
-    need = min(len(got), 2)
-    for f in range(len(ids)):
-        seen = ids[f:f + len(got)]
-        if len(seen) >= need and seen == got[:len(seen)]:
-            return f
-    return None
-
-
 def where_from(reference: list[dict], resumed: list[dict], after: int, order: Order | None,
                micro_batch: int, first_resume: tuple[int, int] | None = None,
                length: int | None = None) -> str:
@@ -107,6 +98,8 @@ def where_from(reference: list[dict], resumed: list[dict], after: int, order: Or
     epoch, n = position_before(reference, after + 1)
     total = sum(len(r["ids"]) for r in reference if r["step"] < after + 1)
     where, why = resumed_from(epoch, n, total, got, order, micro_batch, first_resume, length)
+    if findings is not None:
+        why = findings.cause(why, first_resume is not None, loop_order)
     return f"{where}: {why}" if where.startswith("the resumed") else \
         f"update {after + 1} {where}: {why}"
 
@@ -121,7 +114,7 @@ def resumed_from(epoch: int, n: int, total: int, got: list[str], order: Order,
         return skipped
     upto = max(n * max(micro_batch, 1), total) + len(got)  # past a pass cut short
     for e in dict.fromkeys([epoch, *range(epoch + 2)]):
-        f = _find(order(e, upto=upto), got)
+        f = find_start(order(e, upto=upto), got)
         if f is not None:
             return _named(epoch, n, e, f, micro_batch, first_resume)
     seen = set(order(epoch)[:n])
