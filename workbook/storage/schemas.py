@@ -221,13 +221,25 @@ class RecordedTask(Open):
     task_options: Options = {}
 
 
+class TensorEntry(Closed):
+    """One tensor of a model as a checkpoint records it: shape, dtype, digest of its values."""
+
+    shape: list[Index]
+    dtype: StrictStr
+    digest: StrictStr
+
+
 class CheckpointMeta(Open):
-    """meta.json of a checkpoint (a caller's own fields beside these are kept as they are)."""
+    """meta.json of a checkpoint (a caller's own fields beside these are kept as they are):
+    `tensors`, the model's tensors as saved (a task's own save_state); `base`, the model as
+    the writing process built it (absent from older checkpoints: not known)."""
 
     torch: StrictStr
     threads: Annotated[int, Strict(), Field(ge=1, le=MAX_THREADS)]
     digests: dict[StrictStr, StrictStr] = {}
     own_state: StrictBool = False
+    tensors: dict[StrictStr, TensorEntry] | None = None
+    base: dict[StrictStr, TensorEntry] | None = None
     recipe: RecordedTask | None = None
     task_name: Name | None = None
 

@@ -21,13 +21,14 @@ from ..contract.task import own_code
 from ..storage import schemas
 from ..storage.artifacts import MANIFEST, read_json, write_folder
 from ..storage.artifacts import verify as verify_folder
+from . import model_record
 
 WEIGHTS = "model.safetensors"
 STATE = "state.pt"
 META = "meta.json"
 __all__ = ["MANIFEST", "WEIGHTS", "STATE", "META", "save_checkpoint", "load_checkpoint",
            "load_state", "load_meta", "load_weights", "verify", "rng_state", "set_rng_state",
-           "tied_groups", "StepCount", "own_objects"]
+           "tied_groups", "StepCount", "own_objects", "tensor_record"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -83,12 +84,14 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, counters: dict | None = None,
                     meta: dict | None = None, own: Callable | None = None,
-                    sampler: Any = None, carry: Any = None) -> Path:
+                    sampler: Any = None, carry: Any = None, base: dict | None = None) -> Path:
     """Save the full training state into a new folder `path` (never over an existing one).
     With `own` (a task's `save_state(folder, objects)`), the task writes model, optimizer,
     schedule, scaler, sampler and step its own way; the workbook adds the loop's counters, the
-    random states and digests of what was saved, which the restore checks. A task's carried
-    state between batches (`carry`, Task.state) is always saved by the workbook."""
+    random states and digests of what was saved (each model tensor's too), which the restore
+    checks. A task's carried state between batches (`carry`, Task.state) is always saved by the
+    workbook. `base`: the `tensor_record` of the model as this process built it, kept to tell a
+    resumed process that builds another base."""
     objects = own_objects(model, optimizer, scheduler, scaler, sampler,
                           (counters or {}).get("step"))
 
@@ -116,6 +119,9 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
                                             "threads": torch.get_num_threads(),
                                             "digests": {} if mine else digests(objects),
                                             "own_state": not mine,
+                                            **({} if mine else
+                                               {"tensors": tensor_record(model)}),
+                                            **({} if base is None else {"base": base}),
                                             **(meta or {})}, indent=1, default=str))
 
     return write_folder(path, fill, "checkpoint")
@@ -130,28 +136,35 @@ def user_code(name: str, fn: Callable, folder: Path, objects: dict[str, Any]) ->
 def digests(objects: dict[str, Any]) -> dict[str, str]:
     """A fingerprint of each part of the training state (weights, optimizer state, schedule,
     scaler), to tell after a restore which part did not come back."""
-    def of(value: Any, h) -> None:
-        if isinstance(value, torch.Tensor):
-            t = value.detach().cpu().contiguous()
-            h.update(str((t.dtype, tuple(t.shape))).encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        elif isinstance(value, dict):
-            for k in sorted(value, key=str):
-                h.update(str(k).encode())
-                of(value[k], h)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                of(v, h)
-        elif not callable(value):
-            h.update(repr(value).encode())
-
     out = {}
     for name, obj in objects.items():
         if callable(getattr(obj, "state_dict", None)):
             h = hashlib.sha256()
-            of(obj.state_dict(), h)
+            feed(obj.state_dict(), h)
             out[name] = h.hexdigest()[:16]
     return out
+
+
+def feed(value: Any, h) -> None:
+    """A state's values into a hash: tensors by dtype, shape and bytes, containers in order."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, dict):
+        for k in sorted(value, key=str):
+            h.update(str(k).encode())
+            feed(value[k], h)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            feed(v, h)
+    elif not callable(value):
+        h.update(repr(value).encode())
+
+
+def tensor_record(model: torch.nn.Module) -> dict[str, dict]:
+    """Each tensor of the model's state: its shape, dtype and a digest of its values."""
+    return model_record.tensor_record(model, feed)
 
 
 def verify(path: str | Path) -> dict[str, dict]:
@@ -221,15 +234,19 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, restore_rng: bool = True,
                     own: Callable | None = None, sampler: Any = None,
-                    carry: Any = None) -> dict[str, Any]:
+                    carry: Any = None, built: dict | None = None) -> dict[str, Any]:
     """Restore model (and optimizer, schedule, scaler, random states) in place; returns the
     counters and meta data. A checkpoint written by a task's own `save_state` is restored by
     its `restore_state` (`own`), then every part is checked against the digests taken when it
     was saved. The sampler and step are checked only when restore_state changed them: one that
     leaves them alone leaves them to the workbook, which restores the data position itself.
-    `carry` gets back the carried state saved with it."""
+    `carry` gets back the carried state saved with it. `built`: the model's `tensor_record`
+    as this process built it (taken here when the checkpoint records a base), to tell a base
+    that differs from the writer's from a restore that failed."""
     state = load_state(path)
     meta = load_meta(path)
+    if built is None and (meta.get("base") is not None or meta.get("tensors") is not None):
+        built = tensor_record(model)
     if carry is not None:
         restore_carry(path, state, carry, model)
     objects = own_objects(model, optimizer, scheduler, scaler, sampler)
@@ -242,11 +259,17 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         handled = {k for k, v in digests({k: objects[k] for k in untouched}).items()
                    if v != untouched[k]}
         check_restored(path, {k: v for k, v in (meta.get("digests") or {}).items()
-                              if k not in untouched or k in handled}, objects)
+                              if k not in untouched or k in handled}, objects, meta, built)
         if restore_rng:
             set_rng_state(state["rng"], Path(path) / STATE)
         return {"counters": state["counters"], "meta": meta}
-    load_weights(model, Path(path) / WEIGHTS, "checkpoint")
+    try:
+        load_weights(model, Path(path) / WEIGHTS, "checkpoint")
+    except WorkbookError as exc:
+        other = model_record.rebuilt_base(meta, built)
+        if other:
+            raise WorkbookError(f"{exc.problem}: {other}", model_record.BASE_FIX) from None
+        raise
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
         if obj is None:
             continue
@@ -279,21 +302,35 @@ def restore_carry(path: str | Path, state: dict[str, Any], carry: Any,
     carry.load_state_dict(state["carried"], device)
 
 
-def check_restored(path: str | Path, saved: dict[str, str], objects: dict[str, Any]) -> None:
+def check_restored(path: str | Path, saved: dict[str, str], objects: dict[str, Any],
+                   meta: dict | None = None, built: dict | None = None) -> None:
     """Name every part of the training state that a task's restore_state did not bring back
     as it was saved (weights, optimizer state such as Adam's moments, schedule, scaler,
-    sampler, step)."""
+    sampler, step); of the model, which tensors - and those of a base this process built
+    otherwise than the writer (`built` against the base `meta` records) apart."""
     now = digests({k: v for k, v in objects.items() if k in saved})
     wrong = [k for k in now if now[k] != saved[k]]
+    if not wrong:
+        return
+    problems, fixes = [], []
+    found = model_record.model_difference(path, meta or {}, built,
+                                          tensor_record(objects["model"])) \
+        if "model" in wrong else None
+    if found:
+        problems.append(found[0])
+        fixes.append(found[1])
+        wrong.remove("model")
     if wrong:
-        raise WorkbookError(
+        problems.append(
             f"the task's restore_state did not bring back the {', '.join(wrong)} state saved in "
             f"{path}" + (" (without the optimizer state, Adam's moments restart from zero and "
                          "the resumed run diverges from the uninterrupted one)"
                          if "optimizer" in wrong else "")
             + (" (the sampler's order after the resume is not the uninterrupted run's: "
-               "examples are repeated or skipped)" if "sampler" in wrong else ""),
-            f"save and restore the {', '.join(wrong)} state_dict in save_state/restore_state")
+               "examples are repeated or skipped)" if "sampler" in wrong else ""))
+        fixes.append(f"save and restore the {', '.join(wrong)} state_dict in "
+                     "save_state/restore_state")
+    raise WorkbookError("; and ".join(problems), "; and ".join(fixes))
 
 
 def tied_groups(model: torch.nn.Module) -> list[tuple[str, ...]]:

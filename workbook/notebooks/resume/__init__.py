@@ -122,9 +122,12 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
     pipe = open_pipeline(task, cfg.seed, workers=cfg.workers, micro_batch=cfg.shape.micro_batch,
                          limit=spec["train_limit"], loop_order=loop_order) \
         if cfg.pipeline else None
-    stepper, position, first = None, Position(), 1
-    if start_from is not None:
-        stepper, position, first = restore(start_from, spec, task, cfg, faults, len(items))
+    if start_from is None:
+        stepper = build_stepper(task, cfg, examples=None if cfg.pipeline else len(items))
+        position, first, base = Position(), 1, ckpt.tensor_record(stepper.model)
+    else:
+        stepper, position, first, base = restore(start_from, spec, task, cfg, faults,
+                                                 len(items))
         if to_step < first:
             raise WorkbookError(f"--to {to_step} lies before the checkpoint's next update "
                                 f"{first}: nothing would be resumed",
@@ -138,7 +141,8 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
             ckpt.save_checkpoint(Path(folder) / name(record.step), st.model,
                                  st.optimizer, st.scheduler, st.scaler, counters,
                                  {"recipe": spec, "task_name": task.name},
-                                 own=task.save_state, sampler=st.sampler, carry=st.carry)
+                                 own=task.save_state, sampler=st.sampler, carry=st.carry,
+                                 base=base)
         return None
 
     result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
@@ -152,9 +156,10 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
 
 
 def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple = (),
-            examples: int = 0) -> tuple[Stepper, Position, int]:
+            examples: int = 0) -> tuple[Stepper, Position, int, dict]:
     """Model, optimizer, schedule, scaler, sampler (of `examples` training examples), random
-    states, thread count and data position from a checkpoint; `faults` plants the classic
+    states, thread count and data position from a checkpoint, and the model's tensors as this
+    process built it (the base its own checkpoints record); `faults` plants the classic
     resume bugs."""
     unknown = set(faults) - set(FAULTS)
     if unknown:
@@ -173,10 +178,12 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
         for _ in stepper.sampler:
             pass
     optimizer = None if "optimizer" in faults else stepper.optimizer
+    built = ckpt.tensor_record(stepper.model)
     info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
                                 stepper.scaler, restore_rng="rng" not in faults,
                                 own=task.restore_state, sampler=stepper.sampler,
-                                carry=None if "carried" in faults else stepper.carry)
+                                carry=None if "carried" in faults else stepper.carry,
+                                built=built)
     torch.set_num_threads(info["meta"]["threads"])  # 1..4096: checked by load_meta
     c = info["counters"]
     schemas.check(schemas.ResumeCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
@@ -191,7 +198,7 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
     if "sampler" in faults:  # the classic: the data order restarts from the pass's beginning
         position = Position(c["epoch"], 0, c.get("sampler_state"),
                             data and DataPosition(data.epoch))
-    return stepper, position, int(c["step"]) + 1
+    return stepper, position, int(c["step"]) + 1, built
 
 
 def check_position(path: Path, counters: dict, task: Task, cfg: TrainConfig,

@@ -81,10 +81,13 @@ def position_before(reference: list[dict], step: int) -> tuple[int, int]:
 
 def where_from(reference: list[dict], resumed: list[dict], after: int, order: Order | None,
                micro_batch: int, first_resume: tuple[int, int] | None = None,
-               length: int | None = None) -> str:
+               length: int | None = None, findings: Findings | None = None,
+               loop_order: bool = False) -> str:
     """'' when the resumed run's first update read what the uninterrupted run read; else where
     its examples came from and the pipeline bug that explains it. `first_resume`: for a resume
-    of a resume, the position the first resume began from; `length`: the pipeline's len()."""
+    of a resume, the position the first resume began from; `length`: the pipeline's len();
+    `findings`: the experiments on the pipeline, which confirm a cause (else it is said as a
+    suspicion); `loop_order`: the resume restored as a training loop does."""
     steps = {r["step"] for r in reference}
     if not resumed or after + 1 not in steps:
         return ""
