@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from workbook.notebooks import resume
-from workbook.notebooks.resume.position import pass_orders, repeated_pass, stated_length, where_from
+from workbook.notebooks.resume.position import (
+    pass_orders,
+    position_before,
+    repeated_pass,
+    stated_length,
+    where_from,
+)
 
 from .test_resume_pipeline import LIMIT, MID, UPDATES, resumes, spec
 
@@ -170,3 +176,227 @@ def test_an_update_that_carries_nothing_raises_nothing(name):
     cfg = resume.UpdateShape(4, 2).train_config(lr=1e-3, seed=0, device="cpu")
     task, items, cfg = resume.rebuild(resume.recipe(name, {}, cfg, 16))
     assert undeclared_state(task, items, cfg) == ""
+
+
+def report_spec(data_file, kind, bug):
+    """tests/report_streams.py's pipeline `kind` (its report's bug, or the fix) as a recipe."""
+    cfg = resume.UpdateShape(micro_batch=2, accumulation=4).train_config(lr=1e-3, seed=0,
+                                                                         device="cpu")
+    cfg.pipeline = True
+    return resume.recipe("tests.report_streams:task", {"data_file": data_file, "kind": kind,
+                                                       "bug": bug}, cfg, LIMIT)
+
+
+def probed(recipe):
+    from workbook.notebooks.resume.stream_state import probe_pipeline
+
+    task, items, cfg = resume.rebuild(recipe)
+    return task, items, cfg, probe_pipeline(task, cfg, LIMIT)
+
+
+def said_of(found):
+    return [found.partial, found.after_load, *found.restore.values()]
+
+
+@pytest.mark.parametrize("bug", [True, False])
+def test_a_state_frozen_at_zero_after_a_load_is_named_by_resuming_twice(tmp_path, data_file,
+                                                                         bug):
+    """huggingface/datasets#8295 as the report has it (state_dict copies the dict built before
+    load_state_dict replaced it, zero-initialised): a second resume restarts the stream from
+    pass 0 - once read as an epoch guard; the experiment (resume, read, take the state, resume
+    from it) names it. The fix raises nothing."""
+    recipe = report_spec(data_file, "stale_after_load", bug)
+    task, items, cfg, found = probed(recipe)
+    reference, weights = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))
+    resume.run_recipe(recipe, UPDATES, tmp_path, (6,), start_from=tmp_path / "ckpt-000005",
+                      name=lambda step: "again")
+    second, w = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "again")
+    order = pass_orders(task, items, cfg, LIMIT)
+    first_resume = position_before(reference, MID + 1)
+    said = where_from(reference, second, 6, order, 2, first_resume, findings=found)
+    if not bug:
+        assert said == "" and not any(said_of(found))
+        assert resume.compare(reference, second, weights, w)[1]["exact"]
+        return
+    assert "an epoch guard" in where_from(reference, second, 6, order, 2, first_resume)  # before
+    assert said.startswith("the resumed run read from example 0 of pass 0, the uninterrupted "
+                           "run from example 16 of pass 1: resumed from its state of example 3 "
+                           "of pass 1 and read 4 examples exactly, the pipeline's state_dict() "
+                           "was not an uninterrupted pipeline's at that point; a second resume "
+                           "from it started at example 0 of pass 0: the pipeline's state did "
+                           "not advance after load_state_dict (it reports a fresh stream's "
+                           "start, huggingface/datasets#8295)"), said
+    assert "epoch guard" not in said and "let state_dict report the position reached after a " \
+        "load" in said
+
+
+@pytest.mark.parametrize("bug", [True, False])
+def test_a_trainer_style_skip_by_another_length_is_named_by_loading_four_points(
+        tmp_path, data_file, bug):
+    """huggingface/transformers#26413 in a Trainer's idiom: the steps seen kept, `seen %
+    len(files)` skipped on resume, the stream itself without a len(). At the pilot's resume
+    point the skip lands on 0 - once read as an epoch guard; four points loaded into new
+    pipelines show the skip follows the run's count modulo 4. The fix raises nothing."""
+    recipe = report_spec(data_file, "trainer_skip", bug)
+    task, items, cfg, found = probed(recipe)
+    reference, weights = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))
+    resumed, w = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "ckpt-000005")
+    said = where_from(reference, resumed, MID, pass_orders(task, items, cfg, LIMIT), 2,
+                      findings=found)
+    if not bug:
+        assert said == "" and not any(said_of(found))
+        assert resume.compare(reference, resumed, weights, w)[1]["exact"]
+        return
+    assert said.startswith("the resumed run read from example 0 of pass 1, the uninterrupted "
+                           "run from example 8 of pass 1: a new pipeline given its own state "
+                           "of example 3 of pass 0, example 7 of pass 0, example 3 of pass 1, "
+                           "example 7 of pass 1 started at example 3 of pass 0, example 3 of "
+                           "pass 0, example 3 of pass 1, example 3 of pass 1: the resume skipped "
+                           "by a length the stream does not have ([3, 7, 35, 39] examples read "
+                           "in all gave the starts: the run's count modulo 4;"), said
+    assert "epoch guard" not in said and "(huggingface/transformers#26413)" in said
+    assert "an epoch guard" in where_from(reference, resumed, MID, pass_orders(
+        task, items, cfg, LIMIT), 2)  # what the examples alone suggested
+
+
+@pytest.mark.parametrize("bug", [True, False])
+def test_a_position_committed_at_the_end_of_iter_is_named_by_its_state_over_a_partial_pass(
+        tmp_path, data_file, bug):
+    """Lightning-AI/litData#649 in its idiom (a cycling stream of `length` rows whose cursor is
+    saved after the loop of __iter__): the pilot's passes break early, so every pass replays
+    the first - silent before, since a new pipeline's pass reads the same; its state read
+    before and after a partial pass names it, and the resume that read elsewhere cites it."""
+    recipe = report_spec(data_file, "commit_at_end", bug)
+    task, items, cfg, found = probed(recipe)
+    reference, weights = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))
+    order = pass_orders(task, items, cfg, LIMIT)
+    assert repeated_pass(reference, order) == ""  # what 07 saw before: nothing
+    resumed, w = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "ckpt-000005")
+    said = where_from(reference, resumed, MID, order, 2, findings=found)
+    if not bug:
+        assert said == "" and not any(said_of(found))
+        assert resume.compare(reference, resumed, weights, w)[1]["exact"]
+        return
+    assert found.partial.startswith("the pipeline's state_dict() was the same before and after "
+                                    "7 examples of pass 0 (a pass read partway, as a checkpoint "
+                                    "mid-pass or a loop that breaks early leaves it), and pass 1 "
+                                    "read pass 0's first 7 examples again: its position commits "
+                                    "only when __iter__ runs to its end (Lightning-AI/litData"
+                                    "#649)"), found.partial
+    assert said.endswith(found.partial) and "epoch guard" not in said
+
+
+def test_the_projects_planted_pipelines_keep_their_causes_with_the_experiments(data_file):
+    """The experiments on examples/token_stream.py's planted pipelines confirm the cause the
+    resumed run's examples suggested; the clean pipeline gives nothing."""
+    from workbook import load_task
+    from workbook.notebooks.resume.stream_state import probe_pipeline
+
+    expected = {"": "", "epoch_guard": "the pass restarted from its beginning on restore (an "
+                "epoch guard: __iter__ starts each pass", "guard_as_written": "(an epoch guard: "
+                "set_epoch after load_state_dict dropped the position",
+                "lost_at_yield": "1 example(s) lost at the resume point",
+                "skip_in_batches": "a skip counted in batches",
+                "state_frozen": "was still the state it had loaded; a second resume from it "
+                "started at example 3 of pass 1: the pipeline's state did not advance",
+                "skip_without_length": "the run's whole count from a pass's start (a stream "
+                "without a usable length"}
+    cfg = resume.UpdateShape(2, 4).train_config(lr=1e-3, seed=0, device="cpu")
+    for bug, words in expected.items():
+        task = load_task("examples.token_stream:task", data_file=data_file, block_size=16,
+                         n_layer=1, n_embd=32, pipeline_bug=bug)
+        found = said_of(probe_pipeline(task, cfg, LIMIT))
+        assert (words in " ".join(found)) if bug else not any(found), (bug, found)
+
+
+def adapter_resume(tmp_path, monkeypatch, added="0", forget_model=False):
+    """tests/rebuilt_base_task.py (an adapter saved over a frozen base the factory builds from
+    the environment) checkpointed at update 3 and resumed in this process with ADDED_TOKENS
+    `added`: the resume's refusal (problem, fix), or the comparison."""
+    from workbook.base.errors import WorkbookError
+
+    cfg = resume.UpdateShape(2, 1).train_config(lr=1e-3, seed=0, device="cpu")
+    recipe = resume.recipe("tests.rebuilt_base_task:task", {"forget_model": forget_model},
+                           cfg, 16)
+    monkeypatch.setenv("ADDED_TOKENS", "0")
+    reference, weights = resume.run_recipe(recipe, 6, tmp_path, checkpoint_at=(3,))
+    monkeypatch.setenv("ADDED_TOKENS", added)
+    try:
+        resumed, w = resume.run_recipe(recipe, 6, start_from=tmp_path / "ckpt-000003")
+    except WorkbookError as exc:
+        return exc.problem, exc.fix
+    return resume.compare(reference, resumed, weights, w)[1]
+
+
+def test_a_rebuilt_base_that_differs_is_named_apart_from_a_restore_that_failed(
+        tmp_path, monkeypatch):
+    """The writer built a vocabulary of 259 ids, the resumed process 261 (its factory reads
+    the environment): the adapter came back exactly, the base did not - said as a rebuilt
+    base, with the tensors and shapes, not as a restore that lost the model."""
+    problem, fix = adapter_resume(tmp_path / "rebuilt", monkeypatch, added="2")
+    assert problem.startswith("the base the resumed process built differs from the one the "
+                              "checkpoint was written from: 4 tensors that restore_state does "
+                              "not bring back were built otherwise (embed.weight 261x32 against "
+                              "259x32, head.weight 261x32 against 259x32, head.bias 261 against "
+                              "259 and 1 more: this process's shapes against the writer's), "
+                              "while restore_state brought back 14 of the 18 model tensors "
+                              "exactly"), problem
+    assert "did not bring back" not in problem and fix.startswith("build the same base in "
+                                                                  "every process: pin what")
+    problem, fix = adapter_resume(tmp_path / "forgot", monkeypatch, forget_model=True)
+    assert problem.startswith("the task's restore_state did not bring back 14 of the 18 model "
+                              "tensors saved in ") and "(blocks.0.norm1.weight, " in problem \
+        and "the base the resumed" not in problem, problem
+    assert fix == "save and restore the model state_dict in save_state/restore_state"
+    assert adapter_resume(tmp_path / "clean", monkeypatch)["exact"]
+
+
+def test_a_checkpoint_without_the_record_reads_as_before_and_the_workbooks_own_names_the_base(
+        tmp_path):
+    """A checkpoint written before the per-tensor record (meta.json without `tensors` and
+    `base`) is restored and judged as before; the workbook's own checkpoint refused for a
+    tensor of another shape says that the base the resumed process built differs."""
+    import json
+
+    import torch
+
+    from workbook.base.errors import WorkbookError
+    from workbook.storage.artifacts import reseal
+    from workbook.training import checkpoint as ckpt
+
+    def save_state(folder, objects):
+        torch.save({"optimizer": objects["optimizer"].state_dict()}, folder / "opt.pt")
+
+    def restore_state(folder, objects):  # forgets the model
+        objects["optimizer"].load_state_dict(torch.load(folder / "opt.pt")["optimizer"])
+
+    def trained(vocab=5):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(vocab, 4), torch.nn.Linear(4, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        return model, optimizer
+
+    model, optimizer = trained()
+    with torch.no_grad():
+        model[1].weight.add_(1.0)  # trained: not what a new build gives
+    ckpt.save_checkpoint(tmp_path / "old", model, optimizer, own=save_state,
+                         base=ckpt.tensor_record(model))
+    meta = json.loads((tmp_path / "old" / ckpt.META).read_text())
+    assert set(meta["tensors"]) == set(meta["base"]) == {"0.weight", "1.weight", "1.bias"}
+    (tmp_path / "old" / ckpt.META).write_text(json.dumps(
+        {k: v for k, v in meta.items() if k not in ("tensors", "base")}))
+    reseal(tmp_path / "old")
+    model2, optimizer2 = trained()
+    with pytest.raises(WorkbookError) as exc:
+        ckpt.load_checkpoint(tmp_path / "old", model2, optimizer2, own=restore_state)
+    assert exc.value.problem.startswith("the task's restore_state did not bring back the "
+                                        "model state saved in "), exc.value.problem
+    model, _ = trained()
+    ckpt.save_checkpoint(tmp_path / "own", model, base=ckpt.tensor_record(model))
+    with pytest.raises(WorkbookError) as exc:
+        ckpt.load_checkpoint(tmp_path / "own", trained(vocab=7)[0])
+    assert "cannot be loaded into the model" in exc.value.problem and "the base the resumed " \
+        "process built differs from the one the checkpoint was written from: 3 of its 3 " \
+        "tensors were built otherwise (0.weight 7x4 against 5x4, 1.weight, 1.bias: this " \
+        "process's shapes against the writer's)" in exc.value.problem
+    assert exc.value.fix.startswith("build the same base in every process")
