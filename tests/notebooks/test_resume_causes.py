@@ -400,3 +400,18 @@ def test_a_checkpoint_without_the_record_reads_as_before_and_the_workbooks_own_n
         "tensors were built otherwise (0.weight 7x4 against 5x4, 1.weight, 1.bias: this " \
         "process's shapes against the writer's)" in exc.value.problem
     assert exc.value.fix.startswith("build the same base in every process")
+
+
+def test_07s_rows_cite_the_experiments_cause_for_a_position_committed_at_the_end(
+        tmp_path, data_file):
+    """Notebook 07's cases (new processes) on the litData#649 idiom: a row of its own for the
+    pass after a pass cut short, and the mid-pass resume citing the same measured cause."""
+    cases, _ = resume.check_cases(report_spec(data_file, "commit_at_end", True), UPDATES, MID,
+                                  4, tmp_path)
+    rows = cases.set_index("case").data.to_dict()
+    assert rows["a new pass after a pass cut short"].startswith(
+        "the pipeline's state_dict() was the same before and after 7 examples of pass 0"), rows
+    assert rows["mid-epoch"].endswith(rows["a new pass after a pass cut short"]), rows
+    assert cases.set_index("case").exact.to_dict() == {
+        "mid-epoch": False, "epoch boundary": True, "restored as a training loop does": False,
+        "a new pass after a pass cut short": False}

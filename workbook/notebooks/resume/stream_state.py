@@ -76,7 +76,6 @@ class Probe:
     def __init__(self, task: Task, cfg: TrainConfig, limit: int):
         self.task, self.cfg, self.limit = task, cfg, limit
         self.orders: dict[int, list[str]] = {}
-        self.unplaced = ""  # a loaded state's first examples found in no pass
 
     def open(self, loop_order: bool = False):
         return open_pipeline(self.task, self.cfg.seed, workers=self.cfg.workers,
@@ -156,10 +155,12 @@ def restored_at(probe: Probe, passes: dict, marks: dict, loop_order: bool) -> st
         where = (epoch, k) if got == expected else \
             probe.locate(got, epoch, total + len(passes[0]) + AHEAD)
         if where is None:
-            probe.unplaced = (f"a new pipeline given its own state of example {k} of pass "
-                              f"{epoch} read {got[:1]!r} first, found at no position of passes "
-                              "0-2")
-            return ""
+            return (f"a new pipeline given its own state of example {k} of pass {epoch} read "
+                    f"{got[0]!r} first, at no position of passes 0-2 of a fresh pipeline: the "
+                    "order after a load is another (a shuffle buffer whose content the state "
+                    "does not hold, or a shuffle reseeded on load) - keep the order in the "
+                    "state (shuffle shards by a seed and the epoch), or expect other examples "
+                    "after every resume") if got else ""
         wrong = wrong or got != expected
         points.append((epoch, k, total, *where))
     if not wrong:
@@ -263,9 +264,8 @@ def probe_pipeline(task: Task, cfg: TrainConfig, limit: int = 0) -> Findings | N
                          for order in (False, True)}
         if not found.restore[False]:
             found.after_load = resumed_again(probe, passes, marks)
-        found.tested = probe.unplaced or (
-            f"its state of examples {K1} and {K2} of a pass loaded into a new pipeline started "
-            "at its place, and a resume resumed again went on")
+        found.tested = (f"its state of examples {K1} and {K2} of a pass loaded into a new "
+                        "pipeline started at its place, and a resume resumed again went on")
         return found
     except WorkbookError:  # the resumes themselves report the pipeline's failure
         return None
