@@ -323,10 +323,13 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
                             "give twice_step between mid_step and updates, or 0")
     task, items, cfg = rebuild(spec, task)
     order, length = pass_orders(task, items, cfg, spec["train_limit"]), stated_length(task, cfg)
-    probes = probe_pipeline(task, cfg, spec["train_limit"]) if cfg.pipeline else None
     reference, weights = run_recipe(spec, updates, folder,
                                     checkpoint_at=(mid_step, boundary_step), task=task)
     rows, details = [], {"reference": reference, "weights": weights}
+    probes = probe_pipeline(task, cfg, spec["train_limit"]) if cfg.pipeline else None
+    again = repeated_pass(reference, order) or (probes.partial if probes else "")
+    if probes is not None:  # the resumes that read elsewhere cite the same cause
+        probes.partial = again
 
     def case(name: str, path: Path, step: int, out: str, ref: list[dict], ref_weights: dict,
              save_at: int = 0, first: tuple[int, int] | None = None, data: str = "",
@@ -377,9 +380,6 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
     if cfg.pipeline:  # load_state_dict, then set_epoch at the next pass, then iterate
         case("restored as a training loop does", mid, mid_step, "resumed-loop-order",
              reference, weights, loop_order=True)
-    again = repeated_pass(reference, order) or (probes.partial if probes else "")
-    if probes is not None:  # the resumes that read elsewhere cite the same cause
-        probes.partial = again
     if again:
         rows.append({"case": "a new pass after a pass cut short", "resumed_after": None,
                      "exact": False, "continued_to_the_end": True, "data": again, "error": "",
