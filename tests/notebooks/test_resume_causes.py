@@ -213,7 +213,7 @@ def test_a_state_frozen_at_zero_after_a_load_is_named_by_resuming_twice(tmp_path
     second, w = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "again")
     order = pass_orders(task, items, cfg, LIMIT)
     first_resume = position_before(reference, MID + 1)
-    said = where_from(reference, second, 6, order, 2, first_resume, findings=found)
+    said = where_from(reference, second, 6, order, 2, first_resume, cause=found.cause)
     if not bug:
         assert said == "" and not any(said_of(found))
         assert resume.compare(reference, second, weights, w)[1]["exact"]
@@ -242,7 +242,7 @@ def test_a_trainer_style_skip_by_another_length_is_named_by_loading_four_points(
     reference, weights = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))
     resumed, w = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "ckpt-000005")
     said = where_from(reference, resumed, MID, pass_orders(task, items, cfg, LIMIT), 2,
-                      findings=found)
+                      cause=found.cause)
     if not bug:
         assert said == "" and not any(said_of(found))
         assert resume.compare(reference, resumed, weights, w)[1]["exact"]
@@ -272,7 +272,7 @@ def test_a_position_committed_at_the_end_of_iter_is_named_by_its_state_over_a_pa
     order = pass_orders(task, items, cfg, LIMIT)
     assert repeated_pass(reference, order) == ""  # what 07 saw before: nothing
     resumed, w = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "ckpt-000005")
-    said = where_from(reference, resumed, MID, order, 2, findings=found)
+    said = where_from(reference, resumed, MID, order, 2, cause=found.cause)
     if not bug:
         assert said == "" and not any(said_of(found))
         assert resume.compare(reference, resumed, weights, w)[1]["exact"]

@@ -352,7 +352,8 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
         data = data or where_from(ref, resumed, step, order if config is None else
                                   pass_orders(task, items, config, spec["train_limit"]),
                                   cfg.shape.micro_batch, first, length,
-                                  probes if config is None else None, loop_order)
+                                  probes.cause if probes and config is None else None,
+                                  loop_order)
         if not data and verdict["same_examples"] and not verdict["exact"]:
             data = global_seed(task, config or cfg) or random_data(
                 task, items, config or cfg, spec["train_limit"]) or carried(config or cfg)

@@ -13,11 +13,11 @@ from ...contract.data import Item, encode_example, epoch_order, epoch_updates
 from ...contract.pipeline import DataPosition, open_pipeline
 from ...contract.task import Task
 from ...training.loop import TrainConfig
-from .stream_state import Findings, find_start
 
 PASS_LIMIT = 200_000  # ids of one pass read for the diagnosis at most
 
 Order = Callable[..., list[str]]  # (pass, upto=0) -> the ids it gives, in order
+Cause = Callable[[str, bool, bool], str]  # (guessed cause, twice, loop order) -> what to say
 
 
 def pass_orders(task: Task, items: list, cfg: TrainConfig, limit: int = 0) -> Order | None:
@@ -81,13 +81,13 @@ def position_before(reference: list[dict], step: int) -> tuple[int, int]:
 
 def where_from(reference: list[dict], resumed: list[dict], after: int, order: Order | None,
                micro_batch: int, first_resume: tuple[int, int] | None = None,
-               length: int | None = None, findings: Findings | None = None,
+               length: int | None = None, cause: Cause | None = None,
                loop_order: bool = False) -> str:
     """'' when the resumed run's first update read what the uninterrupted run read; else where
     its examples came from and the pipeline bug that explains it. `first_resume`: for a resume
     of a resume, the position the first resume began from; `length`: the pipeline's len();
-    `findings`: the experiments on the pipeline, which confirm a cause (else it is said as a
-    suspicion); `loop_order`: the resume restored as a training loop does."""
+    `cause`: what the experiments on the pipeline say of the guessed cause (stream_state's
+    Findings.cause); `loop_order`: the resume restored as a training loop does."""
     steps = {r["step"] for r in reference}
     if not resumed or after + 1 not in steps:
         return ""
@@ -101,10 +101,20 @@ def where_from(reference: list[dict], resumed: list[dict], after: int, order: Or
     epoch, n = position_before(reference, after + 1)
     total = sum(len(r["ids"]) for r in reference if r["step"] < after + 1)
     where, why = resumed_from(epoch, n, total, got, order, micro_batch, first_resume, length)
-    if findings is not None:
-        why = findings.cause(why, first_resume is not None, loop_order)
+    if cause is not None:
+        why = cause(why, first_resume is not None, loop_order)
     return f"{where}: {why}" if where.startswith("the resumed") else \
         f"update {after + 1} {where}: {why}"
+
+
+def find_start(ids: list[str], got: list[str]) -> int | None:
+    """Where `got` begins in `ids` (a match may run past the end of `ids`)."""
+    need = min(len(got), 2)
+    for f in range(len(ids)):
+        seen = ids[f:f + len(got)]
+        if len(seen) >= need and seen == got[:len(seen)]:
+            return f
+    return None
 
 
 def resumed_from(epoch: int, n: int, total: int, got: list[str], order: Order,

@@ -15,19 +15,10 @@ from ...base.errors import WorkbookError
 from ...contract.pipeline import OWN_STATE, DataPosition, open_pipeline
 from ...contract.task import Task
 from ...training.loop import TrainConfig
+from .position import find_start, pipeline_order
 
 K1, K2, AHEAD = 3, 7, 3  # the points of a pass whose state is loaded; examples read after each
 FIRST_PASS_MOST = 10_000  # examples of the first pass read at most (a pass beyond: no probes)
-
-
-def find_start(ids: list[str], got: list[str]) -> int | None:
-    """Where `got` begins in `ids` (a match may run past the end of `ids`)."""
-    need = min(len(got), 2)
-    for f in range(len(ids)):
-        seen = ids[f:f + len(got)]
-        if len(seen) >= need and seen == got[:len(seen)]:
-            return f
-    return None
 
 
 def same_state(a: Any, b: Any) -> bool:
@@ -96,15 +87,11 @@ class Probe:
 
     def locate(self, got: list[str], epoch: int, upto: int) -> tuple[int, int] | None:
         """(pass, example) of a fresh pipeline's passes where `got` begins."""
+        order = pipeline_order(self.task, self.cfg.seed, workers=self.cfg.workers,
+                               micro_batch=self.cfg.shape.micro_batch)
         for e in dict.fromkeys([epoch, 0, 1, 2]):
             if len(self.orders.get(e, [])) < upto:
-                pipe, ids = open_pipeline(self.task, self.cfg.seed, workers=self.cfg.workers,
-                                          micro_batch=self.cfg.shape.micro_batch), []
-                for _, _, example in pipe.read(DataPosition(e)):
-                    if example is None or len(ids) >= upto:
-                        break
-                    ids.append(str(example[self.task.id_key]))
-                self.orders[e] = ids
+                self.orders[e] = order(e, upto=upto)
             f = find_start(self.orders[e], got)
             if f is not None:
                 return e, f
