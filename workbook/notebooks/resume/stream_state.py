@@ -126,9 +126,10 @@ def partial_pass(passes: dict[int, list[str]], marks: dict) -> str:
             "(a pass read partway, as a checkpoint mid-pass or a loop that breaks early leaves "
             "it)" + (f", and pass 1 read pass 0's first {K2} examples again" if again else "")
             + ": its position commits only when __iter__ runs to its end (Lightning-AI/litData"
-            "#649), so a resume mid-pass and the pass after an early break go back to where the "
-            "last full pass left it - advance the state as each example is yielded (take up a "
-            "loaded state at the top of __iter__), not after the loop")
+            "#649; or in steps longer than that), so a resume mid-pass and the pass after an "
+            "early break go back to where the state last moved - advance the state as each "
+            "example is yielded (take up a loaded state at the top of __iter__), not after the "
+            "loop")
 
 
 def restored_at(probe: Probe, passes: dict, marks: dict, loop_order: bool) -> str:
