@@ -415,3 +415,23 @@ def test_07s_rows_cite_the_experiments_cause_for_a_position_committed_at_the_end
     assert cases.set_index("case").exact.to_dict() == {
         "mid-epoch": False, "epoch boundary": True, "restored as a training loop does": False,
         "a new pass after a pass cut short": False}
+
+
+def test_a_cause_no_experiment_confirms_is_said_as_a_suspicion_with_the_test_to_run():
+    """A resume that read elsewhere while the experiments found the pipeline's state sound:
+    the cause its examples suggest is a suspicion, with what ran and the test to run; a
+    confirmed cause replaces it, the twice case preferring the resume resumed again."""
+    from workbook.notebooks.resume.stream_state import Findings
+
+    sound = Findings(tested="its state ... started at its place")
+    said = sound.cause("the pass restarted from its beginning on restore (an epoch guard ...)")
+    assert said.startswith("suspected, not confirmed: the pass restarted from its beginning "
+                           "on restore (an epoch guard ...) (its state ... started at its "
+                           "place) - test it: load the checkpoint's pipeline state into a new "
+                           "pipeline as your loop does"), said
+    found = Findings(restore={False: "measured: restart", True: "measured: loop order"},
+                     after_load="measured: frozen", tested="ran")
+    assert found.cause("guess") == "measured: restart"
+    assert found.cause("guess", loop_order=True) == "measured: loop order"
+    assert found.cause("guess", twice=True) == "measured: frozen"
+    assert Findings().cause("guess") == "guess"  # nothing ran: the examples' reading stands
