@@ -252,8 +252,9 @@ def test_a_trainer_style_skip_by_another_length_is_named_by_loading_four_points(
                            "of example 3 of pass 0, example 7 of pass 0, example 3 of pass 1, "
                            "example 7 of pass 1 started at example 3 of pass 0, example 3 of "
                            "pass 0, example 3 of pass 1, example 3 of pass 1: the resume skipped "
-                           "by a length the stream does not have ([3, 7, 35, 39] examples read "
-                           "in all gave the starts: the run's count modulo 4;"), said
+                           "by a length the stream does not have (the starts are the examples "
+                           "read in all (3, 7, 35, 39) modulo 4; the pilot's pass 0 has 32)"), \
+        said
     assert "epoch guard" not in said and "(huggingface/transformers#26413)" in said
     assert "an epoch guard" in where_from(reference, resumed, MID, pass_orders(
         task, items, cfg, LIMIT), 2)  # what the examples alone suggested
@@ -299,8 +300,10 @@ def test_the_projects_planted_pipelines_keep_their_causes_with_the_experiments(d
                 "skip_in_batches": "a skip counted in batches",
                 "state_frozen": "was still the state it had loaded; a second resume from it "
                 "started at example 3 of pass 1: the pipeline's state did not advance",
-                "skip_without_length": "the run's whole count from a pass's start (a stream "
-                "without a usable length"}
+                "skip_without_length": "the starts are the examples read in all (3, 7, 35, "
+                "39) from a pass's start (a stream without a usable length",
+                "skip_by_length": "from a pass's start (their count modulo the pipeline's len() "
+                "of 65, above it)"}
     cfg = resume.UpdateShape(2, 4).train_config(lr=1e-3, seed=0, device="cpu")
     for bug, words in expected.items():
         task = load_task("examples.token_stream:task", data_file=data_file, block_size=16,

@@ -190,16 +190,17 @@ def fitting_cause(points: list[tuple], first_pass: int, probe: Probe, loop_order
     for length in range(2, max(counts) + 2):
         if all(f == t % length for _, _, t, _, f in points):
             own = stated(probe.open().source)
-            said = ("the run's whole count from a pass's start (" + (
-                f"modulo the pipeline's len() of {own}, above the count" if own else
+            read = ", ".join(map(str, counts))
+            said = (f"the examples read in all ({read}) from a pass's start (" + (
+                f"their count modulo the pipeline's len() of {own}, above it" if own else
                 "a stream without a usable length: the run counted as one pass") + ")"
-                if length > max(counts) else f"the run's count modulo {length}" + (
-                    f", not the pipeline's len() of {own}" if own and own != length else ""))
-            return (f"the resume skipped by a length the stream does not have ({counts} "
-                    f"examples read in all gave the starts: {said}; the pilot's pass 0 has "
-                    f"{first_pass}) - skip by the examples read in the pass (the checkpoint's "
-                    "position), or give the stream a state_dict that holds its position "
-                    "(huggingface/transformers#26413)")
+                if length > max(counts) else f"the examples read in all ({read}) modulo "
+                f"{length}" + (f", not the pipeline's len() of {own}" if own and own != length
+                               else ""))
+            return (f"the resume skipped by a length the stream does not have (the starts are "
+                    f"{said}; the pilot's pass 0 has {first_pass}) - skip by the examples read "
+                    "in the pass (the checkpoint's position), or give the stream a state_dict "
+                    "that holds its position (huggingface/transformers#26413)")
     return ("no single cause fits every point (the pass number or the order after a load "
             "differs) - compare what your load_state_dict restores with what state_dict saved")
 
