@@ -173,9 +173,12 @@ def least_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor])
         return summed.float() / max(float(count), 1.0)
     try:
         with torch.no_grad():
-            if float(per_target(40.0 * hot)) < NO_FLOOR:  # the targets alone: no floor
+            high = 40.0  # a margin still falling at its end is taken further (a scaled loss)
+            while high < 1e6 and per_target(2 * high * hot) < per_target(high * hot):
+                high *= 2
+            if float(per_target(high * hot)) < NO_FLOOR:  # the targets alone: no floor
                 return 0.0
-            low, high = 0.0, 40.0  # the loss is convex in s: a golden-section search
+            low = 0.0  # the loss is convex in s: a golden-section search
             for _ in range(40):
                 a, b = low + 0.382 * (high - low), low + 0.618 * (high - low)
                 low, high = (low, b) if per_target(a * hot) < per_target(b * hot) else (a, high)
