@@ -67,6 +67,7 @@ def test_warmup_first_update_at_lr_zero_is_named_by_its_cause(tmp_path):
     assert "check the optimizer (every trainable parameter" not in said, said
 
 
+@pytest.mark.twin
 def test_warmup_clean_twin_passes_silently(tmp_path):
     _, verdict, summary = run_notebook(wb.gates, "03_phase_gates", tmp_path, task=WARMUP,
                                        task_options={"num_warmup_steps": 0})
@@ -80,6 +81,7 @@ def test_warmup_clean_twin_passes_silently(tmp_path):
 # 2. CrossEntropyLoss(label_smoothing=0.1) - pytorch/pytorch#130342 -----------------------------
 
 # first run: not named (FIRST_RUN.md); named since the fix landed
+@pytest.mark.twin
 def test_label_smoothing_memorised_subset_passes(tmp_path):
     _, verdict, summary = run_notebook(wb.overfit, "02_overfit", tmp_path, task=SMOOTHING,
                                        task_options={"bug": None})
@@ -107,6 +109,7 @@ def test_label_smoothing_unlearnable_twin_names_the_optimizers_lr_zero(tmp_path)
 # 3. LlamaForCausalLM(config).to(torch.bfloat16) as campaign_model - pytorch/pytorch#145529 -----
 
 # first run: not named (FIRST_RUN.md); named since the fix landed
+@pytest.mark.twin
 @pytest.mark.parametrize("convert", ["to", "half"])
 def test_campaign_model_converted_with_to_dtype_is_sized(tmp_path, convert):
     _, _, summary = run_notebook(wb.gates, "03_phase_gates", tmp_path, task=LLAMA,
@@ -181,6 +184,7 @@ def test_undeclared_carried_state_is_named_on_resume(tmp_path):
     assert re.search(r"CarriedState|Task\.state|carried state", said), said
 
 
+@pytest.mark.twin
 def test_declared_carried_state_resumes_exactly(tmp_path):
     _, verdict, summary = run_notebook(wb.resume, "07_resume_reload", tmp_path, task=HIDDEN,
                                        task_options={"declare": True}, **RESUME_PARAMS)
