@@ -4,7 +4,7 @@ transforms.py writes them, chosen by `RandomChoice` from Python's `random`), sof
 label smoothing in the loss, the script's own step brought in as `train_step`. Options:
 `mixing` - "collate" (the reference: `collate_fn = mixupcutmix(*default_collate(batch))`),
 "step" (the mixing moved into the step, one collate serving training and evaluation) or ""
-(off: the clean twin); `unseeded` draws the mixing weight from the script's own NumPy
+(off: the clean twin); `unseeded` mixes up only, its weight from the script's own NumPy
 generator, which no seed reaches; `mean_per_micro_batch` plants the classic wrong normalisation
 (tests/notebooks/test_accounting.py)."""
 
@@ -103,9 +103,12 @@ def make_task(mixing: str = "collate", mean_per_micro_batch: bool = False,
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, len(CLASSES), (96,), generator=g)
     x = torch.randn(96, 3, 8, 8, generator=g) + y[:, None, None, None].float()
-    rng = np.random.default_rng() if unseeded else None
-    mixupcutmix = RandomChoice([RandomMixup(len(CLASSES), p=1.0, alpha=0.2, rng=rng),
-                                RandomCutmix(len(CLASSES), p=1.0, alpha=1.0, rng=rng)])
+    if unseeded:  # mixup alone, its weight from the script's own generator
+        mixupcutmix = RandomChoice([RandomMixup(len(CLASSES), p=1.0, alpha=0.2,
+                                                rng=np.random.default_rng())])
+    else:
+        mixupcutmix = RandomChoice([RandomMixup(len(CLASSES), p=1.0, alpha=0.2),
+                                    RandomCutmix(len(CLASSES), p=1.0, alpha=1.0)])
 
     def collate(examples):
         images, target = default_collate(examples)

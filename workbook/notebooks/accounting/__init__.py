@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from ...base.errors import WorkbookError
-from ...contract.data import Item, micro_batches, prepare
+from ...contract.data import Batch, Item, micro_batches, prepare
 from ...contract.targets import IGNORE_INDEX
 from ...contract.task import Task, load_task, task_from_params
 from ...storage.records import StepRecord
@@ -26,6 +26,7 @@ from .batch_randomness import Draws, collate_draws, step_draws
 from .own_code_checks import (
     evaluation_check,
     evaluation_findings,
+    one_draw,
     own_step_gradients,
     split_batches,
     step_loss_check,
@@ -157,13 +158,13 @@ def reconcile(account: BatchAccount, steps: list[StepRecord], items: list[Item],
 
 def update_gradients(task: Task, model: torch.nn.Module, items: list[Item], micro_batch: int,
                      mean_per_micro_batch: bool = False,
-                     one_draw: bool = False) -> dict[str, torch.Tensor]:
+                     whole: Batch | None = None) -> dict[str, torch.Tensor]:
     """The gradient of one update over `items` split into micro-batches, through the loop's own
     accumulation - or, with `mean_per_micro_batch`, the classic wrong normalisation (a mean per
     micro-batch divided by the number of micro-batches), to show what the check catches.
-    `one_draw`: the micro-batches are rows of the update collated once (`split_batches`)."""
+    `whole`: the update collated once, whose rows the micro-batches are (`split_batches`)."""
     model.zero_grad(set_to_none=True)
-    batches = split_batches(task, items, micro_batch, one_draw)
+    batches = split_batches(task, items, micro_batch, whole)
     if mean_per_micro_batch:
         for batch in batches:
             summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
@@ -177,23 +178,22 @@ def update_gradients(task: Task, model: torch.nn.Module, items: list[Item], micr
 
 def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (16, 2, 1),
                         tolerance: float = 1e-4, seed: int = 0,
-                        one_draw: bool = False) -> pd.DataFrame:
+                        per_batch_draw: bool = False) -> pd.DataFrame:
     """One update over the same examples as 1 x N, k x N/k, ..., N x 1 micro-batches (the first
     split is each way's reference): the loop's normalisation, the classic wrong one, and - when
     the task brings one - its own `train_step`. Dropout and batch norm are held in eval
     behaviour (also inside the task's step, which usually calls model.train()): they
-    legitimately change with the micro-batch. `one_draw` (a collate that draws per batch):
-    every split's micro-batches are rows of the update collated once."""
+    legitimately change with the micro-batch. `per_batch_draw` (a collate drawing per batch:
+    mixup, cutmix): the update is collated once and every split's micro-batches are its rows."""
+    whole = one_draw(task, items, seed) if per_batch_draw else None
     torch.manual_seed(seed)
     model = task.build_model().eval()
     ways = {"targets of the whole update (loop)": partial(update_gradients, task, model,
-                                                          one_draw=one_draw),
+                                                          whole=whole),
             "per micro-batch mean (wrong)": partial(update_gradients, task, model,
-                                                    mean_per_micro_batch=True,
-                                                    one_draw=one_draw)}
+                                                    mean_per_micro_batch=True, whole=whole)}
     if task.train_step is not None:
-        ways["the task's train_step"] = partial(own_step_gradients, task, model,
-                                                one_draw=one_draw)
+        ways["the task's train_step"] = partial(own_step_gradients, task, model, whole=whole)
     rows, reference = [], None
     for way, gradients in ways.items():
         own = way.startswith("the task's")
@@ -428,7 +428,7 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
     task = task_from_params(params)
     items = prepare(task, ("train",)).train
     draws = batch_draws(task, items[: params["check_examples"]], params["seed"])
-    one_draw = any(d.where == "collate" for d in draws)
+    per_batch_draw = any(d.where == "collate" for d in draws)
     targets_per_example = sum(task.target_count(it.tensors["labels"]) for it in items) / len(items)
     shape = UpdateShape.from_params(params)
     account = BatchAccount(shape, len(items), params["drop_partial"])
@@ -447,10 +447,10 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
     check = pd.concat([
         normalisation_check(task, items[: params["check_examples"]],
                             (params["check_examples"], 2, 1), params["tolerance"],
-                            one_draw=one_draw),
+                            per_batch_draw=per_batch_draw),
         normalisation_check(task, items[: params["partial_examples"]],
                             (params["partial_examples"], 2, 4), params["tolerance"],
-                            one_draw=one_draw),
+                            per_batch_draw=per_batch_draw),
     ], keys=["equal split", "partial group"]).reset_index(level=0, names="case")
     step_loss = (step_loss_check(task, items[: params["check_examples"]], params["tolerance"])
                  if task.train_step is not None else None)

@@ -15,7 +15,7 @@ import torch
 from ...contract.data import Item
 from ...contract.task import Task
 from ...training.deviation import relative_deviation
-from .own_code_checks import run_own_step, split_batches
+from .own_code_checks import one_draw, run_own_step
 
 TINY = 1e-6  # relative differences at or below it are the same draw
 
@@ -101,7 +101,7 @@ def collate_draws(task: Task, items: list[Item], seed: int = 0) -> Draws:
     n = len(items)
 
     def collated(its: list[Item], s: int) -> dict[str, torch.Tensor]:
-        return split_batches(task, its, n, seed=s)[0].tensors
+        return one_draw(task, its, s).tensors
 
     first = collated(items, seed)
     same, other = difference(collated(items, seed), first), difference(collated(items, seed + 1),
@@ -135,7 +135,7 @@ def step_draws(task: Task, items: list[Item], seed: int = 0) -> Draws:
     twice, another once - then with the other rows in reverse order; what the model received
     is compared with the batch's first model input."""
     n = len(items)
-    batch = split_batches(task, items, n, one_draw=True, seed=seed)[0].tensors
+    batch = one_draw(task, items, seed).tensors
     torch.manual_seed(seed)
     model = task.build_model().eval()
 

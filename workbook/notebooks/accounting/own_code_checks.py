@@ -108,20 +108,25 @@ def seeded(seed: int) -> Iterator[None]:
             np.random.set_state(npy)
 
 
-def split_batches(task: Task, items: list[Item], micro_batch: int, one_draw: bool = False,
+def split_batches(task: Task, items: list[Item], micro_batch: int, whole: Batch | None = None,
                   seed: int = 0) -> list[Batch]:
-    """`items` as micro-batches of `micro_batch`, collated under `seed`. With `one_draw` (a
-    collate that draws per batch: mixup, cutmix) the whole update is collated once and each
-    micro-batch is its rows, so every split sees the same draw."""
-    with seeded(seed):
-        if not one_draw:
+    """`items` as micro-batches of `micro_batch`, collated under `seed` - or, given `whole`
+    (the update collated once, for a collate that draws per batch: mixup, cutmix), its rows,
+    so that every split sees the same draw."""
+    if whole is None:
+        with seeded(seed):
             return list(micro_batches(task, items, micro_batch))
-        whole = collate_items(task, items)
-    n = len(items)
+    n = len(whole)
     return [Batch(whole.ids[i:i + micro_batch],
                   {k: v[i:i + micro_batch] if v.dim() and len(v) == n else v
                    for k, v in whole.tensors.items()})
             for i in range(0, n, micro_batch)]
+
+
+def one_draw(task: Task, items: list[Item], seed: int = 0) -> Batch:
+    """The whole update collated once, under `seed`."""
+    with seeded(seed):
+        return collate_items(task, items)
 
 
 def run_own_step(task: Task, model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],
@@ -144,9 +149,9 @@ def run_own_step(task: Task, model: torch.nn.Module, batches: list[dict[str, tor
 
 
 def own_step_gradients(task: Task, model: torch.nn.Module, items: list[Item],
-                       micro_batch: int, one_draw: bool = False) -> dict[str, torch.Tensor]:
+                       micro_batch: int, whole: Batch | None = None) -> dict[str, torch.Tensor]:
     """The gradient one call of the task's `train_step` applies (see `run_own_step`)."""
-    batches = split_batches(task, items, micro_batch, one_draw)
+    batches = split_batches(task, items, micro_batch, whole)
     return run_own_step(task, model, [b.tensors for b in batches]).grads
 
 
@@ -158,7 +163,7 @@ def step_loss_check(task: Task, items: list[Item], tolerance: float = 1e-4,
     term, reads other inputs - trains another objective than the one every check judges."""
     torch.manual_seed(seed)
     model = task.build_model().eval()
-    batch = split_batches(task, items, len(items), seed=seed)[0]  # one collated batch for both
+    batch = one_draw(task, items, seed)  # one collated batch for both
     with torch.no_grad():
         summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
     step = run_own_step(task, model, [batch.tensors], seed)
