@@ -73,13 +73,15 @@ class Draws:
                     f"held it fixed - the step's loss is compared with `loss` on one collated "
                     f"batch, and each split's micro-batches are rows of the whole update "
                     f"collated once{anew}")
+        mixing = self.mixes or self.changes_inputs
         return (f"your train_step draws new random numbers on every call: {self.measured()}. "
-                "The loss it returns and its gradient are over the data it drew, so 04 does not "
-                "compare them with `loss` on the collated batch or across splits (each "
-                "micro-batch mixes other examples): the data differed, which says nothing "
-                "against your loss or your normalisation - to judge them, run 04 with the "
-                "mixing off (e.g. mixup and cutmix alpha 0), or draw it in the collate, where "
-                "04 holds one draw fixed")
+                "The loss it returns and its gradient are over what it drew, so 04 does not "
+                "compare them with `loss` on the collated batch or across splits" +
+                (" (each micro-batch mixes other examples)" if self.mixes else "") +
+                ": the data differed, which says nothing against your loss or your "
+                "normalisation - to judge them, run 04 with " +
+                ("the mixing off (e.g. mixup and cutmix alpha 0), or draw it in the collate, "
+                 "where 04 holds one draw fixed" if mixing else "that randomness off"))
 
 
 def difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
