@@ -70,9 +70,8 @@ class Draws:
                     f"{self.split_anew:.3g}, as expected: not a normalisation error")
             return (f"your collate draws new random numbers for every batch it collates: "
                     f"{self.measured()}. This is the campaign's own randomness, not a bug: 04 "
-                    f"held it fixed - the step's loss is compared with `loss` on one collated "
-                    f"batch, and each split's micro-batches are rows of the whole update "
-                    f"collated once{anew}")
+                    f"held it fixed - every comparison uses one collated batch, each split's "
+                    f"micro-batches being rows of the whole update collated once{anew}")
         mixing = self.mixes or self.changes_inputs
         return (f"your train_step draws new random numbers on every call: {self.measured()}. "
                 "The loss it returns and its gradient are over what it drew, so 04 does not "
@@ -150,7 +149,7 @@ def step_draws(task: Task, items: list[Item], seed: int = 0) -> Draws:
     same, other = difference(call(batch, seed)[0], first), difference(call(batch, seed + 1)[0],
                                                                       first)
     given = batch.get(task.model_inputs[0]) if task.model_inputs else None
-    changes = (seen is not None and given is not None and
+    changes = (seen is not None and given is not None and seen.shape == given.shape and
                difference({"x": seen}, {"x": given}) > TINY)
     draws = Draws("train_step", n, other, same, None, changes)
     if draws.draws and draws.held and changes and n > 2:
