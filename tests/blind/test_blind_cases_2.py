@@ -75,6 +75,7 @@ def test_assistant_mask_all_zero_without_generation_block_is_named(tmp_path):
     assert not EVAL_PADDING_ADVICE.search(said), said
 
 
+@pytest.mark.twin
 def test_assistant_mask_with_generation_block_passes(tmp_path):
     verdict, said = inspect(tmp_path, CHAT, generation_block=True)
     assert verdict == "pass", said
@@ -96,6 +97,7 @@ def test_truncation_that_leaves_no_answer_token_is_named(tmp_path):
     assert not EVAL_PADDING_ADVICE.search(said), said
 
 
+@pytest.mark.twin
 def test_long_system_prompt_with_room_for_the_answers_passes(tmp_path):
     verdict, said = inspect(tmp_path, CHAT, generation_block=True, max_length=256,
                             system_words=48)
@@ -118,6 +120,7 @@ def test_added_token_frozen_under_lora_is_named(tmp_path):
     assert re.search(r"trainable_token_indices|modules_to_save", said), said  # the fix
 
 
+@pytest.mark.twin
 @pytest.mark.parametrize("new_rows", ["modules_to_save", "trainable_tokens"])
 def test_added_token_trained_beside_lora_passes(tmp_path, new_rows):
     verdict, said = inspect(tmp_path, TOOL, new_rows=new_rows)
@@ -152,6 +155,7 @@ def test_stream_resume_bug_is_named_by_its_own_cause(tmp_path, stream):
     assert "epoch guard" not in said, said
 
 
+@pytest.mark.twin
 def test_stateful_stream_resumes_exactly(tmp_path):
     _, verdict, summary = run_notebook(wb.resume, "07_resume_reload", tmp_path, task=STREAMS,
                                        task_options={"stream": "stateful"}, **RESUME_PARAMS)
@@ -178,6 +182,7 @@ def test_mixup_in_collate_is_not_blamed_on_the_step(tmp_path):
     assert verdict == "pass" or re.search(r"\bmix|random", findings, re.IGNORECASE), findings
 
 
+@pytest.mark.twin
 def test_no_mixing_passes_the_step_checks(tmp_path):
     _, verdict, summary = run_notebook(wb.accounting, "04_batch_accounting", tmp_path,
                                        task=MIXUP, task_options={"mixup_alpha": 0.0,
@@ -211,6 +216,7 @@ def test_unsynced_epoch_end_metric_is_described(tmp_path, val_log):
     assert "epoch mean of a step log" not in said
 
 
+@pytest.mark.twin
 def test_step_logged_metric_passes_data_parallel(tmp_path):
     needs("lightning")
     _, verdict, summary = run_notebook(wb.parallel, "09_data_parallel", tmp_path,
@@ -251,6 +257,7 @@ def test_rebuilt_base_of_another_shape_is_named(tmp_path, own_checkpoint):
     assert not re.search(r"did not bring back the model|fix restore_state", said), said
 
 
+@pytest.mark.twin
 def test_pinned_vocabulary_resumes_exactly(tmp_path):
     _, verdict, summary = run_notebook(
         wb.resume, "07_resume_reload", tmp_path / "out", task=VOCAB,
