@@ -140,3 +140,28 @@ def test_rows_without_their_conversations_say_which_experiment_is_left():
 def test_own_tokenization_whose_answers_are_marked_and_kept_raises_nothing(planted):
     ins = inspect_task(_task(**planted), probe_size=4)
     assert ins.flags == [], [f.message for f in ins.flags]
+
+
+def test_an_added_target_token_whose_rows_stay_frozen_is_named_on_a_base_without_config():
+    task = _task(tool="frozen")  # <|tool|> ends every answer; LoRA on the linear layers only
+    flags = [f for f in inspect_task(task, probe_size=4).flags
+             if f.check == "added tokens not trained"]
+    assert len(flags) == 1 and flags[0].count == 24
+    message, fix = flags[0].message, flags[0].fix
+    assert "1 token new to the base, '<|tool|>' (id 911), appears in 24 of 24 examples (a " \
+        "target in 24)" in message
+    assert "rows of the input embedding (`embed_tokens`) and the output head (`lm_head`)" \
+        in message
+    assert "mean of its layer's rows (measured)" in message and "never pass 1/912" in message
+    assert "trainable_token_indices={'embed_tokens': [911], 'lm_head': [911]}" in fix
+    assert "modules_to_save=['embed_tokens', 'lm_head']" in fix
+
+
+@pytest.mark.parametrize("trained", ["token_indices", "modules"])
+def test_an_added_target_token_whose_rows_train_raises_nothing(trained):
+    ins = inspect_task(_task(tool=trained), probe_size=4)
+    assert ins.flags == [], [f.message for f in ins.flags]
+
+
+def test_a_lora_fine_tune_without_added_tokens_raises_nothing():
+    assert inspect_task(_task(), probe_size=4).flags == []
