@@ -40,7 +40,8 @@ def _task(template=None, max_length=None, long_system=0, keep_messages=True, too
     """`template`: the chat template (None: the base's, with `{% generation %}`);
     `max_length`: the user's own truncation; `long_system`: words of a system prompt;
     `tool`: None, "frozen" (a `<|tool|>` ending every answer, LoRA on the linear layers only),
-    "token_indices" or "modules" (its rows trained: trainable_token_indices, modules_to_save)."""
+    "token_indices" or "modules" (its rows trained: trainable_token_indices, modules_to_save),
+    "undated" (frozen, resized without the mean: nothing dates its rows)."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer
@@ -82,8 +83,8 @@ def _task(template=None, max_length=None, long_system=0, keep_messages=True, too
 
     def make_trainer():
         model = _base()
-        if tool:
-            model.resize_token_embeddings(len(tokenizer))
+        if tool:  # "undated": new rows drawn as the model's init draws them
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=tool != "undated")
         lora = {"token_indices": {"trainable_token_indices": {"embed_tokens": [tool_id],
                                                               "lm_head": [tool_id]}},
                 "modules": {"modules_to_save": ["embed_tokens", "lm_head"]}}.get(tool, {})
@@ -165,3 +166,12 @@ def test_an_added_target_token_whose_rows_train_raises_nothing(trained):
 
 def test_a_lora_fine_tune_without_added_tokens_raises_nothing():
     assert inspect_task(_task(), probe_size=4).flags == []
+
+
+def test_an_added_token_whose_rows_nothing_dates_is_a_note_with_its_experiment():
+    ins = inspect_task(_task(tool="undated"), probe_size=4)
+    assert ins.flags == []
+    note = next(n for n in ins.notes if n.check == "added tokens: trained by the base?")
+    assert "'<|tool|>' (id 911)" in note.message and "not known here" in note.message
+    assert "compare those rows with the base's checkpoint" in note.fix
+    assert "'embed_tokens': [911]" in note.fix and "'lm_head': [911]" in note.fix

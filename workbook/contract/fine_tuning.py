@@ -175,6 +175,7 @@ class FrozenRows:
     module: str  # its name in the model, as PEFT's configs name it ("embed_tokens")
     ids: dict[int, str]  # token id -> how the base is known not to have trained it
     rows: int  # the layer's rows (the vocabulary it scores)
+    unknown: tuple[int, ...] = ()  # frozen ids the tokenizer added that nothing here dates
 
 
 def _module_name(model: nn.Module, module: nn.Module) -> str:
@@ -182,12 +183,14 @@ def _module_name(model: nn.Module, module: nn.Module) -> str:
     return name.rsplit(".", 1)[-1] or type(module).__name__
 
 
-def untrained_rows(model: nn.Module, inputs: set[int], targets: set[int]) -> list[FrozenRows]:
+def untrained_rows(model: nn.Module, inputs: set[int], targets: set[int],
+                   added: set[int] = frozenset()) -> list[FrozenRows]:
     """The token rows that stay as the base left them though the base never trained them:
     ids of `inputs` (the input embedding's rows) and of `targets` (the embedding's and the
     output head's) whose rows no parameter trains (`_trained_rows`) and that are new to the
     base - past its saved config's vocabulary, or holding the mean of the layer's rows as
-    `resize_token_embeddings` starts them - measured on the model, whatever it was built from."""
+    `resize_token_embeddings` starts them - measured on the model, whatever it was built from.
+    Frozen ids of `added` (tokens the tokenizer added) that neither shows are `unknown`."""
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and _table(head) is _table(embedding):  # tied: the same rows
@@ -206,8 +209,10 @@ def untrained_rows(model: nn.Module, inputs: set[int], targets: set[int]) -> lis
                  "resize_token_embeddings starts a new token" if i in at_mean else
                  "past the vocabulary of the base's saved config" for i in frozen
                  if i in saved or i in at_mean}
-        if found:
-            out.append(FrozenRows(layer, _module_name(model, module), found, table.shape[0]))
+        unknown = tuple(i for i in frozen if i in added and i not in found)
+        if found or unknown:
+            out.append(FrozenRows(layer, _module_name(model, module), found, table.shape[0],
+                                  unknown))
     return out
 
 

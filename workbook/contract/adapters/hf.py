@@ -391,6 +391,11 @@ class HFAdapter(Adapter):
         self.built = task
         task.padding_rows = {}  # per split: rows with label -100, left out (load_examples)
         task.adapter_notes = notes  # what the adapter mapped or left out, in words
+        # tokens the tokenizer added past its own vocabulary (01 asks whether the base knew them)
+        own = getattr(tokenizer, "vocab_size", None)
+        task.added_tokens = {i: str(t) for i, t in (getattr(
+            tokenizer, "added_tokens_decoder", None) or {}).items()
+            if isinstance(own, int) and i >= own}
         # why inputs sit in two splits when the tokenizer's cut made them identical (01 asks)
         task.duplicates_cause = truncation_cause(
             {s: d for s, d in self.data.items() if not isinstance(d, Stream)}, tokenizer)

@@ -198,11 +198,13 @@ def dropped_rows_audit(task: Task) -> list[Flag]:
                  "and record it", [])]
 
 
-def new_token_audit(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Flag]:
+def new_token_audit(task: Task, model: torch.nn.Module,
+                    items: list[Item]) -> tuple[list[Flag], list[Note]]:
     """Tokens the data uses (inputs; targets too when the outputs are tokens) whose rows the
     base never trained and no parameter trains (`fine_tuning.untrained_rows`, measured on the
     model): under LoRA on the linear layers the embedding and head stay frozen, so such a
-    token keeps the values the resize gave it."""
+    token keeps the values the resize gave it. Tokens the tokenizer added (`added_tokens`)
+    whose frozen rows nothing dates are a note, with the experiment that would."""
     inputs: set[int] = set()
     targets: set[int] = set()
     for it in items:
@@ -210,9 +212,34 @@ def new_token_audit(task: Task, model: torch.nn.Module, items: list[Item]) -> li
         labels = it.tensors.get("labels")
         if task.target_kind.causal and labels is not None:
             targets.update(labels[labels != IGNORE_INDEX].reshape(-1).tolist())
-    frozen = fine_tuning.untrained_rows(model, inputs, targets)
-    if not frozen:
+    rows = fine_tuning.untrained_rows(model, inputs, targets,
+                                      set(getattr(task, "added_tokens", None) or ()))
+    frozen = [f for f in rows if f.ids]
+    return (_frozen_flag(task, items, targets, frozen) if frozen else [],
+            _undated_note(task, [f for f in rows if f.unknown]))
+
+
+def _undated_note(task: Task, rows: list) -> list[Note]:
+    """The note for frozen rows of added tokens whose start nothing here dates."""
+    ids = sorted({i for f in rows for i in f.unknown})
+    if not ids:
         return []
+    names = ", ".join(f"{task.decode_input([i]) if task.decode_input else i!r} (id {i})"
+                      for i in ids[:5])
+    where = " and the ".join(f"{f.layer} (`{f.module}`)" for f in rows)
+    indices = ", ".join(f"{f.module!r}: {list(f.unknown[:5])}" for f in rows)
+    return [Note("added tokens: trained by the base?",
+                 f"the data uses tokens the tokenizer added past its own vocabulary ({names}) "
+                 f"whose rows of the {where} no parameter trains; their rows are not at the "
+                 "mean of the layer (where resize_token_embeddings starts a new token), so "
+                 "whether the base trained them is not known here",
+                 "compare those rows with the base's checkpoint (a row the base never trained "
+                 "is its initial value); if it never trained them, train them: "
+                 f"LoraConfig(trainable_token_indices={{{indices}}})")]
+
+
+def _frozen_flag(task: Task, items: list[Item], targets: set[int], frozen: list) -> list[Flag]:
+    """The flag for tokens whose frozen rows the base never trained."""
     ids = sorted({i for f in frozen for i in f.ids})
     wanted = torch.tensor(ids)
     using = [it.id for it in items if bool(torch.isin(task.main_input(it.tensors).reshape(-1),
