@@ -36,9 +36,11 @@ def _base():
     return model
 
 
-def _task(template=None, max_length=None, long_system=0, keep_messages=True, tool=None):
+def _task(template=None, max_length=None, long_system=0, keep_messages=True, tool=None,
+          mask="assistant_masks"):
     """`template`: the chat template (None: the base's, with `{% generation %}`);
-    `max_length`: the user's own truncation; `long_system`: words of a system prompt;
+    `max_length`: the user's own truncation; `long_system`: words of a system prompt; `mask`:
+    the key the labels are read from;
     `tool`: None, "frozen" (a `<|tool|>` ending every answer, LoRA on the linear layers only),
     "token_indices" or "modules" (its rows trained: trainable_token_indices, modules_to_save),
     "undated" (frozen, resized without the mean: nothing dates its rows)."""
@@ -69,14 +71,14 @@ def _task(template=None, max_length=None, long_system=0, keep_messages=True, too
             row["messages"], tokenize=True, return_dict=True,
             return_assistant_tokens_mask=True, truncation=max_length is not None,
             max_length=max_length)
-        out["labels"] = [t if m else -100 for t, m in
-                         zip(out["input_ids"], out["assistant_masks"], strict=True)]
+        marks = out.get(mask, [0] * len(out["input_ids"]))  # a misspelt key reads zeros
+        out["labels"] = [t if m else -100 for t, m in zip(out["input_ids"], marks, strict=True)]
         del out["assistant_masks"]
         return out
 
     train = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 < 8])
     evaluation = Dataset.from_list([c for c in chats if int(c["conversation"][4:]) % 10 >= 8])
-    own = template is not None or max_length is not None
+    own = template is not None or max_length is not None or mask != "assistant_masks"
     if own:
         drop = [] if keep_messages else ["messages"]
         train, evaluation = (d.map(tokenize, remove_columns=drop) for d in (train, evaluation))
@@ -129,10 +131,19 @@ def test_truncation_before_every_answer_is_named_with_the_shortest_prompt():
 def test_rows_without_their_conversations_say_which_experiment_is_left():
     error = _refusal(max_length=40, long_system=30, keep_messages=False)
     assert "24 of 24 train rows" in error.problem
-    assert "not the cause: the chat template marks the answers" in error.problem
+    assert "not the chat template: it marks the answers" in error.problem
     assert "truncation was not tested: tokenize one conversation again without " \
         "truncation" in error.problem
     assert "eval dataset" not in error.fix and "labels beside its tokens" in error.fix
+
+
+def test_labels_empty_for_an_untested_cause_say_what_the_experiments_ruled_out():
+    error = _refusal(mask="assistant_mask")  # the labels read a key the rows lack
+    assert "24 of 24 train rows and 6 of 6 eval rows" in error.problem
+    assert "not the chat template: it marks the answers" in error.problem
+    assert "not truncation: tokenized again without it, 30 of 30 rows are whole and 30 " \
+        "answers start inside their rows" in error.problem
+    assert "labels beside its tokens" in error.fix and "max_length" not in error.fix
 
 
 @pytest.mark.parametrize("planted", [{"template": PLAIN.replace(

@@ -61,16 +61,16 @@ def _template_cause(tokenizer: Any, rows: list[dict]) -> tuple[str, str] | None:
             "tokenizer.chat_template, so return_assistant_tokens_mask marks the answers")
 
 
-def _truncation_cause(tokenizer: Any, rows: list[dict]) -> tuple[str, str] | str | None:
+def _truncation_cause(tokenizer: Any, rows: list[dict]) -> tuple[str, str] | str:
     """(cause, fix) when the rows are their conversations cut at one length and the cut leaves
     no answer a token: each conversation tokenized again without truncation, its first answer's
-    position (the prompt rendered with the generation prompt) against the row's length. A
-    sentence when it could not be tested; None when truncation is not the cause."""
+    position (the prompt rendered with the generation prompt) against the row's length. Else
+    what the test found, or why it could not run, in words."""
+    left = ("so truncation was not tested: tokenize one conversation again without truncation "
+            "and compare where its first answer starts with max_length")
     chats = [r for r in rows if isinstance(r.get("messages"), list) and "input_ids" in r]
-    if not chats or getattr(tokenizer, "chat_template", None) is None:
-        return ("the rows keep no 'messages' column, so truncation was not tested: tokenize "
-                "one conversation again without truncation and compare where its first answer "
-                "starts with max_length")
+    if not chats:
+        return f"the rows keep no 'messages' column, {left}"
     kept, prompts, cut, lengths = 0, [], 0, []
     for row in chats:
         ids, messages = list(row["input_ids"]), row["messages"]
@@ -86,12 +86,14 @@ def _truncation_cause(tokenizer: Any, rows: list[dict]) -> tuple[str, str] | str
         lengths.append(len(ids))
         cut += len(full) > len(ids)
         kept += prompt < len(ids)
-    if not prompts or not cut or kept:
-        return None
-    length = max(lengths)
-    return (f"truncation at max_length={length} leaves 0 of {len(prompts)} answers a token: "
-            f"the shortest prompt is {min(prompts)} tokens (each conversation tokenized again "
-            "without truncation)",
+    if not prompts:
+        return f"the rows are not the chat template's rendering of their messages, {left}"
+    if not cut or kept:
+        return (f"not truncation: tokenized again without it, {len(prompts) - cut} of "
+                f"{len(prompts)} rows are whole and {kept} answers start inside their rows")
+    return (f"truncation at max_length={max(lengths)} leaves 0 of {len(prompts)} answers a "
+            f"token: the shortest prompt is {min(prompts)} tokens (each conversation tokenized "
+            "again without truncation)",
             f"raise max_length above {max(prompts)} (the longest prompt) or shorten the system "
             "prompt, so every answer keeps its tokens")
 
@@ -99,27 +101,26 @@ def _truncation_cause(tokenizer: Any, rows: list[dict]) -> tuple[str, str] | str
 def no_targets(empty: dict[str, tuple[int, int]], data: dict[str, Any],
                tokenizer: Any) -> WorkbookError:
     """The refusal for splits whose every row has labels -100 (`empty`: per split, (rows
-    without a target, rows read)), naming the causes the experiments confirmed."""
+    without a target, rows read)), naming the causes the experiments confirmed; otherwise
+    what they found and the experiment left."""
     names = {"train": "train", "validation": "eval", "test": "test"}
     said = " and ".join(f"{n} of {total} {names[s]} rows" for s, (n, total) in empty.items())
     where = {1: f"the {names[next(iter(empty))]} dataset", 2: "both splits"}.get(
         len(empty), "every split")
     found = f"from_hf: every row of {where} has no target (labels all -100): {said}"
-    rows = [r for s in empty for r in _rows(data[s])]
-    causes = [c for c in (_template_cause(tokenizer, rows), _truncation_cause(tokenizer, rows))
-              if isinstance(c, tuple)]
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:  # no conversations to render: nothing to test
+        tried = []
+    else:
+        rows = [r for s in empty for r in _rows(data[s])]
+        tried = [_template_cause(tokenizer, rows) or "not the chat template: it marks the "
+                 "answers ({% generation %})", _truncation_cause(tokenizer, rows)]
+    causes = [c for c in tried if isinstance(c, tuple)]
     if causes:
         return WorkbookError(f"{found}; " + "; and ".join(c for c, _ in causes),
                              "; and ".join(f for _, f in causes))
-    template = getattr(tokenizer, "chat_template", None)
-    known, untested = [], _truncation_cause(tokenizer, rows) if template else None
-    if isinstance(template, str):
-        known.append("the chat template marks the answers ({% generation %})")
-    if template and untested is None:
-        known.append("tokenized again without truncation, the answers start inside the rows")
     return WorkbookError(
-        found + (f"; not the cause: {', '.join(known)}" if known else "") +
-        (f"; {untested}" if isinstance(untested, str) else ""),
+        "; ".join([found, *tried]),
         ("pass the eval dataset with its labelled rows, or " if set(empty) == {"validation"}
          else "") + "print one row's labels beside its tokens and find the step that set them "
         "all to -100 (the mask your labels are built from)")
