@@ -191,8 +191,14 @@ def untrained_rows(model: nn.Module, inputs: set[int], targets: set[int],
     base - past its saved config's vocabulary, or holding the mean of the layer's rows as
     `resize_token_embeddings` starts them - measured on the model, whatever it was built from.
     Frozen ids of `added` (tokens the tokenizer added) that neither shows are `unknown`."""
-    embedding = model.get_input_embeddings()
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    try:  # a model without token layers (a CNN), or one that declares none
+        embedding = model.get_input_embeddings()
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") \
+            else None
+    except (AttributeError, NotImplementedError):
+        return []
+    if not isinstance(embedding, nn.Module):
+        return []
     if head is not None and _table(head) is _table(embedding):  # tied: the same rows
         head = None
     saved = set(new_token_ids(model))
