@@ -63,10 +63,7 @@ def inspect(out: Path, task: str, **options) -> tuple[str, str]:
 # 1. apply_chat_template(return_assistant_tokens_mask=True) without {% generation %} -----------
 #    huggingface/trl#4147 (#4201), huggingface/transformers#34172
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run refused the task with 'from_hf: "
-                   "every row of the eval dataset has label -100 -> fix: pass the eval dataset "
-                   "with its labelled rows' (the train rows have none either; the template's "
-                   "missing generation block is not named)")
+# first run: not named (FIRST_RUN_2.md); named since the fix landed
 def test_assistant_mask_all_zero_without_generation_block_is_named(tmp_path):
     verdict, said = inspect(tmp_path, CHAT, generation_block=False)
     assert verdict != "pass", said
@@ -85,9 +82,7 @@ def test_assistant_mask_with_generation_block_passes(tmp_path):
 # 2. the same own tokenization truncated at max_length=40 under a long system prompt ----------
 #    huggingface/trl#3927
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run refused the task with 'from_hf: "
-                   "every row of the eval dataset has label -100 -> fix: pass the eval dataset "
-                   "with its labelled rows'; the truncation at max_length=40 is not named")
+# first run: not named (FIRST_RUN_2.md); named since the fix landed
 def test_truncation_that_leaves_no_answer_token_is_named(tmp_path):
     verdict, said = inspect(tmp_path, CHAT, generation_block=True, max_length=40,
                             system_words=48)
@@ -110,9 +105,7 @@ def test_long_system_prompt_with_room_for_the_answers_passes(tmp_path):
 TOOL = "tests.blind.lora_tool_token:task"
 
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run of 01 passed with no flag (the "
-                   "new token's embedding and head rows frozen under LoRA not named); 02 said "
-                   "only 'not memorised ... give it more updates'")
+# first run: not named (FIRST_RUN_2.md); named since the fix landed
 def test_added_token_frozen_under_lora_is_named(tmp_path):
     verdict, said = inspect(tmp_path, TOOL, new_rows="frozen")
     assert verdict == "fail", said
@@ -168,11 +161,7 @@ def test_stateful_stream_resumes_exactly(tmp_path):
 MIXUP = "tests.blind.mixup_collate:task"
 
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run of 04 said 'your train_step "
-                   "computes another loss than `loss` on the same batch (1.39106 against "
-                   "1.39055 ...) - e.g. it drops the attention mask' and a split-dependent "
-                   "gradient ('a mask it drops sees other padding'): the random mixing per "
-                   "collated batch is not named")
+# first run: not named (FIRST_RUN_2.md); named since the fix landed
 def test_mixup_in_collate_is_not_blamed_on_the_step(tmp_path):
     _, verdict, summary = run_notebook(wb.accounting, "04_batch_accounting", tmp_path,
                                        task=MIXUP, task_options={})
@@ -200,7 +189,9 @@ EPOCH_END = "tests.blind.lightning_epoch_end_rank:task"
 # about 30-50 s on one core: a torchrun launch of two processes
 @pytest.mark.xfail(strict=False, reason="blind case: first run of 09 passed every rule: "
                    "'evaluation reduced as sums over ranks' reduced val_acc as a mean over "
-                   "rows (27/30 from 14/15 and 13/15), which the unsynchronised log is not")
+                   "rows (27/30 from 14/15 and 13/15), which the unsynchronised log is not; "
+                   "still so: 09 rebuilds the epoch-end value from each rank's sums, where "
+                   "Lightning logs rank 0's own (judging that flips lightning_docs' control)")
 @pytest.mark.parametrize("val_log", ["epoch_end_unsynced", "epoch_end_sync_false"])
 def test_unsynced_epoch_end_metric_is_described(tmp_path, val_log):
     needs("lightning")

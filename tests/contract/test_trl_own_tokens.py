@@ -128,13 +128,26 @@ def test_truncation_before_every_answer_is_named_with_the_shortest_prompt():
     assert "raise max_length above 65" in error.fix and "system prompt" in error.fix
 
 
-def test_rows_without_their_conversations_say_which_experiment_is_left():
+def test_rows_without_their_conversations_cut_at_one_length_name_the_truncation():
+    """The conversations are not kept (remove_columns), so they cannot be tokenized again;
+    every row exactly 40 tokens and none ending with the end token says the cut was there."""
     error = _refusal(max_length=40, long_system=30, keep_messages=False)
     assert "24 of 24 train rows" in error.problem
-    assert "not the chat template: it marks the answers" in error.problem
-    assert "truncation was not tested: tokenize one conversation again without " \
-        "truncation" in error.problem
-    assert "eval dataset" not in error.fix and "labels beside its tokens" in error.fix
+    assert "truncation at max_length=40 cut every row: all 30 rows are exactly 40 tokens" in \
+        error.problem and "raise max_length above 40" in error.fix
+    assert "eval dataset" not in error.fix
+
+
+def test_rows_of_several_lengths_without_their_conversations_leave_the_experiment_said():
+    from types import SimpleNamespace
+
+    from workbook.contract.adapters.hf_no_targets import _truncation_cause
+
+    tok = SimpleNamespace(eos_token_id=2, pad_token_id=0, eos_token="</s>")
+    said = _truncation_cause(tok, [{"input_ids": [5, 6, 7]}, {"input_ids": [5, 6, 7, 8]}])
+    assert said.startswith("the rows keep no 'messages' column, so truncation was not tested")
+    ended = _truncation_cause(tok, [{"input_ids": [5, 6, 2]}, {"input_ids": [5, 7, 2]}])
+    assert "not tested" in ended  # rows ending with the end token were not cut
 
 
 def test_labels_empty_for_an_untested_cause_say_what_the_experiments_ruled_out():

@@ -70,7 +70,7 @@ def _truncation_cause(tokenizer: Any, rows: list[dict]) -> tuple[str, str] | str
             "and compare where its first answer starts with max_length")
     chats = [r for r in rows if isinstance(r.get("messages"), list) and "input_ids" in r]
     if not chats:
-        return f"the rows keep no 'messages' column, {left}"
+        return _cut_rows(tokenizer, rows) or f"the rows keep no 'messages' column, {left}"
     kept, prompts, cut, lengths = 0, [], 0, []
     for row in chats:
         ids, messages = list(row["input_ids"]), row["messages"]
@@ -96,6 +96,22 @@ def _truncation_cause(tokenizer: Any, rows: list[dict]) -> tuple[str, str] | str
             "again without truncation)",
             f"raise max_length above {max(prompts)} (the longest prompt) or shorten the system "
             "prompt, so every answer keeps its tokens")
+
+
+def _cut_rows(tokenizer: Any, rows: list[dict]) -> tuple[str, str] | None:
+    """(cause, fix) when rows whose conversations are not kept were all cut at one length:
+    every row exactly that long, none ending with the end token (or padding)."""
+    ids = [list(r["input_ids"]) for r in rows if len(r.get("input_ids") or ()) > 0]
+    ends = {getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None)}
+    if not ids or len({len(i) for i in ids}) != 1 or any(i[-1] in ends for i in ids):
+        return None
+    length = len(ids[0])
+    return (f"truncation at max_length={length} cut every row: all {len(ids)} rows are exactly "
+            f"{length} tokens and none ends with the end token {tokenizer.eos_token!r}, so no "
+            "answer token survived the cut (the rows keep no 'messages', so the prompts were "
+            "not measured)",
+            f"raise max_length above {length} or shorten the system prompt; tokenize one "
+            "conversation without truncation to see where its first answer starts")
 
 
 def no_targets(empty: dict[str, tuple[int, int]], data: dict[str, Any],
