@@ -135,6 +135,7 @@ STREAM_CAUSES = {
 }
 
 
+@pytest.mark.slow  # 30-40 s each: torchrun launches / resumed processes
 @pytest.mark.parametrize("stream", sorted(STREAM_CAUSES))
 def test_stream_resume_bug_is_named_by_its_own_cause(tmp_path, stream):
     _, verdict, summary = run_notebook(wb.resume, "07_resume_reload", tmp_path, task=STREAMS,
@@ -148,6 +149,7 @@ def test_stream_resume_bug_is_named_by_its_own_cause(tmp_path, stream):
     assert "epoch guard" not in said, said
 
 
+@pytest.mark.slow  # 30-40 s each: torchrun launches / resumed processes
 @pytest.mark.twin
 def test_stateful_stream_resumes_exactly(tmp_path):
     _, verdict, summary = run_notebook(wb.resume, "07_resume_reload", tmp_path, task=STREAMS,
@@ -192,6 +194,7 @@ EPOCH_END = "tests.blind.lightning_epoch_end_rank:task"
                    "rows (27/30 from 14/15 and 13/15), which the unsynchronised log is not; "
                    "still so: 09 rebuilds the epoch-end value from each rank's sums, where "
                    "Lightning logs rank 0's own (judging that flips lightning_docs' control)")
+@pytest.mark.slow  # 30-40 s each: torchrun launches / resumed processes
 @pytest.mark.parametrize("val_log", ["epoch_end_unsynced", "epoch_end_sync_false"])
 def test_unsynced_epoch_end_metric_is_described(tmp_path, val_log):
     needs("lightning")
@@ -207,6 +210,7 @@ def test_unsynced_epoch_end_metric_is_described(tmp_path, val_log):
     assert "epoch mean of a step log" not in said
 
 
+@pytest.mark.slow  # 30-40 s each: torchrun launches / resumed processes
 @pytest.mark.twin
 def test_step_logged_metric_passes_data_parallel(tmp_path):
     needs("lightning")
