@@ -22,7 +22,7 @@ PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadf
 # JupyterLab refuses to start as root without this flag (containers, CI images).
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: install pilot test test-all lint docs lab bench samples clean-venv
+.PHONY: install pilot test test-all lint docs lab bench samples clean-venv gpu-wheels gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,17 @@ bench: $(STAMP)
 
 samples:
 	$(PYTHON) data_samples/make_samples.py
+
+# The CUDA path proved on a lent GPU (benchmarks/gpu_check.py). Here, online: the wheels the GPU
+# image lacks (papermill, the Jupyter kernel, nbval, pydantic, TRL) into .whl/ (ignored, ~20 MiB).
+gpu-wheels: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py --prepare
+
+# There, offline, with .whl/ carried: install them beside the image's torch and run the check.
+gpu-check:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+		--target /tmp/site .whl/*.whl
+	PYTHONPATH=/tmp/site:$(CURDIR) PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
 
 clean-venv:
 	rm -rf $(VENV)

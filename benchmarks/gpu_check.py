@@ -249,8 +249,7 @@ def prediction(c: Check) -> str:
     """memory_prediction.py's grid on this device (one batch of rows when quick)."""
     import memory_prediction as mp
 
-    grid = [*mp.QUICK, *mp.HF[:2], *mp.HF[6:7], *mp.LORA] if not c.quick else \
-        [mp.QUICK[0], mp.LORA[0]]
+    grid = [*mp.QUICK, *mp.HF[:2], *mp.HF[6:7], *mp.LORA] if not c.quick else [mp.QUICK[0]]
     table, skipped = mp.measure_grid(grid, c.device)
     table.to_csv(c.out / "prediction.csv", index=False)
     if table.empty:

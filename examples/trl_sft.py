@@ -33,7 +33,7 @@ opens with an 80-word system prompt, so at max_length=64 truncation leaves it no
 token: TRL drops those rows silently and 01 counts them; `max_length=4` leaves no row at all and
 is refused), `new_role_token="frozen"` (the template's assistant role becomes a new special
 token `<bot>`, the embeddings resized: its input-embedding row stays frozen under LoRA and keeps
-its random start; 01 names it - `new_role_token="trained"` is the clean twin,
+the start the resize gave it; 01 names it - `new_role_token="trained"` is the clean twin,
 `trainable_token_indices` training that row).
 """
 

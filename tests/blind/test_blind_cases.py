@@ -3,8 +3,9 @@
 small=True, ...)`, then the notebook module's `run` and `save` - and judged on what a user reads:
 the verdict, `summary.json`, and the tables the notebook writes beside it.
 
-A test marked xfail failed on its first run against the unchanged workbook (FIRST_RUN.md says
-what the workbook said instead); remove the mark when the fix lands.
+A test whose comment says "first run: not named" failed against the unchanged workbook
+(FIRST_RUN.md says what the workbook said then) and passes since its fix landed; a new blind
+case that fails on its first run is marked xfail until its fix lands.
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ LR_ZERO = re.compile(r"\b(?:learning rate|lr)\b(?: of| is| was| at|=|:)?\s*"
 
 # 1. get_scheduler("linear", num_warmup_steps=...) - huggingface/transformers#34754 ------------
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run misnamed the warm-up's lr 0 as "
-                   "'41 trainable tensors did not change ... check the optimizer'")
+# first run: not named (FIRST_RUN.md); named since the fix landed
 def test_warmup_first_update_at_lr_zero_is_named_by_its_cause(tmp_path):
     _, _, summary = run_notebook(wb.gates, "03_phase_gates", tmp_path, task=WARMUP,
                                  task_options={"num_warmup_steps": 10})
@@ -67,6 +67,7 @@ def test_warmup_first_update_at_lr_zero_is_named_by_its_cause(tmp_path):
     assert "check the optimizer (every trainable parameter" not in said, said
 
 
+@pytest.mark.twin
 def test_warmup_clean_twin_passes_silently(tmp_path):
     _, verdict, summary = run_notebook(wb.gates, "03_phase_gates", tmp_path, task=WARMUP,
                                        task_options={"num_warmup_steps": 0})
@@ -79,9 +80,8 @@ def test_warmup_clean_twin_passes_silently(tmp_path):
 
 # 2. CrossEntropyLoss(label_smoothing=0.1) - pytorch/pytorch#130342 -----------------------------
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run failed a memorised classifier "
-                   "under label smoothing: 'not memorised: the loss fell from 1.778 to 0.4224 "
-                   "... not below the bar 0.05' (least loss 0.421 for 6 classes)")
+# first run: not named (FIRST_RUN.md); named since the fix landed
+@pytest.mark.twin
 def test_label_smoothing_memorised_subset_passes(tmp_path):
     _, verdict, summary = run_notebook(wb.overfit, "02_overfit", tmp_path, task=SMOOTHING,
                                        task_options={"bug": None})
@@ -99,9 +99,7 @@ def test_label_smoothing_model_that_cannot_learn_still_fails(tmp_path):
     assert "exact target ids reproduced" in summary["failed"]
 
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run said 'the loss fell from 1.778 to "
-                   "1.678 in 80 updates at lr 0.05 ... give it more updates' - the lr the task "
-                   "gave, not the 0 its build_optimizer made of it")
+# first run: not named (FIRST_RUN.md); named since the fix landed
 def test_label_smoothing_unlearnable_twin_names_the_optimizers_lr_zero(tmp_path):
     _, _, summary = run_notebook(wb.overfit, "02_overfit", tmp_path, task=SMOOTHING,
                                  task_options={"bug": "lr_floor_division"})
@@ -111,6 +109,7 @@ def test_label_smoothing_unlearnable_twin_names_the_optimizers_lr_zero(tmp_path)
 # 3. LlamaForCausalLM(config).to(torch.bfloat16) as campaign_model - pytorch/pytorch#145529 -----
 
 # first run: not named (FIRST_RUN.md); named since the fix landed
+@pytest.mark.twin
 @pytest.mark.parametrize("convert", ["to", "half"])
 def test_campaign_model_converted_with_to_dtype_is_sized(tmp_path, convert):
     _, _, summary = run_notebook(wb.gates, "03_phase_gates", tmp_path, task=LLAMA,
@@ -139,8 +138,7 @@ def test_overfit_applies_the_users_clip_value_not_its_own(tmp_path):
     assert applied[0] >= 0.3 * (1 - 1e-4), applied  # clipped to 0.3, not below it
 
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run applied the clip value 0.3 but "
-                   "02's summary and checks never name it (no clip figure, no note)")
+# first run: not named (FIRST_RUN.md); named since the fix landed
 def test_overfit_names_the_clip_value_it_applied(tmp_path):
     result, _, summary = run_notebook(wb.overfit, "02_overfit", tmp_path, task=CLIP,
                                       task_options={"gradient_clip_val": 0.3})
@@ -151,9 +149,7 @@ def test_overfit_names_the_clip_value_it_applied(tmp_path):
 HF_CLIP = "tests.blind.hf_max_grad_norm:task"
 
 
-@pytest.mark.xfail(strict=False, reason="blind case: first run ignored TrainingArguments' "
-                   "max_grad_norm: 02's loss curve at max_grad_norm 0.3, 1.0 and 100 was the "
-                   "same to 6 digits, and nothing names the clip value")
+# first run: not named (FIRST_RUN.md); named since the fix landed
 def test_overfit_applies_the_trainers_max_grad_norm(tmp_path):
     curves = {}
     for clip in (0.3, 100.0):
@@ -188,6 +184,7 @@ def test_undeclared_carried_state_is_named_on_resume(tmp_path):
     assert re.search(r"CarriedState|Task\.state|carried state", said), said
 
 
+@pytest.mark.twin
 def test_declared_carried_state_resumes_exactly(tmp_path):
     _, verdict, summary = run_notebook(wb.resume, "07_resume_reload", tmp_path, task=HIDDEN,
                                        task_options={"declare": True}, **RESUME_PARAMS)

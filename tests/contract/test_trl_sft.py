@@ -351,8 +351,9 @@ def test_an_added_token_whose_row_stays_frozen_is_named_by_01():
     flags = [f for f in inspect_task(task, probe_size=4).flags
              if f.check == "added tokens not trained"]
     assert len(flags) == 1 and flags[0].count == 48
-    assert "('<bot>') appear in 48 of 48 examples" in flags[0].message
-    assert "input embedding (1 row)" in flags[0].message
+    assert "'<bot>' (id 911), appears in 48 of 48 examples" in flags[0].message
+    assert "rows of the input embedding (`embed_tokens`): each row is the mean" in \
+        flags[0].message
     assert "output head" not in flags[0].message  # lm_head trains whole (modules_to_save)
     assert "trainable_token_indices" in flags[0].fix
 
@@ -361,7 +362,7 @@ def test_an_added_token_whose_row_trains_raises_nothing():
     task = _task(new_role_token="trained")  # trainable_token_indices on "<bot>"
     model = task.build_model()
     assert list(fine_tuning.new_token_ids(model)) == [911]
-    assert fine_tuning.frozen_new_tokens(model) == {}
+    assert fine_tuning.untrained_rows(model, {911}, {911}) == []
     assert inspect_task(task, probe_size=4).flags == []
 
 

@@ -159,3 +159,62 @@ def test_deviations_are_judged_on_the_whole_sets_scale_and_empty_shards_are_equa
     assert relative_deviation(doubled, reference) == pytest.approx(1.0)
     assert max_difference({"empty_shard": torch.empty(0)}, {"empty_shard": torch.empty(0)}) == 0
     assert relative_deviation({}, {}) == 0
+
+
+def _notebook_04(tmp_path, task, **options):
+    from workbook.commands import params
+    from workbook.notebooks import accounting as acc
+
+    p = params.of("04_batch_accounting", small=True, task=task, task_options=options)
+    tmp_path.mkdir()
+    result = acc.run(p, tmp_path)
+    return acc.save(result, tmp_path), result
+
+
+MIXING = "tests.mixing_task:task"  # torchvision's references/classification idiom
+
+
+def test_mixup_cutmix_in_the_collate_is_held_fixed_and_named_as_the_campaigns_randomness(
+        tmp_path):
+    """The collate draws a new mixing weight per batch: 04 measured it (the same examples
+    collated twice, under the same seed and another), compared every split on one draw and
+    names the mixing - the loss and the normalisation are not blamed."""
+    verdict, result = _notebook_04(tmp_path / "collate", MIXING, mixing="collate")
+    assert verdict == "pass" and result.findings == []
+    said = result.warnings[0]
+    assert said.startswith("your collate draws new random numbers for every batch it collates")
+    assert "not at all under the same seed" in said and "mixup/cutmix" in said
+    assert "not a normalisation error" in said
+    assert "attention mask" not in " ".join(result.warnings)
+    assert result.step_loss.agree.all() and result.reconciled.match.all()
+
+
+def test_mixup_cutmix_inside_the_step_is_named_as_the_data_differing_not_as_another_loss(
+        tmp_path):
+    verdict, result = _notebook_04(tmp_path / "step", MIXING, mixing="step")
+    assert verdict == "pass" and result.findings == []
+    said = result.warnings[0]
+    assert said.startswith("your train_step draws new random numbers on every call")
+    assert "the model received other inputs than the collated batch's" in said
+    assert "mixup/cutmix" in said and "the data differed" in said
+
+
+def test_the_clean_twin_without_mixing_passes_and_a_mixing_weight_no_seed_reaches_is_said(
+        tmp_path):
+    assert _notebook_04(tmp_path / "off", MIXING, mixing="")[1].warnings == []
+    verdict, result = _notebook_04(tmp_path / "own", MIXING, mixing="collate", unseeded=True)
+    assert verdict == "pass" and result.findings == []
+    assert "under the same seed too: it draws from a source no seed here reaches" in \
+        result.warnings[0]
+
+
+def test_the_planted_normalisation_and_dropped_mask_are_still_named_beside_the_mixing(tmp_path):
+    verdict, result = _notebook_04(tmp_path / "mean", MIXING, mixing="collate",
+                                   mean_per_micro_batch=True)
+    assert verdict == "fail" and result.draws[0].where == "collate"
+    assert "the loss is not divided by the number of micro-batches" in result.findings[0]
+    assert "(2 x 4: 4 times, 1 x 8: 8 times)" in result.findings[0]
+    verdict, result = _notebook_04(tmp_path / "mask", "examples.encoder_lm:task",
+                                   step_drops_mask=True)
+    assert verdict == "fail" and result.draws == []  # the step's dropout is held: no draw
+    assert "e.g. it drops the attention mask" in result.findings[0]

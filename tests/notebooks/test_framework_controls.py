@@ -14,7 +14,14 @@ pytest.importorskip("lightning")
 
 from workbook import WorkbookError  # noqa: E402
 from workbook.contract.data import prepare  # noqa: E402
-from workbook.contract.metric_reduction import GATHERED, MEAN, ROWS, SUM, reduced  # noqa: E402
+from workbook.contract.metric_reduction import (  # noqa: E402
+    GATHERED,
+    MEAN,
+    OWN,
+    ROWS,
+    SUM,
+    reduced,
+)
 from workbook.contract.task import load_task  # noqa: E402
 from workbook.notebooks import accounting as acc  # noqa: E402
 from workbook.notebooks.gates import run_gates  # noqa: E402
@@ -55,7 +62,7 @@ def _launch_evaluation(spec: str, examples: int = 63, **options) -> tuple[dict, 
 
 def test_lightning_counts_are_summed_over_ranks_and_its_clean_control_passes_09():
     row, how = _launch_evaluation(LIGHTNING_DOCS)
-    assert how["val_n"] == SUM and how["val_acc"] == ROWS and how["val_loss"] == ROWS
+    assert how["val_n"] == SUM and how["val_acc"] == OWN and how["val_loss"] == ROWS
     assert row["verdict"] == "pass", row["measured"]
 
 
@@ -65,6 +72,31 @@ def test_an_f1_averaged_over_ranks_with_sync_dist_is_named_in_09():
     assert row["verdict"] == "fail"
     assert "val_f1" in row["measured"] and "sync_dist=True" in row["measured"]
     assert "val_n" not in row["measured"]  # the count is right
+
+
+EPOCH_METRIC = "tests.lightning_epoch_metric:task"
+
+
+def test_an_epoch_end_metric_from_each_ranks_own_state_is_named_as_what_the_code_does():
+    """A macro-F1 computed in on_validation_epoch_end from the rank's own confusion matrix and
+    logged without sync_dist: said as that, with each rank's value and the fix for it."""
+    row, how = _launch_evaluation(EPOCH_METRIC)
+    assert how["val_macro_f1"] == OWN and row["verdict"] == "fail"
+    said = row["measured"]
+    assert ("val_macro_f1 is computed in on_validation_epoch_end from each rank's own "
+            "accumulated state and logged without sync_dist: every rank logs its own shard's "
+            "value (rank 0 ") in said
+    assert "self.all_gather" in said and "torchmetrics Metric" in said
+    assert "Lightning's epoch mean of a step log" not in said
+
+
+def test_the_same_f1_as_a_torchmetrics_metric_passes_and_a_step_log_keeps_its_words():
+    row, how = _launch_evaluation(EPOCH_METRIC, sync="torchmetrics")
+    assert how["val_macro_f1"] == GATHERED and row["verdict"] == "pass", row["measured"]
+    row, how = _launch_evaluation(EPOCH_METRIC, sync="step")  # each batch's F1, sync_dist
+    assert how["val_macro_f1"] == ROWS and row["verdict"] == "fail"
+    assert "(Lightning's epoch mean of a step log, sync_dist=True)" in row["measured"]
+    assert "on_validation_epoch_end" not in row["measured"]
 
 
 def test_hf_compute_metrics_runs_on_gathered_outputs_and_its_clean_control_passes_09():

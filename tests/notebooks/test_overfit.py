@@ -400,3 +400,10 @@ def test_the_least_loss_of_soft_targets_is_their_entropy_measured_on_the_loss_it
     entropy = float(-(soft * soft.log()).sum(1).mean())
     assert least_loss(task, torch.zeros(6, 6), batch) == pytest.approx(entropy, rel=1e-3)
     assert least_loss(shapes(), torch.zeros(6, 6), batch) == 0.0  # a plain cross-entropy
+
+    def margin(logits, batch):  # least 0, but only at a margin far beyond 40: no floor either
+        labels = batch["labels"]
+        others = logits.masked_fill(nn.functional.one_hot(labels, 6).bool(), -1e9).max(1).values
+        gap = logits.gather(1, labels[:, None])[:, 0] - others
+        return -nn.functional.logsigmoid(0.1 * gap).sum(), labels.numel()
+    assert least_loss(dataclasses.replace(shapes(), loss=margin), torch.zeros(6, 6), batch) == 0

@@ -2,7 +2,12 @@
 planted pipelines, each beside its clean twin): an epoch guard as users write it, caught by a
 restore in a training loop's order; a state that stops advancing after load_state_dict (a
 second resume restarts the stream); a pass that repeats the previous one because the pipeline
-moves on only when a pass runs to its end."""
+moves on only when a pass runs to its end. The same causes in their reports' own idioms
+(tests/report_streams.py) named by experiment on the pipeline (stream_state), a rebuilt base
+told from a restore that failed (tests/rebuilt_base_task.py), state an update carries
+undeclared."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -438,3 +443,43 @@ def test_a_cause_no_experiment_confirms_is_said_as_a_suspicion_with_the_test_to_
     assert found.cause("guess", loop_order=True) == "measured: loop order"
     assert found.cause("guess", twice=True) == "measured: frozen"
     assert Findings().cause("guess") == "guess"  # nothing ran: the examples' reading stands
+
+
+def test_a_step_that_is_not_deterministic_is_not_called_a_carried_state():
+    """A backward that adds what no seed holds (as CUDA's atomic adds reorder sums): the same
+    update twice gives the same loss and other parameters - the kernels, not a state."""
+    import os
+
+    import torch
+
+    from workbook.notebooks.resume.undeclared import nondeterministic, undeclared_state
+
+    cfg = resume.UpdateShape(4, 2).train_config(lr=1e-3, seed=0, device="cpu")
+    task, items, cfg = resume.rebuild(resume.recipe("examples.mlp_dropout:task", {}, cfg, 16))
+
+    class Jitter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            noise = int.from_bytes(os.urandom(2), "little") / 65536  # no seed reaches it
+            return grad * (1 + 1e-3 * noise)
+
+    def step(model, optimizer, micro_batches):
+        model.train()
+        optimizer.zero_grad()
+        total = 0.0
+        for mb in micro_batches:
+            loss = Jitter.apply(torch.nn.functional.mse_loss(model(mb["x"]), mb["labels"]))
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        return total / len(micro_batches)
+
+    said = undeclared_state(dataclasses.replace(task, train_step=step), items, cfg)
+    assert "gave the same loss" in said and "not deterministic on cpu" in said, said
+    assert "CarriedState" not in said
+    cuda = nondeterministic(torch.nn.Linear(2, 2), 0.5, 3e-5)
+    assert "use_deterministic_algorithms(True)" in cuda and "3e-05" in cuda

@@ -255,6 +255,7 @@ def test_a_campaign_factory_that_reads_values_is_refused_with_the_config_model_f
     assert "wb.campaign.ConfigModel(ModelClass, config, dtype=torch.bfloat16)" in err.value.fix
 
 
+@pytest.mark.slow  # 23 s; the idiom itself is tested small above and in tests/blind
 def test_an_8b_lora_campaign_converted_by_to_is_sized_in_bf16(gen_task, gen_items):
     """The 8 B LoRA campaign as users write it (Llama-3-8B's shape, `.to(torch.bfloat16)`,
     get_peft_model): every phase sized, the frozen base at 2 bytes a parameter."""

@@ -112,13 +112,11 @@ def unmatched_targets(model: nn.Module) -> dict[str, list[str]]:
 
 
 def new_token_ids(model: nn.Module) -> range:
-    """Token ids whose embedding rows the pretrained base did not train: the rows
-    `resize_token_embeddings` added after loading (the vocabulary of the config saved with the
-    base against the model's). Empty for a model not loaded from a local folder."""
+    """Token ids past the vocabulary of the config saved with the base (the rows
+    `resize_token_embeddings` added after loading); empty for a base without a local folder."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     saved = Path(str(getattr(base, "name_or_path", "") or "")) / "config.json"
-    config = getattr(base, "config", None)
-    now = getattr(config, "vocab_size", None)
+    now = getattr(getattr(base, "config", None), "vocab_size", None)
     if not saved.is_file() or not isinstance(now, int):
         return range(0)
     try:
@@ -128,15 +126,17 @@ def new_token_ids(model: nn.Module) -> range:
     return range(before, now) if isinstance(before, int) and now > before else range(0)
 
 
-def _trained_rows(module: nn.Module | None) -> set[int] | None:
-    """The token rows an embedding (or output head) trains: None for every row (its weight,
-    or a wrapper's copy of it, requires grad); else the rows of PEFT's trainable tokens."""
-    if module is None:
-        return set()
+MEAN_GAP = 1e-2  # a row this near the rows' mean (per typical distance) holds the resize's start
+ROWS_AT_ONCE = 8_192  # rows measured at once (a 128k x 4096 table is not copied whole)
+
+
+def _trained_rows(module: nn.Module) -> set[int] | None:
+    """The token rows an embedding (or output head) trains: None for every row (a parameter
+    of it requires grad: its weight, a wrapper's copy, LoRA's A and B, which give each row its
+    own delta); else the rows of PEFT's trainable tokens (`trainable_token_indices`)."""
     rows: set[int] = set()
     for name, param in module.named_parameters():
-        if param.requires_grad and "trainable_tokens_delta" not in name and ".lora_" not in \
-                f".{name}":
+        if param.requires_grad and "trainable_tokens_delta" not in name:
             return None
     for sub in module.modules():
         indices = getattr(sub, "token_indices", None)
@@ -147,24 +147,78 @@ def _trained_rows(module: nn.Module | None) -> set[int] | None:
     return rows
 
 
-def frozen_new_tokens(model: nn.Module) -> dict[str, list[int]]:
-    """Per layer ("input embedding", "output head"), the new token ids (`new_token_ids`) whose
-    rows no parameter trains: a frozen base under LoRA keeps the values the resize gave them."""
-    new = new_token_ids(model)
-    if not new:
-        return {}
-    layers = {"input embedding": model.get_input_embeddings()}
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and getattr(head, "weight", None) is not \
-            getattr(layers["input embedding"], "weight", None):  # a tied head is the same rows
-        layers["output head"] = head
-    out = {}
-    for where, module in layers.items():
-        trained = _trained_rows(module)
-        if trained is not None:
-            frozen = [i for i in new if i not in trained]
-            if frozen:
-                out[where] = frozen
+def _table(module: nn.Module) -> torch.Tensor | None:
+    """The layer's own rows (a PEFT wrapper's original weight), None on the meta device."""
+    for name, param in module.named_parameters():
+        if name.rsplit(".", 1)[-1] == "weight" and "trainable_tokens" not in name and \
+                ".lora_" not in f".{name}" and param.dim() == 2:
+            return None if param.is_meta else param
+    return None
+
+
+def _at_mean(table: torch.Tensor, ids: list[int]) -> set[int]:
+    """The ids whose row is the mean of the table's rows (to MEAN_GAP of the rows' median
+    distance from it): what `resize_token_embeddings` starts a new row at (mean_resizing,
+    transformers' default), a value no training leaves."""
+    parts = table.detach().split(ROWS_AT_ONCE)
+    mean = sum(c.float().sum(0) for c in parts) / table.shape[0]
+    gaps = torch.cat([(c.float() - mean).norm(dim=1) for c in parts])
+    typical = float(gaps.median())
+    return {i for i in ids if i < len(gaps) and float(gaps[i]) <= MEAN_GAP * typical}
+
+
+@dataclass(frozen=True)
+class FrozenRows:
+    """Rows of one token layer that no parameter trains and that the base never trained."""
+
+    layer: str  # "input embedding", "output head"
+    module: str  # its name in the model, as PEFT's configs name it ("embed_tokens")
+    ids: dict[int, str]  # token id -> how the base is known not to have trained it
+    rows: int  # the layer's rows (the vocabulary it scores)
+    unknown: tuple[int, ...] = ()  # frozen ids the tokenizer added that nothing here dates
+
+
+def _module_name(model: nn.Module, module: nn.Module) -> str:
+    name = next((n for n, m in model.named_modules() if m is module), "")
+    return name.rsplit(".", 1)[-1] or type(module).__name__
+
+
+def untrained_rows(model: nn.Module, inputs: set[int], targets: set[int],
+                   added: set[int] = frozenset()) -> list[FrozenRows]:
+    """The token rows that stay as the base left them though the base never trained them:
+    ids of `inputs` (the input embedding's rows) and of `targets` (the embedding's and the
+    output head's) whose rows no parameter trains (`_trained_rows`) and that are new to the
+    base - past its saved config's vocabulary, or holding the mean of the layer's rows as
+    `resize_token_embeddings` starts them - measured on the model, whatever it was built from.
+    Frozen ids of `added` (tokens the tokenizer added) that neither shows are `unknown`."""
+    try:  # a model without token layers (a CNN), or one that declares none
+        embedding = model.get_input_embeddings()
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") \
+            else None
+    except (AttributeError, NotImplementedError):
+        return []
+    if not isinstance(embedding, nn.Module):
+        return []
+    if head is not None and _table(head) is _table(embedding):  # tied: the same rows
+        head = None
+    saved = set(new_token_ids(model))
+    out = []
+    for layer, module, ids in (("input embedding", embedding, inputs | targets),
+                               ("output head", head, targets)):
+        trained = _trained_rows(module) if module is not None else None
+        table = _table(module) if module is not None else None
+        if trained is None or table is None:
+            continue
+        frozen = sorted(i for i in ids if i not in trained and 0 <= i < table.shape[0])
+        at_mean = _at_mean(table, frozen) if frozen else set()
+        found = {i: "each row is the mean of its layer's rows (measured), where "
+                 "resize_token_embeddings starts a new token" if i in at_mean else
+                 "past the vocabulary of the base's saved config" for i in frozen
+                 if i in saved or i in at_mean}
+        unknown = tuple(i for i in frozen if i in added and i not in found)
+        if found or unknown:
+            out.append(FrozenRows(layer, _module_name(model, module), found, table.shape[0],
+                                  unknown))
     return out
 
 

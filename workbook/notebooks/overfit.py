@@ -173,9 +173,12 @@ def least_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor])
         return summed.float() / max(float(count), 1.0)
     try:
         with torch.no_grad():
-            if float(per_target(40.0 * hot)) < NO_FLOOR:  # the targets alone: no floor
+            high = 40.0  # a margin still falling at its end is taken further (a scaled loss)
+            while high < 1e6 and per_target(2 * high * hot) < per_target(high * hot):
+                high *= 2
+            if float(per_target(high * hot)) < NO_FLOOR:  # the targets alone: no floor
                 return 0.0
-            low, high = 0.0, 40.0  # the loss is convex in s: a golden-section search
+            low = 0.0  # the loss is convex in s: a golden-section search
             for _ in range(40):
                 a, b = low + 0.382 * (high - low), low + 0.618 * (high - low)
                 low, high = (low, b) if per_target(a * hot) < per_target(b * hot) else (a, high)
@@ -372,7 +375,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
         figures["reproduction_tolerance"] = round(tolerance, 6)
     return OverfitResult(task, steps, checks, reproduction, figures,
                          message or _diagnosis(checks, initial.loss, final.loss, bar, updates, lr,
-                                               own_floor))
+                                               own_floor, [s.lr for s in result.steps]))
 
 
 def memorised(task: Task, model: torch.nn.Module, items: list[Item], device: torch.device,
@@ -421,11 +424,18 @@ def floor_words(least: float, margin: float) -> str:
 
 
 def _diagnosis(checks: pd.DataFrame, initial: float, final: float, bar: float,
-               updates: int, lr: float, least: float = 0.0) -> str:
-    """The failure in words when the learning rate does not diverge ("" on a pass)."""
+               updates: int, lr: float, least: float = 0.0, ran: list | None = None) -> str:
+    """The failure in words when the learning rate does not diverge ("" on a pass); `ran`, the
+    learning rate each update ran at (the optimizer's first group, read by the loop)."""
     failed = checks.loc[~checks.passed, "check"].tolist()
     if not failed:
         return ""
+    if ran and not any(ran):
+        return (f"not learning: the optimizer ran at learning rate 0 in all {len(ran)} updates "
+                f"(read from its first param group; {lr:g} was asked): the task's "
+                "build_optimizer or schedule set it to 0, so nothing can train - give the "
+                "optimizer a nonzero learning rate (e.g. a lr scaled by batch_size // 256 is 0 "
+                "below 256 examples)")
     if any(c.startswith("final loss") for c in failed) and math.isfinite(final) \
             and final < initial:
         return (f"not memorised: the loss fell from {initial:.4g} to {final:.4g} in {updates} "

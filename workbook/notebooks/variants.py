@@ -66,17 +66,19 @@ def _targets(task: Task, items: list[Item]) -> dict:
 
 def training_flags(steps: list, precision: str) -> list[str]:
     """A variant's training judged: a non-finite loss or gradient breaks it, except the fp16
-    updates the GradScaler skipped - it skips exactly those whose scaled gradients overflowed
-    and lowers its scale, by design at the start - while the loss stays finite and some
-    updates apply."""
+    updates the GradScaler skipped while the loss stays finite - it skips exactly those whose
+    scaled gradients overflowed and halves its scale (from 65536), by design at the start, so
+    a short run may apply none (05 --smoke on an H200: 3 of 3 skipped)."""
     broken = [s.step for s in steps if not (math.isfinite(s.loss) and
                                             math.isfinite(s.grad_norm))]
     applied = sum(math.isfinite(s.grad_norm) for s in steps)
     if not broken:
         return []
-    if precision == "fp16" and applied and all(math.isfinite(s.loss) for s in steps):
+    if precision == "fp16" and all(math.isfinite(s.loss) for s in steps):
+        said = f"{applied} of {len(steps)} updates applied" if applied else \
+            f"none of the {len(steps)} updates applied: not judged - give 05 more updates"
         return [f"GradScaler skipped updates {broken[:5]} (fp16 gradients overflowed at its "
-                f"scale, which it then lowered): {applied} of {len(steps)} updates applied"]
+                f"scale, which it then halved): {said}"]
     return [f"{NON_FINITE} at updates {broken[:5]}"]
 
 

@@ -26,6 +26,7 @@ from ..targets import IGNORE_INDEX
 from ..task import Task
 from .base import Adapter
 from .hf_metrics import ROW, ROW_OFFSET, SplitMetrics, probe_padding
+from .hf_no_targets import no_targets, rendered
 from .hf_rows import Stream, first_row, padding_row, split_rows, train_rows, unflattened
 from .hf_trainer import argument_fields
 from .hf_truncation import truncation_cause
@@ -79,9 +80,8 @@ def _prompts(tokenizer: Any, response_template: str | None,
         return None
     if isinstance(template, str) and "generation" in template and "endgeneration" in template:
         def outside_assistant(row: dict) -> torch.Tensor:
-            rendered = _rendered(tokenizer, row["messages"], return_dict=True,
-                                 return_assistant_tokens_mask=True)
-            ids, turns = list(rendered["input_ids"]), list(rendered["assistant_masks"])
+            marked = rendered(tokenizer, row["messages"], return_assistant_tokens_mask=True)
+            ids, turns = marked["input_ids"], marked["assistant_masks"]
             row_ids = list(row["input_ids"])
             if row_ids != ids[:len(row_ids)]:  # not the template's rendering: no prompt known
                 return torch.zeros(len(row_ids), dtype=torch.bool)
@@ -89,21 +89,11 @@ def _prompts(tokenizer: Any, response_template: str | None,
         return outside_assistant
 
     def chat_prompt(row: dict) -> torch.Tensor:
-        rendered = _rendered(tokenizer, row["messages"][:-1], add_generation_prompt=True)
-        prefix = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+        prefix = rendered(tokenizer, row["messages"][:-1], add_generation_prompt=True)[
+            "input_ids"]
         ids = list(row["input_ids"])
         return torch.arange(len(ids)) < (len(prefix) if ids[:len(prefix)] == prefix else 0)
     return chat_prompt
-
-
-def _rendered(tokenizer: Any, messages: list, **how: Any) -> Any:
-    """The tokenizer's chat template applied to `messages`, tokenized; its failure named."""
-    try:
-        return tokenizer.apply_chat_template(messages, tokenize=True, **how)
-    except Exception as exc:
-        raise WorkbookError(f"the tokenizer's chat template raised {type(exc).__name__}: "
-                            f"{reason(exc, 200)}", "fix the chat template (the campaign's "
-                            "preparation renders every conversation with it)") from exc
 
 
 class HFAdapter(Adapter):
@@ -218,6 +208,7 @@ class HFAdapter(Adapter):
         first LABELS_KEPT of each sort)."""
         stream, named = isinstance(dataset, Stream), self.target.named_classes
         for i, row in dataset.rows() if stream else self.indexed(split, dataset):
+            seen["rows"][split] = seen["rows"].get(split, 0) + 1
             try:
                 label = row.get(self.label_column)
                 if split == "validation" and named:
@@ -240,13 +231,12 @@ class HFAdapter(Adapter):
                 raise self.failed(split, i, "labels", exc) from exc
             if stream:
                 ex["row"] = row  # encode reads it here: a stream is never indexed
-            seen["validation"] = seen["validation"] or split == "validation"
             yield ex
 
     @staticmethod
     def fresh_pass() -> dict:
         """What one pass counts."""
-        return {"padding": {}, "labels": [], "kept": {}, "validation": False}
+        return {"padding": {}, "rows": {}, "labels": [], "kept": {}}
 
     def finish(self, seen: dict) -> None:
         """After a whole pass: the padding rows counted and said, the eval set checked."""
@@ -257,9 +247,10 @@ class HFAdapter(Adapter):
             for split, n in padding_rows.items()]
         if self.built is not None:
             self.built.padding_rows = dict(padding_rows)
-        if not seen["validation"]:
-            raise WorkbookError("from_hf: every row of the eval dataset has label -100",
-                                "pass the eval dataset with its labelled rows")
+        empty = {s: (padding_rows[s], n) for s, n in seen["rows"].items()
+                 if n and padding_rows.get(s) == n}
+        if empty:  # the rows were read, and not one has a target: why, by experiment
+            raise no_targets(empty, self.data, self.tokenizer)
         if self.compute_metrics is not None and self.target.named_classes and \
                 padding_rows.get("validation"):
             probe_padding(self.compute_metrics, seen["labels"], len(self.label_names))
@@ -400,6 +391,11 @@ class HFAdapter(Adapter):
         self.built = task
         task.padding_rows = {}  # per split: rows with label -100, left out (load_examples)
         task.adapter_notes = notes  # what the adapter mapped or left out, in words
+        # tokens the tokenizer added past its own vocabulary (01 asks whether the base knew them)
+        own = getattr(tokenizer, "vocab_size", None)
+        task.added_tokens = {i: str(t) for i, t in (getattr(
+            tokenizer, "added_tokens_decoder", None) or {}).items()
+            if isinstance(own, int) and i >= own}
         # why inputs sit in two splits when the tokenizer's cut made them identical (01 asks)
         task.duplicates_cause = truncation_cause(
             {s: d for s, d in self.data.items() if not isinstance(d, Stream)}, tokenizer)

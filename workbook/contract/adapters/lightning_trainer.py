@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError
-from ..metric_reduction import GATHERED, MAX, MEAN, MIN, ROWS, SUM
+from ..metric_reduction import GATHERED, MAX, MEAN, MIN, OWN, ROWS, SUM
 from ..run import DEFAULT_UPDATES, current_run
 
 # the pilot's precision as Lightning names it (`trainer.precision`)
@@ -301,13 +301,15 @@ class Logged(NamedTuple):
         """How Lightning combines it over ranks: a torchmetrics Metric syncs its own states
         (gathered); a step log's epoch mean weighs every rank's rows (sync_dist sums values and
         batch sizes); an epoch-end number is reduced by reduce_fx over the ranks' values with
-        sync_dist ("sum": a count), else read as a mean over rows."""
+        sync_dist ("sum": a count), and without it is each rank's own value."""
         if self.metric is not None:
             return GATHERED if _is_torchmetric(self.metric) else ROWS
         if self.reduce_fx == "sum":
             return SUM
-        if not epoch_end or not self.sync_dist:
+        if not epoch_end:
             return ROWS
+        if not self.sync_dist:
+            return OWN
         return {"max": MAX, "min": MIN}.get(self.reduce_fx, MEAN)
 
 

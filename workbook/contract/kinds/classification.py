@@ -1,5 +1,6 @@
 """Classification: one class id per example, named by `label_names`; the raw example holds the
-class name in `label_field`."""
+class name in `label_field`. A collate that mixes examples (mixup, cutmix) gives each row a soft
+target, the class probabilities: one target per row, its largest class."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from .base import NamedClasses
 
 class Classification(NamedClasses):
     name = "classification"
+
+    def targets(self, labels, shift):
+        return labels.argmax(-1) if labels.is_floating_point() and labels.dim() > 1 else labels
 
     def names_of(self, task, ids):
         return [task.decode(ids)]

@@ -7,7 +7,7 @@ neither duration nor quality: they keep comparisons honest."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterable
@@ -16,16 +16,19 @@ import pandas as pd
 import torch
 
 from ...base.errors import WorkbookError
-from ...contract.data import Item, micro_batches, prepare
+from ...contract.data import Batch, Item, micro_batches, prepare
 from ...contract.targets import IGNORE_INDEX
 from ...contract.task import Task, load_task, task_from_params
 from ...storage.records import StepRecord
 from ...training.deviation import relative_deviation
 from ...training.loop import Stepper, UpdateShape, train
+from .batch_randomness import Draws, collate_draws, step_draws
 from .own_code_checks import (
     evaluation_check,
     evaluation_findings,
+    one_draw,
     own_step_gradients,
+    split_batches,
     step_loss_check,
 )
 
@@ -154,12 +157,14 @@ def reconcile(account: BatchAccount, steps: list[StepRecord], items: list[Item],
 
 
 def update_gradients(task: Task, model: torch.nn.Module, items: list[Item], micro_batch: int,
-                     mean_per_micro_batch: bool = False) -> dict[str, torch.Tensor]:
+                     mean_per_micro_batch: bool = False,
+                     whole: Batch | None = None) -> dict[str, torch.Tensor]:
     """The gradient of one update over `items` split into micro-batches, through the loop's own
     accumulation - or, with `mean_per_micro_batch`, the classic wrong normalisation (a mean per
-    micro-batch divided by the number of micro-batches), to show what the check catches."""
+    micro-batch divided by the number of micro-batches), to show what the check catches.
+    `whole`: the update collated once, whose rows the micro-batches are (`split_batches`)."""
     model.zero_grad(set_to_none=True)
-    batches = list(micro_batches(task, items, micro_batch))
+    batches = split_batches(task, items, micro_batch, whole)
     if mean_per_micro_batch:
         for batch in batches:
             summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
@@ -172,19 +177,23 @@ def update_gradients(task: Task, model: torch.nn.Module, items: list[Item], micr
 
 
 def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (16, 2, 1),
-                        tolerance: float = 1e-4, seed: int = 0) -> pd.DataFrame:
+                        tolerance: float = 1e-4, seed: int = 0,
+                        per_batch_draw: bool = False) -> pd.DataFrame:
     """One update over the same examples as 1 x N, k x N/k, ..., N x 1 micro-batches (the first
     split is each way's reference): the loop's normalisation, the classic wrong one, and - when
     the task brings one - its own `train_step`. Dropout and batch norm are held in eval
     behaviour (also inside the task's step, which usually calls model.train()): they
-    legitimately change with the micro-batch."""
+    legitimately change with the micro-batch. `per_batch_draw` (a collate drawing per batch:
+    mixup, cutmix): the update is collated once and every split's micro-batches are its rows."""
+    whole = one_draw(task, items, seed) if per_batch_draw else None
     torch.manual_seed(seed)
     model = task.build_model().eval()
-    ways = {"targets of the whole update (loop)": partial(update_gradients, task, model),
+    ways = {"targets of the whole update (loop)": partial(update_gradients, task, model,
+                                                          whole=whole),
             "per micro-batch mean (wrong)": partial(update_gradients, task, model,
-                                                    mean_per_micro_batch=True)}
+                                                    mean_per_micro_batch=True, whole=whole)}
     if task.train_step is not None:
-        ways["the task's train_step"] = partial(own_step_gradients, task, model)
+        ways["the task's train_step"] = partial(own_step_gradients, task, model, whole=whole)
     rows, reference = [], None
     for way, gradients in ways.items():
         own = way.startswith("the task's")
@@ -201,6 +210,22 @@ def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (
                          "last_micro_batch": len(items) - (accumulation - 1) * micro,
                          "max_relative_deviation": dev, "within_tolerance": dev <= tolerance})
     return pd.DataFrame(rows)
+
+
+def batch_draws(task: Task, items: list[Item], seed: int = 0) -> list[Draws]:
+    """Where the task's own code draws new random numbers for every batch (its collate, its
+    train_step), measured on `items`; for a collate, also how far the loop's exact gradient
+    moves when a 2-way split is collated anew (a split of a mixing collate mixes other pairs)."""
+    found = [collate_draws(task, items, seed)]
+    if task.train_step is not None:
+        found.append(step_draws(task, items, seed))
+    if found[0].draws and len(items) > 1:
+        torch.manual_seed(seed)
+        model = task.build_model().eval()
+        whole = update_gradients(task, model, items, len(items))
+        halves = update_gradients(task, model, items, math.ceil(len(items) / 2))
+        found[0] = replace(found[0], split_anew=relative_deviation(halves, whole))
+    return [d for d in found if d.draws]
 
 
 def own_split_cause(task: Task, items: list[Item], check: pd.DataFrame,
@@ -313,11 +338,19 @@ class AccountingResult:
     step_loss: pd.DataFrame | None = None  # the task's train_step loss against its `loss`
     evaluation: pd.DataFrame | None = None  # the task's eval_step as the campaign calls it
     split_cause: str | None = None  # why the task's step depends on the split, in its terms
+    draws: list[Draws] = field(default_factory=list)  # own code drawing per batch (mixup, ...)
+
+    @property
+    def step_draws(self) -> bool:
+        """The task's train_step draws per call: its loss and splits are not comparable."""
+        return any(d.where == "train_step" for d in self.draws)
 
     @property
     def findings(self) -> list[str]:
         """What is wrong with the task's own step and evaluation, in words."""
         found = []
+        if self.step_draws:  # the data differed: said in `warnings`, never blamed on the loss
+            return evaluation_findings(self.evaluation)
         other_loss = self.step_loss is not None and not self.step_loss.agree.all()
         if other_loss:
             row = self.step_loss.iloc[0]
@@ -356,16 +389,26 @@ class AccountingResult:
         return rows[rows.case == case] if "case" in rows else rows
 
     @property
+    def partial_only(self) -> pd.DataFrame | None:
+        """The task's step's rows off on the partial group when it is exact on equal
+        micro-batches (None otherwise, and for a step that draws per call)."""
+        partial, equal = self.own_rows("partial group"), self.own_rows("equal split")
+        off = partial[~partial.within_tolerance]
+        if not len(off) or not equal.within_tolerance.all() or self.step_draws:
+            return None
+        return off
+
+    @property
     def warnings(self) -> list[str]:
         """Material but not failing: a step exact on equal micro-batches that weighs a final
         partial one as a full one (Lightning's mean divided by accumulate_grad_batches) - only
         the last update of a pass that leaves one over is off."""
-        partial, equal = self.own_rows("partial group"), self.own_rows("equal split")
-        off = partial[~partial.within_tolerance]
-        if not len(off) or not equal.within_tolerance.all():
-            return []
+        drawn = [d.words() for d in self.draws]  # the campaign's own randomness, named
+        off = self.partial_only
+        if off is None:
+            return drawn
         worst = off.iloc[int(off.max_relative_deviation.to_numpy().argmax())]
-        return [f"your train_step weighs a final partial micro-batch as a full one: split "
+        return drawn + [f"your train_step weighs a final partial micro-batch as a full one: split "
                 f"{worst['micro_batch x accumulation']} (last micro-batch "
                 f"{worst.last_micro_batch}) differs from one micro-batch by "
                 f"{worst.max_relative_deviation:.3g} (relative) - only an update that ends a "
@@ -384,6 +427,8 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
     """Notebook 04 from its parameters (it writes nothing until `save`)."""
     task = task_from_params(params)
     items = prepare(task, ("train",)).train
+    draws = batch_draws(task, items[: params["check_examples"]], params["seed"])
+    per_batch_draw = any(d.where == "collate" for d in draws)
     targets_per_example = sum(task.target_count(it.tensors["labels"]) for it in items) / len(items)
     shape = UpdateShape.from_params(params)
     account = BatchAccount(shape, len(items), params["drop_partial"])
@@ -401,9 +446,11 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
     steps = train(task, items[: loop_account.examples], cfg).steps
     check = pd.concat([
         normalisation_check(task, items[: params["check_examples"]],
-                            (params["check_examples"], 2, 1), params["tolerance"]),
+                            (params["check_examples"], 2, 1), params["tolerance"],
+                            per_batch_draw=per_batch_draw),
         normalisation_check(task, items[: params["partial_examples"]],
-                            (params["partial_examples"], 2, 4), params["tolerance"]),
+                            (params["partial_examples"], 2, 4), params["tolerance"],
+                            per_batch_draw=per_batch_draw),
     ], keys=["equal split", "partial group"]).reset_index(level=0, names="case")
     step_loss = (step_loss_check(task, items[: params["check_examples"]], params["tolerance"])
                  if task.train_step is not None else None)
@@ -420,7 +467,7 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
                             BatchAccount(UpdateShape(2, 8), 3200),
                             reconcile(loop_account, steps, items, task), check,
                             batch_norm_demonstration(task, items, shape), step_loss, evaluation,
-                            split_cause)
+                            split_cause, draws)
 
 
 def save(result: AccountingResult, out_dir: Path) -> str:
@@ -432,7 +479,9 @@ def save(result: AccountingResult, out_dir: Path) -> str:
     account, budget, reconciled, check = (result.account, result.budget, result.reconciled,
                                           result.check)
     right = check[~check.normalisation.str.contains("wrong")]
-    if result.warnings:  # the task's step off on the partial group only: warned, not failed
+    if result.step_draws:  # a step drawing per call is not comparable across splits
+        right = right[right.normalisation != "the task's train_step"]
+    elif result.partial_only is not None:  # off on the partial group only: warned, not failed
         right = right[~((right.normalisation == "the task's train_step") &
                         (right.case == "partial group"))]
     wrong = check[check.normalisation.str.contains("wrong")]
@@ -452,9 +501,9 @@ def save(result: AccountingResult, out_dir: Path) -> str:
         "reconciled": loop_ok, "normalisation_ok": norm_ok,
         "wrong_normalisation_caught": bool(not wrong.iloc[1:].within_tolerance.all()),
         "own_train_step_ok": bool(result.own_rows("equal split").within_tolerance.all())
-        if len(own) else None,
+        if len(own) and not result.step_draws else None,
         "max_deviation": float(right.max_relative_deviation.max()),
-        "own_step_loss_agrees": None if result.step_loss is None else
+        "own_step_loss_agrees": None if result.step_loss is None or result.step_draws else
         bool(result.step_loss.agree.all()),
         "own_eval_ok": None if result.evaluation is None else bool(result.evaluation.ok.all()),
         "findings": findings, "warned": result.warnings}, task=result.task.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -13,7 +14,7 @@ import pandas as pd
 import torch
 
 from ...base.errors import WorkbookError
-from ...contract.data import Item, micro_batches
+from ...contract.data import Batch, Item, collate_items, micro_batches
 from ...contract.task import Task, own_code
 from ...training.loop import HeldBehaviour, loss_of
 
@@ -88,19 +89,56 @@ class OwnStep:
     sets_train_mode: bool
 
 
-def run_own_step(task: Task, model: torch.nn.Module, items: list[Item], micro_batch: int,
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Torch's CPU generator, Python's `random` and NumPy's global generator seeded with `seed`
+    inside the block - where a task's collate or step draws (torchvision's `RandomChoice` draws
+    from `random`) - and each given back after."""
+    import numpy as np
+
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
+def split_batches(task: Task, items: list[Item], micro_batch: int, whole: Batch | None = None,
+                  seed: int = 0) -> list[Batch]:
+    """`items` as micro-batches of `micro_batch`, collated under `seed` - or, given `whole`
+    (the update collated once, for a collate that draws per batch: mixup, cutmix), its rows,
+    so that every split sees the same draw."""
+    if whole is None:
+        with seeded(seed):
+            return list(micro_batches(task, items, micro_batch))
+    n = len(whole)
+    return [Batch(whole.ids[i:i + micro_batch],
+                  {k: v[i:i + micro_batch] if v.dim() and len(v) == n else v
+                   for k, v in whole.tensors.items()})
+            for i in range(0, n, micro_batch)]
+
+
+def one_draw(task: Task, items: list[Item], seed: int = 0) -> Batch:
+    """The whole update collated once, under `seed`."""
+    with seeded(seed):
+        return collate_items(task, items)
+
+
+def run_own_step(task: Task, model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],
                  seed: int = 0) -> OwnStep:
-    """One call of the task's `train_step` for an update over `items` split into
-    micro-batches, with an optimizer that records the gradient and changes nothing. Dropout,
-    batch norm and every mode-dependent layer are held in eval behaviour whatever mode the step
-    sets, clipping is held off and the random state is the same for every call; the step must
-    step the optimizer exactly once."""
+    """One call of the task's `train_step` for an update over `batches` (its micro-batches),
+    with an optimizer that records the gradient and changes nothing. Dropout, batch norm and
+    every mode-dependent layer are held in eval behaviour whatever mode the step sets, clipping
+    is held off and the random state is the same for every call; the step must step the
+    optimizer exactly once."""
     model.zero_grad(set_to_none=True)
     recorder = GradientRecorder(model)
-    batches = [b.tensors for b in micro_batches(task, items, micro_batch)]
-    with torch.random.fork_rng(devices=[]), HeldBehaviour(model) as held, \
-            clipping_held_off(task.train_step):
-        torch.manual_seed(seed)
+    with seeded(seed), HeldBehaviour(model) as held, clipping_held_off(task.train_step):
         returned = own_code("train_step", task.train_step, model, recorder, batches,
                             receives="(model, optimizer, [batch dict per micro-batch])")
     if recorder.steps != 1:
@@ -111,9 +149,10 @@ def run_own_step(task: Task, model: torch.nn.Module, items: list[Item], micro_ba
 
 
 def own_step_gradients(task: Task, model: torch.nn.Module, items: list[Item],
-                       micro_batch: int) -> dict[str, torch.Tensor]:
+                       micro_batch: int, whole: Batch | None = None) -> dict[str, torch.Tensor]:
     """The gradient one call of the task's `train_step` applies (see `run_own_step`)."""
-    return run_own_step(task, model, items, micro_batch).grads
+    batches = split_batches(task, items, micro_batch, whole)
+    return run_own_step(task, model, [b.tensors for b in batches]).grads
 
 
 def step_loss_check(task: Task, items: list[Item], tolerance: float = 1e-4,
@@ -124,10 +163,10 @@ def step_loss_check(task: Task, items: list[Item], tolerance: float = 1e-4,
     term, reads other inputs - trains another objective than the one every check judges."""
     torch.manual_seed(seed)
     model = task.build_model().eval()
-    step = run_own_step(task, model, items, len(items), seed)
-    batch = next(iter(micro_batches(task, items, len(items))))
+    batch = one_draw(task, items, seed)  # one collated batch for both
     with torch.no_grad():
         summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
+    step = run_own_step(task, model, [batch.tensors], seed)
     expected, loss = float(summed) / max(float(count), 1e-12), loss_of(step.returned)
     diff = abs(loss - expected) / max(abs(expected), 1e-12)
     return pd.DataFrame([{"examples": len(items), "train_step_loss": loss,

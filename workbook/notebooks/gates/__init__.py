@@ -113,7 +113,9 @@ class GateRun:
             with measure(self.device) as holder:
                 result = gate.work(self, context)
             row.verdict, row.detail, *remedy = gate.check(self, context, result)
-            row.remediation = remedy[0] if remedy else row.remediation
+            # a passing row has nothing to remedy (its detail may say why all is well)
+            row.remediation = "" if row.verdict == "pass" else \
+                remedy[0] if remedy else row.remediation
         except Exception as exc:
             oom = isinstance(exc, torch.OutOfMemoryError)
             row.verdict = "fail"

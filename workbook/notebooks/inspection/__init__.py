@@ -120,12 +120,13 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
     probed_flags = loss_probe(task, model, probe) if not nonfinite and outputs is not None \
         else []
     examples = sum(result.examples.values())
+    new_tokens, undated = new_token_audit(task, model, items["train"])
     flags = (probed["forward"] + coverage_flags(result.zero, result.on_padding,
                                                 result.on_prompt, examples)
              + nonfinite + probed_flags
              + copy_audit(task, items["train"], model_shift=own_loss_shift(task, model, probe))
              + end_token_audit(task, items["train"]) + adapter_target_audit(model)
-             + dropped_rows_audit(task) + new_token_audit(task, model, items["train"])
+             + dropped_rows_audit(task) + new_tokens
              + packing_audit(task, model, items["train"]) + packed_groups_audit(task)
              + task.target_kind.audits(task, items["train"])
              + class_map_audit(task, model) + label_flags + split_flags)
@@ -148,7 +149,7 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
                                         "group crosses splits"), 0),
         "flags": len(flags),
     }
-    notes = prompt_notes(result.unchecked_prompts, result.prompt_examples) + \
+    notes = prompt_notes(result.unchecked_prompts, result.prompt_examples) + undated + \
         adapter_notes(task)
     return Inspection(task, result.kept_raw, items, split_table, coverage_table(result),
                       figures, flags, classes, notes)

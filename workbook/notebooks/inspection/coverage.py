@@ -11,7 +11,7 @@ import torch
 from ...base.errors import reason
 from ...contract import fine_tuning
 from ...contract.data import Item, collate_items
-from ...contract.targets import contributes
+from ...contract.targets import IGNORE_INDEX, contributes
 from ...contract.task import Task
 from ...storage.records import Flag
 
@@ -198,32 +198,73 @@ def dropped_rows_audit(task: Task) -> list[Flag]:
                  "and record it", [])]
 
 
-def new_token_audit(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Flag]:
-    """Tokens added to the pretrained base's vocabulary (rows `resize_token_embeddings` made)
-    that the data uses while no parameter trains their rows: under LoRA the embedding and
-    head stay frozen, so they keep the values the resize gave them."""
-    frozen = fine_tuning.frozen_new_tokens(model)
-    if not frozen:
+def new_token_audit(task: Task, model: torch.nn.Module,
+                    items: list[Item]) -> tuple[list[Flag], list[Note]]:
+    """Tokens the data uses (inputs; targets too when the outputs are tokens) whose rows the
+    base never trained and no parameter trains (`fine_tuning.untrained_rows`, measured on the
+    model): under LoRA on the linear layers the embedding and head stay frozen, so such a
+    token keeps the values the resize gave it. Tokens the tokenizer added (`added_tokens`)
+    whose frozen rows nothing dates are a note, with the experiment that would."""
+    inputs: set[int] = set()
+    targets: set[int] = set()
+    for it in items:
+        inputs.update(task.main_input(it.tensors).reshape(-1).tolist())
+        labels = it.tensors.get("labels")
+        if task.target_kind.causal and labels is not None:
+            targets.update(labels[labels != IGNORE_INDEX].reshape(-1).tolist())
+    rows = fine_tuning.untrained_rows(model, inputs, targets,
+                                      set(getattr(task, "added_tokens", None) or ()))
+    frozen = [f for f in rows if f.ids]
+    return (_frozen_flag(task, items, targets, frozen) if frozen else [],
+            _undated_note(task, [f for f in rows if f.unknown]))
+
+
+def _undated_note(task: Task, rows: list) -> list[Note]:
+    """The note for frozen rows of added tokens whose start nothing here dates."""
+    ids = sorted({i for f in rows for i in f.unknown})
+    if not ids:
         return []
-    ids = sorted({i for rows in frozen.values() for i in rows})
+    names = ", ".join(f"{task.decode_input([i]) if task.decode_input else i!r} (id {i})"
+                      for i in ids[:5])
+    where = " and the ".join(f"{f.layer} (`{f.module}`)" for f in rows)
+    indices = ", ".join(f"{f.module!r}: {list(f.unknown[:5])}" for f in rows)
+    return [Note("added tokens: trained by the base?",
+                 f"the data uses tokens the tokenizer added past its own vocabulary ({names}) "
+                 f"whose rows of the {where} no parameter trains; their rows are not at the "
+                 "mean of the layer (where resize_token_embeddings starts a new token), so "
+                 "whether the base trained them is not known here",
+                 "compare those rows with the base's checkpoint (a row the base never trained "
+                 "is its initial value); if it never trained them, train them: "
+                 f"LoraConfig(trainable_token_indices={{{indices}}})")]
+
+
+def _frozen_flag(task: Task, items: list[Item], targets: set[int], frozen: list) -> list[Flag]:
+    """The flag for tokens whose frozen rows the base never trained."""
+    ids = sorted({i for f in frozen for i in f.ids})
     wanted = torch.tensor(ids)
     using = [it.id for it in items if bool(torch.isin(task.main_input(it.tensors).reshape(-1),
                                                       wanted).any())]
-    if not using:
-        return []
-    names = ", ".join(repr(task.decode_input([i])) if task.decode_input else str(i)
+    aimed = sum(1 for it in items if "labels" in it.tensors and task.target_kind.causal and
+                bool(torch.isin(it.tensors["labels"].reshape(-1), wanted).any()))
+    one = len(ids) == 1
+    names = ", ".join(f"{task.decode_input([i]) if task.decode_input else i!r} (id {i})"
                       for i in ids[:5])
-    where = " and ".join(f"{w} ({len(r)} row{'s' if len(r) > 1 else ''})"
-                         for w, r in frozen.items())
+    where = " and the ".join(f"{f.layer} (`{f.module}`)" for f in frozen)
+    why = "; ".join(sorted({w for f in frozen for w in f.ids.values()}))
+    head = next((f for f in frozen if f.layer == "output head"), None)
+    cannot = (f"; a head row at the mean gives the token the mean of the other logits, so its "
+              f"probability can never pass 1/{head.rows}: the model cannot learn to predict it"
+              if head and any("mean" in w for w in head.ids.values()) else
+              ", so the model cannot learn what they mean")
+    indices = ", ".join(f"{f.module!r}: {sorted(f.ids)[:5]}" for f in frozen)
     return [Flag("added tokens not trained",
-                 f"{len(ids)} token{'s' if len(ids) > 1 else ''} added to the pretrained "
-                 f"base's vocabulary ({names}) appear in {len(using)} of {len(items)} "
-                 f"examples, but no parameter trains their rows of the {where}: they keep the "
-                 "values resize_token_embeddings gave them, so the model cannot learn what "
-                 "they mean", len(using),
-                 f"train those rows: LoraConfig(trainable_token_indices={{'embed_tokens': "
-                 f"{ids[:5]}}}) (the head's with them when it is not trained), or "
-                 "modules_to_save=['embed_tokens', 'lm_head']", using)]
+                 f"{len(ids)} token{'' if one else 's'} new to the base, {names}, "
+                 f"appear{'s' if one else ''} in {len(using)} of {len(items)} examples"
+                 f"{f' (a target in {aimed})' if aimed else ''}, and no parameter trains "
+                 f"{'its' if one else 'their'} rows of the {where}: {why}, and the fine-tune "
+                 f"leaves them there{cannot}", len(using),
+                 f"train those rows: LoraConfig(trainable_token_indices={{{indices}}}), or "
+                 f"modules_to_save={[f.module for f in frozen]}", using)]
 
 
 def packed_groups_audit(task: Task) -> list[Flag]:

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from ...base.errors import WorkbookError
 from ...contract.data import Item
-from ...contract.metric_reduction import GATHERED, MEAN, ROWS, WORDS, rank_value, reduced
+from ...contract.metric_reduction import GATHERED, MEAN, OWN, ROWS, WORDS, rank_value, reduced
 from ...contract.task import Task
 from ...storage.records import StepRecord
 from ...training.deviation import max_difference
@@ -281,18 +281,31 @@ def _eval_row(result: dict[str, Any], tolerance: float) -> dict[str, str]:
                 f"would say {wrong:.6g}")
     off = [k for k, d in deviations.items() if d > tolerance]
     if off:
-        measured += "; " + "; ".join(_metric_note(k, how.get(k, ROWS), values[k],
-                                                  single[k][0] / single[k][1]) for k in off)
+        measured += "; " + "; ".join(
+            _metric_note(k, how.get(k, ROWS), values[k], single[k][0] / single[k][1],
+                         [rank_value(*r["sums"][k]) for r in ev["ranks"] if k in r["sums"]])
+            for k in off)
     gathered = sorted(k for k, v in how.items() if v == GATHERED)
     if gathered:
         measured += (f"; {', '.join(gathered)}: {WORDS[GATHERED]}, as in one process")
     return _row(rule, "fail" if off else "pass", measured)
 
 
-def _metric_note(name: str, how: str, value: float, single: float) -> str:
+def _metric_note(name: str, how: str, value: float, single: float,
+                 per_rank: list[float]) -> str:
     """One metric reduced off its one-process value, with the likely cause."""
-    said = (f"{'the loss' if name == LOSS else name} {value:.6g} reduced as {WORDS[how]} vs "
-            f"{single:.6g} in one process")
+    named = "the loss" if name == LOSS else name
+    if how == OWN:
+        ranks = ", ".join(f"rank {r} {v:.6g}" for r, v in enumerate(per_rank))
+        return (f"{named} is computed in on_validation_epoch_end from each rank's own "
+                f"accumulated state and logged without sync_dist: every rank logs its own "
+                f"shard's value ({ranks}; the logger and checkpointing read rank 0's) where one "
+                f"process gives {single:.6g}, and no mean of them over rows gives that "
+                f"({value:.6g}) - "
+                f"compute it from all ranks' state: gather the state first (self.all_gather) "
+                f"or keep it in a torchmetrics Metric (its states sync before compute), and "
+                f"log the result with sync_dist=True")
+    said = f"{named} {value:.6g} reduced as {WORDS[how]} vs {single:.6g} in one process"
     if how == MEAN:
         return said + (" - a metric logged with sync_dist=True at the epoch's end is the mean of "
                        "the ranks' own values: no F1, ratio of totals or count is; compute it "

@@ -100,11 +100,31 @@ def undeclared_state(task: Task, items: list[Item], cfg: TrainConfig, limit: int
                 "batch; if the two losses differ, " + DECLARE)
     moved = max((float((a[k] - b[k]).abs().max()) for k in a if a[k].numel()), default=0.0)
     scale = max(max((float(v.abs().max()) for v in a.values() if v.numel()), default=0.0), 1.0)
-    if abs(first - second) <= TOLERANCE * max(abs(first), 1.0) and moved <= TOLERANCE * scale:
+    same_loss = abs(first - second) <= TOLERANCE * max(abs(first), 1.0)
+    if same_loss and moved <= TOLERANCE * scale:
         return ""
+    if same_loss and not argument:  # the forward saw the same state: the step is what differs
+        return nondeterministic(stepper.model, first, moved)
     return (f"the same examples, other parameters: {who}, run twice from the same parameters, "
             f"optimizer and random state on the same update, gave loss "
             f"{first:.6g} then {second:.6g} (parameters apart by up to {moved:.3g}){takes}: it "
             "carries state from one call to the next that the task does not declare (an RNN's "
             "hidden state kept in the step's closure or on the model), which a resumed process "
             "starts afresh - " + DECLARE)
+
+
+def nondeterministic(model: torch.nn.Module, loss: float, moved: float) -> str:
+    """The same update run twice gives the same loss but other parameters: the backward or the
+    optimizer step is not deterministic on this device, not a carried state."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    fix = ("set CUBLAS_WORKSPACE_CONFIG=:4096:8 before the process starts and call "
+           "torch.use_deterministic_algorithms(True) (it names any operation with no "
+           "deterministic kernel)" if device.type == "cuda" else
+           "call torch.use_deterministic_algorithms(True) and keep the thread count of the "
+           "first run")
+    return (f"the same examples, other parameters: one update run twice from the same "
+            f"parameters, optimizer and random state gave the same loss {loss:.6g} but "
+            f"parameters apart by up to {moved:.3g}: the backward or the optimizer step is not "
+            f"deterministic on {device.type} (e.g. atomic adds in a scatter or embedding "
+            f"backward), so no resume can be exact - {fix}, or judge with resume_tolerance "
+            f"above {moved:.3g}")
