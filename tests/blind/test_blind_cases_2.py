@@ -235,10 +235,9 @@ def resume_errors(summary: dict) -> str:
 @pytest.mark.parametrize("own_checkpoint", [
     # first run: named with its tensor and shapes by the workbook's own checkpoint loader
     False,
-    pytest.param(True, marks=pytest.mark.xfail(
-        strict=False, reason="blind case: first run said 'the task's restore_state failed: "
-        "Error(s) in loading state_dict for Net: -> fix: fix restore_state ...': the size "
-        "mismatch lines (embedding.weight, both shapes) cut off, the rebuilt base not named")),
+    # first run: misnamed ('the task's restore_state failed: Error(s) in loading state_dict for
+    # Net:', the size mismatch cut off; FIRST_RUN_2.md); named since the fix landed
+    True,
 ])
 def test_rebuilt_base_of_another_shape_is_named(tmp_path, own_checkpoint):
     _, verdict, summary = run_notebook(

@@ -255,7 +255,14 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
             raise WorkbookError(f"checkpoint {path} was written by a task's own save_state",
                                 "restore it with the same task (its restore_state)")
         untouched = digests({k: objects[k] for k in ("sampler", "step")})
-        user_code("restore_state", own, Path(path), objects)
+        try:
+            user_code("restore_state", own, Path(path), objects)
+        except WorkbookError as exc:  # e.g. load_state_dict refusing a rebuilt base's shapes
+            other = model_record.rebuilt_base(meta, built)
+            if other:
+                raise WorkbookError(f"{exc.problem.rstrip(': ')}: {other}",
+                                    model_record.BASE_FIX) from None
+            raise
         handled = {k for k, v in digests({k: objects[k] for k in untouched}).items()
                    if v != untouched[k]}
         check_restored(path, {k: v for k, v in (meta.get("digests") or {}).items()
