@@ -71,26 +71,29 @@ class StepCount:
 
 
 def own_objects(model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any,
-                sampler: Any = None, step: int | None = None) -> dict[str, Any]:
+                sampler: Any = None, step: int | None = None,
+                averaged: Any = None) -> dict[str, Any]:
     """The objects a task's save_state/restore_state receives: the training state, the loop's
-    sampler (when it keeps state) and the step count."""
+    sampler (when it keeps state), the step count and the averaged model (Task.averaged_model,
+    None without one)."""
     keeps_state = callable(getattr(sampler, "state_dict", None))
     return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
-            "sampler": sampler if keeps_state else None, "step": StepCount(step)}
+            "sampler": sampler if keeps_state else None, "step": StepCount(step),
+            "averaged_model": averaged}
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, counters: dict | None = None,
                     meta: dict | None = None, own: Callable | None = None,
-                    sampler: Any = None, carry: Any = None) -> Path:
+                    sampler: Any = None, carry: Any = None, averaged: Any = None) -> Path:
     """Save the full training state into a new folder `path` (never over an existing one).
     With `own` (a task's `save_state(folder, objects)`), the task writes model, optimizer,
     schedule, scaler, sampler and step its own way; the workbook adds the loop's counters, the
     random states and digests of what was saved, which the restore checks. A task's carried
     state between batches (`carry`, Task.state) is always saved by the workbook."""
     objects = own_objects(model, optimizer, scheduler, scaler, sampler,
-                          (counters or {}).get("step"))
+                          (counters or {}).get("step"), averaged)
 
     def fill(tmp: Path) -> None:
         if own is not None:
@@ -110,6 +113,8 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
         torch.save({"optimizer": optimizer.state_dict() if mine and optimizer else None,
                     "scheduler": scheduler.state_dict() if mine and scheduler else None,
                     "scaler": scaler.state_dict() if mine and scaler else None,
+                    "averaged_model": averaged.state_dict() if mine and averaged is not None
+                    else None,
                     "counters": dict(counters or {}), "rng": rng_state(),
                     "carried": carry.state_dict() if carry is not None else None}, tmp / STATE)
         (tmp / META).write_text(json.dumps({"torch": torch.__version__,
@@ -221,7 +226,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, restore_rng: bool = True,
                     own: Callable | None = None, sampler: Any = None,
-                    carry: Any = None) -> dict[str, Any]:
+                    carry: Any = None, averaged: Any = None) -> dict[str, Any]:
     """Restore model (and optimizer, schedule, scaler, random states) in place; returns the
     counters and meta data. A checkpoint written by a task's own `save_state` is restored by
     its `restore_state` (`own`), then every part is checked against the digests taken when it
@@ -232,7 +237,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     meta = load_meta(path)
     if carry is not None:
         restore_carry(path, state, carry, model)
-    objects = own_objects(model, optimizer, scheduler, scaler, sampler)
+    objects = own_objects(model, optimizer, scheduler, scaler, sampler, averaged=averaged)
     if meta.get("own_state"):
         if own is None:
             raise WorkbookError(f"checkpoint {path} was written by a task's own save_state",
@@ -247,10 +252,11 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
             set_rng_state(state["rng"], Path(path) / STATE)
         return {"counters": state["counters"], "meta": meta}
     load_weights(model, Path(path) / WEIGHTS, "checkpoint")
-    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler),
+                      ("averaged_model", averaged)):
         if obj is None:
             continue
-        if state[name] is None:
+        if state.get(name) is None:
             raise WorkbookError(f"checkpoint {path} has no {name} state; training cannot resume "
                                 "exactly", f"save the {name} with the checkpoint")
         why = schemas.optimizer_mismatch(state[name], obj) if name == "optimizer" else None

@@ -31,6 +31,7 @@ from ...training.loop import (
     Stepper,
     TrainConfig,
     UpdateShape,
+    averaged_model,
     build_stepper,
     make_sampler,
     train,
@@ -137,17 +138,31 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
             ckpt.save_checkpoint(Path(folder) / name(record.step), st.model,
                                  st.optimizer, st.scheduler, st.scaler, counters,
                                  {"recipe": spec, "task_name": task.name},
-                                 own=task.save_state, sampler=st.sampler, carry=st.carry)
+                                 own=task.save_state, sampler=st.sampler, carry=st.carry,
+                                 averaged=st.averaged)
         return None
 
     result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
                    on_update=on_update, pipeline=pipe)
-    weights = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
+    weights = final_weights(result.model, result.averaged)
     records = [_record(r) for r in result.steps]
     if pipe is not None and start_from is not None and records:
         records[0].update(resumed_by=pipe.resumes_by, skipped=pipe.skipped.examples,
                           skip_s=pipe.skipped.seconds)
     return records, weights
+
+
+def final_weights(model: torch.nn.Module, averaged: torch.nn.Module | None) -> dict:
+    """The weights a run ends with, compared between the uninterrupted and the resumed run:
+    the model's, and its averaged model's (Task.averaged_model) under `AVERAGED`."""
+    weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    if averaged is not None:
+        weights.update({AVERAGED + k: v.detach().cpu().clone()
+                        for k, v in averaged.state_dict().items()})
+    return weights
+
+
+AVERAGED = "averaged_model:"  # the averaged model's weights among a run's final weights
 
 
 def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple = (),
@@ -172,10 +187,12 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
         for _ in stepper.sampler:
             pass
     optimizer = None if "optimizer" in faults else stepper.optimizer
+    stepper.averaged = averaged_model(task, stepper.model)
     info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
                                 stepper.scaler, restore_rng="rng" not in faults,
                                 own=task.restore_state, sampler=stepper.sampler,
-                                carry=None if "carried" in faults else stepper.carry)
+                                carry=None if "carried" in faults else stepper.carry,
+                                averaged=stepper.averaged)
     torch.set_num_threads(info["meta"]["threads"])  # 1..4096: checked by load_meta
     c = info["counters"]
     schemas.check(schemas.ResumeCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
@@ -265,8 +282,9 @@ def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weigh
              "same_lr": r["lr"] == ref[r["step"]]["lr"],
              "same_examples": r["ids"] == ref[r["step"]]["ids"]} for r in resumed]
     table = pd.DataFrame(rows)
-    diff = max(float((ref_weights[k].float().cpu() - weights[k].float().cpu()).abs().max())
-               for k in ref_weights)
+    diffs = {k: float((ref_weights[k].float().cpu() - weights[k].float().cpu()).abs().max())
+             for k in ref_weights}
+    diff = max(diffs.values())
     steps_ok = bool(len(table)) and table.same_lr.all() and table.same_examples.all()
     differs = table.step[~table.same_examples] if len(table) else table.step
     verdict = {"updates_compared": len(table), "max_param_diff": diff,
@@ -277,6 +295,9 @@ def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weigh
                              float(table.loss_diff.max()) <= tolerance),
                "continued_to_the_end": bool(len(table) and
                                             table.step.iloc[-1] == reference[-1]["step"])}
+    averaged = [v for k, v in diffs.items() if k.startswith(AVERAGED)]
+    if averaged:  # the task's averaged model, compared beside the model
+        verdict["max_averaged_model_diff"] = max(averaged)
     return table, verdict
 
 

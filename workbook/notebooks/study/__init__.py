@@ -295,7 +295,8 @@ class Study:
             ckpt.save_checkpoint(path, stepper.model, stepper.optimizer, stepper.scheduler,
                                  stepper.scaler, {"step": record.step, "trial": tid},
                                  {"study": design.name, "lr": lr, "seed": seed},
-                                 own=self.task.save_state)  # the task's format when it has one
+                                 own=self.task.save_state,  # the task's format when it has
+                                 averaged=stepper.averaged)  # one
             ledger.add_checkpoint(tid, record.step, str(path.relative_to(self.folder)), value)
             kept.append((value, record.step, path))
             if design.better(value, best[0]):
