@@ -6,6 +6,7 @@ import functools
 import random
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -328,7 +329,10 @@ class Stepper:
         if self.carry is not None:
             self.carry.reset()
         if epoch > 0 and not self.task.schedule_per_update:
-            self.scheduler.step()
+            with warnings.catch_warnings():  # a resume at a pass's start steps the restored
+                # schedule before this process's first optimizer.step(): in order, not a bug
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`")
+                self.scheduler.step()
 
     def update_averaged(self, step: int) -> None:
         """The averaged model takes in the model after every `Task.average_every`-th update."""

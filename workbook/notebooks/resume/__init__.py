@@ -49,8 +49,9 @@ from .position import (
 )
 from .undeclared import undeclared_state
 
-# planted resume bugs, to show what the check catches ("carried": a task's Task.state only)
-FAULTS = ("optimizer", "sampler", "rng", "carried")
+# planted resume bugs, to show what the check catches ("carried": a task's Task.state only,
+# "averaged_model": a task's Task.averaged_model only)
+FAULTS = ("optimizer", "sampler", "rng", "carried", "averaged_model")
 StoredConfig = schemas.derived(TrainConfig)  # TrainConfig's fields as a recipe stores them
 
 
@@ -192,7 +193,8 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
                                 stepper.scaler, restore_rng="rng" not in faults,
                                 own=task.restore_state, sampler=stepper.sampler,
                                 carry=None if "carried" in faults else stepper.carry,
-                                averaged=stepper.averaged)
+                                averaged=None if "averaged_model" in faults else
+                                stepper.averaged)
     torch.set_num_threads(info["meta"]["threads"])  # 1..4096: checked by load_meta
     c = info["counters"]
     schemas.check(schemas.ResumeCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
@@ -409,12 +411,14 @@ def planted_faults(spec: dict, updates: int, step: int, folder: Path, reference:
                    ref_weights: dict, tolerance: float = 0.0) -> pd.DataFrame:
     """Resume with each classic bug planted and say whether the comparison catches it."""
     rows = []
-    carries = ckpt.load_state(folder / f"ckpt-{step:06d}").get("carried") is not None
-    for fault in FAULTS if carries else FAULTS[:-1]:
+    state = ckpt.load_state(folder / f"ckpt-{step:06d}")
+    for fault in [f for f in FAULTS if f not in ("carried", "averaged_model") or
+                  state.get(f) is not None]:
         name = {"optimizer": "checkpoint without optimizer state",
                 "sampler": "sampler restarted on resume",
                 "rng": "random states not restored",
-                "carried": "carried state (Task.state) not restored"}[fault]
+                "carried": "carried state (Task.state) not restored",
+                "averaged_model": "averaged model (Task.averaged_model) not restored"}[fault]
         try:
             resumed, w = run_recipe(spec, updates, start_from=folder / f"ckpt-{step:06d}",
                                     faults=(fault,))
@@ -511,7 +515,8 @@ def run(params: dict[str, Any], out_dir: Path) -> ResumeResult:
               if params["demonstrate_faults"] else None)
     tamper = tamper_checks(out_dir / f"ckpt-{mid:06d}", out_dir)
     model = task.build_model()
-    model.load_state_dict(details["weights"])
+    model.load_state_dict({k: v for k, v in details["weights"].items()
+                           if not k.startswith(AVERAGED)})  # the model is what is archived
     archive = write_archive(out_dir / "archive", params["task"], params["task_options"], model,
                             spec["config"],
                             pd.DataFrame(details["reference"]).drop(columns=["ids"]),
