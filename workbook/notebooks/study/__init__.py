@@ -285,8 +285,10 @@ class Study:
             ledger.add_steps(tid, pending)
             pending.clear()
             scope = "sample" if self.sampled else "full"
-            ledger.add_eval(tid, record.step, scope, record.loss, record.metrics,
-                            record.per_class)
+            ledger.add_eval(tid, record.step, scope, record.loss,
+                            {**record.metrics, **{f"averaged_model.{k}": v for k, v in
+                                                  record.averaged.items()}},
+                            record.per_class)  # the task's averaged model beside the model
             self._save_predictions(stepper.model, folder, record.step)
             value = record.loss if design.metric == "loss" else record.metrics[design.metric]
             if not math.isfinite(value):
