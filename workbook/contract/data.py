@@ -221,11 +221,12 @@ def collate_items(task: Task, items: list[Item], training: bool = False) -> Batc
     return Batch(ids, batch)
 
 
-def micro_batches(task: Task, items: list[Item], size: int) -> Iterator[Batch]:
+def micro_batches(task: Task, items: list[Item], size: int,
+                  training: bool = True) -> Iterator[Batch]:
     """Items in order, `size` at a time (the last one may be smaller), collated as training
-    batches."""
+    batches (`training` off: by `collate`, which draws nothing per batch in a comparison)."""
     for start in range(0, len(items), size):
-        yield collate_items(task, items[start:start + size], training=True)
+        yield collate_items(task, items[start:start + size], training=training)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
