@@ -331,7 +331,7 @@ class Stepper:
         if epoch > 0 and not self.task.schedule_per_update:
             with warnings.catch_warnings():  # a resume at a pass's start steps the restored
                 # schedule before this process's first optimizer.step(): in order, not a bug
-                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`")
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
                 self.scheduler.step()
 
     def update_averaged(self, step: int) -> None:
