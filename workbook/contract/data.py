@@ -198,14 +198,16 @@ def seed_example(seed: int, index: int) -> None:
     torch.manual_seed(value)
 
 
-def collate_items(task: Task, items: list[Item]) -> Batch:
-    """Collate items with the task's collate and keep their ids; a collate that raises, or
-    returns anything but a dict of tensors, is named with the examples it was given."""
+def collate_items(task: Task, items: list[Item], training: bool = False) -> Batch:
+    """Collate items with the task's collate (`training`: its training collate) and keep their
+    ids; a collate that raises, or returns anything but a dict of tensors, is named with the
+    examples it was given."""
     ids = [it.id for it in items]
+    piece = "train_collate" if training and task.train_collate is not None else "collate"
     try:
-        batch = task.collate([it.tensors for it in items])
+        batch = task.collator(training)([it.tensors for it in items])
     except Exception as exc:
-        raise WorkbookError(f"the task's collate raised {type(exc).__name__} "
+        raise WorkbookError(f"the task's {piece} raised {type(exc).__name__} "
                             f"({reason(exc, 200)}) on a batch of {len(ids)} examples (ids "
                             f"{ids[:5]})", "collate receives a list of encode's dicts and "
                             "returns one batch dict of padded tensors: run it on these "
@@ -213,16 +215,18 @@ def collate_items(task: Task, items: list[Item]) -> Batch:
     if not isinstance(batch, dict) or not all(isinstance(v, Tensor) for v in batch.values()):
         shown = {k: type(v).__name__ for k, v in batch.items()} if isinstance(batch, dict) \
             else type(batch).__name__
-        raise WorkbookError(f"the task's collate returned {shown}, not a dict of tensors",
+        raise WorkbookError(f"the task's {piece} returned {shown}, not a dict of tensors",
                             "return {name: tensor} with the model inputs and 'labels' (e.g. "
                             "torch.utils.data.default_collate over encode's dicts)")
     return Batch(ids, batch)
 
 
-def micro_batches(task: Task, items: list[Item], size: int) -> Iterator[Batch]:
-    """Items in order, `size` at a time (the last one may be smaller)."""
+def micro_batches(task: Task, items: list[Item], size: int,
+                  training: bool = True) -> Iterator[Batch]:
+    """Items in order, `size` at a time (the last one may be smaller), collated as training
+    batches (`training` off: by `collate`, which draws nothing per batch in a comparison)."""
     for start in range(0, len(items), size):
-        yield collate_items(task, items[start:start + size])
+        yield collate_items(task, items[start:start + size], training=training)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
@@ -270,13 +274,13 @@ def picklable_for_workers(task: Task) -> None:
 
 def loader(task: Task, items: list[Item], batches: list[list[int]], workers: int = 0,
            seed: int = 0, encode: bool = True) -> DataLoader:
-    """A DataLoader that yields the given micro-batches (lists of item indices) in order,
-    encoding each raw example again unless `encode` is off. It draws its worker seed from its
+    """A DataLoader that yields the given training micro-batches (lists of item indices) in
+    order, encoding each raw example again unless `encode` is off. It draws its worker seed from its
     own generator, never from the global one, so creating it mid-epoch on resume leaves the
     training random stream (dropout) untouched."""
     if workers > 0:
         picklable_for_workers(task)
     return DataLoader(ItemDataset(items, task if encode else None, seed), batch_sampler=batches,
                       num_workers=workers,
-                      collate_fn=partial(collate_items, task),
+                      collate_fn=partial(collate_items, task, training=True),
                       generator=torch.Generator().manual_seed(seed))

@@ -149,12 +149,15 @@ def model_outputs(task: "Task", output: Any, batch: dict[str, Tensor]) -> ModelO
 
 def forward_owner(model: nn.Module) -> nn.Module:
     """The module whose forward receives the inputs: inside DistributedDataParallel,
-    DataParallel and torch.compile, which pass them through."""
+    DataParallel, torch.compile and an AveragedModel (EMA, SWA), which pass them through."""
+    from torch.optim.swa_utils import AveragedModel
+
     for _ in range(8):
         inner = getattr(model, "_orig_mod", None)
         if isinstance(inner, nn.Module):
             model = inner
-        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel,
+                                AveragedModel)):
             model = model.module
         else:
             break

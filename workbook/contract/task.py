@@ -118,7 +118,7 @@ class Task:
     lr: float | None = None  # the task's own learning rate: notebooks whose `lr` is 0 use it
     # the task's own learning-rate schedule: build_scheduler(optimizer) -> an object with
     # step(), state_dict() and load_state_dict() (an LRScheduler), stepped after every update
-    # in place of the workbook's warm-up (`warmup_updates` is then unused); None: the warm-up
+    # (or pass: `scheduler_interval`) in place of the workbook's warm-up; None: the warm-up
     build_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
     # the gradient norm the campaign's updates clip at (None: they do not clip) - the
     # framework's own (max_grad_norm, gradient_clip_val) through the adapters; 02 and 03 make
@@ -212,6 +212,19 @@ class Task:
     # [time * batch, ...]) outputs - nn.RNN / nn.LSTM's default batch_first=False; batches
     # stay [batch, time] everywhere else, the model call transposes
     time_major: bool = False
+    # the collate of training batches only (batch-level augmentation: mixup, cutmix drawn per
+    # batch); `collate` stays the evaluation one, and training's when this is None
+    train_collate: Callable[[list[dict[str, Tensor]]], dict[str, Tensor]] | None = None
+    # when the loop steps the task's build_scheduler: "update" (after every optimizer step) or
+    # "pass" (once per pass over the training data, before the next pass's first update - a
+    # per-epoch schedule: torchvision's reference scripts, Lightning's interval="epoch")
+    scheduler_interval: str = "update"
+    # an averaged copy of the model kept beside it (EMA, SWA): averaged_model(model) -> e.g.
+    # AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999)) (torch.optim.swa_utils),
+    # built once per run; the loop calls its update_parameters(model) after every
+    # `average_every`-th update, evaluates it beside the model and checkpoints it
+    averaged_model: Callable[[nn.Module], nn.Module] | None = None
+    average_every: int = 1
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -239,6 +252,16 @@ class Task:
         """The labels each logit position is trained to predict (`label_shift` applied), for
         one example or a batch; -100 where none."""
         return self.target_kind.targets(labels, self.label_shift)
+
+    def collator(self, training: bool = False) -> Callable[[list[dict[str, Tensor]]],
+                                                           dict[str, Tensor]]:
+        """The collate of training batches (`train_collate`, else `collate`) or of the rest."""
+        return (self.train_collate or self.collate) if training else self.collate
+
+    @property
+    def schedule_per_update(self) -> bool:
+        """Whether the loop steps the schedule after every update (else once per pass)."""
+        return self.build_scheduler is None or self.scheduler_interval == "update"
 
     def clipping(self) -> str:
         """The clipping the workbook's updates of this task use, in words (02 and 03 say it)."""
@@ -416,9 +439,19 @@ def validate_task(task: Any, path: str = "task") -> Task:
         problems.append("`save_state` and `restore_state` come together (a checkpoint written "
                         "one way is read back the same way)")
     for name in ("save_state", "restore_state", "make_sampler", "train_pipeline", "train_step",
-                 "eval_step", "campaign_model"):
+                 "eval_step", "campaign_model", "train_collate", "averaged_model"):
         if getattr(task, name) is not None and not callable(getattr(task, name)):
             problems.append(f"`{name}` must be callable or None")
+    if task.scheduler_interval not in ("update", "pass"):
+        problems.append(f"`scheduler_interval` must be 'update' or 'pass', got "
+                        f"{task.scheduler_interval!r}")
+    elif task.scheduler_interval == "pass" and task.build_scheduler is None:
+        problems.append("`scheduler_interval='pass'` steps the task's own schedule: give "
+                        "`build_scheduler` too (the workbook's warm-up counts updates)")
+    every = task.average_every
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        problems.append(f"`average_every` must be a whole number of updates >= 1, got "
+                        f"{every!r}")
     if task.lr is not None and not (isinstance(task.lr, (int, float)) and task.lr > 0):
         problems.append(f"`lr` must be a positive number or None, got {task.lr!r}")
     clip = task.grad_clip

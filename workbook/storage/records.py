@@ -35,6 +35,8 @@ class EvalRecord:
     loss: float
     metrics: dict[str, float] = field(default_factory=dict)
     per_class: dict[str, list[int]] = field(default_factory=dict)  # class -> [correct, total]
+    # the task's averaged model (Task.averaged_model) on the same examples: "loss" and metrics
+    averaged: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -49,12 +51,15 @@ class Flag:
 
 
 def to_frame(records: list[Any]) -> pd.DataFrame:
-    """Records -> DataFrame; nested metric dicts become `metric.<name>` columns."""
+    """Records -> DataFrame; nested metric dicts become `metric.<name>` columns, an averaged
+    model's `averaged_model.<name>` columns."""
     rows = []
     for record in records:
         row = asdict(record)
         for name, value in row.pop("metrics", {}).items():
             row[f"metric.{name}"] = value
+        for name, value in row.pop("averaged", {}).items():
+            row[f"averaged_model.{name}"] = value
         row.pop("per_class", None)
         rows.append(row)
     return pd.DataFrame(rows)

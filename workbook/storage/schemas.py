@@ -341,6 +341,7 @@ class CheckpointState(Closed):
     counters: Counters
     rng: RandomStates
     carried: dict[StrictStr, list[Any]] | None = None  # Task.state per stream (state.py)
+    averaged_model: dict[Any, Any] | None = None  # Task.averaged_model's state_dict
 
 
 # --- archives ----------------------------------------------------------------------------

@@ -72,19 +72,23 @@ class StepCount:
 
 
 def own_objects(model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any,
-                sampler: Any = None, step: int | None = None) -> dict[str, Any]:
+                sampler: Any = None, step: int | None = None,
+                averaged: Any = None) -> dict[str, Any]:
     """The objects a task's save_state/restore_state receives: the training state, the loop's
-    sampler (when it keeps state) and the step count."""
+    sampler (when it keeps state), the step count and the averaged model (Task.averaged_model,
+    None without one)."""
     keeps_state = callable(getattr(sampler, "state_dict", None))
     return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
-            "sampler": sampler if keeps_state else None, "step": StepCount(step)}
+            "sampler": sampler if keeps_state else None, "step": StepCount(step),
+            "averaged_model": averaged}
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, counters: dict | None = None,
                     meta: dict | None = None, own: Callable | None = None,
-                    sampler: Any = None, carry: Any = None, base: dict | None = None) -> Path:
+                    sampler: Any = None, carry: Any = None, base: dict | None = None,
+                    averaged: Any = None) -> Path:
     """Save the full training state into a new folder `path` (never over an existing one).
     With `own` (a task's `save_state(folder, objects)`), the task writes model, optimizer,
     schedule, scaler, sampler and step its own way; the workbook adds the loop's counters, the
@@ -93,7 +97,7 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
     workbook. `base`: the `tensor_record` of the model as this process built it, kept to tell a
     resumed process that builds another base."""
     objects = own_objects(model, optimizer, scheduler, scaler, sampler,
-                          (counters or {}).get("step"))
+                          (counters or {}).get("step"), averaged)
 
     def fill(tmp: Path) -> None:
         if own is not None:
@@ -113,6 +117,8 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module,
         torch.save({"optimizer": optimizer.state_dict() if mine and optimizer else None,
                     "scheduler": scheduler.state_dict() if mine and scheduler else None,
                     "scaler": scaler.state_dict() if mine and scaler else None,
+                    "averaged_model": averaged.state_dict() if mine and averaged is not None
+                    else None,
                     "counters": dict(counters or {}), "rng": rng_state(),
                     "carried": carry.state_dict() if carry is not None else None}, tmp / STATE)
         (tmp / META).write_text(json.dumps({"torch": torch.__version__,
@@ -234,7 +240,8 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     scaler: Any = None, restore_rng: bool = True,
                     own: Callable | None = None, sampler: Any = None,
-                    carry: Any = None, built: dict | None = None) -> dict[str, Any]:
+                    carry: Any = None, built: dict | None = None,
+                    averaged: Any = None) -> dict[str, Any]:
     """Restore model (and optimizer, schedule, scaler, random states) in place; returns the
     counters and meta data. A checkpoint written by a task's own `save_state` is restored by
     its `restore_state` (`own`), then every part is checked against the digests taken when it
@@ -249,7 +256,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         built = tensor_record(model)
     if carry is not None:
         restore_carry(path, state, carry, model)
-    objects = own_objects(model, optimizer, scheduler, scaler, sampler)
+    objects = own_objects(model, optimizer, scheduler, scaler, sampler, averaged=averaged)
     if meta.get("own_state"):
         if own is None:
             raise WorkbookError(f"checkpoint {path} was written by a task's own save_state",
@@ -277,10 +284,11 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
         if other:
             raise WorkbookError(f"{exc.problem}: {other}", model_record.BASE_FIX) from None
         raise
-    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler),
+                      ("averaged_model", averaged)):
         if obj is None:
             continue
-        if state[name] is None:
+        if state.get(name) is None:
             raise WorkbookError(f"checkpoint {path} has no {name} state; training cannot resume "
                                 "exactly", f"save the {name} with the checkpoint")
         why = schemas.optimizer_mismatch(state[name], obj) if name == "optimizer" else None

@@ -165,8 +165,14 @@ def eval_record(sums: dict[str, list[float]], examples: int, step: int = 0,
 
 def evaluate(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
              device: torch.device, step: int = 0, precision: str = "fp32",
-             seen: list | None = None) -> EvalRecord:
+             seen: list | None = None, averaged: nn.Module | None = None) -> EvalRecord:
     """Loss and metrics over exactly these items in eval mode, identical for any `eval_batch`
-    (see `evaluation_sums`). Classification also counts correct predictions per class."""
+    (see `evaluation_sums`). Classification also counts correct predictions per class. With
+    `averaged` (the task's averaged model), its loss and metrics on the same items too."""
     sums, per_class = evaluation_sums(task, model, items, eval_batch, device, precision, seen)
-    return eval_record(sums, len(items), step, per_class)
+    record = eval_record(sums, len(items), step, per_class)
+    if averaged is not None:
+        beside = eval_record(evaluation_sums(task, averaged, items, eval_batch, device,
+                                             precision)[0], len(items), step)
+        record.averaged = {"loss": beside.loss, **beside.metrics}
+    return record

@@ -6,6 +6,7 @@ import functools
 import random
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -103,6 +104,7 @@ class TrainResult:
     evals: list[EvalRecord] = field(default_factory=list)
     config: dict = field(default_factory=dict)
     stop_reason: str = ""  # why the run stopped before its budget ("" when it did not)
+    averaged: nn.Module | None = None  # the task's averaged model (Task.averaged_model)
 
 
 class HeldBehaviour:
@@ -236,6 +238,7 @@ class Stepper:
     scaler: torch.amp.GradScaler | None = None
     sampler: Any = None  # the task's own data order (make_sampler), made by `train`
     carry: Carry | None = None  # the task's carried state between batches (Task.state)
+    averaged: nn.Module | None = None  # the task's averaged model (Task.averaged_model)
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -300,7 +303,8 @@ class Stepper:
                                 f"times for one update of {len(batches)} micro-batches",
                                 "step once per update, after the last micro-batch")
         loss = loss_of(returned)
-        self.scheduler.step()
+        if self.task.schedule_per_update:
+            self.scheduler.step()
         # the targets as the workbook counts them (examples, for a task without labels)
         targets = sum(self.task.target_count(b.tensors["labels"]) if "labels" in b.tensors
                       else len(b.ids) for b in batches)
@@ -314,9 +318,26 @@ class Stepper:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.scheduler.step()
+        if self.task.schedule_per_update:
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def pass_begins(self, epoch: int) -> None:
+        """A pass over the data starts: every carried stream starts again, and a schedule
+        stepped per pass (`Task.scheduler_interval`) steps for the pass that ended."""
+        if self.carry is not None:
+            self.carry.reset()
+        if epoch > 0 and not self.task.schedule_per_update:
+            with warnings.catch_warnings():  # a resume at a pass's start steps the restored
+                # schedule before this process's first optimizer.step(): in order, not a bug
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+                self.scheduler.step()
+
+    def update_averaged(self, step: int) -> None:
+        """The averaged model takes in the model after every `Task.average_every`-th update."""
+        if self.averaged is not None and step % self.task.average_every == 0:
+            self.averaged.update_parameters(self.model)
 
 
 def runs_own_step(task: Task, cfg: TrainConfig) -> bool:
@@ -372,6 +393,25 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None,
     scaler = torch.amp.GradScaler(device.type) if cfg.shape.precision == "fp16" else None
     return Stepper(task, model, optimizer, scheduler, device, cfg.shape.precision, cfg.grad_clip,
                    scaler, carry=Carry(task.state) if task.state is not None else None)
+
+
+def averaged_model(task: Task, model: nn.Module) -> nn.Module | None:
+    """The task's averaged model of `model` (None without one), built once per run by `train`
+    or by a resume before its checkpoint loads - not by the phase gates and the prediction,
+    which size the update without it; anything without `update_parameters(model)` is refused
+    with the fix."""
+    if task.averaged_model is None:
+        return None
+    averaged = own_code("averaged_model", task.averaged_model, model,
+                        receives="the model and returns its averaged copy, e.g. "
+                        "AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999))")
+    if not isinstance(averaged, nn.Module) or not callable(
+            getattr(averaged, "update_parameters", None)):
+        raise WorkbookError(f"the task's averaged_model returned a {type(averaged).__name__}, "
+                            "not a module with update_parameters(model)",
+                            "return torch.optim.swa_utils.AveragedModel(model, ...) or a "
+                            "subclass (torchvision's ExponentialMovingAverage)")
+    return averaged
 
 
 @dataclass(frozen=True)
@@ -450,7 +490,7 @@ def _pipeline_updates(task: Task, cfg: TrainConfig, start: Position, pipe: Pipel
         if example is not None:
             pending.append(encode_example(task, example))
         if len(pending) == per_update or (example is None and pending and not cfg.drop_partial):
-            batches = [collate_items(task, pending[i:i + micro])
+            batches = [collate_items(task, pending[i:i + micro], training=True)
                        for i in range(0, len(pending), micro)]
             yield Position(pass_of, group, None, pipe.position()), batches
             group, pending = group + 1, []
@@ -482,7 +522,10 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
     stepper = stepper if stepper is not None else build_stepper(task, cfg, model, examples)
     if stepper.sampler is None and pipeline is None:
         stepper.sampler = make_sampler(task, len(items), cfg.seed)
-    result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg))
+    if stepper.averaged is None:
+        stepper.averaged = averaged_model(task, stepper.model)
+    result = TrainResult(stepper.model, stepper.optimizer, config=asdict(cfg),
+                         averaged=stepper.averaged)
     stream = (_pipeline_updates(task, cfg, start, pipeline) if pipeline is not None else
               _updates(task, items, cfg, start, stepper.sampler))
     bar = progress_bar(total=cfg.updates, initial=first_step - 1, disable=not cfg.progress,
@@ -491,9 +534,9 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
         begin = time.perf_counter()
         position, batches = next(stream)
         data_s = time.perf_counter() - begin
+        if position.group == 0:
+            stepper.pass_begins(position.epoch)
         lr = stepper.optimizer.param_groups[0]["lr"]
-        if stepper.carry is not None and position.group == 0:
-            stepper.carry.reset()  # a new pass starts every stream again
         try:
             with carrying(stepper.carry):
                 if own:
@@ -507,6 +550,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
             if named is None:
                 raise
             raise named from exc
+        stepper.update_averaged(step)
         ids = [i for b in batches for i in b.ids]
         record = StepRecord(step, position.epoch, len(batches), len(ids), targets, loss, lr,
                             float(norm), time.perf_counter() - begin, data_s, ids)
@@ -521,7 +565,7 @@ def train(task: Task, items: list[Item], cfg: TrainConfig, *, model: nn.Module |
             break
         if val_items and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.updates):
             record = evaluate(task, stepper.model, val_items, cfg.eval_batch, stepper.device,
-                              step, cfg.shape.precision)
+                              step, cfg.shape.precision, averaged=stepper.averaged)
             result.evals.append(record)
             if on_eval is not None:
                 on_eval(record, stepper)

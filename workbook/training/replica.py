@@ -272,7 +272,10 @@ def gradient_check(task: Task, model: nn.Module, items: list[Item], spec: Replic
                 rank_mean[examples] = relative_deviation(rank_mean_gradient(
                     task, model, items[:examples], world, device)[0], reference)
         mine = items[:examples][rank::world]  # the check's own split: normalisation only
-        batches = list(micro_batches(task, mine, math.ceil(len(mine) / accumulation)))
+        # collated by `collate`: a training collate's per-batch draw (mixup) would differ
+        # between the ranks' split and the reference, which compare normalisation only
+        batches = list(micro_batches(task, mine, math.ceil(len(mine) / accumulation),
+                                     training=False))
         out = replica_update(stepper, clock, batches, [1.0] * len(batches), world, spec.fault,
                              step=False)
         grads = {k: p.grad for k, p in replica.named_parameters() if p.grad is not None}
@@ -336,7 +339,7 @@ def reference_gradient(task: Task, model: nn.Module, items: list[Item],
     """The gradient of one update over `items` as one micro-batch in this process alone."""
     ref = copy.deepcopy(model).eval()
     Stepper(task, ref, torch.optim.SGD(ref.parameters(), lr=0.0), None, device) \
-        .accumulate(list(micro_batches(task, items, len(items))))
+        .accumulate(list(micro_batches(task, items, len(items), training=False)))
     return {k: p.grad for k, p in ref.named_parameters() if p.grad is not None}
 
 
@@ -352,7 +355,7 @@ def rank_mean_gradient(task: Task, model: nn.Module, items: list[Item], world: i
     for r in range(world):
         ref.zero_grad(set_to_none=True)
         _, summed, count = stepper.forward_loss(next(micro_batches(
-            task, items[r::world], len(items))).to(device))
+            task, items[r::world], len(items), training=False)).to(device))
         stepper.backward(summed)
         counts.append(float(count))
         scale = 1.0 / (max(counts[-1], 1.0) * world)

@@ -33,6 +33,7 @@ class Draws:
     mixes: bool | None
     changes_inputs: bool = False  # train_step: the model received other inputs than the batch's
     split_anew: float | None = None  # the loop's gradient, 2 micro-batches collated anew vs one
+    piece: str = "collate"  # the task's field that collates training batches
 
     @property
     def draws(self) -> bool:
@@ -68,7 +69,7 @@ class Draws:
                     f" - collated anew per micro-batch, a split mixes other pairs with other "
                     f"weights and the loop's own exact gradient differs by "
                     f"{self.split_anew:.3g}, as expected: not a normalisation error")
-            return (f"your collate draws new random numbers for every batch it collates: "
+            return (f"your {self.piece} draws new random numbers for every batch it collates: "
                     f"{self.measured()}. This is the campaign's own randomness, not a bug: 04 "
                     f"held it fixed - every comparison uses one collated batch, each split's "
                     f"micro-batches being rows of the whole update collated once{anew}")
@@ -97,9 +98,10 @@ def first_rows(tensors: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tens
 
 
 def collate_draws(task: Task, items: list[Item], seed: int = 0) -> Draws:
-    """The task's collate on the same `items` under the same seed, another seed, and the other
-    examples in reverse order (does the first example's row depend on them?)."""
+    """The task's training collate on the same `items` under the same seed, another seed, and
+    the other examples in reverse order (does the first example's row depend on them?)."""
     n = len(items)
+    piece = "train_collate" if task.train_collate is not None else "collate"
 
     def collated(its: list[Item], s: int) -> dict[str, torch.Tensor]:
         return one_draw(task, its, s).tensors
@@ -107,11 +109,12 @@ def collate_draws(task: Task, items: list[Item], seed: int = 0) -> Draws:
     first = collated(items, seed)
     same, other = difference(collated(items, seed), first), difference(collated(items, seed + 1),
                                                                        first)
-    draws = Draws("collate", n, other, same, None)
+    draws = Draws("collate", n, other, same, None, piece=piece)
     if draws.draws and draws.held and n > 2:
         swapped = collated([items[0], *items[:0:-1]], seed)
         draws = Draws("collate", n, other, same,
-                      difference(first_rows(swapped, n), first_rows(first, n)) > TINY)
+                      difference(first_rows(swapped, n), first_rows(first, n)) > TINY,
+                      piece=piece)
     return draws
 
 

@@ -124,9 +124,10 @@ def split_batches(task: Task, items: list[Item], micro_batch: int, whole: Batch 
 
 
 def one_draw(task: Task, items: list[Item], seed: int = 0) -> Batch:
-    """The whole update collated once, under `seed`."""
+    """The whole update collated once as a training batch (`Task.train_collate`), under
+    `seed`."""
     with seeded(seed):
-        return collate_items(task, items)
+        return collate_items(task, items, training=True)
 
 
 def run_own_step(task: Task, model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],

@@ -31,6 +31,7 @@ from ...training.loop import (
     Stepper,
     TrainConfig,
     UpdateShape,
+    averaged_model,
     build_stepper,
     make_sampler,
     train,
@@ -49,8 +50,9 @@ from .position import (
 from .stream_state import probe_pipeline
 from .undeclared import undeclared_state
 
-# planted resume bugs, to show what the check catches ("carried": a task's Task.state only)
-FAULTS = ("optimizer", "sampler", "rng", "carried")
+# planted resume bugs, to show what the check catches ("carried": a task's Task.state only,
+# "averaged_model": a task's Task.averaged_model only)
+FAULTS = ("optimizer", "sampler", "rng", "carried", "averaged_model")
 StoredConfig = schemas.derived(TrainConfig)  # TrainConfig's fields as a recipe stores them
 
 
@@ -142,17 +144,30 @@ def run_recipe(spec: dict, to_step: int, folder: Path | None = None,
                                  st.optimizer, st.scheduler, st.scaler, counters,
                                  {"recipe": spec, "task_name": task.name},
                                  own=task.save_state, sampler=st.sampler, carry=st.carry,
-                                 base=base)
+                                 base=base, averaged=st.averaged)
         return None
 
     result = train(task, items, cfg, stepper=stepper, start=position, first_step=first,
                    on_update=on_update, pipeline=pipe)
-    weights = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
+    weights = final_weights(result.model, result.averaged)
     records = [_record(r) for r in result.steps]
     if pipe is not None and start_from is not None and records:
         records[0].update(resumed_by=pipe.resumes_by, skipped=pipe.skipped.examples,
                           skip_s=pipe.skipped.seconds)
     return records, weights
+
+
+def final_weights(model: torch.nn.Module, averaged: torch.nn.Module | None) -> dict:
+    """The weights a run ends with, compared between the uninterrupted and the resumed run:
+    the model's, and its averaged model's (Task.averaged_model) under `AVERAGED`."""
+    weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    if averaged is not None:
+        weights.update({AVERAGED + k: v.detach().cpu().clone()
+                        for k, v in averaged.state_dict().items()})
+    return weights
+
+
+AVERAGED = "averaged_model:"  # the averaged model's weights among a run's final weights
 
 
 def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple = (),
@@ -179,11 +194,14 @@ def restore(path: Path, spec: dict, task: Task, cfg: TrainConfig, faults: tuple 
             pass
     optimizer = None if "optimizer" in faults else stepper.optimizer
     built = ckpt.tensor_record(stepper.model)
+    stepper.averaged = averaged_model(task, stepper.model)
     info = ckpt.load_checkpoint(path, stepper.model, optimizer, stepper.scheduler,
                                 stepper.scaler, restore_rng="rng" not in faults,
                                 own=task.restore_state, sampler=stepper.sampler,
                                 carry=None if "carried" in faults else stepper.carry,
-                                built=built)
+                                built=built,
+                                averaged=None if "averaged_model" in faults else
+                                stepper.averaged)
     torch.set_num_threads(info["meta"]["threads"])  # 1..4096: checked by load_meta
     c = info["counters"]
     schemas.check(schemas.ResumeCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
@@ -273,8 +291,9 @@ def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weigh
              "same_lr": r["lr"] == ref[r["step"]]["lr"],
              "same_examples": r["ids"] == ref[r["step"]]["ids"]} for r in resumed]
     table = pd.DataFrame(rows)
-    diff = max(float((ref_weights[k].float().cpu() - weights[k].float().cpu()).abs().max())
-               for k in ref_weights)
+    diffs = {k: float((ref_weights[k].float().cpu() - weights[k].float().cpu()).abs().max())
+             for k in ref_weights}
+    diff = max(diffs.values())
     steps_ok = bool(len(table)) and table.same_lr.all() and table.same_examples.all()
     differs = table.step[~table.same_examples] if len(table) else table.step
     verdict = {"updates_compared": len(table), "max_param_diff": diff,
@@ -285,6 +304,9 @@ def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weigh
                              float(table.loss_diff.max()) <= tolerance),
                "continued_to_the_end": bool(len(table) and
                                             table.step.iloc[-1] == reference[-1]["step"])}
+    averaged = [v for k, v in diffs.items() if k.startswith(AVERAGED)]
+    if averaged:  # the task's averaged model, compared beside the model
+        verdict["max_averaged_model_diff"] = max(averaged)
     return table, verdict
 
 
@@ -401,12 +423,14 @@ def planted_faults(spec: dict, updates: int, step: int, folder: Path, reference:
                    ref_weights: dict, tolerance: float = 0.0) -> pd.DataFrame:
     """Resume with each classic bug planted and say whether the comparison catches it."""
     rows = []
-    carries = ckpt.load_state(folder / f"ckpt-{step:06d}").get("carried") is not None
-    for fault in FAULTS if carries else FAULTS[:-1]:
+    state = ckpt.load_state(folder / f"ckpt-{step:06d}")
+    for fault in [f for f in FAULTS if f not in ("carried", "averaged_model") or
+                  state.get(f) is not None]:
         name = {"optimizer": "checkpoint without optimizer state",
                 "sampler": "sampler restarted on resume",
                 "rng": "random states not restored",
-                "carried": "carried state (Task.state) not restored"}[fault]
+                "carried": "carried state (Task.state) not restored",
+                "averaged_model": "averaged model (Task.averaged_model) not restored"}[fault]
         try:
             resumed, w = run_recipe(spec, updates, start_from=folder / f"ckpt-{step:06d}",
                                     faults=(fault,))
@@ -503,7 +527,8 @@ def run(params: dict[str, Any], out_dir: Path) -> ResumeResult:
               if params["demonstrate_faults"] else None)
     tamper = tamper_checks(out_dir / f"ckpt-{mid:06d}", out_dir)
     model = task.build_model()
-    model.load_state_dict(details["weights"])
+    model.load_state_dict({k: v for k, v in details["weights"].items()
+                           if not k.startswith(AVERAGED)})  # the model is what is archived
     archive = write_archive(out_dir / "archive", params["task"], params["task_options"], model,
                             spec["config"],
                             pd.DataFrame(details["reference"]).drop(columns=["ids"]),

@@ -285,8 +285,10 @@ class Study:
             ledger.add_steps(tid, pending)
             pending.clear()
             scope = "sample" if self.sampled else "full"
-            ledger.add_eval(tid, record.step, scope, record.loss, record.metrics,
-                            record.per_class)
+            ledger.add_eval(tid, record.step, scope, record.loss,
+                            {**record.metrics, **{f"averaged_model.{k}": v for k, v in
+                                                  record.averaged.items()}},
+                            record.per_class)  # the task's averaged model beside the model
             self._save_predictions(stepper.model, folder, record.step)
             value = record.loss if design.metric == "loss" else record.metrics[design.metric]
             if not math.isfinite(value):
@@ -295,7 +297,8 @@ class Study:
             ckpt.save_checkpoint(path, stepper.model, stepper.optimizer, stepper.scheduler,
                                  stepper.scaler, {"step": record.step, "trial": tid},
                                  {"study": design.name, "lr": lr, "seed": seed},
-                                 own=self.task.save_state)  # the task's format when it has one
+                                 own=self.task.save_state,  # the task's format when it has
+                                 averaged=stepper.averaged)  # one
             ledger.add_checkpoint(tid, record.step, str(path.relative_to(self.folder)), value)
             kept.append((value, record.step, path))
             if design.better(value, best[0]):
