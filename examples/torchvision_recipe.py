@@ -66,39 +66,40 @@ def images(sources: int = 64, copies: int = 3, seed: int = 0) -> tuple[torch.Ten
     return (x - x.mean()) / x.std(), labels, groups
 
 
-class RandomMixup(nn.Module):
+class Mixing(nn.Module):
+    """What transforms.py's RandomMixup and RandomCutmix share: one-hot targets, the chance `p`
+    of mixing at all, and the weight ~ Beta(alpha, alpha) (from `rng`, a script's own NumPy
+    generator, when given: no seed reaches it)."""
+
+    def __init__(self, num_classes: int, p: float = 1.0, alpha: float = 1.0, rng=None):
+        super().__init__()
+        self.num_classes, self.p, self.alpha, self.rng = num_classes, p, alpha, rng
+
+    def weight(self) -> float:
+        return float(self.rng.beta(self.alpha, self.alpha)) if self.rng is not None else \
+            float(torch.distributions.Beta(self.alpha, self.alpha).sample())
+
+    def forward(self, batch: torch.Tensor, target: torch.Tensor):
+        if target.ndim == 1:
+            target = F.one_hot(target, num_classes=self.num_classes).to(dtype=batch.dtype)
+        batch, target = batch.clone(), target.clone()
+        if torch.rand(1).item() >= self.p:
+            return batch, target
+        batch, lam = self.mix(batch, self.weight())
+        return batch, target * lam + target.roll(1, 0) * (1.0 - lam)
+
+
+class RandomMixup(Mixing):
     """transforms.py's RandomMixup: the batch mixed with itself rolled by one, weight ~ Beta."""
 
-    def __init__(self, num_classes: int, p: float = 1.0, alpha: float = 1.0):
-        super().__init__()
-        self.num_classes, self.p, self.alpha = num_classes, p, alpha
-
-    def forward(self, batch: torch.Tensor, target: torch.Tensor):
-        if target.ndim == 1:
-            target = F.one_hot(target, num_classes=self.num_classes).to(dtype=batch.dtype)
-        batch, target = batch.clone(), target.clone()
-        if torch.rand(1).item() >= self.p:
-            return batch, target
-        lam = float(torch.distributions.Beta(self.alpha, self.alpha).sample())
-        batch = batch * lam + batch.roll(1, 0) * (1.0 - lam)
-        target = target * lam + target.roll(1, 0) * (1.0 - lam)
-        return batch, target
+    def mix(self, batch: torch.Tensor, lam: float) -> tuple[torch.Tensor, float]:
+        return batch * lam + batch.roll(1, 0) * (1.0 - lam), lam
 
 
-class RandomCutmix(nn.Module):
+class RandomCutmix(Mixing):
     """transforms.py's RandomCutmix: a box of the rolled batch pasted in, its area ~ Beta."""
 
-    def __init__(self, num_classes: int, p: float = 1.0, alpha: float = 1.0):
-        super().__init__()
-        self.num_classes, self.p, self.alpha = num_classes, p, alpha
-
-    def forward(self, batch: torch.Tensor, target: torch.Tensor):
-        if target.ndim == 1:
-            target = F.one_hot(target, num_classes=self.num_classes).to(dtype=batch.dtype)
-        batch, target = batch.clone(), target.clone()
-        if torch.rand(1).item() >= self.p:
-            return batch, target
-        lam = float(torch.distributions.Beta(self.alpha, self.alpha).sample())
+    def mix(self, batch: torch.Tensor, lam: float) -> tuple[torch.Tensor, float]:
         h, w = batch.shape[-2:]
         r_x, r_y = int(torch.randint(w, (1,))), int(torch.randint(h, (1,)))
         r = 0.5 * math.sqrt(1.0 - lam)
@@ -106,9 +107,7 @@ class RandomCutmix(nn.Module):
         x1, y1 = max(r_x - r_w, 0), max(r_y - r_h, 0)
         x2, y2 = min(r_x + r_w, w), min(r_y + r_h, h)
         batch[:, :, y1:y2, x1:x2] = batch.roll(1, 0)[:, :, y1:y2, x1:x2]
-        lam = 1.0 - (x2 - x1) * (y2 - y1) / (w * h)
-        target = target * lam + target.roll(1, 0) * (1.0 - lam)
-        return batch, target
+        return batch, 1.0 - (x2 - x1) * (y2 - y1) / (w * h)
 
 
 def mixup_cutmix_collate(batch: list[dict], mixing: list[nn.Module]) -> dict:

@@ -1,8 +1,8 @@
 """An image classifier trained in torchvision's references/classification idiom: mixup and cutmix
-drawn anew for every collated batch (`RandomMixup` / `RandomCutmix` written as the reference's
-transforms.py writes them, chosen by `RandomChoice` from Python's `random`), soft targets and
-label smoothing in the loss, the script's own step brought in as `train_step`. Options:
-`mixing` - "collate" (the reference: `collate_fn = mixupcutmix(*default_collate(batch))`),
+drawn anew for every collated batch (examples/torchvision_recipe.py's `RandomMixup` /
+`RandomCutmix`, as the reference's transforms.py writes them, chosen by `RandomChoice` from
+Python's `random`), soft targets and label smoothing in the loss, the script's own step
+brought in as `train_step`. Options: `mixing` - "collate" (the reference: `collate_fn = mixupcutmix(*default_collate(batch))`),
 "step" (the mixing moved into the step, one collate serving training and evaluation) or ""
 (off: the clean twin); `unseeded` mixes up only, its weight from the script's own NumPy
 generator, which no seed reaches; `mean_per_micro_batch` plants the classic wrong normalisation
@@ -10,7 +10,6 @@ generator, which no seed reaches; `mean_per_micro_batch` plants the classic wron
 
 from __future__ import annotations
 
-import math
 import random
 
 import numpy as np
@@ -20,60 +19,9 @@ from torch.nn import functional as F
 from torch.utils.data import default_collate
 
 import workbook as wb
+from examples.torchvision_recipe import RandomCutmix, RandomMixup
 
 CLASSES = ["cat", "dog", "ship", "truck"]
-
-
-class RandomMixup(nn.Module):
-    """torchvision references/classification/transforms.py's RandomMixup."""
-
-    def __init__(self, num_classes: int, p: float = 0.5, alpha: float = 1.0, rng=None):
-        super().__init__()
-        self.num_classes, self.p, self.alpha, self.rng = num_classes, p, alpha, rng
-        self._dist = torch.distributions.Beta(torch.tensor([alpha]), torch.tensor([alpha]))
-
-    def weight(self) -> float:
-        """The mixing weight: torch's generator, or the script's own `rng` (no seed reaches)."""
-        return float(self.rng.beta(self.alpha, self.alpha)) if self.rng is not None else \
-            float(self._dist.sample()[0])
-
-    def forward(self, batch, target):
-        batch, target = batch.clone(), target.clone()  # inplace=False
-        if target.ndim == 1:
-            target = F.one_hot(target, num_classes=self.num_classes).to(dtype=batch.dtype)
-        if torch.rand(1).item() >= self.p:
-            return batch, target
-        batch_rolled, target_rolled = batch.roll(1, 0), target.roll(1, 0)
-        lambda_param = self.weight()
-        batch_rolled.mul_(1.0 - lambda_param)
-        batch.mul_(lambda_param).add_(batch_rolled)
-        target_rolled.mul_(1.0 - lambda_param)
-        target.mul_(lambda_param).add_(target_rolled)
-        return batch, target
-
-
-class RandomCutmix(RandomMixup):
-    """torchvision references/classification/transforms.py's RandomCutmix."""
-
-    def forward(self, batch, target):
-        batch, target = batch.clone(), target.clone()  # inplace=False
-        if target.ndim == 1:
-            target = F.one_hot(target, num_classes=self.num_classes).to(dtype=batch.dtype)
-        if torch.rand(1).item() >= self.p:
-            return batch, target
-        batch_rolled, target_rolled = batch.roll(1, 0), target.roll(1, 0)
-        lambda_param = self.weight()
-        H, W = batch.shape[-2:]
-        r_x, r_y = torch.randint(W, (1,)), torch.randint(H, (1,))
-        r = 0.5 * math.sqrt(1.0 - lambda_param)
-        r_w_half, r_h_half = int(r * W), int(r * H)
-        x1, y1 = int(torch.clamp(r_x - r_w_half, min=0)), int(torch.clamp(r_y - r_h_half, min=0))
-        x2, y2 = int(torch.clamp(r_x + r_w_half, max=W)), int(torch.clamp(r_y + r_h_half, max=H))
-        batch[:, :, y1:y2, x1:x2] = batch_rolled[:, :, y1:y2, x1:x2]
-        lambda_param = float(1.0 - (x2 - x1) * (y2 - y1) / (W * H))
-        target_rolled.mul_(1.0 - lambda_param)
-        target.mul_(lambda_param).add_(target_rolled)
-        return batch, target
 
 
 class RandomChoice:
