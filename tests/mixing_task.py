@@ -2,11 +2,11 @@
 drawn anew for every collated batch (examples/torchvision_recipe.py's `RandomMixup` /
 `RandomCutmix`, as the reference's transforms.py writes them, chosen by `RandomChoice` from
 Python's `random`), soft targets and label smoothing in the loss, the script's own step
-brought in as `train_step`. Options: `mixing` - "collate" (the reference: `collate_fn = mixupcutmix(*default_collate(batch))`),
-"step" (the mixing moved into the step, one collate serving training and evaluation) or ""
-(off: the clean twin); `unseeded` mixes up only, its weight from the script's own NumPy
-generator, which no seed reaches; `mean_per_micro_batch` plants the classic wrong normalisation
-(tests/notebooks/test_accounting.py)."""
+brought in as `train_step`. Options: `mixing` - "collate" (the reference: `collate_fn =
+mixupcutmix(*default_collate(batch))`), "step" (the mixing moved into the step, one collate
+serving training and evaluation) or "" (off: the clean twin); `unseeded` mixes up only, its
+weight from the script's own NumPy generator, which no seed reaches; `mean_per_micro_batch`
+plants the classic wrong normalisation (tests/notebooks/test_accounting.py)."""
 
 from __future__ import annotations
 
