@@ -88,8 +88,11 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                          foreign_targets: bool = False, packing: bool | str = False,
                          lora: bool = True, loss: str | None = None,
                          max_length: int = 64, long_system: int = 0,
-                         new_role_token: str | None = None, eval_overlap: int = 0):
-    """The script's `make_trainer`: everything below is as the TRL docs write it."""
+                         new_role_token: str | None = None, eval_overlap: int = 0,
+                         state_dict_base: bool = False):
+    """The script's `make_trainer`: everything below is as the TRL docs write it.
+    `state_dict_base`: the base built from its config and its weights put in by
+    `load_state_dict` (the idiom for a local checkpoint) instead of `from_pretrained`."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -114,7 +117,14 @@ def make_trainer_factory(count: int = 300, all_tokens_in_loss: bool = False,
                                    + list(train)[:eval_overlap])  # planted: train chats in eval
 
     def base():
-        model = AutoModelForCausalLM.from_pretrained(BASE)
+        if state_dict_base:
+            from safetensors.torch import load_file
+            from transformers import AutoConfig
+
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(BASE))
+            model.load_state_dict(load_file(BASE / "model.safetensors"))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(BASE)
         if new_role_token:
             model.resize_token_embeddings(len(tokenizer))
         return model

@@ -121,3 +121,14 @@ def test_grad_scaler_skips_are_not_a_broken_fp16_run():
     assert "none of the 3 updates applied: not judged" in none and NON_FINITE not in none
     assert NON_FINITE in training_flags(steps(0.5, 0.4, loss=float("nan")), "fp16")[0]
     assert NON_FINITE in training_flags(steps(inf, 0.5), "bf16")[0]  # no scaler there
+
+
+def test_a_truncation_that_leaves_no_target_is_its_rows_finding_not_the_end_of_05():
+    """Seen on a TRL SFT task in --smoke (short_length 20 under longer chat prompts): 05 died
+    with the error; now the variant's row says why and the others are measured."""
+    study = VariantStudy(GENERATION, {}, updates=1, train_limit=16, val_limit=8)
+    control = Variant("control", UpdateShape(2, 1))
+    row = study.measure(control.but("max_length=2", max_length=2), control)
+    assert row["status"] == "not applicable"
+    assert row["reason"].startswith("max_length 2 leaves no target in any example")
+    assert "short_length" in row["reason"]

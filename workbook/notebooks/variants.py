@@ -137,10 +137,10 @@ class VariantStudy:
                         for it in train_items)
         lost = {i: self.control_targets[i] - n for i, n in targets.items()
                 if n < self.control_targets[i]}
-        if lost and all(n == 0 for n in targets.values()):
-            raise WorkbookError(f"max_length {variant.max_length} leaves no target in any "
-                                "example (shorter than every prompt)",
-                                "choose a max_length longer than the prompts")
+        if lost and all(n == 0 for n in targets.values()):  # its row kept, the others run
+            return {**row, "status": "not applicable", "reason": (
+                f"max_length {variant.max_length} leaves no target in any example (shorter "
+                "than every prompt): give short_length above the longest prompt")}
         flags = row["flags"]
         if lost:
             flags.append(f"changes the experiment: truncation removes {sum(lost.values())} "
