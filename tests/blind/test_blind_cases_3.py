@@ -129,14 +129,26 @@ def test_reward_that_tells_answers_apart_passes_overfit(tmp_path):
 GENERATIONS = "tests.blind.grpo_num_generations:task"
 
 
-@REFUSED_GRPO
+# first run: TRL's refusal relayed ("building the trainer raised ValueError: generation_batch_size
+# (4) must be divisible by num_generations (3). -> fix: the campaign's script fails at the same
+# line: fix the setup it names"), then wrapped by the task loader under a second, generic fix
+# ("-> fix: point at a Task, or a function returning one, and check its options") that points
+# away from the setting (FIRST_RUN_3.md)
+@pytest.mark.xfail(strict=False, reason="first run: TRL's refusal relayed, but wrapped under the "
+                   "loader's generic fix 'point at a Task, or a function returning one, and "
+                   "check its options'; FIRST_RUN_3.md")
 @pytest.mark.planted
 def test_num_generations_refusal_is_relayed_with_its_fix(tmp_path):
     verdict, said = inspect(tmp_path, GENERATIONS, num_generations=3)
     assert verdict != "pass", said
-    # TRL's own refusal, relayed before any notebook: the setting, the figures, a fix
-    names(said, r"num_generations", r"divisible", r"\b3\b", r"\b4\b",
-          r"per_device_train_batch_size|generation_batch_size|num_generations=(2|4)")
+    # TRL's own refusal, relayed before any notebook: the setting and its figures ...
+    names(said, r"num_generations", r"divisible", r"\(3\)|\b3\b", r"\(4\)|\b4\b")
+    # ... and a fix about that setting, not about how the task is pointed at
+    fixes = re.findall(r"-> fix: (.*)", said)
+    assert fixes and all(re.search(r"num_generations|per_device_train_batch_size|"
+                                   r"generation_batch_size|setup it names|script", fix)
+                         for fix in fixes), said
+    assert not re.search(r"point at a Task", said), said
 
 
 @REFUSED_GRPO
