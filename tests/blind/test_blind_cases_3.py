@@ -18,8 +18,7 @@ import pytest
 
 import workbook as wb
 
-from .test_blind_cases import run_notebook
-from .test_blind_cases_2 import everything_said, inspect, needs
+from .test_blind_cases_2 import hear, inspect
 
 pytest.importorskip("transformers")
 
@@ -35,14 +34,8 @@ NOT_MAPPED = re.compile(r"not mapped yet|not a transformers Trainer", re.IGNOREC
 
 
 def overfit(out: Path, task: str, **options) -> tuple[str, str]:
-    """Notebook 02 on a task: its verdict and everything it said, or the refusal's text."""
-    needs("trl", "peft", "datasets")
-    try:
-        _, verdict, summary = run_notebook(wb.overfit, "02_overfit", out, task=task,
-                                           task_options=options)
-    except Exception as error:  # noqa: BLE001 - the refusal is what the user reads
-        return "refused", f"{type(error).__name__}: {error}"
-    return verdict, everything_said(out, summary)
+    """Notebook 02 on a task, as `hear` reports it."""
+    return hear(wb.overfit, "02_overfit", out, task, **options)
 
 
 def names(said: str, *patterns: str) -> None:
