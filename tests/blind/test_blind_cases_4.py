@@ -32,6 +32,17 @@ STUDY = "tests.blind.lr_study_plain:task"
 NO_ADAPTER = "first run: workbook.adapters has no from_accelerate (ImportError)"
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Accelerate keeps one `AcceleratorState` per process, and an Accelerator built with other
+    settings (a TRL trainer's, in another test file on this worker) refuses these scripts'
+    `mixed_precision="no"`: each case starts as its script would, in a process of its own."""
+    state = pytest.importorskip("accelerate.state")
+    state.AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    state.AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def notebook(module, stem: str, out: Path, task: str, **options) -> tuple[str, str]:
     """A notebook on a task: its verdict and everything it said."""
     _, verdict, summary = run_notebook(module, stem, out, task=task, task_options=options)
