@@ -106,7 +106,7 @@ def schedule_position(scheduler: Any) -> Any:
 
 class AccelerateStep:
     """`train_step(model, optimizer, micro_batches)`: the script's loop body once per
-    micro-batch, the accelerator shaped for an update of that many (see the module's
+    micro-batch in training mode (the script sets it each epoch), the accelerator shaped for an update of that many (see the module's
     docstring); a plain optimizer (04's recorder) is wrapped as `accelerator.prepare` wraps
     one. Returns the mean of the losses the body returned, as the script totals them."""
 
@@ -136,14 +136,18 @@ class AccelerateStep:
             state.plugin_kwargs["num_steps"], acc.step = steps, counter
             state._set_sync_gradients(True)
 
-    def run(self, model: nn.Module, optimizer: Any, micro_batches: list[dict]) -> list[Any]:
-        """The body once per micro-batch; what each returned."""
+    def run(self, model: nn.Module, optimizer: Any, micro_batches: list[dict],
+            train: bool = True) -> list[Any]:
+        """The body once per micro-batch (in training mode unless `train` is off); what each
+        returned."""
         adapter = self.adapter
         opt = self.prepared(optimizer)
         schedule = adapter.schedules.get(optimizer)
         lr_scheduler = schedule.accelerated if schedule is not None else Unscheduled(opt)
         before = schedule_position(lr_scheduler)
         returned = []
+        if train:
+            model.train()  # the script's `model.train()` at each epoch's start
         with self.shaped(len(micro_batches)):
             for batch in micro_batches:
                 returned.append(call_piece(
@@ -213,7 +217,7 @@ class AccelerateStep:
 
     def gradient(self, model: nn.Module, micro_batches: list[dict]) -> float:
         """The norm of the gradient the body steps with over these micro-batches (a plain SGD
-        at learning rate 0 records it and changes nothing)."""
+        at learning rate 0 records it and changes nothing), in the mode the model is in."""
         model.zero_grad(set_to_none=True)
         recorder = torch.optim.SGD(model.parameters(), lr=0.0)
         norms = []
@@ -224,7 +228,7 @@ class AccelerateStep:
             norms.append(float(nn.utils.get_total_norm(grads)) if grads else 0.0)
         handle = recorder.register_step_pre_hook(record)
         try:
-            self.run(model, recorder, micro_batches)
+            self.run(model, recorder, micro_batches, train=False)
         finally:
             handle.remove()
             model.zero_grad(set_to_none=True)
@@ -241,7 +245,7 @@ def joined(micro_batches: list[dict]) -> dict | None:
 
 class AccelerateEval:
     """`eval_step(model, batch)` -> {"eval_loss": (sum, count)}: the script's eval body on the
-    batch's real rows, `gather_for_metrics` kept to this process's values (the pilot adds the
+    batch's real rows in eval mode (the script's loop sets it), `gather_for_metrics` kept to this process's values (the pilot adds the
     processes' sums, as the gather concatenates them); a value per row is summed, anything
     else (a batch's mean, repeated or not) weighs the batch's rows."""
 
@@ -260,12 +264,15 @@ class AccelerateEval:
                      len(v) == len(keep) else v for k, v in given.items()}
         rows = len(given[LABELS]) if LABELS in given else len(next(iter(given.values())))
         acc.gather_for_metrics = lambda data, use_gather_object=False: data
+        was = model.training
+        model.eval()  # the script's `model.eval()` before its evaluation loop
         try:
             value = call_piece("eval_step", self.eval_step, acc, model, given,
                                receives="(accelerator, model, batch) and returns the loss "
                                "tensor it gathers")
         finally:
             del acc.gather_for_metrics
+            model.train(was)
         try:
             values = torch.as_tensor(value).detach().float().reshape(-1)
         except (TypeError, ValueError, RuntimeError) as exc:
