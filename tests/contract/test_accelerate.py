@@ -176,10 +176,10 @@ def test_eval_step_counts_real_rows_whatever_the_eval_batch(clean, items):
 # --- what is refused -----------------------------------------------------------------------
 
 def test_bad_pieces_are_refused_with_the_piece_named():
-    from examples.accelerate_no_trainer import lm_datasets
     from torch.utils.data import DataLoader
     from transformers import GPT2Config, GPT2LMHeadModel, default_data_collator
 
+    from examples.accelerate_no_trainer import lm_datasets
     from workbook.adapters import from_accelerate
 
     data = lm_datasets(60)
@@ -197,10 +197,10 @@ def test_bad_pieces_are_refused_with_the_piece_named():
 
 def test_prepared_loaders_and_a_prepared_optimizer_are_accepted_as_they_are():
     from accelerate import Accelerator
-    from examples.accelerate_no_trainer import lm_datasets
     from torch.utils.data import DataLoader
     from transformers import GPT2Config, GPT2LMHeadModel, default_data_collator
 
+    from examples.accelerate_no_trainer import lm_datasets
     from workbook.adapters import from_accelerate
 
     accelerator = Accelerator(gradient_accumulation_steps=2)

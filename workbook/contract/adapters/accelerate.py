@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError, reason
+from .. import kinds
 from ..metric_reduction import ROWS
 from ..run import EXAMPLE_WEIGHT, current_run
 from ..task import Task
@@ -106,9 +107,10 @@ def schedule_position(scheduler: Any) -> Any:
 
 class AccelerateStep:
     """`train_step(model, optimizer, micro_batches)`: the script's loop body once per
-    micro-batch in training mode (the script sets it each epoch), the accelerator shaped for an update of that many (see the module's
-    docstring); a plain optimizer (04's recorder) is wrapped as `accelerator.prepare` wraps
-    one. Returns the mean of the losses the body returned, as the script totals them."""
+    micro-batch in training mode (the script sets it each epoch), the accelerator shaped for an
+    update of that many (see the module's docstring); a plain optimizer (04's recorder) is
+    wrapped as `accelerator.prepare` wraps one. Returns the mean of the losses the body
+    returned, as the script totals them."""
 
     def __init__(self, adapter: "AccelerateAdapter"):
         self.adapter = adapter
@@ -245,9 +247,10 @@ def joined(micro_batches: list[dict]) -> dict | None:
 
 class AccelerateEval:
     """`eval_step(model, batch)` -> {"eval_loss": (sum, count)}: the script's eval body on the
-    batch's real rows in eval mode (the script's loop sets it), `gather_for_metrics` kept to this process's values (the pilot adds the
-    processes' sums, as the gather concatenates them); a value per row is summed, anything
-    else (a batch's mean, repeated or not) weighs the batch's rows."""
+    batch's real rows in eval mode (the script's loop sets it), `gather_for_metrics` kept to
+    this process's values (the pilot adds the processes' sums, as the gather concatenates
+    them); a value per row is summed, anything else (a batch's mean, repeated or not) weighs
+    the batch's rows."""
 
     metric_reductions = {EVAL_LOSS: ROWS}
 
@@ -383,7 +386,7 @@ class AccelerateAdapter(Adapter):
         datasets = {"train": train, "validation": evaluation} if evaluation is not None \
             else train
         fields = dict(self.task_fields)
-        generation = self.kind == "generation"
+        generation = kinds.of(self.kind).causal
         if generation:  # a causal LM's labels are its input_ids, shifted inside the model
             fields.setdefault("label_shift", 1 if hasattr(self.probe, "config") else 0)
             fields.setdefault("decode", lambda ids: " ".join(str(int(i)) for i in ids))
