@@ -12,11 +12,14 @@ download). Needs `accelerate` and `transformers`.
 Planted bug: `backward="loss"` (the body calls `loss.backward()` in place of
 `accelerator.backward(loss)`, which alone divides by `gradient_accumulation_steps`: every
 update's gradient is that many times too large; 04 names it with the Accelerate call as the
-fix). The clean twin is the default.
+fix); `accumulate=False` (the body outside `with accelerator.accumulate(model):`, so the
+optimizer steps after every micro-batch; 02 stops on the update, naming the missing
+`accelerator.accumulate`). The clean twin is the default.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from itertools import chain
 
@@ -74,8 +77,9 @@ def lm_datasets(count: int):
             .map(group_texts, batched=True) for split, rows in splits.items()}
 
 
-def make_task(count: int = 400, backward: str = "accelerator"):
-    """The script's pieces and the one call; `backward="loss"` plants `loss.backward()`."""
+def make_task(count: int = 400, backward: str = "accelerator", accumulate: bool = True):
+    """The script's pieces and the one call; `backward="loss"` plants `loss.backward()`,
+    `accumulate=False` a body outside `accelerator.accumulate(model)`."""
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from transformers import AutoModelForCausalLM, GPT2Config, default_data_collator, get_scheduler
@@ -114,7 +118,7 @@ def make_task(count: int = 400, backward: str = "accelerator"):
                              num_training_steps=num_training_steps * accelerator.num_processes)
 
     def training_step(accelerator, model, optimizer, lr_scheduler, batch):
-        with accelerator.accumulate(model):
+        with accelerator.accumulate(model) if accumulate else contextlib.nullcontext():
             outputs = model(**batch)
             loss = outputs.loss
             if backward == "loss":
@@ -134,12 +138,14 @@ def make_task(count: int = 400, backward: str = "accelerator"):
 
     return from_accelerate(make_model, make_optimizer, train_dataloader, training_step,
                            name="accelerate-clm" + ("-loss-backward" if backward == "loss"
-                                                    else ""),
+                                                    else "") + ("" if accumulate else
+                                                                "-no-accumulate"),
                            accelerator=accelerator, make_scheduler=make_scheduler,
                            eval_dataloader=eval_dataloader, eval_step=eval_step,
                            decode=wb.tokenizer.decode)
 
 
-def task(count: int = 400, backward: str = "accelerator"):
-    """The task the pilot loads (`--option backward=loss` plants the bug)."""
-    return make_task(count, backward)
+def task(count: int = 400, backward: str = "accelerator", accumulate: bool = True):
+    """The task the pilot loads (`--option backward=loss`, `--option accumulate=false` plant
+    the bugs)."""
+    return make_task(count, backward, accumulate)

@@ -239,3 +239,11 @@ def test_the_clean_loop_passes_the_nine_notebooks(tmp_path):
     index = json.loads((out / "index.json").read_text())
     verdicts = {n["stem"]: n["verdict"] for n in index["notebooks"]}
     assert set(verdicts.values()) == {"pass"}, verdicts
+
+
+@pytest.mark.planted
+def test_a_body_outside_accelerator_accumulate_is_named(items):
+    planted = _task(accumulate=False)
+    cfg = TrainConfig(shape=UpdateShape(micro_batch=2, accumulation=2), updates=1, lr=5e-3)
+    with pytest.raises(WorkbookError, match=r"never enters accelerator.accumulate\(model\)"):
+        train(planted, items["train"], cfg)

@@ -147,15 +147,24 @@ class AccelerateStep:
         schedule = adapter.schedules.get(optimizer)
         lr_scheduler = schedule.accelerated if schedule is not None else Unscheduled(opt)
         before = schedule_position(lr_scheduler)
-        returned = []
+        returned, acc = [], adapter.accelerator
         if train:
             model.train()  # the script's `model.train()` at each epoch's start
         with self.shaped(len(micro_batches)):
             for batch in micro_batches:
                 returned.append(call_piece(
-                    "training_step", adapter.training_step, adapter.accelerator, model, opt,
+                    "training_step", adapter.training_step, acc, model, opt,
                     lr_scheduler, adapter.given(batch), receives="(accelerator, model, "
                     "optimizer, lr_scheduler, batch) and returns the loss"))
+            entered = acc.step  # accelerator.accumulate counts the micro-batches it wraps
+        if entered == 0 and len(micro_batches) > 1:
+            raise WorkbookError(
+                f"your training_step never enters accelerator.accumulate(model): over an "
+                f"update of {len(micro_batches)} micro-batches the accelerator counted none, so "
+                "its gradients count as synchronised after each and optimizer.step() applies "
+                "after every micro-batch - the campaign with gradient_accumulation_steps > 1 "
+                "would step as often", "wrap the loop body in `with "
+                "accelerator.accumulate(model):` (or run the notebooks with accumulation=1)")
         if schedule is not None:
             schedule.stepped = schedule_position(lr_scheduler) != before
         return returned
