@@ -368,8 +368,12 @@ class AccelerateAdapter(Adapter):
 
         inner = getattr(optimizer, "optimizer", optimizer)
         run = current_run()
+        try:
+            takes = inspect.signature(self.make_scheduler).parameters
+        except (TypeError, ValueError):  # a builtin or C callable: called as (optimizer)
+            takes = {}
         sized = {"num_training_steps": run.updates} if run is not None and \
-            "num_training_steps" in inspect.signature(self.make_scheduler).parameters else {}
+            "num_training_steps" in takes else {}
         made = call_piece("make_scheduler", self.make_scheduler, inner, **sized,
                           receives="the optimizer and returns its scheduler")
         if not isinstance(made, AcceleratedScheduler):
