@@ -237,7 +237,7 @@ def test_the_clean_loop_passes_the_nine_notebooks(tmp_path):
                     "examples.accelerate_no_trainer:task", "--smoke", "--out", str(out)],
                    cwd=ROOT, check=True, timeout=1800)
     index = json.loads((out / "index.json").read_text())
-    verdicts = {n["stem"]: n["verdict"] for n in index["notebooks"]}
+    verdicts = {n["notebook"]: n["verdict"] for n in index["notebooks"]}
     assert set(verdicts.values()) == {"pass"}, verdicts
 
 
