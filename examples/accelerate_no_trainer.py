@@ -13,8 +13,8 @@ Planted bug: `backward="loss"` (the body calls `loss.backward()` in place of
 `accelerator.backward(loss)`, which alone divides by `gradient_accumulation_steps`: every
 update's gradient is that many times too large; 04 names it with the Accelerate call as the
 fix); `accumulate=False` (the body outside `with accelerator.accumulate(model):`, so the
-optimizer steps after every micro-batch; 02 stops on the update, naming the missing
-`accelerator.accumulate`). The clean twin is the default.
+optimizer steps after every micro-batch; 04, the first notebook to split an update, stops on
+it, naming the missing `accelerator.accumulate`). The clean twin is the default.
 """
 
 from __future__ import annotations
