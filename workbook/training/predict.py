@@ -342,27 +342,12 @@ class OpNames(TorchDispatchMode):
 def path_limits(task: Task, batch: Batch, group: list[Batch],
                 eval_batch: Batch) -> dict[str, str]:
     """Phases that fake tensors would size on another path than real tensors take, with the
-    reason. Fake tensors carry no values and count as tracing, so:
-    - a Hugging Face model with a fused attention (SDPA, flash) skips its attention mask for a
-      batch with no padded position, a choice read from the mask's values, but always builds it
-      for fake tensors (+14% measured on a small Llama at length 256, micro-batch 1);
-    - `nn.TransformerEncoderLayer` / `nn.MultiheadAttention` run a fused inference kernel in
-      evaluation on real tensors only (-24% to -46% measured on examples/transformer_lm.py)."""
+    reason: `nn.TransformerEncoderLayer` / `nn.MultiheadAttention` run a fused inference kernel
+    in evaluation on real tensors only (-24% to -46% measured on examples/transformer_lm.py).
+    (A Hugging Face model's skipped all-ones mask is not one: `fake_phases` leaves the mask
+    out of such batches, `fake_phases.skips_full_mask`.)"""
     limits: dict[str, str] = {}
     model = meta_model(task)
-    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if type(model).__module__.startswith("transformers.") and implementation not in (None,
-                                                                                    "eager"):
-        for phases, batches in ((TRAINING_PHASES[:-1], [batch, *group]),
-                                (TRAINING_PHASES[-1:], [eval_batch])):
-            unpadded = [b for b in batches if bool(b.tensors.get(
-                "attention_mask", torch.zeros(1)).all())]
-            for phase in phases if unpadded else ():
-                limits[phase] = (
-                    f"a batch of {len(unpadded[0].ids)} with no padded position: this Hugging "
-                    f"Face model ({implementation} attention) then skips its attention mask, a "
-                    "choice read from the mask's values, which fake tensors do not carry; size "
-                    "micro-batches of 2 or more (padded, as a campaign's are) or measure it")
     kernels = fused_kernels(task, model, eval_batch)
     if kernels:
         limits["validation"] = (
