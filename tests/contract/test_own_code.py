@@ -85,7 +85,20 @@ def test_the_step_loss_agrees_with_the_task_loss_and_another_loss_is_named():
     assert clean.agree.all() and clean.train_step_sets_train_mode.all()
     task, items, _ = _items(label_smoothing=0.2, returns="float")
     other = acc.step_loss_check(task, items[:8])
-    assert not other.agree.all()
+    assert not other.agree.all() and other.divided_by.isna().all()  # another loss, not 1/k
+
+
+@pytest.mark.planted
+def test_a_step_dividing_its_loss_again_is_named_with_the_divisor_measured_on_the_gradient():
+    """A loss divided by hand by the accumulation steps before a backward that divides again
+    (huggingface/accelerate#3533): its loss and the gradient it steps with both 1/k of the
+    task's, measured - not another objective."""
+    task, items, _ = _items(divide_by=4)
+    check = acc.step_loss_check(task, items[:8])
+    assert check.divided_by.tolist() == [4]
+    assert abs(check.gradient_ratio.iloc[0] - 0.25) < 1e-4
+    assert acc.own_code_checks.divided_by(0.5, 0.7) is None  # the gradient must agree
+    assert acc.own_code_checks.divided_by(1.3, 1.3) is None
 
 
 def test_a_step_returning_a_dict_trains():

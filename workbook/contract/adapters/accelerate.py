@@ -226,6 +226,18 @@ class AccelerateStep:
                 f"the mean over its micro-batches{ratio} - call accelerator.backward(loss) in "
                 "place of loss.backward()")
 
+    def explain_loss(self, divisor: int) -> str | None:
+        """The cause, in Accelerate's terms, of a body whose loss and gradient were measured at
+        1/`divisor` of the task's: the script's gradient_accumulation_steps divided in by hand
+        before accelerator.backward, which divides by it again."""
+        steps = self.adapter.accelerator.gradient_accumulation_steps
+        if divisor != steps:
+            return None
+        return (f"it equals the script's gradient_accumulation_steps ({steps}), and "
+                "accelerator.backward(loss) divides by it again under accelerator.accumulate, "
+                f"so each update's gradient is 1/{steps} of the mean over its micro-batches: "
+                "drop the division - accelerator.backward(loss) already divides")
+
     def gradient(self, model: nn.Module, micro_batches: list[dict]) -> float:
         """The norm of the gradient the body steps with over these micro-batches (a plain SGD
         at learning rate 0 records it and changes nothing), in the mode the model is in."""

@@ -352,8 +352,18 @@ class AccountingResult:
         if self.step_draws:  # the data differed: said in `warnings`, never blamed on the loss
             return evaluation_findings(self.evaluation)
         other_loss = self.step_loss is not None and not self.step_loss.agree.all()
-        if other_loss:
-            row = self.step_loss.iloc[0]
+        row = self.step_loss.iloc[0] if other_loss else None
+        if other_loss and pd.notna(row.get("divided_by")):
+            k = int(row.divided_by)
+            found.append(f"your train_step's loss and the gradient it steps with are both 1/{k} "
+                         f"of the task's on the same batch ({row.train_step_loss:.6g} against "
+                         f"{row.task_loss:.6g}; gradient norms {row.gradient_ratio:.4g} x): it "
+                         f"divides the loss by {k} before back-propagating it - " +
+                         (row.cause or "drop that division where the loop already averages "
+                          "over the update's micro-batches (the campaign's gradient is 1/"
+                          f"{k} of the objective's: its learning rate in effect {k} times "
+                          "smaller)"))
+        elif other_loss:
             found.append(f"your train_step computes another loss than `loss` on the same batch "
                          f"({row.train_step_loss:.6g} against {row.task_loss:.6g}, relative "
                          f"difference {row.relative_difference:.3g}) - e.g. it drops the "
