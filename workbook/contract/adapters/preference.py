@@ -176,14 +176,13 @@ class PreferenceAdapter(Adapter):
                     label_field="preferred", padding_side="right", decode=self.decode,
                     decode_input=self.decode_input,
                     max_length=getattr(self.args, "max_length", None), **fields)
-        task.adapter_notes = [f"from_trainer: a {type(self.trainer).__name__}'s pairs as it "
+        task.framework.notes = [f"from_trainer: a {type(self.trainer).__name__}'s pairs as it "
                               "prepared them, its collator and DPOConfig; the model is the "
                               "policy beside its " + (
                                   "frozen reference copy" if self.trainer.ref_model is not None
                                   else "base with the adapters off as the reference")
                               + f", scoring each answer by beta ({self.beta:g}) times its "
                               "log-ratio", *self.notes]
-        task.padding_rows = {}
         return task
 
 
