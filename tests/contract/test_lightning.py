@@ -211,7 +211,7 @@ def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_e
     lrs = [s.lr for s in result.steps]
     assert len(lrs) == 12 and max(lrs) == pytest.approx(1e-2, rel=0.05)  # the cycle's peak
     assert lrs[0] < 1e-3 and lrs[-1] < 1e-3  # up, then down within the pilot's 12 updates
-    assert "12 here" in task.campaign_differs_in["estimated_stepping_batches"]
+    assert "12 here" in task.framework.campaign_differs_in["estimated_stepping_batches"]
     model = result.model
     record = evaluate(task, model, val, 16, torch.device("cpu"))  # 40 rows: last batch padded
     model.eval()
@@ -388,7 +388,7 @@ def test_batches_reach_the_steps_as_the_loader_made_them_and_the_trainer_is_the_
                                      for _ in range(r.micro_batches)]
     assert [s[1] for s in steps] == [0, 1, 2, 3, 4, 0, 1, 2, 3]  # batch_idx within the pass
     assert all(s[4] and not s[5] for s in steps) and n == 10  # training, not validating
-    assert set(task.campaign_differs_in) >= {"estimated_stepping_batches", "max_epochs",
+    assert set(task.framework.campaign_differs_in) >= {"estimated_stepping_batches", "max_epochs",
                                              "num_devices", "logger"}
 
 

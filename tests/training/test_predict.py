@@ -380,3 +380,25 @@ def test_a_plain_value_encode_returns_is_kept_when_an_example_is_stretched(gen_t
     plain = Item(item.id, {**item.tensors, "source": 3})
     out = stretch(gen_task, plain, 40)
     assert out.tensors["source"] == 3 and gen_task.length(out.tensors) == 40
+
+
+def test_03s_prediction_builds_the_meta_model_once(gen_task, gen_items):
+    # the length, the twin's prediction judged here, the plan's and the 4x rule: one build
+    # on the meta device, held by the task's factory (each fake run fills a copy of it)
+    import dataclasses
+
+    from workbook.training.predict import longest_accepted, rule_of_thumb
+
+    builds = []
+
+    def counted():
+        builds.append(torch.get_default_device().type)
+        return gen_task.build_model.build()
+
+    task = dataclasses.replace(gen_task, build_model=counted)
+    train, val = gen_items["train"][:20], gen_items["validation"][:8]
+    plan = Plan(UpdateShape(2, 1), length=longest_accepted(task) and 32)
+    for judged_here in (True, False):
+        predicted = predicted_or_reason(task, train, val, plan, cpu_exact=judged_here)
+    rule_of_thumb(task, predicted)
+    assert builds.count("meta") == 1, builds

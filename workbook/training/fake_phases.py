@@ -85,7 +85,7 @@ def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode,
     device = resolve_device(cfg.device)
     build = models.factory(task, campaign)
     try:
-        model = models.on_meta(build)
+        model = models.meta_copy(build)
     except Exception as meta:  # a model that reads values while it is built: in the fake mode
         try:
             with torch.device(device):
@@ -198,7 +198,7 @@ def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batc
     deep = models.depth_of(task)
     shallow = {n: replace(task, campaign_model=deep.with_layers(n))
                for n in models.TRACE_DEPTHS} if deep else {}
-    lists = {n: models.layer_list(models.on_meta(t.campaign_model), n)
+    lists = {n: models.layer_list(models.held_on_meta(t.campaign_model), n)
              for n, t in shallow.items()}
     if deep and all(lists.values()):
         runs = {n: fake_phases(t, cfg, batch, group, eval_batch, label, campaign=True,

@@ -408,7 +408,7 @@ class LightningAdapter(Adapter):
             make_sampler=self.make_sampler if self.own_order else None,
             lr=fields.get("lr", self.own_lr),
             grad_clip=fields.get("grad_clip", self.gradient_clip_val or None))
-        task.campaign_differs_in = self.differs
+        task.framework.campaign_differs_in = self.differs
         return task
 
 

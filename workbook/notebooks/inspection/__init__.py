@@ -159,9 +159,8 @@ def adapter_notes(task: Task) -> list[Note]:
     """What a framework adapter mapped or left out (`adapter_notes`: from_hf's padding rows of
     label -100) and what its stand-ins gave the task's own code that the campaign will give
     otherwise (`campaign_differs_in`: a Trainer's estimated_stepping_batches)."""
-    notes = [Note("what the adapter mapped", str(n), "-")
-             for n in getattr(task, "adapter_notes", None) or []]
-    differs = getattr(task, "campaign_differs_in", None) or {}
+    notes = [Note("what the adapter mapped", str(n), "-") for n in task.framework.notes]
+    differs = task.framework.campaign_differs_in
     if differs:
         said = "; ".join(f"{name} ({str(why).split(' here: ', 1)[-1]})"  # each run has its own
                          for name, why in sorted(differs.items()))
