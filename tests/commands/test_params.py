@@ -271,3 +271,29 @@ def test_parse_literal_as_an_argparse_type_gives_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exited:
         parser.parse_args(["-p", "[" * 5000 + "1"])
     assert exited.value.code == 2 and "deeper than 20" in capsys.readouterr().err
+
+
+def test_a_value_inside_a_list_or_dict_of_the_wrong_type_is_named():
+    with pytest.raises(WorkbookError, match=r"parameter \"gpus\['L4'\]\" must be float, got str"):
+        checked({"gpus": {"L4": "24"}}, "08_rental_plan")
+    with pytest.raises(WorkbookError, match=r"parameter 'lrs\[1\]' must be float, got str"):
+        checked({"lrs": [1e-3, "2e-3"]}, "06_lr_study")
+    assert checked({"lrs": [1e-3, 2]}, "06_lr_study").lrs == [1e-3, 2]
+    assert checked({"gpus": {"L4": 24}}, "08_rental_plan").gpus == {"L4": 24}, "an int kept"
+
+
+def test_a_rule_across_parameters_is_checked_with_them():
+    with pytest.raises(WorkbookError, match="checkpoint_at 10 is not an update before the last "
+                       r"\(updates=10\)(.|\n)*fix: give checkpoint_at between 1 and 9"):
+        checked({"checkpoint_at": 10}, "09_data_parallel")
+    assert checked({"checkpoint_at": 9}, "09_data_parallel").checkpoint_at == 9
+
+
+def test_a_cell_reads_the_checked_parameters_by_name():
+    """Notebook cells spell `p["out_dir"]`; `lr_from` is where lr came from, not a parameter."""
+    p = checked({"lr": 1e-3}, "02_overfit").model_copy(update={"lr_from": "parameter"})
+    assert p["out_dir"] == p.out_dir == "" and dict(p) == {**defaults("02_overfit"), "lr": 1e-3}
+    with pytest.raises(KeyError):
+        p["lr_from"]
+    with pytest.raises(WorkbookError, match="no parameter 'lr_from'"):
+        checked({"lr_from": "task"}, "02_overfit")

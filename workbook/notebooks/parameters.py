@@ -38,7 +38,7 @@ from ..contract.task import Task, load_task
 from ..storage.schemas import SEED_MAX
 
 TYPES = {"int_type": "int", "float_type": "float", "bool_type": "bool", "string_type": "str",
-         "list_type": "list", "dict_type": "dict", "model_type": "dict"}
+         "list_type": "list", "dict_type": "dict"}
 SWITCHES = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False}
 
 
@@ -193,9 +193,10 @@ def check(models: Sequence[type[NotebookParams]], given: Mapping[str, Any], wher
                                                  if k in model.names()}))
         except ValidationError as exc:
             for error in exc.errors():
-                if error["loc"][-1] == "int" and error["type"] == "int_type":
-                    continue  # a number refused: said once, by its float member
-                loc = [p for p in error["loc"] if p not in ("int", "float")]  # union members
+                loc = list(error["loc"])
+                if error["type"] in ("int_type", "float_type") and loc[-1] in ("int", "float"):
+                    if loc.pop() == "int":  # a number's two members refused it: said once
+                        continue
                 path = "".join(f"[{p}]" if isinstance(p, int) else
                                f"[{p!r}]" if i == 1 else f".{p}" if i else p
                                for i, p in enumerate(loc)) + error.get("ctx", {}).get("inner", "")
@@ -415,7 +416,7 @@ class ParallelParams(NotebookParams):
     launch_timeout: integer("seconds for one launch", 0, lo_open=True) = 600
     fsdp: Switch = True
 
-    @model_validator(mode="after")
+    @model_validator(mode="after")  # a rule across fields: its own error, raised as it is
     def _checkpoint_before_the_last(self) -> ParallelParams:
         if not self.checkpoint_at < self.updates:
             raise WorkbookError(f"checkpoint_at {self.checkpoint_at} is not an update before "
