@@ -297,3 +297,8 @@ def test_a_cell_reads_the_checked_parameters_by_name():
         p["lr_from"]
     with pytest.raises(WorkbookError, match="no parameter 'lr_from'"):
         checked({"lr_from": "task"}, "02_overfit")
+
+
+def test_a_wrong_type_alone_is_told_the_type_not_the_names():
+    with pytest.raises(WorkbookError, match="fix: give each a value of the type named"):
+        checked({"examples": "8"}, "02_overfit")

@@ -211,9 +211,12 @@ def check(models: Sequence[type[NotebookParams]], given: Mapping[str, Any], wher
                                  f"{type(value).__name__} {value!r}")
     named, ranges = list(dict.fromkeys(named)), list(dict.fromkeys(ranges))
     if named:
+        unknown = set(given) - known
         raise WorkbookError(f"{where if ' ' in where else f'notebook {where}'}: "
                             + "; ".join(named), "select the notebooks that take it (--only), "
-                            f"or use only these parameters: {', '.join(sorted(known))}")
+                            f"or use only these parameters: {', '.join(sorted(known))}"
+                            if unknown else "give each a value of the type named (the "
+                            "notebook's parameters cell shows one)")
     if ranges:
         raise WorkbookError("; ".join(ranges), "give " + ("it a value" if len(ranges) == 1 else
                                                            "each a value")
