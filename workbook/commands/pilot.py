@@ -29,7 +29,7 @@ from ..storage import schemas
 from ..storage.files import write_json, write_text
 from ..storage.runs import RUNS_ROOT, claim_dir, new_run_dir, sweep_runs
 from ..training.devices import resolve_device
-from .params import NOTEBOOK_DIR, defaults, validate
+from .params import NOTEBOOK_DIR, validate
 from .params import smoke as smoke_sizes
 from .report import write_report
 
@@ -79,7 +79,7 @@ def rental_memory(params: dict[str, Any]) -> dict[str, Any]:
     given or default) sets 03's `device_memory_gib` unless that is given too."""
     if "rental_gpu" not in params or "device_memory_gib" in params:
         return {}
-    gpus = params.get("gpus", defaults(RENTAL.stem)["gpus"])
+    gpus = params.get("gpus", RENTAL.parameters().gpus)
     gib = gpus.get(params["rental_gpu"]) if isinstance(gpus, dict) else None
     return {"device_memory_gib": float(gib)} if isinstance(gib, (int, float)) else {}
 
@@ -99,8 +99,7 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
                             "use " + ", ".join(f"{OWNED[k]} instead of -p {k}" for k in owned))
     load_task(task, **(task_options or {}))  # fail now, not inside the first notebook
     resolve_device(device)  # a GPU asked for but absent fails here, not after notebook 01
-    known = {k: v for stem in selected for k, v in defaults(stem).items()}
-    validate(params, "the selected notebooks", known)
+    validate(params, selected)
     limit = float(TIME_LIMIT["smoke" if smoke else "full"] if timeout is None else timeout)
     if not (math.isfinite(limit) and limit > 0):
         raise WorkbookError(f"--timeout must be a positive finite number of seconds, got "
@@ -109,14 +108,16 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     parameters = {}
     params = {**rental_memory(params), **params}
     for stem in selected:  # check every notebook's parameters before running (or creating) any
+        entry = registry.entry(stem)
         given = {"task": task, "task_options": task_options or {}, "device": device,
                  **(smoke_sizes(stem) if smoke else {}),
-                 **{k: v for k, v in params.items() if k in defaults(stem)}}
-        parameters[stem] = validate(given, stem)
+                 **{k: v for k, v in params.items() if k in entry.parameters.names()}}
+        parameters[stem] = entry.check(given)
     sweep_runs(Path(out).parent if out else RUNS_ROOT)  # what killed runs left half-written
     run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
     for stem in selected:
-        parameters[stem]["out_dir"] = str((run / stem).resolve())
+        parameters[stem] = {**parameters[stem].model_dump(),  # papermill's literals
+                            "out_dir": str((run / stem).resolve())}
     kernel = ensure_kernel()
     meta = {"task": task, "task_options": task_options or {}, "smoke": smoke,
             "time_limit_s": limit}

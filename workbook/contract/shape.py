@@ -47,13 +47,6 @@ class UpdateShape:
     replicas: Count = 1  # data-parallel processes, each making micro_batch x accumulation
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], prefix: str = "") -> UpdateShape:
-        """The shape named in a notebook's parameters (`<prefix><field>`; absent fields keep
-        their defaults), checked."""
-        return cls(**{name: params[prefix + name] for name in cls.__dataclass_fields__
-                      if prefix + name in params}).validate()
-
-    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UpdateShape:
         """A shape stored as a dict (a recipe, a design, a launch's settings) back."""
         if not isinstance(data, dict):

@@ -469,11 +469,6 @@ def own_code(piece: str, fn: Callable, *args: Any, receives: str) -> Any:
                             f"fix {piece}: it receives {receives}") from exc
 
 
-def task_from_params(params: dict[str, Any]) -> Task:
-    """The task a notebook's parameters name (`task`, `task_options`)."""
-    return load_task(params["task"], **params.get("task_options", {}))
-
-
 def load_task(path: str, **options: Any) -> Task:
     """Import `package.module:attribute` and return the validated Task it names."""
     if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):

@@ -35,15 +35,6 @@ class Plan:
     eval_batch: int | None = None  # default: the micro-batch
     eval_length: int | None = None  # default: `length`
 
-    @classmethod
-    def from_params(cls, params: dict, task: Task | None = None,
-                    prefix: str = "plan_") -> "Plan":
-        """A plan from notebook parameters named `plan_<field>`; length 0 means the longest the
-        task's model accepts (its position table), or the data's longest when it names none."""
-        return cls(UpdateShape.from_params(params, prefix),
-                   params.get(prefix + "length") or longest_accepted(task),
-                   params.get(prefix + "eval_batch"), params.get(prefix + "eval_length"))
-
     def label(self) -> str:
         shape = self.shape
         return (f"mb{shape.micro_batch} x acc{shape.accumulation} len{self.length or 'data'} "

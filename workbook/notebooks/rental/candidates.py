@@ -94,8 +94,8 @@ def candidates_from(specs: list[dict]) -> list[Candidate]:
             raise WorkbookError(f"candidate {spec.get('name', spec)!r}: unknown keys "
                                 f"{sorted(unknown)}" if unknown else f"candidate {spec} has "
                                 "no name", f"use the keys {sorted(keys)}")
-        shape = UpdateShape.from_params({"precision": "bf16",
-                                         **{k: v for k, v in spec.items() if k in shape_keys}})
+        shape = UpdateShape(**{"precision": "bf16",
+                               **{k: v for k, v in spec.items() if k in shape_keys}}).validate()
         cand = Candidate(spec["name"], Plan(shape, spec.get("length"), spec.get("eval_batch")),
                          spec.get("expected", ""), spec.get("strategy", ""), spec.get("world"),
                          spec.get("gpus_per_node", 8), spec.get("offload_optimizer", False))

@@ -11,6 +11,7 @@ import random
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,6 +45,8 @@ from ...training import checkpoint as ckpt
 from ...training.devices import resolve_device
 from ...training.evaluation import eval_mode, evaluate
 from ...training.loop import Stepper, UpdateShape, loss_rise, train
+from ..parameters import StudyParams
+from ..registry import STUDY
 
 DESIGN = "design.json"
 
@@ -524,18 +527,23 @@ def findings(trials: pd.DataFrame, design: StudyDesign) -> dict[str, Any]:
     return out
 
 
-def design_from_params(params: dict) -> StudyDesign:
+def design_from_params(params: StudyParams) -> StudyDesign:
     """A study design from notebook 06's parameters."""
-    names = set(StudyDesign.__dataclass_fields__) - {"name", "task", "shape"}
-    return StudyDesign(name=params["study_name"], task=params["task"],
-                       shape=UpdateShape.from_params(params),
-                       **{k: params[k] for k in names if k in params})
+    p = params
+    return StudyDesign(name=p.study_name, task=p.task, task_options=p.task_options,
+                       lrs=list(p.lrs), seeds=list(p.seeds), updates=p.updates, shape=p.shape(),
+                       eval_every=p.eval_every, eval_batch=p.eval_batch,
+                       eval_sample=p.eval_sample, metric=p.metric, top_n=p.top_n,
+                       divergence_multiple=p.divergence_multiple,
+                       prediction_examples=p.prediction_examples, device=p.device,
+                       notes=p.notes)
 
 
-def run(params: dict[str, Any], out_dir: Path, progress: bool = False) -> Study:
+def run(params: StudyParams | Mapping[str, Any], out_dir: Path, progress: bool = False) -> Study:
     """Notebook 06 from its parameters: the design written to `out_dir`/study before any trial,
     then every trial run (a study folder that already holds them is resumed, never
     overwritten)."""
+    params = STUDY.check(params)
     study = Study(out_dir / "study", design_from_params(params))
     study.run_all(progress=progress)
     return study
