@@ -21,7 +21,7 @@ from ...contract.targets import IGNORE_INDEX
 from ...contract.task import Task, load_task, task_from_params
 from ...storage.records import StepRecord
 from ...training.deviation import relative_deviation
-from ...training.loop import Stepper, UpdateShape, train
+from ...training.loop import Stepper, TrainConfig, UpdateShape, train
 from .batch_randomness import Draws, collate_draws, step_draws
 from .own_code_checks import (
     evaluation_check,
@@ -439,10 +439,10 @@ def run(params: dict[str, Any], out_dir: Path | None = None,
                                 reconcile_size(task, shape, min(len(items),
                                                                 params["reconcile_examples"])),
                                 params["drop_partial"])
-    cfg = loop_account.shape.train_config(updates=params["reconcile_updates"],
-                                          drop_partial=params["drop_partial"],
-                                          seed=params["seed"], device=params["device"],
-                                          progress=progress)
+    cfg = TrainConfig(loop_account.shape, updates=params["reconcile_updates"],
+                      drop_partial=params["drop_partial"],
+                      seed=params["seed"], device=params["device"],
+                      progress=progress)
     steps = train(task, items[: loop_account.examples], cfg).steps
     check = pd.concat([
         normalisation_check(task, items[: params["check_examples"]],

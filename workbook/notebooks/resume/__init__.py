@@ -508,7 +508,7 @@ def run(params: dict[str, Any], out_dir: Path) -> ResumeResult:
     """Notebook 07 from its parameters: checkpoints, resumed runs, the tampered copies and the
     archive are written into `out_dir`."""
     shape = UpdateShape.from_params(params)
-    cfg = shape.train_config(lr=params["lr"], seed=params["seed"], device=params["device"])
+    cfg = TrainConfig(shape, lr=params["lr"], seed=params["seed"], device=params["device"])
     cfg.pipeline = bool(params["use_pipeline"]) and task_from_params(params).train_pipeline \
         is not None
     spec = recipe(params["task"], params["task_options"], cfg, params["train_limit"])
