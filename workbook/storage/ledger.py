@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pandas as pd
+import psutil
 
 from ..base.errors import WorkbookError
 from . import schemas
@@ -89,18 +90,25 @@ def _data_only(action: int, arg1: Any, arg2: Any, database: Any, source: str | N
 
 
 def _started(pid: int) -> str:
-    """When a process started (clock ticks since boot, Linux), or "" where it cannot be read."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    """When a process started (seconds since the epoch), or "" where it cannot be read."""
+    with contextlib.suppress(psutil.Error):
+        return f"{psutil.Process(pid).create_time():.2f}"
     return ""
+
+
+def same_time(a: Any, b: Any) -> bool:
+    """Two recorded times (a process's start, the machine's boot) within a second: both are
+    derived from the clock, which may be adjusted a little. A value of another format (a ledger
+    of an earlier version) is never the same."""
+    try:
+        return a == b or abs(float(a) - float(b)) < 1.0
+    except (TypeError, ValueError):
+        return False
 
 
 @functools.lru_cache(maxsize=1)
 def _machine() -> tuple[str, str]:
-    boot = ""
-    with contextlib.suppress(OSError):
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return socket.gethostname(), boot
+    return socket.gethostname(), f"{psutil.boot_time():.0f}"
 
 
 def process_identity(pid: int | None = None) -> dict[str, str]:
@@ -115,14 +123,14 @@ def _locked(exc: sqlite3.Error) -> bool:
 
 
 def _holders(path: Path) -> list[int]:
-    """Other processes that have the ledger open (Linux /proc; elsewhere none are found)."""
+    """Other processes that have the ledger open (those whose open files can be read)."""
     names = {os.path.realpath(f"{path}{s}") for s in ("", "-wal", "-shm", "-journal")}
     found = []
-    for fds in Path("/proc").glob("[0-9]*/fd"):
-        with contextlib.suppress(OSError, ValueError):
-            if int(fds.parent.name) != os.getpid() and any(
-                    os.readlink(fd) in names for fd in fds.iterdir()):
-                found.append(int(fds.parent.name))
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.pid != os.getpid() and any(
+                    os.path.realpath(f.path) in names for f in process.open_files()):
+                found.append(process.pid)
     return sorted(found)
 
 
@@ -356,9 +364,9 @@ class Ledger:
         host, boot = _machine()
         if rec and rec.get("host") != host:
             return ""
-        if rec and rec.get("boot") != boot:
+        if rec and not same_time(rec.get("boot"), boot):
             return "the machine restarted before the trial finished"
-        if pid == os.getpid() and rec.get("start", _started(pid)) == _started(pid):
+        if pid == os.getpid() and same_time(rec.get("start", _started(pid)), _started(pid)):
             thread = _RUNNING.get((self._key, tid))
             running = thread is not None and thread.is_alive() and \
                 thread is not threading.current_thread()  # a thread runs one trial at a time
@@ -366,7 +374,7 @@ class Ledger:
                 "before it finished"
         if not process_alive(pid):
             return f"its process (pid {pid}) ended before the trial finished"
-        if rec.get("start") and _started(pid) and rec["start"] != _started(pid):
+        if rec.get("start") and _started(pid) and not same_time(rec["start"], _started(pid)):
             return f"its process ended before the trial finished (pid {pid} is another process now)"
         return ""
 

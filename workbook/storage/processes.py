@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..base.errors import WorkbookError
 from .files import open_plain, write_error, write_json
 
@@ -162,33 +164,22 @@ def outcome_error(outcome: dict | None, done: subprocess.CompletedProcess, what:
         "handed back no result"
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc; elsewhere none are found)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """Stop a process and everything it started, including children that moved to their own
     session (torchrun's workers do): SIGTERM first, so a launcher can stop its workers, then
     SIGKILL to whatever is left. Its pipes are drained with a time limit."""
-    tree = [proc.pid, *_descendants(proc.pid)]
+    tree: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):  # not yet reaped: its pid is still its own
+        if proc.returncode is None:
+            tree.append(psutil.Process(proc.pid))
+            tree += tree[0].children(recursive=True)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+        for process in tree:
+            with contextlib.suppress(psutil.Error):  # ended, or its pid reused: not signalled
+                process.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=grace)
-            if sig == signal.SIGTERM and not any(process_alive(pid) for pid in tree[1:]):
+            if sig == signal.SIGTERM and not psutil.wait_procs(tree[1:], timeout=0)[1]:
                 return
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
@@ -197,18 +188,12 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
 
 def process_alive(pid: int | None) -> bool:
     """Whether a process with this id runs (a zombie, exited but not yet reaped, does not)."""
-    if not pid:
-        return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    state = Path(f"/proc/{pid}/stat")
-    with contextlib.suppress(OSError, IndexError):
-        return state.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
 
 
 def task_args(task: str, options: dict | None = None) -> list[str]:
