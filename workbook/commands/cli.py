@@ -12,14 +12,13 @@ import contextlib
 import functools
 import math
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..base.errors import WorkbookError
-from ..storage.processes import RESULT_OPTION, hand_back
+from ..storage.processes import RESULT_OPTION, hand_back, signals_as_interrupt
 from ..storage.runs import refuse_existing
 from ..storage.schemas import SEED_MAX
 from .params import parse_literal
@@ -204,7 +203,7 @@ def _handing_back(body: Callable[[argparse.Namespace], tuple], args: argparse.Na
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        with _signals_as_interrupt():
+        with signals_as_interrupt():
             code, outcome, error = body(args)
     except WorkbookError as exc:
         code, outcome, error = 2, None, exc
@@ -222,25 +221,6 @@ def _handing_back(body: Callable[[argparse.Namespace], tuple], args: argparse.Na
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
     return _hand_back(result, args.command, code, outcome, error)
-
-
-@contextlib.contextmanager
-def _signals_as_interrupt():
-    """SIGTERM and SIGHUP end the command like Ctrl-C: as KeyboardInterrupt, so every writer's
-    cleanup runs (no temporary file or partial folder is left) and it exits 130."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None:
-            with contextlib.suppress(ValueError, OSError):  # not the main thread
-                previous[sig] = signal.signal(sig, interrupt)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _hand_back(result: Path | None, command: str, code: int, outcome: dict | None,

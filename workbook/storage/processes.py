@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
@@ -88,8 +89,6 @@ def start_child(command: list[str], **popen: Any) -> subprocess.Popen:
     output comes back through pipes (text, undecodable bytes replaced). The helper for every
     child process the workbook starts (`fresh_process`; notebook 09's torchrun launches go
     through it too)."""
-    import threading
-
     wrap = sys.platform.startswith("linux") and \
         threading.current_thread() is threading.main_thread()
     argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command] if wrap \
@@ -162,6 +161,32 @@ def outcome_error(outcome: dict | None, done: subprocess.CompletedProcess, what:
         return f"{error.get('problem')}\n  -> fix: {error.get('fix')}"
     return done.stderr.strip()[-600:] or f"{what} exited with code {done.returncode} and " \
         "handed back no result"
+
+
+@contextlib.contextmanager
+def signals_as_interrupt(interrupted: threading.Event | None = None) -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, `kill`, the parent ended: `start_child`), SIGHUP (the
+    terminal closed) and Ctrl-C's SIGINT (where Python's own handler is in place) end a command
+    as KeyboardInterrupt, so every writer's cleanup runs (no temporary file, folder or process
+    is left) and it exits 130; `interrupted` is set first (the pilot then interrupts its
+    kernel's running cell before shutting it down, so the cell's own cleanup runs too)."""
+    def interrupt(signum, frame):
+        if interrupted is not None:
+            interrupted.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is None or (sig == signal.SIGINT and
+                           signal.getsignal(sig) is not signal.default_int_handler):
+            continue  # Ctrl-C ignored (a background job): left so
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: left alone
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
