@@ -27,7 +27,8 @@ from .params import parse_literal
 def _option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (give it as e.g. "
+                                         "lr=0.001 or data_file='train.jsonl')")
     # true / false as a shell user writes them are the booleans (the string "false" would be
     # truthy in a task factory's `if`)
     switch = {"true": True, "false": False}.get(value.strip().lower())
@@ -41,7 +42,8 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (give e.g. "
+                                         "--timeout 1800)") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive finite number of seconds "
                                          "(give e.g. --timeout 1800)")

@@ -475,5 +475,6 @@ class Ledger:
     def trial(self, trial: int) -> dict[str, Any]:
         row = self.frame("trials", trial)
         if row.empty:
-            raise WorkbookError(f"no trial {trial} in {self.path}", "see the study table")
+            raise WorkbookError(f"no trial {trial} in {self.path}",
+                                "give the id of a trial the study's trials table lists")
         return row.iloc[0].to_dict()

@@ -145,7 +145,8 @@ def new_run_dir(label: str, root: str | Path | None = None) -> Path:
             return path
         except FileExistsError:
             continue
-    raise WorkbookError(f"no free run folder name under {root}", "clean up old runs")
+    raise WorkbookError(f"no free run folder name under {root}",
+                        f"move old runs out of {root}, or give --out a new folder")
 
 
 def notebook_dir(out_dir: str, notebook: str) -> Path:
