@@ -37,8 +37,9 @@ def test_ctrl_c_while_07s_child_runs_stops_the_pilot_and_leaves_nothing(tmp_path
     assert proc.returncode == 130, (stdout[-500:], stderr[-500:])
     assert "interrupted" in stderr and "Traceback" not in stderr, stderr[-500:]
     assert not psutil.wait_procs(tree, timeout=20)[1], "a process outlived the pilot"
-    assert not list(temp.iterdir()), "a temporary folder was left"
-    assert not list(out.glob(".*partial*"))
+    left = [p.name for p in temp.iterdir() if p.name.startswith("workbook")]  # not torch's cache
+    assert not left, f"a temporary folder was left: {left}"
+    assert not list(out.rglob(".*partial*"))
     assert '"interrupted"' in (out / "index.json").read_text()
 
 

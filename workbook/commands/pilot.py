@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import shutil
@@ -141,6 +142,7 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
                     print(f"{stem}: {rows[-1]['verdict']} ({rows[-1]['seconds']} s) "
                           f"{rows[-1]['error']}", flush=True)
             except KeyboardInterrupt:
+                logging.getLogger("asyncio").addFilter(_ended_kernel_task)
                 done = {r["notebook"] for r in rows}
                 for stem in selected:
                     if stem not in done:
@@ -387,6 +389,13 @@ def _headless_kernels() -> Iterator[None]:
             os.environ.pop(HEADLESS_ENV, None)
         else:
             os.environ[HEADLESS_ENV] = before
+
+
+def _ended_kernel_task(record: logging.LogRecord) -> bool:
+    """Leaves out asyncio's "Task exception was never retrieved" for the cell whose kernel an
+    interrupt shut down (nbclient's DeadKernelError): the interrupt is said once, by the pilot."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "DeadKernelError"
 
 
 def write_index(run: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
