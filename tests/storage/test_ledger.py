@@ -428,3 +428,20 @@ def test_a_start_or_boot_time_is_the_same_within_a_second_of_clock_adjustment():
     assert same_time("1796418420.25", "1796418420.70") and same_time("", "")
     assert not same_time("1796418420.25", "1796418413.25")  # the pid is another process now
     assert not same_time("9af1-boot-id", "1796418420")  # a ledger of an earlier version
+
+
+def test_the_rows_the_export_reads_have_the_columns_the_ledger_declares(tmp_path):
+    import sqlite3
+
+    from workbook.storage.ledger import SCHEMA, row_type
+
+    _, path = _study(tmp_path)
+    ledger = Ledger(path)
+    (trial,) = ledger.records("trials")
+    mem = sqlite3.connect(":memory:")
+    mem.executescript(SCHEMA)
+    declared = [c[1] for c in mem.execute("PRAGMA table_info(trials)")]
+    assert list(row_type("trials")._fields) == [*declared, "process"]  # + the added column
+    assert isinstance(trial, row_type("trials")) and trial.best_step is None  # NULL as None
+    assert list(ledger.frame("trials").columns) == list(trial._fields)
+    ledger.close()

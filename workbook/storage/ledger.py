@@ -14,6 +14,7 @@ bytes) is refused rather than written into, so no trial silently drops out of th
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -82,6 +83,13 @@ def _schema(added: bool = True) -> tuple[dict, dict]:
                for t, n in objects if t == "table"}
     mem.close()
     return objects, columns
+
+
+@functools.lru_cache(maxsize=None)
+def row_type(table: str) -> type:
+    """A row of one of the ledger's tables: a named tuple of the columns SCHEMA declares (the
+    one declaration the ledger writes and its export reads)."""
+    return collections.namedtuple(table.title().rstrip("s"), _schema()[1][table])
 
 
 def _data_only(action: int, arg1: Any, arg2: Any, database: Any, source: str | None) -> int:
@@ -461,15 +469,22 @@ class Ledger:
                                                             trial))
         _RUNNING.pop((self._key, trial), None)
 
-    def frame(self, table: str, trial: int | None = None) -> pd.DataFrame:
+    def records(self, table: str, trial: int | None = None) -> list[tuple]:
+        """A table's rows (of one trial), each a `row_type(table)`: its fields the columns
+        SCHEMA declares, a NULL as None. The export reads the trials through these."""
         if table not in _schema()[1] or table == "sqlite_sequence":
             raise ValueError(f"the ledger has no table {table!r}")
         where = "" if trial is None else f" WHERE {'id' if table == 'trials' else 'trial'} = ?"
+        row = row_type(table)
         with self._guard():
-            cur = self.db.execute(f"SELECT * FROM {table}{where}",
-                                  () if trial is None else (trial,))
-            rows = cur.fetchall()
-        return pd.DataFrame.from_records(rows, columns=[d[0] for d in cur.description],
+            return [row(*r) for r in self.db.execute(
+                f"SELECT {', '.join(row._fields)} FROM {table}{where}",
+                () if trial is None else (trial,))]
+
+    def frame(self, table: str, trial: int | None = None) -> pd.DataFrame:
+        """A table's rows (of one trial) as a frame (a NULL as NaN in a number column)."""
+        row = row_type(table) if table in _schema()[1] else None
+        return pd.DataFrame.from_records(self.records(table, trial), columns=row and row._fields,
                                          coerce_float=True)
 
     def trial(self, trial: int) -> dict[str, Any]:
