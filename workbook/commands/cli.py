@@ -169,13 +169,13 @@ def parser() -> argparse.ArgumentParser:
     for command in (*COMMANDS, *ENTRY_POINTS):
         options = sub.add_parser(command.name, help=command.help, description=command.help)
         command.arguments(options)
-        options.set_defaults(run=command.run)
+        options.set_defaults(body=command.run)  # (`run` is export's folder)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return args.run(args)
+    return args.body(args)
 
 
 def _task_arguments(parser: argparse.ArgumentParser) -> None:
