@@ -215,6 +215,22 @@ def test_the_short_public_names_are_the_layered_modules(short):
     assert not any(type(f).__module__.startswith("workbook") for f in sys.meta_path)
 
 
+def test_no_file_imports_a_short_name_as_a_dotted_path():
+    """`from workbook.<short> import ...` has no module behind it (short names are attributes):
+    the code, the docs and the notebooks name the layered path."""
+    import workbook
+
+    short = "|".join(sorted(dir(workbook)))
+    pattern = re.compile(rf"(?:from|import) workbook\.(?:{short})\b")
+    root = PACKAGE.parent
+    files = [p for d in ("workbook", "tests", "examples", "benchmarks", "docs", "notebooks")
+             for p in (root / d).rglob("*") if p.suffix in (".py", ".md", ".ipynb")]
+    found = [f"{p.relative_to(root)}: {m.group(0)}" for p in [*files, root / "README.md"]
+             for m in pattern.finditer(p.read_text(errors="replace"))]
+    assert not found, "name the layered module (workbook.contract.adapters, ...): " + \
+        "; ".join(found)
+
+
 def test_a_family_part_is_an_attribute_of_its_entry():
     import workbook as wb
     from workbook.notebooks.gates import settings
