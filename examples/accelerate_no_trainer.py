@@ -26,7 +26,7 @@ from itertools import chain
 import torch
 
 import workbook as wb
-from workbook.adapters import from_accelerate
+from workbook.contract.adapters import from_accelerate
 from workbook.samples import DATA_DIR
 
 BLOCK_SIZE = 32  # the script's --block_size

@@ -232,7 +232,7 @@ def pieces(loop: str = "glue", **options) -> dict:
 
 def task(loop: str = "glue", **options):
     """The workbook task, through the call the workbook is to get (it does not exist yet)."""
-    from workbook.adapters import from_accelerate
+    from workbook.contract.adapters import from_accelerate
 
     p = pieces(loop, **options)
     return from_accelerate(p.pop("make_model"), p.pop("make_optimizer"),

@@ -180,7 +180,7 @@ def test_bad_pieces_are_refused_with_the_piece_named():
     from transformers import GPT2Config, GPT2LMHeadModel, default_data_collator
 
     from examples.accelerate_no_trainer import lm_datasets
-    from workbook.adapters import from_accelerate
+    from workbook.contract.adapters import from_accelerate
 
     data = lm_datasets(60)
     loader = DataLoader(data["train"], batch_size=4, collate_fn=default_data_collator)
@@ -201,7 +201,7 @@ def test_prepared_loaders_and_a_prepared_optimizer_are_accepted_as_they_are():
     from transformers import GPT2Config, GPT2LMHeadModel, default_data_collator
 
     from examples.accelerate_no_trainer import lm_datasets
-    from workbook.adapters import from_accelerate
+    from workbook.contract.adapters import from_accelerate
 
     accelerator = Accelerator(gradient_accumulation_steps=2)
     data = lm_datasets(60)

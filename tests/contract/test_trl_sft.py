@@ -16,7 +16,7 @@ from workbook.notebooks.gates import GateRun
 from workbook.notebooks.gates.settings import GateSettings
 from workbook.notebooks.inspection import inspect_task
 from workbook.notebooks.overfit import overfit
-from workbook.training.loop import UpdateShape
+from workbook.training.loop import TrainConfig, UpdateShape
 from workbook.training.predict import Plan, predict
 
 pytest.importorskip("trl")
@@ -203,7 +203,7 @@ def test_a_lora_model_is_sized_with_its_frozen_base(clean, clean_items):
 def test_checkpoints_hold_the_adapters_as_the_trainer_writes_them(clean, clean_items, tmp_path):
     from workbook.training.loop import train
 
-    cfg = UpdateShape(2, 1).train_config(updates=2, lr=1e-2)
+    cfg = TrainConfig(UpdateShape(2, 1), updates=2, lr=1e-2)
     done = train(clean, clean_items["train"], cfg)
     objects = {"model": done.model}
     clean.save_state(tmp_path, objects)
@@ -275,7 +275,7 @@ def test_the_archive_holds_the_adapters_and_reloads_them_onto_the_base(clean_ite
     from workbook.training.loop import train
 
     task = _task()
-    done = train(task, clean_items["train"], UpdateShape(2, 1).train_config(updates=3, lr=1e-2))
+    done = train(task, clean_items["train"], TrainConfig(UpdateShape(2, 1), updates=3, lr=1e-2))
     path = write_archive(tmp_path / "archive", "examples.trl_sft:task", {"count": CHATS},
                          done.model, {}, pd.DataFrame(), ["trained 3 updates"])
     files = {p.name for p in path.iterdir()}

@@ -277,7 +277,7 @@ def test_a_short_budget_with_every_example_back_and_the_loss_still_falling_is_no
     """10 updates: all 8 examples reproduced, the loss at 0.44 and falling against a bar of
     0.05 - the budget fell short, not the loop: 'not conclusive', not a fail."""
     from workbook.notebooks.overfit import save
-    from workbook.storage.runs import verdict_line
+    from workbook.notebooks.registry import verdict_line
 
     res = overfit(cls_task, examples=8, updates=10)
     assert res.verdict == "pass" and res.figures["conclusive"] is False

@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,6 +28,7 @@ from ..notebooks import registry
 from ..notebooks.registry import RENTAL
 from ..storage import schemas
 from ..storage.files import write_json, write_text
+from ..storage.processes import signals_as_interrupt
 from ..storage.runs import RUNS_ROOT, claim_dir, new_run_dir, sweep_runs
 from ..training.devices import resolve_device
 from .params import NOTEBOOK_DIR, validate
@@ -123,11 +125,16 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
             "time_limit_s": limit}
     rows: list[dict[str, Any]] = []
     space = _Reserve(run)  # what index and report still need when a notebook fills the disk
+    # Ctrl-C, SIGTERM (a CI job cancelled, `kill`) and SIGHUP (the terminal closed) end the
+    # pilot: the kernel's running cell is interrupted (its children stopped, its temporary
+    # folders removed), the kernel shut down, the index and report written, then exit 130.
+    interrupted = threading.Event()
     try:
-        with _headless_kernels(), _sigterm_as_interrupt():
+        with _headless_kernels(), signals_as_interrupt(interrupted):
             try:
                 for stem in selected:
-                    rows.append(execute(stem, run, parameters[stem], kernel, limit, progress))
+                    rows.append(execute(stem, run, parameters[stem], kernel, limit, progress,
+                                        interrupted))
                     error = rows[-1]["error"]
                     space.check(error)
                     if error:  # a full disk: written from the reserve
@@ -136,6 +143,7 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
                     print(f"{stem}: {rows[-1]['verdict']} ({rows[-1]['seconds']} s) "
                           f"{rows[-1]['error']}", flush=True)
             except KeyboardInterrupt:
+                logging.getLogger("asyncio").addFilter(_ended_kernel_task)
                 done = {r["notebook"] for r in rows}
                 for stem in selected:
                     if stem not in done:
@@ -222,10 +230,12 @@ def _row(stem: str, verdict: str = "error", error: str = "", seconds: float = 0.
 
 
 def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit: float,
-            progress: bool = False) -> dict[str, Any]:
+            progress: bool = False, interrupted: threading.Event | None = None
+            ) -> dict[str, Any]:
     """Execute one notebook with papermill within `limit` seconds; returns its index row.
     A cell still running at the limit, or a kernel that dies, becomes an `error` row naming
-    the cell; the kernel is shut down either way."""
+    the cell; the kernel is shut down either way (its running cell interrupted first once
+    `interrupted` is set)."""
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -244,7 +254,7 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
                             parameters=parameters, kernel_name=kernel, progress_bar=progress,
                             cwd=os.getcwd(), timeout_func=remaining,
                             start_timeout=int(min(120, limit)),
-                            kernel_manager_class=_kernel_manager(run / KERNEL_LOG))
+                            kernel_manager_class=_kernel_manager(run / KERNEL_LOG, interrupted))
         row["verdict"] = schemas.read(run / stem / "summary.json", schemas.Summary,
                                       "notebook summary", "run the notebook again").verdict
     except pm.PapermillExecutionError as exc:  # recorded; the other notebooks still run
@@ -304,8 +314,9 @@ def _atomic(path: Path) -> str:
     return ATOMIC + str(Path(path).resolve())
 
 
-def _kernel_manager(log: Path) -> type:
-    """A kernel manager whose kernels write their own output (not the cells') to `log`."""
+def _kernel_manager(log: Path, interrupted: threading.Event | None = None) -> type:
+    """A kernel manager whose kernels write their own output (not the cells') to `log`; once
+    `interrupted` is set (the pilot was), its shutdown interrupts the running cell first."""
     from jupyter_client.manager import AsyncKernelManager
 
     class QuietKernelManager(AsyncKernelManager):
@@ -324,8 +335,9 @@ def _kernel_manager(log: Path) -> type:
             # jupyter_client interrupts (SIGINT) before every shutdown request: a kernel that
             # finished its notebook then writes a KeyboardInterrupt into kernels.log. A stuck
             # one is still ended - after the request, SIGTERM then SIGKILL - and a cell's time
-            # limit still interrupts (not during a shutdown).
-            if not self.shutting_down:
+            # limit still interrupts (not during a shutdown), and so does the pilot's own
+            # interrupt: the cell's cleanup runs before the kernel is ended.
+            if not self.shutting_down or (interrupted is not None and interrupted.is_set()):
                 await super()._async_interrupt_kernel()
 
     return QuietKernelManager
@@ -380,24 +392,11 @@ def _headless_kernels() -> Iterator[None]:
             os.environ[HEADLESS_ENV] = before
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, `kill`) and SIGHUP (the terminal closed) end the pilot like
-    Ctrl-C: the kernel is shut down (its children end with it: `processes.start_child`), the
-    executed notebook kept or removed, the index and report written, then exit 130."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None:
-            with contextlib.suppress(ValueError, OSError):  # not the main thread: left alone
-                previous[sig] = signal.signal(sig, interrupt)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def _ended_kernel_task(record: logging.LogRecord) -> bool:
+    """Leaves out asyncio's "Task exception was never retrieved" for the cell whose kernel an
+    interrupt shut down (nbclient's DeadKernelError): the interrupt is said once, by the pilot."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "DeadKernelError"
 
 
 def write_index(run: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:

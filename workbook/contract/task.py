@@ -31,7 +31,7 @@ from .outputs import (
 )
 from .state import CarriedState, state_in, state_out
 
-# the loss pieces a task module uses are public here too (`from workbook.task import ...`)
+# the loss pieces a task module uses are public here too (`from workbook.contract.task import ...`)
 from .targets import (  # noqa: F401
     IGNORE_INDEX,
     absolute_error,

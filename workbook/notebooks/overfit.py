@@ -23,6 +23,7 @@ from ..storage.records import StepRecord, to_frame
 from ..training.devices import resolve_device
 from ..training.evaluation import eval_mode, evaluate, outputs_of
 from ..training.loop import (
+    TrainConfig,
     UpdateShape,
     loss_rise,
     runs_own_step,
@@ -251,9 +252,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                             f"examples 8 (the usual), at most {len(train_split)}")
     raw = task.target_kind.overfit_subset(task, train_split, examples)  # across classes
     items = encode_examples(task, raw)
-    cfg = UpdateShape(*whole_update(task, items)).train_config(
-        updates=updates, lr=lr, seed=seed, device=device, grad_clip=task.grad_clip or 0.0,
-        progress=progress)
+    cfg = TrainConfig(
+        UpdateShape(*whole_update(task, items)), updates=updates, lr=lr, seed=seed,
+        device=device, grad_clip=task.grad_clip or 0.0, progress=progress)
     clipping = "clipping as the task's train_step does" if runs_own_step(task, cfg) else \
         task.clipping()
     cfg.validate(len(train_split))

@@ -19,7 +19,7 @@ from ..contract.task import Task, load_task
 from ..training import campaign
 from ..training.devices import check_precision, resolve_device
 from ..training.evaluation import evaluate
-from ..training.loop import UpdateShape, apply_activation_checkpointing, train
+from ..training.loop import TrainConfig, UpdateShape, apply_activation_checkpointing, train
 from ..training.predict import Plan, longest_accepted, predicted_or_reason, sized_batches
 from ..training.workload import TRAINING_PHASES, measured_peaks
 from .parameters import VariantsParams
@@ -164,14 +164,14 @@ class VariantStudy:
         measured = replace(shape, accumulation=min(shape.accumulation, 2))
         sized = Plan(measured, min(self.length, variant.max_length or self.length) or None,
                      self.eval_batch)
-        peaks = measured_peaks(task, measured.train_config(lr=self.lr, seed=self.seed,
-                                                           device=self.device),
+        peaks = measured_peaks(task, TrainConfig(measured, lr=self.lr, seed=self.seed,
+                                                 device=self.device),
                                *sized_batches(task, train_items, val_items, sized))
         for phase in TRAINING_PHASES:
             row[f"peak_{phase}"] = peaks[phase]
         row["peak_bytes"] = max(peaks.values())
-        cfg = shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
-                                         device=self.device)
+        cfg = TrainConfig(shape, updates=self.updates, lr=self.lr, seed=self.seed,
+                          device=self.device)
         result = train(task, train_items, cfg)
         flags += training_flags(result.steps, shape.precision)
         times = [s.time_s for s in result.steps[1:]] or [result.steps[0].time_s]

@@ -28,7 +28,7 @@ from ..contract.data import (
 )
 from ..contract.pipeline import DataPosition, Pipeline
 from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
-from ..contract.shape import UpdateShape, set_config_class
+from ..contract.shape import UpdateShape
 from ..contract.state import Carry, carrying
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
@@ -89,9 +89,6 @@ class TrainConfig:
                                 "lower micro_batch x accumulation or keep partial")
         check_precision(shape.precision, resolve_device(self.device))
         return self
-
-
-set_config_class(TrainConfig)
 
 
 @dataclass

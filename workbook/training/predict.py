@@ -21,7 +21,7 @@ from . import campaign as models
 from .devices import resolve_device
 from .evaluation import eval_mode
 from .fake_phases import campaign_phases, fake_phases
-from .loop import UpdateShape
+from .loop import TrainConfig, UpdateShape
 from .memory import cuda_overheads
 from .workload import TRAINING_PHASES, measured_peaks, shaped_batch
 
@@ -172,7 +172,7 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
                        else batch)
     limits = {**calibration_limits(task, train, val, plan, device, cpu_exact),
               **path_limits(task, batch, group, eval_batch)}
-    cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
+    cfg = TrainConfig(plan.shape, lr=lr, seed=seed, device=device)
     rows, how = (campaign_phases(task, cfg, batch, group, eval_batch, plan.label()) if campaign
                  else (fake_phases(task, cfg, batch, group, eval_batch, plan.label()), ""))
     frame = pd.DataFrame(rows)
@@ -261,7 +261,7 @@ def _calibration(task: Task, train: list[Item], val: list[Item], plan: Plan, dev
     if key in held:
         return held[key]
     batches = sized_batches(task, train, val, small)
-    cfg = small.shape.train_config(device=device)
+    cfg = TrainConfig(small.shape, device=device)
     fake = {r["phase"]: r["predicted_peak_bytes"] for r in
             fake_phases(task, cfg, *batches, small.label())}
     if exact and max(fake.values()) > EXACT_CHECK_BYTES:

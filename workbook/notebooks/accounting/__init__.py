@@ -22,7 +22,7 @@ from ...contract.targets import IGNORE_INDEX
 from ...contract.task import Task, load_task
 from ...storage.records import StepRecord
 from ...training.deviation import relative_deviation
-from ...training.loop import Stepper, UpdateShape, train
+from ...training.loop import Stepper, TrainConfig, UpdateShape, train
 from ..parameters import AccountingParams
 from ..registry import ACCOUNTING
 from .batch_randomness import Draws, collate_draws, step_draws
@@ -453,10 +453,9 @@ def run(params: AccountingParams | Mapping[str, Any], out_dir: Path | None = Non
                                 reconcile_size(task, shape, min(len(items),
                                                                 params.reconcile_examples)),
                                 params.drop_partial)
-    cfg = loop_account.shape.train_config(updates=params.reconcile_updates,
-                                          drop_partial=params.drop_partial,
-                                          seed=params.seed, device=params.device,
-                                          progress=progress)
+    cfg = TrainConfig(loop_account.shape, updates=params.reconcile_updates,
+                      drop_partial=params.drop_partial, seed=params.seed,
+                      device=params.device, progress=progress)
     steps = train(task, items[: loop_account.examples], cfg).steps
     check = pd.concat([
         normalisation_check(task, items[: params.check_examples],

@@ -77,8 +77,8 @@ class GateSettings:
         """The loop's configuration: by default the stepper the gates measure, built for a
         campaign's length (its schedule sized so), of which they make the first updates;
         `updates` for a run that makes them all (the timed input pipeline)."""
-        return self.shape.train_config(updates=updates, lr=self.lr, seed=self.seed,
-                                       device=self.device, grad_clip=self.grad_clip or 0.0)
+        return TrainConfig(self.shape, updates=updates, lr=self.lr, seed=self.seed,
+                           device=self.device, grad_clip=self.grad_clip or 0.0)
 
 
 @dataclass

@@ -512,7 +512,7 @@ def run(params: ResumeParams | Mapping[str, Any], out_dir: Path) -> ResumeResult
     archive are written into `out_dir`."""
     params = RESUME.check(params)
     shape = params.shape()
-    cfg = shape.train_config(lr=params.lr, seed=params.seed, device=params.device)
+    cfg = TrainConfig(shape, lr=params.lr, seed=params.seed, device=params.device)
     cfg.pipeline = bool(params.use_pipeline) and params.load_task().train_pipeline \
         is not None
     spec = recipe(params.task, params.task_options, cfg, params.train_limit)

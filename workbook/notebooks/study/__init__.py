@@ -44,7 +44,7 @@ from ...storage.schemas import (
 from ...training import checkpoint as ckpt
 from ...training.devices import resolve_device
 from ...training.evaluation import eval_mode, evaluate
-from ...training.loop import Stepper, UpdateShape, loss_rise, train
+from ...training.loop import Stepper, TrainConfig, UpdateShape, loss_rise, train
 from ..parameters import StudyParams
 from ..registry import STUDY
 
@@ -268,8 +268,8 @@ class Study:
             raise WorkbookError(f"trial folder {folder} already exists but the ledger does not "
                                 "know it", "the study folder was edited; start a new study (a "
                                 "new out_dir)") from None
-        cfg = design.shape.train_config(
-            updates=design.updates, lr=lr, seed=seed, device=design.device,
+        cfg = TrainConfig(
+            design.shape, updates=design.updates, lr=lr, seed=seed, device=design.device,
             eval_every=design.eval_every, eval_batch=design.eval_batch, progress=progress)
         pending: list[dict] = []
         losses: list[float] = []  # every update's, for the divergence rule
