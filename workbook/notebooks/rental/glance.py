@@ -29,12 +29,25 @@ class Glance:
     launch: dict = field(default_factory=dict)  # launch/index.json (none: {})
 
 
-def _csv(folder: Path, name: str) -> pd.DataFrame:
+# the columns each table needs, and the ones it may lack (an older or partial folder)
+PLAN = ("gpu", "priced_on", "days", "scheduled", "repeats", "hours", "cost", "gpus", "strategy")
+SHEET = ("candidate", "gpu", "fits", "budget_hours", "cost", "strategy", "gpus")
+OPTIONAL = ("hours_low", "hours_high", "cost_low", "cost_high", "spot_cost", "budget_hours_low",
+            "budget_hours_high", "gpu_hours", "currency")
+
+
+def _csv(folder: Path, name: str, needs: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A table of 08's folder with every optional column (NaN where it lacks one); empty when
+    it is missing, unreadable or lacks a column it `needs`."""
     path = folder / f"{name}.csv"
     try:
-        return pd.read_csv(path) if path.exists() else pd.DataFrame()
+        frame = pd.read_csv(path) if path.exists() else pd.DataFrame()
     except (ValueError, OSError):
         return pd.DataFrame()
+    if frame.empty or not set(needs) <= set(frame.columns):
+        return pd.DataFrame()
+    return frame.assign(**{c: float("nan") for c in OPTIONAL if c not in frame}) if needs \
+        else frame
 
 
 def read(run_dir: str | Path, verdicts: dict[str, str]) -> Glance | None:
@@ -46,7 +59,7 @@ def read(run_dir: str | Path, verdicts: dict[str, str]) -> Glance | None:
         return None
     folder = run_dir / RENTAL.stem
     figures = summary["figures"]
-    sheet, plans = _csv(folder, "selection"), _csv(folder, "plan")
+    sheet, plans = _csv(folder, "selection", SHEET), _csv(folder, "plan", PLAN)
     launch = _launch(folder)
     failed = [s for s, v in verdicts.items() if v != "pass"]
     line = decision_line(figures, sheet, plans)
@@ -177,7 +190,11 @@ def chart(points: pd.DataFrame) -> bytes | None:
     import matplotlib.pyplot as plt
 
     priced = points.cost.notna().all()
-    fig, ax = plt.subplots(figsize=(5.6, 3.3), dpi=100)
+    fig, ax = plt.subplots(figsize=(5.6, 3.0), dpi=100)
+    labelled: list[tuple[float, float]] = []
+    every = points.cost if priced else points.gpu_hours
+    span = (max(points.budget_hours.max() - points.budget_hours.min(), 1e-9),
+            max(float(every.max() - every.min()), 1e-9))
     for n, (kind, group) in enumerate(points.groupby("kind", sort=False)):
         colour = f"C{n}"
         y = group.cost if priced else group.gpu_hours
@@ -191,6 +208,8 @@ def chart(points: pd.DataFrame) -> bytes | None:
             ax.scatter(group.budget_hours, group.spot_cost, facecolors="none",
                        edgecolors=colour, s=36, label=f"{kind}, spot")
         for r, yy in zip(group.itertuples(), y, strict=True):
+            if not _apart((r.budget_hours, yy), labelled, span):
+                continue  # a label on another's place says nothing: the legend and table do
             ax.annotate(f"{r.gpu}" + (f" x{int(r.gpus)}" if r.gpus and r.gpus > 1 else ""),
                         (r.budget_hours, yy), textcoords="offset points", xytext=(5, 3),
                         fontsize=7)
@@ -209,6 +228,17 @@ def chart(points: pd.DataFrame) -> bytes | None:
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def _apart(point: tuple[float, float], labelled: list[tuple[float, float]],
+           span: tuple[float, float]) -> bool:
+    """Whether a label at `point` keeps clear of those placed (a label's width, 30% of the
+    hours' span, and 5% of the cost's); placed if so."""
+    if any(abs(point[0] - x) < span[0] * 0.3 and abs(point[1] - y) < span[1] * 0.05
+           for x, y in labelled):
+        return False
+    labelled.append(point)
+    return True
 
 
 def risks(run_dir: Path, verdicts: dict[str, str], figures: dict, stack: pd.DataFrame,
