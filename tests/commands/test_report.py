@@ -320,3 +320,23 @@ def test_a_notebook_that_did_not_pass_leads_the_line_and_the_risks(tmp_path):
     assert decision.text[0].startswith("Do not rent yet: notebook 07 did not pass"), \
         decision.text[0]
     assert '<a href="#07_resume_reload">07</a>: 07 Resume and reload: error' in html
+
+
+def test_the_chart_without_prices_plots_gpu_hours_and_an_old_folder_still_reports(tmp_path):
+    from workbook.notebooks.rental import glance
+
+    index = _rental(tmp_path)
+    sheet = pd.read_csv(tmp_path / "08_rental_plan" / "selection.csv")
+    points = glance.chart_points(sheet.assign(cost=None, cost_low=None, cost_high=None,
+                                              spot_cost=None),
+                                 {"chosen": "control", "recommended_gpu": "H100"})
+    assert points[["gpu", "kind", "recommended"]].values.tolist() == [
+        ["H100", "FSDP2 full sharding", True], ["A100-80GB", "FSDP2 full sharding", False]]
+    assert glance.chart(points).startswith(b"\x89PNG")
+    # a plan table from before `priced_on`: the line from the sheet, no plan table, no crash
+    pd.DataFrame({"days": [3], "variant": ["control"], "hours": [1.5]}).to_csv(
+        tmp_path / "08_rental_plan" / "plan.csv", index=False)
+    html = write_report(tmp_path, index, "t:task").read_text()
+    assert "Rent 8 x H100 (FSDP2 full sharding x8) for candidate control: one run in 10.0 " \
+        "(8.0-13.0) h, USD 250.00 (200.00-325.00) on demand, USD 83.33 on spot." in html
+    assert 'class="sheet plans"' not in html
