@@ -249,8 +249,10 @@ def _launch_links(run: Path, index: dict) -> dict | None:
     first = next((p for p in plans if p.get("name") == "recommended"), plans[0] if plans
                  else None)
     base = f"{RENTAL.stem}/"
-    recommended = [(Path(f).name, base + f) for f in (first or {}).get("files", {}).values()
-                   if (run / RENTAL.stem / f).exists()]
+    files = (first or {}).get("files") or {}
+    recommended = [(Path(files[k]).name, base + files[k])
+                   for k in ("sky", "sky_spot", "torchrun", "settings")
+                   if k in files and (run / RENTAL.stem / files[k]).exists()]
     folder = base + f"{glance.FOLDER}/"
     return {"recommended": recommended,
             "folder": folder if (run / folder).exists() else "",
