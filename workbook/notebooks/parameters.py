@@ -398,6 +398,7 @@ class RentalParams(NotebookParams):
         {"name": "checkpointed", "priority": 3, "candidate": "checkpointed", "repeats": 1,
          "lr": "study"}]
     reserve_share: number("a share of the whole", 0, hi=1, hi_open=True) = 0.2
+    entry_point: str = "train.py"  # the training script the launch files run under torchrun
     train_limit: Limit = 200
 
 

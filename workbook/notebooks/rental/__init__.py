@@ -17,6 +17,7 @@ from ...contract.task import Task
 from ...training import campaign as models
 from ...training.loop import UpdateShape
 from ...training.predict import Overheads, Plan
+from . import launch_files
 from ..parameters import RentalParams
 from ..registry import RENTAL
 from .candidates import Candidate, candidates_from, same_update, sharded_default
@@ -35,7 +36,7 @@ from .plans import (
 from .prices import Catalog, Spot, read_catalog
 from .sheet import GIB, Assumptions, flops, gpu, selection_sheet
 from .speeds import SpeedBook, calibrate, read_speeds
-from .stack import sharded_row, stack_check
+from .stack import sharded_row, stack_check, task_imports
 
 
 @dataclass
@@ -57,6 +58,9 @@ class RentalResult:
     speeds: SpeedBook | None = None
     calibration: str = ""  # what notebook 03's measurement did to the speeds, in words
     offers: pd.DataFrame = field(default_factory=pd.DataFrame)  # the spread across providers
+    launches: list[launch_files.Launch] = field(default_factory=list)  # the plans that launch
+    not_launched: dict[str, str] = field(default_factory=dict)  # {plan: why no launch file}
+    entry_point: str = launch_files.PLACEHOLDER  # the user's training script the files run
 
 
 def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult:
@@ -117,10 +121,19 @@ def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult
              "speeds": speeds.described() if speeds else
              f"an assumed utilisation of {params.utilisation:g}",
              "calibration": calibration}
+    shared = {"task": params["task"], "task_options": params["task_options"],
+              "updates": params["updates"], "eval_every": params["eval_every"],
+              # a checkpoint at each evaluation, as the sheet's spot costs assume
+              "checkpoint_every": params["eval_every"], "seed": params["seed"],
+              "task_lr": task.lr, "parameters": assumptions.parameters}
+    launches, not_launched = launch_files.launches(
+        sheet, plans, chosen, options, study, shared,
+        launch_files.packages_of(task_imports(params["task"].split(":")[0])), out_dir.parent)
     return RentalResult(task, rental_gpu, candidates, sheet, stack, plans, options, chosen,
                         conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options,
                                    not_sized(sheet), sheet.attrs.get("models"), study, basis),
-                        study, catalog, speeds, calibration, offers)
+                        study, catalog, speeds, calibration, offers, launches, not_launched,
+                        params["entry_point"])
 
 
 def speed_book(params: RentalParams, task: Task, data, run_dir: Path
@@ -178,6 +191,8 @@ def save(result: RentalResult, out_dir: Path) -> str:
     for table, name in ((sheet, "selection"), (plans, "plan"), (options, "cheapest"),
                         (stack, "stack"), (result.offers, "offers")):
         save_table(table, out_dir, name)
+    launched = launch_files.write(out_dir, result.launches, result.not_launched,
+                                  result.entry_point)
     verdict = "pass" if chosen is not None else "fail"
     first = plans[plans.priced_on == plans.priced_on.iloc[0]] if len(plans) else plans
     study = result.study or {}
@@ -200,6 +215,6 @@ def save(result: RentalResult, out_dir: Path) -> str:
         # the plans on the first GPU priced (the recommended one), by days
         "scheduled": {int(d): int(n) for d, n in
                       first.groupby("days").scheduled.sum().items()},
-        **priced_figures(result)},
+        **priced_figures(result), "launch": launch_files.words(launched)},
         task=result.task.name)
     return verdict
