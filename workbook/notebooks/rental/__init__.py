@@ -17,9 +17,9 @@ from ...contract.task import Task
 from ...training import campaign as models
 from ...training.loop import UpdateShape
 from ...training.predict import Overheads, Plan
-from . import launch_files
 from ..parameters import RentalParams
 from ..registry import RENTAL
+from . import launch_files
 from .candidates import Candidate, candidates_from, same_update, sharded_default
 from .conclusions import conclusion, study_result
 from .offers import offers_table, resume_seconds
