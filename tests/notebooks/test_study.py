@@ -110,7 +110,6 @@ def test_a_design_written_before_the_shape_was_one_field_reopens(tmp_path):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"lrs": []}, "learning-rate list is empty"),
     ({"lrs": [1e-3, -1.0]}, "must be positive"),
     ({"eval_every": 50}, "eval_every 50 must be between 1 and the budget of 20"),
     ({"metric": "f1"}, "metric 'f1' is not produced by the task"),

@@ -124,23 +124,18 @@ def of(notebook: str, small: bool = False, **given: Any) -> dict[str, Any]:
 def task_learning_rates(p: dict[str, Any], notebook: str = "") -> dict[str, Any]:
     """Fill `lr` 0 with the task's own learning rate (`Task.lr`, else the notebook's fallback,
     1e-3 for most), recording where it came from in `lr_from` ("parameter", "task",
-    "fallback"); fill an empty `lrs` with the task's (else 1e-4) as the control, then half and
-    double it."""
+    "fallback"). An empty `lrs` stays empty: 06's range test places the grid."""
     if "lr" in p:
         p["lr_from"] = "parameter" if p["lr"] else None
-    if not ("lr" in p and not p["lr"]) and not ("lrs" in p and not p["lrs"]):
+    if not ("lr" in p and not p["lr"]):
         return p
     from ..contract.task import load_task
     from ..notebooks.overfit import FALLBACK_LR  # 02 memorises in a short budget
     from ..notebooks.registry import OVERFIT
 
     own = load_task(p["task"], **p.get("task_options", {})).lr
-    if "lr" in p and not p["lr"]:
-        fallback = FALLBACK_LR if notebook == OVERFIT.stem else 1e-3
-        p["lr"], p["lr_from"] = (own, "task") if own else (fallback, "fallback")
-    if "lrs" in p and not p["lrs"]:
-        control = own or 1e-4
-        p["lrs"] = [control, control / 2, control * 2]
+    fallback = FALLBACK_LR if notebook == OVERFIT.stem else 1e-3
+    p["lr"], p["lr_from"] = (own, "task") if own else (fallback, "fallback")
     return p
 
 
@@ -246,7 +241,9 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("seed", Rule("NumPy's seed range", lo=0, hi=SEED_MAX)),
     ("seeds", Rule("one trial per seed; NumPy's seed range", lo=0, hi=SEED_MAX, nonempty=True)),
     ("lr", _off("0: the task's own learning rate")),
-    ("lrs", _positive("learning rates; an empty list: the task's own, half and double")),
+    ("lrs", _positive("learning rates; an empty list: a range test places them")),
+    ("range_*_lr", _positive("a bound of the range test's rates")),
+    ("extra_trials", _off("trials the study may add past its grid's edge; 0: none")),
     ("show_examples", _off("examples rendered; 0: none")),
     ("prediction_examples", _off("validation examples whose predictions are saved; 0: none")),
     ("boundary_step", _off("0: the first pass's last update")),
