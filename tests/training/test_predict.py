@@ -378,3 +378,16 @@ def test_a_plain_value_encode_returns_is_kept_when_an_example_is_stretched(gen_t
     plain = Item(item.id, {**item.tensors, "source": 3})
     out = stretch(gen_task, plain, 40)
     assert out.tensors["source"] == 3 and gen_task.length(out.tensors) == 40
+
+
+def test_the_generation_sample_declares_its_own_campaign_model_of_a_billion_parameters():
+    import workbook as wb
+    from workbook.training import campaign
+
+    task = wb.load_task("workbook.samples.generation:task")
+    campaign.check_twin(task)  # the same TinyDecoder, the same module types
+    counted = campaign.models(task)
+    assert 0.95e9 < counted.sized_parameters < 1.1e9 and counted.trained_parameters < 3e5
+    assert campaign.depth_of(task).layers == 20  # sized from 3- and 4-layer traces
+    assert not campaign.declared(wb.load_task("workbook.samples.generation:task",
+                                              campaign_layers=0))

@@ -191,7 +191,7 @@ class Study:
 
     def __init__(self, folder: str | Path, design: StudyDesign | None = None,
                  task: str | None = None, task_options: dict | None = None,
-                 sweep: range_test.RangeSettings | None = None, progress: bool = False):
+                 sweep: range_test.RangeSettings | None = None):
         """A new study from its `design`, or (design None) an existing one reopened: then the caller
         names the task (`task`, `task_options`), which must be the one design.json records - a
         task path read from a folder is never imported. A design without rates gets them from
@@ -224,7 +224,7 @@ class Study:
         if not self.design.lrs:  # the rates from a range test, saved before the design
             self.folder.mkdir(parents=True, exist_ok=True)
             self.design.lrs = self._rates(sweep or range_test.RangeSettings(
-                seed=self.design.seeds[0], device=self.design.device), progress)
+                seed=self.design.seeds[0], device=self.design.device))
         self.sample, self.skew = eval_sample(self.task, self.val_items, splits["validation"],
                                              self.design.eval_sample)
         self.sampled = len(self.sample) < len(self.val_items)
@@ -236,12 +236,12 @@ class Study:
         self.ledger.add_study(self.design.name, str(path), self.design.notes)
         self._clean_partials()
 
-    def _rates(self, settings: range_test.RangeSettings, progress: bool) -> list[float]:
+    def _rates(self, settings: range_test.RangeSettings) -> list[float]:
         """The grid around the range test's suggestion (the test run now, or the one this
         folder holds); the task's own lr (else 1e-4), half and double when it suggests none."""
         if self.range_test is None:
             self.range_test = range_test.sweep(self.task, self.train_items, self.design.shape,
-                                               settings, progress)
+                                               settings)
             if self.range_test.suggestion is None:
                 rates, said = range_test.fallback_grid(self.task)
                 self.range_test.grid = rates
@@ -523,7 +523,7 @@ def run(params: dict[str, Any], out_dir: Path, progress: bool = False) -> Study:
     sweep = range_test.RangeSettings(
         params.get("range_min_lr", 1e-7), params.get("range_max_lr", 10.0),
         params.get("range_updates", 50), seed=design.seeds[0], device=design.device)
-    study = Study(out_dir / "study", design, sweep=sweep, progress=progress)
+    study = Study(out_dir / "study", design, sweep=sweep)
     study.run_all(progress=progress)
     return study
 

@@ -109,15 +109,15 @@ def steepest(lrs: list[float], values: list[float], skip_begin: int,
     return idx[best] if slope[best] < 0 else None
 
 
-def sweep(task: Task, items: list[Item], shape: UpdateShape, settings: RangeSettings,
-          progress: bool = False) -> RangeTest:
+def sweep(task: Task, items: list[Item], shape: UpdateShape,
+          settings: RangeSettings) -> RangeTest:
     """Run the range test on `items` with the task's own optimizer and update (`loop.train`):
     every parameter group's rate is set to its share of the swept rate before each update (the
     task's schedule is overridden for the sweep); the model is thrown away."""
     settings.check()
     rates = settings.rates()
     cfg = shape.train_config(updates=settings.updates, lr=settings.min_lr, seed=settings.seed,
-                             device=settings.device, progress=progress)
+                             device=settings.device)  # no bar: the loop's names a trial
     stepper = build_stepper(task, cfg, examples=len(items))
     groups = stepper.optimizer.param_groups
     shares = [g.get("initial_lr", g["lr"]) / settings.min_lr for g in groups]
