@@ -88,6 +88,12 @@ def test_a_flat_sweep_suggests_nothing_and_a_falling_one_its_steepest_rate():
         range_test.RangeSettings(min_lr=1.0, max_lr=0.1).check()
 
 
+def test_a_bad_sweep_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(WorkbookError, match="range_updates 3 is too few"):
+        Study(tmp_path / "s", design("separable"), sweep=range_test.RangeSettings(updates=3))
+    assert not (tmp_path / "s").exists()
+
+
 def _table(rows):
     return pd.DataFrame([{"id": i + 1, "lr": lr, "seed": 0, "status": "finished",
                           "stop_step": 20, "best_step": 10, "best_metric": metric}

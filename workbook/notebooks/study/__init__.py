@@ -222,9 +222,10 @@ class Study:
         self.train_items, self.val_items = data.train, data.validation
         self.design.validate(self.task, self.val_items)
         if not self.design.lrs:  # the rates from a range test, saved before the design
+            settings = (sweep or range_test.RangeSettings(
+                seed=self.design.seeds[0], device=self.design.device)).check()
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.design.lrs = self._rates(sweep or range_test.RangeSettings(
-                seed=self.design.seeds[0], device=self.design.device))
+            self.design.lrs = self._rates(settings)
         self.sample, self.skew = eval_sample(self.task, self.val_items, splits["validation"],
                                              self.design.eval_sample)
         self.sampled = len(self.sample) < len(self.val_items)
