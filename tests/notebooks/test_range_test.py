@@ -116,7 +116,7 @@ def test_an_edge_extends_the_grid_within_its_budget_and_says_when_it_ran_out():
     assert "extended its grid by itself to 0.004, 0.008 (2 of its 2 extra trials)" in \
         found["finding"]
     assert "the study's budget of 2 extra trials ran out" in found["finding"]
-    assert beyond([1e-3], "downward") == 3.3e-4
+    assert beyond([1e-3], "downward") == 3.3e-4 and beyond([1e-2, 50.0], "downward") == 1e-3
     inside = findings(_table(rows + [(1.6e-2, 3.0)]), plan)
     assert inside["best_at_edge"] == "" and "ran out" not in inside["finding"]
     noise = findings(_table(rows), plan, Chance(1.15, "chance"), best_loss=1.1)

@@ -32,13 +32,16 @@ def extension_trials(trials: pd.DataFrame, design: Any) -> list[dict]:
     return out
 
 
+MAX_STEP = 10.0  # an extension never steps further than this ratio past the edge
+
+
 def beyond(lrs: list[float], direction: str) -> float:
     """The next rate past the grid's edge (`lrs` ascending), at the ratio of its two outermost
-    rates (3 with one rate), rounded to two digits."""
+    rates (3 with one rate; at most `MAX_STEP`), rounded to two digits."""
     if direction == "upward":
-        ratio = lrs[-1] / lrs[-2] if len(lrs) > 1 else 3.0
+        ratio = min(lrs[-1] / lrs[-2] if len(lrs) > 1 else 3.0, MAX_STEP)
         return float(f"{lrs[-1] * ratio:.2g}")
-    ratio = lrs[1] / lrs[0] if len(lrs) > 1 else 3.0
+    ratio = min(lrs[1] / lrs[0] if len(lrs) > 1 else 3.0, MAX_STEP)
     return float(f"{lrs[0] / ratio:.2g}")
 
 
