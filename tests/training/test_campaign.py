@@ -86,9 +86,8 @@ def test_a_campaign_model_of_gigabytes_is_sized_without_being_allocated(gen_task
 def test_a_task_without_campaign_model_is_sized_as_before(gen_task, gen_items):
     train, val = gen_items["train"][:40], gen_items["validation"][:10]
     plan = Plan(UpdateShape(2, 1), 64)
-    alone = dataclasses.replace(gen_task, campaign_model=None)  # the sample declares one
-    plain, asked = predict(alone, train, val, plan), predict(alone, train, val, plan,
-                                                             campaign=True)
+    plain, asked = predict(gen_task, train, val, plan), predict(gen_task, train, val, plan,
+                                                                 campaign=True)
     assert plain.predicted_peak_bytes.tolist() == asked.predicted_peak_bytes.tolist()
     assert set(asked.model) == {"the task's model"}
 
