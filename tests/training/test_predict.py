@@ -402,3 +402,16 @@ def test_03s_prediction_builds_the_meta_model_once(gen_task, gen_items):
         predicted = predicted_or_reason(task, train, val, plan, cpu_exact=judged_here)
     rule_of_thumb(task, predicted)
     assert builds.count("meta") == 1, builds
+
+
+def test_the_generation_sample_declares_its_own_campaign_model_of_a_billion_parameters():
+    import workbook as wb
+    from workbook.training import campaign
+
+    task = wb.load_task("workbook.samples.generation:task")
+    campaign.check_twin(task)  # the same TinyDecoder, the same module types
+    counted = campaign.models(task)
+    assert 0.95e9 < counted.sized_parameters < 1.1e9 and counted.trained_parameters < 3e5
+    assert campaign.depth_of(task).layers == 20  # sized from 3- and 4-layer traces
+    assert not campaign.declared(wb.load_task("workbook.samples.generation:task",
+                                              campaign_layers=0))

@@ -106,23 +106,18 @@ def validate(given: Mapping[str, Any], notebooks: list[str],
 def task_learning_rates(p: NotebookParams, notebook: str = "") -> NotebookParams:
     """Fill `lr` 0 with the task's own learning rate (`Task.lr`, else the notebook's fallback,
     1e-3 for most), recording where it came from in `lr_from` ("parameter", "task",
-    "fallback"); fill an empty `lrs` with the task's (else 1e-4) as the control, then half and
-    double it."""
+    "fallback"). An empty `lrs` stays empty: 06's range test places the grid."""
     names = p.names()
     changes: dict[str, Any] = {}
     if "lr" in names:
         changes["lr_from"] = "parameter" if p.lr else None
-    if not ("lr" in names and not p.lr) and not ("lrs" in names and not p.lrs):
+    if not ("lr" in names and not p.lr):
         return p.model_copy(update=changes)
     from ..notebooks.overfit import FALLBACK_LR  # 02 memorises in a short budget
 
     own = p.load_task().lr
-    if "lr" in names and not p.lr:
-        fallback = FALLBACK_LR if notebook == registry.OVERFIT.stem else 1e-3
-        changes["lr"], changes["lr_from"] = (own, "task") if own else (fallback, "fallback")
-    if "lrs" in names and not p.lrs:
-        control = own or 1e-4
-        changes["lrs"] = [control, control / 2, control * 2]
+    fallback = FALLBACK_LR if notebook == registry.OVERFIT.stem else 1e-3
+    changes["lr"], changes["lr_from"] = (own, "task") if own else (fallback, "fallback")
     return p.model_copy(update=changes)
 
 

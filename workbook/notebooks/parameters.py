@@ -298,8 +298,12 @@ class VariantsParams(NotebookParams):
 
 class StudyParams(NotebookParams):
     study_name: StrictStr = "lr-comparison"
-    lrs: list[number("learning rates; an empty list: the task's own, half and double", 0,
+    lrs: list[number("learning rates; an empty list: a range test places them", 0,
                      lo_open=True)] = []
+    extra_trials: integer("trials the study may add past its grid's edge; 0: none", 0) = 2
+    range_min_lr: number("a bound of the range test's rates", 0, lo_open=True) = 1e-07
+    range_max_lr: number("a bound of the range test's rates", 0, lo_open=True) = 10.0
+    range_updates: integer("updates of the range test", 1) = 50
     seeds: Annotated[list[integer("one trial per seed; NumPy's seed range", 0, hi=SEED_MAX)],
                      AfterValidator(_nonempty("one trial per seed; NumPy's seed range"))] = [0]
     updates: Updates = 200

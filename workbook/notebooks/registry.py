@@ -244,7 +244,9 @@ def _study_why(ok: bool, f: dict, summary: dict) -> str:
     if not ok:
         return f"trials: {done or 'none'}" + (
             "; the periodic validation curve says the evaluation repeats itself"
-            if f.get("periodic_curve") else "")
+            if f.get("periodic_curve") else "") + (
+            f"; no rate learns: the best validation loss does not clear chance "
+            f"({f.get('chance_loss'):.4g})" if f.get("no_rate_learns") else "")
     text = f"{f.get('trials')} trials ({done}); best lr {f.get('best_lr'):g} " \
         f"({f.get('metric')} {f.get('best_metric'):.4g})" \
         if f.get("best_lr") is not None else f"{f.get('trials')} trials ({done})"
@@ -262,6 +264,8 @@ STUDY = NotebookEntry(
         "best_metric": "best validation value", "metric": "metric",
         "control_lr": "control learning rate", "control_remains_best": "control still best",
         "best_at_edge": "best at the grid's edge", "still_improving": "trials still improving",
+        "suggested_lr": "range test's suggestion", "extended": "rates the study added",
+        "no_rate_learns": "no rate learns", "chance_loss": "chance (validation loss)",
         "trials": "trials", "statuses": "trial statuses", "seeds": "seeds", "lrs": "rates tried",
         "best_trial": "best trial", "best_checkpoint": "best checkpoint",
         "periodic_curve": "periodic validation curve"})

@@ -89,12 +89,16 @@ def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult
                             params.gpu_tflops, params.updates, params.headroom,
                             assumptions)
     stand_ins: dict[str, str] = {}
-    if models.declared(task) and not sheet.fits.any() and \
-            not any(c.parallelism == "fsdp" for c in candidates):
-        # the campaign model fits no GPU of the list alone: plan it sharded, and the variants
-        # of every candidate with the same update on the sharded one
-        extra = sharded_default(candidates[0])
-        stand_ins = {c.name: extra.name for c in candidates if same_update(c, candidates[0])}
+    if models.declared(task) and not any(c.parallelism == "fsdp" for c in candidates):
+        # a campaign model is planned sharded too, so the plans compare one GPU, data parallel
+        # and FSDP; when it fits no GPU of the list alone, the variants of every candidate
+        # with the same update move to the sharded one
+        alone = bool(sheet.fits.any())
+        extra = sharded_default(candidates[0], "a campaign model is planned sharded too"
+                                if alone else "no candidate fits one GPU")
+        if not alone:
+            stand_ins = {c.name: extra.name for c in candidates
+                         if same_update(c, candidates[0])}
         candidates = [*candidates, extra]
         more = selection_sheet(task, data.train, data.validation, [extra], params.gpus,
                                params.gpu_tflops, params.updates, params.headroom,
