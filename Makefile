@@ -32,7 +32,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name workbook --display-name "Python (workbook)"
 	touch $(STAMP)
 
-install: $(STAMP)
+# SkyPilot's own parser for 08's launch files, in a venv of its own: skypilot 0.14 pins click<8.2,
+# which huggingface-hub 2.x (the hf extra) refuses, so it cannot share the project's venv.
+# tests/notebooks/test_launch_files.py loads each YAML there with sky.Task.from_yaml (offline).
+LAUNCH_VENV ?= .venv-launch
+LAUNCH_STAMP := $(LAUNCH_VENV)/.installed
+$(LAUNCH_STAMP):
+	test -x $(LAUNCH_VENV)/bin/python || $(PYTHON) -m venv $(LAUNCH_VENV)
+	$(LAUNCH_VENV)/bin/python -m pip install -q "skypilot==0.14.1"
+	touch $(LAUNCH_STAMP)
+
+install: $(STAMP) $(LAUNCH_STAMP)
 
 pilot: $(STAMP)
 	$(BIN)/python -m workbook pilot $(PILOT_ARGS)
@@ -47,11 +57,11 @@ docs: $(STAMP)
 
 # Unit tests, planted bugs, papermill regression and nbval: within 10 minutes on 2 cores (the
 # 25 slowest are listed at the end, to see which to make cheaper when a feature adds tests).
-test: lint docs
+test: lint docs $(LAUNCH_STAMP)
 	$(PYTEST) -m "not slow" --durations=25
 
 # Everything, including the slow soak tests (kills at random points, both samples everywhere).
-test-all: lint docs
+test-all: lint docs $(LAUNCH_STAMP)
 	$(PYTEST)
 
 lab: $(STAMP)
