@@ -221,18 +221,25 @@ class GRPOPolicy(nn.Module):
         return out.view(-1, g, 3)
 
 
+def _kept(outputs: torch.Tensor, batch: dict) -> torch.Tensor:
+    """[prompts, 1]: 1 for a prompt with a target, 0 for evaluation's padding copies."""
+    return batch["labels"].ne(-100).to(outputs.dtype).reshape(-1, 1)
+
+
 def policy_loss(outputs: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed, count): minus the reward per unit of weight as the value, the gradient of
     TRL's loss; the workbook divides by the update's summed weight, as TRL normalises."""
-    numerator, reward, weight = outputs.unbind(-1)
-    value = -(reward * weight).sum()
-    return value + (numerator.sum() - numerator.sum().detach()), weight.sum()
+    kept = _kept(outputs, batch)
+    numerator, reward, weight = (x * kept for x in outputs.unbind(-1))
+    value = -(reward.detach() * weight.detach()).nansum()
+    return value + (numerator.sum() - numerator.sum().detach()), weight.detach().sum()
 
 
 def policy_metrics(outputs: torch.Tensor, batch: dict) -> dict[str, tuple[float, float]]:
     """The mean reward per completion, and the share of groups whose rewards are all equal
     (TRL's frac_reward_zero_std: zero advantage, no gradient)."""
-    reward = outputs[..., REWARD].detach().float()
+    kept = _kept(outputs, batch).reshape(-1).bool()
+    reward = outputs[kept][..., REWARD].detach().float()
     spread = reward.std(-1) if reward.shape[-1] > 1 else torch.zeros(reward.shape[0])
     return {"reward": (float(reward.nansum()), float((~reward.isnan()).sum())),
             "zero_std_groups": (float((spread.nan_to_num(0) < 1e-6).sum()),

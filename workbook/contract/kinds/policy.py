@@ -15,6 +15,7 @@ REWARD = 1  # the reward's place in the output's last dim (adapters/grpo.py: LOS
 
 class Policy(NamedClasses):
     name = "policy"
+    sampled = True
     target_words = ("prompts, each with its group of sampled completions scored by the reward "
                     "functions (the loss is minus the mean reward)")
 

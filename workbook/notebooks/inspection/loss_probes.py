@@ -69,7 +69,7 @@ def _count_flags(task: Task, labels: torch.Tensor, count) -> list[Flag]:
     """The loss's target count must be the number of targets (a mean with count 1 weighs
     micro-batches instead of targets when updates accumulate)."""
     expected = task.target_count(labels)
-    if float(count) == expected:
+    if float(count) == expected or task.target_kind.sampled:  # counts what the forward drew
         return []
     what = task.target_kind.target_words
     return [Flag("loss target count", f"loss reports {float(count):g} targets, the batch has "
