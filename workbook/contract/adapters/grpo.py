@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from ...base.errors import WorkbookError, reason
 from ..task import Task
@@ -173,9 +174,33 @@ class GRPOPolicy(nn.Module):
                 self.draws[row] += 1
         return out
 
+    def sized(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The micro-step on fake tensors (03/05/08's prediction): no values to sample or
+        score, so every completion is max_completion_length tokens long - the generation's
+        KV cache at its end (one forward over prompt and completion that keeps its cache), the
+        reference's forward (beta > 0) and the policy's forward with the loss's graph."""
+        s, g = self.settings, self.settings["generations"]
+        width = s["max_completion_length"]
+        ids = input_ids.repeat_interleave(g, 0)
+        ids = torch.cat([ids, ids.new_zeros(ids.shape[0], width)], 1)
+        mask = torch.cat([attention_mask.repeat_interleave(g, 0),
+                          attention_mask.new_ones(ids.shape[0], width)], 1)
+        with torch.no_grad():
+            cache = self.policy(input_ids=ids, attention_mask=mask, use_cache=True)
+            if s["beta"] and self.reference is not None:
+                token_logps(self.reference, ids, mask, width, s["temperature"])
+        logps = token_logps(self.policy, ids, mask, width, s["temperature"])
+        del cache
+        numerator = -(torch.exp(logps - logps.detach())).sum(1)
+        out = torch.stack([numerator, torch.zeros_like(numerator),
+                           torch.full_like(numerator, width)], -1)
+        return out.view(-1, g, 3)
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 row: torch.Tensor) -> torch.Tensor:
         s, g = self.settings, self.settings["generations"]
+        if is_fake(input_ids) or input_ids.is_meta:
+            return self.sized(input_ids, attention_mask)
         with torch.no_grad():
             completions = self.sample(input_ids, attention_mask, row)
         rows = row.repeat_interleave(g).tolist()

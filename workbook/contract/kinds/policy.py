@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 
-from .base import NamedClasses
+from .base import Kind
 
 REWARD = 1  # the reward's place in the output's last dim (adapters/grpo.py: LOSS, REWARD, WEIGHT)
 
 
-class Policy(NamedClasses):
+class Policy(Kind):
     name = "policy"
     sampled = True
     target_words = ("prompts, each with its group of sampled completions scored by the reward "
