@@ -25,6 +25,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
 from ...base.errors import WorkbookError, reason
+from ...storage.records import Flag
 from ..task import Task
 from .base import Adapter
 from .hf_trainer import argument_fields
@@ -35,6 +36,8 @@ LOSS, REWARD, WEIGHT = range(3)
 INPUTS = ("input_ids", "attention_mask", "row")
 LOSSES = ("dapo", "grpo", "dr_grpo", "bnpo")  # the loss_types the pilot computes
 SEED_STRIDE = 1_000_003  # a prompt's draws: seed + row * stride + draw
+FLAT_SHARE = 0.5  # 01 flags when at least this share of groups have equal rewards
+CUT_SHARE = 0.5  # 01 flags when at least this share of completions are cut
 
 
 class Rewards:
@@ -174,6 +177,61 @@ class GRPOPolicy(nn.Module):
                 self.draws[row] += 1
         return out
 
+    def draw(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             row: torch.Tensor) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
+        """(the completions, [completions, functions] rewards, the weighted reward of each:
+        NaN where no function scored it) of one batch of prompts."""
+        with torch.no_grad():
+            completions = self.sample(input_ids, attention_mask, row)
+        rows = row.repeat_interleave(self.settings["generations"]).tolist()
+        rewards = self.rewards.per_function(rows, completions)
+        weighted = (rewards * self.rewards.weights).nansum(1)
+        weighted[rewards.isnan().all(1)] = math.nan
+        return completions, rewards, weighted
+
+    def audit(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, row: torch.Tensor,
+              ids: list[str]) -> list[Flag]:
+        """01's findings on the policy's own completions of these prompts, scored by the
+        user's reward functions: None/NaN rewards, groups whose rewards are all equal (no
+        advantage, no gradient), completions cut at max_completion_length."""
+        s, g = self.settings, self.settings["generations"]
+        completions, rewards, weighted = self.draw(input_ids, attention_mask, row)
+        n, shown, flags = len(completions), ids[:5], []
+        drawn = f"{n} completions the policy sampled for {n // g} training prompts"
+        for name, values in zip(self.rewards.names, rewards.T, strict=True):
+            missing = int(values.isnan().sum())
+            if missing:
+                flags.append(Flag(
+                    "reward None or NaN", f"the reward function {name!r} returned None or NaN "
+                    f"for {missing} of {drawn}: TRL keeps them as NaN, leaves them out of the "
+                    "group's mean, and a completion no function scores gets no advantage",
+                    missing, f"return a number for every completion from {name!r} (e.g. 0.0 "
+                    "for one it cannot parse)", shown))
+        grouped = weighted.view(-1, g)
+        flat = _nanstd(grouped, dim=1).nan_to_num(0) < 1e-6
+        if flat.float().mean() >= FLAT_SHARE:
+            constant = [name for name, values in zip(self.rewards.names, rewards.T, strict=True)
+                        if bool((_nanstd(values.view(-1, g), dim=1).nan_to_num(0) < 1e-6).all())]
+            flags.append(Flag(
+                "groups with equal rewards", f"{int(flat.sum())} of {len(flat)} prompts' groups "
+                f"of {g} completions have rewards all equal (TRL's frac_reward_zero_std "
+                f"{float(flat.float().mean()):.2f}): their advantages are 0 and they give no "
+                "gradient" + (f"; the reward function(s) {constant} give every completion of a "
+                              "prompt the same value" if constant else ""), int(flat.sum()),
+                "make the reward tell a prompt's completions apart (partial credit, a graded "
+                "score rather than a prompt-level value), or raise num_generations or the "
+                "temperature", shown))
+        cut = sum(1 for c in completions if not c or c[-1] not in s["eos"])
+        if cut / n >= CUT_SHARE:
+            flags.append(Flag(
+                "completions cut at max_completion_length", f"{cut} of {drawn} reach "
+                f"max_completion_length={s['max_completion_length']} without an end token "
+                "(TRL's completions/clipped_ratio): the rewards score answers cut short"
+                + ("" if s["mask_truncated"] else ", and the loss trains on them"), cut,
+                "raise max_completion_length so completions end, or set "
+                "mask_truncated_completions=True to leave cut ones out of the loss", shown))
+        return flags
+
     def sized(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The micro-step on fake tensors (03/05/08's prediction): no values to sample or
         score, so every completion is max_completion_length tokens long - the generation's
@@ -201,12 +259,7 @@ class GRPOPolicy(nn.Module):
         s, g = self.settings, self.settings["generations"]
         if is_fake(input_ids) or input_ids.is_meta:
             return self.sized(input_ids, attention_mask)
-        with torch.no_grad():
-            completions = self.sample(input_ids, attention_mask, row)
-        rows = row.repeat_interleave(g).tolist()
-        rewards = self.rewards.per_function(rows, completions)
-        weighted = (rewards * self.rewards.weights).nansum(1)
-        weighted[rewards.isnan().all(1)] = math.nan
+        completions, _, weighted = self.draw(input_ids, attention_mask, row)
         device = input_ids.device
         advantages = self.rewards.advantages(weighted, g).to(device)
         width = max(len(c) for c in completions)

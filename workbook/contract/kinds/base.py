@@ -104,6 +104,10 @@ class Kind:
         """01's findings that only this kind's targets can have (Flags), on encoded items."""
         return []
 
+    def model_audits(self, task: Task, model: Any, items: list) -> list:
+        """01's findings of this kind that need the task's model on a few encoded items."""
+        return []
+
 
 class NamedClasses(Kind):
     """Shared by the kinds whose ids are classes with names (label_names, label_field)."""

@@ -10,6 +10,7 @@ import math
 
 from .base import Kind
 
+PROMPTS = 8  # 01 samples each reward's completions on this many training prompts
 REWARD = 1  # the reward's place in the output's last dim (adapters/grpo.py: LOSS, REWARD, WEIGHT)
 
 
@@ -47,3 +48,12 @@ class Policy(Kind):
         rewards = task.forward(model, batch)[0, :, REWARD]
         return {"mean_reward": round(float(rewards.nanmean()), 4),
                 "reward_spread": round(float(rewards.std()), 4) if rewards.numel() > 1 else 0.0}
+
+    def model_audits(self, task, model, items):
+        """The policy's own completions on a few training prompts, scored by the reward
+        functions and judged (`model.audit`: lengths, None/NaN, groups of equal rewards,
+        completions cut at max_completion_length)."""
+        if not items or not hasattr(model, "audit"):
+            return []
+        batch = task.collate([it.tensors for it in items[:PROMPTS]])
+        return model.audit(*(batch[k] for k in task.model_inputs), ids=[it.id for it in items])
