@@ -16,7 +16,7 @@ returns one reward per prompt, not per completion), `constant_reward=True` (a re
 every completion of a prompt the same value: every group has zero spread, zero advantage and no
 gradient - TRL's `frac_reward_zero_std` 1.0), `none_reward=True` (a reward that returns None
 for completions it cannot parse: TRL turns them into NaN), `short_completions=True`
-(max_completion_length=2: most completions are cut before their end token),
+(max_completion_length=1: most completions are cut before their end token),
 `odd_generations=True` (a generation batch of 4 completions with num_generations=3: TRL refuses
 it at GRPOConfig, and the pilot relays its words before any notebook).
 """
@@ -83,7 +83,7 @@ def make_trainer_factory(count: int = 60, wrong_length: bool = False,
             reward_funcs=rewards,
             args=GRPOConfig(output_dir="trl-grpo-out", learning_rate=5e-3,
                             num_generations=3 if odd_generations else 4,
-                            max_completion_length=2 if short_completions else 12,
+                            max_completion_length=1 if short_completions else 12,
                             per_device_train_batch_size=4, per_device_eval_batch_size=4,
                             reward_weights=[1.0] * len(rewards) if constant_reward
                             else [1.0, 0.5], report_to="none", use_cpu=True, seed=0),

@@ -102,7 +102,7 @@ def test_none_rewards_are_named_with_their_function():
 @pytest.mark.planted
 def test_completions_cut_at_max_completion_length_are_named():
     flags = _flags(_task(short_completions=True))
-    assert "max_completion_length=2 without an end token" in \
+    assert "max_completion_length=1 without an end token" in \
         flags["completions cut at max_completion_length"]
 
 
