@@ -17,7 +17,9 @@ every completion of a prompt the same value: every group has zero spread, zero a
 gradient - TRL's `frac_reward_zero_std` 1.0), `none_reward=True` (a reward that returns None
 for completions it cannot parse: TRL turns them into NaN), `short_completions=True`
 (max_completion_length=1: most completions are cut before their end token),
-`odd_generations=True` (a generation batch of 4 completions with num_generations=3: TRL refuses
+`batch_relative=True` (a reward normalised by the longest completion of the batch it is called
+on: a completion's reward depends on the others, so on generation_batch_size and the number of
+GPUs), `odd_generations=True` (a generation batch of 4 completions with num_generations=3: TRL refuses
 it at GRPOConfig, and the pilot relays its words before any notebook).
 """
 
@@ -59,7 +61,8 @@ def brevity(completions, **kwargs) -> list[float]:
 
 def make_trainer_factory(count: int = 60, wrong_length: bool = False,
                          constant_reward: bool = False, none_reward: bool = False,
-                         short_completions: bool = False, odd_generations: bool = False):
+                         short_completions: bool = False, odd_generations: bool = False,
+                         batch_relative: bool = False):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,6 +76,10 @@ def make_trainer_factory(count: int = 60, wrong_length: bool = False,
         rewards[1] = lambda completions, **kw: brevity(completions)[::4]
     if constant_reward:  # planted: a reward of the prompt alone, equal across its group
         rewards = [lambda prompts, **kw: [len(p[0]["content"]) / 10 for p in prompts]]
+    if batch_relative:  # planted: each completion's length against the batch's longest
+        rewards[1] = lambda completions, **kw: [
+            len(text(c).split()) / max(1, *(len(text(x).split()) for x in completions))
+            for c in completions]
     if none_reward:  # planted: None where the completion is not one word
         rewards[1] = lambda completions, **kw: [1.0 if len(text(c).split()) == 1 else None
                                                 for c in completions]

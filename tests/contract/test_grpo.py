@@ -100,6 +100,12 @@ def test_none_rewards_are_named_with_their_function():
 
 
 @pytest.mark.planted
+def test_a_reward_normalised_by_its_batch_is_named():
+    flags = _flags(_task(batch_relative=True))
+    assert "'<lambda>' scores" in flags["reward depends on its batch"]
+
+
+@pytest.mark.planted
 def test_completions_cut_at_max_completion_length_are_named():
     flags = _flags(_task(short_completions=True))
     assert "max_completion_length=1 without an end token" in \

@@ -96,6 +96,22 @@ class Rewards:
             out[:, i] = torch.tensor([math.nan if v is None else float(v) for v in values])
         return out
 
+    def batch_dependence(self, rows: list[int], ids: list[list[int]], rewards: torch.Tensor,
+                         shown: list[str]) -> list[Flag]:
+        """Reward functions whose reward of a completion changes with the completions it is
+        scored beside: each called again on every completion alone. TRL calls them once per
+        generation batch, so such a reward depends on the batch size and the ranks."""
+        alone = torch.cat([self.per_function([r], [c]) for r, c in zip(rows, ids, strict=True)])
+        moved = ((alone - rewards).abs() > 1e-6 * (1 + rewards.abs())) & ~rewards.isnan()
+        return [Flag("reward depends on its batch", f"the reward function {name!r} scores "
+                     f"{int(m.sum())} of {len(rows)} completions differently when it is called "
+                     "on each alone than on the whole batch: a completion's reward depends on "
+                     "the others scored with it (normalised by the batch's own maximum or "
+                     "mean?), so it changes with generation_batch_size and the number of GPUs",
+                     int(m.sum()), f"make {name!r} score each completion by itself; TRL "
+                     "normalises the rewards within each group already (scale_rewards)", shown)
+                for name, m in zip(self.names, moved.T, strict=True) if bool(m.any())]
+
     def advantages(self, rewards: torch.Tensor, generations: int) -> torch.Tensor:
         """TRL's advantages (sum_then_normalize): each reward less its group's mean, divided by
         the group's (or the batch's) standard deviation unless scale_rewards is 'none'."""
@@ -207,6 +223,8 @@ class GRPOPolicy(nn.Module):
                     "group's mean, and a completion no function scores gets no advantage",
                     missing, f"return a number for every completion from {name!r} (e.g. 0.0 "
                     "for one it cannot parse)", shown))
+        flags += self.rewards.batch_dependence(row.repeat_interleave(g).tolist(), completions,
+                                               rewards, shown)
         grouped = weighted.view(-1, g)
         flat = _nanstd(grouped, dim=1).nan_to_num(0) < 1e-6
         if flat.float().mean() >= FLAT_SHARE:
