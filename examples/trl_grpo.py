@@ -19,8 +19,8 @@ for completions it cannot parse: TRL turns them into NaN), `short_completions=Tr
 (max_completion_length=1: most completions are cut before their end token),
 `batch_relative=True` (a reward normalised by the longest completion of the batch it is called
 on: a completion's reward depends on the others, so on generation_batch_size and the number of
-GPUs), `odd_generations=True` (a generation batch of 4 completions with num_generations=3: TRL refuses
-it at GRPOConfig, and the pilot relays its words before any notebook).
+GPUs), `odd_generations=True` (a generation batch of 4 completions with num_generations=3:
+TRL refuses it at GRPOConfig, and the pilot relays its words before any notebook).
 """
 
 from __future__ import annotations
