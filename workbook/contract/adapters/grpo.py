@@ -280,7 +280,7 @@ class GRPOPolicy(nn.Module):
         completions, _, weighted = self.draw(input_ids, attention_mask, row)
         device = input_ids.device
         advantages = self.rewards.advantages(weighted, g).to(device)
-        width = max(len(c) for c in completions)
+        width = s["max_completion_length"]  # the limit: a step sized for its longest draws
         done = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in completions],
                             device=device)
         tail = torch.tensor([c + [s["pad"]] * (width - len(c)) for c in completions],
