@@ -189,9 +189,19 @@ class GRPOPolicy(nn.Module):
             for seq in made.tolist():
                 ends = [i for i, t in enumerate(seq) if t in s["eos"]]
                 out.append(seq[:ends[0] + 1] if ends else seq)
-            if self.training:
-                self.draws[row] += 1
+        if self.training:
+            self.drawn(rows)
         return out
+
+    def drawn(self, rows: torch.Tensor) -> None:
+        """Count a training draw of each of `rows` - of every rank's rows when several
+        processes train (each samples its own prompts; every replica keeps the same counts,
+        so a checkpoint written by one resumes them all)."""
+        counts = torch.zeros_like(self.draws)
+        counts.index_add_(0, rows.to(counts.device), torch.ones_like(rows, device=counts.device))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(counts)
+        self.draws += counts
 
     def draw(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
              row: torch.Tensor) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
