@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import is_fake
 from ...base.errors import WorkbookError, reason
 from ...storage.records import Flag
 from ..task import Task
-from .base import Adapter
+from .base import Adapter, BesideReference
 from .hf_trainer import argument_fields
 
 # what the workbook reads per completion from the forward: the loss numerator (with the
@@ -143,33 +143,21 @@ def token_logps(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: i
     return torch.log_softmax(logits, -1).gather(-1, ids[:, -keep:, None]).squeeze(-1)
 
 
-class GRPOPolicy(nn.Module):
+class GRPOPolicy(BesideReference):
     """The policy and its reference as one model whose forward is a GRPO micro-step on its
     prompts: it samples, scores, and returns per completion [loss numerator, reward, weight]
     (`LOSS`, `REWARD`, `WEIGHT`) laid out [prompts, num_generations, 3]. The reference is a
     frozen copy, or - `reference` None with beta > 0, as TRL does for PEFT - the policy's base
     with the adapters off; with beta 0 none runs."""
 
+    SHARED = (*BesideReference.SHARED, "config")
+
     def __init__(self, policy: nn.Module, reference: nn.Module | None, rewards: Rewards,
                  settings: dict[str, Any], rows: int):
-        super().__init__()
-        self.policy, self.reference, self.rewards = policy, reference, rewards
-        self.settings = settings
-        if reference is not None:
-            reference.requires_grad_(False)
+        super().__init__(policy, reference)
+        self.rewards, self.settings = rewards, settings
         # how often each prompt was drawn in training: its next completions' seed
         self.register_buffer("draws", torch.zeros(rows, dtype=torch.long))
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("peft_config", "disable_adapter", "config"):  # the policy's own
-            return getattr(self._modules["policy"], name)
-        return super().__getattr__(name)
-
-    def train(self, mode: bool = True) -> "GRPOPolicy":
-        super().train(mode)
-        if self.reference is not None:
-            self.reference.eval()
-        return self
 
     def sample(self, ids: torch.Tensor, mask: torch.Tensor,
                rows: torch.Tensor) -> list[list[int]]:
