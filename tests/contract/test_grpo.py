@@ -47,6 +47,8 @@ def test_a_prompt_is_one_example_its_group_sampled_by_the_forward(clean):
     assert count > 0 and any(p.grad is not None and p.grad.abs().sum() > 0
                              for p in model.parameters())
     assert model.draws[batch["row"]].tolist() == [1, 1]  # the next draw samples anew
+    said = model.phases_said()  # 03 shows the phases of the forward apart
+    assert "generation" in said and "tokens/s" in said and "policy log-probs" in said
 
 
 def test_an_update_samples_the_same_however_it_is_split(clean):

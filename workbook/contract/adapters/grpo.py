@@ -17,8 +17,10 @@ update's samples do not depend on how it is split into micro-batches or ranks.""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -191,14 +193,47 @@ class GRPOPolicy(BesideReference):
             torch.distributed.all_reduce(counts)
         self.draws += counts
 
+    @contextlib.contextmanager
+    def clock(self, phase: str) -> Iterator[None]:
+        """Time one phase of the forward; on a GPU, the memory allocated and reserved after
+        it (03 shows them beside its gates: `phases_said`)."""
+        cuda = torch.cuda.is_available() and any(p.is_cuda for p in self.policy.parameters())
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        yield
+        if cuda:
+            torch.cuda.synchronize()
+        self.phases.append((phase, time.perf_counter() - start,
+                            torch.cuda.memory_allocated() if cuda else None,
+                            torch.cuda.memory_reserved() if cuda else None))
+
+    def phases_said(self) -> str | None:
+        """The phases of the last forward in words: generation with its tokens per second,
+        rewards, reference and policy log-probs, their share of the forward's time."""
+        phases = getattr(self, "phases", None)
+        if not phases:
+            return None
+        total = sum(p[1] for p in phases) or 1.0
+
+        def said(name: str, seconds: float, allocated: int | None, reserved: int | None) -> str:
+            rate = f", {self.tokens} tokens, {self.tokens / max(seconds, 1e-9):.3g} tokens/s" \
+                if name == "generation" else ""
+            memory = f", allocated {allocated / 2**20:.4g} MiB, reserved " \
+                f"{reserved / 2**20:.4g} MiB" if allocated is not None else ""
+            return f"{name} {seconds:.3g} s ({seconds / total:.0%}{rate}{memory})"
+        return "GRPO's forward: " + "; ".join(said(*p) for p in phases)
+
     def draw(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
              row: torch.Tensor) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
         """(the completions, [completions, functions] rewards, the weighted reward of each:
         NaN where no function scored it) of one batch of prompts."""
-        with torch.no_grad():
+        with torch.no_grad(), self.clock("generation"):
             completions = self.sample(input_ids, attention_mask, row)
+        self.tokens = sum(map(len, completions))
         rows = row.repeat_interleave(self.settings["generations"]).tolist()
-        rewards = self.rewards.per_function(rows, completions)
+        with self.clock("rewards"):
+            rewards = self.rewards.per_function(rows, completions)
         weighted = (rewards * self.rewards.weights).nansum(1)
         weighted[rewards.isnan().all(1)] = math.nan
         return completions, rewards, weighted
@@ -275,6 +310,7 @@ class GRPOPolicy(BesideReference):
         s, g = self.settings, self.settings["generations"]
         if is_fake(input_ids) or input_ids.is_meta:
             return self.sized(input_ids, attention_mask)
+        self.phases: list[tuple[str, float, int | None, int | None]] = []
         completions, _, weighted = self.draw(input_ids, attention_mask, row)
         device = input_ids.device
         advantages = self.rewards.advantages(weighted, g).to(device)
@@ -290,13 +326,14 @@ class GRPOPolicy(BesideReference):
             cut = torch.tensor([not c or c[-1] not in s["eos"] for c in completions],
                                device=device)
             loss_mask = loss_mask * (~cut)[:, None]
-        logps = token_logps(self.policy, ids, mask, width, s["temperature"])
+        with self.clock("policy log-probs (with the loss's graph)"):
+            logps = token_logps(self.policy, ids, mask, width, s["temperature"])
         coef = torch.exp(logps - logps.detach())  # 1: one update per generation, on-policy
         per_token = -torch.min(coef * advantages[:, None],
                                coef.clamp(1 - s["epsilon_low"], 1 + s["epsilon_high"])
                                * advantages[:, None])
         if s["beta"]:
-            with torch.no_grad():
+            with torch.no_grad(), self.clock("reference log-probs"):
                 if self.reference is not None:
                     ref = token_logps(self.reference, ids, mask, width, s["temperature"])
                 else:
