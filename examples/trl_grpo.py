@@ -11,6 +11,10 @@ in capitals) and `brevity` (completions that stop early), weighted 1 and 0.5. Ne
 
     python -m workbook pilot --task examples.trl_grpo:task --smoke
 
+Options: `lora=True` (LoRA adapters on every linear layer: the reference is the base with the
+adapters off), `beta=0.04` (a KL penalty against the reference: a frozen copy of the policy
+without LoRA). `examples/llama_grpo_campaign.py` sizes an 8 B campaign of the same run.
+
 Planted bugs (each named by 01, before any rental): `wrong_length=True` (a reward function that
 returns one reward per prompt, not per completion), `constant_reward=True` (a reward that gives
 every completion of a prompt the same value: every group has zero spread, zero advantage and no
@@ -62,9 +66,10 @@ def brevity(completions, **kwargs) -> list[float]:
 def make_trainer_factory(count: int = 60, wrong_length: bool = False,
                          constant_reward: bool = False, none_reward: bool = False,
                          short_completions: bool = False, odd_generations: bool = False,
-                         batch_relative: bool = False):
+                         batch_relative: bool = False, lora: bool = False, beta: float = 0.0):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     from datasets import Dataset
+    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
@@ -93,9 +98,12 @@ def make_trainer_factory(count: int = 60, wrong_length: bool = False,
                             max_completion_length=1 if short_completions else 12,
                             per_device_train_batch_size=4, per_device_eval_batch_size=4,
                             reward_weights=[1.0] * len(rewards) if constant_reward
-                            else [1.0, 0.5], report_to="none", use_cpu=True, seed=0),
+                            else [1.0, 0.5], beta=beta, report_to="none", use_cpu=True,
+                            seed=0),
             train_dataset=train, eval_dataset=evaluation,
-            processing_class=AutoTokenizer.from_pretrained(BASE))
+            processing_class=AutoTokenizer.from_pretrained(BASE),
+            peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                   task_type="CAUSAL_LM") if lora else None)
     return make_trainer
 
 

@@ -134,3 +134,21 @@ def test_a_loss_the_pilot_does_not_compute_is_refused():
         return trainer
     with pytest.raises(WorkbookError, match="loss_type='sapo'"):
         from_trainer(sapo, name="sapo")
+
+
+@pytest.mark.slow
+def test_an_8b_campaign_is_sized_with_its_reference():
+    """examples/llama_grpo_campaign.py on fake tensors: the full fine-tune holds its frozen
+    bf16 reference beside the policy (weights only), LoRA holds the base once."""
+    from examples.llama_grpo_campaign import make_task
+    from workbook.training.loop import UpdateShape
+    from workbook.training.predict import Plan, predict
+
+    weights = {}
+    for lora in (True, False):
+        task = make_task(lora=lora)
+        items = encode_examples(task, prepare(task, limits={"train": 4}).raw["train"])
+        sized = predict(task, items, items[:2], Plan(UpdateShape(2, 1), 0), campaign=True)
+        weights[lora] = sized.set_index("phase").loc["forward + loss", "parameter_bytes"]
+    assert 15e9 < weights[True] < 17e9  # 8 B in bf16, the adapters beside
+    assert 31e9 < weights[False] < 33e9  # the policy and its reference

@@ -283,6 +283,16 @@ class GRPOPolicy(BesideReference):
                 "mask_truncated_completions=True to leave cut ones out of the loss", shown))
         return flags
 
+    def reference_logps(self, ids: torch.Tensor, mask: torch.Tensor,
+                        width: int) -> torch.Tensor:
+        """The reference's log-probs of the completions: its frozen copy's, or the policy's
+        with the adapters off."""
+        temperature = self.settings["temperature"]
+        if self.reference is not None:
+            return token_logps(self.reference, ids, mask, width, temperature)
+        with self.policy.disable_adapter():
+            return token_logps(self.policy, ids, mask, width, temperature)
+
     def sized(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The micro-step on fake tensors (03/05/08's prediction): no values to sample or
         score, so every completion is max_completion_length tokens long - the generation's
@@ -296,8 +306,8 @@ class GRPOPolicy(BesideReference):
                           attention_mask.new_ones(ids.shape[0], width)], 1)
         with torch.no_grad():
             cache = self.policy(input_ids=ids, attention_mask=mask, use_cache=True)
-            if s["beta"] and self.reference is not None:
-                token_logps(self.reference, ids, mask, width, s["temperature"])
+            if s["beta"]:
+                self.reference_logps(ids, mask, width)
         logps = token_logps(self.policy, ids, mask, width, s["temperature"])
         del cache
         numerator = -(torch.exp(logps - logps.detach())).sum(1)
@@ -334,11 +344,7 @@ class GRPOPolicy(BesideReference):
                                * advantages[:, None])
         if s["beta"]:
             with torch.no_grad(), self.clock("reference log-probs"):
-                if self.reference is not None:
-                    ref = token_logps(self.reference, ids, mask, width, s["temperature"])
-                else:
-                    with self.policy.disable_adapter():
-                        ref = token_logps(self.policy, ids, mask, width, s["temperature"])
+                ref = self.reference_logps(ids, mask, width)
             per_token = per_token + s["beta"] * (torch.exp(ref - logps) - (ref - logps) - 1)
         summed = (per_token * loss_mask).sum(1)
         tokens = loss_mask.sum(1)
@@ -488,9 +494,7 @@ class GRPOAdapter(Adapter):
 
     def build_model(self) -> nn.Module:
         """The policy beside its reference, of a trainer built anew."""
-        rows = self.offset + len(self.data["validation"])
-        return self.fresh(lambda t: GRPOPolicy(t.model, t.ref_model, self.rewards,
-                                               self.settings, rows))
+        return self.fresh(lambda t: self.around(t.model, t.ref_model))
 
     @staticmethod
     def split_of(ex: dict) -> str:
@@ -523,7 +527,14 @@ class GRPOAdapter(Adapter):
             f"{s['loss_type']!r} loss (scale_rewards {self.rewards.scale!r}, beta "
             f"{s['beta']:g}); the loss shown is minus the mean reward", *self.notes]
         task.padding_rows = {}
+        task.policy_around = self.around  # a campaign's policy (a bigger model) as the pilot's
         return task
+
+    def around(self, policy: nn.Module, reference: nn.Module | None) -> GRPOPolicy:
+        """`policy` (and its frozen reference, None under PEFT or with beta 0) as this
+        trainer's GRPO policy: a campaign model of the same run (`Task.campaign_model`)."""
+        return GRPOPolicy(policy, reference, self.rewards, self.settings,
+                          self.offset + len(self.data["validation"]))
 
 
 def from_grpo(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
