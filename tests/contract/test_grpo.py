@@ -152,3 +152,12 @@ def test_an_8b_campaign_is_sized_with_its_reference():
         weights[lora] = sized.set_index("phase").loc["forward + loss", "parameter_bytes"]
     assert 15e9 < weights[True] < 17e9  # 8 B in bf16, the adapters beside
     assert 31e9 < weights[False] < 33e9  # the policy and its reference
+
+
+@pytest.mark.slow
+def test_the_clean_grpo_example_passes_the_nine_notebooks(tmp_path):
+    from workbook.commands.pilot import run_pilot
+
+    _, index = run_pilot("examples.trl_grpo:task", out=str(tmp_path / "run"), smoke=True,
+                         progress=False)
+    assert (index.verdict == "pass").all(), index[["notebook", "verdict"]]
