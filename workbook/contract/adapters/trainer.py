@@ -66,9 +66,10 @@ def built(make_trainer: Callable[[], Any], log: list | None = None) -> Any:
             raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}: the pilot "
                                 f"maps the {mapped}, not this one yet",
                                 "write a workbook.Task for it (docs/own-task.md)")
-        raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}, not a trainer "
-                            f"the pilot maps ({mapped})", "return the trainer your script "
-                            "builds, before trainer.train()")
+        raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}, not a "
+                            "transformers Trainer nor a TRL SFTTrainer, DPOTrainer or "
+                            "GRPOTrainer", "return the trainer your script builds, before "
+                            "trainer.train()")
     step = getattr(getattr(trainer, "state", None), "global_step", 0) or 0
     if step:
         raise WorkbookError(f"make_trainer returned a trainer that has trained ({step} "
