@@ -105,6 +105,7 @@ def test_none_rewards_are_named_with_their_function():
 def test_a_reward_normalised_by_its_batch_is_named():
     flags = _flags(_task(batch_relative=True))
     assert "'<lambda>' scores" in flags["reward depends on its batch"]
+    assert set(flags) == {"reward depends on its batch"}  # not taken for a padding bug
 
 
 @pytest.mark.planted
