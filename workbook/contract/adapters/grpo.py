@@ -296,20 +296,23 @@ class GRPOPolicy(BesideReference):
     def sized(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The micro-step on fake tensors (03/05/08's prediction): no values to sample or
         score, so every completion is max_completion_length tokens long - the generation's
-        KV cache at its end (one forward over prompt and completion that keeps its cache), the
-        reference's forward (beta > 0) and the policy's forward with the loss's graph."""
+        KV cache at its end (one forward over prompt and completion that keeps its cache and
+        the last position's logits), then the reference's forward (beta > 0) and the policy's
+        forward with the loss's graph."""
         s, g = self.settings, self.settings["generations"]
         width = s["max_completion_length"]
         ids = input_ids.repeat_interleave(g, 0)
         ids = torch.cat([ids, ids.new_zeros(ids.shape[0], width)], 1)
         mask = torch.cat([attention_mask.repeat_interleave(g, 0),
                           attention_mask.new_ones(ids.shape[0], width)], 1)
-        with torch.no_grad():
-            cache = self.policy(input_ids=ids, attention_mask=mask, use_cache=True)
+        with torch.no_grad():  # generation ends holding the cache of every position, the
+            # logits of the last only; it is freed before the log-probs are taken
+            cache = self.policy(input_ids=ids, attention_mask=mask, use_cache=True,
+                                logits_to_keep=1).past_key_values
+            del cache
             if s["beta"]:
                 self.reference_logps(ids, mask, width)
         logps = token_logps(self.policy, ids, mask, width, s["temperature"])
-        del cache
         numerator = -(torch.exp(logps - logps.detach())).sum(1)
         out = torch.stack([numerator, torch.zeros_like(numerator),
                            torch.full_like(numerator, width)], -1)
