@@ -39,7 +39,7 @@ def make_task(lora: bool = True, beta: float = 0.04, layers: int = 32, width: in
 
     def build(layers: int):
         reference = None if lora or not beta else frozen.with_layers(layers)()
-        return task.policy_around(policy.with_layers(layers)(), reference)
+        return task.framework.policy_around(policy.with_layers(layers)(), reference)
     return dataclasses.replace(task, name=f"llama-8b-grpo-{'lora' if lora else 'full'}",
                                campaign_model=wb.campaign.Deep(build, layers=layers))
 

@@ -125,7 +125,7 @@ def test_a_generation_batch_num_generations_does_not_divide_is_relayed_from_trl(
 
 def test_a_loss_the_pilot_does_not_compute_is_refused():
     from examples.trl_grpo import make_trainer_factory
-    from workbook.adapters import from_trainer
+    from workbook.contract.adapters import from_trainer
 
     make = make_trainer_factory(PROMPTS)
 
@@ -169,7 +169,7 @@ def test_a_trainer_not_mapped_yet_is_said_so_with_its_own_fix():
     load_task its fix stands (no `\\n` printed literally)."""
     import transformers
 
-    from workbook.adapters import from_trainer
+    from workbook.contract.adapters import from_trainer
 
     class RewardTrainer(transformers.Trainer):  # a Trainer subclass the pilot does not map
         def __init__(self):

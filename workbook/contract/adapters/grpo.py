@@ -522,15 +522,14 @@ class GRPOAdapter(Adapter):
                     label_field="target", padding_side="left", decode=self.decode,
                     decode_input=self.decode_input, loss=policy_loss, metrics=policy_metrics,
                     **fields)
-        task.adapter_notes = [
+        task.framework.notes = [
             f"from_trainer: a {type(self.trainer).__name__}'s prompts, reward functions "
             f"({', '.join(self.rewards.names)}, weights {self.rewards.weights.tolist()}) and "
             f"GRPOConfig; each update samples {s['generations']} completions per prompt (at "
             f"most {s['max_completion_length']} tokens), scores them and takes TRL's "
             f"{s['loss_type']!r} loss (scale_rewards {self.rewards.scale!r}, beta "
             f"{s['beta']:g}); the loss shown is minus the mean reward", *self.notes]
-        task.padding_rows = {}
-        task.policy_around = self.around  # a campaign's policy (a bigger model) as the pilot's
+        task.framework.policy_around = self.around  # a campaign model of the same run
         return task
 
     def around(self, policy: nn.Module, reference: nn.Module | None) -> GRPOPolicy:
