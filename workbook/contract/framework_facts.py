@@ -34,3 +34,6 @@ class FrameworkFacts:
     # token id -> token, for the tokens the tokenizer added past its own vocabulary (01 asks
     # whether the base ever trained their rows)
     added_tokens: dict[int, str] = field(default_factory=dict)
+    # (policy, reference) -> the task's model around them, for a campaign model of the same
+    # run (a GRPOTrainer's: `GRPOPolicy` with its rewards and settings); None elsewhere
+    policy_around: Callable[[Any, Any], Any] | None = None

@@ -488,6 +488,9 @@ def load_task(path: str, **options: Any) -> Task:
         raise WorkbookError(
             f"task module {module_name!r} has a syntax error: {exc.msg} "
             f"({exc.filename}, line {exc.lineno})", "fix that line and run again") from None
+    except WorkbookError as exc:  # the task's own refusal (a from_* adapter): its fix stands
+        raise WorkbookError(f"importing task module {module_name!r} failed: {exc.problem}",
+                            exc.fix) from exc
     except Exception as exc:
         raise WorkbookError(f"importing task module {module_name!r} failed: {exc!r}",
                             "run `python -c 'import " + module_name + "'` to see the error "
@@ -513,6 +516,9 @@ def load_task(path: str, **options: Any) -> Task:
             )
         try:
             obj = obj(**options)
+        except WorkbookError as exc:
+            raise WorkbookError(f"calling {path}({', '.join(options)}) failed: {exc.problem}",
+                                exc.fix) from exc
         except Exception as exc:
             raise WorkbookError(f"calling {path}({', '.join(options)}) failed: {exc!r}",
                                 "point at a Task, or a function returning one, and check its "

@@ -282,11 +282,14 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     bar = loss_threshold * scale + floor + own_floor
     tolerance = math.sqrt(bar)  # per regression target, in the targets' units
     seen: list[StepRecord] = []
+    sampled = task.target_kind.sampled  # a policy's sampled completions, scored by rewards
 
     def watch(record: StepRecord, stepper, _) -> str | None:
         seen.append(record)
         if divergence(seen):
             return divergence(seen)  # a diverged run stops: the rest would be noise
+        if sampled:
+            return None  # nothing to give back: the reward is judged at the end
         if record.loss < bar and len(seen) % MEMORISED_EVERY == 0 and memorised(
                 task, stepper.model, items, dev, bar, tolerance, own_floor):
             return "memorised"  # the rest of the budget would only confirm it
@@ -296,10 +299,12 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
     diverged = divergence(result.steps)
     final = evaluate(task, result.model, items, len(items), dev, len(result.steps))
     steps = to_frame(result.steps).drop(columns=["example_ids"])
-    judged = reproduced(task, result.model, items, dev, tolerance)
+    judged = reproduced(task, result.model, items, dev, tolerance) if not sampled else \
+        pd.DataFrame({"exact_ids": [True] * len(items)})
     exact = judged.exact_ids.tolist()
     rows = []
     for ex, it, judge in zip(raw, items, judged.to_dict("records"), strict=True):
+        judge = {} if sampled else judge
         row = {"example": it.id, **judge}
         batch = collate_items(task, [it]).to(dev).tensors
         with eval_mode(result.model):
@@ -353,6 +358,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                    f"the subset (no model gives both): not asked for, and their least loss "
                    f"{floor:.4g} per target is in the loss bar" if ambiguous else ""},
     ])
+    if sampled:  # no answer to give back: the reward must rise (learnability)
+        checks = pd.concat([checks.iloc[:3], pd.DataFrame([reward_rise(
+            initial.loss, final.loss, loss_threshold, len(result.steps))])], ignore_index=True)
     if "greedy_exact" in reproduction:
         greedy = int(reproduction.greedy_exact.sum())
         checks.loc[len(checks)] = {"check": "greedy decoding gives the responses back",
@@ -374,12 +382,31 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                "initial_loss_rule": rule,
                "memorised": final.loss < bar and all(exact), "conclusive": not unfinished,
                "stopped_memorised": result.stop_reason == "memorised"}
+    if sampled:
+        figures.update(initial_reward=round(-initial.loss, 4), final_reward=round(-final.loss, 4),
+                       memorised=None)
     if regression:
         figures["target_variance"] = round(scale, 6)
         figures["reproduction_tolerance"] = round(tolerance, 6)
     return OverfitResult(task, steps, checks, reproduction, figures,
                          message or _diagnosis(checks, initial.loss, final.loss, bar, updates, lr,
                                                own_floor, [s.lr for s in result.steps]))
+
+
+def reward_rise(initial: float, final: float, threshold: float, updates: int) -> dict:
+    """02's check for a policy scored by rewards (its loss is minus the mean reward, on the
+    same seeded draws before and after): the mean reward rises by at least `threshold` x
+    max(1, |the initial reward|) - a reward the policy can learn is learnt."""
+    need = threshold * max(1.0, abs(initial))
+    rose = -final - -initial
+    passed = math.isfinite(rose) and rose >= need
+    return {"check": "mean reward rises (learnability)",
+            "value": f"{-initial:.4g} -> {-final:.4g}", "expected": f"rises by >= {need:.3g}",
+            "passed": passed, "detail": "" if passed else (
+                f"the mean reward moved by {rose:.4g} in {updates} updates: the policy does not "
+                "learn its reward on these prompts - see 01's groups with equal rewards (no "
+                "advantage, no gradient) and truncated completions, or compare learning rates "
+                "with notebook 06")}
 
 
 def memorised(task: Task, model: torch.nn.Module, items: list[Item], device: torch.device,

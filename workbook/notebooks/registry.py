@@ -118,6 +118,10 @@ def _overfit_why(ok: bool, f: dict, summary: dict) -> str:
                 f"{f.get('updates_run')} updates and is still falling (bar "
                 f"{_n(f.get('final_loss_bar'))}); {f.get('exact_examples')} of "
                 f"{f.get('examples')} examples are reproduced exactly")
+    if ok and f.get("final_reward") is not None:
+        return (f"the mean reward rose from {_n(f.get('initial_reward'))} to "
+                f"{_n(f.get('final_reward'))} in {f.get('updates_run')} updates on "
+                f"{f.get('examples')} prompts: the policy learns its reward")
     if ok:
         return (f"the loss fell from {_n(f.get('initial_loss'))} to "
                 f"{_n(f.get('final_loss'))} (below {_n(f.get('final_loss_bar'))}) in "

@@ -14,7 +14,7 @@ workbook's default (the field stays None)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -31,3 +31,28 @@ class Adapter:
     def unwrap(model: nn.Module) -> Any:
         """The user's module inside a DistributedDataParallel wrapper (09 passes one)."""
         return getattr(model, "module", model)
+
+
+class BesideReference(nn.Module):
+    """A policy and its reference as one model (DPO's pair, GRPO's policy): the reference,
+    when there is one, is frozen and stays in eval mode whatever mode the model is put in; the
+    attributes named in `SHARED` (the PEFT adapters) are the policy's."""
+
+    SHARED: ClassVar[tuple[str, ...]] = ("peft_config", "disable_adapter")
+
+    def __init__(self, policy: nn.Module, reference: nn.Module | None):
+        super().__init__()
+        self.policy, self.reference = policy, reference
+        if reference is not None:
+            reference.requires_grad_(False)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in type(self).SHARED:
+            return getattr(self._modules["policy"], name)
+        return super().__getattr__(name)
+
+    def train(self, mode: bool = True) -> "BesideReference":
+        super().train(mode)
+        if self.reference is not None:
+            self.reference.eval()
+        return self

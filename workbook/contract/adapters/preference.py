@@ -12,7 +12,7 @@ from torch import nn
 
 from ...base.errors import WorkbookError
 from ..task import Task
-from .base import Adapter
+from .base import Adapter, BesideReference
 from .hf_trainer import argument_fields
 
 ANSWERS = ("chosen", "rejected")
@@ -30,7 +30,7 @@ def _answer_logps(model: nn.Module, ids: torch.Tensor, attention: torch.Tensor,
     return (picked * completion[:, 1:]).sum(-1)
 
 
-class PreferencePair(nn.Module):
+class PreferencePair(BesideReference):
     """The policy and its reference as one model: per pair, the chosen and the rejected
     answer's implicit rewards beta * (log pi(y|x) - log pi_ref(y|x)) as two logits, so DPO's
     sigmoid loss is their cross-entropy against the chosen one. The reference is a frozen
@@ -38,21 +38,8 @@ class PreferencePair(nn.Module):
     adapters switched off; it runs without gradients."""
 
     def __init__(self, policy: nn.Module, reference: nn.Module | None, beta: float):
-        super().__init__()
-        self.policy, self.reference, self.beta = policy, reference, beta
-        if reference is not None:
-            reference.requires_grad_(False)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("peft_config", "disable_adapter"):  # the policy's adapters, if it has any
-            return getattr(self._modules["policy"], name)
-        return super().__getattr__(name)
-
-    def train(self, mode: bool = True) -> "PreferencePair":
-        super().train(mode)
-        if self.reference is not None:
-            self.reference.eval()
-        return self
+        super().__init__(policy, reference)
+        self.beta = beta
 
     def forward(self, chosen_input_ids, chosen_attention_mask, chosen_completion_mask,
                 rejected_input_ids, rejected_attention_mask, rejected_completion_mask):

@@ -19,6 +19,7 @@ from torch import nn
 from ...base.errors import WorkbookError, reason
 from ..task import Task
 from .base import Adapter
+from .grpo import from_grpo
 from .hf import from_hf
 from .preference import from_preference
 from .torch import real_on_cpu
@@ -27,14 +28,17 @@ from .trainer_step import TrainerStep, own_loss
 # callbacks every Trainer adds by itself (progress, logging integrations): not the user's
 OWN_CALLBACKS = ("DefaultFlowCallback", "PrinterCallback", "ProgressCallback",
                  "NotebookProgressCallback")
-# the trainer classes (and their subclasses) read here; DPOTrainer as preference pairs
-MAPPED = ("DPOTrainer", "SFTTrainer", "Trainer")
+# the trainer classes (and their subclasses) read here, each by its reader: DPOTrainer as
+# preference pairs, GRPOTrainer as prompts a policy completes, the rest through `from_hf`
+READERS = {"DPOTrainer": from_preference, "GRPOTrainer": from_grpo}
+MAPPED = (*READERS, "SFTTrainer", "Trainer")
+NOT_MAPPED = ("RewardTrainer",)  # Trainer subclasses whose batches from_hf cannot read
 
 
 def _mapped(trainer: Any) -> str | None:
     """The mapped class `trainer` is (or derives from), or None."""
     names = [k.__name__ for k in type(trainer).__mro__]
-    if "RewardTrainer" in names or "GRPOTrainer" in names:
+    if any(n in NOT_MAPPED for n in names):
         return None
     return next((n for n in names if n in MAPPED), None)
 
@@ -57,11 +61,15 @@ def built(make_trainer: Callable[[], Any], log: list | None = None) -> Any:
                             f"{reason(exc, 400)}", "the campaign's script fails at the same "
                             "line: fix the setup it names (no notebook could run)") from exc
     if _mapped(trainer) is None:
-        raise WorkbookError(
-            f"make_trainer returned a {type(trainer).__name__}, not a transformers Trainer or "
-            "TRL SFTTrainer or DPOTrainer", "return the trainer your script builds, before "
-            ".train(); reward, GRPO and other online trainers are not mapped yet: write a "
-            "workbook.Task for them (docs/own-task.md)")
+        mapped = "transformers Trainer, TRL SFTTrainer, DPOTrainer and GRPOTrainer"
+        if any(k.__name__ == "Trainer" for k in type(trainer).__mro__):
+            raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}: the pilot "
+                                f"maps the {mapped}, not this one yet",
+                                "write a workbook.Task for it (docs/own-task.md)")
+        raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}, not a "
+                            "transformers Trainer nor a TRL SFTTrainer, DPOTrainer or "
+                            "GRPOTrainer", "return the trainer your script builds, before "
+                            "trainer.train()")
     step = getattr(getattr(trainer, "state", None), "global_step", 0) or 0
     if step:
         raise WorkbookError(f"make_trainer returned a trainer that has trained ({step} "
@@ -258,9 +266,10 @@ class TrainerAdapter(Adapter):
 
     def task(self) -> Task:
         trainer = self.trainer
-        if _mapped(trainer) == "DPOTrainer":
-            task = from_preference(trainer, self.fresh, name=self.name,
-                                   group_column=self.group_column, **self.task_fields)
+        reader = READERS.get(_mapped(trainer))
+        if reader is not None:
+            task = reader(trainer, self.fresh, name=self.name, group_column=self.group_column,
+                          **self.task_fields)
             task.framework.rows_dropped = self.dropped
             return task
         evaluation = self.evaluation()

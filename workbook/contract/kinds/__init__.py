@@ -9,12 +9,14 @@ from ...base.errors import WorkbookError
 from .base import Kind
 from .classification import Classification
 from .generation import Generation
+from .policy import Policy
 from .preference import Preference
 from .regression import Regression
 from .token_classification import TokenClassification
 
 KINDS: dict[str, Kind] = {k.name: k for k in (Generation(), Classification(), Regression(),
-                                              TokenClassification(), Preference())}
+                                              TokenClassification(), Preference(),
+                                              Policy())}
 
 
 def of(name: str) -> Kind:

@@ -29,6 +29,9 @@ class Kind:
     shifts_labels: ClassVar[bool] = False  # label_shift may be 1 (labels aligned with inputs)
     prompts: ClassVar[bool] = False  # examples have a prompt that may be left out of the loss
     plans_at_model_limit: ClassVar[bool] = False  # 03/08 plan at the model's length limit
+    # the forward samples what is scored (a policy's completions): the loss counts what it
+    # sampled, not the labels, and there is no fixed answer to give back (02: the loss falls)
+    sampled: ClassVar[bool] = False
     default_loss: ClassVar[Callable] = staticmethod(token_cross_entropy)
     default_metrics: ClassVar[Callable] = staticmethod(target_accuracy)
     target_words: ClassVar[str] = "labels not equal to -100"  # what the loss counts
@@ -99,6 +102,10 @@ class Kind:
 
     def audits(self, task: Task, items: list) -> list:
         """01's findings that only this kind's targets can have (Flags), on encoded items."""
+        return []
+
+    def model_audits(self, task: Task, model: Any, items: list) -> list:
+        """01's findings of this kind that need the task's model on a few encoded items."""
         return []
 
 

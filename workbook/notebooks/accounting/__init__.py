@@ -154,6 +154,8 @@ def reconcile(account: BatchAccount, steps: list[StepRecord], items: list[Item],
         ("distinct examples in the first pass", len(set(consumed[:account.examples_per_pass])),
          min(account.examples_per_pass, len(consumed))),
     ]
+    if task is not None and task.target_kind.sampled:  # the forward draws what the loss
+        rows = [r for r in rows if r[0] != "targets"]  # counts: no count before it (tokens)
     frame = pd.DataFrame(rows, columns=["counter", "loop", "expected"])
     frame["match"] = frame.loop == frame.expected
     return frame

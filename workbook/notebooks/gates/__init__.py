@@ -252,6 +252,9 @@ def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
                         + (f", first by module '{where}')" if where else ")"))
     outputs, labels = logits.shape[-1], run.batch.tensors["labels"]
     detail = f"logits {tuple(logits.shape)}, loss {loss:.4f} over {count} targets"
+    phases = getattr(model, "phases_said", None)  # a forward made of phases (GRPO's)
+    if callable(phases) and phases():
+        detail += f"; {phases()}"
     if count < INIT_TARGETS:
         # a few targets' mean loss is noise (a regression MLP with batch norm on 2 rows missed
         # the 50% band 41% of the time): judge the untrained model over more examples

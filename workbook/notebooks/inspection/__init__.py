@@ -132,6 +132,8 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
              + dropped_rows_audit(task) + new_tokens
              + packing_audit(task, model, items["train"]) + packed_groups_audit(task)
              + task.target_kind.audits(task, items["train"])
+             + (task.target_kind.model_audits(task, model, items["train"])
+                if not probed["forward"] else [])
              + class_map_audit(task, model) + label_flags + split_flags)
     # regression: mean(target^2) over the train split - one value whose square is that mean
     square = torch.tensor([math.sqrt(result.train_square.mean)]) \

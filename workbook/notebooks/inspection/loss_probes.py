@@ -37,7 +37,9 @@ def loss_probe(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Fl
     flags = _count_flags(task, labels, count) + own
     if not torch.isclose(loss, loss2, rtol=1e-5, atol=1e-5) or int(count2) != int(count):
         flags.append(_misread(task, logits, batch, loss, loss2, items))
-    flags += padding_probe(task, model, items, logits)
+    if not task.target_kind.sampled:  # a policy draws each prompt's completions unpadded:
+        # a batch that changes its rewards is a reward reading its batch (the kind's audit)
+        flags += padding_probe(task, model, items, logits)
     return flags
 
 
@@ -69,7 +71,7 @@ def _count_flags(task: Task, labels: torch.Tensor, count) -> list[Flag]:
     """The loss's target count must be the number of targets (a mean with count 1 weighs
     micro-batches instead of targets when updates accumulate)."""
     expected = task.target_count(labels)
-    if float(count) == expected:
+    if float(count) == expected or task.target_kind.sampled:  # counts what the forward drew
         return []
     what = task.target_kind.target_words
     return [Flag("loss target count", f"loss reports {float(count):g} targets, the batch has "
