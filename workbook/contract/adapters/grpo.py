@@ -432,10 +432,17 @@ class GRPOAdapter(Adapter):
     def __init__(self, trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
                  name: str, group_column: str | None, **task_fields: Any):
         self.notes = _checked(trainer)
-        self.data = {"train": trainer.train_dataset, "validation": trainer.eval_dataset}
-        if self.data["validation"] is None or isinstance(self.data["validation"], dict):
-            raise WorkbookError("the GRPOTrainer has no one eval_dataset", "give the trainer "
-                                "eval_dataset=<prompts> (the pilot evaluates the reward on it)")
+        self.data = {"train": trainer.train_dataset}
+        if isinstance(trainer.eval_dataset, dict):
+            raise WorkbookError("the GRPOTrainer's eval_dataset is a dict of datasets",
+                                "give it one eval_dataset of prompts (the pilot evaluates the "
+                                "reward on it), or none: the pilot then holds prompts out")
+        if trainer.eval_dataset is not None:
+            self.data["validation"] = trainer.eval_dataset
+        else:  # as the TRL docs build it: prompts held out of train_dataset, by group
+            self.notes.append("from_trainer: the GRPOTrainer has no eval_dataset: the pilot "
+                              "evaluates the reward on prompts of train_dataset held out by "
+                              "group (Task.split_fractions)")
         for split, rows in self.data.items():
             names = getattr(rows, "column_names", None) or []
             if "prompt" not in names:
@@ -518,7 +525,8 @@ class GRPOAdapter(Adapter):
         s = self.settings
         task = Task(name=self.name, kind="policy", load_examples=self.load_examples,
                     encode=self.encode, collate=self.collate, build_model=self.build_model,
-                    model_inputs=INPUTS, split_of=self.split_of, label_names=["reward"],
+                    model_inputs=INPUTS, label_names=["reward"],
+                    split_of=self.split_of if "validation" in self.data else None,
                     label_field="target", padding_side="left", decode=self.decode,
                     decode_input=self.decode_input, loss=policy_loss, metrics=policy_metrics,
                     **fields)
@@ -536,7 +544,7 @@ class GRPOAdapter(Adapter):
         """`policy` (and its frozen reference, None under PEFT or with beta 0) as this
         trainer's GRPO policy: a campaign model of the same run (`Task.campaign_model`)."""
         return GRPOPolicy(policy, reference, self.rewards, self.settings,
-                          self.offset + len(self.data["validation"]))
+                          self.offset + len(self.data.get("validation", ())))
 
 
 def from_grpo(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
