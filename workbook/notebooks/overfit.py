@@ -370,6 +370,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                "initial_loss_rule": rule,
                "memorised": final.loss < bar and all(exact), "conclusive": not unfinished,
                "stopped_memorised": result.stop_reason == "memorised"}
+    figures.update(task.target_kind.figures(reproduction))
     if regression:
         figures["target_variance"] = round(scale, 6)
         figures["reproduction_tolerance"] = round(tolerance, 6)

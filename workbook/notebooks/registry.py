@@ -125,7 +125,9 @@ OVERFIT = NotebookEntry(
         "initial_loss_rule": "expected initial loss from", "finite": "loss finite throughout",
         "lr_diverges": "learning rate diverges", "lr": "learning rate", "lr_from": "lr from",
         "updates_run": "updates run", "updates": "updates planned",
-        "update_by": "update made by", "loss_threshold": "loss threshold"})
+        "update_by": "update made by", "loss_threshold": "loss threshold",
+        "pair_accuracy": "pairs whose chosen answer scores higher",
+        "mean_margin": "mean score margin, chosen - rejected"})
 
 
 def _gates_why(ok: bool, f: dict, summary: dict) -> str:

@@ -21,20 +21,22 @@ from ..task import Task
 from .base import Adapter
 from .hf import from_hf
 from .preference import from_preference
+from .reward import from_reward
 from .torch import real_on_cpu
 from .trainer_step import TrainerStep, own_loss
 
 # callbacks every Trainer adds by itself (progress, logging integrations): not the user's
 OWN_CALLBACKS = ("DefaultFlowCallback", "PrinterCallback", "ProgressCallback",
                  "NotebookProgressCallback")
-# the trainer classes (and their subclasses) read here; DPOTrainer as preference pairs
-MAPPED = ("DPOTrainer", "SFTTrainer", "Trainer")
+# the trainer classes (and their subclasses) read here, most derived first: DPOTrainer as
+# preference pairs, RewardTrainer as ranked pairs
+MAPPED = ("DPOTrainer", "RewardTrainer", "SFTTrainer", "Trainer")
 
 
 def _mapped(trainer: Any) -> str | None:
     """The mapped class `trainer` is (or derives from), or None."""
     names = [k.__name__ for k in type(trainer).__mro__]
-    if "RewardTrainer" in names or "GRPOTrainer" in names:
+    if "GRPOTrainer" in names:
         return None
     return next((n for n in names if n in MAPPED), None)
 
@@ -58,10 +60,10 @@ def built(make_trainer: Callable[[], Any], log: list | None = None) -> Any:
                             "line: fix the setup it names (no notebook could run)") from exc
     if _mapped(trainer) is None:
         raise WorkbookError(
-            f"make_trainer returned a {type(trainer).__name__}, not a transformers Trainer or "
-            "TRL SFTTrainer or DPOTrainer", "return the trainer your script builds, before "
-            ".train(); reward, GRPO and other online trainers are not mapped yet: write a "
-            "workbook.Task for them (docs/own-task.md)")
+            f"make_trainer returned a {type(trainer).__name__}, which the pilot does not map "
+            "yet (it maps transformers' Trainer and TRL's SFTTrainer, DPOTrainer and "
+            "RewardTrainer)", "write a workbook.Task for it (docs/own-task.md); if the "
+            "trainer is not yours, return the one your script trains, before .train()")
     step = getattr(getattr(trainer, "state", None), "global_step", 0) or 0
     if step:
         raise WorkbookError(f"make_trainer returned a trainer that has trained ({step} "
@@ -121,11 +123,12 @@ def _counting(log: list[dict]) -> Iterator[None]:
     kept. TRL drops the rows truncation leaves without a target, silently; a packed or
     streamed dataset's kept rows are not counted (they are not the given ones)."""
     try:
-        from trl import DPOTrainer, SFTTrainer
+        from trl import DPOTrainer, RewardTrainer, SFTTrainer
     except ImportError:
         yield
         return
-    originals = {k: k.__dict__["_prepare_dataset"] for k in (SFTTrainer, DPOTrainer)}
+    originals = {k: k.__dict__["_prepare_dataset"] for k in (SFTTrainer, DPOTrainer,
+                                                             RewardTrainer)}
 
     def counting(original: Callable) -> Callable:
         signature = inspect.signature(original)
@@ -159,9 +162,11 @@ def _dropped(log: list[dict], args: Any) -> dict[str, tuple[int, int, str]]:
     """Per split, the rows TRL's preparation dropped: (dropped, given, why); refused when it
     dropped every row of one."""
     length = getattr(args, "max_length", None)
-    how = getattr(args, "truncation_mode", "keep_start")
+    how = getattr(args, "truncation_mode", None)
     why = (f"truncation at max_length={length} ({how}) left them no target, and TRL drops "
-           "such rows silently")
+           "such rows silently") if how is not None else (
+        f"their chosen or rejected sequence is longer than max_length={length}, and "
+        "RewardTrainer drops such pairs silently (it never truncates)")
     out = {}
     for entry in log:
         given, kept = entry["rows"], entry["kept"]
@@ -170,8 +175,9 @@ def _dropped(log: list[dict], args: Any) -> dict[str, tuple[int, int, str]]:
         if kept == 0 and given:
             raise WorkbookError(
                 f"TRL's preparation dropped every one of the {given} {entry['name']} rows: "
-                f"{why}", "raise max_length (SFTConfig(max_length=...)) or use "
-                "truncation_mode='keep_end', so the assistant turns fit")
+                f"{why}", f"raise max_length ({type(args).__name__}(max_length=...))" + (
+                    " or use truncation_mode='keep_end', so the assistant turns fit"
+                    if how is not None else " past the longest pair"))
         if kept < given:
             out[_split(entry["name"])] = (given - kept, given, why)
     return out
@@ -296,6 +302,11 @@ class TrainerAdapter(Adapter):
         if _mapped(trainer) == "DPOTrainer":
             task = from_preference(trainer, self.fresh, name=self.name,
                                    group_column=self.group_column, **self.task_fields)
+            task.rows_dropped = self.dropped
+            return task
+        if _mapped(trainer) == "RewardTrainer":
+            task = from_reward(trainer, self.fresh, self.evaluation(), name=self.name,
+                               group_column=self.group_column, **self.task_fields)
             task.rows_dropped = self.dropped
             return task
         evaluation = self.evaluation()

@@ -10,11 +10,13 @@ from .base import Kind
 from .classification import Classification
 from .generation import Generation
 from .preference import Preference
+from .ranking import Ranking
 from .regression import Regression
 from .token_classification import TokenClassification
 
 KINDS: dict[str, Kind] = {k.name: k for k in (Generation(), Classification(), Regression(),
-                                              TokenClassification(), Preference())}
+                                              TokenClassification(), Preference(),
+                                              Ranking())}
 
 
 def of(name: str) -> Kind:

@@ -93,6 +93,10 @@ class Kind:
         """02's row of what the memorised model gives back for one example."""
         return {}
 
+    def figures(self, reproduction: pd.DataFrame) -> dict:
+        """02's key figures this kind adds from its reproduction rows (none by default)."""
+        return {}
+
     def overfit_subset(self, task: Task, raw: list[dict], n: int) -> list[dict]:
         """02's subset of `n` examples out of the first training examples `raw`: the first."""
         return raw[:n]
