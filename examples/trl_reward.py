@@ -19,14 +19,16 @@ script's collator pads with the end token, `DataCollatorForPreference(pad_token_
 the model reads the score at the last token that is not `config.pad_token_id`: shorter
 sequences are scored on their padding), `head="frozen"` (a LoraConfig without `task_type`: PEFT
 freezes the score head, which keeps its random start; `head="saved"`, `modules_to_save=
-["score"]`, is a clean twin beside the default `task_type="SEQ_CLS"`).
+["score"]`, is a clean twin beside the default `task_type="SEQ_CLS"`), `head_std=20.0`
+(the script re-initialises the score head at std 20: its random scores rank the pairs from
+the start, the first loss is far above ln 2 and back at it with the head zeroed; the default
+start, std 0.02, and even std 5 keep it near ln 2).
 """
 
 from __future__ import annotations
 
-from examples.trl_dpo import BASE, pairs
-
 import workbook as wb
+from examples.trl_dpo import BASE, pairs
 
 OPENING = " ".join(["answer briefly"] * 20)  # 40 words both answers share (`truncated`)
 
@@ -63,8 +65,9 @@ def tokenized_by_script(rows: list[dict], tokenizer) -> list[dict]:
 def make_trainer_factory(count: int = 300, lora: bool = True, same_answer: bool = False,
                          truncated: bool = False, long_answer: bool = False,
                          pad_with_eos: bool = False, head: str = "seq_cls",
-                         max_length: int = 64):
+                         head_std: float | None = None, max_length: int = 64):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
+    import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -80,9 +83,15 @@ def make_trainer_factory(count: int = 300, lora: bool = True, same_answer: bool 
     adapters = {"seq_cls": {"task_type": "SEQ_CLS"}, "frozen": {},
                 "saved": {"modules_to_save": ["score"]}}[head]
 
+    def scorer():
+        model = AutoModelForSequenceClassification.from_pretrained(BASE, num_labels=1)
+        if head_std is not None:  # planted: the head re-initialised by hand
+            torch.nn.init.normal_(model.score.weight, std=head_std)
+        return model
+
     def make_trainer():
         return RewardTrainer(
-            model=AutoModelForSequenceClassification.from_pretrained(BASE, num_labels=1),
+            model=scorer(),
             args=RewardConfig(output_dir="trl-reward-out", max_length=max_length,
                               learning_rate=5e-3, per_device_train_batch_size=8,
                               report_to="none", use_cpu=True),

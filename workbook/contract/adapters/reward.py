@@ -11,6 +11,7 @@ trains under LoRA."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -29,6 +30,8 @@ INPUTS = tuple(f"{a}_{k}" for a in ANSWERS for k in SEQUENCES)
 PAIR = ("chosen_ids", "rejected_ids")  # a prepared row's tokens
 HEADS = ("score", "classifier")  # the sequence-classification head, as transformers names it
 SAME_SCORE = 1e-4  # a row's score alone and padded in a batch: float noise is far below
+FIRST_PAIRS = 8  # the pairs 01's first loss is measured on
+FAR_ABOVE = 1.5  # a first loss above 1.5 x ln 2: not a fresh head's (02's tolerance is 0.5)
 
 
 class RewardPair(nn.Module):
@@ -159,9 +162,56 @@ class RewardAdapter(PreferenceAdapter):
         scorer = self.trainer.model
         was = scorer.training
         try:
-            return self.score_position(scorer, items) + self.frozen_head(scorer, items)
+            return (self.first_loss(scorer, items) + self.score_position(scorer, items)
+                    + self.frozen_head(scorer, items))
         finally:
             scorer.train(was)
+
+    def first_loss(self, scorer: nn.Module, items: list) -> list[Flag]:
+        """The first loss on the pilot's first pairs against ln 2, what a fresh score head
+        gives (its scores small and alike): far above it, the head is zeroed and the loss
+        measured again - back at ln 2, the head's start is the cause (confirmed)."""
+        batch = self.collate([it.tensors for it in items[:FIRST_PAIRS]])
+        device = next(scorer.parameters()).device
+        model, labels = RewardPair(scorer).eval(), {"labels": batch["labels"].to(device)}
+
+        def loss() -> float:
+            with torch.no_grad():
+                total, count = token_cross_entropy(
+                    model(**{k: batch[k].to(device) for k in INPUTS}), labels)
+            return float(total / count)
+
+        first, heads = loss(), head_parameters(scorer)
+        if not math.isfinite(first) or first <= FAR_ABOVE * math.log(2) or not items:
+            return []
+        kept = {n: p.detach().clone() for n, p in heads.items()}
+        try:
+            with torch.no_grad():
+                for p in heads.values():
+                    p.zero_()
+            zeroed = loss()
+        finally:
+            with torch.no_grad():
+                for n, p in heads.items():
+                    p.copy_(kept[n])
+        spread = ", ".join(sorted({f"{float(v.float().std()):.3g}" for v in kept.values()
+                                   if v.dim() > 1}))
+        if heads and abs(zeroed - math.log(2)) < 1e-3:
+            return [Flag("first loss far from ln 2", f"the first loss on {len(batch['labels'])} "
+                         f"pairs is {first:.4g}, not ln 2 = 0.6931 as a fresh score head gives: "
+                         f"the head starts with weights of std {spread} (transformers "
+                         "initialises it at initializer_range, 0.02), so its random scores "
+                         "already rank the pairs, confidently and at random; with the head "
+                         f"zeroed the loss is {zeroed:.4f} (confirmed)", len(kept),
+                         "leave the score head as the model builds it, or re-initialise it "
+                         "at the config's initializer_range", sorted(kept)[:5])]
+        return [Flag("first loss far from ln 2", f"the first loss on {len(batch['labels'])} "
+                     f"pairs is {first:.4g}, not ln 2 = 0.6931 as a fresh score head gives, "
+                     + (f"and stays {zeroed:.4g} with the head zeroed: suspected - the "
+                        "scores do not come from the head alone" if heads else
+                        "and no score head was found to test"), 1,
+                     "test: score a pair's chosen and rejected sequences alone and compare "
+                     "with the batch; print model.score's weights", [])]
 
     def score_position(self, scorer: nn.Module, items: list) -> list[Flag]:
         """Each answer scored alone and padded in one batch of the shortest and longest pairs
