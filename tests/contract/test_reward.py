@@ -192,3 +192,24 @@ def test_the_reward_model_passes_the_nine_notebooks_in_smoke(tmp_path):
     assert index.verdict.tolist() == ["pass"] * 9, index.error.tolist()
     fit = json.loads((run / "02_overfit" / "summary.json").read_text())["figures"]
     assert fit["pair_accuracy"] == 1.0 and fit["mean_margin"] > 0
+
+
+def test_the_memory_prediction_sizes_the_doubled_forward(clean, clean_items):
+    from workbook.training.loop import UpdateShape
+    from workbook.training.predict import Plan, predict
+
+    shapes, build = [], clean.build_model
+
+    def watched():
+        model = build()
+        model.scorer.register_forward_hook(lambda m, a, kw, out: shapes.append(
+            tuple(kw["input_ids"].shape)), with_kwargs=True)
+        return model
+
+    clean.build_model = watched
+    try:
+        sized = predict(clean, clean_items[:8], clean_items[:4], Plan(UpdateShape(2, 1), 0))
+    finally:
+        clean.build_model = build
+    assert "update (first)" in set(sized.phase) and shapes
+    assert {s[0] for s in shapes} <= {4, 8} and 4 in {s[0] for s in shapes}  # 2 pairs: 4 rows

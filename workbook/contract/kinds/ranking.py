@@ -11,13 +11,15 @@ import torch
 from torch import Tensor
 
 from ...storage.records import Flag
+from ..targets import IGNORE_INDEX
 from .preference import ANSWERS, Preference
 
 
 def pair_metrics(scores: Tensor, batch: dict[str, Tensor]) -> dict[str, tuple[float, float]]:
     """Accuracy (chosen above rejected) and the summed margin chosen - rejected, each as
-    (sum, pairs), so any batching sums exactly."""
-    margin = (scores[:, 0] - scores[:, 1]).float()
+    (sum, pairs) over the pairs that count (a padding copy's label is -100), so any batching
+    and any split over ranks sums exactly."""
+    margin = (scores[:, 0] - scores[:, 1]).float()[batch["labels"] != IGNORE_INDEX]
     pairs = float(margin.numel())
     return {"accuracy": (float((margin > 0).sum()), pairs), "margin": (float(margin.sum()), pairs)}
 
