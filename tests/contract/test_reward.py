@@ -213,3 +213,21 @@ def test_the_memory_prediction_sizes_the_doubled_forward(clean, clean_items):
         clean.build_model = build
     assert "update (first)" in set(sized.phase) and shapes
     assert {s[0] for s in shapes} <= {4, 8} and 4 in {s[0] for s in shapes}  # 2 pairs: 4 rows
+
+
+def test_a_task_factorys_refusal_keeps_its_problem_and_fix(monkeypatch):
+    """A WorkbookError raised by a task function reaches the user as said, not as a repr with
+    its line break escaped."""
+    import types
+
+    import workbook as wb
+
+    def refusing():
+        raise WorkbookError("the trainer's pairs carry a 'margin' column", "drop it")
+
+    monkeypatch.setitem(__import__("sys").modules, "refusing_task",
+                        types.SimpleNamespace(task=refusing))
+    with pytest.raises(WorkbookError) as e:
+        wb.load_task("refusing_task:task")
+    assert e.value.fix == "drop it" and "\\n" not in str(e.value)
+    assert "'margin' column" in e.value.problem

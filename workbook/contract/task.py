@@ -540,6 +540,9 @@ def load_task(path: str, **options: Any) -> Task:
             )
         try:
             obj = obj(**options)
+        except WorkbookError as exc:  # the task's own refusal: its problem and fix as said
+            raise WorkbookError(f"calling {path}({', '.join(options)}) failed: {exc.problem}",
+                                exc.fix) from exc
         except Exception as exc:
             raise WorkbookError(f"calling {path}({', '.join(options)}) failed: {exc!r}",
                                 "point at a Task, or a function returning one, and check its "
