@@ -114,7 +114,7 @@ def test_a_full_fine_tune_a_saved_head_and_a_wider_head_raise_nothing(setup):
 @pytest.mark.planted
 def test_pairs_that_prefer_an_answer_to_itself_are_named():
     flag = _named("pair without preference", same_answer=True)
-    assert "rejected sequence equal to the chosen one" in flag.message and flag.count == 32
+    assert "rejected answer equal to the chosen one" in flag.message and flag.count == 32
 
 
 @pytest.mark.planted

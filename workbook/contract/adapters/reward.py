@@ -22,7 +22,6 @@ from ...base.errors import WorkbookError
 from ...storage.records import Flag
 from ..targets import token_cross_entropy
 from ..task import Task
-from .hf_trainer import argument_fields
 from .preference import ANSWERS, PreferenceAdapter
 
 SEQUENCES = ("input_ids", "attention_mask")  # per answer
@@ -309,18 +308,9 @@ class RewardAdapter(PreferenceAdapter):
                      "modules_to_save=['score']", sorted(heads)[:5])]
 
     def task(self) -> Task:
-        notes = []
-        fields = argument_fields(self.args, lambda: len(self.data["train"]), None,
-                                 self.tokenizer, notes)
-        if self.centre is not None:
-            fields["loss"] = centred_loss(float(self.centre))
-        fields.update(self.task_fields)
-        task = Task(name=self.name, kind="ranking", load_examples=self.load_examples,
-                    encode=self.encode, collate=self.collate, build_model=self.build_model,
-                    model_inputs=INPUTS, split_of=self.split_of, label_names=list(ANSWERS),
-                    label_field="preferred", padding_side="right", decode=self.decode,
-                    decode_input=self.decode_input,
-                    max_length=getattr(self.args, "max_length", None), **fields)
+        notes: list[str] = []
+        task = self.assembled("ranking", INPUTS, notes, **(
+            {"loss": centred_loss(float(self.centre))} if self.centre is not None else {}))
         task.adapter_notes = [
             f"from_trainer: a {type(self.trainer).__name__}'s pairs as it prepared them, its "
             f"collator and RewardConfig; the model ({type(self.trainer.model).__name__}) scores "

@@ -27,6 +27,7 @@ def pair_metrics(scores: Tensor, batch: dict[str, Tensor]) -> dict[str, tuple[fl
 class Ranking(Preference):
     name = "ranking"
     target_words = "ranked pairs (each pair's chosen answer should score above its rejected one)"
+    loss_words = "ranking loss"
     default_metrics = staticmethod(pair_metrics)
 
     def initial_loss_rule(self, num_outputs):
@@ -54,13 +55,7 @@ class Ranking(Preference):
                 continue
             whole = untruncated(it) if untruncated is not None else None
             (cut if whole is not None and whole[0] != whole[1] else same).append(it.id)
-        flags = []
-        if same:
-            flags.append(Flag("pair without preference", f"{len(same)} of {len(items)} pairs "
-                              "have a rejected sequence equal to the chosen one: their loss is "
-                              "ln 2 whatever the score head learns, and they only dilute the "
-                              "update", len(same), "remove them, or give each a rejected "
-                              "answer that differs", same[:5]))
+        flags = [self.identical(same, len(items))] if same else []
         if cut:
             flags.append(Flag("pair without preference", f"{len(cut)} of {len(items)} pairs "
                               "are identical token sequences only because their tokenization "
