@@ -22,7 +22,9 @@ freezes the score head, which keeps its random start; `head="saved"`, `modules_t
 ["score"]`, is a clean twin beside the default `task_type="SEQ_CLS"`), `head_std=20.0`
 (the script re-initialises the score head at std 20: its random scores rank the pairs from
 the start, the first loss is far above ln 2 and back at it with the head zeroed; the default
-start, std 0.02, and even std 5 keep it near ln 2).
+start, std 0.02, and even std 5 keep it near ln 2). Clean twin: `no_pad_token=True` (a
+tokenizer without a pad token: TRL pads with the end token, which then is
+`config.pad_token_id` too, and every score is read on the token before the end).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def tokenized_by_script(rows: list[dict], tokenizer) -> list[dict]:
 def make_trainer_factory(count: int = 300, lora: bool = True, same_answer: bool = False,
                          truncated: bool = False, long_answer: bool = False,
                          pad_with_eos: bool = False, head: str = "seq_cls",
-                         head_std: float | None = None, max_length: int = 64):
+                         head_std: float | None = None, no_pad_token: bool = False,
+                         max_length: int = 64):
     """The script's `make_trainer`: everything below is as the TRL docs write it."""
     import torch
     from datasets import Dataset
@@ -75,6 +78,8 @@ def make_trainer_factory(count: int = 300, lora: bool = True, same_answer: bool 
     from trl.trainer.reward_trainer import DataCollatorForPreference
 
     tokenizer = AutoTokenizer.from_pretrained(BASE)
+    if no_pad_token:  # a tokenizer without one, as many bases ship: TRL pads with the EOS
+        tokenizer.pad_token = None
     rows = ranked_pairs(count, same_answer, long_answer)
     if truncated:
         rows = tokenized_by_script(rows, tokenizer)

@@ -103,8 +103,9 @@ def test_the_clean_reward_model_raises_nothing_in_01(clean):
 
 
 @pytest.mark.twin
-@pytest.mark.parametrize("setup", [{"lora": False}, {"head": "saved"}, {"head_std": 5.0}])
-def test_a_full_fine_tune_a_saved_head_and_a_wider_head_raise_nothing(setup):
+@pytest.mark.parametrize("setup", [{"lora": False}, {"head": "saved"}, {"head_std": 5.0},
+                                   {"no_pad_token": True}])
+def test_a_full_fine_tune_a_saved_head_a_wider_head_and_eos_padding_raise_nothing(setup):
     ins = inspect_task(_task(**setup), probe_size=4)
     assert ins.flags == []
     if setup == {"lora": False}:  # no adapters: 01 states the fresh head's ln 2
@@ -231,3 +232,22 @@ def test_a_task_factorys_refusal_keeps_its_problem_and_fix(monkeypatch):
         wb.load_task("refusing_task:task")
     assert e.value.fix == "drop it" and "\\n" not in str(e.value)
     assert "'margin' column" in e.value.problem
+
+
+@pytest.mark.planted
+def test_the_score_read_on_padding_is_named_in_bf16_too():
+    """In half precision a row's score moves a little with its batch's shape anyway: the rows
+    read on their last token give the batch's own noise floor."""
+    from examples.trl_reward import make_trainer_factory
+    from workbook.contract.adapters.reward import RewardAdapter
+    from workbook.contract.adapters.trainer import TrainerAdapter
+
+    for planted, named in (({}, False), ({"pad_with_eos": True}, True)):
+        built = TrainerAdapter(make_trainer_factory(PAIRS, lora=False, **planted), name="x")
+        adapter = RewardAdapter(built.trainer, built.fresh, built.evaluation(), name="x",
+                                group_column=None)
+        task = adapter.task()
+        items = encode_examples(task, prepare(task, limits={"train": 24, "validation": 8}).raw[
+            "train"])
+        flags = adapter.score_position(built.trainer.model.to(torch.bfloat16), items)
+        assert [f.check for f in flags] == (["score read on padding"] if named else [])

@@ -29,6 +29,7 @@ INPUTS = tuple(f"{a}_{k}" for a in ANSWERS for k in SEQUENCES)
 PAIR = ("chosen_ids", "rejected_ids")  # a prepared row's tokens
 HEADS = ("score", "classifier")  # the sequence-classification head, as transformers names it
 SAME_SCORE = 1e-4  # a row's score alone and padded in a batch: float noise is far below
+SAME_SCORE_HALF = 3e-2  # the same in bf16 / fp16 weights, whose kernels differ by batch shape
 FIRST_PAIRS = 8  # the pairs 01's first loss is measured on
 FAR_ABOVE = 1.5  # a first loss above 1.5 x ln 2: not a fresh head's (02's tolerance is 0.5)
 
@@ -234,14 +235,19 @@ class RewardAdapter(PreferenceAdapter):
             alone = torch.stack([_sequence(scores_of, row[m.bool()]) for row, m in
                                  zip(ids, mask, strict=True)])
         gap = (padded - alone).abs()
-        moved = gap > SAME_SCORE * (1 + alone.abs())
-        if not bool(moved.any()):
-            return []
+        half = next(scorer.parameters()).dtype in (torch.float16, torch.bfloat16)
+        moved = gap > (SAME_SCORE_HALF if half else SAME_SCORE) * (1 + alone.abs())
         pad = getattr(getattr(scorer, "config", None), "pad_token_id", None)
         ends = mask.sum(-1) - 1  # the collator pads on the right: the last real token
         reads = ((ids != pad).long() * torch.arange(ids.shape[1], device=device)).argmax(-1) \
             if pad is not None else torch.full_like(ends, ids.shape[1] - 1)
-        wrong = (reads != ends) & moved
+        # read off their last token, and moved past the noise of the rows read on it (the
+        # batch's own floor: half precision's kernels differ by batch shape)
+        floor = float(gap[reads == ends].max()) if bool((reads == ends).any()) else 0.0
+        wrong = (reads != ends) & (moved | ((gap > 2 * floor) if floor > 0 else False))
+        moved |= wrong
+        if not bool(moved.any()):
+            return []
         used = sorted({int(v) for v in ids[mask == 0].tolist()})
         n = int(moved.sum())
         if bool(wrong.any()):
