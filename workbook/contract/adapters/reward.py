@@ -243,8 +243,9 @@ class RewardAdapter(PreferenceAdapter):
             if pad is not None else torch.full_like(ends, ids.shape[1] - 1)
         # read off their last token, and moved past the noise of the rows read on it (the
         # batch's own floor: half precision's kernels differ by batch shape)
-        floor = float(gap[reads == ends].max()) if bool((reads == ends).any()) else 0.0
-        wrong = (reads != ends) & (moved | ((gap > 2 * floor) if floor > 0 else False))
+        on_end = reads == ends
+        beyond = gap > 2 * gap[on_end].max() if bool(on_end.any()) else torch.zeros_like(moved)
+        wrong = ~on_end & (moved | beyond)
         moved |= wrong
         if not bool(moved.any()):
             return []
