@@ -147,8 +147,9 @@ class RewardAdapter(PreferenceAdapter):
     def untruncated_pair(self, item: Any) -> tuple[list[int], list[int]] | None:
         """The pair's chosen and rejected texts (the prompt joined, as RewardTrainer does)
         tokenized without truncation; None where the prepared row keeps no text."""
-        ex = item.raw or {}
-        row = self.data[ex.get("split", "train")][ex.get("index", 0)]
+        if item.raw is None:
+            return None
+        row = self.data[item.raw["split"]][item.raw["index"]]
         texts = [row.get(a) for a in ANSWERS]
         if any(not isinstance(t, (str, list)) for t in texts):
             return None
@@ -171,6 +172,8 @@ class RewardAdapter(PreferenceAdapter):
         """The first loss on the pilot's first pairs against ln 2, what a fresh score head
         gives (its scores small and alike): far above it, the head is zeroed and the loss
         measured again - back at ln 2, the head's start is the cause (confirmed)."""
+        if not items:
+            return []
         batch = self.collate([it.tensors for it in items[:FIRST_PAIRS]])
         device = next(scorer.parameters()).device
         model, labels = RewardPair(scorer).eval(), {"labels": batch["labels"].to(device)}
@@ -182,7 +185,7 @@ class RewardAdapter(PreferenceAdapter):
             return float(total / count)
 
         first, heads = loss(), head_parameters(scorer)
-        if not math.isfinite(first) or first <= FAR_ABOVE * math.log(2) or not items:
+        if not math.isfinite(first) or first <= FAR_ABOVE * math.log(2):
             return []
         kept = {n: p.detach().clone() for n, p in heads.items()}
         try:
@@ -279,6 +282,8 @@ class RewardAdapter(PreferenceAdapter):
         unless `task_type='SEQ_CLS'` or `modules_to_save` names it, and the reward is then
         read through the head's random start for the whole campaign."""
         heads = head_parameters(scorer)
+        if not items:
+            return []
         trainable = {n: p for n, p in scorer.named_parameters() if p.requires_grad}
         if not heads or not trainable or any(p.requires_grad for p in heads.values()) \
                 or not hasattr(scorer, "peft_config"):
