@@ -59,11 +59,14 @@ def built(make_trainer: Callable[[], Any], log: list | None = None) -> Any:
                             f"{reason(exc, 400)}", "the campaign's script fails at the same "
                             "line: fix the setup it names (no notebook could run)") from exc
     if _mapped(trainer) is None:
-        raise WorkbookError(
-            f"make_trainer returned a {type(trainer).__name__}, which the pilot does not map "
-            "yet (it maps transformers' Trainer and TRL's SFTTrainer, DPOTrainer and "
-            "RewardTrainer)", "write a workbook.Task for it (docs/own-task.md); if the "
-            "trainer is not yours, return the one your script trains, before .train()")
+        mapped = ("transformers' Trainer and TRL's SFTTrainer, DPOTrainer and RewardTrainer")
+        if "Trainer" in [k.__name__ for k in type(trainer).__mro__]:
+            raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}, a trainer "
+                                f"the pilot does not map yet (it maps {mapped})", "write a "
+                                "workbook.Task for it (docs/own-task.md)")
+        raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}, not a "
+                            f"transformers Trainer ({mapped})", "return the trainer your "
+                            "script builds, before .train()")
     step = getattr(getattr(trainer, "state", None), "global_step", 0) or 0
     if step:
         raise WorkbookError(f"make_trainer returned a trainer that has trained ({step} "
