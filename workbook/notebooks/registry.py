@@ -245,6 +245,7 @@ STUDY = NotebookEntry(
         "finding": "finding", "supported_lr": "learning rate the study supports",
         "conclusive": "conclusive", "warnings": "warnings", "best_lr": "best learning rate",
         "best_metric": "best validation value", "metric": "metric",
+        "best_metrics": "best trial's validation metrics",
         "control_lr": "control learning rate", "control_remains_best": "control still best",
         "best_at_edge": "best at the grid's edge", "still_improving": "trials still improving",
         "trials": "trials", "statuses": "trial statuses", "seeds": "seeds", "lrs": "rates tried",
