@@ -220,16 +220,19 @@ def _quiet() -> Iterator[None]:
 
     bars = datasets is not None and datasets.is_progress_bar_enabled()
     loading = logging.is_progress_bar_enabled()  # from_pretrained's "Loading weights"
+    verbosity = logging.get_verbosity()  # its load report (a score head the base lacks)
     if bars:
         datasets.disable_progress_bars()
     if loading:
         logging.disable_progress_bar()
+    logging.set_verbosity(max(verbosity, logging.ERROR))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             yield
     finally:
+        logging.set_verbosity(verbosity)
         if bars:
             datasets.enable_progress_bars()
         if loading:
