@@ -241,9 +241,10 @@ class RewardAdapter(PreferenceAdapter):
         half = next(scorer.parameters()).dtype in (torch.float16, torch.bfloat16)
         moved = gap > (SAME_SCORE_HALF if half else SAME_SCORE) * (1 + alone.abs())
         pad = getattr(getattr(scorer, "config", None), "pad_token_id", None)
-        ends = mask.sum(-1) - 1  # the collator pads on the right: the last real token
-        reads = ((ids != pad).long() * torch.arange(ids.shape[1], device=device)).argmax(-1) \
-            if pad is not None else torch.full_like(ends, ids.shape[1] - 1)
+        positions = torch.arange(ids.shape[1], device=device)
+        ends = (mask.long() * positions).argmax(-1)  # the last real token, either padding side
+        reads = ((ids != pad).long() * positions).argmax(-1) if pad is not None \
+            else torch.full_like(ends, ids.shape[1] - 1)
         # read off their last token, and moved past the noise of the rows read on it (the
         # batch's own floor: half precision's kernels differ by batch shape)
         on_end = reads == ends
