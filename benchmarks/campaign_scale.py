@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import workbook as wb  # noqa: E402
 from workbook.samples.models import TinyDecoder  # noqa: E402
 from workbook.samples.tokenizer import VOCAB_SIZE  # noqa: E402
-from workbook.training.loop import UpdateShape  # noqa: E402
+from workbook.training.loop import TrainConfig, UpdateShape  # noqa: E402
 from workbook.training.predict import Plan, predict, sized_batches  # noqa: E402
 from workbook.training.workload import TRAINING_PHASES, measured_peaks  # noqa: E402
 
@@ -74,7 +74,7 @@ def twin_path_rows(label: str, task: wb.Task, plan: Plan) -> list[dict]:
     predicted = predict(task, train, val, plan, campaign=True)
     sizing_s = time.perf_counter() - begin
     real = dataclasses.replace(task, build_model=task.campaign_model, campaign_model=None)
-    measured = measured_peaks(real, plan.shape.train_config(device="cpu"),
+    measured = measured_peaks(real, TrainConfig(plan.shape, device="cpu"),
                               *sized_batches(real, train, val, plan))
     rows = []
     for phase, p in zip(TRAINING_PHASES, predicted.predicted_peak_bytes, strict=True):

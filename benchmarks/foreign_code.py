@@ -110,7 +110,7 @@ def stream_file() -> str:
 
 
 def stream_spec(bug: str = ""):
-    cfg = UpdateShape(micro_batch=2, accumulation=4).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg = TrainConfig(UpdateShape(micro_batch=2, accumulation=4), lr=1e-3, seed=0, device="cpu")
     cfg.pipeline = True
     return resume.recipe(STREAM, {"data_file": stream_file(), "block_size": 16, "n_layer": 1,
                                   "n_embd": 32, "pipeline_bug": bug}, cfg, 32)

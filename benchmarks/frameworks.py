@@ -49,7 +49,7 @@ from workbook.notebooks import accounting as acc  # noqa: E402
 from workbook.notebooks.inspection import inspect_task  # noqa: E402
 from workbook.notebooks.overfit import overfit  # noqa: E402
 from workbook.notebooks.resume import recipe, run_recipe  # noqa: E402
-from workbook.training.loop import UpdateShape  # noqa: E402
+from workbook.training.loop import TrainConfig, UpdateShape  # noqa: E402
 
 LIGHTNING = "examples.lightning_module:task"
 HF = "examples.hf_trainer:task"
@@ -161,7 +161,7 @@ def pilot_lightning(case: Case) -> str:
     found += [f"04: {f}" for f in acc.evaluation_findings(
         acc.evaluation_check(task, prepared.validation[:10]))]
     spec = recipe(LIGHTNING, {"conversations": 60, **case.options},
-                  UpdateShape(2, 2).train_config(updates=4))
+                  TrainConfig(UpdateShape(2, 2), updates=4))
     with tempfile.TemporaryDirectory() as tmp:
         reference, _ = run_recipe(spec, 4, Path(tmp) / "a", checkpoint_at=(2,))
         try:

@@ -29,7 +29,7 @@ from functools import partial
 
 from examples.hf_stream import FRACTIONS, Shards
 from examples.hf_stream import make_task as stream_task
-from workbook.task import split_by_group_hash
+from workbook.contract.task import split_by_group_hash
 
 BUGS = ("skip_steps",)
 

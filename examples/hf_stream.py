@@ -73,8 +73,8 @@ from examples.hf_gpt2 import build_model
 from examples.shifted_lm import collate, generate
 from workbook import tokenizer as tok
 from workbook.base.errors import reason
+from workbook.contract.task import split_by_group_hash
 from workbook.samples import DATA_DIR
-from workbook.task import split_by_group_hash
 
 ROWS = 4350  # the generation sample's rows, once
 FRACTIONS = (0.8, 0.1, 0.1)  # train, validation, test: by the hash of the conversation

@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 import workbook as wb
 from workbook import tokenizer as tok
+from workbook.contract.task import target_accuracy, token_cross_entropy
 from workbook.samples import DATA_DIR
 from workbook.samples.generation import generate  # greedy, works with .logits too
-from workbook.task import target_accuracy, token_cross_entropy
 
 
 class LeftPaddedDecoder(nn.Module):

@@ -54,8 +54,8 @@ from torch import Tensor
 import workbook as wb
 from examples.gpt_script import GPT, GPTConfig, build_optimizer, collate
 from workbook import tokenizer as tok
+from workbook.contract.task import split_by_group_hash
 from workbook.samples import DATA_DIR
-from workbook.task import split_by_group_hash
 
 DTYPE = np.uint16  # 2 bytes a token, as nanoGPT writes train.bin (any vocabulary below 65,536)
 TOKEN_BYTES = np.dtype(DTYPE).itemsize

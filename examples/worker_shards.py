@@ -34,7 +34,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from examples.token_stream import TokenStream
 from examples.token_stream import make_task as token_task
-from workbook.task import split_by_group_hash
+from workbook.contract.task import split_by_group_hash
 
 BUGS = ("reset_in_iter",)
 WORKERS = 2

@@ -43,7 +43,7 @@ def build_model() -> nn.Module:
 
 def make_train_step(mean_per_micro_batch: bool = False, label_smoothing: float = 0.0,
                     returns: str = "dict", clip_by_name: bool = False,
-                    clip_norm: float = 1.0):
+                    clip_norm: float = 1.0, divide_by: int = 1):
     def train_step(model, optimizer, micro_batches):
         model.train()
         optimizer.zero_grad(set_to_none=True)
@@ -54,8 +54,10 @@ def make_train_step(mean_per_micro_batch: bool = False, label_smoothing: float =
             loss = nn.functional.cross_entropy(logits, batch["labels"], reduction="sum",
                                                label_smoothing=label_smoothing)
             # planted: each micro-batch's mean back-propagated as is (k times the gradient)
-            (loss / len(batch["labels"]) if mean_per_micro_batch else loss / total).backward()
-            summed += float(loss.detach())
+            # planted `divide_by`: divided again by hand, e.g. by the accumulation steps
+            (loss / len(batch["labels"]) if mean_per_micro_batch else
+             loss / total / divide_by).backward()
+            summed += float(loss.detach()) / divide_by
         # as public scripts write it: imported by name, or through the module
         (clip_grad_norm_ if clip_by_name else torch.nn.utils.clip_grad_norm_)(
             model.parameters(), clip_norm)
@@ -108,7 +110,8 @@ def make_task(mean_per_micro_batch: bool = False, label_smoothing: float = 0.0,
               returns: str = "dict", eval_counts_padding: bool = False,
               eval_leaves_eval_mode: bool = False, eval_without_eval_mode: bool = False,
               restore_reseeds_sampler: bool = False, clip_by_name: bool = False,
-              clip_norm: float = 1.0, head_lr_groups: bool = False) -> wb.Task:
+              clip_norm: float = 1.0, head_lr_groups: bool = False,
+              divide_by: int = 1) -> wb.Task:
     data = Readings()
     return wb.Task(
         name="careful-readings", kind="classification",
@@ -120,7 +123,7 @@ def make_task(mean_per_micro_batch: bool = False, label_smoothing: float = 0.0,
         label_names=CLASSES, label_field="level", group_key="sensor", model_inputs=("x",),
         lr=3e-3,
         train_step=make_train_step(mean_per_micro_batch, label_smoothing, returns,
-                                   clip_by_name, clip_norm),
+                                   clip_by_name, clip_norm, divide_by),
         eval_step=make_eval_step(eval_counts_padding, eval_leaves_eval_mode,
                                  eval_without_eval_mode),
         save_state=save_state, restore_state=make_restore(restore_reseeds_sampler),

@@ -18,7 +18,9 @@ CLASSIFICATION = "workbook.samples.classification:task"
 
 @pytest.fixture(scope="session")
 def gen_task():
-    return load_task(GENERATION)
+    """The generation sample without its campaign model: the model trained is the one sized
+    (a test of a campaign model plants its own)."""
+    return load_task(GENERATION, campaign_layers=0)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from examples import token_stream
-from workbook.task import split_by_group_hash
+from workbook.contract.task import split_by_group_hash
 
 KINDS = ("stale_after_load", "trainer_skip", "commit_at_end")
 

@@ -1,9 +1,11 @@
 """In a real browser - Debian's chromium, headless, driven by Selenium through Debian's
 chromedriver (no Selenium Manager, no driver download): notebook 01's example browser is live in
 JupyterLab and its slider, split and search agree with its status line; 03's gate table fits the
-page at 1280 px with the file browser open; report.html reads at 1280 and 390 px without
-horizontal scrolling and every link on it resolves. Screenshots are written to
-build/screenshots/ for a person to look at (their paths are printed)."""
+page at 1280 px with the file browser open; report.html's first screen at 1280 px holds the
+decision line, the plan table and the chart, the page reads at 1280 and 390 px without
+horizontal scrolling (a wide table scrolls inside its own box, never cut) and every link on it
+resolves. Screenshots are written to the test's temporary folder for a person to look at
+(their paths are printed)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHOTS = ROOT / "build" / "screenshots"
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 JUPYTER = Path(sys.executable).with_name("jupyter")  # the test environment's, as `make lab`
 NOTEBOOKS = ("01_inspect_examples.ipynb", "03_phase_gates.ipynb")
@@ -79,11 +80,11 @@ def stop(process: subprocess.Popen, timeout: float = 15) -> None:
     assert not alive, f"still running after the test: {alive}"
 
 
-def shot(driver, name: str, full: bool = False) -> Path:
-    """A PNG of the viewport (or, with `full`, the whole page down to 8000 px) under
-    build/screenshots/; its path is printed."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"{name}.png"
+def shot(driver, folder: Path, name: str, full: bool = False) -> Path:
+    """A PNG of the viewport (or, with `full`, the whole page down to 8000 px) in `folder`'s
+    screenshots/ (the test's temporary folder); its path is printed."""
+    (folder / "screenshots").mkdir(parents=True, exist_ok=True)
+    path = folder / "screenshots" / f"{name}.png"
     if full:
         size = driver.execute_script("return [document.documentElement.scrollWidth,"
                                      "document.documentElement.scrollHeight]")
@@ -155,7 +156,7 @@ def lab(lab_process):
             return r.status == 200
 
     until(up, 60, "jupyter lab to answer", every=0.3)
-    return url, token
+    return url, token, log.parent
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +204,10 @@ DETAIL = ("dtypes input_ids:int64, attention_mask:int64, labels:int64, prompt_ma
           "on every pass as in a Dataset that encodes in __getitem__)")
 
 
+GPUS = ["L4", "A100-40GB", "A100-80GB-SXM4", "H100-SXM5-80GB", "H200-SXM-141GB"]
+CANDIDATES = ["control", "activation_checkpointed_long_context_variant"]
+
+
 def build_run(run: Path) -> pd.DataFrame:
     """A run folder as `make pilot` leaves it, from synthetic summaries and tables with long
     names and the widest sheets the report shows; its index."""
@@ -236,39 +241,72 @@ def build_run(run: Path) -> pd.DataFrame:
         run / "03_phase_gates" / "gates.csv", index=False)
     plan = run / "08_rental_plan"
     (plan / "conclusion.md").write_text(
-        "# Rental decision\n\n**Rent an L4** for candidate **activation_checkpointed_long_"
-        "context_variant** (single device, bf16, micro-batch 16 x accumulation 2, 1.4 GiB "
-        "needed with headroom): the cheapest GPU that fits it with headroom, USD 0.09 for the "
-        "budget (0.1 h).\n\n- 3-day plan on the L4: 3 of 3 variants scheduled, 0.8 h, USD "
-        "1.68\n- 30-day plan on the L4: 3 of 3 variants scheduled, 0.8 h, USD 1.68\n")
-    gpus = ["L4", "A100-40GB", "A100-80GB-SXM4", "H100-SXM5-80GB", "H200-SXM-141GB"]
-    candidates = ["control", "activation_checkpointed_long_context_variant"]
+        "# Rental decision\n\n**Rent 8 x H100-SXM5-80GB** for candidate **activation_"
+        "checkpointed_long_context_variant** (FSDP2 full sharding x8, bf16, micro-batch 2 x "
+        "accumulation 2, 61.4 GiB per GPU needed with headroom): the cheapest GPU that fits it "
+        "with headroom, USD 350.09 for the budget (14.1 h).\n\n- 3-day plan on the "
+        "H100-SXM5-80GB: 3 of 3 variants scheduled, 42.2 h, USD 1,050.27\n")
+    (plan / "summary.json").write_text(json.dumps({"verdict": "pass", "task": TASK, "figures": {
+        "chosen": CANDIDATES[1], "recommended_gpu": GPUS[3], "recommended_gpus": 8,
+        "recommended_strategy": "FSDP2 full sharding x8", "not_sized": []}}))
     rows = [{"candidate": c, "gpu": g, "gpu_memory_gib": 24 + 20 * i, "precision": "bf16",
-             "micro_batch": 16, "accumulation": 2, "activation_checkpointing": "_v" in c,
-             "strategy": "single device", "gpus": 1, "nodes": 1, "max_length": 1024,
+             "micro_batch": 2, "accumulation": 2, "activation_checkpointing": "_v" in c,
+             "strategy": s, "gpus": n, "nodes": 1 + (n > 8), "max_length": 1024,
              "examples_per_update": 32, "peak_phase": "update (later)",
-             "predicted_peak_gib": 0.137, "required_gib": 1.381, "fits": True,
-             "headroom_gib": 22.62, "flops_per_update": 22586327040,
-             "time_per_update_s": 0.005, "time_floored": True, "budget_hours": 0.1111,
-             "gpu_hours": 0.1111, "price_per_hour": 0.8 * (i + 1), "cost": 0.09 * (i + 1),
-             "currency": "USD", "note": "time per update is the 5 ms floor; cost is price "
-             "alone", "expected": "the study's control at campaign scale",
-             "model": "the task's model"} for c in candidates for i, g in enumerate(gpus)]
+             "predicted_peak_gib": 51.137, "required_gib": 61.381, "fits": i > 1,
+             "headroom_gib": 18.62, "flops_per_update": 22586327040,
+             "time_per_update_s": 2.5 / (i + 1), "time_floored": False,
+             "budget_hours": 30.0 / (i + 1), "budget_hours_low": 25.0 / (i + 1),
+             "budget_hours_high": 41.0 / (i + 1), "gpu_hours": 30.0 * n / (i + 1),
+             "price_per_hour": 0.8 * (i + 1), "cost": 24.0 * n, "cost_low": 20.0 * n,
+             "cost_high": 32.8 * n, "spot_cost": 9.0 * n, "currency": "USD",
+             "note": "per-GPU peaks derived from the fake run at another world size (the "
+             "sharded state scaled as 1/N); not sized: x2: 32 examples per update do not split "
+             "evenly over 3 GPUs", "expected": "the study's control at campaign scale",
+             "model": "the campaign model"}
+            for c in CANDIDATES for i, g in enumerate(GPUS)
+            for s, n in (("FSDP2 full sharding x8", 8),
+                         ("FSDP2 full sharding x16 (2 nodes of 8)", 16))]
     pd.DataFrame(rows).to_csv(plan / "selection.csv", index=False)
-    pd.DataFrame([{"candidate": c, "cheapest_gpu": "L4", "cheapest_gpus": 1,
-                   "cheapest_strategy": "single device", "cheapest_micro_batch": 16,
-                   "cheapest_accumulation": 2, "cheapest_required_gib": 1.381,
-                   "cheapest_gpu_hours": 0.1111, "cheapest_cost": 0.09, "cheapest_hours": 0.1111,
-                   "asked_gpu": "A100-80GB-SXM4", "asked_fits": True, "asked_cost": 0.24,
-                   "currency": "USD", "why": "L4 fits with 22.6 GiB to spare and costs 2.8x "
-                   "less than A100-80GB-SXM4 for this budget"} for c in candidates]).to_csv(
-        plan / "cheapest.csv", index=False)
-    pd.DataFrame([{"days": d, "priority": p, "variant": v, "candidate": candidates[1],
-                   "gpu": "L4", "repeats": 3, "hours": 0.333, "cost": 0.72, "start_hour": 0.0,
-                   "end_hour": 0.333, "scheduled": True, "why_not": "-"}
-                  for d in (3, 7, 30) for p, v in enumerate(["control", "best study lr",
-                                                             "largest_micro_batch_variant"])]
+    pd.DataFrame([{"candidate": c, "cheapest_gpu": GPUS[3], "cheapest_gpus": 8,
+                   "cheapest_strategy": "FSDP2 full sharding x8", "cheapest_micro_batch": 2,
+                   "cheapest_accumulation": 2, "cheapest_required_gib": 61.381,
+                   "cheapest_gpu_hours": 60.0, "cheapest_cost": 192.0, "cheapest_hours": 7.5,
+                   "cheapest_offer": "nebius gpu-h100-sxm_8gpu-128vcpu-1600gb (8 GPUs, "
+                   "eu-north1)", "cheapest_price_from": "catalog of 2026-12-03",
+                   "cheapest_cost_low": 160.0, "cheapest_cost_high": 262.4,
+                   "cheapest_spot_cost": 72.0, "cheapest_spot_offer": "aws p5.4xlarge x8",
+                   "cheapest_speed_from": "interpolated",
+                   "asked_gpu": GPUS[2], "asked_fits": True, "asked_cost": 240.0,
+                   "currency": "USD", "why": f"{GPUS[3]} fits with 18.6 GiB to spare and "
+                   f"costs 1.3x less than {GPUS[2]} for this budget"} for c in CANDIDATES]
+                 ).to_csv(plan / "cheapest.csv", index=False)
+    pd.DataFrame([{"days": d, "priced_on": role, "priority": p, "variant": v,
+                   "candidate": CANDIDATES[1], "gpu": g, "gpus": 8,
+                   "strategy": "FSDP2 full sharding x8", "repeats": 3, "hours": 22.5,
+                   "hours_low": 18.75, "hours_high": 30.75, "cost": 576.0, "cost_low": 480.0,
+                   "cost_high": 787.2, "spot_cost": 216.0, "start_hour": 0.0,
+                   "end_hour": 22.5, "scheduled": d > 3 or p < 2, "why_not": "-"}
+                  for g, role in ((GPUS[3], "recommended"), (GPUS[2], "planned on"))
+                  for d in (3, 7, 30)
+                  for p, v in enumerate(["control", "best study lr",
+                                         "largest_micro_batch_variant"])]
                  ).to_csv(plan / "plan.csv", index=False)
+    pd.DataFrame([{"item": "CUDA", "here": "none (CPU)", "verified": False,
+                   "on the rental": "driver and runtime", "notebook": "03_phase_gates"},
+                  {"item": "FSDP2 full sharding (fully_shard) x8/16", "here": "sized on fake "
+                   "tensors", "verified": False, "on the rental": "NCCL over the GPUs and nodes",
+                   "notebook": "09_data_parallel"}]).to_csv(plan / "stack.csv", index=False)
+    launch = plan / "launch" / "recommended"
+    launch.mkdir(parents=True)
+    files = {k: f"launch/recommended/{n}" for k, n in (
+        ("sky", "sky.yaml"), ("sky_spot", "sky-spot.yaml"), ("torchrun", "torchrun.sh"),
+        ("settings", "settings.json"))}
+    for name in files.values():
+        (plan / name).write_text("# written by the test\n")
+    (plan / "launch" / "index.json").write_text(json.dumps({
+        "entry_point_is_placeholder": True, "not_written": {},
+        "plans": [{"name": "recommended", "files": files}]}))
     rules = pd.DataFrame({"rule": ["only rank 0 writes the checkpoint; every rank reads it back",
                                    "every rank sees a disjoint shard of the training data"],
                           "verdict": ["pass", "pass"],
@@ -291,15 +329,24 @@ function lines(e) {  // the lines a block's text takes
   return new Set([...range.getClientRects()].map(r => Math.round(r.bottom))).size;
 }
 const w = document.documentElement.clientWidth, out = [];
-for (const e of document.querySelectorAll('body *')) {
+for (const e of document.querySelectorAll('body *')) {  // inside a scroll box: its own scroll
   const r = e.getBoundingClientRect();
-  if (r.width && r.right > w + 1) out.push(e.tagName + ' ' + Math.round(r.right) + ' ' +
-    (e.textContent || '').trim().slice(0, 60));
+  if (r.width && r.right > w + 1 && !e.parentElement.closest('.scroll'))
+    out.push(e.tagName + ' ' + Math.round(r.right) + ' ' +
+             (e.textContent || '').trim().slice(0, 60));
 }
-const rows = [...document.querySelectorAll('tr')].map(r => r.getBoundingClientRect().height);
+const boxes = [...document.querySelectorAll('.scroll')].filter(b => b.scrollWidth >
+  b.clientWidth + 1).length;
+const cells = [...document.querySelectorAll('td')].map(r => r.getBoundingClientRect().height);
+const first = {};  // what the first screen holds, wholly
+for (const [name, sel] of [['line', '.decision .line'], ['plans', 'table.plans'],
+                           ['chart', '.chart img']]) {
+  const e = document.querySelector(sel), r = e && e.getBoundingClientRect();
+  first[name] = !!(r && r.height > 10 && r.top >= 0 && r.bottom <= window.innerHeight);
+}
 return {scroll: document.documentElement.scrollWidth, width: window.innerWidth,
-        beyond: out.slice(0, 10), tallest_row: Math.max(0, ...rows),
-        h1_lines: lines(document.querySelector('h1'))};
+        beyond: out.slice(0, 10), tallest_cell: Math.max(0, ...cells), scrolled_boxes: boxes,
+        first_screen: first, h1_lines: lines(document.querySelector('h1'))};
 """
 
 
@@ -324,6 +371,7 @@ def test_report_fits_1280_and_390_px_and_every_link_resolves(chrome, scratch):
         elif not (run / unquote(parts.path)).exists():
             dead.append(href)
     problems = [f"links that go nowhere: {dead}"] if dead or not links else []
+    assert "part 1 of" not in page.read_text(), "no table is cut into parts"
     top = chrome.find_element("css selector", "body").text[:800]
     if not re.search(r"run folder", top, re.I):
         problems.append(f"the top of the page does not say that its file links need the run "
@@ -333,14 +381,17 @@ def test_report_fits_1280_and_390_px_and_every_link_resolves(chrome, scratch):
         chrome.execute_script("window.scrollTo(0, 0)")
         layout = chrome.execute_script(LAYOUT)
         print(f"report at {width} px: {layout}")
-        shot(chrome, f"report-{width}px-top")
-        shot(chrome, f"report-{width}px-full", full=True)
+        shot(chrome, scratch, f"report-{width}px-top")
+        shot(chrome, scratch, f"report-{width}px-full", full=True)
         if layout["scroll"] > layout["width"]:
             problems.append(f"at {width} px the page scrolls sideways: {layout}")
         if layout["beyond"]:
             problems.append(f"at {width} px cut at the right: {layout['beyond']}")
-        if layout["tallest_row"] >= (400 if width < 600 else 150):
-            problems.append(f"at {width} px a table row {layout['tallest_row']} px tall")
+        if layout["tallest_cell"] >= (300 if width < 600 else 150):
+            problems.append(f"at {width} px a table cell {layout['tallest_cell']} px tall")
+        if width > 1000 and not all(layout["first_screen"].values()):
+            problems.append(f"the first screen at {width} px lacks the decision line, the plan "
+                            f"table or the chart: {layout['first_screen']}")
         if width < 600 and layout["h1_lines"] < 2:
             problems.append(f"the long title does not wrap on a phone: {layout}")
     assert not problems, "\n".join(problems)
@@ -407,7 +458,7 @@ def test_01_example_browser_is_live_and_agrees_with_its_status_line(chrome, lab)
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
 
-    url, token = lab
+    url, token, _ = lab
     open_notebook(chrome, url, token, NOTEBOOKS[0])
     chrome.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     until(lambda: "verdict:" in chrome.execute_script(
@@ -446,7 +497,7 @@ def test_01_example_browser_is_live_and_agrees_with_its_status_line(chrome, lab)
     found = settled(chrome, f"the search for {wanted!r}",
                     lambda s: s["split"] == "train" and wanted in s["id"])
     assert found["id"] == dragged["id"] and found["index"] == dragged["index"], found
-    shot(chrome, "jupyterlab-01-example-browser")
+    shot(chrome, lab[2], "jupyterlab-01-example-browser")
 
     handle.send_keys(Keys.ARROW_RIGHT)  # away from it, then the same search again
     settled(chrome, "one step right after the search", lambda s: s["index"] == found["index"] + 1)
@@ -473,7 +524,7 @@ def test_01_example_browser_is_live_and_agrees_with_its_status_line(chrome, lab)
 def test_03_gate_table_fits_the_page_at_1280_px(chrome, lab):
     """The committed outputs of 03, as a person opening it sees them (running 03 takes a minute
     on 2 cores; nbval checks that it runs)."""
-    url, token = lab
+    url, token, _ = lab
     open_notebook(chrome, url, token, NOTEBOOKS[1], kernel=False)
     cell = until(lambda: chrome.execute_script(
         "return [...document.querySelectorAll('.jp-CodeCell')].find(c =>"
@@ -494,7 +545,7 @@ def test_03_gate_table_fits_the_page_at_1280_px(chrome, lab):
                     x => Math.round(x.getBoundingClientRect().height)),
                 headers: [...t.querySelectorAll('thead th')].map(x => x.textContent.trim())};
         """, t), 10, "the gate table laid out") for t in tables]
-    shot(chrome, "jupyterlab-03-gate-table")
+    shot(chrome, lab[2], "jupyterlab-03-gate-table")
     headers = [h for layout in layouts for h in layout["headers"]]
     assert "detail" in headers and "verdict" in headers, headers
     for layout in layouts:

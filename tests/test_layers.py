@@ -201,31 +201,42 @@ def test_no_module_imports_a_private_name_of_another():
 
 @pytest.mark.parametrize("short", ["loop", "task", "adapters", "campaign", "runs", "gates",
                                    "archive", "forward_failure"])
-def test_the_short_public_paths_are_the_layered_modules(short):
+def test_the_short_public_names_are_the_layered_modules(short):
+    """`wb.<short>` (and `from workbook import <short>`) is the layered module itself; no import
+    hook: a dotted import names the layered path."""
     import importlib
+    import sys
 
     import workbook
 
-    layered = importlib.import_module(workbook._full(short))
-    assert importlib.import_module(f"workbook.{short}") is layered
-    assert getattr(workbook, short) is layered
+    module = getattr(workbook, short)
+    assert module is importlib.import_module(module.__name__)
+    assert module.__name__.count(".") >= 2 and f"workbook.{short}" not in sys.modules
+    assert not any(type(f).__module__.startswith("workbook") for f in sys.meta_path)
 
 
-def test_a_short_name_leaves_the_module_its_own_spec():
-    """Relative imports inside the module and importlib.reload see where it really lives."""
-    import importlib
+def test_no_file_imports_a_short_name_as_a_dotted_path():
+    """`from workbook.<short> import ...` has no module behind it (short names are attributes):
+    the code, the docs and the notebooks name the layered path."""
+    import workbook
 
-    import workbook.archive as part
-    import workbook.gates.settings as settings
-    import workbook.inspection as family
+    short = "|".join(sorted(dir(workbook)))
+    pattern = re.compile(rf"(?:from|import) workbook\.(?:{short})\b")
+    root = PACKAGE.parent
+    files = [p for d in ("workbook", "tests", "examples", "benchmarks", "docs", "notebooks")
+             for p in (root / d).rglob("*") if p.suffix in (".py", ".md", ".ipynb")]
+    found = [f"{p.relative_to(root)}: {m.group(0)}" for p in [*files, root / "README.md"]
+             for m in pattern.finditer(p.read_text(errors="replace"))]
+    assert not found, "name the layered module (workbook.contract.adapters, ...): " + \
+        "; ".join(found)
 
-    assert family.__spec__.name == "workbook.notebooks.inspection"
-    assert family.__package__ == "workbook.notebooks.inspection"  # a family is a package
-    assert importlib.reload(family) is family
-    assert (part.__spec__.name, part.__package__) == ("workbook.notebooks.resume.archive",
-                                                      "workbook.notebooks.resume")
-    assert settings is importlib.import_module("workbook.notebooks.gates.settings")
-    assert settings.__package__ == "workbook.notebooks.gates"
+
+def test_a_family_part_is_an_attribute_of_its_entry():
+    import workbook as wb
+    from workbook.notebooks.gates import settings
+
+    assert wb.gates.settings is settings
+    assert wb.archive.__package__ == "workbook.notebooks.resume"
 
 
 def shadowed_parts(package) -> list[str]:

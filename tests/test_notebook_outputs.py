@@ -95,9 +95,9 @@ def _outputs_with_threads(stem: str, tmp_path: Path, threads: int) -> list[tuple
 
 
 # `make test` runs nbval with one OpenMP thread, which re-runs every committed notebook that way;
-# this is the guard for a pytest run without it (07, 40 s, only in `make test-all`)
-@pytest.mark.parametrize("stem", ["04_batch_accounting",
-                                  pytest.param("07_resume_reload", marks=pytest.mark.slow)])
+# this is the guard for a pytest run without it (`make test-all`: 04, and 07 in 40 s)
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", ["04_batch_accounting", "07_resume_reload"])
 def test_compared_outputs_survive_another_thread_count(stem, tmp_path):
     """The cheap guard against build noise: the notebooks whose floats once differed between
     machines, re-run with one thread, give the committed outputs after sanitizing."""

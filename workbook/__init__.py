@@ -5,17 +5,15 @@ The package is built in layers, each a folder that imports only the ones below i
 `training` (the one loop and its measurements) > `contract` (the task, its kinds, the adapters,
 the data) > `storage` (run folders, files, the ledger, records) > `base` (errors, units).
 
-Notebooks and users' task modules reach the public modules by their short names (`wb.inspection`,
-`wb.adapters`, `workbook.campaign`): they load on first use, so a process that needs few of them
-(a torchrun worker, a resume in a new process) starts quickly.
+Notebooks and users' task modules reach the public modules as attributes by their short names
+(`wb.inspection`, `wb.adapters.from_hf`, `from workbook import campaign`): they load on first use,
+so a process that needs few of them (a torchrun worker, a resume in a new process) starts quickly.
+A dotted import names the layered module (`from workbook.contract.task import Task`).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
 from typing import Any
 
 # The short name of each public module -> where it lives. A notebook's family is a package
@@ -84,35 +82,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*_MODULES, *_NAMES, *_notebook_modules()})
-
-
-class _ShortNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """`import workbook.campaign` (and `from workbook.adapters import from_hf`) keep working:
-    the short name is the same module object as its layered one, so a user's task module, an
-    older archive's recorded path and the docs' examples import what they always did."""
-
-    _real: dict = {}
-
-    def find_spec(self, fullname, path=None, target=None):
-        short = fullname.split(".")
-        if len(short) >= 2 and short[0] == __name__ and _location(short[1]) is not None:
-            return importlib.util.spec_from_loader(fullname, self)
-        return None
-
-    def create_module(self, spec):
-        _, short, *rest = spec.name.split(".")
-        module = importlib.import_module(".".join([_full(short), *rest]))
-        self._real[spec.name] = module.__spec__, module.__package__
-        return module
-
-    def exec_module(self, module):
-        # the import system stamped the short name's spec on the module: give its own back, so
-        # its relative imports and importlib.reload see where it really lives
-        for name, (spec, package) in list(self._real.items()):
-            if spec is not None and spec.name == module.__name__:
-                module.__spec__, module.__package__ = spec, package
-                del self._real[name]
-
-
-if not any(isinstance(f, _ShortNames) for f in sys.meta_path):
-    sys.meta_path.insert(0, _ShortNames())  # before the path finder: `workbook.adapters.hf` too

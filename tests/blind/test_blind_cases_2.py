@@ -48,16 +48,20 @@ EVAL_PADDING_ADVICE = re.compile(r"pass the eval(uation)? dataset with its label
                                  re.IGNORECASE)
 
 
-def inspect(out: Path, task: str, **options) -> tuple[str, str]:
-    """Notebook 01 on a task: its verdict and everything it said - or, where the task is
+def hear(module, stem: str, out: Path, task: str, **options) -> tuple[str, str]:
+    """A notebook on a task: its verdict and everything it said - or, where the task is
     refused before the notebook runs, "refused" and the refusal's text."""
     needs("trl", "peft", "datasets")
     try:
-        _, verdict, summary = run_notebook(wb.inspection, "01_inspect_examples", out, task=task,
-                                           task_options=options)
+        _, verdict, summary = run_notebook(module, stem, out, task=task, task_options=options)
     except Exception as error:  # noqa: BLE001 - the refusal is what the user reads
         return "refused", f"{type(error).__name__}: {error}"
     return verdict, everything_said(out, summary)
+
+
+def inspect(out: Path, task: str, **options) -> tuple[str, str]:
+    """Notebook 01 on a task, as `hear` reports it."""
+    return hear(wb.inspection, "01_inspect_examples", out, task, **options)
 
 
 # 1. apply_chat_template(return_assistant_tokens_mask=True) without {% generation %} -----------

@@ -255,3 +255,11 @@ def test_rank_0_claims_the_launch_folder_once(tmp_path, monkeypatch):
     assert code == 2 and "already holds a run" in err
     assert (tmp_path / "old" / "result.json").read_text() == "{}"
     assert sorted(p.name for p in made.iterdir()) == sorted([CLAIM, ".workbook-launch"])
+
+
+@pytest.mark.parametrize("words", [["pilot", "--option", "no-value"], ["pilot", "-p", "lr"],
+                                   ["pilot", "--timeout", "soon"]])
+def test_a_refused_argument_names_its_fix(words, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(words)
+    assert caught.value.code == 2 and "(give " in capsys.readouterr().err

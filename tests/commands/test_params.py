@@ -1,3 +1,4 @@
+import ast
 import json
 from pathlib import Path
 
@@ -5,38 +6,44 @@ import pytest
 
 from workbook import WorkbookError
 from workbook.commands.params import check, defaults, smoke, stems, validate
+from workbook.notebooks.registry import entry
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
+def checked(given: dict, stem: str):
+    """`given` checked by the notebook's parameter model."""
+    return entry(stem).check(given)
+
+
 def test_typo_gets_a_suggestion():
     with pytest.raises(WorkbookError, match="no parameter 'updatse' .*did you mean 'updates'"):
-        validate({"updatse": 3}, "02_overfit")
+        checked({"updatse": 3}, "02_overfit")
 
 
 def test_wrong_type_is_named():
     with pytest.raises(WorkbookError, match="'examples' must be int, got str"):
-        validate({"examples": "8"}, "02_overfit")
+        checked({"examples": "8"}, "02_overfit")
     with pytest.raises(WorkbookError, match="'examples' must be int, got bool"):
-        validate({"examples": True}, "02_overfit")
+        checked({"examples": True}, "02_overfit")
 
 
 @pytest.mark.parametrize("written, value", [("false", False), ("False", False), (0, False),
                                             ("true", True), ("on", True), (1, True),
                                             (False, False)])
 def test_a_yes_no_parameter_takes_what_a_command_line_writes(written, value):
-    assert validate({"fsdp": written}, "09_data_parallel")["fsdp"] is value
+    assert checked({"fsdp": written}, "09_data_parallel").fsdp is value
 
 
 @pytest.mark.parametrize("written", ["maybe", 2, 0.0])
 def test_a_yes_no_parameter_refuses_what_is_neither(written):
     with pytest.raises(WorkbookError, match="'fsdp' must be bool"):
-        validate({"fsdp": written}, "09_data_parallel")
+        checked({"fsdp": written}, "09_data_parallel")
 
 
 def test_int_is_accepted_for_float_and_defaults_fill_in():
-    params = validate({"lr": 1}, "02_overfit")
-    assert params["lr"] == 1 and params["updates"] == defaults("02_overfit")["updates"]
+    params = checked({"lr": 1}, "02_overfit")
+    assert params.lr == 1 and params.updates == defaults("02_overfit")["updates"] == 150
 
 
 def test_check_reads_a_notebook_namespace_and_skips_ipython_names():
@@ -60,30 +67,52 @@ def test_in_a_kernel_only_the_parameter_cells_count():
     assert check(namespace, "02_overfit")["examples"] == 4, "later literals do not count"
 
 
-def test_defaults_are_read_from_the_parameters_cell(tmp_path, monkeypatch):
-    """The parameters cell is the only table of defaults: editing it changes what is validated."""
-    import shutil
+def parameters_cell(path: Path) -> dict:
+    """The `name = literal` assignments of a notebook's cell tagged `parameters`, in order."""
+    cells = json.loads(path.read_text())["cells"]
+    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    values = {}
+    for node in ast.parse("".join(cell["source"])).body:
+        assert isinstance(node, ast.Assign) and len(node.targets) == 1, \
+            f"{path.name}: parameters cell line {node.lineno} is not `name = literal`"
+        values[node.targets[0].id] = ast.literal_eval(node.value)
+    return values
 
-    import workbook.commands.params as params
 
-    shutil.copy(NOTEBOOK_DIR / "02_overfit.ipynb", tmp_path / "02_overfit.ipynb")
-    monkeypatch.setattr(params, "NOTEBOOK_DIR", tmp_path)
-    assert params.stems() == ["02_overfit"] and defaults("02_overfit")["updates"] == 150
-    nb = json.loads((tmp_path / "02_overfit.ipynb").read_text())
+def cell_differs(path: Path, stem: str) -> list[str]:
+    """Where a notebook's parameters cell and its model's defaults differ: names, order,
+    values (with their types: 1 is not 1.0)."""
+    cell, model = parameters_cell(path), defaults(stem)
+    if list(cell) != list(model):
+        return [f"names: the cell has {list(cell)}, the model {list(model)}"]
+    return [f"{k}: the cell has {cell[k]!r}, the model {model[k]!r}" for k in cell
+            if repr(cell[k]) != repr(model[k])]
+
+
+@pytest.mark.parametrize("stem", stems())
+def test_each_notebooks_parameters_cell_is_its_models_defaults(stem):
+    """The model is the one source of the defaults; the cell papermill overrides (committed
+    with its outputs) spells the same names, in the same order, with the same literals."""
+    assert cell_differs(NOTEBOOK_DIR / f"{stem}.ipynb", stem) == []
+
+
+def test_a_cell_that_drifts_from_its_model_is_named(tmp_path):
+    nb = json.loads((NOTEBOOK_DIR / "02_overfit.ipynb").read_text())
     cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
-    cell["source"] = "".join(cell["source"]).replace("updates = 150", "updates = 7\nwidth = 3")
-    (tmp_path / "02_overfit.ipynb").write_text(json.dumps(nb))
-    assert defaults("02_overfit")["updates"] == 7
-    assert validate({"width": 4}, "02_overfit")["width"] == 4
-    cell["source"] += "\nderived = updates * 2"
-    (tmp_path / "02_overfit.ipynb").write_text(json.dumps(nb))
-    with pytest.raises(WorkbookError, match="not `name = literal`"):
-        defaults("02_overfit")
+    source = "".join(cell["source"])
+    for changed, found in ((source.replace("updates = 150", "updates = 7"), "updates: the cell"),
+                           (source.replace("lr = 0.0", "lr = 0"), "lr: the cell has 0,"),
+                           (source + "\nwidth = 3", "names: the cell has")):
+        cell["source"] = changed
+        (tmp_path / "02_overfit.ipynb").write_text(json.dumps(nb))
+        assert found in cell_differs(tmp_path / "02_overfit.ipynb", "02_overfit")[0]
 
 
 def test_unknown_notebook_is_named():
     with pytest.raises(WorkbookError, match="unknown notebook '99_nope'"):
         defaults("99_nope")
+    with pytest.raises(WorkbookError, match="unknown notebook '99_nope'"):
+        smoke("99_nope")
 
 
 @pytest.mark.parametrize("stem", stems())
@@ -112,17 +141,17 @@ def test_committed_notebooks_carry_their_outputs(stem):
 
 
 def test_a_parameter_of_other_notebooks_names_them():
-    with pytest.raises(WorkbookError, match=r"no parameter 'lr' \(it belongs to 02_overfit, "
-                       r"03_phase_gates.*\)(.|\n)*fix: select the notebooks that take it"):
-        validate({"lr": 0.1}, "the selected notebooks", defaults("01_inspect_examples"))
+    with pytest.raises(WorkbookError, match=r"the selected notebooks: no parameter 'lr' \(it "
+                       r"belongs to 02_overfit, 03_phase_gates.*\)(.|\n)*fix: select the "
+                       "notebooks that take it"):
+        validate({"lr": 0.1}, ["01_inspect_examples"])
 
 
 # --- ranges ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("stem", stems())
 def test_every_notebooks_defaults_and_smoke_values_are_in_range(stem):
-    assert validate(defaults(stem), stem) == defaults(stem)
-    validate(smoke(stem), stem)
-    validate(smoke(stem), f"{stem}.yaml for notebook {stem}", defaults(stem))
+    assert dict(checked(defaults(stem), stem)) == defaults(stem)
+    assert dict(checked(smoke(stem), stem)) == {**defaults(stem), **smoke(stem)}
 
 
 @pytest.mark.parametrize(("stem", "bad", "good", "match"), [
@@ -169,21 +198,21 @@ def test_every_notebooks_defaults_and_smoke_values_are_in_range(stem):
 ])
 def test_a_value_out_of_range_is_refused_and_its_clean_twin_passes(stem, bad, good, match):
     with pytest.raises(WorkbookError, match=match) as caught:
-        validate(bad, stem)
+        checked(bad, stem)
     assert "fix: give it a value in its range" in str(caught.value)
-    assert validate(good, stem)[next(iter(good))] == next(iter(good.values()))
+    assert checked(good, stem)[next(iter(good))] == next(iter(good.values()))
 
 
 def test_task_options_keep_their_own_names():
     """task_options are the task's keyword arguments: only finiteness applies to them."""
-    assert validate({"task_options": {"updates": -1}}, "02_overfit")["task_options"]
+    assert checked({"task_options": {"updates": -1}}, "02_overfit").task_options
 
 
 def test_every_problem_is_named_at_once_and_the_pilot_union_is_checked():
-    known = {**defaults("02_overfit"), **defaults("08_rental_plan")}
     with pytest.raises(WorkbookError, match=r"'updates' of the selected notebooks is 0(.|\n)*"
                        r"'utilisation' of the selected notebooks is 0(.|\n)*each a value"):
-        validate({"updates": 0, "utilisation": 0}, "the selected notebooks", known)
+        validate({"updates": 0, "utilisation": 0}, ["02_overfit", "08_rental_plan"])
+    validate({"updates": 3, "utilisation": 1}, ["02_overfit", "08_rental_plan"])
 
 
 def test_a_smoke_file_out_of_range_is_refused(tmp_path, monkeypatch):
@@ -199,17 +228,6 @@ def test_a_smoke_file_out_of_range_is_refused(tmp_path, monkeypatch):
 def test_a_namespace_out_of_range_stops_the_notebook():
     with pytest.raises(WorkbookError, match="'examples' of 02_overfit is -2"):
         check({"task": "a:b", "examples": -2, "lr": 1e-3}, "02_overfit")
-
-
-def test_every_rule_is_reachable_by_some_parameter():
-    """No rule in the table is dead: each pattern names a parameter (or a record key)."""
-    from workbook.commands.params import RULES
-
-    names = {n for stem in stems() for n in defaults(stem)}
-    names |= {k for stem in stems() for v in defaults(stem).values() if isinstance(v, list)
-              for item in v if isinstance(item, dict) for k in item}
-    import fnmatch
-    assert [p for p, _ in RULES if not fnmatch.filter(names, p)] == []
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -253,3 +271,34 @@ def test_parse_literal_as_an_argparse_type_gives_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exited:
         parser.parse_args(["-p", "[" * 5000 + "1"])
     assert exited.value.code == 2 and "deeper than 20" in capsys.readouterr().err
+
+
+def test_a_value_inside_a_list_or_dict_of_the_wrong_type_is_named():
+    with pytest.raises(WorkbookError, match=r"parameter \"gpus\['L4'\]\" must be float, got str"):
+        checked({"gpus": {"L4": "24"}}, "08_rental_plan")
+    with pytest.raises(WorkbookError, match=r"parameter 'lrs\[1\]' must be float, got str"):
+        checked({"lrs": [1e-3, "2e-3"]}, "06_lr_study")
+    assert checked({"lrs": [1e-3, 2]}, "06_lr_study").lrs == [1e-3, 2]
+    assert checked({"gpus": {"L4": 24}}, "08_rental_plan").gpus == {"L4": 24}, "an int kept"
+
+
+def test_a_rule_across_parameters_is_checked_with_them():
+    with pytest.raises(WorkbookError, match="checkpoint_at 10 is not an update before the last "
+                       r"\(updates=10\)(.|\n)*fix: give checkpoint_at between 1 and 9"):
+        checked({"checkpoint_at": 10}, "09_data_parallel")
+    assert checked({"checkpoint_at": 9}, "09_data_parallel").checkpoint_at == 9
+
+
+def test_a_cell_reads_the_checked_parameters_by_name():
+    """Notebook cells spell `p["out_dir"]`; `lr_from` is where lr came from, not a parameter."""
+    p = checked({"lr": 1e-3}, "02_overfit").model_copy(update={"lr_from": "parameter"})
+    assert p["out_dir"] == p.out_dir == "" and dict(p) == {**defaults("02_overfit"), "lr": 1e-3}
+    with pytest.raises(KeyError):
+        p["lr_from"]
+    with pytest.raises(WorkbookError, match="no parameter 'lr_from'"):
+        checked({"lr_from": "task"}, "02_overfit")
+
+
+def test_a_wrong_type_alone_is_told_the_type_not_the_names():
+    with pytest.raises(WorkbookError, match="fix: give each a value of the type named"):
+        checked({"examples": "8"}, "02_overfit")

@@ -31,11 +31,18 @@ def test_pilot_smoke_passes_01_and_02(task, tmp_path):
         "notebooks"][0]["verdict"] == "pass"
 
 
-def test_pilot_reports_a_planted_bug_as_a_failing_verdict(tmp_path):
-    run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="01",
-                           task_options={"max_length": 10}, progress=False)
-    assert index.verdict.tolist() == ["fail"]
+def test_a_planted_bug_fails_its_verdict_and_an_error_keeps_what_was_found(tmp_path):
+    """The pilot's rows: 01 fails on a planted max_length (zero targets), 08 stops with an
+    error on an unknown rental GPU - recorded, what it found kept, its summary carrying it."""
+    run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="01,08",
+                           task_options={"max_length": 10}, params={"rental_gpu": "B300"},
+                           progress=False)
+    assert index.verdict.tolist() == ["fail", "error"]
     assert "zero targets" in summary(run, "01_inspect_examples")["flags"]
+    assert "unknown GPU 'B300'" in index.error[1]
+    plan = summary(run, "08_rental_plan")
+    assert plan["verdict"] == "error" and "unknown GPU 'B300'" in plan["error"]
+    assert isinstance(plan["found"], list)
 
 
 def test_pilot_never_reuses_a_run_folder(tmp_path):
@@ -65,31 +72,20 @@ def test_a_typo_in_a_papermill_parameter_stops_the_notebook(tmp_path):
                             kernel_name=ensure_kernel(), progress_bar=False)
 
 
-def test_phase_gates_fail_when_the_plan_does_not_fit(tmp_path):
-    run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="03",
-                           progress=False, params={"device_memory_gib": 0.5})
-    assert index.verdict.tolist() == ["fail"]
-    assert summary(run, "03_phase_gates")["figures"]["plan_fits"] is False
-
-
 def test_the_readme_own_task_runs_through_the_pilot_with_the_report(tmp_path):
-    """The README's own task (a plain Dataset) through 01, 03, 04, 07 and 08: every verdict
-    passes, 03's gates and prediction, 07's exact cases and caught faults, 08's priced plan,
-    and the report with its tables and figures, never a NaN."""
+    """The README's own task (a plain Dataset) through 01, 03 and 08: every verdict passes,
+    03's gates and prediction, 08's priced plan, and the report with its tables and figures,
+    never a NaN (04's and 07's checks on plain tasks are tests/notebooks' own)."""
     import re
 
     run, index = run_pilot("tests.own_task:task", out=str(tmp_path / "run"), smoke=True,
-                           only="01,03,04,07,08", progress=False)
+                           only="01,03,08", progress=False)
     assert index.verdict.tolist() == ["pass"] * len(index), index.error.tolist()
     gates = summary(run, "03_phase_gates")["figures"]
     assert gates["gates"] == 9 and gates["failed"] == []
     assert gates["prediction_max_abs_error_pct"] < 2.0
     assert gates["plan_peak_bytes"] > 0 and gates["overheads"] == "assumed"
     assert (run / "03_phase_gates" / "gates.csv").exists()
-    resume = summary(run, "07_resume_reload")["figures"]
-    assert all(c["exact"] and c["max_param_diff"] == 0 for c in resume["cases"])
-    assert resume["archive_identical"] and resume["tampering_refused"]
-    assert resume["faults_caught"]["checkpoint without optimizer state"]
     plan = summary(run, "08_rental_plan")["figures"]
     assert plan["chosen"] == "control" and plan["rows"] == 18  # 3 candidates x 6 GPUs
     assert plan["catalog"]["offers"] > 0 and plan["recommended_offer"], "priced from a catalog"
@@ -118,25 +114,17 @@ def test_pilot_smoke_accounting_and_variants(tmp_path):
     assert var["changes_experiment"] == ["max_length=20"]
 
 
+@pytest.mark.slow  # tests/notebooks/test_study.py: statuses, the diverged trial, the ledger
 def test_pilot_smoke_lr_study(tmp_path):
     # the classification sample's study is covered by tests/notebooks/test_study.py
     run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="06",
-                           progress=False, params={"lrs": [1e-3, 50.0]})
+                           progress=False, params={"lrs": [1e-2, 50.0], "extra_trials": 0})
+    # (1e-3 learns nothing in 20 updates of 4 examples: "no rate learns", not 5% below chance)
     assert index.verdict.tolist() == ["pass"], index.error.tolist()
     fig = summary(run, "06_lr_study")["figures"]
     assert fig["trials"] == 2 and fig["statuses"] == {"finished": 1, "diverged": 1}
-    assert fig["best_lr"] == 1e-3 and fig["best_checkpoint"].startswith("trials/1/")
+    assert fig["best_lr"] == 1e-2 and fig["best_checkpoint"].startswith("trials/1/")
     assert (run / "06_lr_study" / "study" / "ledger.sqlite").exists()
-
-
-def test_an_unknown_rental_gpu_fails_the_plan_with_its_name(tmp_path):
-    run, index = run_pilot(GENERATION, out=str(tmp_path / "run"), smoke=True, only="08",
-                           progress=False, params={"rental_gpu": "B300"})
-    assert index.verdict.tolist() == ["error"] and "unknown GPU 'B300'" in index.error[0]
-    # what the notebook found before the error stays, and its summary carries the error
-    summary = json.loads((run / "08_rental_plan" / "summary.json").read_text())
-    assert summary["verdict"] == "error" and "unknown GPU 'B300'" in summary["error"]
-    assert isinstance(summary["found"], list)
 
 
 def test_pilot_options_are_not_notebook_parameters(tmp_path):

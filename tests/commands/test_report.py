@@ -213,7 +213,7 @@ def test_the_fsdp_rules_and_planted_faults_are_shown_when_09_ran_them(tmp_path):
     (folder / "summary.json").write_text(json.dumps({"verdict": "pass", "figures": {"fsdp": {
         "not_run": "FSDP2 not run: under fully_shard the model's operation aten.x <b>"}}}))
     page = write_report(tmp_path, index, "t").read_text()
-    assert "FSDP2 not run: under fully_shard the model&#x27;s operation aten.x &lt;b&gt;" in page
+    assert "FSDP2 not run: under fully_shard the model&#39;s operation aten.x &lt;b&gt;" in page
     pd.DataFrame({"rule": ["every rank writes its shard of the checkpoint"],
                   "verdict": ["pass"], "measured": ["2 shards"], "remediation": ["-"]}).to_csv(
         folder / "fsdp_rules.csv", index=False)
@@ -243,3 +243,100 @@ def test_key_figures_come_in_order_of_importance_with_labels_and_units(tmp_path)
     assert values["plan fits the rental GPU"] == "yes"
     assert values["plan needs (with headroom)"] == "3.00 GiB"
     assert values["gates failed"] == "none"
+
+
+def _rental(run, failed_stem=None):
+    """08's folder as a run leaves it (two GPUs priced, one run per variant, a stack with
+    CUDA unverified, launch files for the recommended plan) and the index of 03, 08 (and a
+    failed notebook)."""
+    plan = run / "08_rental_plan"
+    plan.mkdir(parents=True)
+    (plan / "summary.json").write_text(json.dumps({"verdict": "pass", "figures": {
+        "chosen": "control", "recommended_gpu": "H100", "recommended_gpus": 8,
+        "recommended_strategy": "FSDP2 full sharding x8", "not_sized": []}}))
+    (plan / "conclusion.md").write_text("# Rental decision\n\n**Rent 8 x H100** because.\n")
+    rows = [{"candidate": "control", "gpu": g, "fits": True, "gpus": n, "strategy": s,
+             "budget_hours": h, "budget_hours_low": h * 0.8, "budget_hours_high": h * 1.3,
+             "cost": c, "cost_low": c * 0.8, "cost_high": c * 1.3, "spot_cost": c / 3,
+             "gpu_hours": h * n, "currency": "USD", "note": "x" * 300}
+            for g, n, s, h, c in (("H100", 8, "FSDP2 full sharding x8", 10.0, 250.0),
+                                  ("A100-80GB", 16, "FSDP2 full sharding x16 (2 nodes of 8)",
+                                   14.0, 380.0))]
+    pd.DataFrame(rows).to_csv(plan / "selection.csv", index=False)
+    pd.DataFrame([{"days": d, "priced_on": role, "variant": "control", "candidate": "control",
+                   "gpu": g, "gpus": n, "strategy": "FSDP2", "repeats": 3, "hours": 30.0,
+                   "hours_low": 24.0, "hours_high": 39.0, "cost": 750.0, "cost_low": 600.0,
+                   "cost_high": 975.0, "spot_cost": 250.0, "scheduled": True, "why_not": "-"}
+                  for g, n, role in (("H100", 8, "recommended"), ("A100-80GB", 16, "planned on"))
+                  for d in (3, 7, 30)]).to_csv(plan / "plan.csv", index=False)
+    pd.DataFrame([{"item": "CUDA", "here": "none", "verified": False, "on the rental": "-",
+                   "notebook": "03_phase_gates"}]).to_csv(plan / "stack.csv", index=False)
+    (plan / "launch" / "recommended").mkdir(parents=True)
+    (plan / "launch" / "recommended" / "sky.yaml").write_text("name: x\n")
+    (plan / "launch" / "index.json").write_text(json.dumps({
+        "entry_point_is_placeholder": True, "not_written": {"slow-L4": "does not fit <b>"},
+        "plans": [{"name": "recommended", "files": {"sky": "launch/recommended/sky.yaml"}}]}))
+    (run / "03_phase_gates").mkdir()
+    (run / "03_phase_gates" / "summary.json").write_text(json.dumps({"verdict": "pass"}))
+    index = [("03_phase_gates", "pass"), ("08_rental_plan", "pass")]
+    if failed_stem:
+        (run / failed_stem).mkdir()
+        (run / failed_stem / "summary.json").write_text(json.dumps({"verdict": "error"}))
+        index.append((failed_stem, "error"))
+    return pd.DataFrame([{"notebook": s, "verdict": v, "seconds": 1.0, "executed": f"{s}.ipynb",
+                          "error": ""} for s, v in index])
+
+
+def test_the_decision_reads_at_a_glance_and_the_reasoning_is_folded(tmp_path):
+    html = write_report(tmp_path, _rental(tmp_path), "t:task").read_text()
+    decision = Decision()
+    decision.feed(html)
+    line = decision.text[0]
+    assert line == ("Rent 8 x H100 (FSDP2 full sharding x8) for candidate control: 3 runs of 1 "
+                    "variant in 30.0 (24.0-39.0) h, USD 750.00 (600.00-975.00) on demand, USD "
+                    "250.00 on spot (interruptions included)."), line
+    box = html[html.index('class="decision"'):html.index('id="03_phase_gates"')]
+    assert box.index('class="line"') < box.index("<table") < box.index("data:image/png") < \
+        box.index("Open risks") < box.index("<details>") < box.index("Rent 8 x H100</strong>")
+    assert '<a href="08_rental_plan/launch/recommended/sky.yaml">sky.yaml</a>' in box
+    assert "slow-L4: no launch file - does not fit &lt;b&gt;" in box
+    assert '<a href="#03_phase_gates">03</a>: CUDA memory counters' in box
+    assert "the launch files run train.py, a placeholder" in box
+    page = Page()
+    page.feed(box)
+    assert page.cells[:8] == ["GPUs", "strategy", "priced as", "days", "runs", "hours",
+                              "on demand", "on spot"]
+    assert page.cells[8:12] == ["8 x H100", "FSDP2", "recommended", "3, 7, 30"], \
+        "days that schedule the same runs share a row"
+    assert "part 1 of" not in html, "no table is cut into parts"
+    assert html.count('<table class="sheet') == html.count('<div class="scroll"><table'
+                                                           ' class="sheet')
+
+
+def test_a_notebook_that_did_not_pass_leads_the_line_and_the_risks(tmp_path):
+    html = write_report(tmp_path, _rental(tmp_path, "07_resume_reload"), "t:task").read_text()
+    decision = Decision()
+    decision.feed(html)
+    assert decision.text[0].startswith("Do not rent yet: notebook 07 did not pass"), \
+        decision.text[0]
+    assert '<a href="#07_resume_reload">07</a>: 07 Resume and reload: error' in html
+
+
+def test_the_chart_without_prices_plots_gpu_hours_and_an_old_folder_still_reports(tmp_path):
+    from workbook.notebooks.rental import glance
+
+    index = _rental(tmp_path)
+    sheet = pd.read_csv(tmp_path / "08_rental_plan" / "selection.csv")
+    points = glance.chart_points(sheet.assign(cost=None, cost_low=None, cost_high=None,
+                                              spot_cost=None),
+                                 {"chosen": "control", "recommended_gpu": "H100"})
+    assert points[["gpu", "kind", "recommended"]].values.tolist() == [
+        ["H100", "FSDP2 full sharding", True], ["A100-80GB", "FSDP2 full sharding", False]]
+    assert glance.chart(points).startswith(b"\x89PNG")
+    # a plan table from before `priced_on`: the line from the sheet, no plan table, no crash
+    pd.DataFrame({"days": [3], "variant": ["control"], "hours": [1.5]}).to_csv(
+        tmp_path / "08_rental_plan" / "plan.csv", index=False)
+    html = write_report(tmp_path, index, "t:task").read_text()
+    assert "Rent 8 x H100 (FSDP2 full sharding x8) for candidate control: one run in 10.0 " \
+        "(8.0-13.0) h, USD 250.00 (200.00-325.00) on demand, USD 83.33 on spot." in html
+    assert 'class="sheet plans"' not in html

@@ -259,7 +259,7 @@ def test_from_hf_reads_a_streaming_dataset_lazily_and_never_indexes_it():
         "dataset": p["eval_dataset"], "name": "eval"})
     task = _from_hf(p, train, evaluation)
     assert read == {"train": 1, "eval": 1}  # the first row of each: columns and checks
-    assert any("train and eval datasets are read as a stream" in n for n in task.adapter_notes)
+    assert any("train and eval datasets are read as a stream" in n for n in task.framework.notes)
     examples = task.load_examples()
     assert not isinstance(examples, list)
     first = [next(examples) for _ in range(6)]  # one row of each split in turn
@@ -371,13 +371,13 @@ def test_a_streamed_eval_sets_padding_rows_are_counted_and_probed_at_the_end_of_
             p["processing_class"], p["args"], name="x", group_column="author",
             compute_metrics=p["compute_metrics"])
         first = list(zip(range(10), task.load_examples(), strict=False))
-        assert len(first) == 10 and task.padding_rows == {}  # a pass stopped early
+        assert len(first) == 10 and task.framework.padding_rows == {}  # a pass stopped early
         if counts:
             with pytest.raises(WorkbookError, match="counts the eval dataset's 9 padding rows"):
                 list(task.load_examples())
         else:
             assert len(list(task.load_examples())) == 200
-            assert task.padding_rows == {"validation": 9}
+            assert task.framework.padding_rows == {"validation": 9}
 
 
 # --- from_torch: an iterable dataset, read lazily

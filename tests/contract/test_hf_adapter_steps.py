@@ -102,9 +102,9 @@ def test_a_whole_pass_counts_the_padding_rows_and_puts_them_on_the_task(docs):
     assert all(ex["label"] in adapter.label_names for ex in examples)
     assert any("9 rows of the eval dataset have label -100" in n for n in adapter.notes)
     task = adapter.task()
-    assert task.padding_rows == {} and task.adapter_notes is adapter.notes
+    assert task.framework.padding_rows == {} and task.framework.notes is adapter.notes
     task.load_examples()
-    assert task.padding_rows == {"validation": 9}
+    assert task.framework.padding_rows == {"validation": 9}
 
 
 def test_eval_step_gives_compute_metrics_of_the_whole_split_as_batch_sums(docs):

@@ -49,9 +49,9 @@ def test_padding_rows_are_no_examples_and_are_counted(clean):
     p, task = clean
     examples = task.load_examples()
     padding = sum(1 for label in p["eval_dataset"]["label"] if label == -100)
-    assert padding == 9 and task.padding_rows == {"validation": 9}
+    assert padding == 9 and task.framework.padding_rows == {"validation": 9}
     assert len(examples) == EXAMPLES and all(not ex["label"].startswith("<") for ex in examples)
-    assert any("9 rows of the eval dataset have label -100" in n for n in task.adapter_notes)
+    assert any("9 rows of the eval dataset have label -100" in n for n in task.framework.notes)
 
 
 def test_a_label_id_out_of_range_is_named_by_01_not_a_crash():

@@ -172,7 +172,7 @@ def test_rows_without_an_id_or_their_text_are_named(shards):
 def test_the_same_shards_reach_from_hf_as_a_trainers_train_and_eval_streams(shards):
     task = load_task("examples.hf_stream:trainer", data_dir=str(shards[0].parent))
     assert (task.kind, task.label_shift, task.prompt_in_loss) == ("generation", 1, False)
-    assert any("train and eval datasets are read as a stream" in n for n in task.adapter_notes)
+    assert any("train and eval datasets are read as a stream" in n for n in task.framework.notes)
     examples = list(task.load_examples())
     assert len(examples) == 600 and {ex["split"] for ex in examples} == {"train", "validation"}
     held = {ex["group"] for ex in examples if ex["split"] == "validation"}

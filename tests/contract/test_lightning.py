@@ -18,7 +18,7 @@ from workbook import WorkbookError  # noqa: E402
 from workbook.contract.data import prepare  # noqa: E402
 from workbook.contract.task import load_task  # noqa: E402
 from workbook.notebooks import accounting as acc  # noqa: E402
-from workbook.training.loop import UpdateShape, train  # noqa: E402
+from workbook.training.loop import TrainConfig, UpdateShape, train  # noqa: E402
 
 from .test_adapters import Readings  # noqa: E402
 
@@ -38,7 +38,7 @@ def test_the_module_runs_as_trainer_fit_with_its_lr_schedule_and_the_pilots_lr()
     model = task.build_model()
     opt = task.optimizer(model, 1e-3)  # the study's lr: every configured rate scaled
     assert opt.param_groups[0]["initial_lr"] == pytest.approx(1e-3)
-    steps = train(task, items, UpdateShape(2, 2).train_config(updates=6, lr=1e-3)).steps
+    steps = train(task, items, TrainConfig(UpdateShape(2, 2), updates=6, lr=1e-3)).steps
     assert len(steps) == 6 and all(torch.isfinite(torch.tensor(s.loss)) for s in steps)
     assert [round(s.lr / 1e-3, 3) for s in steps[:5]] == [0.2, 0.4, 0.6, 0.8, 1.0]
 
@@ -76,7 +76,7 @@ def test_validation_step_logs_become_sums_and_counting_padding_is_named():
 def test_the_checkpoint_hooks_round_trip_and_dropping_the_optimizer_state_is_named(tmp_path):
     from workbook.notebooks.resume import recipe, run_recipe
 
-    cfg = UpdateShape(2, 2).train_config(updates=4)
+    cfg = TrainConfig(UpdateShape(2, 2), updates=4)
     spec = recipe(TASK, {"conversations": 60}, cfg)
     reference, weights = run_recipe(spec, 4, tmp_path / "clean", checkpoint_at=(2,))
     saved = torch.load(tmp_path / "clean" / "ckpt-000002" / "lightning.ckpt", weights_only=True)
@@ -206,12 +206,12 @@ def test_the_docs_module_trains_on_one_cycle_over_the_runs_updates_and_reports_e
 
     task, items, val = _docs(macro_f1=True)
     assert task.model_inputs == ("x",) and task.lr == pytest.approx(1e-2 / 25)  # initial_lr
-    cfg = UpdateShape(8, 2).train_config(updates=12, lr=1e-2 / 25, eval_every=6, eval_batch=16)
+    cfg = TrainConfig(UpdateShape(8, 2), updates=12, lr=1e-2 / 25, eval_every=6, eval_batch=16)
     result = train(task, items, cfg, val_items=val)
     lrs = [s.lr for s in result.steps]
     assert len(lrs) == 12 and max(lrs) == pytest.approx(1e-2, rel=0.05)  # the cycle's peak
     assert lrs[0] < 1e-3 and lrs[-1] < 1e-3  # up, then down within the pilot's 12 updates
-    assert "12 here" in task.campaign_differs_in["estimated_stepping_batches"]
+    assert "12 here" in task.framework.campaign_differs_in["estimated_stepping_batches"]
     model = result.model
     record = evaluate(task, model, val, 16, torch.device("cpu"))  # 40 rows: last batch padded
     model.eval()
@@ -367,7 +367,7 @@ def test_batches_reach_the_steps_as_the_loader_made_them_and_the_trainer_is_the_
     task, data, modules = _recorder_task(structure)
     assert task.model_inputs == (("x",) if structure == "tuple" else ("inputs.x",))
     items = prepare(task).train
-    cfg = UpdateShape(2, 2).train_config(updates=5, lr=0.1)
+    cfg = TrainConfig(UpdateShape(2, 2), updates=5, lr=0.1)
     result = train(task, items, cfg)
     model = result.model
     assert model is modules[-1] and model._trainer is None  # attached only during the hooks
@@ -388,7 +388,7 @@ def test_batches_reach_the_steps_as_the_loader_made_them_and_the_trainer_is_the_
                                      for _ in range(r.micro_batches)]
     assert [s[1] for s in steps] == [0, 1, 2, 3, 4, 0, 1, 2, 3]  # batch_idx within the pass
     assert all(s[4] and not s[5] for s in steps) and n == 10  # training, not validating
-    assert set(task.campaign_differs_in) >= {"estimated_stepping_batches", "max_epochs",
+    assert set(task.framework.campaign_differs_in) >= {"estimated_stepping_batches", "max_epochs",
                                              "num_devices", "logger"}
 
 
@@ -427,7 +427,7 @@ def test_a_one_cycle_schedule_on_the_estimate_holds_its_last_rate_past_a_short_c
     from workbook.training.loop import build_stepper
 
     task, _, _ = _docs()
-    stepper = build_stepper(task, UpdateShape(4, 1).train_config(updates=1, lr=task.lr))
+    stepper = build_stepper(task, TrainConfig(UpdateShape(4, 1), updates=1, lr=task.lr))
     for _ in range(2):  # 03's gates: two updates on a configuration of one
         stepper.optimizer.step()
         stepper.scheduler.step()
@@ -479,7 +479,7 @@ def test_a_datamodule_over_an_iterable_dataset_is_read_lazily_and_never_indexed(
     data.train_set.reads = 0
     prepared = prepare(task, limits={"train": 8, "validation": 4})
     assert len(prepared.train) == 8 and data.train_set.reads < 40  # stopped there
-    result = train(task, prepared.train, UpdateShape(2, 2).train_config(updates=2, lr=0.1))
+    result = train(task, prepared.train, TrainConfig(UpdateShape(2, 2), updates=2, lr=0.1))
     assert len(result.steps) == 2 and torch.isfinite(torch.tensor(
         [s.loss for s in result.steps])).all()
     assert [s[:2] for s in result.model.seen if s[0] == "train"] == [

@@ -12,7 +12,7 @@ from workbook.contract.task import load_task
 from workbook.notebooks import accounting as acc
 from workbook.notebooks.accounting.own_code_checks import clipping_held_off
 from workbook.training import checkpoint as ckpt
-from workbook.training.loop import HeldBehaviour, UpdateShape, train
+from workbook.training.loop import HeldBehaviour, TrainConfig, UpdateShape, train
 
 TASK = "tests.careful_task:task"
 
@@ -85,12 +85,25 @@ def test_the_step_loss_agrees_with_the_task_loss_and_another_loss_is_named():
     assert clean.agree.all() and clean.train_step_sets_train_mode.all()
     task, items, _ = _items(label_smoothing=0.2, returns="float")
     other = acc.step_loss_check(task, items[:8])
-    assert not other.agree.all()
+    assert not other.agree.all() and other.divided_by.isna().all()  # another loss, not 1/k
+
+
+@pytest.mark.planted
+def test_a_step_dividing_its_loss_again_is_named_with_the_divisor_measured_on_the_gradient():
+    """A loss divided by hand by the accumulation steps before a backward that divides again
+    (huggingface/accelerate#3533): its loss and the gradient it steps with both 1/k of the
+    task's, measured - not another objective."""
+    task, items, _ = _items(divide_by=4)
+    check = acc.step_loss_check(task, items[:8])
+    assert check.divided_by.tolist() == [4]
+    assert abs(check.gradient_ratio.iloc[0] - 0.25) < 1e-4
+    assert acc.own_code_checks.divided_by(0.5, 0.7) is None  # the gradient must agree
+    assert acc.own_code_checks.divided_by(1.3, 1.3) is None
 
 
 def test_a_step_returning_a_dict_trains():
     task, items, _ = _items()
-    steps = train(task, items, UpdateShape(4, 2).train_config(updates=3, lr=1e-3)).steps
+    steps = train(task, items, TrainConfig(UpdateShape(4, 2), updates=3, lr=1e-3)).steps
     assert len(steps) == 3 and all(torch.isfinite(torch.tensor(s.loss)) for s in steps)
 
 
@@ -101,7 +114,7 @@ def test_a_step_returning_something_else_is_refused_with_the_fix():
     step = task.train_step
     task = replace(task, train_step=lambda m, o, b: {"logits": step(m, o, b)["loss"]})
     with pytest.raises(WorkbookError, match="returned a dict with keys \\['logits'\\]"):
-        train(task, items, UpdateShape(4, 1).train_config(updates=1))
+        train(task, items, TrainConfig(UpdateShape(4, 1), updates=1))
 
 
 def test_a_careful_eval_step_passes_and_each_planted_evaluation_bug_is_named():
@@ -138,7 +151,7 @@ def test_the_checkpoint_objects_carry_the_sampler_and_step_and_a_restarting_rest
         tmp_path):
     from workbook.notebooks.resume import recipe, run_recipe
 
-    cfg = UpdateShape(4, 2).train_config(updates=6)
+    cfg = TrainConfig(UpdateShape(4, 2), updates=6)
     for restarts in (False, True):
         spec = recipe(TASK, {"restore_reseeds_sampler": restarts}, cfg)
         folder = tmp_path / str(restarts)
@@ -168,7 +181,7 @@ def test_a_restore_that_leaves_the_sampler_alone_leaves_it_to_the_workbook(tmp_p
     task = replace(task, save_state=model_only_save, restore_state=model_only_restore)
     from workbook.training.loop import build_stepper, make_sampler
 
-    cfg = UpdateShape(4, 2).train_config(updates=2)
+    cfg = TrainConfig(UpdateShape(4, 2), updates=2)
     stepper = build_stepper(task, cfg)
     stepper.sampler = make_sampler(task, len(items), 0)
     train(task, items, cfg, stepper=stepper)
@@ -212,4 +225,4 @@ def test_batch_norm_meeting_a_single_example_is_named_with_the_campaign_fix():
     with pytest.raises(WorkbookError, match="batch norm cannot train on a micro-batch of 1 "
                                             r"example \(this update's micro-batches hold "
                                             r"\[2, 1\]"):
-        train(task, items[:3], UpdateShape(2, 2).train_config(updates=1))
+        train(task, items[:3], TrainConfig(UpdateShape(2, 2), updates=1))

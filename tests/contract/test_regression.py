@@ -119,14 +119,15 @@ def test_an_optimizer_that_leaves_out_a_layer_fails_the_update_gate(tmp_path):
 
 
 def test_the_task_learning_rate_fills_lr_zero_and_the_study_lrs():
-    from workbook.commands.params import task_learning_rates
+    from workbook.commands.params import of
 
-    p = task_learning_rates({"task": TASK, "task_options": {}, "lr": 0.0, "lrs": []})
-    assert p["lr"] == 3e-3 and p["lrs"] == [3e-3, 1.5e-3, 6e-3]
-    assert task_learning_rates({"task": TASK, "task_options": {}, "lr": 0.1})["lr"] == 0.1
-    sample = task_learning_rates({"task": "workbook.samples.generation:task",
-                                  "task_options": {}, "lr": 0.0})
-    assert sample["lr"] == 1e-3
+    assert of("06_lr_study", task=TASK).lrs == [3e-3, 1.5e-3, 6e-3]
+    p = of("03_phase_gates", task=TASK)
+    assert (p.lr, p.lr_from) == (3e-3, "task")
+    given = of("03_phase_gates", task=TASK, lr=0.1)
+    assert (given.lr, given.lr_from) == (0.1, "parameter")
+    sample = of("03_phase_gates", task="workbook.samples.generation:task")
+    assert (sample.lr, sample.lr_from) == (1e-3, "fallback")
 
 
 def test_an_old_style_build_optimizer_gets_a_clear_error():

@@ -127,7 +127,7 @@ def test_pairs_identical_only_once_truncated_are_named_by_re_tokenizing():
 @pytest.mark.planted
 def test_pairs_longer_than_max_length_are_counted_as_dropped():
     task = _task(long_answer=True)
-    dropped, given, why = task.rows_dropped["train"]
+    dropped, given, why = task.framework.rows_dropped["train"]
     assert dropped == 9 and given == 96 and "longer than max_length=64" in why
     assert "RewardTrainer drops such pairs" in _named("rows dropped before training",
                                                      long_answer=True).message

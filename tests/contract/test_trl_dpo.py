@@ -80,7 +80,7 @@ def test_pairs_truncation_makes_identical_are_named_by_01():
 
 def test_pairs_trl_drops_for_a_prompt_that_fills_max_length_are_counted():
     task = _task(long_prompt=True)
-    assert task.rows_dropped["train"][0] > 0
+    assert task.framework.rows_dropped["train"][0] > 0
     assert "rows dropped before training" in {f.check for f in
                                               inspect_task(task, probe_size=4).flags}
 

@@ -16,7 +16,7 @@ from workbook.notebooks.gates import GateRun
 from workbook.notebooks.gates.settings import GateSettings
 from workbook.notebooks.inspection import inspect_task
 from workbook.notebooks.overfit import overfit
-from workbook.training.loop import UpdateShape
+from workbook.training.loop import TrainConfig, UpdateShape
 from workbook.training.predict import Plan, predict
 
 pytest.importorskip("trl")
@@ -129,10 +129,10 @@ def test_a_template_without_generation_markers_is_refused_in_trls_words():
 
 def test_packed_conversations_are_checked_for_leakage_as_given_to_the_trainer():
     clean = _task(packing="bfd")  # packing drops the group column: checked before it
-    assert clean.groups_before_packing == {"column": "conversation", "crossing": [],
+    assert clean.framework.groups_before_packing == {"column": "conversation", "crossing": [],
                                            "groups": {"train": 48, "validation": 12}}
     assert "leakage check ran on the rows given to the trainer" in " ".join(
-        clean.adapter_notes)
+        clean.framework.notes)
     leaky = _task(packing="bfd", eval_overlap=5)
     flags = {f.check: f for f in inspect_task(leaky, probe_size=4).flags}
     assert flags["group crosses splits"].count == 5  # (packed rows of copies: duplicates too)
@@ -203,7 +203,7 @@ def test_a_lora_model_is_sized_with_its_frozen_base(clean, clean_items):
 def test_checkpoints_hold_the_adapters_as_the_trainer_writes_them(clean, clean_items, tmp_path):
     from workbook.training.loop import train
 
-    cfg = UpdateShape(2, 1).train_config(updates=2, lr=1e-2)
+    cfg = TrainConfig(UpdateShape(2, 1), updates=2, lr=1e-2)
     done = train(clean, clean_items["train"], cfg)
     objects = {"model": done.model}
     clean.save_state(tmp_path, objects)
@@ -231,7 +231,7 @@ def test_a_copy_of_the_model_runs_its_own_modules(clean):
         lambda *_: calls.append(1))
     model(input_ids=torch.tensor([[5, 6, 7]]))
     assert calls == [1]
-    assert "_fused_forward of trl/trainer/utils.py" in clean.adapter_notes[0]
+    assert "_fused_forward of trl/trainer/utils.py" in clean.framework.notes[0]
 
 
 def test_building_the_model_again_says_nothing_new(clean, capfd):
@@ -275,7 +275,7 @@ def test_the_archive_holds_the_adapters_and_reloads_them_onto_the_base(clean_ite
     from workbook.training.loop import train
 
     task = _task()
-    done = train(task, clean_items["train"], UpdateShape(2, 1).train_config(updates=3, lr=1e-2))
+    done = train(task, clean_items["train"], TrainConfig(UpdateShape(2, 1), updates=3, lr=1e-2))
     path = write_archive(tmp_path / "archive", "examples.trl_sft:task", {"count": CHATS},
                          done.model, {}, pd.DataFrame(), ["trained 3 updates"])
     files = {p.name for p in path.iterdir()}
@@ -325,13 +325,13 @@ def test_a_compute_loss_that_divides_by_num_items_in_batch_passes_04():
     assert result.findings == [] and result.warnings == []
     own = result.check[result.check.normalisation == "the task's train_step"]
     assert len(own) == 6 and own.within_tolerance.all()
-    assert "OwnLossTrainer.compute_loss" in " ".join(result.task.adapter_notes)
+    assert "OwnLossTrainer.compute_loss" in " ".join(result.task.framework.notes)
 
 
 def test_rows_trl_drops_at_truncation_are_counted_by_01(clean):
-    assert clean.rows_dropped == {}
+    assert clean.framework.rows_dropped == {}
     task = _task(long_system=40)  # every fourth chat's system prompt fills max_length=64
-    assert {s: d[:2] for s, d in task.rows_dropped.items()} == {"train": (12, 48),
+    assert {s: d[:2] for s, d in task.framework.rows_dropped.items()} == {"train": (12, 48),
                                                                "validation": (3, 12)}
     flags = [f for f in inspect_task(task, probe_size=4).flags
              if f.check == "rows dropped before training"]

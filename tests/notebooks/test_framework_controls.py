@@ -28,7 +28,7 @@ from workbook.notebooks.gates import run_gates  # noqa: E402
 from workbook.notebooks.gates.settings import GateSettings  # noqa: E402
 from workbook.notebooks.parallel.rank_rules import _eval_row  # noqa: E402
 from workbook.training.evaluation import evaluation_sums  # noqa: E402
-from workbook.training.loop import UpdateShape, train  # noqa: E402
+from workbook.training.loop import TrainConfig, UpdateShape, train  # noqa: E402
 
 LIGHTNING_DOCS = "examples.lightning_docs:task"
 HF_DOCS = "examples.hf_docs:task"
@@ -126,7 +126,7 @@ def _train_and_evaluate(**options) -> None:
     task = load_task(LIGHTNING_DOCS, rows=300, **options)
     data = prepare(task)
     acc.evaluation_check(task, data.validation[:10])
-    cfg = UpdateShape(2, 2).train_config(updates=6, eval_every=3, eval_batch=8, device="cpu")
+    cfg = TrainConfig(UpdateShape(2, 2), updates=6, eval_every=3, eval_batch=8, device="cpu")
     train(task, data.train[:40], cfg, val_items=data.validation[:10])
 
 
@@ -170,7 +170,7 @@ def test_duplicates_made_by_the_tokenizers_truncation_are_named_as_such(max_leng
 def test_an_hf_callbacks_eval_is_undone_before_the_next_update_as_the_trainer_does():
     task = load_task(HF_DOCS, examples=120, callback_eval=True)
     data = prepare(task)
-    cfg = UpdateShape(4, 1).train_config(updates=3, device="cpu")
+    cfg = TrainConfig(UpdateShape(4, 1), updates=3, device="cpu")
     result = train(task, data.train[:16], cfg)
     assert result.model.training  # on_step_end's model.eval() did not reach the updates
 

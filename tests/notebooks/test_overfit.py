@@ -193,7 +193,7 @@ def test_lr_zero_is_the_tasks_own_else_the_fallback_and_the_summary_says_which(t
     assert learning_rate_of(sample, load_task(sample["task"])) == (FALLBACK_LR, "fallback")
     given = params.of("02_overfit", small=True, task=TASK, task_options={"lr": 2e-3}, lr=5e-3)
     assert learning_rate_of(given, lr_task(2e-3)) == (5e-3, "parameter")
-    assert learning_rate_of({**sample, "lr": 1e-3, "lr_from": "parameter"},
+    assert learning_rate_of(sample.model_copy(update={"lr": 1e-3, "lr_from": "parameter"}),
                             lr_task()) == (1e-3, "parameter"), "when params say where it's from"
     res = run(params.of("02_overfit", small=True, task=TASK, task_options={"lr": 3e-3}))
     assert save(res, tmp_path) == "pass", res.checks
@@ -277,7 +277,7 @@ def test_a_short_budget_with_every_example_back_and_the_loss_still_falling_is_no
     """10 updates: all 8 examples reproduced, the loss at 0.44 and falling against a bar of
     0.05 - the budget fell short, not the loop: 'not conclusive', not a fail."""
     from workbook.notebooks.overfit import save
-    from workbook.storage.runs import verdict_line
+    from workbook.notebooks.registry import verdict_line
 
     res = overfit(cls_task, examples=8, updates=10)
     assert res.verdict == "pass" and res.figures["conclusive"] is False

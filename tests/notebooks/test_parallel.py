@@ -4,8 +4,10 @@ multi-process bugs each failing the rule meant to name it."""
 import dataclasses
 import json
 import subprocess
+import tempfile
 import time
 from itertools import zip_longest
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -168,12 +170,21 @@ def test_build_optimizer_gets_the_module_02_07_get_not_the_ddp_wrapper(tmp_path)
     the DistributedDataParallel wrapper has no `[-1]`, so handing it over failed every rank."""
     spec = ReplicaSpec("tests.careful_task:task", {"head_lr_groups": True},
                        UpdateShape(2, 2, replicas=2), updates=2, validation_limit=8)
+    before = torchrun_temp_folders()
     result = launch(spec, tmp_path / "run")
     assert [[r["step"] for r in rank["records"]] for rank in result["ranks"]] == [[1, 2]] * 2
+    assert torchrun_temp_folders() <= before, "torchrun left its log folder behind"
+
+
+def torchrun_temp_folders() -> set[Path]:
+    """torchrun's log folders in the temp folder (its default: one per launch, never removed)."""
+    temp = Path(tempfile.gettempdir())
+    return {*temp.glob("torchelastic_*"), *temp.glob("workbook-torchrun-*")}
 
 
 def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
     spec = ReplicaSpec("tests.stuck_task:hung_rank", updates=2)
+    before = torchrun_temp_folders()
     start = time.monotonic()
     with pytest.raises(WorkbookError, match="did not finish within 10 s"):
         launch(spec, tmp_path / "run", timeout=10)
@@ -181,6 +192,7 @@ def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
     assert not left.stdout.strip(), "a worker outlived the launch"
+    assert torchrun_temp_folders() <= before, "the killed launch left its log folder behind"
 
 
 def test_processes_sharing_one_gpu_use_gloo_and_say_so(monkeypatch):

@@ -3,7 +3,6 @@ smoke YAML and module, and each explains its verdicts - an error in an explanati
 never swallowed into a bare 'verdict: pass'."""
 
 import dataclasses
-import importlib
 import json
 from pathlib import Path
 
@@ -32,12 +31,12 @@ def test_every_notebook_has_one_entry_that_names_its_files_and_module():
     for entry in registry.ENTRIES:
         source = (NOTEBOOK_DIR / f"{entry.stem}.ipynb").read_text()
         assert f"wb.{entry.module}.run(" in source and f"wb.{entry.module}.save(" in source
+        assert "wb.registry.verdict_line(out)" in source  # the verdict and why
         assert callable(entry.run) and callable(entry.save)
         assert (SMOKE_DIR / f"{entry.stem}.yaml").exists()
-        # `wb.<module>` and `import workbook.<module>` reach it through the entry alone
+        # `wb.<module>` reaches it through the entry alone
         assert entry.module not in workbook._MODULES
         assert getattr(workbook, entry.module) is entry.code
-        assert importlib.import_module(f"workbook.{entry.module}") is entry.code
         assert entry.title.startswith(entry.stem[:2] + " ") and entry.key_figures
         assert registry.entry(entry.stem) is entry
 
@@ -47,7 +46,7 @@ def test_every_recorded_verdict_is_explained_as_before(name, tmp_path):
     stem, recorded = name.split()[0], RECORDED[name]
     folder = _folder(tmp_path, stem, recorded["summary"])
     assert registry.verdict_line(folder) == recorded["line"]
-    assert runs.verdict_line(folder) == recorded["line"]  # a notebook's own last cell
+    assert runs.verdict_line(folder, registry.explain) == recorded["line"]
     assert registry.verdict_line(_folder(tmp_path, stem, recorded["summary"], "{}")) \
         == recorded["line"]  # a pilot's <run>/NN_name
 
@@ -75,7 +74,7 @@ def test_an_error_in_an_explanation_is_raised_not_swallowed(tmp_path, monkeypatc
         dataclasses.replace(e, why=broken) if e is registry.GATES else e
         for e in registry.ENTRIES))
     with pytest.raises(KeyError, match="no such figure"):
-        runs.verdict_line(folder)
+        runs.verdict_line(folder, registry.explain)
     with pytest.raises(KeyError, match="no such figure"):
         registry.verdict_line(folder)
     clean = _folder(tmp_path, "02_overfit", RECORDED["02_overfit pass"]["summary"])

@@ -196,7 +196,8 @@ def test_no_candidate_sized_gives_rows_with_the_reason_and_a_plain_decision(monk
     _every_phase_unpredicted(monkeypatch)
     out = tmp_path / "08_rental_plan"
     out.mkdir()
-    p = params.of("08_rental_plan", small=True, train_limit=20, candidates=[
+    p = params.of("08_rental_plan", small=True, train_limit=20,
+                  task_options={"campaign_layers": 0}, candidates=[
         {"name": "control", "micro_batch": 2, "length": 64, "precision": "fp32"}],
         variants=[{"name": "control", "priority": 1, "candidate": "control"}])
     result = rental.run(p, out)  # crashed: "ValueError: Encountered all NA values"

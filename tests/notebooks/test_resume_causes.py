@@ -20,6 +20,7 @@ from workbook.notebooks.resume.position import (
     stated_length,
     where_from,
 )
+from workbook.training.loop import TrainConfig
 
 from .test_resume_pipeline import LIMIT, MID, UPDATES, resumes, spec
 
@@ -125,7 +126,7 @@ def closure_resume(tmp_path, **options):
     from workbook.notebooks.resume.undeclared import undeclared_state
     from workbook.training.loop import UpdateShape
 
-    cfg = UpdateShape(micro_batch=2, accumulation=1).train_config(lr=5.0, seed=0, device="cpu")
+    cfg = TrainConfig(UpdateShape(micro_batch=2, accumulation=1), lr=5.0, seed=0, device="cpu")
     recipe = resume.recipe("examples.word_lm:task", {"emsize": 16, "nhid": 16, "nlayers": 2,
                                                       "dropout": 0.1, **options}, cfg, 24)
     reference, weights = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))
@@ -158,7 +159,7 @@ def test_an_update_that_cannot_be_run_twice_leaves_a_suspicion_with_the_test_to_
 
     task, items, cfg = resume.rebuild(resume.recipe(
         "examples.word_lm:task", {"emsize": 16, "nhid": 16, "nlayers": 2, "closure": True},
-        resume.UpdateShape(2, 1).train_config(lr=5.0, seed=0, device="cpu"), 24))
+        TrainConfig(resume.UpdateShape(2, 1), lr=5.0, seed=0, device="cpu"), 24))
 
     def steps_twice(model, optimizer, micro_batches):
         optimizer.step()
@@ -178,15 +179,15 @@ def test_an_update_that_carries_nothing_raises_nothing(name):
     workbook's update (the sample): the same update twice gives the same result."""
     from workbook.notebooks.resume.undeclared import undeclared_state
 
-    cfg = resume.UpdateShape(4, 2).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg = TrainConfig(resume.UpdateShape(4, 2), lr=1e-3, seed=0, device="cpu")
     task, items, cfg = resume.rebuild(resume.recipe(name, {}, cfg, 16))
     assert undeclared_state(task, items, cfg) == ""
 
 
 def report_spec(data_file, kind, bug):
     """tests/report_streams.py's pipeline `kind` (its report's bug, or the fix) as a recipe."""
-    cfg = resume.UpdateShape(micro_batch=2, accumulation=4).train_config(lr=1e-3, seed=0,
-                                                                         device="cpu")
+    cfg = TrainConfig(resume.UpdateShape(micro_batch=2, accumulation=4), lr=1e-3, seed=0,
+                      device="cpu")
     cfg.pipeline = True
     return resume.recipe("tests.report_streams:task", {"data_file": data_file, "kind": kind,
                                                        "bug": bug}, cfg, LIMIT)
@@ -309,7 +310,7 @@ def test_the_projects_planted_pipelines_keep_their_causes_with_the_experiments(d
                 "39) from a pass's start (a stream without a usable length",
                 "skip_by_length": "from a pass's start (their count modulo the pipeline's len() "
                 "of 65, above it)"}
-    cfg = resume.UpdateShape(2, 4).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg = TrainConfig(resume.UpdateShape(2, 4), lr=1e-3, seed=0, device="cpu")
     for bug, words in expected.items():
         task = load_task("examples.token_stream:task", data_file=data_file, block_size=16,
                          n_layer=1, n_embd=32, pipeline_bug=bug)
@@ -323,7 +324,7 @@ def adapter_resume(tmp_path, monkeypatch, added="0", forget_model=False):
     `added`: the resume's refusal (problem, fix), or the comparison."""
     from workbook.base.errors import WorkbookError
 
-    cfg = resume.UpdateShape(2, 1).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg = TrainConfig(resume.UpdateShape(2, 1), lr=1e-3, seed=0, device="cpu")
     recipe = resume.recipe("tests.rebuilt_base_task:task", {"forget_model": forget_model},
                            cfg, 16)
     monkeypatch.setenv("ADDED_TOKENS", "0")
@@ -454,7 +455,7 @@ def test_a_step_that_is_not_deterministic_is_not_called_a_carried_state():
 
     from workbook.notebooks.resume.undeclared import nondeterministic, undeclared_state
 
-    cfg = resume.UpdateShape(4, 2).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg = TrainConfig(resume.UpdateShape(4, 2), lr=1e-3, seed=0, device="cpu")
     task, items, cfg = resume.rebuild(resume.recipe("examples.mlp_dropout:task", {}, cfg, 16))
 
     class Jitter(torch.autograd.Function):

@@ -12,7 +12,7 @@ from workbook import load_task
 from workbook.notebooks import resume
 from workbook.notebooks.parallel.pipeline import pipeline_rules
 from workbook.notebooks.resume.position import pass_orders, stated_length, where_from
-from workbook.training.loop import UpdateShape
+from workbook.training.loop import TrainConfig, UpdateShape
 
 LIMIT, MID, UPDATES = 32, 5, 7
 
@@ -40,7 +40,7 @@ def pipelines(data_file, tmp_path, monkeypatch):
 
 
 def said_07(tmp_path, name, options):
-    cfg = UpdateShape(micro_batch=2, accumulation=4).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg = TrainConfig(UpdateShape(micro_batch=2, accumulation=4), lr=1e-3, seed=0, device="cpu")
     cfg.pipeline = True
     recipe = resume.recipe(name, options, cfg, LIMIT)
     reference, weights = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))

@@ -10,7 +10,7 @@ from workbook import load_task
 from workbook.notebooks import resume
 from workbook.notebooks.parallel.pipeline import pipeline_rules
 from workbook.notebooks.resume.position import pass_orders, position_before, repeats, where_from
-from workbook.training.loop import UpdateShape
+from workbook.training.loop import TrainConfig, UpdateShape
 
 TASK = "examples.token_stream:task"
 LIMIT, MID, SECOND, UPDATES = 32, 5, 6, 8  # passes of 4 updates of 2 x 4 windows
@@ -24,7 +24,7 @@ def data_file(tmp_path_factory):
 
 
 def spec(data_file, bug="", workers=0):
-    cfg = UpdateShape(micro_batch=2, accumulation=4).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg = TrainConfig(UpdateShape(micro_batch=2, accumulation=4), lr=1e-3, seed=0, device="cpu")
     cfg.pipeline, cfg.workers = True, workers
     options = {"data_file": data_file, "block_size": 16, "n_layer": 1, "n_embd": 32,
                "pipeline_bug": bug}
@@ -115,7 +115,7 @@ def test_a_streaming_datasets_pipeline_resumes_by_its_state_and_its_shuffle_buff
     from examples import hf_stream
 
     monkeypatch.setattr(hf_stream, "CACHE_DIR", tmp_path / "cache")
-    cfg = UpdateShape(micro_batch=2, accumulation=4).train_config(lr=1e-3, seed=0, device="cpu")
+    cfg = TrainConfig(UpdateShape(micro_batch=2, accumulation=4), lr=1e-3, seed=0, device="cpu")
     cfg.pipeline = True
     options = {"rows": 600, "shards": 3, "layers": 1, "width": 32}
     clean = resumes(tmp_path / "clean", resume.recipe("examples.hf_stream:task", options, cfg,

@@ -125,6 +125,6 @@ def test_a_bad_update_shape_is_refused_before_any_notebook_runs(tmp_path):
         with pytest.raises(WorkbookError, match=f"parameter 'micro_batch' of {notebook} is 0"):
             params.of(notebook, small=True, micro_batch=0)
         given = {**params.of(notebook, small=True), "micro_batch": 0}  # a script's own dict
-        with pytest.raises(WorkbookError, match="micro_batch must be a positive integer"):
+        with pytest.raises(WorkbookError, match=f"parameter 'micro_batch' of {notebook} is 0"):
             module.run(given, tmp_path / notebook)
         assert not (tmp_path / notebook).exists(), "refused before anything is written"

@@ -338,10 +338,10 @@ def test_clean_twin_a_trial_whose_process_lives_stays_running(tmp_path):
     try:
         ident = process_identity(proc.pid)
         if not ident["start"]:
-            pytest.skip("no /proc: a process's start time cannot be read here")
+            pytest.skip("a process's start time cannot be read here")
         alive = _running(path, proc.pid, ident)
         assert _status(path, alive)[0] == "running"
-        reused = _running(path, proc.pid, ident | {"start": str(int(ident["start"]) - 7)})
+        reused = _running(path, proc.pid, ident | {"start": str(float(ident["start"]) - 7)})
         status, why = _status(path, reused)  # the pid now belongs to another process
         assert status == "interrupted" and "is another process now" in why
         assert _status(path, alive)[0] == "running"
@@ -420,3 +420,28 @@ def test_a_study_reopened_on_an_emptied_or_restored_ledger_is_refused_not_a_trac
     again = Study(study.folder, task=own)
     assert again.trial_table().status.tolist() == ["finished"] and again.run_all() == []
     again.ledger.close()
+
+
+def test_a_start_or_boot_time_is_the_same_within_a_second_of_clock_adjustment():
+    from workbook.storage.ledger import same_time
+
+    assert same_time("1796418420.25", "1796418420.70") and same_time("", "")
+    assert not same_time("1796418420.25", "1796418413.25")  # the pid is another process now
+    assert not same_time("9af1-boot-id", "1796418420")  # a ledger of an earlier version
+
+
+def test_the_rows_the_export_reads_have_the_columns_the_ledger_declares(tmp_path):
+    import sqlite3
+
+    from workbook.storage.ledger import SCHEMA, row_type
+
+    _, path = _study(tmp_path)
+    ledger = Ledger(path)
+    (trial,) = ledger.records("trials")
+    mem = sqlite3.connect(":memory:")
+    mem.executescript(SCHEMA)
+    declared = [c[1] for c in mem.execute("PRAGMA table_info(trials)")]
+    assert list(row_type("trials")._fields) == [*declared, "process"]  # + the added column
+    assert isinstance(trial, row_type("trials")) and trial.best_step is None  # NULL as None
+    assert list(ledger.frame("trials").columns) == list(trial._fields)
+    ledger.close()

@@ -69,3 +69,35 @@ def test_a_child_ends_with_its_parent_but_not_with_the_thread_that_started_it():
     finally:
         processes.stop_children()
     assert proc.poll() is not None and proc not in processes._CHILDREN, "stopped at exit"
+
+
+def test_an_interrupt_stops_a_fresh_process_and_leaves_no_folder(tmp_path, monkeypatch):
+    """Ctrl-C (SIGINT to this process) while a fresh process runs: KeyboardInterrupt here, the
+    child stopped, the result folder removed (the mechanism under a pilot's Ctrl-C)."""
+    import os
+    import signal
+    import tempfile
+    import threading
+    import time
+
+    import psutil
+
+    from workbook.storage.processes import fresh_result, signals_as_interrupt
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the result folder lands here
+    me, seen = psutil.Process(), []
+
+    def interrupt_once_the_child_runs():
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
+            seen.extend(me.children(recursive=True))
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    interrupted = threading.Event()
+    threading.Thread(target=interrupt_once_the_child_runs, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt), signals_as_interrupt(interrupted):
+        fresh_result(["never-run"], 60, launcher=("-c", "import time; time.sleep(60)"))
+    assert seen and interrupted.is_set()
+    assert not psutil.wait_procs(seen, timeout=10)[1], "a child outlived the interrupt"
+    assert not list(tmp_path.iterdir()), "the result folder was left"

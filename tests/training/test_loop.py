@@ -126,7 +126,7 @@ def test_an_update_shape_makes_the_loop_configuration():
     from workbook import UpdateShape
 
     shape = UpdateShape(4, 3, "bf16", True)
-    cfg = shape.train_config(updates=7, lr=0.5)
+    cfg = TrainConfig(shape, updates=7, lr=0.5)
     assert (cfg.shape, cfg.updates, cfg.lr) == (shape, 7, 0.5)
     assert TrainConfig.from_dict(dataclasses.asdict(cfg)) == cfg
     # a recipe written before the shape was one field reads back the same
@@ -138,7 +138,7 @@ def test_an_update_shape_makes_the_loop_configuration():
     with pytest.raises(WorkbookError, match="replicas must be a positive integer"):
         UpdateShape(2, replicas=0).validate()
     with pytest.raises(WorkbookError, match="train runs one process"):
-        train(None, [], UpdateShape(1, replicas=2).train_config(updates=1, device="cpu"))
+        train(None, [], TrainConfig(UpdateShape(1, replicas=2), updates=1, device="cpu"))
 
 
 def test_cuda_resolves_to_the_current_device_index(monkeypatch):
@@ -163,5 +163,5 @@ def test_a_tasks_optimizer_factory_sees_the_run_it_is_built_for(cls_task, cls_it
         return torch.optim.SGD(model.parameters(), lr=lr)
     task = dataclasses.replace(cls_task, build_optimizer=build_optimizer)
     shape = UpdateShape(2, 2)
-    train(task, cls_items["train"][:12], shape.train_config(updates=3))
+    train(task, cls_items["train"][:12], TrainConfig(shape, updates=3))
     assert seen == [RunLength(3, shape, 12)] and current_run() is None

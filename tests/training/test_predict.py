@@ -87,7 +87,7 @@ def test_the_planned_length_comes_from_the_model_and_is_never_exceeded(gen_task,
     assert max_positions(gen_task) == (1024, "its position embedding `pos`")
     assert max_positions(cls_task) is None and longest_accepted(cls_task) is None
     lm = load_task("examples.transformer_lm:task")
-    assert Plan.from_params({"plan_micro_batch": 4, "plan_length": 0}, lm).length == 128
+    assert longest_accepted(lm) == 128  # 03 plans at it when plan_length is 0
     with pytest.raises(WorkbookError, match="length 10000000 exceeds the 1024 positions"):
         predict(gen_task, gen_items["train"][:8], gen_items["validation"][:4],
                 Plan(UpdateShape(4, 2), length=10_000_000))  # refused before any batch is built
@@ -112,10 +112,10 @@ def test_a_stretched_batch_is_padded_by_the_task_on_its_side(gen_task, gen_items
     assert one.tensors["attention_mask"].all()  # one row has nothing to be padded against
 
 
-def test_a_hugging_face_model_is_predicted_on_the_padded_path_or_says_why_not(tmp_path):
+def test_a_hugging_face_model_is_predicted_on_the_path_its_batches_take(tmp_path):
     """Hugging Face models skip the attention mask for an unpadded batch (a choice fake tensors
-    cannot see): micro-batch 2 and more is predicted within 2%, micro-batch 1 gives 'not
-    predicted' rows with the reason."""
+    cannot see, so their fake batch leaves an all-ones mask out): micro-batch 2 and more (padded)
+    and micro-batch 1 (nothing to pad, as fixed-length blocks) are both predicted within 2%."""
     pytest.importorskip("transformers", reason="the [hf] extra is not installed")
     from workbook import load_task, prepare
     from workbook.training.predict import compare
@@ -126,9 +126,11 @@ def test_a_hugging_face_model_is_predicted_on_the_padded_path_or_says_why_not(tm
     measured = GateRun(task, settings, data.train, data.validation, tmp_path).run().table()
     check = compare(predict(task, data.train, data.validation, settings.plan()), measured)
     assert (check.note == "").all() and check.error_pct.abs().max() < 2, check
-    unpadded = predict(task, data.train, data.validation, Plan(UpdateShape(1, 2), length=128))
-    assert unpadded.predicted_peak_bytes.isna().all()
-    assert unpadded.note.str.contains("not predicted: a batch of 1 with no padded position").all()
+    one = GateSettings(UpdateShape(1, 2), eval_batch=1, length=128, input_updates=1)
+    (tmp_path / "one").mkdir()
+    measured = GateRun(task, one, data.train, data.validation, tmp_path / "one").run().table()
+    check = compare(predict(task, data.train, data.validation, one.plan()), measured)
+    assert (check.note == "").all() and check.error_pct.abs().max() < 2, check
 
 
 def test_a_fused_inference_kernel_leaves_validation_unpredicted_and_nothing_else(tmp_path):
@@ -378,3 +380,38 @@ def test_a_plain_value_encode_returns_is_kept_when_an_example_is_stretched(gen_t
     plain = Item(item.id, {**item.tensors, "source": 3})
     out = stretch(gen_task, plain, 40)
     assert out.tensors["source"] == 3 and gen_task.length(out.tensors) == 40
+
+
+def test_03s_prediction_builds_the_meta_model_once(gen_task, gen_items):
+    # the length, the twin's prediction judged here, the plan's and the 4x rule: one build
+    # on the meta device, held by the task's factory (each fake run fills a copy of it)
+    import dataclasses
+
+    from workbook.training.predict import longest_accepted, rule_of_thumb
+
+    builds = []
+
+    def counted():
+        builds.append(torch.get_default_device().type)
+        return gen_task.build_model.build()
+
+    task = dataclasses.replace(gen_task, build_model=counted)
+    train, val = gen_items["train"][:20], gen_items["validation"][:8]
+    plan = Plan(UpdateShape(2, 1), length=longest_accepted(task) and 32)
+    for judged_here in (True, False):
+        predicted = predicted_or_reason(task, train, val, plan, cpu_exact=judged_here)
+    rule_of_thumb(task, predicted)
+    assert builds.count("meta") == 1, builds
+
+
+def test_the_generation_sample_declares_its_own_campaign_model_of_a_billion_parameters():
+    import workbook as wb
+    from workbook.training import campaign
+
+    task = wb.load_task("workbook.samples.generation:task")
+    campaign.check_twin(task)  # the same TinyDecoder, the same module types
+    counted = campaign.models(task)
+    assert 0.95e9 < counted.sized_parameters < 1.1e9 and counted.trained_parameters < 3e5
+    assert campaign.depth_of(task).layers == 20  # sized from 3- and 4-layer traces
+    assert not campaign.declared(wb.load_task("workbook.samples.generation:task",
+                                              campaign_layers=0))

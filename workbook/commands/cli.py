@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
-import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..base.errors import WorkbookError
-from ..storage.processes import RESULT_OPTION, hand_back
+from ..storage.processes import RESULT_OPTION, hand_back, signals_as_interrupt
 from ..storage.runs import refuse_existing
 from ..storage.schemas import SEED_MAX
 from .params import parse_literal
@@ -25,7 +27,8 @@ from .params import parse_literal
 def _option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (give it as e.g. "
+                                         "lr=0.001 or data_file='train.jsonl')")
     # true / false as a shell user writes them are the booleans (the string "false" would be
     # truthy in a task factory's `if`)
     switch = {"true": True, "false": False}.get(value.strip().lower())
@@ -39,19 +42,27 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (give e.g. "
+                                         "--timeout 1800)") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive finite number of seconds "
                                          "(give e.g. --timeout 1800)")
     return value
 
 
-def parser() -> argparse.ArgumentParser:
-    """The commands and their options."""
-    parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    pilot = sub.add_parser("pilot", help="run the pilot notebooks into a new run folder")
+@dataclass(frozen=True)
+class Command:
+    """One `python -m workbook NAME`: its help, the options it takes and its body (the parsed
+    options -> the exit code). A body lives where its work does and loads when run, so a new
+    process starts quickly."""
+
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _pilot_arguments(pilot: argparse.ArgumentParser) -> None:
     pilot.add_argument("--task", default="workbook.samples.generation:task",
                        help="the task as package.module:attribute")
     pilot.add_argument("--option", type=_option, action="append", default=[],
@@ -65,52 +76,9 @@ def parser() -> argparse.ArgumentParser:
     pilot.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     pilot.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                        help="each notebook's time limit (default 3600, 600 with --smoke)")
-    trial = sub.add_parser("trial", help="run one more trial of an existing study (the "
-                           "repro command of notebook 06); exits 1 when the trial failed")
-    trial.add_argument("--study", required=True, help="the study folder (holds design.json)")
-    _task_arguments(trial)
-    trial.add_argument("--lr", type=float, required=True)
-    trial.add_argument("--seed", type=int, default=0, help=f"0 to {SEED_MAX}")
-    trial.add_argument("--repeats", type=int, help="the id of the trial this one repeats")
-    _result_argument(trial)
-    resume = sub.add_parser("resume", help="continue a checkpoint in this (new) process")
-    resume.add_argument("--checkpoint", required=True)
-    _task_arguments(resume)
-    resume.add_argument("--to", type=int, required=True, help="the update to stop after")
-    resume.add_argument("--out", required=True, help="writes the new files OUT.json and "
-                        "OUT.safetensors (never over existing ones)")
-    resume.add_argument("--save-at", type=int, default=0, help="also checkpoint after this "
-                        "update, into the new folder OUT.ckpt (a resume of a resume)")
-    resume.add_argument("--fault", action="append", default=[],
-                        help="plant a resume bug (optimizer, sampler, rng) to see it caught")
-    _result_argument(resume)
-    reload = sub.add_parser("reload", help="reload an archive and re-run its control inputs; "
-                            "exits 1 when they do not reproduce")
-    reload.add_argument("--archive", required=True)
-    _task_arguments(reload)
-    _result_argument(reload)
-    ddp = sub.add_parser("ddp", help="one process of notebook 09's data-parallel run (started "
-                         "by torchrun: torchrun --standalone --nproc_per_node=N -m workbook ddp)")
-    ddp.add_argument("--spec", required=True, help="the run's settings as JSON (ReplicaSpec)")
-    ddp.add_argument("--out", required=True, help="the launch's folder: new or empty (rank 0 "
-                     "writes there)")
-    ddp.add_argument("--resume-from", help="a checkpoint of an earlier launch to continue")
-    from .export import add_parser as add_export  # MLflow and TensorBoard load only when used
-
-    add_export(sub)
-    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.command == "ddp":
-        return _ddp(args)
-    if args.command == "export":
-        from .export import run_command
-
-        return run_command(args)
-    if args.command in COMMANDS:
-        return _handing_back(args)
+def _pilot(args: argparse.Namespace) -> int:
     from .pilot import run_pilot
 
     try:
@@ -127,83 +95,54 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if (index.verdict == "pass").all() else 1
 
 
-def _task_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", required=True, help="the task as package.module:attribute; "
-                        "it must be the one the folder records (a task path read from a folder "
-                        "is never imported)")
-    parser.add_argument("--option", type=_option, action="append", default=[],
-                        metavar="KEY=VALUE", help="an option for a task factory (repeatable)")
+def _export_arguments(export: argparse.ArgumentParser) -> None:
+    from .export import add_arguments  # MLflow and TensorBoard load only when used
+
+    add_arguments(export)
 
 
-def _result_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(RESULT_OPTION, metavar="PATH", help="also write the outcome as JSON to "
-                        "this new file (how a parent process reads it; never over an existing "
-                        "file)")
+def _export(args: argparse.Namespace) -> int:
+    from .export import run_command
+
+    return run_command(args)
 
 
-# --- trial, resume, reload: checked first, outcome handed back in --result ----------------
-def _handing_back(args: argparse.Namespace) -> int:
-    """Run `trial`, `resume` or `reload`: its outcome goes to --result (when given) whatever
-    happens, an error also to stderr; exit 0 (done), 1 (ran, and failed) or 2 (refused)."""
-    result = Path(args.result) if args.result else None
-    try:
-        if result is not None:
-            refuse_existing([result], RESULT_OPTION)
-    except WorkbookError as exc:  # no result file can be written: stderr only
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        with _signals_as_interrupt():
-            code, outcome, error = COMMANDS[args.command](args)
-    except WorkbookError as exc:
-        code, outcome, error = 2, None, exc
-    except KeyboardInterrupt:  # SIGINT, SIGTERM (its parent ended): files cleaned up on the way
-        with contextlib.suppress(WorkbookError, OSError):
-            hand_back(result, args.command, 130, None, WorkbookError(
-                f"{args.command} was interrupted", "run it again"))
-        print(f"interrupted: {args.command} stopped before it finished", file=sys.stderr)
-        return 130
-    except Exception as exc:  # a bug, or the task's own code: the parent still learns of it
-        _hand_back(result, args.command, 1, None, WorkbookError(
-            f"{args.command} raised {type(exc).__name__}: {exc}"[:600],
-            "read the traceback in the command's error output"))
-        raise
-    if error is not None:
-        print(f"error: {error}", file=sys.stderr)
-    return _hand_back(result, args.command, code, outcome, error)
+def _trial_arguments(trial: argparse.ArgumentParser) -> None:
+    trial.add_argument("--study", required=True, help="the study folder (holds design.json)")
+    _task_arguments(trial)
+    trial.add_argument("--lr", type=float, required=True)
+    trial.add_argument("--seed", type=int, default=0, help=f"0 to {SEED_MAX}")
+    trial.add_argument("--repeats", type=int, help="the id of the trial this one repeats")
+    _result_argument(trial)
 
 
-@contextlib.contextmanager
-def _signals_as_interrupt():
-    """SIGTERM and SIGHUP end the command like Ctrl-C: as KeyboardInterrupt, so every writer's
-    cleanup runs (no temporary file or partial folder is left) and it exits 130."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None:
-            with contextlib.suppress(ValueError, OSError):  # not the main thread
-                previous[sig] = signal.signal(sig, interrupt)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def _resume_arguments(resume: argparse.ArgumentParser) -> None:
+    resume.add_argument("--checkpoint", required=True)
+    _task_arguments(resume)
+    resume.add_argument("--to", type=int, required=True, help="the update to stop after")
+    resume.add_argument("--out", required=True, help="writes the new files OUT.json and "
+                        "OUT.safetensors (never over existing ones)")
+    resume.add_argument("--save-at", type=int, default=0, help="also checkpoint after this "
+                        "update, into the new folder OUT.ckpt (a resume of a resume)")
+    resume.add_argument("--fault", action="append", default=[],
+                        help="plant a resume bug (optimizer, sampler, rng) to see it caught")
+    _result_argument(resume)
 
 
-def _hand_back(result: Path | None, command: str, code: int, outcome: dict | None,
-               error: WorkbookError | None) -> int:
-    try:
-        hand_back(result, command, code, outcome, error)
-    except WorkbookError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return code or 2
-    return code
+def _reload_arguments(reload: argparse.ArgumentParser) -> None:
+    reload.add_argument("--archive", required=True)
+    _task_arguments(reload)
+    _result_argument(reload)
 
 
-# Each command's body lives beside its notebook and loads when run (a new process starts
-# quickly): 06's trial, 07's resume and reload, 09's torchrun process.
+def _ddp_arguments(ddp: argparse.ArgumentParser) -> None:
+    ddp.add_argument("--spec", required=True, help="the run's settings as JSON (ReplicaSpec)")
+    ddp.add_argument("--out", required=True, help="the launch's folder: new or empty (rank 0 "
+                     "writes there)")
+    ddp.add_argument("--resume-from", help="a checkpoint of an earlier launch to continue")
+
+
+# Each child process's body lives beside its notebook: 06's trial, 07's resume and reload.
 def _trial(args: argparse.Namespace) -> tuple[int, dict, WorkbookError | None]:
     from ..notebooks.study.process import trial_in_this_process
 
@@ -222,7 +161,78 @@ def _reload(args: argparse.Namespace) -> tuple[int, dict, None]:
     return reload_in_this_process(args)
 
 
-COMMANDS = {"trial": _trial, "resume": _resume, "reload": _reload}
+def parser() -> argparse.ArgumentParser:
+    """The commands and their options: the user's, then the child processes' entry points."""
+    parser = argparse.ArgumentParser(prog="workbook", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (*COMMANDS, *ENTRY_POINTS):
+        options = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.arguments(options)
+        options.set_defaults(body=command.run)  # (`run` is export's folder)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.body(args)
+
+
+def _task_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", required=True, help="the task as package.module:attribute; "
+                        "it must be the one the folder records (a task path read from a folder "
+                        "is never imported)")
+    parser.add_argument("--option", type=_option, action="append", default=[],
+                        metavar="KEY=VALUE", help="an option for a task factory (repeatable)")
+
+
+def _result_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(RESULT_OPTION, metavar="PATH", help="also write the outcome as JSON to "
+                        "this new file (how a parent process reads it; never over an existing "
+                        "file)")
+
+
+# --- the child processes: trial, resume, reload checked first, outcome handed back in --result
+def _handing_back(body: Callable[[argparse.Namespace], tuple], args: argparse.Namespace) -> int:
+    """Run `trial`, `resume` or `reload` (`body`): its outcome goes to --result (when given)
+    whatever happens, an error also to stderr; exit 0 (done), 1 (ran, and failed) or 2
+    (refused)."""
+    result = Path(args.result) if args.result else None
+    try:
+        if result is not None:
+            refuse_existing([result], RESULT_OPTION)
+    except WorkbookError as exc:  # no result file can be written: stderr only
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with signals_as_interrupt():
+            code, outcome, error = body(args)
+    except WorkbookError as exc:
+        code, outcome, error = 2, None, exc
+    except KeyboardInterrupt:  # SIGINT, SIGTERM (its parent ended): files cleaned up on the way
+        with contextlib.suppress(WorkbookError, OSError):
+            hand_back(result, args.command, 130, None, WorkbookError(
+                f"{args.command} was interrupted", "run it again"))
+        print(f"interrupted: {args.command} stopped before it finished", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug, or the task's own code: the parent still learns of it
+        _hand_back(result, args.command, 1, None, WorkbookError(
+            f"{args.command} raised {type(exc).__name__}: {exc}"[:600],
+            "read the traceback in the command's error output"))
+        raise
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+    return _hand_back(result, args.command, code, outcome, error)
+
+
+def _hand_back(result: Path | None, command: str, code: int, outcome: dict | None,
+               error: WorkbookError | None) -> int:
+    try:
+        hand_back(result, command, code, outcome, error)
+    except WorkbookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return code or 2
+    return code
 
 
 # --- ddp: one torchrun worker -----------------------------------------------------------------
@@ -249,6 +259,28 @@ def _ddp(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+# The user's commands.
+COMMANDS = (
+    Command("pilot", "run the pilot notebooks into a new run folder", _pilot_arguments, _pilot),
+    Command("export", "send a pilot run folder to MLflow and/or TensorBoard (pip install "
+            "'workbook[export]'); a second export of the same run adds nothing",
+            _export_arguments, _export),
+)
+# The entry points of the processes a notebook starts (storage/processes.fresh_process, 06's
+# repro line, torchrun): each checked first, its outcome handed back in --result.
+ENTRY_POINTS = (
+    Command("trial", "run one more trial of an existing study (the repro command of notebook "
+            "06); exits 1 when the trial failed", _trial_arguments,
+            functools.partial(_handing_back, _trial)),
+    Command("resume", "continue a checkpoint in this (new) process", _resume_arguments,
+            functools.partial(_handing_back, _resume)),
+    Command("reload", "reload an archive and re-run its control inputs; exits 1 when they do "
+            "not reproduce", _reload_arguments, functools.partial(_handing_back, _reload)),
+    Command("ddp", "one process of notebook 09's data-parallel run (started by torchrun: "
+            "torchrun --standalone --nproc_per_node=N -m workbook ddp)", _ddp_arguments, _ddp),
+)
 
 
 if __name__ == "__main__":

@@ -85,12 +85,8 @@ def lines(done: dict[str, Any]) -> list[str]:
     return out
 
 
-def add_parser(sub: Any) -> None:
-    """The `export` command's options (cli.py adds it beside the others)."""
-    export = sub.add_parser(
-        "export", help="send a pilot run folder to MLflow and/or TensorBoard (pip install "
-        "'workbook[export]')", description="Export a pilot run folder (never changed) to "
-        "MLflow and/or TensorBoard; a second export of the same run adds nothing.")
+def add_arguments(export: argparse.ArgumentParser) -> None:
+    """The `export` command's options (cli.py's table of commands adds it)."""
     export.add_argument("run", metavar="RUN_FOLDER", nargs="?",
                         help="the pilot's run folder (runs/<time>-<task>)")
     export.add_argument("--mlflow", nargs="?", const=DEFAULT, metavar="URI",

@@ -358,7 +358,8 @@ def _trials(run: Path, missing: list[str]) -> list[Entry]:
     try:
         design = read_design(study / DESIGN)
         with _ledger_copy(study) as ledger:
-            trials, steps, evals = (ledger.frame(t) for t in ("trials", "steps", "evals"))
+            trials = ledger.records("trials")
+            steps, evals = ledger.frame("steps"), ledger.frame("evals")
     except WorkbookError as exc:
         missing.append(f"{STUDY}: its study cannot be read ({exc.problem}): no trial exported")
         return []
@@ -368,36 +369,36 @@ def _trials(run: Path, missing: list[str]) -> list[Entry]:
               "divergence_multiple": design.divergence_multiple, "device": design.device,
               **asdict(design.shape)}
     entries = []
-    for row in trials.to_dict(orient="records"):
-        tid = int(row["id"])
-        params = trial_params(row["params"], f"trial {tid} in {study / 'ledger.sqlite'}")
-        status = str(row["status"])
+    for row in trials:
+        tid = int(row.id)
+        params = trial_params(row.params, f"trial {tid} in {study / 'ledger.sqlite'}")
+        status = str(row.status)
         entry = Entry(key=f"{STUDY}/trial-{tid}", role="trial", parent=STUDY,
                       name=f"trial {tid} lr={params['lr']:g} seed={params['seed']}"
                       + ("" if status == "finished" else f" ({status})"),
                       status=TRIAL_STATUS.get(status, "FAILED"),
-                      start_ms=_ms(row["started"]), end_ms=_ms(_value(row["ended"])))
-        repeats = _value(row["repeats"])
+                      start_ms=_ms(row.started), end_ms=_ms(row.ended))
+        repeats = row.repeats
         entry.hparams = {"lr": float(params["lr"]), "seed": int(params["seed"])}
         entry.params = {name_of(k): _text(v) for k, v in sorted(
             {**shared, **entry.hparams, **({"repeats": int(repeats)} if repeats else {})}
             .items())}
         for name in ("best_metric", "best_step", "stop_step"):
-            if _value(row[name]) is not None:
-                entry.metrics[name] = float(row[name])
-        entry.tags = {"outcome": status, "trial": str(tid), "repro": _text(row["repro"]),
-                      **({"stop_reason": _text(row["stop_reason"])} if row["stop_reason"]
+            if getattr(row, name) is not None:
+                entry.metrics[name] = float(getattr(row, name))
+        entry.tags = {"outcome": status, "trial": str(tid), "repro": _text(row.repro),
+                      **({"stop_reason": _text(row.stop_reason)} if row.stop_reason
                          else {}),
-                      **({"best_checkpoint": _text(row["best_checkpoint"])}
-                         if _value(row["best_checkpoint"]) else {})}
+                      **({"best_checkpoint": _text(row.best_checkpoint)}
+                         if row.best_checkpoint else {})}
         entry.curves = _curves(tid, steps, evals, entry.start_ms or 0)
         if status == "interrupted":  # its end is when a ledger noticed (this read, perhaps):
             last = entry.curves.get("train/loss", [])  # the last update it recorded is when
             entry.end_ms = last[-1][2] if last else entry.start_ms  # it stopped
         entry.note = (f"**trial {tid}** of study {design.name}: lr {params['lr']:g}, seed "
                       f"{params['seed']} - {status}"
-                      + (f" ({row['stop_reason']})" if row["stop_reason"] else "")
-                      + f"\n\nreproduce: `{row['repro']}`")
+                      + (f" ({row.stop_reason})" if row.stop_reason else "")
+                      + f"\n\nreproduce: `{row.repro}`")
         entries.append(entry)
     return entries
 

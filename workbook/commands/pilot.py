@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,9 +28,10 @@ from ..notebooks import registry
 from ..notebooks.registry import RENTAL
 from ..storage import schemas
 from ..storage.files import write_json, write_text
+from ..storage.processes import signals_as_interrupt
 from ..storage.runs import RUNS_ROOT, claim_dir, new_run_dir, sweep_runs
 from ..training.devices import resolve_device
-from .params import NOTEBOOK_DIR, defaults, validate
+from .params import NOTEBOOK_DIR, validate
 from .params import smoke as smoke_sizes
 from .report import write_report
 
@@ -79,7 +81,7 @@ def rental_memory(params: dict[str, Any]) -> dict[str, Any]:
     given or default) sets 03's `device_memory_gib` unless that is given too."""
     if "rental_gpu" not in params or "device_memory_gib" in params:
         return {}
-    gpus = params.get("gpus", defaults(RENTAL.stem)["gpus"])
+    gpus = params.get("gpus", RENTAL.parameters().gpus)
     gib = gpus.get(params["rental_gpu"]) if isinstance(gpus, dict) else None
     return {"device_memory_gib": float(gib)} if isinstance(gib, (int, float)) else {}
 
@@ -99,8 +101,7 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
                             "use " + ", ".join(f"{OWNED[k]} instead of -p {k}" for k in owned))
     load_task(task, **(task_options or {}))  # fail now, not inside the first notebook
     resolve_device(device)  # a GPU asked for but absent fails here, not after notebook 01
-    known = {k: v for stem in selected for k, v in defaults(stem).items()}
-    validate(params, "the selected notebooks", known)
+    validate(params, selected)
     limit = float(TIME_LIMIT["smoke" if smoke else "full"] if timeout is None else timeout)
     if not (math.isfinite(limit) and limit > 0):
         raise WorkbookError(f"--timeout must be a positive finite number of seconds, got "
@@ -109,24 +110,31 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     parameters = {}
     params = {**rental_memory(params), **params}
     for stem in selected:  # check every notebook's parameters before running (or creating) any
+        entry = registry.entry(stem)
         given = {"task": task, "task_options": task_options or {}, "device": device,
                  **(smoke_sizes(stem) if smoke else {}),
-                 **{k: v for k, v in params.items() if k in defaults(stem)}}
-        parameters[stem] = validate(given, stem)
+                 **{k: v for k, v in params.items() if k in entry.parameters.names()}}
+        parameters[stem] = entry.check(given)
     sweep_runs(Path(out).parent if out else RUNS_ROOT)  # what killed runs left half-written
     run = claim_dir(out) if out else new_run_dir(task.split(":")[0].split(".")[-1])
     for stem in selected:
-        parameters[stem]["out_dir"] = str((run / stem).resolve())
+        parameters[stem] = {**parameters[stem].model_dump(),  # papermill's literals
+                            "out_dir": str((run / stem).resolve())}
     kernel = ensure_kernel()
     meta = {"task": task, "task_options": task_options or {}, "smoke": smoke,
             "time_limit_s": limit}
     rows: list[dict[str, Any]] = []
     space = _Reserve(run)  # what index and report still need when a notebook fills the disk
+    # Ctrl-C, SIGTERM (a CI job cancelled, `kill`) and SIGHUP (the terminal closed) end the
+    # pilot: the kernel's running cell is interrupted (its children stopped, its temporary
+    # folders removed), the kernel shut down, the index and report written, then exit 130.
+    interrupted = threading.Event()
     try:
-        with _headless_kernels(), _sigterm_as_interrupt():
+        with _headless_kernels(), signals_as_interrupt(interrupted):
             try:
                 for stem in selected:
-                    rows.append(execute(stem, run, parameters[stem], kernel, limit, progress))
+                    rows.append(execute(stem, run, parameters[stem], kernel, limit, progress,
+                                        interrupted))
                     error = rows[-1]["error"]
                     space.check(error)
                     if error:  # a full disk: written from the reserve
@@ -135,6 +143,7 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
                     print(f"{stem}: {rows[-1]['verdict']} ({rows[-1]['seconds']} s) "
                           f"{rows[-1]['error']}", flush=True)
             except KeyboardInterrupt:
+                logging.getLogger("asyncio").addFilter(_ended_kernel_task)
                 done = {r["notebook"] for r in rows}
                 for stem in selected:
                     if stem not in done:
@@ -221,10 +230,12 @@ def _row(stem: str, verdict: str = "error", error: str = "", seconds: float = 0.
 
 
 def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit: float,
-            progress: bool = False) -> dict[str, Any]:
+            progress: bool = False, interrupted: threading.Event | None = None
+            ) -> dict[str, Any]:
     """Execute one notebook with papermill within `limit` seconds; returns its index row.
     A cell still running at the limit, or a kernel that dies, becomes an `error` row naming
-    the cell; the kernel is shut down either way."""
+    the cell; the kernel is shut down either way (its running cell interrupted first once
+    `interrupted` is set)."""
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -243,7 +254,7 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
                             parameters=parameters, kernel_name=kernel, progress_bar=progress,
                             cwd=os.getcwd(), timeout_func=remaining,
                             start_timeout=int(min(120, limit)),
-                            kernel_manager_class=_kernel_manager(run / KERNEL_LOG))
+                            kernel_manager_class=_kernel_manager(run / KERNEL_LOG, interrupted))
         row["verdict"] = schemas.read(run / stem / "summary.json", schemas.Summary,
                                       "notebook summary", "run the notebook again").verdict
     except pm.PapermillExecutionError as exc:  # recorded; the other notebooks still run
@@ -303,8 +314,9 @@ def _atomic(path: Path) -> str:
     return ATOMIC + str(Path(path).resolve())
 
 
-def _kernel_manager(log: Path) -> type:
-    """A kernel manager whose kernels write their own output (not the cells') to `log`."""
+def _kernel_manager(log: Path, interrupted: threading.Event | None = None) -> type:
+    """A kernel manager whose kernels write their own output (not the cells') to `log`; once
+    `interrupted` is set (the pilot was), its shutdown interrupts the running cell first."""
     from jupyter_client.manager import AsyncKernelManager
 
     class QuietKernelManager(AsyncKernelManager):
@@ -323,8 +335,9 @@ def _kernel_manager(log: Path) -> type:
             # jupyter_client interrupts (SIGINT) before every shutdown request: a kernel that
             # finished its notebook then writes a KeyboardInterrupt into kernels.log. A stuck
             # one is still ended - after the request, SIGTERM then SIGKILL - and a cell's time
-            # limit still interrupts (not during a shutdown).
-            if not self.shutting_down:
+            # limit still interrupts (not during a shutdown), and so does the pilot's own
+            # interrupt: the cell's cleanup runs before the kernel is ended.
+            if not self.shutting_down or (interrupted is not None and interrupted.is_set()):
                 await super()._async_interrupt_kernel()
 
     return QuietKernelManager
@@ -379,24 +392,11 @@ def _headless_kernels() -> Iterator[None]:
             os.environ[HEADLESS_ENV] = before
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, `kill`) and SIGHUP (the terminal closed) end the pilot like
-    Ctrl-C: the kernel is shut down (its children end with it: `processes.start_child`), the
-    executed notebook kept or removed, the index and report written, then exit 130."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None:
-            with contextlib.suppress(ValueError, OSError):  # not the main thread: left alone
-                previous[sig] = signal.signal(sig, interrupt)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def _ended_kernel_task(record: logging.LogRecord) -> bool:
+    """Leaves out asyncio's "Task exception was never retrieved" for the cell whose kernel an
+    interrupt shut down (nbclient's DeadKernelError): the interrupt is said once, by the pilot."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ != "DeadKernelError"
 
 
 def write_index(run: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:

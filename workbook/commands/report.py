@@ -1,67 +1,55 @@
 """The pilot's report: one page that a person decides from (figures and the decision's tables
 embedded; it says that its file links need the run folder) - the verdict of every notebook
-first, then the decision, then each notebook's key figures and figures, then the tables in
-human units. Every string that comes from a task, the data or a run is escaped."""
+first, then the decision at a glance, then each notebook's key figures and figures, then the
+tables in human units, whole. Written from jinja2 templates (`templates/`) that escape every
+string that comes from a task, the data or a run."""
 
 from __future__ import annotations
 
 import base64
 import html
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
 import pandas as pd
+from markupsafe import Markup
 
 from ..base import frontend
 from ..base.errors import WorkbookError
 from ..notebooks import registry
 from ..notebooks.registry import GATES, RENTAL
+from ..notebooks.rental import glance
 from ..storage import schemas
 from ..storage.files import write_text
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700"}
-STYLE = """
-body{font-family:system-ui,sans-serif;max-width:1180px;margin:0 auto;padding:0 16px;color:#1f2328;
-overflow-wrap:break-word}
-h1{font-size:1.6em}h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:2em}
-.offline{color:#57606a;font-size:14px;margin-top:-6px}
-.banner{display:flex;flex-wrap:wrap;gap:8px;margin:12px 0}
-.chip{color:#fff;border-radius:6px;padding:6px 10px;font-weight:600;text-decoration:none}
-.overall{font-size:1.3em;padding:10px 14px;border-radius:8px;color:#fff;display:inline-block}
-.decision{background:#f6f8fa;border:1px solid #d0d7de;border-radius:8px;padding:4px 18px}
-.decision h1{font-size:1.2em}.headline{color:#cf222e;font-weight:600}
-table{border-collapse:collapse;font-size:13px;margin:8px 0;max-width:100%}
-td,th{border:1px solid #d0d7de;padding:3px 6px;text-align:left;vertical-align:top;
-overflow-wrap:break-word}
-th{background:#f6f8fa}.part{color:#57606a;font-size:12px;margin:10px 0 -4px}
-img{max-width:100%;height:auto;border:1px solid #eee;margin:6px 0}
-.links a{margin-right:14px}.error{color:#cf222e;overflow-wrap:anywhere}
-@media (max-width:640px){
-body{padding:0 10px}h1{font-size:1.35em}
-td{overflow-wrap:anywhere}table:not(.sheet) td:first-child{overflow-wrap:break-word}
-table.sheet,table.sheet tbody,table.sheet tr,table.sheet td{display:block;width:auto}
-table.sheet thead{display:none}
-table.sheet tr{border:1px solid #d0d7de;border-radius:6px;margin:8px 0}
-table.sheet td{border:none;border-top:1px solid #eaeef2;display:grid;
-grid-template-columns:minmax(7em,40%) minmax(0,1fr);gap:8px}
-table.sheet td:first-child{border-top:none;background:#f6f8fa;font-weight:600}
-table.sheet td::before{content:attr(data-label);color:#57606a;font-weight:400}
-}
-"""
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("workbook.commands", "templates"),
+                               autoescape=True, undefined=jinja2.StrictUndefined,
+                               trim_blocks=False)
+TEMPLATES.globals["zip"] = zip
 
 
-def _escape(value) -> str:
-    return html.escape(str(value))
+@dataclass
+class Sheet:
+    """A table as the template shows it: headers in words and cells in human units."""
+
+    columns: list[str]
+    rows: list[list[str]]
 
 
-def _sheet(frame: pd.DataFrame) -> str:
-    """One table whose cells carry their header (`data-label`) for the phone layout."""
-    head = "".join(f"<th>{_escape(c)}</th>" for c in frame.columns)
-    body = "".join("<tr>" + "".join(f'<td data-label="{_escape(c)}">{_escape(v)}</td>'
-                                    for c, v in zip(frame.columns, row, strict=True))
-                   + "</tr>"
-                   for row in frame.itertuples(index=False))
-    return f'<table class="sheet"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+def sheet(frame: pd.DataFrame | None, columns: list[str] | None = None,
+          words: bool = False) -> Sheet | None:
+    """A table whole (never cut into parts; the page scrolls it in its box when wider) in
+    human units (`human`), or already in words (`words`); None when there is none."""
+    if frame is None or frame.empty:
+        return None
+    if columns:
+        frame = frame[[c for c in columns if c in frame]]
+    shown = frame if words else human(frame)
+    return Sheet([str(c) for c in shown.columns],
+                 [[str(v) for v in row] for row in shown.itertuples(index=False)])
 
 
 def human(frame: pd.DataFrame) -> pd.DataFrame:
@@ -71,30 +59,14 @@ def human(frame: pd.DataFrame) -> pd.DataFrame:
     return frontend.human(frame, words=False)
 
 
-def _table(frame: pd.DataFrame | None, columns: list[str] | None = None) -> str:
-    """A sheet in human units (`human`); one wider than the page is split into parts
-    (`frontend.parts`), each with the columns that name a row, never a box that scrolls or
-    cuts."""
-    if frame is None or frame.empty:
-        return "<p><i>not produced in this run</i></p>"
-    if columns:
-        frame = frame[[c for c in columns if c in frame]]
-    pieces = frontend.parts(human(frame))
-    return "".join(f'<p class="part">part {n} of {len(pieces)}</p>' * (len(pieces) > 1)
-                   + _sheet(piece) for n, piece in enumerate(pieces, 1))
-
-
 def _csv(path: Path) -> pd.DataFrame | None:
     return pd.read_csv(path) if path.exists() else None
 
 
-def _figures(folder: Path) -> str:
-    """Every PNG the notebook saved, embedded."""
-    parts = []
-    for png in sorted(folder.glob("*.png")):
-        data = base64.b64encode(png.read_bytes()).decode()
-        parts.append(f'<img alt="{_escape(png.stem)}" src="data:image/png;base64,{data}">')
-    return "".join(parts)
+def _images(folder: Path) -> list[tuple[str, str]]:
+    """Every PNG the notebook saved, as (name, base64) to embed."""
+    return [(png.stem, base64.b64encode(png.read_bytes()).decode())
+            for png in sorted(folder.glob("*.png"))]
 
 
 NOT_GIVEN = {"plan_fits": "not judged: no device memory given (device_memory_gib), or a phase "
@@ -124,19 +96,18 @@ def run_and_predicted(summaries: dict) -> list[str]:
     return lines
 
 
-def _key_figures(stem: str, summary: dict | None) -> str:
+def _key_figures(stem: str, summary: dict | None) -> list[tuple[str, str]]:
     """A notebook's key figures in a fixed order of importance (its registry entry's), with
-    human labels and units, yes/no, never a Python literal."""
+    human labels and units, yes/no, never a Python literal: (label, value)."""
     if not summary:
-        return ""
+        return []
     figures = summary.get("figures", {})
     labels = registry.labels(stem)
-    rows = [{"figure": labels.get(name) or frontend.header(name.removesuffix("_bytes")),
-             "value": _shown(name, figures[name])} for name in _ordered(stem, figures)]
-    flags = summary.get("flags")
-    if flags:
-        rows.append({"figure": "flagged checks", "value": ", ".join(map(str, flags))})
-    return pd.DataFrame(rows).to_html(index=False, escape=True, border=0) if rows else ""
+    rows = [(labels.get(name) or frontend.header(name.removesuffix("_bytes")),
+             _shown(name, figures[name])) for name in _ordered(stem, figures)]
+    if summary.get("flags"):
+        rows.append(("flagged checks", ", ".join(map(str, summary["flags"]))))
+    return rows
 
 
 def _ordered(stem: str, figures: dict) -> list[str]:
@@ -212,76 +183,93 @@ def export_html(notebook: Path) -> Path | None:
 
 
 def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True) -> Path:
-    """report.html in the run folder. The decision leads with every summary's `headline` (a
-    finding no plan can outweigh, e.g. 02's diverging learning rate), then 08's conclusion.
-    With `export` False (the disk is full: the report comes first) the executed notebooks are
+    """report.html in the run folder (`templates/report.html.j2`). The decision leads: every
+    summary's `headline` (a finding no plan can outweigh, e.g. 02's diverging learning rate),
+    then 08's decision at a glance (`rental.glance`: one line, the priced plans, the chart of
+    cost against hours, the open risks, the launch files), then 08's reasoning, folded. With
+    `export` False (the disk is full: the report comes first) the executed notebooks are
     linked as they are, not exported to HTML."""
     import mistune
 
     rows = index.to_dict(orient="records")
     overall = "pass" if rows and all(r["verdict"] == "pass" for r in rows) else \
         ("fail" if all(r["verdict"] in ("pass", "fail") for r in rows) else "error")
-    chips = "".join(f'<a class="chip" href="#{_escape(r["notebook"])}" style="background:'
-                    f'{COLOURS.get(r["verdict"], "#57606a")}">{_escape(r["notebook"][:2])} '
-                    f'{_escape(r["verdict"])}</a>' for r in rows)
-    # a task name is one long word: it may break after a dot, colon, slash or underscore
-    title = re.sub(r"([.:/_])", r"\1<wbr>", _escape(task))
-    parts = [f"<h1>Pilot report: {title}</h1>",
-             '<p class="offline">The verdicts, key figures, figures and the tables the decision '
-             "rests on are on this page. The links to the executed notebooks (every table) and "
-             f"to their folders are files in the run folder <b>{_escape(run.name)}</b>: they "
-             "open only while this page sits in that folder; to share them, send the whole "
-             "folder.</p>",
-             f'<div class="overall" style="background:{COLOURS[overall]}">overall: '
-             f'{overall}</div><div class="banner">{chips}</div>']
     summaries = {r["notebook"]: _summary(run / r["notebook"]) for r in rows}
-    first = [f'<p class="headline">{_escape(s["headline"])}</p>'
-             for s in summaries.values() if s and s.get("headline")]
-    conclusion = run / RENTAL.stem / "conclusion.md"
-    scope = "".join(f"<p>{_escape(line)}</p>" for line in run_and_predicted(summaries))
-    if first or conclusion.exists() or scope:
-        render = mistune.create_markdown(escape=True)
-        parts.append(f'<h2 id="decision">Decision</h2><div class="decision">{"".join(first)}'
-                     + (render(conclusion.read_text()) if conclusion.exists() else "")
-                     + scope + "</div>")
+    notebooks = []
     for r in rows:
         stem = r["notebook"]
         folder = run / stem
-        summary = summaries[stem]
         executed = run / r["executed"]
         exported = export_html(executed) if export and executed.exists() else None
-        links = [f'<a href="{_escape(exported.name)}">executed notebook</a>' if exported else
-                 (f'<a href="{_escape(r["executed"])}">executed notebook (.ipynb)</a>'
-                  if executed.exists() else ""),
-                 f'<a href="{_escape(stem)}/">its folder</a>' if folder.exists() else ""]
-        parts.append(
-            f'<h2 id="{_escape(stem)}">{_escape(registry.title(stem))}: '
-            f'<span style="color:{COLOURS.get(r["verdict"], "#57606a")}">'
-            f'{_escape(r["verdict"])}</span> <small>({r["seconds"]} s)</small></h2>'
-            f'<div class="links">{"".join(links)}</div>'
-            + (f'<p class="error">{_escape(r["error"])}</p>' if r.get("error") else "")
-            + _key_figures(stem, summary) + (_figures(folder) if folder.exists() else ""))
-        parts += _tables(run, stem)
-    path = run / "report.html"
-    write_text(path, safe_links(
-        "<!doctype html><html lang='en'><meta charset='utf-8'>"
-        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<title>pilot report: {_escape(task)}</title><style>{STYLE}</style><body>"
-        + "".join(parts) + "</body></html>"))
-    return path
+        links = ([("executed notebook", exported.name)] if exported else
+                 [("executed notebook (.ipynb)", r["executed"])] if executed.exists() else [])
+        links += [("its folder", f"{stem}/")] if folder.exists() else []
+        notebooks.append({"stem": stem, "title": registry.title(stem), "verdict": r["verdict"],
+                          "seconds": r["seconds"], "links": links, "error": r.get("error"),
+                          "figures": _key_figures(stem, summaries[stem]),
+                          "images": _images(folder) if folder.exists() else [],
+                          "parts": _tables(run, stem)})
+    page = TEMPLATES.get_template("report.html.j2").render(
+        task=task, run_name=run.name, rows=rows, overall=overall, colours=COLOURS,
+        # a task name is one long word: it may break after a dot, colon, slash or underscore
+        title_parts=re.split(r"(?<=[.:/_])", task),
+        style=Markup((Path(__file__).parent / "templates" / "report.css").read_text()),
+        decision=_decision(run, rows, summaries, mistune.create_markdown(escape=True)),
+        notebooks=notebooks, on_page={r["notebook"] for r in rows})
+    return write_text(run / "report.html", safe_links(page))
 
 
-def _tables(run: Path, stem: str) -> list[str]:
-    """The tables a decision rests on, as the notebook's registry entry declares them."""
+def _decision(run: Path, rows: list[dict], summaries: dict, render) -> dict | None:
+    """What the decision shows: the headlines, 08's glance (with its chart and launch links),
+    its conclusion (markdown rendered, HTML escaped) and what ran against what was predicted;
+    None when there is none of them."""
+    headlines = [s["headline"] for s in summaries.values() if s and s.get("headline")]
+    path = run / RENTAL.stem / "conclusion.md"
+    conclusion = Markup(render(path.read_text())) if path.exists() else ""
+    scope = run_and_predicted(summaries)
+    seen = glance.read(run, {r["notebook"]: r["verdict"] for r in rows})
+    if not (headlines or conclusion or scope or seen):
+        return None
+    decision = {"headlines": headlines, "conclusion": conclusion, "scope": scope,
+                "glance": seen, "plans": None, "chart": None, "risks": [], "launch": None}
+    if seen is not None:
+        png = glance.chart(seen.points)
+        decision.update(plans=sheet(seen.plans, words=True), risks=seen.risks,
+                        chart=base64.b64encode(png).decode() if png else None,
+                        launch=_launch_links(run, seen.launch))
+    return decision
+
+
+def _launch_links(run: Path, index: dict) -> dict | None:
+    """The recommended plan's launch files as (name, link from the report), the launch folder
+    and the plans that got none, with why."""
+    if not index:
+        return None
+    plans = index.get("plans") or []
+    first = next((p for p in plans if p.get("name") == "recommended"), plans[0] if plans
+                 else None)
+    base = f"{RENTAL.stem}/"
+    files = (first or {}).get("files") or {}
+    recommended = [(Path(files[k]).name, base + files[k])
+                   for k in ("sky", "sky_spot", "torchrun", "settings")
+                   if k in files and (run / RENTAL.stem / files[k]).exists()]
+    folder = base + f"{glance.FOLDER}/"
+    return {"recommended": recommended,
+            "folder": folder if (run / folder).exists() else "",
+            "not_written": list((index.get("not_written") or {}).items())}
+
+
+def _tables(run: Path, stem: str) -> list[dict]:
+    """The tables a decision rests on, as the notebook's registry entry declares them:
+    {heading, table} or {heading, text}."""
     folder, parts = run / stem, []
     for part in registry.entry(stem).report:
         if isinstance(part, registry.ReportNote):
             value = ((_summary(folder) or {}).get("figures") or {}).get(part.figure)
             if isinstance(value, dict) and value.get(part.key):
-                parts += [f"<h3>{_escape(part.heading)}</h3>",
-                          f"<p>{_escape(str(value[part.key]))}</p>"]
+                parts.append({"heading": part.heading, "text": str(value[part.key])})
         elif not part.optional or (folder / part.file).exists():
-            parts += [f"<h3>{_escape(part.heading)}</h3>",
-                      _table(_csv(folder / part.file), list(part.columns) if part.columns
-                             else None)]
+            parts.append({"heading": part.heading, "text": None,
+                          "table": sheet(_csv(folder / part.file),
+                                         list(part.columns) if part.columns else None)})
     return parts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -212,6 +213,8 @@ def collate_items(task: Task, items: list[Item], training: bool = False) -> Batc
                             f"{ids[:5]})", "collate receives a list of encode's dicts and "
                             "returns one batch dict of padded tensors: run it on these "
                             "examples to see the whole traceback") from exc
+    if isinstance(batch, Mapping) and not isinstance(batch, dict):
+        batch = dict(batch)  # a BatchEncoding, as Hugging Face's collators return
     if not isinstance(batch, dict) or not all(isinstance(v, Tensor) for v in batch.values()):
         shown = {k: type(v).__name__ for k, v in batch.items()} if isinstance(batch, dict) \
             else type(batch).__name__

@@ -6,7 +6,7 @@ configuration embed it as `shape`. `training/loop.py` re-exports it (`loop.Updat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -17,18 +17,6 @@ Precision = Literal["fp32", "bf16", "fp16"]  # PRECISIONS' names, as a file may 
 
 # the precisions an update can run in, with the autocast dtype of each (None: no autocast)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# The loop's configuration class (`training.loop.TrainConfig`): the loop, a layer above, names
-# it with `set_config_class` when it is imported, so `UpdateShape.train_config` can make one
-# while the contract imports nothing above it.
-_config_class: Callable[..., Any] | None = None
-
-
-def set_config_class(config_class: Callable[..., Any]) -> None:
-    """Name the class `UpdateShape.train_config` makes (the loop's `TrainConfig`)."""
-    global _config_class
-    _config_class = config_class
-
 
 @dataclass(frozen=True)
 class UpdateShape:
@@ -45,13 +33,6 @@ class UpdateShape:
     # GradScaler, CUDA)
     activation_checkpointing: StrictBool = False  # recompute the task's blocks in backward
     replicas: Count = 1  # data-parallel processes, each making micro_batch x accumulation
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any], prefix: str = "") -> UpdateShape:
-        """The shape named in a notebook's parameters (`<prefix><field>`; absent fields keep
-        their defaults), checked."""
-        return cls(**{name: params[prefix + name] for name in cls.__dataclass_fields__
-                      if prefix + name in params}).validate()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UpdateShape:
@@ -92,11 +73,3 @@ class UpdateShape:
             raise WorkbookError("activation_checkpointing must be True or False, got "
                                 f"{self.activation_checkpointing!r}", "set it to True or False")
         return self
-
-    def train_config(self, **rest: Any) -> Any:
-        """The loop's configuration (`TrainConfig`) for updates of this shape; `rest` sets the
-        other fields."""
-        if _config_class is None:
-            raise WorkbookError("no training loop is loaded to make a configuration from this "
-                                "update shape", "import workbook.training.loop first")
-        return _config_class(shape=self, **rest)

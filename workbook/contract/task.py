@@ -18,7 +18,9 @@ from torch import Tensor, nn
 
 from ..base.errors import WorkbookError, reason
 from . import kinds
+from .framework_facts import FrameworkFacts
 from .kinds import KINDS, Kind
+from .model_factory import ModelFactory
 from .outputs import (
     ModelOutputs,
     accepted_inputs,
@@ -29,7 +31,7 @@ from .outputs import (
 )
 from .state import CarriedState, state_in, state_out
 
-# the loss pieces a task module uses are public here too (`from workbook.task import ...`)
+# the loss pieces a task module uses are public here too (`from workbook.contract.task import ...`)
 from .targets import (  # noqa: F401
     IGNORE_INDEX,
     absolute_error,
@@ -66,33 +68,7 @@ def split_by_group_hash(group: str, fractions: Sequence[float]) -> str:
     return "test"
 
 
-class ModelFactory:
-    """A task's `build_model`, run as the task's own code: its failure names the piece, and
-    anything but an `nn.Module` is refused with the fix (every notebook builds through it)."""
-
-    def __init__(self, build: Callable[[], nn.Module], piece: str = "build_model"):
-        self.build = build
-        self.piece = piece
-
-    def __call__(self) -> nn.Module:
-        try:
-            model = self.build()
-        except (MemoryError, torch.OutOfMemoryError, WorkbookError):
-            raise  # out of memory is the machine's answer, not a bug in the factory
-        except Exception as exc:
-            raise WorkbookError(f"the task's {self.piece} failed: {type(exc).__name__}: "
-                                f"{reason(exc, 300)}",
-                                f"fix {self.piece}: it receives no arguments and returns the "
-                                "model") from exc
-        if not isinstance(model, nn.Module):
-            raise WorkbookError(f"the task's {self.piece} returned a {type(model).__name__}, not "
-                                "a torch.nn.Module", "return the model itself (an nn.Module "
-                                "instance, e.g. a transformers model), not a class, a tuple or "
-                                "a state dict")
-        return model
-
-
-@dataclass
+@dataclass(eq=False)  # a task is itself: compared and hashed as the one object it is
 class Task:
     """A training task as the pilot sees it. Required fields first; the rest have defaults.
 
@@ -226,6 +202,8 @@ class Task:
     averaged_model: Callable[[nn.Module], nn.Module] | None = None
     average_every: int = 1
     options: dict[str, Any] = field(default_factory=dict)
+    # what a framework adapter learned about the user's code (contract/framework_facts.py)
+    framework: FrameworkFacts = field(default_factory=FrameworkFacts)
 
     def __post_init__(self):
         if callable(self.build_model) and not isinstance(self.build_model, ModelFactory):
@@ -489,11 +467,6 @@ def own_code(piece: str, fn: Callable, *args: Any, receives: str) -> Any:
     except Exception as exc:
         raise WorkbookError(f"the task's {piece} failed: {reason(exc, 300)}",
                             f"fix {piece}: it receives {receives}") from exc
-
-
-def task_from_params(params: dict[str, Any]) -> Task:
-    """The task a notebook's parameters name (`task`, `task_options`)."""
-    return load_task(params["task"], **params.get("task_options", {}))
 
 
 def load_task(path: str, **options: Any) -> Task:

@@ -6,8 +6,3 @@ the body of any new process it starts, `process`) beside it. `registry` holds on
 notebook (stem, title, key figures, its verdict's reason, its module). They may import training,
 contract, storage and base, never commands.
 """
-
-from ..storage import runs
-from .registry import explain
-
-runs.explain_verdicts_with(explain)  # a notebook's last cell, `wb.runs.verdict_line(out)`, says why

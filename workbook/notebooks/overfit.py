@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -17,11 +18,12 @@ from ..contract import fine_tuning
 from ..contract.data import Item, collate_items, encode_examples, prepare
 from ..contract.state import whole_update
 from ..contract.targets import contributes
-from ..contract.task import Task, task_from_params
+from ..contract.task import Task
 from ..storage.records import StepRecord, to_frame
 from ..training.devices import resolve_device
 from ..training.evaluation import eval_mode, evaluate, outputs_of
 from ..training.loop import (
+    TrainConfig,
     UpdateShape,
     loss_rise,
     runs_own_step,
@@ -29,6 +31,8 @@ from ..training.loop import (
     train,
     update_by,
 )
+from .parameters import OverfitParams
+from .registry import OVERFIT
 
 # 02's learning rate when its `lr` is 0 and the task declares no Task.lr: the samples memorise
 # 8 examples in 150 updates (4 in the 80 of --smoke) at it with a wide margin, while the general
@@ -66,10 +70,10 @@ def learning_rate(task: Task, lr: float, lr_from: str = "") -> tuple[float, str]
     return float(lr), lr_from or "parameter"
 
 
-def learning_rate_of(params: dict[str, Any], task: Task) -> tuple[float, str]:
+def learning_rate_of(params: OverfitParams, task: Task) -> tuple[float, str]:
     """`learning_rate` for checked parameters: workbook.params filled an lr of 0 (with
     Task.lr, else 02's fallback) and says where it came from in `lr_from`."""
-    return learning_rate(task, params["lr"], params.get("lr_from") or "")
+    return learning_rate(task, params.lr, params.lr_from or "")
 
 
 def divergence(steps: list[StepRecord]) -> str:
@@ -248,9 +252,9 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                             f"examples 8 (the usual), at most {len(train_split)}")
     raw = task.target_kind.overfit_subset(task, train_split, examples)  # across classes
     items = encode_examples(task, raw)
-    cfg = UpdateShape(*whole_update(task, items)).train_config(
-        updates=updates, lr=lr, seed=seed, device=device, grad_clip=task.grad_clip or 0.0,
-        progress=progress)
+    cfg = TrainConfig(
+        UpdateShape(*whole_update(task, items)), updates=updates, lr=lr, seed=seed,
+        device=device, grad_clip=task.grad_clip or 0.0, progress=progress)
     clipping = "clipping as the task's train_step does" if runs_own_step(task, cfg) else \
         task.clipping()
     cfg.validate(len(train_split))
@@ -447,15 +451,16 @@ def _diagnosis(checks: pd.DataFrame, initial: float, final: float, bar: float,
     return "failed: " + "; ".join(failed)
 
 
-def run(params: dict[str, Any], out_dir: Path | None = None,
+def run(params: OverfitParams | Mapping[str, Any], out_dir: Path | None = None,
         progress: bool = False) -> OverfitResult:
     """Notebook 02 from its parameters (it writes nothing until `save`)."""
-    task = task_from_params(params)
+    params = OVERFIT.check(params)
+    task = params.load_task()
     lr, lr_from = learning_rate_of(params, task)
-    return overfit(task, examples=params["examples"], updates=params["updates"], lr=lr,
-                   lr_from=lr_from, loss_threshold=params["loss_threshold"],
-                   init_tolerance=params["init_tolerance"], seed=params["seed"],
-                   device=params["device"], progress=progress)
+    return overfit(task, examples=params.examples, updates=params.updates, lr=lr,
+                   lr_from=lr_from, loss_threshold=params.loss_threshold,
+                   init_tolerance=params.init_tolerance, seed=params.seed,
+                   device=params.device, progress=progress)
 
 
 def save(result: OverfitResult, out_dir: Path) -> str:

@@ -170,3 +170,23 @@ def lr_summary(summary: pd.DataFrame, trials: pd.DataFrame, metric: str,
     else:
         ax.text(0.5, 0.5, "no trial produced a value", ha="center", transform=ax.transAxes)
     return _done(fig, save)
+
+
+def range_test(curve: pd.DataFrame, suggestion: float | None, grid: list[float],
+               save: Path | None = None):
+    """A range test's loss per rate (each update's and the smoothed), the suggestion and the
+    rates the study then tries."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(curve.lr, curve.loss, lw=0.8, color="tab:gray", alpha=0.6, label="loss per update")
+    ax.plot(curve.lr, curve.smoothed, lw=1.6, color="tab:blue", label="smoothed")
+    if suggestion is not None:
+        ax.axvline(suggestion, color="tab:green", lw=1.2, label=f"suggested {suggestion:g}")
+    for n, lr in enumerate(lr for lr in grid if lr != suggestion):
+        ax.axvline(lr, color="tab:green", ls=":", lw=1, label="also tried" if n == 0 else None)
+    top = curve.smoothed.iloc[: max(1, len(curve) // 10)].max() if len(curve) else None
+    if top is not None and top == top:  # keep the divergence from flattening the curve
+        ax.set_ylim(top=max(top * 1.5, float(curve.smoothed.min()) * 1.1))
+    ax.set(xlabel="learning rate (log scale)", ylabel="training loss", xscale="log",
+           title="learning-rate range test")
+    ax.legend(fontsize="small")
+    return _done(fig, save)

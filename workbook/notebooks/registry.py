@@ -4,7 +4,8 @@ explained in one sentence, and the module whose `run` and `save` it calls. Every
 knows a notebook through this registry, never by its stem as a string (`tests/test_layers.py`).
 
 The registry imports no notebook module (their `run` and `save` load on first use), so a
-notebook's parts (08 reads 03's, 06's and 09's folders) and the commands may use it."""
+notebook's parts (08 reads 03's, 06's and 09's folders) and the commands may use it. Each
+entry names its notebook's parameter model (`parameters.py`); `entry.check(given)` checks by it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from types import ModuleType
 from ..base import frontend
 from ..base.errors import WorkbookError, shorten
 from ..storage import runs
+from . import parameters as models
+from .parameters import NotebookParams
 
 # (passed, key figures, the whole summary.json) -> the verdict's reason, one sentence
 Why = Callable[[bool, dict, dict], str]
@@ -50,7 +53,15 @@ class NotebookEntry:
     module: str  # its entry module (a family: its package) with `run(params, out)`, `save(...)`
     key_figures: Mapping[str, str]  # figure name -> label, most important first
     why: Why
+    parameters: type[NotebookParams]  # its parameters: names, types, defaults, ranges
     report: tuple[ReportTable | ReportNote, ...] = ()  # the tables the decision rests on
+
+    def check(self, given: Mapping | NotebookParams) -> NotebookParams:
+        """`given` (this notebook's parameters, or a mapping of some of them) checked by its
+        model, defaults filled in."""
+        if isinstance(given, self.parameters):
+            return given
+        return models.check([self.parameters], given, self.stem, owners)[0]
 
     @property
     def code(self) -> ModuleType:
@@ -89,6 +100,7 @@ def _inspection_why(ok: bool, f: dict, summary: dict) -> str:
 
 INSPECTION = NotebookEntry(
     "01_inspect_examples", "01 Inspect examples", "inspection", why=_inspection_why,
+    parameters=models.InspectionParams,
     key_figures={
         "flags": "flags raised", "examples": "examples", "num_outputs": "output classes / tokens",
         "expected_initial_loss": "expected initial loss (ln outputs)",
@@ -118,6 +130,7 @@ def _overfit_why(ok: bool, f: dict, summary: dict) -> str:
 
 OVERFIT = NotebookEntry(
     "02_overfit", "02 Overfit a tiny subset", "overfit", why=_overfit_why,
+    parameters=models.OverfitParams,
     key_figures={
         "final_loss": "final loss on the subset", "final_loss_bar": "loss to fall below",
         "exact_examples": "examples reproduced exactly", "examples": "examples memorised",
@@ -159,6 +172,7 @@ def _gates_why(ok: bool, f: dict, summary: dict) -> str:
 
 GATES = NotebookEntry(
     "03_phase_gates", "03 Phase gates", "gates", why=_gates_why,
+    parameters=models.GatesParams,
     key_figures={
         "gates": "gates run", "failed": "gates failed", "warned": "gates warned",
         "plan_fits": "plan fits the rental GPU",
@@ -192,6 +206,7 @@ def _accounting_why(ok: bool, f: dict, summary: dict) -> str:
 
 ACCOUNTING = NotebookEntry(
     "04_batch_accounting", "04 Batch accounting", "accounting", why=_accounting_why,
+    parameters=models.AccountingParams,
     key_figures={
         "reconciled": "loop counts match the calculator",
         "normalisation_ok": "loss normalised over the update's targets",
@@ -217,6 +232,7 @@ def _variants_why(ok: bool, f: dict, summary: dict) -> str:
 
 VARIANTS = NotebookEntry(
     "05_memory_variants", "05 Memory variants", "variants", why=_variants_why,
+    parameters=models.VariantsParams,
     key_figures={
         "measured": "variants measured", "variants": "variants",
         "not_applicable": "not applicable here", "changes_experiment": "change the experiment",
@@ -230,7 +246,9 @@ def _study_why(ok: bool, f: dict, summary: dict) -> str:
     if not ok:
         return f"trials: {done or 'none'}" + (
             "; the periodic validation curve says the evaluation repeats itself"
-            if f.get("periodic_curve") else "")
+            if f.get("periodic_curve") else "") + (
+            f"; no rate learns: the best validation loss does not clear chance "
+            f"({f.get('chance_loss'):.4g})" if f.get("no_rate_learns") else "")
     text = f"{f.get('trials')} trials ({done}); best lr {f.get('best_lr'):g} " \
         f"({f.get('metric')} {f.get('best_metric'):.4g})" \
         if f.get("best_lr") is not None else f"{f.get('trials')} trials ({done})"
@@ -241,6 +259,7 @@ def _study_why(ok: bool, f: dict, summary: dict) -> str:
 
 STUDY = NotebookEntry(
     "06_lr_study", "06 Learning-rate study", "study", why=_study_why,
+    parameters=models.StudyParams,
     key_figures={
         "finding": "finding", "supported_lr": "learning rate the study supports",
         "conclusive": "conclusive", "warnings": "warnings", "best_lr": "best learning rate",
@@ -248,6 +267,8 @@ STUDY = NotebookEntry(
         "best_metrics": "best trial's validation metrics",
         "control_lr": "control learning rate", "control_remains_best": "control still best",
         "best_at_edge": "best at the grid's edge", "still_improving": "trials still improving",
+        "suggested_lr": "range test's suggestion", "extended": "rates the study added",
+        "no_rate_learns": "no rate learns", "chance_loss": "chance (validation loss)",
         "trials": "trials", "statuses": "trial statuses", "seeds": "seeds", "lrs": "rates tried",
         "best_trial": "best trial", "best_checkpoint": "best checkpoint",
         "periodic_curve": "periodic validation curve"})
@@ -279,6 +300,7 @@ def _resume_why(ok: bool, f: dict, summary: dict) -> str:
 
 RESUME = NotebookEntry(
     "07_resume_reload", "07 Resume and reload", "resume", why=_resume_why,
+    parameters=models.ResumeParams,
     key_figures={
         "cases": "resume cases", "archive_identical": "archive reloads identically",
         "tampering_refused": "tampered checkpoints refused",
@@ -296,6 +318,7 @@ def _rental_why(ok: bool, f: dict, summary: dict) -> str:
 
 RENTAL = NotebookEntry(
     "08_rental_plan", "08 Rental plan", "rental", why=_rental_why,
+    parameters=models.RentalParams,
     key_figures={
         "recommended_gpu": "recommended GPU", "recommended_gpus": "GPUs",
         "recommended_strategy": "strategy", "chosen": "candidate planned",
@@ -347,6 +370,7 @@ def _parallel_why(ok: bool, f: dict, summary: dict) -> str:
 
 PARALLEL = NotebookEntry(
     "09_data_parallel", "09 Data parallel under torchrun", "parallel", why=_parallel_why,
+    parameters=models.ParallelParams,
     key_figures={
         "rules_failing": "rules failing", "replicas": "replicas",
         "faults_caught": "planted faults caught",
@@ -370,6 +394,11 @@ ENTRIES = (INSPECTION, OVERFIT, GATES, ACCOUNTING, VARIANTS, STUDY, RESUME, RENT
 def stems() -> list[str]:
     """The notebooks' stems, in order."""
     return [e.stem for e in ENTRIES]
+
+
+def owners(name: str) -> list[str]:
+    """The notebooks that take the parameter `name`."""
+    return [e.stem for e in ENTRIES if name in e.parameters.names()]
 
 
 def entry(stem: str) -> NotebookEntry:

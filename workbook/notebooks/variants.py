@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ from ..contract.task import Task, load_task
 from ..training import campaign
 from ..training.devices import check_precision, resolve_device
 from ..training.evaluation import evaluate
-from ..training.loop import UpdateShape, apply_activation_checkpointing, train
+from ..training.loop import TrainConfig, UpdateShape, apply_activation_checkpointing, train
 from ..training.predict import Plan, longest_accepted, predicted_or_reason, sized_batches
 from ..training.workload import TRAINING_PHASES, measured_peaks
+from .parameters import VariantsParams
+from .registry import VARIANTS
 
 NON_FINITE = "non-finite loss or gradient"
 
@@ -161,14 +164,14 @@ class VariantStudy:
         measured = replace(shape, accumulation=min(shape.accumulation, 2))
         sized = Plan(measured, min(self.length, variant.max_length or self.length) or None,
                      self.eval_batch)
-        peaks = measured_peaks(task, measured.train_config(lr=self.lr, seed=self.seed,
-                                                           device=self.device),
+        peaks = measured_peaks(task, TrainConfig(measured, lr=self.lr, seed=self.seed,
+                                                 device=self.device),
                                *sized_batches(task, train_items, val_items, sized))
         for phase in TRAINING_PHASES:
             row[f"peak_{phase}"] = peaks[phase]
         row["peak_bytes"] = max(peaks.values())
-        cfg = shape.train_config(updates=self.updates, lr=self.lr, seed=self.seed,
-                                         device=self.device)
+        cfg = TrainConfig(shape, updates=self.updates, lr=self.lr, seed=self.seed,
+                          device=self.device)
         result = train(task, train_items, cfg)
         flags += training_flags(result.steps, shape.precision)
         times = [s.time_s for s in result.steps[1:]] or [result.steps[0].time_s]
@@ -231,19 +234,17 @@ class VariantsResult:
     table: pd.DataFrame
 
 
-def run(params: dict[str, Any], out_dir: Path | None = None) -> VariantsResult:
+def run(params: VariantsParams | Mapping[str, Any], out_dir: Path | None = None) -> VariantsResult:
     """Notebook 05 from its parameters: the control, each lever alone and two combinations,
     measured (it writes nothing until `save`)."""
-    if params["short_length"] < 1:
-        raise WorkbookError(f"short_length must be a positive integer, got "
-                            f"{params['short_length']!r}",
-                            "set short_length to the max_length the truncation variant tries")
-    study = VariantStudy(params["task"], params["task_options"], params["updates"],
-                         params["lr"], params["seed"], params["device"], params["eval_batch"],
-                         params["length"], params["train_limit"], params["val_limit"],
-                         Plan.from_params(params))
-    variants = default_variants(Variant("control", UpdateShape.from_params(params)),
-                                params["short_length"])
+    params = VARIANTS.check(params)
+    study = VariantStudy(params.task, params.task_options, params.updates,
+                         params.lr, params.seed, params.device, params.eval_batch,
+                         params.length, params.train_limit, params.val_limit,
+                         Plan(params.shape("plan_"), params.plan_length or None,
+                              params.plan_eval_batch))
+    variants = default_variants(Variant("control", params.shape()),
+                                params.short_length)
     return VariantsResult(study.control_task, variants, study.run(variants))
 
 

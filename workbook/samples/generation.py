@@ -2,6 +2,9 @@
 
 Only response tokens contribute to the loss unless `prompt_in_loss=True`. Groups are
 conversations: the three turns of a conversation share a word, so they must share a split.
+The decoder trained here is the pilot twin of a campaign model built from the same code at
+about 1 B parameters (20 layers x 2048, 16 heads), which notebooks 03, 05 and 08 size on fake
+tensors - it is never allocated.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 from ..contract.data import JsonlRows
 from ..contract.targets import IGNORE_INDEX
 from ..contract.task import Task, logits_of
+from ..training.campaign import Deep
 from . import DATA_DIR
 from . import tokenizer as tok
 from .models import TinyDecoder
@@ -61,19 +65,28 @@ def generate(model: nn.Module, example: dict, max_new: int = 32) -> str:
 
 def make_task(max_length: int = 64, prompt_in_loss: bool = False, d_model: int = 64,
               layers: int = 2, dropout: float = 0.0, context: int = 1024,
-              data_file: str = "", tie_embeddings: bool = False) -> Task:
+              data_file: str = "", tie_embeddings: bool = False,
+              campaign_width: int = 2048, campaign_layers: int = 20,
+              campaign_heads: int = 16) -> Task:
     """The generation sample; options change truncation, loss coverage, model size, the
-    longest sequence the model accepts (`context`, for sizing longer configurations) and
-    whether the output projection shares the embedding matrix (`tie_embeddings`)."""
+    longest sequence the model accepts (`context`, for sizing longer configurations),
+    whether the output projection shares the embedding matrix (`tie_embeddings`) and the
+    campaign model the rental plans for (`campaign_*`: the same decoder, 1.01 B parameters by
+    default; `campaign_layers=0`: none, the model trained here is the one sized)."""
     path = data_file or DATA_DIR / "generation.jsonl"
+    positions = max(max_length, context)
+    campaign = Deep(partial(TinyDecoder, tok.VOCAB_SIZE, campaign_width, heads=campaign_heads,
+                            max_len=positions, dropout=dropout, tie_embeddings=tie_embeddings),
+                    layers=campaign_layers) if campaign_layers else None
     return Task(
         name="sample-generation",
         kind="generation",
         load_examples=partial(JsonlRows, path),
         encode=partial(encode, max_length=max_length, prompt_in_loss=prompt_in_loss),
         collate=collate,
-        build_model=partial(TinyDecoder, tok.VOCAB_SIZE, d_model, layers, 4,
-                            max(max_length, context), dropout, tie_embeddings),
+        build_model=partial(TinyDecoder, tok.VOCAB_SIZE, d_model, layers, 4, positions,
+                            dropout, tie_embeddings),
+        campaign_model=campaign,
         decode=partial(tok.decode, keep_special=True),
         group_key="conversation",
         prompt_field="instruction",

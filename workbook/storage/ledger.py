@@ -14,6 +14,7 @@ bytes) is refused rather than written into, so no trial silently drops out of th
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pandas as pd
+import psutil
 
 from ..base.errors import WorkbookError
 from . import schemas
@@ -83,24 +85,38 @@ def _schema(added: bool = True) -> tuple[dict, dict]:
     return objects, columns
 
 
+@functools.lru_cache(maxsize=None)
+def row_type(table: str) -> type:
+    """A row of one of the ledger's tables: a named tuple of the columns SCHEMA declares (the
+    one declaration the ledger writes and its export reads)."""
+    return collections.namedtuple(table.title().rstrip("s"), _schema()[1][table])
+
+
 def _data_only(action: int, arg1: Any, arg2: Any, database: Any, source: str | None) -> int:
     """SQLite's authorizer: nothing reached through a trigger or a view, and no ATTACH."""
     return sqlite3.SQLITE_DENY if source or action == sqlite3.SQLITE_ATTACH else sqlite3.SQLITE_OK
 
 
 def _started(pid: int) -> str:
-    """When a process started (clock ticks since boot, Linux), or "" where it cannot be read."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    """When a process started (seconds since the epoch), or "" where it cannot be read."""
+    with contextlib.suppress(psutil.Error):
+        return f"{psutil.Process(pid).create_time():.2f}"
     return ""
+
+
+def same_time(a: Any, b: Any) -> bool:
+    """Two recorded times (a process's start, the machine's boot) within a second: both are
+    derived from the clock, which may be adjusted a little. A value of another format (a ledger
+    of an earlier version) is never the same."""
+    try:
+        return a == b or abs(float(a) - float(b)) < 1.0
+    except (TypeError, ValueError):
+        return False
 
 
 @functools.lru_cache(maxsize=1)
 def _machine() -> tuple[str, str]:
-    boot = ""
-    with contextlib.suppress(OSError):
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return socket.gethostname(), boot
+    return socket.gethostname(), f"{psutil.boot_time():.0f}"
 
 
 def process_identity(pid: int | None = None) -> dict[str, str]:
@@ -115,14 +131,14 @@ def _locked(exc: sqlite3.Error) -> bool:
 
 
 def _holders(path: Path) -> list[int]:
-    """Other processes that have the ledger open (Linux /proc; elsewhere none are found)."""
+    """Other processes that have the ledger open (those whose open files can be read)."""
     names = {os.path.realpath(f"{path}{s}") for s in ("", "-wal", "-shm", "-journal")}
     found = []
-    for fds in Path("/proc").glob("[0-9]*/fd"):
-        with contextlib.suppress(OSError, ValueError):
-            if int(fds.parent.name) != os.getpid() and any(
-                    os.readlink(fd) in names for fd in fds.iterdir()):
-                found.append(int(fds.parent.name))
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.pid != os.getpid() and any(
+                    os.path.realpath(f.path) in names for f in process.open_files()):
+                found.append(process.pid)
     return sorted(found)
 
 
@@ -356,9 +372,9 @@ class Ledger:
         host, boot = _machine()
         if rec and rec.get("host") != host:
             return ""
-        if rec and rec.get("boot") != boot:
+        if rec and not same_time(rec.get("boot"), boot):
             return "the machine restarted before the trial finished"
-        if pid == os.getpid() and rec.get("start", _started(pid)) == _started(pid):
+        if pid == os.getpid() and same_time(rec.get("start", _started(pid)), _started(pid)):
             thread = _RUNNING.get((self._key, tid))
             running = thread is not None and thread.is_alive() and \
                 thread is not threading.current_thread()  # a thread runs one trial at a time
@@ -366,7 +382,7 @@ class Ledger:
                 "before it finished"
         if not process_alive(pid):
             return f"its process (pid {pid}) ended before the trial finished"
-        if rec.get("start") and _started(pid) and rec["start"] != _started(pid):
+        if rec.get("start") and _started(pid) and not same_time(rec["start"], _started(pid)):
             return f"its process ended before the trial finished (pid {pid} is another process now)"
         return ""
 
@@ -453,19 +469,27 @@ class Ledger:
                                                             trial))
         _RUNNING.pop((self._key, trial), None)
 
-    def frame(self, table: str, trial: int | None = None) -> pd.DataFrame:
+    def records(self, table: str, trial: int | None = None) -> list[tuple]:
+        """A table's rows (of one trial), each a `row_type(table)`: its fields the columns
+        SCHEMA declares, a NULL as None. The export reads the trials through these."""
         if table not in _schema()[1] or table == "sqlite_sequence":
             raise ValueError(f"the ledger has no table {table!r}")
         where = "" if trial is None else f" WHERE {'id' if table == 'trials' else 'trial'} = ?"
+        row = row_type(table)
         with self._guard():
-            cur = self.db.execute(f"SELECT * FROM {table}{where}",
-                                  () if trial is None else (trial,))
-            rows = cur.fetchall()
-        return pd.DataFrame.from_records(rows, columns=[d[0] for d in cur.description],
+            return [row(*r) for r in self.db.execute(
+                f"SELECT {', '.join(row._fields)} FROM {table}{where}",
+                () if trial is None else (trial,))]
+
+    def frame(self, table: str, trial: int | None = None) -> pd.DataFrame:
+        """A table's rows (of one trial) as a frame (a NULL as NaN in a number column)."""
+        row = row_type(table) if table in _schema()[1] else None
+        return pd.DataFrame.from_records(self.records(table, trial), columns=row and row._fields,
                                          coerce_float=True)
 
     def trial(self, trial: int) -> dict[str, Any]:
         row = self.frame("trials", trial)
         if row.empty:
-            raise WorkbookError(f"no trial {trial} in {self.path}", "see the study table")
+            raise WorkbookError(f"no trial {trial} in {self.path}",
+                                "give the id of a trial the study's trials table lists")
         return row.iloc[0].to_dict()

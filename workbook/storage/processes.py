@@ -12,8 +12,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import psutil
 
 from ..base.errors import WorkbookError
 from .files import open_plain, write_error, write_json
@@ -86,8 +89,6 @@ def start_child(command: list[str], **popen: Any) -> subprocess.Popen:
     output comes back through pipes (text, undecodable bytes replaced). The helper for every
     child process the workbook starts (`fresh_process`; notebook 09's torchrun launches go
     through it too)."""
-    import threading
-
     wrap = sys.platform.startswith("linux") and \
         threading.current_thread() is threading.main_thread()
     argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command] if wrap \
@@ -162,33 +163,48 @@ def outcome_error(outcome: dict | None, done: subprocess.CompletedProcess, what:
         "handed back no result"
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc; elsewhere none are found)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
+@contextlib.contextmanager
+def signals_as_interrupt(interrupted: threading.Event | None = None) -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, `kill`, the parent ended: `start_child`), SIGHUP (the
+    terminal closed) and Ctrl-C's SIGINT (where Python's own handler is in place) end a command
+    as KeyboardInterrupt, so every writer's cleanup runs (no temporary file, folder or process
+    is left) and it exits 130; `interrupted` is set first (the pilot then interrupts its
+    kernel's running cell before shutting it down, so the cell's own cleanup runs too)."""
+    def interrupt(signum, frame):
+        if interrupted is not None:
+            interrupted.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is None or (sig == signal.SIGINT and
+                           signal.getsignal(sig) is not signal.default_int_handler):
+            continue  # Ctrl-C ignored (a background job): left so
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: left alone
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """Stop a process and everything it started, including children that moved to their own
     session (torchrun's workers do): SIGTERM first, so a launcher can stop its workers, then
     SIGKILL to whatever is left. Its pipes are drained with a time limit."""
-    tree = [proc.pid, *_descendants(proc.pid)]
+    tree: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):  # not yet reaped: its pid is still its own
+        if proc.returncode is None:
+            tree.append(psutil.Process(proc.pid))
+            tree += tree[0].children(recursive=True)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+        for process in tree:
+            with contextlib.suppress(psutil.Error):  # ended, or its pid reused: not signalled
+                process.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=grace)
-            if sig == signal.SIGTERM and not any(process_alive(pid) for pid in tree[1:]):
+            if sig == signal.SIGTERM and not psutil.wait_procs(tree[1:], timeout=0)[1]:
                 return
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
@@ -197,18 +213,12 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
 
 def process_alive(pid: int | None) -> bool:
     """Whether a process with this id runs (a zombie, exited but not yet reaped, does not)."""
-    if not pid:
-        return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    state = Path(f"/proc/{pid}/stat")
-    with contextlib.suppress(OSError, IndexError):
-        return state.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
 
 
 def task_args(task: str, options: dict | None = None) -> list[str]:

@@ -145,7 +145,8 @@ def new_run_dir(label: str, root: str | Path | None = None) -> Path:
             return path
         except FileExistsError:
             continue
-    raise WorkbookError(f"no free run folder name under {root}", "clean up old runs")
+    raise WorkbookError(f"no free run folder name under {root}",
+                        f"move old runs out of {root}, or give --out a new folder")
 
 
 def notebook_dir(out_dir: str, notebook: str) -> Path:
@@ -168,17 +169,6 @@ def save_table(frame: pd.DataFrame, out_dir: Path, name: str) -> Path:
     return Path(out_dir) / f"{name}.csv"
 
 
-# How a notebook's verdict is explained: (folder name's stem, summary) -> one sentence. Storage
-# knows no notebook; the notebooks layer sets this (`notebooks.registry.explain`) on import, so a
-# notebook's last cell `wb.runs.verdict_line(out)` says why.
-_explainer: list[Callable[[str, dict], str]] = []
-
-
-def explain_verdicts_with(explain: Callable[[str, dict], str]) -> None:
-    """Make `explain` the reason `verdict_line` gives (the notebooks layer's registry)."""
-    _explainer[:] = [explain]
-
-
 def notebook_of(folder: str | Path) -> str:
     """The notebook stem a folder is named by: `NN_name` of `<run>/NN_name` or of a notebook's
     own `<timestamp>-NN_name[-n]`."""
@@ -189,12 +179,12 @@ def verdict_line(out_dir: str | Path, explain: Callable[[str, dict], str] | None
     """A notebook's last line: its verdict and, in one sentence, why - built from the
     `summary.json` that its `save` just wrote (e.g. "verdict: pass - 9 of 9 gates passed; the
     plan mb16 x acc2 len1024 bf16 needs 1.38 GiB and fits the 80 GiB rental GPU"). `explain`
-    gives the reason (default: the one the notebooks layer set); its errors are raised."""
+    (the notebooks' `registry.explain`: storage knows no notebook) gives the reason; its errors
+    are raised."""
     try:
         summary = json.loads((Path(out_dir) / "summary.json").read_text())
     except (OSError, ValueError):
         return "verdict: unknown - no summary.json was written"
-    explain = explain or next(iter(_explainer), None)
     why = explain(notebook_of(out_dir), summary) if explain else ""
     return f"verdict: {summary.get('verdict', 'unknown')}" + (f" - {why}" if why else "")
 

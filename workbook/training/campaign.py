@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 
 from ..base.errors import WorkbookError, reason
+from ..contract.model_factory import ModelFactory
 from . import four_bit
 
 # what a Hugging Face config calls its depth, width, heads and feed-forward width (canonical
@@ -28,7 +29,7 @@ _FFN = ("intermediate_size", "n_inner", "ffn_dim", "d_ff")
 
 def declared(task) -> bool:
     """Whether the task declares a campaign model apart from the model the pilot trains."""
-    return getattr(task, "campaign_model", None) is not None
+    return task.campaign_model is not None
 
 
 def factory(task, campaign: bool = True) -> Callable[[], nn.Module]:
@@ -72,6 +73,28 @@ def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
     device keeps the meta device (`_MetaStays`)."""
     with unset_fake_temporarily(), torch.device("meta"), _MetaStays():
         return build()
+
+
+def held_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+    """`on_meta(build)`, built once per factory and held on it (`ModelFactory.meta`: a task's
+    model and campaign model each once, whatever asks for their shapes); read it, change a
+    copy (`meta_copy`)."""
+    if not isinstance(build, ModelFactory):
+        return on_meta(build)
+    if build.meta is None:
+        build.meta = on_meta(build)
+    return build.meta
+
+
+def meta_copy(build: Callable[[], nn.Module]) -> nn.Module:
+    """A model of `build` on the meta device to change (to fill with fake tensors): a copy of
+    the held one (`held_on_meta`), or one built anew where the model cannot be copied."""
+    held = held_on_meta(build)
+    try:
+        with unset_fake_temporarily():  # a copy of plain meta tensors, as `on_meta` builds
+            return copy.deepcopy(held)
+    except Exception:  # a model holding what cannot be copied (a lock, a generator)
+        return on_meta(build)
 
 
 SWAP = "Couldn't swap"  # PyTorch's words when it converts a fake tensor in place
@@ -221,8 +244,7 @@ LINEAR_TOLERANCE = 0.002  # per-layer growth may differ this much (of the extrap
 def depth_of(task) -> Deep | None:
     """The campaign model's factory when it can build other depths and is deeper than the
     depths it would be sized at, else None."""
-    build = getattr(task, "campaign_model", None)
-    build = getattr(build, "build", build)  # unwrap the task's ModelFactory
+    build = getattr(task.campaign_model, "build", None)  # the task's ModelFactory unwrapped
     return build if isinstance(build, Deep) and build.layers > DEPTHS[-1] else None
 
 
@@ -268,7 +290,7 @@ def check_twin(task) -> None:
     if not declared(task):
         return
     try:
-        campaign, twin = on_meta(task.campaign_model), on_meta(task.build_model)
+        campaign, twin = held_on_meta(task.campaign_model), held_on_meta(task.build_model)
     except Exception as exc:
         cause = exc.__cause__ if isinstance(exc, WorkbookError) else exc  # the factory's own
         if cause is None or isinstance(cause, WorkbookError) or "meta" not in str(cause):
@@ -346,8 +368,8 @@ def models(task) -> Models:
                     f"{getattr(config, hidden)} wide")
         return type(model).__name__
 
-    twin = on_meta(task.build_model)
-    sized = on_meta(task.campaign_model) if declared(task) else twin
+    twin = held_on_meta(task.build_model)
+    sized = held_on_meta(task.campaign_model) if declared(task) else twin
     def trainable(model: nn.Module) -> int:
         return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()
                    if p.requires_grad)

@@ -68,6 +68,6 @@ class LaunchBase:
 
     def train_config(self) -> TrainConfig:
         """The loop's configuration each process trains with."""
-        return self.shape.train_config(
-            updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
+        return TrainConfig(
+            self.shape, updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
             drop_partial=self.drop_partial, eval_batch=self.eval_batch)

@@ -28,7 +28,7 @@ from ..contract.data import (
 )
 from ..contract.pipeline import DataPosition, Pipeline
 from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_run  # noqa: F401
-from ..contract.shape import UpdateShape, set_config_class
+from ..contract.shape import UpdateShape
 from ..contract.state import Carry, carrying
 from ..contract.task import Task, own_code
 from ..storage.records import EvalRecord, StepRecord
@@ -89,9 +89,6 @@ class TrainConfig:
                                 "lower micro_batch x accumulation or keep partial")
         check_precision(shape.precision, resolve_device(self.device))
         return self
-
-
-set_config_class(TrainConfig)
 
 
 @dataclass
@@ -297,7 +294,7 @@ class Stepper:
                                     self.optimizer, [b.tensors for b in moved],
                                     receives="(model, optimizer, [batch dict per micro-batch])")
         finally:
-            watch.handle.remove()
+            watch.remove()
         if watch.steps != 1:
             raise WorkbookError(f"the task's train_step called optimizer.step() {watch.steps} "
                                 f"times for one update of {len(batches)} micro-batches",
@@ -352,14 +349,34 @@ def update_by(task: Task, cfg: TrainConfig) -> str:
 
 class StepWatch:
     """Counts the optimizer steps taken while it is registered and reads the gradient norm just
-    before each (`Optimizer.register_step_pre_hook`)."""
+    before each: a pre-step hook on the optimizer that really steps - a wrapper's wrapped one
+    followed through `.optimizer` (Accelerate's `AcceleratedOptimizer`, which steps it only when
+    the gradients are synchronised), else its own `step` wrapped on the instance (a wrapper
+    without hooks or a wrapped optimizer). `remove()` puts everything back."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
+    def __init__(self, optimizer: Any):
         self.steps, self.norm = 0, float("nan")
-        self.handle = optimizer.register_step_pre_hook(self._before)
+        stepping = optimizer
+        while isinstance(getattr(stepping, "optimizer", None), torch.optim.Optimizer):
+            stepping = stepping.optimizer
+        if hasattr(stepping, "_optimizer_step_pre_hooks"):
+            self.remove = stepping.register_step_pre_hook(self._before).remove
+            return
+        had, original = "step" in vars(stepping), stepping.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self._before(stepping, args, kwargs)
+            return original(*args, **kwargs)
+
+        def remove() -> None:
+            if had:
+                stepping.step = original
+            else:
+                del stepping.step
+        stepping.step, self.remove = step, remove
 
     @torch.no_grad()
-    def _before(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.steps += 1
         grads = [p.grad for g in optimizer.param_groups for p in g["params"]
                  if p.grad is not None]

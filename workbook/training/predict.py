@@ -7,6 +7,7 @@ a laptop. The fake runs are `fake_phases`'s; here the plan, the phases a predict
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -20,7 +21,7 @@ from . import campaign as models
 from .devices import resolve_device
 from .evaluation import eval_mode
 from .fake_phases import campaign_phases, fake_phases
-from .loop import UpdateShape
+from .loop import TrainConfig, UpdateShape
 from .memory import cuda_overheads
 from .workload import TRAINING_PHASES, measured_peaks, shaped_batch
 
@@ -33,15 +34,6 @@ class Plan:
     length: int | None = None  # positions per sequence (None: the data's longest)
     eval_batch: int | None = None  # default: the micro-batch
     eval_length: int | None = None  # default: `length`
-
-    @classmethod
-    def from_params(cls, params: dict, task: Task | None = None,
-                    prefix: str = "plan_") -> "Plan":
-        """A plan from notebook parameters named `plan_<field>`; length 0 means the longest the
-        task's model accepts (its position table), or the data's longest when it names none."""
-        return cls(UpdateShape.from_params(params, prefix),
-                   params.get(prefix + "length") or longest_accepted(task),
-                   params.get(prefix + "eval_batch"), params.get(prefix + "eval_length"))
 
     def label(self) -> str:
         shape = self.shape
@@ -74,7 +66,7 @@ def meta_model(task: Task, campaign: bool = False) -> torch.nn.Module | None:
     """The task's model (its campaign model with `campaign`, when declared) built on the meta
     device (nothing allocated), or None when it cannot be built without data."""
     try:
-        return models.on_meta(models.factory(task, campaign))
+        return models.held_on_meta(models.factory(task, campaign))
     except Exception:
         return None
 
@@ -180,7 +172,7 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
                        else batch)
     limits = {**calibration_limits(task, train, val, plan, device, cpu_exact),
               **path_limits(task, batch, group, eval_batch)}
-    cfg = plan.shape.train_config(lr=lr, seed=seed, device=device)
+    cfg = TrainConfig(plan.shape, lr=lr, seed=seed, device=device)
     rows, how = (campaign_phases(task, cfg, batch, group, eval_batch, plan.label()) if campaign
                  else (fake_phases(task, cfg, batch, group, eval_batch, plan.label()), ""))
     frame = pd.DataFrame(rows)
@@ -215,7 +207,8 @@ SCALE_MARGIN = 0.02  # added to a measured ratio a phase is sized from
 Scale = tuple[float, str, str]  # (factor, note, what the real run saw)
 # a real run at a low-precision plan's own size is made on the CPU only up to this peak
 EXACT_CHECK_BYTES = 512 * 2**20
-_calibrated: dict[tuple, dict[str, str]] = {}
+# per task (held while it lives): (device, small plan) -> (limits, scales), measured once
+_calibrated: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def calibration_limits(task: Task, train: list[Item], val: list[Item], plan: Plan,
@@ -264,29 +257,29 @@ def _calibration(task: Task, train: list[Item], val: list[Item], plan: Plan, dev
         micro = max(1, min(plan.shape.micro_batch, 4))
         small = Plan(replace(plan.shape, micro_batch=micro, accumulation=1,
                              precision="fp32" if on_cpu else precision), None, micro)
-    key = (id(task), task.name, str(device), repr(small))
-    if key in _calibrated:
-        return _calibrated[key]
+    key, held = (str(device), repr(small)), _calibrated.setdefault(task, {})
+    if key in held:
+        return held[key]
     batches = sized_batches(task, train, val, small)
-    cfg = small.shape.train_config(device=device)
+    cfg = TrainConfig(small.shape, device=device)
     fake = {r["phase"]: r["predicted_peak_bytes"] for r in
             fake_phases(task, cfg, *batches, small.label())}
     if exact and max(fake.values()) > EXACT_CHECK_BYTES:
-        _calibrated[key] = (dict.fromkeys(TRAINING_PHASES, (
+        held[key] = (dict.fromkeys(TRAINING_PHASES, (
             f"{precision} on the CPU: its kernels allocate float32 scratch memory that "
             "fake tensors do not see, in amounts that change with the shapes, so only a real "
             f"run at this size checks the prediction, and this one "
             f"({max(fake.values()) / 2**20:.0f} MiB) is above the "
             f"{EXACT_CHECK_BYTES / 2**20:.0f} MiB such a check may take here - measure it on "
             "the GPU, or read the fp32 prediction")), {})
-        return _calibrated[key]
+        return held[key]
     try:
         real = measured_peaks(task, cfg, *batches)
     except Exception as exc:  # the gates name what is wrong with the step itself
         why = (f"the real run of {small.label()} that checks the prediction failed "
                f"({reason(exc, 200)})")
-        _calibrated[key] = (dict.fromkeys(TRAINING_PHASES, why), {})
-        return _calibrated[key]
+        held[key] = (dict.fromkeys(TRAINING_PHASES, why), {})
+        return held[key]
     model = meta_model(task)
     hidden = [m for m in (model.modules() if model else ()) if isinstance(m, HIDDEN_WORKSPACE)]
     suspects = sorted({type(m).__name__ for m in hidden})
@@ -315,8 +308,8 @@ def _calibration(task: Task, train: list[Item], val: list[Item], plan: Plan, dev
                              seen)
         else:
             limits[phase] = seen + " - size this configuration by measuring it"
-    _calibrated[key] = (limits, scales)
-    return _calibrated[key]
+    held[key] = (limits, scales)
+    return held[key]
 
 
 HIDDEN_WORKSPACE = (torch.nn.modules.conv._ConvNd, torch.nn.RNNBase,
@@ -342,27 +335,12 @@ class OpNames(TorchDispatchMode):
 def path_limits(task: Task, batch: Batch, group: list[Batch],
                 eval_batch: Batch) -> dict[str, str]:
     """Phases that fake tensors would size on another path than real tensors take, with the
-    reason. Fake tensors carry no values and count as tracing, so:
-    - a Hugging Face model with a fused attention (SDPA, flash) skips its attention mask for a
-      batch with no padded position, a choice read from the mask's values, but always builds it
-      for fake tensors (+14% measured on a small Llama at length 256, micro-batch 1);
-    - `nn.TransformerEncoderLayer` / `nn.MultiheadAttention` run a fused inference kernel in
-      evaluation on real tensors only (-24% to -46% measured on examples/transformer_lm.py)."""
+    reason: `nn.TransformerEncoderLayer` / `nn.MultiheadAttention` run a fused inference kernel
+    in evaluation on real tensors only (-24% to -46% measured on examples/transformer_lm.py).
+    (A Hugging Face model's skipped all-ones mask is not one: `fake_phases` leaves the mask
+    out of such batches, `fake_phases.skips_full_mask`.)"""
     limits: dict[str, str] = {}
     model = meta_model(task)
-    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if type(model).__module__.startswith("transformers.") and implementation not in (None,
-                                                                                    "eager"):
-        for phases, batches in ((TRAINING_PHASES[:-1], [batch, *group]),
-                                (TRAINING_PHASES[-1:], [eval_batch])):
-            unpadded = [b for b in batches if bool(b.tensors.get(
-                "attention_mask", torch.zeros(1)).all())]
-            for phase in phases if unpadded else ():
-                limits[phase] = (
-                    f"a batch of {len(unpadded[0].ids)} with no padded position: this Hugging "
-                    f"Face model ({implementation} attention) then skips its attention mask, a "
-                    "choice read from the mask's values, which fake tensors do not carry; size "
-                    "micro-batches of 2 or more (padded, as a campaign's are) or measure it")
     kernels = fused_kernels(task, model, eval_batch)
     if kernels:
         limits["validation"] = (
@@ -372,7 +350,7 @@ def path_limits(task: Task, batch: Batch, group: list[Batch],
     return limits
 
 
-_fused: dict[tuple, list[str]] = {}
+_fused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # task -> kernel names
 
 
 def fused_kernels(task: Task, model: torch.nn.Module | None, eval_batch: Batch) -> list[str]:
@@ -382,15 +360,14 @@ def fused_kernels(task: Task, model: torch.nn.Module | None, eval_batch: Batch) 
              torch.nn.MultiheadAttention)
     if model is None or not any(isinstance(m, fused) for m in model.modules()):
         return []
-    key = (id(task), task.name)
-    if key not in _fused:
+    if task not in _fused:
         one = Batch(eval_batch.ids[:1], {k: v[:1] for k, v in eval_batch.tensors.items()})
         torch.manual_seed(0)
         real = task.build_model()
         with eval_mode(real), OpNames() as ops:
             task.forward(real, one.tensors)
-        _fused[key] = sorted(ops.names & set(FUSED_INFERENCE))
-    return _fused[key]
+        _fused[task] = sorted(ops.names & set(FUSED_INFERENCE))
+    return _fused[task]
 
 
 def predicted_or_reason(task: Task, train: list[Item], val: list[Item], plan: Plan,
@@ -418,7 +395,7 @@ def model_size_rule(model: torch.nn.Module) -> int:
 def rule_of_thumb(task: Task, predicted: pd.DataFrame, campaign: bool = False) -> pd.DataFrame:
     """Each phase's prediction next to the "4 x model size" rule and how far the rule is off
     (the model built on the meta device: the campaign model with `campaign`)."""
-    rule = model_size_rule(models.on_meta(models.factory(task, campaign)))
+    rule = model_size_rule(models.held_on_meta(models.factory(task, campaign)))
     peak = predicted.predicted_peak_bytes
     return predicted[["phase", "predicted_peak_bytes"]].assign(
         four_x_model_bytes=rule, rule_error_pct=(100 * (rule - peak) / peak).round(1))

@@ -39,7 +39,7 @@ from ..contract.data import Batch, Item
 from ..contract.task import Task
 from . import campaign as models
 from .fake_phases import fake_batch, fake_model
-from .loop import build_stepper
+from .loop import TrainConfig, build_stepper
 from .predict import Plan, calibration_limits, check_length, path_limits, sized_batches
 from .sharded_model import blocks
 from .sharded_tracker import (
@@ -284,9 +284,9 @@ class _FakeRun:
         from .loop import apply_activation_checkpointing
 
         plan, campaign, label = self.plan, self.campaign, self.label
-        cfg = plan.shape.train_config(lr=self.lr, seed=self.seed, device="cpu")
-        plain = replace(plan.shape, activation_checkpointing=False).train_config(
-            lr=self.lr, seed=self.seed, device="cpu")
+        cfg = TrainConfig(plan.shape, lr=self.lr, seed=self.seed, device="cpu")
+        plain = TrainConfig(replace(plan.shape, activation_checkpointing=False),
+                            lr=self.lr, seed=self.seed, device="cpu")
         bf16 = plan.shape.precision == "bf16"
         options: dict[str, Any] = {}
         if bf16:

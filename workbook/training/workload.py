@@ -36,19 +36,22 @@ def shaped_batch(task: Task, items: list[Item], micro_batch: int,
     """A micro-batch of the longest items, stretched to `length` positions when asked, to size
     configurations beyond the data. Each stretched row is one real sequence (its per-position
     tensors tiled, every position attended, positions counting up) and the task's own collate
-    pads and masks the batch. A batch of two rows or more is always padded, as a campaign's
-    batches are (the last row one position short when none is): models such as Hugging Face's
-    take a different, larger attention path for a padded batch, and that is the one to size.
+    pads and masks the batch. A batch of two rows or more is padded, as a campaign's batches
+    are (the last row one position short when none is): models such as Hugging Face's take a
+    different, larger attention path for a padded batch, and that is the one to size - unless
+    every item has one length (fixed-length blocks, `run_clm`'s `group_texts`): that collate is
+    never given rows of two lengths (`default_data_collator` stacks them), so none is shortened.
     Tasks without an attention mask have no sequence: `length` does not apply to them."""
     chosen = longest(task, items, micro_batch)
     batch = collate_items(task, chosen)
     main, mask = task.main_input(batch.tensors), batch.tensors.get("attention_mask")
     # a sequence task pads and masks; anything else (fixed features) has no length to stretch
     seq = main.shape[1] if mask is not None and mask.shape == main.shape[:2] else None
-    if seq is None or (length in (None, seq) and (micro_batch < 2 or not bool(mask.all()))):
+    padded = micro_batch > 1 and len({task.length(it.tensors) for it in items}) > 1
+    if seq is None or (length in (None, seq) and (not padded or not bool(mask.all()))):
         return batch
     length = length or seq
-    rows = [stretch(task, it, length - (i == micro_batch - 1 and micro_batch > 1))
+    rows = [stretch(task, it, length - (i == micro_batch - 1 and padded))
             for i, it in enumerate(chosen)]
     return collate_items(task, rows)
 

@@ -5,10 +5,10 @@ rows as the dataset holds them (the Trainer's column names, `label` included) an
 batch and, one row at a time, every example's labels, so the pilot checks the masking it really
 does (a collator that leaves pad ids in the labels shows in 01). Rows whose label is -100 (an
 eval set padded to a multiple of the eval batch) are padding: no examples, counted in
-`task.padding_rows`. A dataset read by iterating (a streaming `datasets.IterableDataset`, a
-torch `IterableDataset`, any re-iterable of dicts) is never indexed nor held: its rows are read
-in turn with the other splits' as the notebooks ask for examples, and each example carries its
-row."""
+`task.framework.padding_rows`. A dataset read by iterating (a streaming
+`datasets.IterableDataset`, a torch `IterableDataset`, any re-iterable of dicts) is never
+indexed nor held: its rows are read in turn with the other splits' as the notebooks ask for
+examples, and each example carries its row."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from torch import nn
 
 from ...base.errors import WorkbookError, reason
 from .. import class_maps, kinds
+from ..framework_facts import FrameworkFacts
 from ..outputs import accepted_inputs
 from ..targets import IGNORE_INDEX
 from ..task import Task
@@ -246,7 +247,7 @@ class HFAdapter(Adapter):
             "have label -100 (padding): left out, they are no examples"
             for split, n in padding_rows.items()]
         if self.built is not None:
-            self.built.padding_rows = dict(padding_rows)
+            self.built.framework.padding_rows = dict(padding_rows)
         empty = {s: (padding_rows[s], n) for s, n in seen["rows"].items()
                  if n and padding_rows.get(s) == n}
         if empty:  # the rows were read, and not one has a target: why, by experiment
@@ -381,7 +382,14 @@ class HFAdapter(Adapter):
         if not self.target.causal:  # each split's ClassLabel names, which 01 checks
             fields.setdefault("class_maps", class_maps.of_datasets(
                 dict(zip(SPLITS, self.datasets, strict=True)), self.label_column))
-        task = Task(name=self.name, kind=self.kind,
+        own = getattr(tokenizer, "vocab_size", None)  # tokens added past it: `added_tokens`
+        facts = FrameworkFacts(
+            notes=notes, added_tokens={i: str(t) for i, t in (getattr(
+                tokenizer, "added_tokens_decoder", None) or {}).items()
+                if isinstance(own, int) and i >= own},
+            duplicates_cause=truncation_cause(
+                {s: d for s, d in self.data.items() if not isinstance(d, Stream)}, tokenizer))
+        task = Task(name=self.name, kind=self.kind, framework=facts,
                     load_examples=self.load_stream if self.streamed else self.load_examples,
                     encode=self.encode, collate=self.collate, build_model=self.model_factory,
                     model_inputs=tuple(k for k in INPUTS if k in first),
@@ -389,16 +397,6 @@ class HFAdapter(Adapter):
                                                "decode_input": self.decode_input,
                                                **generation, **fields})
         self.built = task
-        task.padding_rows = {}  # per split: rows with label -100, left out (load_examples)
-        task.adapter_notes = notes  # what the adapter mapped or left out, in words
-        # tokens the tokenizer added past its own vocabulary (01 asks whether the base knew them)
-        own = getattr(tokenizer, "vocab_size", None)
-        task.added_tokens = {i: str(t) for i, t in (getattr(
-            tokenizer, "added_tokens_decoder", None) or {}).items()
-            if isinstance(own, int) and i >= own}
-        # why inputs sit in two splits when the tokenizer's cut made them identical (01 asks)
-        task.duplicates_cause = truncation_cause(
-            {s: d for s, d in self.data.items() if not isinstance(d, Stream)}, tokenizer)
         return task
 
 
@@ -419,8 +417,8 @@ def from_hf(model_factory: Callable[[], nn.Module], train_dataset: Any, eval_dat
     is the model's own, summed over the targets of the whole update as `num_items_in_batch`
     does); a sequence classifier reads `label_column` (default: the first of labels, label,
     label_ids the rows have) and the model config's `id2label`. Rows whose label is -100 are
-    padding, left out (`task.padding_rows` counts them per split). The collator receives the
-    rows as the Trainer hands them (the columns the model's forward takes and the label
+    padding, left out (`task.framework.padding_rows` counts them per split). The collator
+    receives the rows as the Trainer hands them (the columns the model's forward takes and the label
     columns, every column with `remove_unused_columns=False`). `compute_metrics` (an
     `EvalPrediction` of the whole split -> {name: float}) becomes the evaluation, exactly;
     `callbacks` get on_train_begin, on_step_end and on_save in the pilot's runs.

@@ -4,6 +4,7 @@ per-batch sums, exactly (`SplitMetrics`), and the check that it leaves padding r
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -88,7 +89,7 @@ class SplitMetrics:
             real &= batch[EXAMPLE_WEIGHT].reshape(-1) > 0
         rows = batch[ROW].reshape(-1)[real].tolist() if ROW in batch else []
         split = rows[0] // ROW_OFFSET if rows else None
-        key = (id(model), _version(model))
+        key = (weakref.ref(model), _version(model))  # a dead model's ref equals no other
         if key != self.key or set(rows) & self.seen or (
                 split is not None and self.split is not None and split != self.split):
             self.seen, self.predictions, self.labels = set(), [], []

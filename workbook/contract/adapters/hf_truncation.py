@@ -1,6 +1,7 @@
 """Why identical inputs sit in two splits of a `from_hf` task when the tokenizer made them so:
 rows cut at the tokenizer's `max_length` whose raw texts differ but whose encoded inputs do not.
-Read only when 01 finds such duplicates (`Task.duplicates_cause`), over map-style splits."""
+Read only when 01 finds such duplicates (`Task.framework.duplicates_cause`), over map-style
+splits."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from .lightning_optimizers import (
     stepped_per_pass_but_sized_per_update,
 )
 from .lightning_trainer import RUNS, LightningRun, PilotTrainer, attached, logged, run_of_build
-from .lightning_validation import OPEN, Validation
+from .lightning_validation import Validation
 from .torch import LABELS, Stream, from_torch, probe_on_meta, streams
 
 CHECKPOINT = "lightning.ckpt"
@@ -368,7 +368,7 @@ class LightningAdapter(Adapter):
         with self.hooks(module, run, "train"):
             call_piece("on_load_checkpoint", model.on_load_checkpoint, checkpoint)
         model.load_state_dict(checkpoint["state_dict"])
-        OPEN.pop(module, None)
+        self.validation.forget(module)
         pilot = checkpoint.get("loops", {}).get("pilot", {})
         step = getattr(objects.get("step"), "value", None)  # a StepCount; None until restored
         run.global_step = int(checkpoint.get("global_step", step or 0))
@@ -408,7 +408,7 @@ class LightningAdapter(Adapter):
             make_sampler=self.make_sampler if self.own_order else None,
             lr=fields.get("lr", self.own_lr),
             grad_clip=fields.get("grad_clip", self.gradient_clip_val or None))
-        task.campaign_differs_in = self.differs
+        task.framework.campaign_differs_in = self.differs
         return task
 
 

@@ -130,7 +130,7 @@ class PilotTrainer:
             "stand-in for the Trainer gives " + ", ".join(PROVIDED) + ")",
             f"read {name} from the module's own attributes (hparams) while the pilot runs it, "
             "or ask for it to be added to "
-            "workbook.adapters.lightning_trainer.PilotTrainer")
+            "workbook.contract.adapters.lightning_trainer.PilotTrainer")
 
     def __repr__(self) -> str:
         return f"PilotTrainer(stage={self._stage!r}, global_step={self._run.global_step})"

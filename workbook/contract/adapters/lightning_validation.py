@@ -44,9 +44,6 @@ class ValidationEpoch:
     last: bool = False
 
 
-OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> ValidationEpoch
-
-
 def weights_key(module: nn.Module) -> int:
     """Changes when any parameter or buffer is replaced or changed in place (an optimizer
     step, a restore)."""
@@ -74,18 +71,24 @@ def shadow(module: nn.Module) -> nn.Module:
 class Validation:
     """The Task's `eval_step(model, batch) -> {metric: (sum, count)}` for a LightningModule;
     `metric_reductions` says how Lightning reduces each logged metric over data-parallel ranks
-    (09 reads it)."""
+    (09 reads it). It holds each module's open validation epoch."""
 
     def __init__(self, adapter: LightningAdapter, ends_epoch: bool):
         self.adapter = adapter
         self.ends_epoch = ends_epoch  # the module overrides on_validation_epoch_end
         self.metric_reductions: dict[str, str] = {}
+        self.open: weakref.WeakKeyDictionary[nn.Module, ValidationEpoch] = \
+            weakref.WeakKeyDictionary()
+
+    def forget(self, module: nn.Module) -> None:
+        """Drop the module's open epoch without ending it (its weights were restored)."""
+        self.open.pop(module, None)
 
     def close(self, module: nn.Module, run: LightningRun) -> dict:
         """End the module's open validation epoch as Lightning ends one: on_validation_epoch_end
         (what it logs is returned), the logged metric objects reset, on_validation_end and
         on_validation_model_train - the modes the pilot set are back after."""
-        epoch = OPEN.pop(module, None)
+        epoch = self.open.pop(module, None)
         if epoch is None:
             return {}
         callbacks, found = self.adapter.callbacks, modes(module)
@@ -120,7 +123,7 @@ class Validation:
         rows = int(keep.sum()) if keep is not None else len(batch[LABELS])
         key = (len(batch[LABELS]), weights_key(module), run.global_step, module.training,
                str(batch[LABELS].device))
-        epoch = OPEN.get(module)
+        epoch = self.open.get(module)
         if epoch is not None and (epoch.last or epoch.key != key):
             self.close(module, run)
             epoch = None
@@ -132,7 +135,7 @@ class Validation:
                     fire("on_validation_model_eval", module, callbacks)
                     fire("on_validation_start", module, callbacks)
                     fire("on_validation_epoch_start", module, callbacks)
-                    epoch = OPEN[module] = ValidationEpoch(key, modes(module))
+                    epoch = self.open[module] = ValidationEpoch(key, modes(module))
                     seen.clear()
                 else:
                     set_modes(module, epoch.modes)

@@ -152,7 +152,7 @@ class PreferenceAdapter(Adapter):
         return {**out, "labels": torch.stack([r["labels"] for r in rows])}
 
     def build_model(self) -> nn.Module:
-        """The policy beside its reference, of a trainer built anew."""
+        """The policy beside its reference, a copy of the trainer's as built (`fresh`)."""
         return self.fresh(lambda t: PreferencePair(t.model, t.ref_model, float(t.beta)))
 
     @staticmethod
@@ -181,21 +181,20 @@ class PreferenceAdapter(Adapter):
 
     def task(self) -> Task:
         task = self.assembled("preference", INPUTS, self.notes)
-        task.adapter_notes = [f"from_trainer: a {type(self.trainer).__name__}'s pairs as it "
+        task.framework.notes = [f"from_trainer: a {type(self.trainer).__name__}'s pairs as it "
                               "prepared them, its collator and DPOConfig; the model is the "
                               "policy beside its " + (
                                   "frozen reference copy" if self.trainer.ref_model is not None
                                   else "base with the adapters off as the reference")
                               + f", scoring each answer by beta ({self.beta:g}) times its "
                               "log-ratio", *self.notes]
-        task.padding_rows = {}
         return task
 
 
 def from_preference(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
                     name: str, group_column: str | None, **task_fields: Any) -> Task:
     """A Task of the "preference" kind from a DPOTrainer as built: its prepared pairs, its
-    collator, tokenizer and DPOConfig; `fresh(pick)` builds the trainer again and returns
-    `pick(trainer)` (the pilot's fresh model)."""
+    collator, tokenizer and DPOConfig; `fresh(pick)` returns a copy of `pick(trainer)`
+    as built (the pilot's fresh model)."""
     return PreferenceAdapter(trainer, fresh, name=name, group_column=group_column,
                              **task_fields).task()

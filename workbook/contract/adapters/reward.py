@@ -324,16 +324,15 @@ class RewardAdapter(PreferenceAdapter):
         notes: list[str] = []
         task = self.assembled("ranking", INPUTS, notes, **(
             {"loss": centred_loss(float(self.centre))} if self.centre is not None else {}))
-        task.adapter_notes = [
+        facts = task.framework
+        facts.notes = [
             f"from_trainer: a {type(self.trainer).__name__}'s pairs as it prepared them, its "
             f"collator and RewardConfig; the model ({type(self.trainer.model).__name__}) scores "
             "the chosen and rejected sequences of a micro-batch in one forward of twice its "
             "rows, as the campaign does, so 03 and 08 size that doubled forward"
             + (f"; the loss adds center_rewards_coefficient={self.centre:g} x mean((chosen + "
                "rejected)^2)" if self.centre is not None else ""), *notes]
-        task.padding_rows = {}
-        task.untruncated_pair = self.untruncated_pair  # 01: identical only once truncated?
-        task.pair_checks = self.pair_checks  # 01: where the score is read, the head trains
+        facts.untruncated_pair, facts.pair_checks = self.untruncated_pair, self.pair_checks
         return task
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -61,10 +61,13 @@ def probe_on_meta(factory: Callable[[], nn.Module], what: str, fix: str) -> nn.M
 
 
 def as_dict(item: Any, fields: Sequence[str] | None, where: str) -> dict[str, Any]:
-    """A dataset item or a collated batch as a dict: dicts as they are, tuples/lists by
+    """A dataset item or a collated batch as a dict: dicts as they are, other mappings
+    (Hugging Face's `BatchEncoding`, what its collators return) as dicts, tuples/lists by
     `fields` (default: every element but the last is an input, the last the labels)."""
     if isinstance(item, dict):
         return item
+    if isinstance(item, Mapping):
+        return dict(item)
     if isinstance(item, (tuple, list)) and len(item) >= 2:
         names = list(fields) if fields else [f"input{i}" if len(item) > 2 else "inputs"
                                              for i in range(len(item) - 1)] + [LABELS]

@@ -8,13 +8,13 @@ Everything past the reading is `from_hf`'s."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
-import random
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
+from torch import nn
 
 from ...base.errors import WorkbookError, reason
 from ..task import Task
@@ -75,19 +75,6 @@ def built(make_trainer: Callable[[], Any], log: list | None = None) -> Any:
     return trainer
 
 
-@contextlib.contextmanager
-def _rng_kept() -> Iterator[None]:
-    """Python's, numpy's and torch's random streams as they were before (a Trainer's
-    construction calls set_seed)."""
-    state = random.getstate(), np.random.get_state()
-    try:
-        with torch.random.fork_rng():  # the CPU's and, where there is one, the GPUs' streams
-            yield
-    finally:
-        random.setstate(state[0])
-        np.random.set_state(state[1])
-
-
 def _own_forwards(model: Any) -> list[str]:
     """Give every module of `model` its class's own forward back where the trainer replaced it
     on the instance (TRL's SFTTrainer patches the base with a fused LM head: a closure over the
@@ -107,17 +94,19 @@ def _own_forwards(model: Any) -> list[str]:
     return replaced
 
 
-def _fresh(make_trainer: Callable[[], Any], pick: Callable[[Any], Any]) -> Any:
-    """`pick(trainer)` of a trainer built anew, as the campaign's script builds it: a copy of
-    the first trainer's model would still run its modules (the Trainer binds the model's
-    forward). The Trainer reseeds the process from args.seed, so the pilot's own streams are
-    kept; on the meta device (the pilot's probes, the prediction) the trainer is built on the
-    CPU with real tensors and the model moved there: a Trainer cannot place meta tensors."""
-    meta = torch.get_default_device().type == "meta"
-    with _rng_kept(), _quiet(), real_on_cpu() if meta else contextlib.nullcontext():
-        model = pick(built(make_trainer))
-        _own_forwards(model)
-        return model.to("meta") if meta else model
+def copied(model: nn.Module) -> nn.Module:
+    """A copy of `model` that shares nothing with it; on the meta device (the pilot's probes,
+    the prediction) a copy of its shapes only, no weight copied."""
+    if torch.get_default_device().type != "meta":
+        with real_on_cpu():
+            return copy.deepcopy(model)
+    memo: dict[int, Any] = {}  # deepcopy's own memo: each tensor (tied ones once) as meta
+    for t in (*model.parameters(), *model.buffers()):
+        shape = t.detach().to("meta")
+        memo[id(t)] = nn.Parameter(shape, t.requires_grad) if isinstance(t, nn.Parameter) \
+            else shape
+    with real_on_cpu():
+        return copy.deepcopy(model, memo)
 
 
 @contextlib.contextmanager
@@ -205,44 +194,11 @@ def _groups_before_packing(log: list[dict], column: str) -> dict[str, Any]:
             "crossing": crossing}
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """A trainer built again says nothing new: its deprecation warnings and the progress bars
-    of its datasets' preparation and weight loading were shown when it was first built, and a
-    notebook builds it many times."""
-    import warnings
-
-    try:
-        import datasets
-    except ImportError:  # a trainer without datasets' preparation
-        datasets = None
-    from transformers.utils import logging
-
-    bars = datasets is not None and datasets.is_progress_bar_enabled()
-    loading = logging.is_progress_bar_enabled()  # from_pretrained's "Loading weights"
-    verbosity = logging.get_verbosity()  # its load report (a score head the base lacks)
-    if bars:
-        datasets.disable_progress_bars()
-    if loading:
-        logging.disable_progress_bar()
-    logging.set_verbosity(max(verbosity, logging.ERROR))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            datasets.enable_progress_bars()
-        if loading:
-            logging.enable_progress_bar()
-
-
 class TrainerAdapter(Adapter):
     """A built trainer as a Task: `__init__` builds it once and reads what its construction
-    did (the rows its preparation dropped, the forwards it replaced); `build_model` is the
-    model of a trainer built anew, `evaluation` its one eval dataset, `groups` the unit of
+    did (the rows its preparation dropped, the forwards it replaced); `build_model` is a copy
+    of the model it built (the trainer's own is never trained: it stays as built),
+    `evaluation` its one eval dataset, `groups` the unit of
     leakage its prepared rows keep, `callbacks` the user's own, `train_step` the user's own
     loss code; `task()` hands the rest to `from_hf` (a DPOTrainer to `from_preference`)."""
 
@@ -256,12 +212,18 @@ class TrainerAdapter(Adapter):
         self.model_class = type(self.trainer.model).__name__
         self.replaced = _own_forwards(self.trainer.model)
 
-    def fresh(self, pick: Callable[[Any], Any]) -> Any:
-        """`pick(trainer)` of a trainer built anew (`_fresh`)."""
-        return _fresh(self.make_trainer, pick)
+    def fresh(self, pick: Callable[[Any], nn.Module]) -> nn.Module:
+        """A copy of `pick(trainer)` (`copied`): the model a trainer built anew would hold -
+        the Trainer seeds itself from args.seed, so every build makes the same - without
+        building one, its datasets prepared again. The forwards the trainer put on the
+        instances are given back their class's first (`_own_forwards`), so the copy runs its
+        own modules."""
+        model = pick(self.trainer)
+        _own_forwards(model)
+        return copied(model)
 
-    def build_model(self) -> Any:
-        """The model of a trainer built anew, as the campaign's script builds it."""
+    def build_model(self) -> nn.Module:
+        """The trainer's model as it was built, as the campaign's script builds it."""
         return self.fresh(lambda t: t.model)
 
     def evaluation(self) -> Any:
@@ -308,12 +270,12 @@ class TrainerAdapter(Adapter):
         if _mapped(trainer) == "DPOTrainer":
             task = from_preference(trainer, self.fresh, name=self.name,
                                    group_column=self.group_column, **self.task_fields)
-            task.rows_dropped = self.dropped
+            task.framework.rows_dropped = self.dropped
             return task
         if _mapped(trainer) == "RewardTrainer":
             task = from_reward(trainer, self.fresh, self.evaluation(), name=self.name,
                                group_column=self.group_column, **self.task_fields)
-            task.rows_dropped = self.dropped
+            task.framework.rows_dropped = self.dropped
             return task
         evaluation = self.evaluation()
         group_column, packed_groups = self.groups()
@@ -324,7 +286,8 @@ class TrainerAdapter(Adapter):
                        preprocess_logits_for_metrics=trainer.preprocess_logits_for_metrics,
                        **self.task_fields)
         replaced = self.replaced
-        task.adapter_notes.insert(0, f"from_trainer: a {type(trainer).__name__}'s model "
+        facts = task.framework
+        facts.notes.insert(0, f"from_trainer: a {type(trainer).__name__}'s model "
                                   f"({self.model_class}), prepared datasets, collator and "
                                   "arguments" + (
                                       f"; the forward the trainer put on the model ("
@@ -332,21 +295,20 @@ class TrainerAdapter(Adapter):
                                       "the loss from the model's logits, so the campaign's "
                                       "fused loss kernel and its memory saving are not "
                                       "measured here" if replaced else ""))
-        task.rows_dropped = self.dropped  # per split: (dropped, given, why), 01 names them
-        task.groups_before_packing = packed_groups  # 01's leakage check on the given rows
+        facts.rows_dropped, facts.groups_before_packing = self.dropped, packed_groups
         if packed_groups is not None:
-            task.adapter_notes.append(
+            facts.notes.append(
                 f"from_trainer: packing joins the conversations into rows that keep no "
                 f"{packed_groups['column']!r}, so 01's leakage check ran on the rows given to "
                 "the trainer (" + ", ".join(f"{n} {s} groups" for s, n in
                                             packed_groups["groups"].items()) + ")")
         args = trainer.args  # packing: 01 checks that each document attends to itself only
-        task.packed = (f"packing_strategy={getattr(args, 'packing_strategy', None)!r}"
+        facts.packed = (f"packing_strategy={getattr(args, 'packing_strategy', None)!r}"
                        if getattr(args, "packing", False) else None)
         step = self.train_step(task)
         if step is not None:  # the user's loss code: every update runs it as the Trainer does
             task.train_step = step
-            task.adapter_notes.append(
+            facts.notes.append(
                 f"from_trainer: the loss is {step.where}: each update calls it as "
                 "Trainer.training_step does (num_items_in_batch, the division by the "
                 "accumulation steps, max_grad_norm), so 04 judges the campaign's own loss code")
@@ -357,9 +319,9 @@ def from_trainer(make_trainer: Callable[[], Any], *, name: str,
                  group_column: str | None = None, **task_fields: Any) -> Task:
     """A Task from the trainer `make_trainer()` builds, exactly as the campaign's script
     builds it (`SFTTrainer(model, args=SFTConfig(...), train_dataset=..., eval_dataset=...,
-    processing_class=tokenizer, peft_config=LoraConfig(...))`). Every run starts from the model
-    of a trainer built anew by `make_trainer()` (its base with fresh adapters: the Trainer seeds
-    itself from `args.seed`, so each call builds the same).
+    processing_class=tokenizer, peft_config=LoraConfig(...))`), called once. Every run starts
+    from a copy of the model that trainer built (its base with fresh adapters: the Trainer seeds
+    itself from `args.seed`, so a copy is what another call would build).
     `group_column` names the unit of leakage, a column the prepared rows keep (TRL keeps the
     dataset's columns unless it packs). Other Task fields pass through (`pretrained=True` for
     a pretrained base without adapters)."""

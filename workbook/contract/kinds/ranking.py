@@ -44,11 +44,11 @@ class Ranking(Preference):
     def audits(self, task, items):
         """Pairs whose chosen and rejected sequences are the same tokens - as given, or made
         so by a truncation the prepared rows already carry (confirmed by re-tokenizing the
-        pair's text without truncation: `task.untruncated_pair`) - and what the adapter checks
-        on the model itself (`task.pair_checks`: where the score is read, whether the head
-        trains)."""
+        pair's text without truncation: `task.framework.untruncated_pair`) - and what the
+        adapter checks on the model itself (`task.framework.pair_checks`: where the score is
+        read, whether the head trains)."""
         same, cut = [], []
-        untruncated = getattr(task, "untruncated_pair", None)
+        untruncated = task.framework.untruncated_pair
         for it in items:
             chosen, rejected = (it.tensors[f"{a}_input_ids"] for a in ANSWERS)
             if not torch.equal(chosen, rejected):
@@ -64,5 +64,5 @@ class Ranking(Preference):
                               len(cut), "tokenize without truncation (RewardTrainer drops the "
                               "pairs longer than max_length instead), or raise the truncation "
                               "length past where the answers part", cut[:5]))
-        checks = getattr(task, "pair_checks", None)
+        checks = task.framework.pair_checks
         return flags + (checks(items) if checks is not None else [])

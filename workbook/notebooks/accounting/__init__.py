@@ -7,6 +7,7 @@ neither duration nor quality: they keep comparisons honest."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -18,10 +19,12 @@ import torch
 from ...base.errors import WorkbookError
 from ...contract.data import Batch, Item, micro_batches, prepare
 from ...contract.targets import IGNORE_INDEX
-from ...contract.task import Task, load_task, task_from_params
+from ...contract.task import Task, load_task
 from ...storage.records import StepRecord
 from ...training.deviation import relative_deviation
-from ...training.loop import Stepper, UpdateShape, train
+from ...training.loop import Stepper, TrainConfig, UpdateShape, train
+from ..parameters import AccountingParams
+from ..registry import ACCOUNTING
 from .batch_randomness import Draws, collate_draws, step_draws
 from .own_code_checks import (
     evaluation_check,
@@ -352,8 +355,18 @@ class AccountingResult:
         if self.step_draws:  # the data differed: said in `warnings`, never blamed on the loss
             return evaluation_findings(self.evaluation)
         other_loss = self.step_loss is not None and not self.step_loss.agree.all()
-        if other_loss:
-            row = self.step_loss.iloc[0]
+        row = self.step_loss.iloc[0] if other_loss else None
+        if other_loss and pd.notna(row.get("divided_by")):
+            k = int(row.divided_by)
+            found.append(f"your train_step's loss and the gradient it steps with are both 1/{k} "
+                         f"of the task's on the same batch ({row.train_step_loss:.6g} against "
+                         f"{row.task_loss:.6g}; gradient norms {row.gradient_ratio:.4g} x): it "
+                         f"divides the loss by {k} before back-propagating it - " +
+                         (row.cause or "drop that division where the loop already averages "
+                          "over the update's micro-batches (the campaign's gradient is 1/"
+                          f"{k} of the objective's: its learning rate in effect {k} times "
+                          "smaller)"))
+        elif other_loss:
             found.append(f"your train_step computes another loss than `loss` on the same batch "
                          f"({row.train_step_loss:.6g} against {row.task_loss:.6g}, relative "
                          f"difference {row.relative_difference:.3g}) - e.g. it drops the "
@@ -422,44 +435,44 @@ class AccountingResult:
         return "norm" in self.batch_norm
 
 
-def run(params: dict[str, Any], out_dir: Path | None = None,
+def run(params: AccountingParams | Mapping[str, Any], out_dir: Path | None = None,
         progress: bool = False) -> AccountingResult:
     """Notebook 04 from its parameters (it writes nothing until `save`)."""
-    task = task_from_params(params)
+    params = ACCOUNTING.check(params)
+    task = params.load_task()
     items = prepare(task, ("train",)).train
-    draws = batch_draws(task, items[: params["check_examples"]], params["seed"])
+    draws = batch_draws(task, items[: params.check_examples], params.seed)
     per_batch_draw = any(d.where == "collate" for d in draws)
     targets_per_example = sum(task.target_count(it.tensors["labels"]) for it in items) / len(items)
-    shape = UpdateShape.from_params(params)
-    account = BatchAccount(shape, len(items), params["drop_partial"])
-    hold, value, accumulation = params["hold"], params["budget"], shape.accumulation
+    shape = params.shape()
+    account = BatchAccount(shape, len(items), params.drop_partial)
+    hold, value, accumulation = params.hold, params.budget, shape.accumulation
     budget = account.compare(hold, value, (accumulation // 2 or 1, accumulation,
                                            accumulation * 2), targets_per_example)
     loop_account = BatchAccount(replace(shape, replicas=1),
                                 reconcile_size(task, shape, min(len(items),
-                                                                params["reconcile_examples"])),
-                                params["drop_partial"])
-    cfg = loop_account.shape.train_config(updates=params["reconcile_updates"],
-                                          drop_partial=params["drop_partial"],
-                                          seed=params["seed"], device=params["device"],
-                                          progress=progress)
+                                                                params.reconcile_examples)),
+                                params.drop_partial)
+    cfg = TrainConfig(loop_account.shape, updates=params.reconcile_updates,
+                      drop_partial=params.drop_partial, seed=params.seed,
+                      device=params.device, progress=progress)
     steps = train(task, items[: loop_account.examples], cfg).steps
     check = pd.concat([
-        normalisation_check(task, items[: params["check_examples"]],
-                            (params["check_examples"], 2, 1), params["tolerance"],
+        normalisation_check(task, items[: params.check_examples],
+                            (params.check_examples, 2, 1), params.tolerance,
                             per_batch_draw=per_batch_draw),
-        normalisation_check(task, items[: params["partial_examples"]],
-                            (params["partial_examples"], 2, 4), params["tolerance"],
+        normalisation_check(task, items[: params.partial_examples],
+                            (params.partial_examples, 2, 4), params.tolerance,
                             per_batch_draw=per_batch_draw),
     ], keys=["equal split", "partial group"]).reset_index(level=0, names="case")
-    step_loss = (step_loss_check(task, items[: params["check_examples"]], params["tolerance"])
+    step_loss = (step_loss_check(task, items[: params.check_examples], params.tolerance)
                  if task.train_step is not None else None)
     evaluation = None
-    split_cause = own_split_cause(task, items[: params["check_examples"]], check)
+    split_cause = own_split_cause(task, items[: params.check_examples], check)
     if task.eval_step is not None:
         val = prepare(task, ("validation",)).validation or items
         evaluation = evaluation_check(
-            task, val[: params["check_examples"]],
+            task, val[: params.check_examples],
             sets_train_mode=bool(step_loss is not None and
                                  step_loss.train_step_sets_train_mode.all()))
     return AccountingResult(task, len(items), targets_per_example, account,

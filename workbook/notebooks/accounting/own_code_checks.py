@@ -170,10 +170,36 @@ def step_loss_check(task: Task, items: list[Item], tolerance: float = 1e-4,
     step = run_own_step(task, model, [batch.tensors], seed)
     expected, loss = float(summed) / max(float(count), 1e-12), loss_of(step.returned)
     diff = abs(loss - expected) / max(abs(expected), 1e-12)
+    # the gradient of the task's loss on the same batch, in the same behaviour: a step whose
+    # loss and gradient are both 1/k of the task's divides by k before back-propagating
+    model.zero_grad(set_to_none=True)
+    with seeded(seed), HeldBehaviour(model):
+        summed, count = task.loss(task.forward(model, batch.tensors), batch.tensors)
+        (summed / max(float(count), 1e-12)).backward()
+    own = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()
+                                         if p.grad is not None] or [torch.zeros(1)])
+    model.zero_grad(set_to_none=True)
+    stepped = torch.nn.utils.get_total_norm(list(step.grads.values()) or [torch.zeros(1)])
+    grad_ratio = float(stepped / own) if float(own) > 0 else math.nan
+    divisor = divided_by(loss / expected if expected else math.nan, grad_ratio)
+    explain = getattr(task.train_step, "explain_loss", None)
     return pd.DataFrame([{"examples": len(items), "train_step_loss": loss,
                           "task_loss": expected, "relative_difference": diff,
-                          "agree": diff <= tolerance,
+                          "agree": diff <= tolerance, "gradient_ratio": grad_ratio,
+                          "divided_by": divisor,
+                          "cause": explain(divisor) if explain and divisor else None,
                           "train_step_sets_train_mode": step.sets_train_mode}])
+
+
+def divided_by(loss_ratio: float, grad_ratio: float, tolerance: float = 1e-3) -> int | None:
+    """k when a step's loss and the gradient it steps with are both 1/k of the task's (k > 1,
+    each within `tolerance`): the step divides its loss by k before back-propagating it."""
+    if not (loss_ratio > 0 and grad_ratio > 0):
+        return None
+    k = round(1 / loss_ratio)
+    if k < 2 or any(abs(r * k - 1) > tolerance for r in (loss_ratio, grad_ratio)):
+        return None
+    return k
 
 
 def evaluation_check(task: Task, items: list[Item], tolerance: float = 1e-5,

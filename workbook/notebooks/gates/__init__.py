@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from ...base.errors import WorkbookError
 from ...contract import fine_tuning
 from ...contract.data import Item, collate_items, prepare
-from ...contract.task import Task, task_from_params
+from ...contract.task import Task
 from ...storage.records import to_frame
 from ...training import campaign
 from ...training import checkpoint as ckpt
@@ -29,12 +30,15 @@ from ...training.predict import (
     Plan,
     compare,
     fit_table,
+    longest_accepted,
     predicted_or_reason,
     rule_of_thumb,
     sized_batches,
     summary_figures,
 )
 from ...training.workload import Workload, targets_of
+from .. import registry
+from ..parameters import GatesParams
 from .diagnosis import companion_causes, first_nonfinite_module
 from .plan import GatesResult
 from .settings import (
@@ -494,13 +498,18 @@ def show_gates(report: GateReport) -> None:
         display(human(t[columns]).set_index("phase").rename_axis(None))
 
 
-def run(params: dict[str, Any], out_dir: Path) -> GatesResult:
+def run(params: GatesParams | Mapping[str, Any], out_dir: Path) -> GatesResult:
     """Notebook 03 from its parameters: the gates (their exports are written into `out_dir`),
     the prediction at the same settings, and the rental plan's prediction and fit."""
-    task = task_from_params(params)
-    settings = GateSettings.from_params(params)
-    report = run_gates(task, settings, out_dir, train_limit=params["train_limit"] or None)
-    device = resolve_device(params["device"])
+    params = registry.GATES.check(params)
+    task = params.load_task()
+    p = params
+    settings = GateSettings(p.shape(), eval_batch=p.eval_batch, length=p.length,
+                            device=p.device, lr=p.lr, seed=p.seed,
+                            device_memory_gib=p.device_memory_gib, headroom=p.headroom,
+                            input_bound_threshold=p.input_bound_threshold)
+    report = run_gates(task, settings, out_dir, train_limit=params.train_limit or None)
+    device = resolve_device(params.device)
 
     def predicted(plan: Plan, judged_here: bool = False) -> pd.DataFrame:
         # the plan sizes the campaign model (when the task declares one); the pilot-size
@@ -509,10 +518,11 @@ def run(params: dict[str, Any], out_dir: Path) -> GatesResult:
                                    device=str(device), cpu_exact=judged_here,
                                    campaign=not judged_here)
 
-    plan = Plan.from_params(params, task)
+    plan = Plan(params.shape("plan_"), params.plan_length or longest_accepted(task),
+                params.plan_eval_batch)
     planned = predicted(plan)
-    overheads = Overheads.of(device, report.table(), params["cuda_context_gib"],
-                             params["allocator_cache_share"])
+    overheads = Overheads.of(device, report.table(), params.cuda_context_gib,
+                             params.allocator_cache_share)
     # the pilot-size prediction is judged against the gates measured here, on this device
     check = compare(predicted(settings.plan(), judged_here=True), report.table())
     return GatesResult(task, settings, report, check, plan, planned,

@@ -70,12 +70,6 @@ class GateSettings:
     resume_tolerance: float = 0.0  # max |difference| after resume (0: bit-exact, the CPU rule)
     grad_clip: float | None = 1.0  # the updates' clipping: GateRun takes the task's grad_clip
 
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "GateSettings":
-        """The settings named in a notebook's parameters (other keys are ignored)."""
-        return cls(shape=UpdateShape.from_params(params),
-                   **{k: params[k] for k in cls.__dataclass_fields__ if k in params})
-
     def plan(self) -> Plan:
         return Plan(self.shape, self.length or None, self.eval_batch)
 
@@ -83,8 +77,8 @@ class GateSettings:
         """The loop's configuration: by default the stepper the gates measure, built for a
         campaign's length (its schedule sized so), of which they make the first updates;
         `updates` for a run that makes them all (the timed input pipeline)."""
-        return self.shape.train_config(updates=updates, lr=self.lr, seed=self.seed,
-                                       device=self.device, grad_clip=self.grad_clip or 0.0)
+        return TrainConfig(self.shape, updates=updates, lr=self.lr, seed=self.seed,
+                           device=self.device, grad_clip=self.grad_clip or 0.0)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,10 @@ import torch
 
 from ...contract import fine_tuning
 from ...contract.data import Item, collate_items
-from ...contract.task import Task, task_from_params
+from ...contract.task import Task
 from ...storage.records import Flag
+from ..parameters import InspectionParams
+from ..registry import INSPECTION
 from .coverage import (
     Note,
     adapter_target_audit,
@@ -159,9 +162,8 @@ def adapter_notes(task: Task) -> list[Note]:
     """What a framework adapter mapped or left out (`adapter_notes`: from_hf's padding rows of
     label -100) and what its stand-ins gave the task's own code that the campaign will give
     otherwise (`campaign_differs_in`: a Trainer's estimated_stepping_batches)."""
-    notes = [Note("what the adapter mapped", str(n), "-")
-             for n in getattr(task, "adapter_notes", None) or []]
-    differs = getattr(task, "campaign_differs_in", None) or {}
+    notes = [Note("what the adapter mapped", str(n), "-") for n in task.framework.notes]
+    differs = task.framework.campaign_differs_in
     if differs:
         said = "; ".join(f"{name} ({str(why).split(' here: ', 1)[-1]})"  # each run has its own
                          for name, why in sorted(differs.items()))
@@ -171,13 +173,13 @@ def adapter_notes(task: Task) -> list[Note]:
     return notes
 
 
-def run(params: dict[str, Any], out_dir: Path | None = None,
+def run(params: InspectionParams | Mapping[str, Any], out_dir: Path | None = None,
         progress: bool = False) -> Inspection:
     """Notebook 01 from its parameters (it writes nothing until `save`)."""
-    return inspect_task(task_from_params(params), probe_size=params["probe_size"],
-                        limit=params.get("scan_limit", 0), sample=params.get("scan_sample", 0.0),
-                        seed=params.get("seed", 0), progress=progress,
-                        workers=params.get("scan_workers", -1))
+    params = INSPECTION.check(params)
+    return inspect_task(params.load_task(), probe_size=params.probe_size,
+                        limit=params.scan_limit, sample=params.scan_sample, seed=params.seed,
+                        progress=progress, workers=params.scan_workers)
 
 
 def save(ins: Inspection, out_dir: Path) -> str:

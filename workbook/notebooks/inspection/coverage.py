@@ -185,7 +185,7 @@ def dropped_rows_audit(task: Task) -> list[Flag]:
     """Rows a framework's own preparation dropped before the pilot saw them (`rows_dropped`,
     per split: dropped, given, why - from_trainer counts TRL's): the campaign loses them too,
     silently."""
-    dropped = getattr(task, "rows_dropped", None) or {}
+    dropped = task.framework.rows_dropped
     if not dropped:
         return []
     said = " and ".join(f"{d} of {g} {split} rows" for split, (d, g, _) in dropped.items())
@@ -212,7 +212,7 @@ def new_token_audit(task: Task, model: torch.nn.Module,
         if task.target_kind.causal and labels is not None:
             targets.update(labels[labels != IGNORE_INDEX].reshape(-1).tolist())
     rows = fine_tuning.untrained_rows(model, inputs, targets,
-                                      set(getattr(task, "added_tokens", None) or ()))
+                                      set(task.framework.added_tokens))
     frozen = [f for f in rows if f.ids]
     return (_frozen_flag(task, items, targets, frozen) if frozen else [],
             _undated_note(task, [f for f in rows if f.unknown]))
@@ -269,7 +269,7 @@ def _frozen_flag(task: Task, items: list[Item], targets: set[int], frozen: list)
 def packed_groups_audit(task: Task) -> list[Flag]:
     """Groups in more than one split, checked on the rows as given before packing joined them
     (`groups_before_packing`, set by from_trainer): a packed row keeps no group."""
-    checked = getattr(task, "groups_before_packing", None)
+    checked = task.framework.groups_before_packing
     if not checked or not checked["crossing"]:
         return []
     crossing = checked["crossing"]
@@ -284,7 +284,7 @@ def packing_audit(task: Task, model: torch.nn.Module, items: list[Item]) -> list
     """Packed rows (several documents per example): each document must attend to itself only.
     Rows whose position_ids restart at each document are probed - the last document's outputs
     in its row against the document alone; packing without such positions (TRL's "wrapped")
-    is named by the rows where a document ends before the row does (`task.packed`: the
+    is named by the rows where a document ends before the row does (`task.framework.packed`: the
     strategy a framework adapter read)."""
     def restarting(it: Item) -> dict | None:  # the row as the model gets it (the collator's
         batch = collate_items(task, [it]).tensors  # positions), if its positions restart
@@ -312,7 +312,7 @@ def packing_audit(task: Task, model: torch.nn.Module, items: list[Item]) -> list
                      "use an attention that keeps packed documents apart by their "
                      "position_ids (transformers' sdpa and flash_attention_2 do), or train "
                      "unpacked", [row.id])]
-    strategy = getattr(task, "packed", None)
+    strategy = task.framework.packed
     end = task.end_token
     if not strategy or end is None:
         return []

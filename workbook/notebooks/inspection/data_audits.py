@@ -124,7 +124,7 @@ def split_audit(result: Scan) -> tuple[pd.DataFrame, list[Flag]]:
     dupes = result.inputs.count(crossing=True)
     if dupes:
         # an adapter that knows why (from_hf: the tokenizer's truncation made them identical)
-        why = getattr(task, "duplicates_cause", None)
+        why = task.framework.duplicates_cause
         cause = why() if callable(why) else None
         flags.append(Flag("duplicate input crosses splits", f"{dupes} identical inputs sit in "
                           "two splits" + (f": {cause[0]}" if cause else ""), dupes,

@@ -10,6 +10,7 @@ against `sharding.predict_sharded`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,11 @@ import pandas as pd
 
 from ...base.errors import WorkbookError
 from ...contract.data import prepare
-from ...contract.task import Task, task_from_params
-from ...training.loop import UpdateShape
+from ...contract.task import Task
 from ...training.replica import FAULTS, ReplicaSpec
 from ..accounting import BatchAccount
+from ..parameters import ParallelParams
+from ..registry import PARALLEL
 from .faults import (
     CAUGHT_BY,
     NOT_DEMONSTRABLE,
@@ -78,42 +80,38 @@ class ParallelResult:
     sharded_note: str = ""  # why the FSDP2 section did not run, when it was asked for
 
 
-def run(params: dict[str, Any], out_dir: Path) -> ParallelResult:
+def run(params: ParallelParams | Mapping[str, Any], out_dir: Path) -> ParallelResult:
     """Notebook 09 from its parameters: the launch, the resume and the planted bugs run in
     folders under `out_dir`."""
-    shape = UpdateShape.from_params(params)
-    if not 0 < params["checkpoint_at"] < params["updates"]:
-        raise WorkbookError(f"checkpoint_at {params['checkpoint_at']} is not an update before "
-                            f"the last (updates={params['updates']}): the resume check needs a "
-                            "checkpoint to continue from",
-                            f"give checkpoint_at between 1 and {params['updates'] - 1}")
-    backend_line = check_devices(params["device"], shape.replicas)
-    task = task_from_params(params)
-    items = prepare(task, ("train",), {"train": params["train_limit"]}).train
-    spec = ReplicaSpec(params["task"], params["task_options"], shape, params["updates"],
-                       params["lr"], params["seed"], params["train_limit"],
-                       params["validation_limit"], params["eval_batch"],
-                       check_examples=params["check_examples"],
-                       checkpoint_at=params["checkpoint_at"], device=params["device"])
-    result = launch(spec, out_dir / "run", timeout=params["launch_timeout"])
+    params = PARALLEL.check(params)
+    shape = params.shape()
+    backend_line = check_devices(params.device, shape.replicas)
+    task = params.load_task()
+    items = prepare(task, ("train",), {"train": params.train_limit}).train
+    spec = ReplicaSpec(params.task, params.task_options, shape, params.updates,
+                       params.lr, params.seed, params.train_limit,
+                       params.validation_limit, params.eval_batch,
+                       check_examples=params.check_examples,
+                       checkpoint_at=params.checkpoint_at, device=params.device)
+    result = launch(spec, out_dir / "run", timeout=params.launch_timeout)
     resume_row, resumed = resume_check(spec, result, out_dir / "run", out_dir / "resumed",
-                                       params["resume_tolerance"])
+                                       params.resume_tolerance)
     faults = (planted_faults(spec, items, out_dir, result, task=task,
-                             tolerance=params["tolerance"])
-              if params["demonstrate_faults"] else None)
+                             tolerance=params.tolerance)
+              if params.demonstrate_faults else None)
     rented = rented_spec(spec)
     sharded, sharded_note = None, "not run (fsdp = False)"
-    if params.get("fsdp", True):
+    if params.fsdp:
         try:
-            sharded = sharded_check(sharded_spec(spec), task, out_dir, params["tolerance"],
-                                    params["resume_tolerance"], params["launch_timeout"])
+            sharded = sharded_check(sharded_spec(spec), task, out_dir, params.tolerance,
+                                    params.resume_tolerance, params.launch_timeout)
         except WorkbookError as exc:  # the model's own operations under fully_shard
             if not UNSHARDABLE.search(exc.problem):
                 raise
             sharded_note = unshardable(exc.problem)
-    table = with_row(rules(result, items, params["tolerance"], task=task), resume_row)
-    for row in pipeline_rules(task, shape.replicas, params["seed"], shape.micro_batch,
-                              params["check_examples"]):
+    table = with_row(rules(result, items, params.tolerance, task=task), resume_row)
+    for row in pipeline_rules(task, shape.replicas, params.seed, shape.micro_batch,
+                              params.check_examples):
         table = with_row(table, row)
     return ParallelResult(
         task, backend_line, spec, BatchAccount(shape, len(items)), result, table,

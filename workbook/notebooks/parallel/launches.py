@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,11 @@ def launch(spec: ReplicaSpec, folder: Path, resume_from: Path | None = None,
                             "data parallelism needs at least two processes")
     claim_dir(folder)  # a launch never writes over an earlier one
     cmd = command(spec, folder, resume_from)
-    done = fresh_process(cmd["args"], timeout, f"the {replicas}-process launch",
-                         launcher=cmd["launcher"])
+    # torchrun's own log folder: a fresh /tmp/torchelastic_* per launch, never removed, unless
+    # named; the workers' output comes back through the pipes, so it holds nothing to keep
+    with tempfile.TemporaryDirectory(prefix="workbook-torchrun-") as logs:
+        done = fresh_process(cmd["args"], timeout, f"the {replicas}-process launch",
+                             launcher=[*cmd["launcher"], f"--log-dir={logs}"])
     if done.returncode:
         log = write_text(folder / "launch-error.log", done.stdout + done.stderr)
         errors = re.findall(r"error: (.*(?:\n  -> fix: .*)?)", done.stderr)

@@ -4,6 +4,7 @@ neither duration nor quality - every figure says whether it was measured or assu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,13 @@ import pandas as pd
 import torch
 
 from ...contract.data import prepare
-from ...contract.task import Task, task_from_params
+from ...contract.task import Task
 from ...training import campaign as models
 from ...training.loop import UpdateShape
 from ...training.predict import Overheads, Plan
+from ..parameters import RentalParams
+from ..registry import RENTAL
+from . import launch_files
 from .candidates import Candidate, candidates_from, same_update, sharded_default
 from .conclusions import conclusion, study_result
 from .offers import offers_table, resume_seconds
@@ -32,7 +36,7 @@ from .plans import (
 from .prices import Catalog, Spot, read_catalog
 from .sheet import GIB, Assumptions, flops, gpu, selection_sheet
 from .speeds import SpeedBook, calibrate, read_speeds
-from .stack import sharded_row, stack_check
+from .stack import sharded_row, stack_check, task_imports
 
 
 @dataclass
@@ -54,47 +58,55 @@ class RentalResult:
     speeds: SpeedBook | None = None
     calibration: str = ""  # what notebook 03's measurement did to the speeds, in words
     offers: pd.DataFrame = field(default_factory=pd.DataFrame)  # the spread across providers
+    launches: list[launch_files.Launch] = field(default_factory=list)  # the plans that launch
+    not_launched: dict[str, str] = field(default_factory=dict)  # {plan: why no launch file}
+    entry_point: str = launch_files.PLACEHOLDER  # the user's training script the files run
 
 
-def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
+def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult:
     """Notebook 08 from its parameters; the stack check reads notebook 09's verdict from the
     run folder that holds `out_dir` (it writes nothing until `save`)."""
-    task = task_from_params(params)
-    data = prepare(task, limits={"train": params["train_limit"]})
-    candidates = candidates_from(params["candidates"])
-    check_variants(params["variants"], candidates)
-    rental_gpu = params["rental_gpu"]
-    gpu(rental_gpu, params["gpus"])
-    overheads = Overheads(int(params["cuda_context_gib"] * GIB),
-                          params["allocator_cache_share"], False)
-    catalog = read_catalog(params["price_catalog"], params["gpus"], params["currency"])
+    params = RENTAL.check(params)
+    task = params.load_task()
+    data = prepare(task, limits={"train": params.train_limit})
+    candidates = candidates_from(params.candidates)
+    check_variants(params.variants, candidates)
+    rental_gpu = params.rental_gpu
+    gpu(rental_gpu, params.gpus)
+    overheads = Overheads(int(params.cuda_context_gib * GIB),
+                          params.allocator_cache_share, False)
+    catalog = read_catalog(params.price_catalog, params.gpus, params.currency)
     speeds, calibration = speed_book(params, task, data, out_dir.parent)
-    assumptions = Assumptions(params["utilisation"], params["eval_every"], 0,
-                              params["export_minutes"], overheads,
-                              prices=params["gpu_price_per_hour"], currency=params["currency"],
+    assumptions = Assumptions(params.utilisation, params.eval_every, 0,
+                              params.export_minutes, overheads,
+                              prices=params.gpu_price_per_hour, currency=params.currency,
                               speeds=speeds, catalog=catalog,
-                              spot=Spot(params["spot_interruptions_per_day"],
-                                        params["spot_restart_minutes"],
+                              spot=Spot(params.spot_interruptions_per_day,
+                                        params.spot_restart_minutes,
                                         resume_seconds(out_dir.parent)),
                               parameters=models.models(task).sized_parameters)
-    sheet = selection_sheet(task, data.train, data.validation, candidates, params["gpus"],
-                            params["gpu_tflops"], params["updates"], params["headroom"],
+    sheet = selection_sheet(task, data.train, data.validation, candidates, params.gpus,
+                            params.gpu_tflops, params.updates, params.headroom,
                             assumptions)
     stand_ins: dict[str, str] = {}
-    if models.declared(task) and not sheet.fits.any() and \
-            not any(c.parallelism == "fsdp" for c in candidates):
-        # the campaign model fits no GPU of the list alone: plan it sharded, and the variants
-        # of every candidate with the same update on the sharded one
-        extra = sharded_default(candidates[0])
-        stand_ins = {c.name: extra.name for c in candidates if same_update(c, candidates[0])}
+    if models.declared(task) and not any(c.parallelism == "fsdp" for c in candidates):
+        # a campaign model is planned sharded too, so the plans compare one GPU, data parallel
+        # and FSDP; when it fits no GPU of the list alone, the variants of every candidate
+        # with the same update move to the sharded one
+        alone = bool(sheet.fits.any())
+        extra = sharded_default(candidates[0], "a campaign model is planned sharded too"
+                                if alone else "no candidate fits one GPU")
+        if not alone:
+            stand_ins = {c.name: extra.name for c in candidates
+                         if same_update(c, candidates[0])}
         candidates = [*candidates, extra]
-        more = selection_sheet(task, data.train, data.validation, [extra], params["gpus"],
-                               params["gpu_tflops"], params["updates"], params["headroom"],
+        more = selection_sheet(task, data.train, data.validation, [extra], params.gpus,
+                               params.gpu_tflops, params.updates, params.headroom,
                                assumptions)
         attrs = sheet.attrs
         sheet = pd.concat([sheet, more], ignore_index=True)
         sheet.attrs = attrs
-    stack = stack_check(params["task"], params["device"], candidates[0].plan.shape.precision,
+    stack = stack_check(params.task, params.device, candidates[0].plan.shape.precision,
                         max(c.plan.shape.replicas for c in candidates), out_dir.parent)
     sharded = [c for c in candidates if c.parallelism == "fsdp"]
     if sharded:
@@ -103,31 +115,40 @@ def run(params: dict[str, Any], out_dir: Path) -> RentalResult:
     options = cheapest(sheet, rental_gpu)
     chosen = choose(sheet, rental_gpu)
     study = study_result(out_dir.parent, task.lr)
-    variants = planned_variants(params["variants"], sheet, stand_ins, study, task.lr)
+    variants = planned_variants(params.variants, sheet, stand_ins, study, task.lr)
     # priced on the GPU the decision recommends, and on the one planned on when it differs
-    plans = pd.concat([pack(variants, sheet, name, days, params["reserve_share"], role)
+    plans = pd.concat([pack(variants, sheet, name, days, params.reserve_share, role)
                        for name, role in priced_gpus(chosen, options, rental_gpu)
                        for days in (3, 7, 30)], ignore_index=True)
-    offers = offers_table(catalog, options, sheet, assumptions.spot, params["eval_every"])
-    basis = {"catalog": catalog.described(), "typed": sorted(params["gpu_price_per_hour"]),
+    offers = offers_table(catalog, options, sheet, assumptions.spot, params.eval_every)
+    basis = {"catalog": catalog.described(), "typed": sorted(params.gpu_price_per_hour),
              "speeds": speeds.described() if speeds else
-             f"an assumed utilisation of {params['utilisation']:g}",
+             f"an assumed utilisation of {params.utilisation:g}",
              "calibration": calibration}
+    shared = {"task": params["task"], "task_options": params["task_options"],
+              "updates": params["updates"], "eval_every": params["eval_every"],
+              # a checkpoint at each evaluation, as the sheet's spot costs assume
+              "checkpoint_every": params["eval_every"], "seed": params["seed"],
+              "task_lr": task.lr, "parameters": assumptions.parameters}
+    launches, not_launched = launch_files.launches(
+        sheet, plans, chosen, options, study, shared,
+        launch_files.packages_of(task_imports(params["task"].split(":")[0])), out_dir.parent)
     return RentalResult(task, rental_gpu, candidates, sheet, stack, plans, options, chosen,
                         conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options,
                                    not_sized(sheet), sheet.attrs.get("models"), study, basis),
-                        study, catalog, speeds, calibration, offers)
+                        study, catalog, speeds, calibration, offers, launches, not_launched,
+                        params["entry_point"])
 
 
-def speed_book(params: dict[str, Any], task: Task, data, run_dir: Path
+def speed_book(params: RentalParams, task: Task, data, run_dir: Path
                ) -> tuple[SpeedBook | None, str]:
     """The speed references `speeds` names ("references": the shipped table, "utilisation":
     none - the single assumed share - or a CSV path), calibrated by notebook 03's step time
     when it ran in `run_dir` on a GPU of the list."""
-    if params["speeds"] == "utilisation":
+    if params.speeds == "utilisation":
         return None, "speeds = 'utilisation': every row at the assumed share"
-    book = read_speeds(None if params["speeds"] == "references" else params["speeds"],
-                       params["gpus"])
+    book = read_speeds(None if params.speeds == "references" else params.speeds,
+                       params.gpus)
 
     def count(micro_batch: int, accumulation: int, length: int, precision: str) -> float:
         shape = UpdateShape(micro_batch=micro_batch, accumulation=accumulation,
@@ -137,7 +158,7 @@ def speed_book(params: dict[str, Any], task: Task, data, run_dir: Path
         return counted["train_micro_batch"] * accumulation
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return book, calibrate(book, run_dir, count, params["gpus"], params["gpu_tflops"],
+    return book, calibrate(book, run_dir, count, params.gpus, params.gpu_tflops,
                            not models.declared(task), device)
 
 
@@ -174,6 +195,8 @@ def save(result: RentalResult, out_dir: Path) -> str:
     for table, name in ((sheet, "selection"), (plans, "plan"), (options, "cheapest"),
                         (stack, "stack"), (result.offers, "offers")):
         save_table(table, out_dir, name)
+    launched = launch_files.write(out_dir, result.launches, result.not_launched,
+                                  result.entry_point)
     verdict = "pass" if chosen is not None else "fail"
     first = plans[plans.priced_on == plans.priced_on.iloc[0]] if len(plans) else plans
     study = result.study or {}
@@ -196,6 +219,6 @@ def save(result: RentalResult, out_dir: Path) -> str:
         # the plans on the first GPU priced (the recommended one), by days
         "scheduled": {int(d): int(n) for d, n in
                       first.groupby("days").scheduled.sum().items()},
-        **priced_figures(result)},
+        **priced_figures(result), "launch": launch_files.words(launched)},
         task=result.task.name)
     return verdict

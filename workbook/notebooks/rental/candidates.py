@@ -94,8 +94,8 @@ def candidates_from(specs: list[dict]) -> list[Candidate]:
             raise WorkbookError(f"candidate {spec.get('name', spec)!r}: unknown keys "
                                 f"{sorted(unknown)}" if unknown else f"candidate {spec} has "
                                 "no name", f"use the keys {sorted(keys)}")
-        shape = UpdateShape.from_params({"precision": "bf16",
-                                         **{k: v for k, v in spec.items() if k in shape_keys}})
+        shape = UpdateShape(**{"precision": "bf16",
+                               **{k: v for k, v in spec.items() if k in shape_keys}}).validate()
         cand = Candidate(spec["name"], Plan(shape, spec.get("length"), spec.get("eval_batch")),
                          spec.get("expected", ""), spec.get("strategy", ""), spec.get("world"),
                          spec.get("gpus_per_node", 8), spec.get("offload_optimizer", False))
@@ -137,8 +137,9 @@ def check_strategy(cand: Candidate) -> None:
                             "2..64, or none: the smallest that fits each GPU)")
 
 
-def sharded_default(first: Candidate) -> Candidate:
-    """The fsdp candidate added when no candidate fits one GPU: the first candidate's update
+def sharded_default(first: Candidate, why: str = "no candidate fits one GPU") -> Candidate:
+    """The fsdp candidate added for a campaign model (`why`: no candidate fits one GPU, or the
+    strategies compared): the first candidate's update
     (the same examples per update and precision) sharded over the smallest world that fits
     each GPU, micro-batches of at most 2 per GPU (padded, as a campaign's are) and activation
     checkpointing."""
@@ -150,4 +151,4 @@ def sharded_default(first: Candidate) -> Candidate:
                                 replicas=1, activation_checkpointing=True),
                         first.plan.length, first.plan.eval_batch, first.plan.eval_length),
         f"the update of candidate {first.name} ({total} examples) sharded over N GPUs with "
-        "FSDP2 and activation checkpointing: added because no candidate fits one GPU", "fsdp")
+        f"FSDP2 and activation checkpointing: added because {why}", "fsdp")

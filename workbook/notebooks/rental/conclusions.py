@@ -278,7 +278,7 @@ EARLIER_NOTEBOOKS = ((INSPECTION, "inspection"), (OVERFIT, "overfit"), (GATES, "
                      (RESUME, "resume and reload"))
 
 
-def _summary(run_dir, stem: str) -> dict | None:
+def summary_of(run_dir, stem: str) -> dict | None:
     path = Path(run_dir) / stem / "summary.json"
     try:
         return json.loads(path.read_text()) if path.exists() else None
@@ -291,7 +291,7 @@ def first_failure(run_dir) -> str | None:
     the notebook wrote one (01's first flag, 03's first failed gate); None when all passed."""
     for entry, label in EARLIER_NOTEBOOKS:
         stem = entry.stem
-        s = _summary(run_dir, stem)
+        s = summary_of(run_dir, stem)
         if not isinstance(s, dict) or s.get("verdict") == "pass":
             continue
         folder = Path(run_dir) / stem
@@ -394,7 +394,7 @@ def conclusion(run_dir, chosen: dict | None, rental_gpu: str, plans: pd.DataFram
         lines += ["", study["study"]]
     verdicts = []
     for entry, label in EARLIER_NOTEBOOKS:
-        s = _summary(run_dir, entry.stem)
+        s = summary_of(run_dir, entry.stem)
         if isinstance(s, dict) and s.get("verdict"):  # an error too: never read as a pass
             verdicts.append(f"{label} {s['verdict']}" + (
                 f" ({str(s.get('error', ''))[:120]})" if s["verdict"] != "pass" and

@@ -17,7 +17,7 @@ from ...contract.task import Task
 from ...training import campaign as models
 from ...training import sharding
 from ...training.fake_phases import fake_model
-from ...training.loop import build_stepper
+from ...training.loop import TrainConfig, build_stepper
 from ...training.predict import Overheads, fit_table, longest_accepted, predict, sized_batches
 from ...training.workload import TRAINING_PHASES
 from .candidates import Candidate
@@ -73,7 +73,7 @@ def flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]
 def _flops(task: Task, train: list, val: list, cand: Candidate) -> dict[str, int]:
     batch, _, eval_batch = sized_batches(task, train, val, cand.plan)
     # FLOPs: no autocast, and the same count on any device (the batches stay on the CPU)
-    cfg = replace(cand.plan.shape, precision="fp32").train_config(device="cpu")
+    cfg = TrainConfig(replace(cand.plan.shape, precision="fp32"), device="cpu")
     with FakeTensorMode() as fake:
         stepper = build_stepper(task, cfg, fake_model(task, cfg, fake, campaign=True))
         fb = {k: fake.from_tensor(v) for k, v in batch.tensors.items()}

@@ -15,7 +15,7 @@ import torch
 from ...base.errors import WorkbookError
 from ...storage.artifacts import read_json
 from ...training.loop import check_precision, resolve_device
-from ..registry import PARALLEL
+from ..registry import GATES, PARALLEL, RENTAL
 from .candidates import Candidate
 
 
@@ -23,15 +23,17 @@ def stack_check(task_path: str, device: str, precision: str, replicas: int = 1,
                 run_dir: str | Path | None = None) -> pd.DataFrame:
     """The software stack verified here - Python, torch, CUDA, the precision, data parallelism
     when a candidate uses replicas (notebook 09's verdict, when it ran in `run_dir`), and every
-    package the task's module imports - and what must still be verified on the rental."""
+    package the task's module imports - and what must still be verified on the rental
+    (`notebook`: the one that verifies it there)."""
     dev = resolve_device(device)
     rows = [{"item": "python", "here": sys.version.split()[0], "verified": True,
-             "on the rental": "the same minor version"},
+             "on the rental": "the same minor version", "notebook": RENTAL.stem},
             {"item": "torch", "here": torch.__version__, "verified": True,
-             "on the rental": "the same version, in a CUDA build"},
+             "on the rental": "the same version, in a CUDA build", "notebook": RENTAL.stem},
             {"item": "CUDA", "here": torch.version.cuda if torch.cuda.is_available()
              else "none (CPU)", "verified": torch.cuda.is_available(),
-             "on the rental": "driver and runtime that match the torch build"}]
+             "on the rental": "driver and runtime that match the torch build",
+             "notebook": GATES.stem}]
     try:
         check_precision(precision, dev)
         ok, note = True, f"{precision} runs on {dev}"
@@ -40,14 +42,15 @@ def stack_check(task_path: str, device: str, precision: str, replicas: int = 1,
     rows.append({"item": f"precision {precision}", "here": note, "verified": ok,
                  "on the rental": {"bf16": "bf16 support (Ampere or newer)",
                                    "fp16": "the GradScaler path on the GPU"}.get(precision,
-                                                                                 "-")})
+                                                                                 "-"),
+                 "notebook": GATES.stem})
     if replicas > 1:
         rows.append(data_parallel_row(replicas, run_dir))
     for module, dist, version in task_imports(task_path.split(":")[0]):
         rows.append({"item": f"import {module}", "here": f"{dist} {version}" if dist else
                      "not an installed distribution", "verified": version is not None,
                      "on the rental": "install the same version" if dist else
-                     "ship the module with the code"})
+                     "ship the module with the code", "notebook": RENTAL.stem})
     return pd.DataFrame(rows)
 
 
@@ -67,7 +70,8 @@ def data_parallel_row(replicas: int, run_dir: str | Path | None) -> dict[str, ob
                 f" ({summary.get('figures', {}).get('replicas')} CPU processes, gloo)")
     return {"item": f"data parallel x{replicas} (torchrun + DDP)", "here": here, "verified": ok,
             "on the rental": "NCCL, SyncBatchNorm and the interconnect: run notebook 09 there "
-                             f"with --device cuda -p replicas={replicas}"}
+                             f"with --device cuda -p replicas={replicas}",
+            "notebook": PARALLEL.stem}
 
 
 def sharded_row(candidates: list[Candidate], sheet: pd.DataFrame) -> dict[str, object]:
@@ -80,7 +84,8 @@ def sharded_row(candidates: list[Candidate], sheet: pd.DataFrame) -> dict[str, o
             "verified": False,
             "on the rental": "NCCL over the GPUs and nodes, a torch.distributed.checkpoint save "
                              "by every rank and an exact resume from it, and the per-GPU peak "
-                             "(torch.cuda.max_memory_allocated) against the sheet"}
+                             "(torch.cuda.max_memory_allocated) against the sheet",
+            "notebook": PARALLEL.stem}
 
 
 def task_imports(module_name: str) -> list[tuple[str, str | None, str | None]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from ...base.errors import WorkbookError, child_error, shorten
 from ...contract.data import Item, epoch_updates, prepare
 from ...contract.pipeline import DataPosition, open_pipeline
-from ...contract.task import Task, load_task, task_from_params
+from ...contract.task import Task, load_task
 from ...storage import schemas
 from ...storage.artifacts import copy_folder, reseal, write_file
 from ...storage.files import write_text
@@ -36,6 +37,8 @@ from ...training.loop import (
     make_sampler,
     train,
 )
+from ..parameters import ResumeParams
+from ..registry import RESUME
 from .archive import reload_in_new_process, write_archive
 from .position import (
     global_seed,
@@ -504,39 +507,40 @@ class ResumeResult:
     reloaded: dict
 
 
-def run(params: dict[str, Any], out_dir: Path) -> ResumeResult:
+def run(params: ResumeParams | Mapping[str, Any], out_dir: Path) -> ResumeResult:
     """Notebook 07 from its parameters: checkpoints, resumed runs, the tampered copies and the
     archive are written into `out_dir`."""
-    shape = UpdateShape.from_params(params)
-    cfg = shape.train_config(lr=params["lr"], seed=params["seed"], device=params["device"])
-    cfg.pipeline = bool(params["use_pipeline"]) and task_from_params(params).train_pipeline \
+    params = RESUME.check(params)
+    shape = params.shape()
+    cfg = TrainConfig(shape, lr=params.lr, seed=params.seed, device=params.device)
+    cfg.pipeline = bool(params.use_pipeline) and params.load_task().train_pipeline \
         is not None
-    spec = recipe(params["task"], params["task_options"], cfg, params["train_limit"])
+    spec = recipe(params.task, params.task_options, cfg, params.train_limit)
     task, items, _ = rebuild(spec)
-    examples = len(pass_orders(task, items, cfg, params["train_limit"])(0)) if cfg.pipeline \
+    examples = len(pass_orders(task, items, cfg, params.train_limit)(0)) if cfg.pipeline \
         else len(items)
     per_pass = (examples // shape.examples_per_update if cfg.drop_partial else
                 math.ceil(examples / shape.examples_per_update))
-    mid, boundary = params["mid_step"], params["boundary_step"] or per_pass
-    updates, tolerance = params["updates"], params["tolerance"]
-    twice = params["twice_step"] or (mid + updates) // 2
+    mid, boundary = params.mid_step, params.boundary_step or per_pass
+    updates, tolerance = params.updates, params.tolerance
+    twice = params.twice_step or (mid + updates) // 2
     cases, details = check_cases(spec, updates, mid, boundary, out_dir, tolerance,
-                                 twice if mid < twice < updates else 0, params["workers"], task)
+                                 twice if mid < twice < updates else 0, params.workers, task)
     faults = (planted_faults(spec, updates, mid, out_dir, details["reference"],
                              details["weights"], tolerance)
-              if params["demonstrate_faults"] else None)
+              if params.demonstrate_faults else None)
     tamper = tamper_checks(out_dir / f"ckpt-{mid:06d}", out_dir)
     model = task.build_model()
     model.load_state_dict({k: v for k, v in details["weights"].items()
                            if not k.startswith(AVERAGED)})  # the model is what is archived
-    archive = write_archive(out_dir / "archive", params["task"], params["task_options"], model,
+    archive = write_archive(out_dir / "archive", params.task, params.task_options, model,
                             spec["config"],
                             pd.DataFrame(details["reference"]).drop(columns=["ids"]),
-                            [workbook_command(["pilot", *task_args(params["task"],
-                                                                   params["task_options"]),
+                            [workbook_command(["pilot", *task_args(params.task,
+                                                                   params.task_options),
                                                "--only", "07"])],
-                            params["controls"])
-    reloaded = reload_in_new_process(archive, params["task"], params["task_options"])
+                            params.controls)
+    reloaded = reload_in_new_process(archive, params.task, params.task_options)
     return ResumeResult(task, spec, examples, per_pass, mid, boundary, cases, details, faults,
                         tamper, archive, reloaded)
 

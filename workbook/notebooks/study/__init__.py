@@ -1,7 +1,9 @@
-"""Notebook 06: a learning-rate comparison as a tracked study. The design is written before the
-first trial and cannot change afterwards; every trial keeps its row in the ledger, diverged ones
-included; evaluation runs at fixed step intervals; each trial keeps its top-N checkpoints and
-the best is chosen afterwards."""
+"""Notebook 06: a learning-rate comparison as a tracked study. Without a grid, a range test on
+the task's own update chooses it (`range_test`). The design is written before the first trial
+and cannot change afterwards; every trial keeps its row in the ledger, diverged ones included;
+evaluation runs at fixed step intervals; each trial keeps its top-N checkpoints and the best is
+chosen afterwards; a best rate at the grid's edge extends it by the design's own rule, within
+its budget of extra trials (`support`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import random
 import shlex
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,7 +46,12 @@ from ...storage.schemas import (
 from ...training import checkpoint as ckpt
 from ...training.devices import resolve_device
 from ...training.evaluation import eval_mode, evaluate
-from ...training.loop import Stepper, UpdateShape, loss_rise, train
+from ...training.loop import Stepper, TrainConfig, UpdateShape, loss_rise, train
+from ..parameters import StudyParams
+from ..registry import STUDY
+from . import range_test
+from .chance import Chance, chance_loss
+from .support import extension_trials, findings, next_trials
 
 DESIGN = "design.json"
 
@@ -55,9 +63,8 @@ class StudyDesign:
     name: Name
     task: Name
     task_options: Options = field(default_factory=dict)
-    # control first
-    lrs: Annotated[list[Positive], Field(min_length=1)] = field(
-        default_factory=lambda: [1e-4, 5e-5, 2e-4])
+    # control first; empty: a range test chooses them (written here before the first trial)
+    lrs: list[Positive] = field(default_factory=lambda: [1e-4, 5e-5, 2e-4])
     seeds: Annotated[list[Seed], Field(min_length=1)] = field(default_factory=lambda: [0])
     updates: Count = 200
     shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
@@ -69,6 +76,7 @@ class StudyDesign:
     divergence_multiple: Multiple = 3.0  # stop when the median loss of the last 5 updates
     # exceeds this x the median of the first 5 (loop.loss_rise)
     prediction_examples: Index = 4  # validation examples whose predictions are kept
+    extra_trials: Index = 0  # trials the study may add past the grid's edge (`support`)
     device: StrictStr = "cpu"
     notes: StrictStr = ""
 
@@ -81,8 +89,6 @@ class StudyDesign:
     def validate(self, task: Task, val: list[Item]) -> "StudyDesign":
         self.shape.validate()
         problems = []
-        if not self.lrs:
-            problems.append("the learning-rate list is empty")
         if any(not isinstance(lr, (int, float)) or not lr > 0 for lr in self.lrs):
             problems.append(f"every learning rate must be positive, got {self.lrs}")
         if not self.seeds:
@@ -107,6 +113,7 @@ class StudyDesign:
         return self
 
     def trials(self) -> list[dict]:
+        """The planned trials: every (lr, seed) of the grid."""
         return [{"lr": lr, "seed": seed} for lr in self.lrs for seed in self.seeds]
 
     def better(self, a: float, b: float | None) -> bool:
@@ -163,6 +170,8 @@ def read_design(path: Path) -> StudyDesign:
     StudyDesign's fields, every one required) before any value is used."""
     verify_file(path, "study design")
     data = UpdateShape.nested(read_json(path, "study design"))
+    if isinstance(data, dict):
+        data.setdefault("extra_trials", 0)  # a design written before studies extended
     fix = "use an intact study folder, or start a new study (a new out_dir)"
     schemas.check(schemas.derived(StudyDesign, every_field=True), data, path, "study design",
                   fix)
@@ -184,14 +193,20 @@ class Study:
     """A study folder: `design.json`, `ledger.sqlite`, and `trials/<id>/` for each trial."""
 
     def __init__(self, folder: str | Path, design: StudyDesign | None = None,
-                 task: str | None = None, task_options: dict | None = None):
+                 task: str | None = None, task_options: dict | None = None,
+                 sweep: range_test.RangeSettings | None = None):
         """A new study from its `design`, or (design None) an existing one reopened: then the caller
         names the task (`task`, `task_options`), which must be the one design.json records - a
-        task path read from a folder is never imported."""
+        task path read from a folder is never imported. A design without rates gets them from
+        a range test (`sweep`'s settings, else the defaults) before it is written; a study
+        reopened with such a design keeps the rates its range test chose."""
         self.folder = Path(folder)
         path = self.folder / DESIGN
+        self.range_test = range_test.load(self.folder)
         if path.exists():
             stored = read_design(path)
+            if design is not None and not design.lrs:
+                design = replace(design, lrs=stored.lrs)
             if design is not None and asdict(design) != asdict(stored):
                 changed = sorted(k for k, v in asdict(design).items() if asdict(stored)[k] != v)
                 raise WorkbookError(f"study {stored.name!r} in {self.folder} was planned before "
@@ -209,6 +224,11 @@ class Study:
         splits = self.raw = data.raw
         self.train_items, self.val_items = data.train, data.validation
         self.design.validate(self.task, self.val_items)
+        if not self.design.lrs:  # the rates from a range test, saved before the design
+            settings = (sweep or range_test.RangeSettings(
+                seed=self.design.seeds[0], device=self.design.device)).check()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.design.lrs = self._rates(settings)
         self.sample, self.skew = eval_sample(self.task, self.val_items, splits["validation"],
                                              self.design.eval_sample)
         self.sampled = len(self.sample) < len(self.val_items)
@@ -219,6 +239,19 @@ class Study:
         self.ledger = Ledger(self.folder / "ledger.sqlite")
         self.ledger.add_study(self.design.name, str(path), self.design.notes)
         self._clean_partials()
+
+    def _rates(self, settings: range_test.RangeSettings) -> list[float]:
+        """The grid around the range test's suggestion (the test run now, or the one this
+        folder holds); the task's own lr (else 1e-4), half and double when it suggests none."""
+        if self.range_test is None:
+            self.range_test = range_test.sweep(self.task, self.train_items, self.design.shape,
+                                               settings)
+            if self.range_test.suggestion is None:
+                rates, said = range_test.fallback_grid(self.task)
+                self.range_test.grid = rates
+                self.range_test.said += f"; the study tries {said}"
+            self.range_test.save(self.folder)
+        return list(self.range_test.grid)
 
     def _clean_partials(self) -> None:
         """Half-written checkpoint folders of interrupted trials are never kept (they were never
@@ -235,9 +268,18 @@ class Study:
         return shlex.join(cmd + (["--repeats", str(repeats)] if repeats else []))
 
     def run_all(self, progress: bool = False) -> list[int]:
-        """Run every planned trial not yet run; a diverged or failed one does not stop the rest.
-        An interrupted trial is not done: it runs again as a new trial that repeats it (the
-        interrupted row and its checkpoints stay)."""
+        """Run every planned trial not yet run, then, while the best rate sits at an edge of
+        the rates tried, the next rate beyond it (`support.next_trials`, within the design's
+        `extra_trials`); a diverged or failed trial does not stop the rest."""
+        planned = self.design.trials() + extension_trials(self.trial_table(), self.design)
+        ran = self._run_missing(planned, progress)
+        while more := next_trials(self.trial_table(), self.design, self.supported()):
+            ran += self._run_missing(more, progress)
+        return ran
+
+    def _run_missing(self, planned: list[dict], progress: bool) -> list[int]:
+        """Run the `planned` trials not yet run. An interrupted trial is not done: it runs again
+        as a new trial that repeats it (the interrupted row and its checkpoints stay)."""
         trials = self.ledger.frame("trials")
         done, interrupted = set(), {}
         for tid, text, status in zip(trials.id, trials.params, trials.status, strict=True):
@@ -248,7 +290,7 @@ class Study:
                 done.add((p["lr"], p["seed"]))
         return [self.run_trial(t["lr"], t["seed"], interrupted.get((t["lr"], t["seed"])),
                                progress=progress)
-                for t in self.design.trials() if (t["lr"], t["seed"]) not in done]
+                for t in planned if (t["lr"], t["seed"]) not in done]
 
     def run_trial(self, lr: float, seed: int, repeats: int | None = None,
                   progress: bool = False) -> int:
@@ -265,8 +307,8 @@ class Study:
             raise WorkbookError(f"trial folder {folder} already exists but the ledger does not "
                                 "know it", "the study folder was edited; start a new study (a "
                                 "new out_dir)") from None
-        cfg = design.shape.train_config(
-            updates=design.updates, lr=lr, seed=seed, device=design.device,
+        cfg = TrainConfig(
+            design.shape, updates=design.updates, lr=lr, seed=seed, device=design.device,
             eval_every=design.eval_every, eval_batch=design.eval_batch, progress=progress)
         pending: list[dict] = []
         losses: list[float] = []  # every update's, for the divergence rule
@@ -397,6 +439,20 @@ class Study:
                                  kind="stable").iloc[0]
         return row.to_dict()
 
+    def chance(self) -> Chance:
+        """The validation loss of a constant prediction on the evaluated examples (`chance`)."""
+        if not hasattr(self, "_chance"):
+            self._chance = chance_loss(self.task, self.sample, self.design.eval_batch,
+                                  resolve_device(self.design.device))
+        return self._chance
+
+    def supported(self) -> dict[str, Any]:
+        """`support.findings` for this study, its best validation loss against chance."""
+        evals = self.evals()
+        evals = evals[evals.scope != "full-best"]  # the examples chance is measured on
+        best_loss = float(evals.loss.min()) if len(evals) else None
+        return findings(self.trial_table(), self.design, self.chance(), best_loss)
+
     def lr_summary(self) -> pd.DataFrame:
         """Per learning rate: every seed's best metric, and their mean; the spread (std, min,
         max) only when a learning rate has two or more seeds with a value - one seed has no
@@ -455,88 +511,28 @@ def lr_figure(study: Study, save: Path | None = None):
     return plots._done(fig, save)
 
 
-def _grid(lrs: list[float]) -> str:
-    return ", ".join(f"{lr:g}" for lr in sorted(set(lrs)))
-
-
-def findings(trials: pd.DataFrame, design: StudyDesign) -> dict[str, Any]:
-    """What the study supports, from its trial table (`Study.trial_table`): the best learning
-    rate, how many seeds stand behind it, and the warnings that make it provisional - the best
-    at the edge of the grid ("extend the range upward" or "downward"), the best trial still
-    improving at its last update (the budget is too short to call a winner), a single learning
-    rate. Keys: best_lr, best_metric, best_trial, control_lr, control_remains_best, seeds,
-    lrs, best_at_edge ("upward", "downward" or ""), still_improving (trial ids), warnings,
-    conclusive (no warning), supported_lr (the rate to plan on; None when none can be
-    chosen) and finding (the result in one sentence)."""
-    control = design.lrs[0]
-    lrs = sorted(set(design.lrs))
-    seeds = len(design.seeds)
-    done = trials.dropna(subset=["best_metric"])
-    out: dict[str, Any] = {"control_lr": control, "lrs": lrs, "seeds": seeds,
-                           "best_at_edge": "", "still_improving": [], "warnings": []}
-    if done.empty:
-        every = bool(len(trials)) and bool((trials.status == "diverged").all())
-        out.update(best_lr=None, best_metric=None, best_trial=None, conclusive=False,
-                   supported_lr=None, control_remains_best=False, finding=(
-                       f"every learning rate tried diverged ({_grid(design.lrs)}): nothing "
-                       "was learned to compare - lower the range (check the task's lr for a "
-                       "typo, e.g. 1e3 for 1e-3)") if every else
-                   "no trial produced a metric: no learning rate can be chosen yet")
-        return out
-    row = done.sort_values("best_metric", ascending=design.mode == "min", kind="stable").iloc[0]
-    best_lr, best_id = float(row.lr), int(row.id)
-    warnings = out["warnings"]
-    if len(lrs) == 1:
-        warnings.append(f"one learning rate tried ({best_lr:g}): nothing was compared - add "
-                        "rates below and above it")
-    elif best_lr == lrs[-1]:
-        out["best_at_edge"] = "upward"
-        warnings.append(f"the best lr {best_lr:g} is the largest tried ({_grid(lrs)}): a "
-                        "larger one may be better - extend the range upward")
-    elif best_lr == lrs[0]:
-        out["best_at_edge"] = "downward"
-        warnings.append(f"the best lr {best_lr:g} is the smallest tried ({_grid(lrs)}): a "
-                        "smaller one may be better - extend the range downward")
-    # still improving: a finished trial whose best evaluation is its last one, after an
-    # earlier evaluation (a single evaluation shows no trend)
-    finished = done[done.status == "finished"]
-    improving = finished[(finished.best_step == finished.stop_step) &
-                         (finished.stop_step > design.eval_every)]
-    out["still_improving"] = [int(i) for i in improving.id]
-    if best_id in out["still_improving"]:
-        who = (f"every trial ({len(improving)} of {len(trials)})" if len(improving) ==
-               len(trials) else f"the best trial ({best_id})")
-        warnings.append(f"{who} was still improving at its last update "
-                        f"({int(row.stop_step)} of {design.updates}): the budget is too short "
-                        "to call a winner - lengthen it")
-    beat = best_lr != control
-    verdict = (f"lr {best_lr:g} beat the control (lr {control:g})" if beat else
-               f"the control (lr {control:g}) remains the best choice")
-    seeds_said = "one seed, so no spread" if seeds == 1 else \
-        f"{seeds} seeds (mean and spread per learning rate)"
-    finding = (f"{verdict}: best validation {design.metric} {float(row.best_metric):.4g} "
-               f"(trial {best_id}), on {seeds_said}")
-    if warnings:
-        finding += "; provisional - " + "; ".join(warnings)
-    out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
-               control_remains_best=not beat, conclusive=not warnings, supported_lr=best_lr,
-               finding=finding + ".")
-    return out
-
-
-def design_from_params(params: dict) -> StudyDesign:
+def design_from_params(params: StudyParams) -> StudyDesign:
     """A study design from notebook 06's parameters."""
-    names = set(StudyDesign.__dataclass_fields__) - {"name", "task", "shape"}
-    return StudyDesign(name=params["study_name"], task=params["task"],
-                       shape=UpdateShape.from_params(params),
-                       **{k: params[k] for k in names if k in params})
+    p = params
+    return StudyDesign(name=p.study_name, task=p.task, task_options=p.task_options,
+                       lrs=list(p.lrs), seeds=list(p.seeds), updates=p.updates, shape=p.shape(),
+                       eval_every=p.eval_every, eval_batch=p.eval_batch,
+                       eval_sample=p.eval_sample, metric=p.metric, top_n=p.top_n,
+                       divergence_multiple=p.divergence_multiple,
+                       prediction_examples=p.prediction_examples, device=p.device,
+                       notes=p.notes)
 
 
-def run(params: dict[str, Any], out_dir: Path, progress: bool = False) -> Study:
-    """Notebook 06 from its parameters: the design written to `out_dir`/study before any trial,
-    then every trial run (a study folder that already holds them is resumed, never
-    overwritten)."""
-    study = Study(out_dir / "study", design_from_params(params))
+def run(params: StudyParams | Mapping[str, Any], out_dir: Path, progress: bool = False) -> Study:
+    """Notebook 06 from its parameters: without `lrs`, the range test (`range_*`) and its grid;
+    the design written to `out_dir`/study before any trial, then every trial run (a study
+    folder that already holds them is resumed, never overwritten)."""
+    params = STUDY.check(params)
+    design = design_from_params(params)
+    sweep = range_test.RangeSettings(params.range_min_lr, params.range_max_lr,
+                                     params.range_updates, seed=design.seeds[0],
+                                     device=design.device)
+    study = Study(out_dir / "study", design, sweep=sweep)
     study.run_all(progress=progress)
     return study
 
@@ -545,9 +541,10 @@ def save(study: Study, out_dir: Path) -> str:
     """The study's tables and `summary.json`. The verdict fails when a trial failed (raised),
     a validation curve looks periodic, or every trial diverged (nothing was learned to compare:
     the range is wrong, often a typo in the task's lr); one diverged trial is a result, not a
-    failure. `findings` goes into the figures: a best lr at the edge of the grid or a best
+    failure; so does "no rate learns" (the best validation loss within `chance.MARGIN` of
+    chance). `findings` goes into the figures: a best lr at the edge of the grid or a best
     trial still improving at its last update are warnings (the result is provisional), never
-    a failure."""
+    a failure; the range test's suggestion and sentence too, when it chose the grid."""
     from ...storage.runs import save_table, write_summary
 
     trials = study.trial_table()
@@ -558,7 +555,8 @@ def save(study: Study, out_dir: Path) -> str:
     save_table(period, out_dir, "periodicity")
     periodic = bool(period.get("periodic", pd.Series(dtype=bool)).fillna(False).any())
     best = study.best() or {}
-    found = findings(trials, study.design)
+    found = study.supported()
+    tested = study.range_test
     # every metric of the best trial on the whole validation split (a reward model's accuracy
     # and margin of chosen over rejected beside its loss)
     full = study.evals().query("scope == 'full-best' and trial == @best.get('id')")
@@ -570,10 +568,14 @@ def save(study: Study, out_dir: Path) -> str:
                "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic,
                "control_lr": study.design.lrs[0],
                "control_remains_best": best.get("lr") == study.design.lrs[0],
-               **{k: found[k] for k in ("seeds", "lrs", "best_at_edge", "still_improving",
-                                        "warnings", "conclusive", "supported_lr", "finding")}}
+               "suggested_lr": tested and tested.suggestion,
+               "range_test": tested and tested.said,
+               **{k: found[k] for k in ("seeds", "lrs", "extended", "extra_trials",
+                                        "best_at_edge", "still_improving", "warnings",
+                                        "conclusive", "no_rate_learns", "chance_loss",
+                                        "supported_lr", "finding")}}
     all_diverged = bool(len(trials)) and bool((trials.status == "diverged").all())
     verdict = "fail" if (trials.status == "failed").any() or periodic or all_diverged \
-        else "pass"
+        or found["no_rate_learns"] else "pass"
     write_summary(out_dir, verdict, figures, study=study.design.name)
     return verdict

@@ -1,0 +1,125 @@
+"""Notebook 06 without a grid: the range test on the task's own update places it, the study
+extends it at an edge within its budget, and a task whose loss cannot fall gets "no rate
+learns" (tests/study_tasks.py: a linear rule, random labels, the rule under plain SGD)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from workbook.base.errors import WorkbookError
+from workbook.notebooks.study import Study, StudyDesign, range_test, save
+from workbook.notebooks.study.chance import Chance
+from workbook.notebooks.study.support import beyond, findings, next_trials
+from workbook.training.loop import UpdateShape
+
+SWEEP = range_test.RangeSettings(updates=40)
+
+
+def design(task: str, **kw) -> StudyDesign:
+    base = dict(name="lr", task=f"tests.study_tasks:{task}", lrs=[], seeds=[0], updates=40,
+                shape=UpdateShape(8, 1), eval_every=10, eval_batch=64, metric="loss",
+                extra_trials=2)
+    return StudyDesign(**{**base, **kw})
+
+
+@pytest.mark.twin
+def test_the_range_test_suggests_near_the_best_rate_and_the_study_brackets_it(tmp_path):
+    # measured on this task (AdamW, 40 updates of 8): lr 0.026 -> 0.36, 0.077 -> 0.28,
+    # 0.23 -> 1.15, 0.69 diverged: the known good rate is near 0.077
+    study = Study(tmp_path / "s", design("separable"), sweep=SWEEP)
+    test = study.range_test
+    assert 0.077 <= test.suggestion <= 0.077 * 9, test.said
+    assert study.design.lrs == test.grid
+    assert study.design.lrs[0] == pytest.approx(test.suggestion / 3, rel=0.05)
+    study.run_all()
+    found = study.supported()
+    assert not found["no_rate_learns"] and found["best_at_edge"] == "", found["finding"]
+    assert 0.077 / 3 <= found["supported_lr"] <= 0.077 * 3 and found["extended"] == []
+    curve = pd.read_csv(tmp_path / "s" / "range_test.csv")
+    assert list(curve.columns) == ["update", "lr", "loss", "smoothed"] and len(curve) >= 20
+    stored = json.loads((tmp_path / "s" / "range_test.json").read_text())
+    assert stored["suggestion"] == test.suggestion and stored["grid"] == study.design.lrs
+    reopened = Study(tmp_path / "s", design("separable"))  # reuses it: no new sweep
+    assert reopened.design.lrs == study.design.lrs and reopened.run_all() == []
+    (tmp_path / "s" / "range_test.json").write_text(json.dumps({**stored, "suggestion": 9.0}))
+    with pytest.raises(WorkbookError, match="does not match its curve"):
+        range_test.load(tmp_path / "s")
+
+
+@pytest.mark.planted
+def test_labels_that_ignore_their_inputs_get_no_rate_learns(tmp_path):
+    study = Study(tmp_path / "s", design("shuffled"), sweep=SWEEP)
+    study.run_all()
+    found = study.supported()
+    assert found["no_rate_learns"] and found["supported_lr"] is None, found["finding"]
+    assert found["finding"].startswith("no rate learns: at no rate tried")
+    assert found["extended"] == [], "no extra trial is spent on noise"
+    assert save(study, tmp_path) == "fail"
+    figures = json.loads((tmp_path / "summary.json").read_text())["figures"]
+    assert figures["no_rate_learns"] and figures["chance_loss"] == pytest.approx(1.386, abs=0.05)
+
+
+@pytest.mark.planted
+def test_a_good_rate_far_above_the_default_gets_a_bracketed_study(tmp_path):
+    # plain SGD: its good rate is near 0.5, where 1e-3 (or 1e-4, the old control) learns little
+    study = Study(tmp_path / "s", design("sgd"), sweep=SWEEP)
+    assert study.range_test.suggestion >= 0.3, study.range_test.said
+    study.run_all()
+    found = study.supported()
+    assert found["best_at_edge"] == "" and found["supported_lr"] >= 0.1, found["finding"]
+    assert min(found["lrs"]) < found["supported_lr"] < max(found["lrs"])
+
+
+def test_a_flat_sweep_suggests_nothing_and_a_falling_one_its_steepest_rate():
+    settings = range_test.RangeSettings(updates=40, beta=0.0)
+    lrs = settings.rates()
+    flat = pd.DataFrame({"update": range(1, 41), "lr": lrs, "loss": [1.4, 1.38] * 20})
+    flat["smoothed"] = flat.loss
+    nothing = range_test.read_curve(settings, flat, "")
+    assert nothing.suggestion is None and "did not fall by 5%" in nothing.said
+    falling = [2.0 if lr < 1e-3 else 1.0 if lr > 1e-1 else 2.0 - (lr / 1e-3) ** 0.5 / 10
+               for lr in lrs]
+    curve = flat.assign(loss=falling, smoothed=falling)
+    found = range_test.read_curve(settings, curve, "")
+    assert 1e-2 < found.suggestion < 1.1e-1 and found.grid[0] == pytest.approx(
+        found.suggestion / 3, rel=0.05)
+    with pytest.raises(WorkbookError, match="range_min_lr 1 must be positive and below"):
+        range_test.RangeSettings(min_lr=1.0, max_lr=0.1).check()
+
+
+def test_a_bad_sweep_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(WorkbookError, match="range_updates 3 is too few"):
+        Study(tmp_path / "s", design("separable"), sweep=range_test.RangeSettings(updates=3))
+    assert not (tmp_path / "s").exists()
+
+
+def _table(rows):
+    return pd.DataFrame([{"id": i + 1, "lr": lr, "seed": 0, "status": "finished",
+                          "stop_step": 20, "best_step": 10, "best_metric": metric}
+                         for i, (lr, metric) in enumerate(rows)])
+
+
+def test_an_edge_extends_the_grid_within_its_budget_and_says_when_it_ran_out():
+    plan = design("separable", lrs=[1e-3, 5e-4, 2e-3], extra_trials=2)
+    rows = [(1e-3, 2.0), (5e-4, 2.5), (2e-3, 1.5)]
+    found = findings(_table(rows), plan)
+    assert found["best_at_edge"] == "upward"
+    assert next_trials(_table(rows), plan, found) == [{"lr": 4e-3, "seed": 0}]
+    rows += [(4e-3, 1.2)]
+    found = findings(_table(rows), plan)
+    assert next_trials(_table(rows), plan, found) == [{"lr": 8e-3, "seed": 0}]
+    rows += [(8e-3, 1.1)]
+    found = findings(_table(rows), plan)
+    assert next_trials(_table(rows), plan, found) == [], "the budget of 2 is spent"
+    assert found["extended"] == [4e-3, 8e-3] and not found["conclusive"]
+    assert "extended its grid by itself to 0.004, 0.008 (2 of its 2 extra trials)" in \
+        found["finding"]
+    assert "the study's budget of 2 extra trials ran out" in found["finding"]
+    assert beyond([1e-3], "downward") == 3.3e-4 and beyond([1e-2, 50.0], "downward") == 1e-3
+    inside = findings(_table(rows + [(1.6e-2, 3.0)]), plan)
+    assert inside["best_at_edge"] == "" and "ran out" not in inside["finding"]
+    noise = findings(_table(rows), plan, Chance(1.15, "chance"), best_loss=1.1)
+    assert noise["no_rate_learns"] and next_trials(_table(rows), plan, noise) == []
+    assert Chance(1.0, "").learned(0.94) and not Chance(1.0, "").learned(0.96)
+    assert Chance(None, "not measured").learned(5.0)

@@ -1,0 +1,146 @@
+"""What notebook 06's study supports, read from its trial table: the best learning rate, the
+warnings that make it provisional, the grid's extension at an edge (one rate beyond it per
+step, the grid's own ratio, within the design's `extra_trials`) and "no rate learns" (the best
+validation loss does not clear the chance loss, `chance.py`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from .chance import MARGIN, Chance
+
+
+def grid(lrs: list[float]) -> str:
+    return ", ".join(f"{lr:g}" for lr in sorted(set(lrs)))
+
+
+def tried(trials: pd.DataFrame, design: Any) -> list[float]:
+    """Every rate planned or run, ascending: the design's and the extension's."""
+    return sorted(set(design.lrs) | {float(lr) for lr in trials.get("lr", [])})
+
+
+def extension_trials(trials: pd.DataFrame, design: Any) -> list[dict]:
+    """The (lr, seed) trials run beyond the design's grid, in the order first run."""
+    planned = set(design.lrs)
+    out: list[dict] = []
+    for lr, seed in zip(trials.get("lr", []), trials.get("seed", []), strict=True):
+        trial = {"lr": float(lr), "seed": int(seed)}
+        if trial["lr"] not in planned and trial not in out:
+            out.append(trial)
+    return out
+
+
+MAX_STEP = 10.0  # an extension never steps further than this ratio past the edge
+
+
+def beyond(lrs: list[float], direction: str) -> float:
+    """The next rate past the grid's edge (`lrs` ascending), at the ratio of its two outermost
+    rates (3 with one rate; at most `MAX_STEP`), rounded to two digits."""
+    if direction == "upward":
+        ratio = min(lrs[-1] / lrs[-2] if len(lrs) > 1 else 3.0, MAX_STEP)
+        return float(f"{lrs[-1] * ratio:.2g}")
+    ratio = min(lrs[1] / lrs[0] if len(lrs) > 1 else 3.0, MAX_STEP)
+    return float(f"{lrs[0] / ratio:.2g}")
+
+
+def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
+             best_loss: float | None = None) -> dict[str, Any]:
+    """What the study supports, from its trial table (`Study.trial_table`): the best learning
+    rate, how many seeds stand behind it, and the warnings that make it provisional - the best
+    at the edge of the rates tried ("extend the range upward" or "downward", and whether the
+    study's budget of extra trials ran out), the best trial still improving at its last update
+    (the budget is too short to call a winner), a single learning rate. With `chance` and the
+    study's `best_loss` (its best validation loss), a best that does not clear chance by
+    `MARGIN` is "no rate learns": no rate is supported. Keys: best_lr, best_metric, best_trial,
+    control_lr, control_remains_best, seeds, lrs (tried), extended (rates the study added),
+    extra_trials (its budget), best_at_edge ("upward", "downward" or ""), still_improving
+    (trial ids), warnings, no_rate_learns, chance_loss, conclusive (no warning), supported_lr
+    (the rate to plan on; None when none can be chosen) and finding (in one sentence)."""
+    control = design.lrs[0]
+    lrs = tried(trials, design)
+    extra = extension_trials(trials, design)
+    extended = sorted({t["lr"] for t in extra})
+    seeds = len(design.seeds)
+    done = trials.dropna(subset=["best_metric"])
+    out: dict[str, Any] = {"control_lr": control, "lrs": lrs, "seeds": seeds,
+                           "extended": extended, "extra_trials": design.extra_trials,
+                           "best_at_edge": "", "still_improving": [], "warnings": [],
+                           "no_rate_learns": False,
+                           "chance_loss": None if chance is None else chance.loss}
+    if done.empty:
+        every = bool(len(trials)) and bool((trials.status == "diverged").all())
+        out.update(best_lr=None, best_metric=None, best_trial=None, conclusive=False,
+                   supported_lr=None, control_remains_best=False, finding=(
+                       f"every learning rate tried diverged ({grid(lrs)}): nothing "
+                       "was learned to compare - lower the range (check the task's lr for a "
+                       "typo, e.g. 1e3 for 1e-3)") if every else
+                   "no trial produced a metric: no learning rate can be chosen yet")
+        return out
+    row = done.sort_values("best_metric", ascending=design.mode == "min", kind="stable").iloc[0]
+    best_lr, best_id = float(row.lr), int(row.id)
+    if chance is not None and best_loss is not None and not chance.learned(best_loss):
+        out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
+                   conclusive=False, supported_lr=None, control_remains_best=False,
+                   no_rate_learns=True, finding=(
+                       f"no rate learns: at no rate tried ({grid(lrs)}) did the validation "
+                       f"loss get {MARGIN:.0%} below chance - its best, {best_loss:.4g}, "
+                       f"against {chance.loss:.4g}, {chance.how}; a loss at or near chance is "
+                       "noise, not learning: check that the labels belong to their inputs "
+                       "(notebook 01) and that the model can fit a few examples (notebook "
+                       "02)."))
+        return out
+    warnings = out["warnings"]
+    if len(lrs) == 1:
+        warnings.append(f"one learning rate tried ({best_lr:g}): nothing was compared - add "
+                        "rates below and above it")
+    elif best_lr in (lrs[-1], lrs[0]):
+        up = best_lr == lrs[-1]
+        out["best_at_edge"] = "upward" if up else "downward"
+        warnings.append(f"the best lr {best_lr:g} is the {'largest' if up else 'smallest'} "
+                        f"tried ({grid(lrs)}): a {'larger' if up else 'smaller'} one may be "
+                        f"better - extend the range {out['best_at_edge']}" +
+                        (f"; the study's budget of {design.extra_trials} extra trials ran out"
+                         if design.extra_trials else ""))
+    # still improving: a finished trial whose best evaluation is its last one, after an
+    # earlier evaluation (a single evaluation shows no trend)
+    finished = done[done.status == "finished"]
+    improving = finished[(finished.best_step == finished.stop_step) &
+                         (finished.stop_step > design.eval_every)]
+    out["still_improving"] = [int(i) for i in improving.id]
+    if best_id in out["still_improving"]:
+        who = (f"every trial ({len(improving)} of {len(trials)})" if len(improving) ==
+               len(trials) else f"the best trial ({best_id})")
+        warnings.append(f"{who} was still improving at its last update "
+                        f"({int(row.stop_step)} of {design.updates}): the budget is too short "
+                        "to call a winner - lengthen it")
+    beat = best_lr != control
+    verdict = (f"lr {best_lr:g} beat the control (lr {control:g})" if beat else
+               f"the control (lr {control:g}) remains the best choice")
+    seeds_said = "one seed, so no spread" if seeds == 1 else \
+        f"{seeds} seeds (mean and spread per learning rate)"
+    finding = (f"{verdict}: best validation {design.metric} {float(row.best_metric):.4g} "
+               f"(trial {best_id}), on {seeds_said}")
+    if extended:
+        finding += (f"; the study extended its grid by itself to {grid(extended)} "
+                    f"({len(extra)} of its {design.extra_trials} extra trials), its best "
+                    "having sat at the edge")
+    if warnings:
+        finding += "; provisional - " + "; ".join(warnings)
+    out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
+               control_remains_best=not beat, conclusive=not warnings, supported_lr=best_lr,
+               finding=finding + ".")
+    return out
+
+
+def next_trials(trials: pd.DataFrame, design: Any, found: dict[str, Any]) -> list[dict]:
+    """The trials to add now: at an edge of the rates tried (and some rate learning), the next
+    rate beyond it on every seed, when they fit the design's `extra_trials`; else none."""
+    direction = found["best_at_edge"]
+    if not direction or found["no_rate_learns"]:
+        return []
+    if len(extension_trials(trials, design)) + len(design.seeds) > design.extra_trials:
+        return []
+    lr = beyond(found["lrs"], direction)
+    return [{"lr": lr, "seed": seed} for seed in design.seeds]
