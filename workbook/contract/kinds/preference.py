@@ -34,8 +34,8 @@ class Preference(NamedClasses):
     def identical(self, ids: list, total: int) -> Flag:
         """01's finding for the pairs `ids` whose rejected answer is the chosen one."""
         return Flag("pair without preference", f"{len(ids)} of {total} pairs have a rejected "
-                    f"answer equal to the chosen one: their {self.loss_words} is ln 2 whatever "
-                    "the model does, and they only dilute the update", len(ids),
+                    f"answer equal to the chosen one (the same tokens): their {self.loss_words} "
+                    "is ln 2 whatever the model does, and they only dilute the update", len(ids),
                     "remove them, or give each a rejected answer that differs", ids[:5])
 
     def expected_initial_loss(self, num_outputs, labels=None):
