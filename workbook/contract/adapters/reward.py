@@ -78,8 +78,9 @@ def _sequence(scores_of: Callable, tokens: torch.Tensor) -> torch.Tensor:
 class RewardAdapter(PreferenceAdapter):
     """A RewardTrainer as built, as a Task of the "ranking" kind: `__init__` reads its prepared
     pairs (checked), collator, tokenizer and RewardConfig; `encode` and `collate` lay out each
-    answer's tokens as the collator does, `build_model` is the `RewardPair` of a trainer built
-    anew, `untruncated_pair` and `pair_checks` back 01's findings; `task()` assembles them."""
+    answer's tokens as the collator does, `build_model` is the `RewardPair` over a copy of the
+    trainer's scorer, `untruncated_pair` and `pair_checks` back 01's findings; `task()`
+    assembles them."""
 
     def __init__(self, trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module],
                  evaluation: Any, *, name: str, group_column: str | None, **task_fields: Any):
@@ -133,7 +134,7 @@ class RewardAdapter(PreferenceAdapter):
         return {**out, "labels": torch.stack([r["labels"] for r in rows])}
 
     def build_model(self) -> nn.Module:
-        """The scorer of a trainer built anew, scoring both answers of a pair."""
+        """The trainer's scorer as built (a copy: `fresh`), scoring both answers of a pair."""
         return self.fresh(lambda t: RewardPair(t.model))
 
     def tokens(self, text: Any) -> list[int]:
@@ -340,7 +341,7 @@ def from_reward(trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.M
                 evaluation: Any, *, name: str, group_column: str | None,
                 **task_fields: Any) -> Task:
     """A Task of the "ranking" kind from a RewardTrainer as built: its prepared pairs, its one
-    eval dataset `evaluation`, collator, tokenizer and RewardConfig; `fresh(pick)` builds the
-    trainer again and returns `pick(trainer)` (the pilot's fresh model)."""
+    eval dataset `evaluation`, collator, tokenizer and RewardConfig; `fresh(pick)` gives a copy
+    of `pick(trainer)` as built (the pilot's fresh model)."""
     return RewardAdapter(trainer, fresh, evaluation, name=name, group_column=group_column,
                          **task_fields).task()
