@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ...storage.records import Flag
 from .base import NamedClasses
 
@@ -37,6 +39,11 @@ class Preference(NamedClasses):
                     f"answer equal to the chosen one (the same tokens): their {self.loss_words} "
                     "is ln 2 whatever the model does, and they only dilute the update", len(ids),
                     "remove them, or give each a rejected answer that differs", ids[:5])
+
+    def constant_prediction(self, value, logits):
+        """A model that ignores its inputs scores a pair's two answers alike (every target is
+        "chosen" by construction, so the targets' frequencies say nothing): ln 2."""
+        return torch.zeros_like(logits)
 
     def expected_initial_loss(self, num_outputs, labels=None):
         return math.log(num_outputs)
