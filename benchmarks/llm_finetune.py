@@ -1,7 +1,7 @@
 """An LLM fine-tune as TRL and PEFT write it (examples/trl_sft.py, examples/trl_dpo.py,
-examples/hf_trainer.py, examples/llama_lora_campaign.py): the planted bugs the pilot names and
-the clean twins' false alarms, the LoRA twin's predicted peaks against its measured ones, and
-the time to size the 8 B LoRA campaign. Needs the [llm] extra.
+examples/trl_reward.py, examples/hf_trainer.py, examples/llama_lora_campaign.py): the planted
+bugs the pilot names and the clean twins' false alarms, the LoRA twin's predicted peaks against
+its measured ones, and the time to size the 8 B LoRA campaign. Needs the [llm] extra.
 
     python benchmarks/llm_finetune.py
 
@@ -53,6 +53,12 @@ def sft(**planted):
 
 def dpo(**planted):
     from examples.trl_dpo import make_task
+
+    return make_task(CHATS // 3, **planted)  # three pairs a conversation
+
+
+def reward(**planted):
+    from examples.trl_reward import make_task
 
     return make_task(CHATS // 3, **planted)  # three pairs a conversation
 
@@ -123,6 +129,18 @@ PLANTED = [  # (bug, what the pilot must say, how it is looked for)
      lambda: flags(dpo(shared_opening=True))),
     ("DPO prompts that fill max_length: TRL drops the pairs", "rows dropped before training",
      lambda: flags(dpo(long_prompt=True))),
+    ("reward pairs whose rejected answer is the chosen one", "pair without preference",
+     lambda: flags(reward(same_answer=True))),
+    ("reward pairs identical once the script's tokenization truncated them",
+     "pair without preference", lambda: flags(reward(truncated=True))),
+    ("reward pairs longer than max_length: RewardTrainer drops them",
+     "rows dropped before training", lambda: flags(reward(long_answer=True))),
+    ("a reward collator padding with the end token, not config.pad_token_id",
+     "score read on padding", lambda: flags(reward(pad_with_eos=True))),
+    ("a score head PEFT froze (LoraConfig without task_type)", "score head frozen",
+     lambda: flags(reward(head="frozen"))),
+    ("a score head started at std 20: first loss far from ln 2", "first loss far from ln 2",
+     lambda: flags(reward(head_std=20.0))),
 ]
 
 
@@ -135,6 +153,10 @@ def clean_alarms() -> list[str]:
                flags(sft(new_role_token="trained"))]
     alarms += [f"trl_sft own loss (summed) 04: {f}" for f in [accounting("summed")] if f]
     alarms += [f"trl_dpo 01: {f}" for f in flags(dpo())]
+    for twin in ({}, {"lora": False}, {"head": "saved"}, {"no_pad_token": True}):
+        alarms += [f"trl_reward {twin} 01: {f}" for f in flags(reward(**twin))]
+    res = overfit(reward(), examples=8, updates=150)
+    alarms += [f"trl_reward 02: {c}" for c in res.checks.loc[~res.checks.passed, "check"]]
     res = overfit(dpo(), examples=8, updates=150)
     alarms += [f"trl_dpo 02: {c}" for c in res.checks.loc[~res.checks.passed, "check"]]
     res = overfit(sft(), examples=4, updates=120)

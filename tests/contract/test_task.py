@@ -50,7 +50,7 @@ def test_a_task_function_with_keyword_arguments_takes_any_option(monkeypatch):
 
 
 def test_every_missing_capability_is_reported_at_once(gen_task):
-    broken = dataclasses.replace(gen_task, encode=None, collate="not callable", kind="ranking",
+    broken = dataclasses.replace(gen_task, encode=None, collate="not callable", kind="listwise",
                                  split_fractions=(0.5, 0.5, 0.5))
     with pytest.raises(WorkbookError) as err:
         validate_task(broken)

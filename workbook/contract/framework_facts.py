@@ -37,3 +37,9 @@ class FrameworkFacts:
     # (policy, reference) -> the task's model around them, for a campaign model of the same
     # run (a GRPOTrainer's: `GRPOPolicy` with its rewards and settings); None elsewhere
     policy_around: Callable[[Any, Any], Any] | None = None
+    # a reward model's pair, tokenized again without truncation: item -> (chosen ids, rejected
+    # ids), or None where the row keeps no text (01 asks when a pair's two sequences are equal)
+    untruncated_pair: Callable[[Any], tuple[list[int], list[int]] | None] | None = None
+    # 01's checks on a reward model's own scorer (where the score is read in a padded batch,
+    # whether the score head trains, the first loss): encoded items -> Flags
+    pair_checks: Callable[[list], list] | None = None

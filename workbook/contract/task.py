@@ -516,7 +516,7 @@ def load_task(path: str, **options: Any) -> Task:
             )
         try:
             obj = obj(**options)
-        except WorkbookError as exc:
+        except WorkbookError as exc:  # the task's own refusal: its problem and fix as said
             raise WorkbookError(f"calling {path}({', '.join(options)}) failed: {exc.problem}",
                                 exc.fix) from exc
         except Exception as exc:

@@ -382,6 +382,7 @@ def overfit(task: Task, examples: int = 8, updates: int = 150, lr: float = 0.0,
                "initial_loss_rule": rule,
                "memorised": final.loss < bar and all(exact), "conclusive": not unfinished,
                "stopped_memorised": result.stop_reason == "memorised"}
+    figures.update(task.target_kind.figures(reproduction))
     if sampled:
         figures.update(initial_reward=round(-initial.loss, 4), final_reward=round(-final.loss, 4),
                        memorised=None)

@@ -142,7 +142,9 @@ OVERFIT = NotebookEntry(
         "initial_loss_rule": "expected initial loss from", "finite": "loss finite throughout",
         "lr_diverges": "learning rate diverges", "lr": "learning rate", "lr_from": "lr from",
         "updates_run": "updates run", "updates": "updates planned",
-        "update_by": "update made by", "loss_threshold": "loss threshold"})
+        "update_by": "update made by", "loss_threshold": "loss threshold",
+        "pair_accuracy": "pairs whose chosen answer scores higher",
+        "mean_margin": "mean score margin, chosen - rejected"})
 
 
 def _gates_why(ok: bool, f: dict, summary: dict) -> str:
@@ -266,6 +268,7 @@ STUDY = NotebookEntry(
         "finding": "finding", "supported_lr": "learning rate the study supports",
         "conclusive": "conclusive", "warnings": "warnings", "best_lr": "best learning rate",
         "best_metric": "best validation value", "metric": "metric",
+        "best_metrics": "best trial's validation metrics",
         "control_lr": "control learning rate", "control_remains_best": "control still best",
         "best_at_edge": "best at the grid's edge", "still_improving": "trials still improving",
         "suggested_lr": "range test's suggestion", "extended": "rates the study added",

@@ -383,6 +383,8 @@ def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
 
 def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task | None,
             rank: int, world: int, device: torch.device, audit: WriteAudit) -> dict[str, Any]:
+    seed_everything(spec.seed)  # a task that builds its model on loading (a TRL trainer, built
+    # once: a fresh score head drawn before the trainer seeds) builds the same on every rank
     task = task if task is not None else load_task(spec.task, **spec.task_options)
     seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
     data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})

@@ -28,9 +28,28 @@ def split_rows(dataset: Any, split: str) -> Any:
         raise WorkbookError(f"rows of the {split} dataset are {type(dataset[0]).__name__}, not "
                             "dicts of token ids", "tokenize it first (dataset.map(tokenize))")
     if len(dataset) and "input_ids" not in dataset[0]:
-        raise WorkbookError(f"rows of the {split} dataset have no input_ids (columns "
-                            f"{sorted(dataset[0])})", "tokenize it first (dataset.map(tokenize))")
+        raise no_input_ids(split, dataset[0])
     return dataset
+
+
+# tokenized preference pairs, as TRL prepares them (and its legacy names): read by from_trainer
+PAIRED = ("chosen_ids", "rejected_ids", "chosen_input_ids", "rejected_input_ids")
+
+
+def no_input_ids(name: str, row: Mapping) -> WorkbookError:
+    """The refusal of a row without input_ids, naming what the row holds instead: tokenized
+    chosen / rejected pairs are a preference or reward trainer's, which from_trainer reads."""
+    columns = sorted(row)
+    paired = [c for c in PAIRED if c in row]
+    if paired:
+        return WorkbookError(f"rows of the {name} dataset are tokenized pairs ({', '.join(paired)}"
+                             f"; columns {columns}), not single sequences with input_ids: "
+                             "from_hf reads one sequence per row", "hand the trainer your "
+                             "script builds to from_trainer (a RewardTrainer or DPOTrainer: "
+                             "workbook.adapters.from_trainer(make_trainer, name=...)), which "
+                             "reads its pairs")
+    return WorkbookError(f"rows of the {name} dataset have no input_ids (columns {columns})",
+                         "tokenize it first (dataset.map(tokenize))")
 
 
 def streams(dataset: Any) -> bool:
@@ -61,9 +80,7 @@ class Stream:
         self.dataset, self.split, self.name = dataset, split, name
         self.first = next(self.rows(), (0, None))[1]
         if self.first is not None and "input_ids" not in self.first:
-            raise WorkbookError(f"rows of the {name} dataset have no input_ids (columns "
-                                f"{sorted(self.first)})", "tokenize it first "
-                                "(dataset.map(tokenize))")
+            raise no_input_ids(name, self.first)
 
     def rows(self) -> Iterator[tuple[int, dict]]:
         """(position, row) of every row in order, each checked to be a dict of columns; a

@@ -153,16 +153,21 @@ class PreferenceAdapter(Adapter):
     def decode_input(self, ids: Any) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
 
-    def task(self) -> Task:
-        fields = argument_fields(self.args, lambda: len(self.data["train"]), None,
-                                 self.tokenizer, self.notes)
-        fields.update(self.task_fields)
-        task = Task(name=self.name, kind="preference", load_examples=self.load_examples,
+    def assembled(self, kind: str, inputs: tuple[str, ...], notes: list[str],
+                  **fields: Any) -> Task:
+        """The Task of a pair of answers: the steps, the trainer's arguments' fields (their
+        `notes` said), `fields` over them and the user's own `task_fields` over all."""
+        fields = {**argument_fields(self.args, lambda: len(self.data["train"]), None,
+                                    self.tokenizer, notes), **fields, **self.task_fields}
+        return Task(name=self.name, kind=kind, load_examples=self.load_examples,
                     encode=self.encode, collate=self.collate, build_model=self.build_model,
-                    model_inputs=INPUTS, split_of=self.split_of, label_names=list(ANSWERS),
+                    model_inputs=inputs, split_of=self.split_of, label_names=list(ANSWERS),
                     label_field="preferred", padding_side="right", decode=self.decode,
                     decode_input=self.decode_input,
                     max_length=getattr(self.args, "max_length", None), **fields)
+
+    def task(self) -> Task:
+        task = self.assembled("preference", INPUTS, self.notes)
         task.framework.notes = [f"from_trainer: a {type(self.trainer).__name__}'s pairs as it "
                               "prepared them, its collator and DPOConfig; the model is the "
                               "policy beside its " + (

@@ -22,24 +22,23 @@ from .base import Adapter
 from .grpo import from_grpo
 from .hf import from_hf
 from .preference import from_preference
+from .reward import from_reward
 from .torch import real_on_cpu
 from .trainer_step import TrainerStep, own_loss
 
 # callbacks every Trainer adds by itself (progress, logging integrations): not the user's
 OWN_CALLBACKS = ("DefaultFlowCallback", "PrinterCallback", "ProgressCallback",
                  "NotebookProgressCallback")
-# the trainer classes (and their subclasses) read here, each by its reader: DPOTrainer as
-# preference pairs, GRPOTrainer as prompts a policy completes, the rest through `from_hf`
+# the trainer classes (and their subclasses) read here: DPOTrainer as preference pairs and
+# GRPOTrainer as prompts a policy completes (each by its reader), RewardTrainer as ranked pairs,
+# the rest through `from_hf`; the most derived class the trainer is decides
 READERS = {"DPOTrainer": from_preference, "GRPOTrainer": from_grpo}
-MAPPED = (*READERS, "SFTTrainer", "Trainer")
-NOT_MAPPED = ("RewardTrainer",)  # Trainer subclasses whose batches from_hf cannot read
+MAPPED = (*READERS, "RewardTrainer", "SFTTrainer", "Trainer")
 
 
 def _mapped(trainer: Any) -> str | None:
     """The mapped class `trainer` is (or derives from), or None."""
     names = [k.__name__ for k in type(trainer).__mro__]
-    if any(n in NOT_MAPPED for n in names):
-        return None
     return next((n for n in names if n in MAPPED), None)
 
 
@@ -61,15 +60,15 @@ def built(make_trainer: Callable[[], Any], log: list | None = None) -> Any:
                             f"{reason(exc, 400)}", "the campaign's script fails at the same "
                             "line: fix the setup it names (no notebook could run)") from exc
     if _mapped(trainer) is None:
-        mapped = "transformers Trainer, TRL SFTTrainer, DPOTrainer and GRPOTrainer"
+        mapped = ("transformers Trainer, TRL SFTTrainer, DPOTrainer, RewardTrainer and "
+                  "GRPOTrainer")
         if any(k.__name__ == "Trainer" for k in type(trainer).__mro__):
             raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}: the pilot "
                                 f"maps the {mapped}, not this one yet",
                                 "write a workbook.Task for it (docs/own-task.md)")
         raise WorkbookError(f"make_trainer returned a {type(trainer).__name__}, not a "
-                            "transformers Trainer nor a TRL SFTTrainer, DPOTrainer or "
-                            "GRPOTrainer", "return the trainer your script builds, before "
-                            "trainer.train()")
+                            f"transformers Trainer nor a TRL trainer ({mapped})",
+                            "return the trainer your script builds, before trainer.train()")
     step = getattr(getattr(trainer, "state", None), "global_step", 0) or 0
     if step:
         raise WorkbookError(f"make_trainer returned a trainer that has trained ({step} "
@@ -118,11 +117,12 @@ def _counting(log: list[dict]) -> Iterator[None]:
     kept. TRL drops the rows truncation leaves without a target, silently; a packed or
     streamed dataset's kept rows are not counted (they are not the given ones)."""
     try:
-        from trl import DPOTrainer, SFTTrainer
+        from trl import DPOTrainer, RewardTrainer, SFTTrainer
     except ImportError:
         yield
         return
-    originals = {k: k.__dict__["_prepare_dataset"] for k in (SFTTrainer, DPOTrainer)}
+    originals = {k: k.__dict__["_prepare_dataset"] for k in (SFTTrainer, DPOTrainer,
+                                                             RewardTrainer)}
 
     def counting(original: Callable) -> Callable:
         signature = inspect.signature(original)
@@ -156,9 +156,11 @@ def _dropped(log: list[dict], args: Any) -> dict[str, tuple[int, int, str]]:
     """Per split, the rows TRL's preparation dropped: (dropped, given, why); refused when it
     dropped every row of one."""
     length = getattr(args, "max_length", None)
-    how = getattr(args, "truncation_mode", "keep_start")
+    how = getattr(args, "truncation_mode", None)
     why = (f"truncation at max_length={length} ({how}) left them no target, and TRL drops "
-           "such rows silently")
+           "such rows silently") if how is not None else (
+        f"their chosen or rejected sequence is longer than max_length={length}, and "
+        "RewardTrainer drops such pairs silently (it never truncates)")
     out = {}
     for entry in log:
         given, kept = entry["rows"], entry["kept"]
@@ -167,8 +169,9 @@ def _dropped(log: list[dict], args: Any) -> dict[str, tuple[int, int, str]]:
         if kept == 0 and given:
             raise WorkbookError(
                 f"TRL's preparation dropped every one of the {given} {entry['name']} rows: "
-                f"{why}", "raise max_length (SFTConfig(max_length=...)) or use "
-                "truncation_mode='keep_end', so the assistant turns fit")
+                f"{why}", f"raise max_length ({type(args).__name__}(max_length=...))" + (
+                    " or use truncation_mode='keep_end', so the assistant turns fit"
+                    if how is not None else " past the longest pair"))
         if kept < given:
             out[_split(entry["name"])] = (given - kept, given, why)
     return out
@@ -270,6 +273,11 @@ class TrainerAdapter(Adapter):
         if reader is not None:
             task = reader(trainer, self.fresh, name=self.name, group_column=self.group_column,
                           **self.task_fields)
+            task.framework.rows_dropped = self.dropped
+            return task
+        if _mapped(trainer) == "RewardTrainer":
+            task = from_reward(trainer, self.fresh, self.evaluation(), name=self.name,
+                               group_column=self.group_column, **self.task_fields)
             task.framework.rows_dropped = self.dropped
             return task
         evaluation = self.evaluation()

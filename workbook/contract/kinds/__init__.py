@@ -11,12 +11,13 @@ from .classification import Classification
 from .generation import Generation
 from .policy import Policy
 from .preference import Preference
+from .ranking import Ranking
 from .regression import Regression
 from .token_classification import TokenClassification
 
 KINDS: dict[str, Kind] = {k.name: k for k in (Generation(), Classification(), Regression(),
                                               TokenClassification(), Preference(),
-                                              Policy())}
+                                              Policy(), Ranking())}
 
 
 def of(name: str) -> Kind:

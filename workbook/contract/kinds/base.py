@@ -96,6 +96,20 @@ class Kind:
         """02's row of what the memorised model gives back for one example."""
         return {}
 
+    def constant_prediction(self, value: Tensor, logits: Tensor) -> Tensor:
+        """06's chance: the prediction of a model that ignores its inputs, laid out as
+        `logits` - every position the targets' log frequencies `value` (class ids), or their
+        mean (a 0-dim `value`, float targets)."""
+        if not value.dim():
+            return torch.full_like(logits, float(value))
+        prior = torch.full((logits.shape[-1],), -30.0, device=logits.device)
+        prior[:value.shape[0]] = value[:logits.shape[-1]]
+        return prior.expand_as(logits).contiguous()
+
+    def figures(self, reproduction: pd.DataFrame) -> dict:
+        """02's key figures this kind adds from its reproduction rows (none by default)."""
+        return {}
+
     def overfit_subset(self, task: Task, raw: list[dict], n: int) -> list[dict]:
         """02's subset of `n` examples out of the first training examples `raw`: the first."""
         return raw[:n]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ...storage.records import Flag
 from .base import NamedClasses
 
@@ -17,6 +19,7 @@ ANSWERS = ("chosen", "rejected")
 class Preference(NamedClasses):
     name = "preference"
     target_words = "preference pairs (the chosen answer is each pair's target)"
+    loss_words = "DPO loss"
 
     def names_of(self, task, ids):
         return [task.decode(ids)]
@@ -29,6 +32,18 @@ class Preference(NamedClasses):
 
     def initial_loss_rule(self, num_outputs):
         return f"ln({num_outputs}): the policy starts as its reference"
+
+    def identical(self, ids: list, total: int) -> Flag:
+        """01's finding for the pairs `ids` whose rejected answer is the chosen one."""
+        return Flag("pair without preference", f"{len(ids)} of {total} pairs have a rejected "
+                    f"answer equal to the chosen one (the same tokens): their {self.loss_words} "
+                    "is ln 2 whatever the model does, and they only dilute the update", len(ids),
+                    "remove them, or give each a rejected answer that differs", ids[:5])
+
+    def constant_prediction(self, value, logits):
+        """A model that ignores its inputs scores a pair's two answers alike (every target is
+        "chosen" by construction, so the targets' frequencies say nothing): ln 2."""
+        return torch.zeros_like(logits)
 
     def expected_initial_loss(self, num_outputs, labels=None):
         return math.log(num_outputs)
@@ -50,13 +65,7 @@ class Preference(NamedClasses):
                 same.append(it.id)
             elif limit and chosen[:limit] == rejected[:limit]:
                 cut.append(it.id)
-        flags = []
-        if same:
-            flags.append(Flag("pair without preference", f"{len(same)} of {len(items)} pairs "
-                              "have a rejected answer equal to the chosen one: their DPO loss "
-                              "is ln 2 whatever the model does, and they only dilute the "
-                              "update", len(same), "remove them, or give each a rejected "
-                              "answer that differs", same[:5]))
+        flags = [self.identical(same, len(items))] if same else []
         if cut:
             flags.append(Flag("pair without preference", f"{len(cut)} of {len(items)} pairs "
                               f"differ only after max_length={limit}: truncation leaves the "

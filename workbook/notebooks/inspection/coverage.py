@@ -193,9 +193,8 @@ def dropped_rows_audit(task: Task) -> list[Flag]:
     return [Flag("rows dropped before training", f"the trainer's preparation dropped {said}: "
                  f"{why} - the campaign never trains or evaluates on them",
                  sum(d for d, _, _ in dropped.values()),
-                 "raise max_length until the assistant turns fit, use "
-                 "truncation_mode='keep_end', or drop the rows yourself before the trainer "
-                 "and record it", [])]
+                 "raise max_length until the rows fit (SFT: or truncation_mode='keep_end'), "
+                 "or drop the rows yourself before the trainer and record it", [])]
 
 
 def new_token_audit(task: Task, model: torch.nn.Module,

@@ -557,7 +557,12 @@ def save(study: Study, out_dir: Path) -> str:
     best = study.best() or {}
     found = study.supported()
     tested = study.range_test
-    figures = {"trials": len(trials), "statuses": trials.status.value_counts().to_dict(),
+    # every metric of the best trial on the whole validation split (a reward model's accuracy
+    # and margin of chosen over rejected beside its loss)
+    full = study.evals().query("scope == 'full-best' and trial == @best.get('id')")
+    figures = {"best_metrics": {k: round(float(v), 4) for k, v in json.loads(
+                   full.metrics.iloc[-1]).items()} if len(full) else None,
+               "trials": len(trials), "statuses": trials.status.value_counts().to_dict(),
                "best_trial": best.get("id"), "best_lr": best.get("lr"),
                "best_metric": best.get("best_metric"), "metric": study.design.metric,
                "best_checkpoint": best.get("best_checkpoint"), "periodic_curve": periodic,

@@ -55,13 +55,7 @@ def chance_loss(task: Task, items: list[Item], eval_batch: int,
         with eval_mode(model):
             for batch in evaluation_batches(task, items, eval_batch, device):
                 logits = task.forward(model, batch.tensors).float()
-                if value.dim():  # class ids: every position predicts the frequencies
-                    ids = value.shape[0]
-                    prior = torch.full((logits.shape[-1],), -30.0, device=device)
-                    prior[:ids] = value[:logits.shape[-1]]
-                    fixed = prior.expand_as(logits).contiguous()
-                else:
-                    fixed = torch.full_like(logits, float(value))
+                fixed = task.target_kind.constant_prediction(value, logits)
                 loss, n = task.loss(fixed, batch.tensors)
                 summed, count = summed + float(loss), count + float(n)
     except Exception as exc:  # a kind this reading does not fit (preference pairs)
