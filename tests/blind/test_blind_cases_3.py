@@ -24,12 +24,6 @@ pytest.importorskip("transformers")
 
 # first run (FIRST_RUN_3.md): from_trainer refuses both trainers - "make_trainer returned a
 # GRPOTrainer, not a transformers Trainer or TRL SFTTrainer or DPOTrainer"
-REFUSED_GRPO = pytest.mark.xfail(strict=False, reason="first run: from_trainer refuses "
-                                 "GRPOTrainer ('reward, GRPO and other online trainers are not "
-                                 "mapped yet'); FIRST_RUN_3.md")
-REFUSED_REWARD = pytest.mark.xfail(strict=False, reason="first run: from_trainer refuses "
-                                   "RewardTrainer ('reward, GRPO and other online trainers are "
-                                   "not mapped yet'); FIRST_RUN_3.md")
 NOT_MAPPED = re.compile(r"not mapped yet|not a transformers Trainer", re.IGNORECASE)
 
 
@@ -46,8 +40,10 @@ def names(said: str, *patterns: str) -> None:
 
 def silent(verdict: str, said: str, *patterns: str) -> None:
     assert verdict == "pass", said
+    # the task's own name ("grpo-clipped" for the clipped case's twin) is not a finding
+    words = re.sub(r'"task": "[^"]*"', "", said)
     for pattern in patterns:
-        assert not re.search(pattern, said, re.IGNORECASE), f"{pattern!r} flagged: {said}"
+        assert not re.search(pattern, words, re.IGNORECASE), f"{pattern!r} flagged: {said}"
 
 
 # A1. a reward function that returns one reward for the batch - huggingface/trl#6533 (#6534) ---
@@ -58,7 +54,6 @@ LENGTH_CAUSE = (r"batch_reward", r"\breward",
                 r"returned 1 reward|1 rewards?\b.*\b4\b")
 
 
-@REFUSED_GRPO
 @pytest.mark.planted
 def test_reward_function_of_the_wrong_length_is_named(tmp_path):
     verdict, said = inspect(tmp_path, LENGTH, rewards="batch")
@@ -66,7 +61,6 @@ def test_reward_function_of_the_wrong_length_is_named(tmp_path):
     names(said, *LENGTH_CAUSE)
 
 
-@REFUSED_GRPO
 @pytest.mark.twin
 def test_one_reward_per_completion_passes(tmp_path):
     verdict, said = inspect(tmp_path, LENGTH, rewards="per_completion")
@@ -84,7 +78,6 @@ FLAT_CAUSE = (r"\breward",
 FLAT_FLAG = FLAT_CAUSE[1]
 
 
-@REFUSED_GRPO
 @pytest.mark.planted
 @pytest.mark.parametrize("reward", ["format", "prompt_only"])
 def test_reward_constant_within_groups_is_named(tmp_path, reward):
@@ -93,7 +86,6 @@ def test_reward_constant_within_groups_is_named(tmp_path, reward):
     names(said, *FLAT_CAUSE)
 
 
-@REFUSED_GRPO
 @pytest.mark.planted
 @pytest.mark.parametrize("reward", ["format", "prompt_only"])
 def test_reward_that_cannot_rise_fails_overfit(tmp_path, reward):
@@ -102,14 +94,12 @@ def test_reward_that_cannot_rise_fails_overfit(tmp_path, reward):
     names(said, *FLAT_CAUSE)
 
 
-@REFUSED_GRPO
 @pytest.mark.twin
 def test_reward_that_tells_answers_apart_passes(tmp_path):
     verdict, said = inspect(tmp_path, FLAT, reward="answer")
     silent(verdict, said, FLAT_FLAG)
 
 
-@REFUSED_GRPO
 @pytest.mark.twin
 def test_reward_that_tells_answers_apart_passes_overfit(tmp_path):
     verdict, said = overfit(tmp_path, FLAT, reward="answer")
@@ -127,9 +117,6 @@ GENERATIONS = "tests.blind.grpo_num_generations:task"
 # line: fix the setup it names"), then wrapped by the task loader under a second, generic fix
 # ("-> fix: point at a Task, or a function returning one, and check its options") that points
 # away from the setting (FIRST_RUN_3.md)
-@pytest.mark.xfail(strict=False, reason="first run: TRL's refusal relayed, but wrapped under the "
-                   "loader's generic fix 'point at a Task, or a function returning one, and "
-                   "check its options'; FIRST_RUN_3.md")
 @pytest.mark.planted
 def test_num_generations_refusal_is_relayed_with_its_fix(tmp_path):
     verdict, said = inspect(tmp_path, GENERATIONS, num_generations=3)
@@ -144,7 +131,6 @@ def test_num_generations_refusal_is_relayed_with_its_fix(tmp_path):
     assert not re.search(r"point at a Task", said), said
 
 
-@REFUSED_GRPO
 @pytest.mark.twin
 def test_num_generations_dividing_the_batch_passes(tmp_path):
     verdict, said = inspect(tmp_path, GENERATIONS, num_generations=4)
@@ -158,7 +144,6 @@ CLIPPED = "tests.blind.grpo_clipped:task"
 CLIPPED_FLAG = r"clipped|truncat|cut (off|at)|without (an? )?(end|eos)|never end"
 
 
-@REFUSED_GRPO
 @pytest.mark.planted
 def test_completions_cut_at_max_completion_length_are_named(tmp_path):
     verdict, said = inspect(tmp_path, CLIPPED, max_completion_length=1)
@@ -167,7 +152,6 @@ def test_completions_cut_at_max_completion_length_are_named(tmp_path):
           r"\b(end|eos)\b|<eot>|terminat")
 
 
-@REFUSED_GRPO
 @pytest.mark.twin
 def test_completions_that_end_pass(tmp_path):
     verdict, said = inspect(tmp_path, CLIPPED, max_completion_length=16)
@@ -181,7 +165,6 @@ NONE = "tests.blind.grpo_none_reward:task"
 NONE_FLAG = r"\bNone\b|\bNaN\b|unscor|not scored|no reward"
 
 
-@REFUSED_GRPO
 @pytest.mark.planted
 def test_reward_none_for_some_completions_is_named(tmp_path):
     verdict, said = inspect(tmp_path, NONE, unscorable="none")
@@ -189,7 +172,6 @@ def test_reward_none_for_some_completions_is_named(tmp_path):
     names(said, r"parsed_reward", NONE_FLAG)
 
 
-@REFUSED_GRPO
 @pytest.mark.twin
 def test_reward_zero_for_unparsed_completions_passes(tmp_path):
     verdict, said = inspect(tmp_path, NONE, unscorable="zero")
@@ -203,7 +185,6 @@ HEAD = "tests.blind.reward_lora_head:task"
 HEAD_FLAG = r"frozen|not trained|never (trained|updated)|requires_grad"
 
 
-@REFUSED_REWARD
 @pytest.mark.planted
 def test_score_head_frozen_under_lora_is_named(tmp_path):
     verdict, said = inspect(tmp_path, HEAD, head="frozen")
@@ -211,7 +192,6 @@ def test_score_head_frozen_under_lora_is_named(tmp_path):
     names(said, r"\bscore\b", HEAD_FLAG, r"modules_to_save|SEQ_CLS")
 
 
-@REFUSED_REWARD
 @pytest.mark.twin
 @pytest.mark.parametrize("head", ["seq_cls", "modules_to_save"])
 def test_score_head_trained_beside_lora_passes(tmp_path, head):
@@ -225,7 +205,6 @@ SAME = "tests.blind.reward_same_pairs:task"
 SAME_FLAG = r"identical|same (tokens|token ids|sequences?|answers?|text)|chosen (is|==|equals)"
 
 
-@REFUSED_REWARD
 @pytest.mark.planted
 def test_pairs_with_identical_chosen_and_rejected_are_named(tmp_path):
     verdict, said = inspect(tmp_path, SAME, same_answer=True)
@@ -233,7 +212,6 @@ def test_pairs_with_identical_chosen_and_rejected_are_named(tmp_path):
     names(said, SAME_FLAG, r"chosen", r"rejected")
 
 
-@REFUSED_REWARD
 @pytest.mark.twin
 def test_distinct_pairs_pass(tmp_path):
     verdict, said = inspect(tmp_path, SAME, same_answer=False)
@@ -246,7 +224,6 @@ def test_distinct_pairs_pass(tmp_path):
 NO_PAD = "tests.blind.reward_no_pad_id:task"
 
 
-@REFUSED_REWARD
 @pytest.mark.twin
 @pytest.mark.parametrize("pad_token_id", [None, "tokenizer"])
 def test_config_pad_token_id_repaired_by_trl_passes(tmp_path, pad_token_id):

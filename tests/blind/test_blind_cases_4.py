@@ -53,7 +53,6 @@ def notebook(module, stem: str, out: Path, task: str, **options) -> tuple[str, s
 #    lucidrains/med-seg-diff-pytorch#6, huggingface/transformers#26312
 
 @pytest.mark.planted
-@pytest.mark.xfail(strict=False, reason=NO_ADAPTER)
 def test_loss_backward_under_accumulate_is_named(tmp_path):
     verdict, said = notebook(wb.accounting, "04_batch_accounting", tmp_path, LOOPS,
                              loop="glue", backward="loss")
@@ -66,7 +65,6 @@ def test_loss_backward_under_accumulate_is_named(tmp_path):
 #    huggingface/accelerate#3533 ("double divide gradient_accumulation_steps")
 
 @pytest.mark.planted
-@pytest.mark.xfail(strict=False, reason=NO_ADAPTER)
 def test_loss_divided_again_before_accelerator_backward_is_named(tmp_path):
     verdict, said = notebook(wb.accounting, "04_batch_accounting", tmp_path, LOOPS,
                              loop="glue", backward="divided")
@@ -77,7 +75,6 @@ def test_loss_divided_again_before_accelerator_backward_is_named(tmp_path):
 
 
 @pytest.mark.twin
-@pytest.mark.xfail(strict=False, reason=NO_ADAPTER)
 def test_accelerator_backward_under_accumulate_passes(tmp_path):
     verdict, said = notebook(wb.accounting, "04_batch_accounting", tmp_path, LOOPS,
                              loop="glue", backward="accelerator")
@@ -92,7 +89,6 @@ STACK = "stack expects each tensor to be equal size"
 
 
 @pytest.mark.twin
-@pytest.mark.xfail(strict=False, reason=NO_ADAPTER)
 def test_fixed_length_blocks_pass_the_gates(tmp_path):
     verdict, said = notebook(wb.gates, "03_phase_gates", tmp_path, LOOPS, loop="clm")
     assert STACK not in said, said
@@ -100,7 +96,6 @@ def test_fixed_length_blocks_pass_the_gates(tmp_path):
 
 
 @pytest.mark.twin
-@pytest.mark.xfail(strict=False, reason=NO_ADAPTER)
 def test_fixed_length_blocks_pass_inspection(tmp_path):
     verdict, said = notebook(wb.inspection, "01_inspect_examples", tmp_path, LOOPS, loop="clm")
     assert STACK not in said, said
@@ -140,8 +135,6 @@ NO_RATE = re.compile(r"no (learning )?rate (tried )?(learn|lower|improv|beat)|no
 #     discuss.pytorch.org/t/cross-entropy-loss-is-not-decreasing/43814
 
 @pytest.mark.planted
-@pytest.mark.xfail(strict=False, reason="first run: 'lr 0.0002 beat the control (lr 0.0001): "
-                                        "best validation loss 2.297', supported_lr 0.0002")
 def test_no_rate_learns_random_labels(tmp_path):
     verdict, figures, said = study(tmp_path, kind="random_labels")
     assert figures.get("supported_lr") is None, figures
