@@ -30,7 +30,7 @@ WAITING = 65_536  # label ranges held for the probe at most (then it runs on wha
 # a source without a length is scanned this far at most when no scan_limit is given: an endless
 # stream stops here, and the page says so
 UNSIZED_MOST = 10_000_000
-BLOCK = 16 * CHUNK  # examples read before they are counted, here or by a worker
+BLOCK = 4 * CHUNK  # examples read before they are counted, here or by a worker
 # workers are forked once this many examples are read (at once when the source says it has
 # more), so a small task scans in one process
 FORK_FROM = 2 * BLOCK
@@ -112,7 +112,7 @@ class _Blocks:
             # the probe, once the kept train examples are in - or earlier, with those there
             # are, before the label ids waiting for it pile up (train late in the stream)
             if not self.probed and kept["train"] and (
-                    len(kept["train"]) >= self.keep or len(result.label_range) > WAITING):
+                    len(kept["train"]) >= self.keep or result.held > WAITING):
                 result.note_outputs(self.probe(kept))
                 self.probed = True
 
