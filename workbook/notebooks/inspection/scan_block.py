@@ -101,11 +101,12 @@ class Tally:
                 kept[name].append((i, tensors))
             chunk = pending[name]
             chunk.append(Item(example[id_key], tensors, example))
-            if len(chunk) == COLLATE and name not in first:
-                first.append(name)
-            elif len(chunk) == CHUNK:
-                count(counts, name, chunk)
-                pending[name] = []
+            if not len(chunk) % COLLATE:  # a batch's worth
+                if name not in first:
+                    first.append(name)
+                if len(chunk) == CHUNK:
+                    count(counts, name, chunk)
+                    pending[name] = []
         for name in SPLITS:
             count(counts, name, pending[name])
         first += [n for n in SPLITS if n not in first]

@@ -311,7 +311,7 @@ def _digest(task: Task, items: list[Item],
             flat, one_dim = _flat(group)
             shapes = None if one_dim else [t.numel() if t.dim() == 1 else hash(t.shape)
                                            for t in group]
-            sizes = [t.numel() for t in group]
+            sizes = list(map(torch.Tensor.numel, group))
             if where is None:
                 columns[name] = (flat, sizes)
             parts.append((slot, dtype, flat.detach().cpu(), sizes, where, shapes))
