@@ -170,6 +170,18 @@ def test_label_ids_far_into_a_stream_are_checked_against_the_model(monkeypatch):
     assert found.count == 100 and all(i >= 1100 for i in found.examples)
 
 
+
+@pytest.mark.parametrize("keep", [1, 5000])  # probed at once / only after the stream ended
+def test_label_ids_held_for_the_probe_are_checked_as_those_that_come_after_it(keep):
+    bad = task_over(Counted(1200))
+    bad.encode = lambda ex: {"x": torch.tensor(ex["x"]), "labels": torch.tensor(
+        7 if ex["id"] % 97 == 3 else NAMES.index(ex["label"]))}
+    found = scanning.scan(bad, keep=keep, probe=lambda kept: 2, workers=0).out_of_range
+    # example 3 is in validation, whose rows are counted after the block's train rows
+    assert found.examples == 13 and found.ids == [100, 197, 294, 391, 488]
+    assert scanning.scan(task_over(Counted(1200)), keep=keep, probe=lambda kept: 2,
+                         workers=0).out_of_range.examples == 0
+
 def test_inputs_of_other_lengths_or_dtypes_are_not_called_identical():
     """[1, 2] + [3] is not [1] + [2, 3]; a bf16 input is hashed, not refused."""
     def pairs():

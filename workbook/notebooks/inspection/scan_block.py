@@ -7,7 +7,7 @@ block's ids, groups and inputs for the pass's hash indexes, and the examples sti
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +17,7 @@ from ...contract.data import Item, encode_failed
 from ...contract.hash_index import keys_of
 from ...contract.sources import SPLITS, Checks, split_of
 from ...contract.task import Task
-from .scan_tally import BITS, CHUNK, Scan, Where, count, input_keys, merge
+from .scan_tally import BITS, CHUNK, COLLATE, Scan, Where, count, input_keys, merge
 
 SPLITS_KEPT = 4096  # groups whose split is remembered (the default rule; cleared when full)
 
@@ -75,6 +75,7 @@ class Tally:
         groups: list[str] = []
         bits: list[int] = []
         last_group, last_name = "", ""
+        first: list[str] = []  # the splits in the order their first batch filled
         examples_in = block.examples
         for i in checks.usable(block.positions, examples_in):
             example = examples_in[i]
@@ -100,11 +101,19 @@ class Tally:
                 kept[name].append((i, tensors))
             chunk = pending[name]
             chunk.append(Item(example[id_key], tensors, example))
-            if len(chunk) == CHUNK:
-                count(counts, name, chunk)
-                pending[name] = []
+            if not len(chunk) % COLLATE:  # a batch's worth
+                if name not in first:
+                    first.append(name)
+                if len(chunk) == CHUNK:
+                    count(counts, name, chunk)
+                    pending[name] = []
         for name in SPLITS:
             count(counts, name, pending[name])
+        first += [n for n in SPLITS if n not in first]
+        for table in ("targets_hist", "classes"):  # splits in the order batches came to them
+            counted = getattr(counts, table)
+            setattr(counts, table, defaultdict(Counter, {n: counted[n] for n in first
+                                                         if n in counted}))
         ids = checks.take_ids()
         keys, input_bits, input_ids = input_keys(counts)
         counts.task = None  # the reader's scan has it

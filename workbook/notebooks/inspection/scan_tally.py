@@ -20,7 +20,8 @@ from ...contract.targets import IGNORE_INDEX, contributes
 from ...contract.task import Task
 from .coverage import batch_coverage, prompt_spans
 
-CHUNK = 64  # examples collated at a time
+COLLATE = 64  # examples collated at a time (a batch's padding is part of what is counted)
+CHUNK = 4 * COLLATE  # examples counted at a time: their batches, digests and label ids at once
 FINDINGS = 5  # example ids kept per finding (its count covers every example)
 BITS = {name: 1 << i for i, name in enumerate(SPLITS)}
 
@@ -100,7 +101,10 @@ class Scan:
     mismatched: Finding = field(default_factory=Finding)
     first_mismatch: tuple = ()
     out_of_range: Finding = field(default_factory=Finding)
-    label_range: list[tuple[Any, int, int]] = field(default_factory=list)  # until outputs known
+    # until the output size is known: per chunk, the ids of the examples with label ids and
+    # their lowest and highest id (`held`: how many examples in all)
+    label_range: list[tuple[list, np.ndarray, np.ndarray]] = field(default_factory=list)
+    held: int = 0
     outputs: int | None = None
     probed: bool = False  # the model's output size was asked for (None: it could not be told)
     moments: dict[str, Moments] = field(default_factory=lambda: defaultdict(Moments))
@@ -117,20 +121,23 @@ class Scan:
     def note_outputs(self, outputs: int | None) -> None:
         """The model's output size, once known: the label ids held until then are checked."""
         self.outputs, self.probed = outputs, True
-        for example_id, low, high in self.label_range:
-            self._check_range(example_id, low, high)
-        self.label_range = []
+        for held in self.label_range:
+            self._check_ranges(*held)
+        self.label_range, self.held = [], 0
 
-    def _check_range(self, example_id: Any, low: int, high: int) -> None:
-        if self.outputs is not None and (low < 0 or high >= self.outputs):
-            self.out_of_range.add(example_id)
+    def _check_ranges(self, ids: list, low: np.ndarray, high: np.ndarray) -> None:
+        if self.outputs is not None:
+            for i in np.flatnonzero((low < 0) | (high >= self.outputs)).tolist():
+                self.out_of_range.add(ids[i])
 
-    def hold_range(self, example_id: Any, low: int, high: int) -> None:
-        """An example's label ids, checked now if the output size is known, else held."""
+    def hold_ranges(self, ids: list, low: np.ndarray, high: np.ndarray) -> None:
+        """Examples' lowest and highest label ids, checked now if the output size is known,
+        else held."""
         if self.probed:
-            self._check_range(example_id, low, high)
-        else:
-            self.label_range.append((example_id, low, high))
+            self._check_ranges(ids, low, high)
+        elif len(ids):
+            self.label_range.append((ids, low, high))
+            self.held += len(ids)
 
 
 def count(result: Scan, name: str, items: list[Item]) -> None:
@@ -142,8 +149,17 @@ def count(result: Scan, name: str, items: list[Item]) -> None:
     if spans is not None:
         result.prompt_examples += len(spans)
         result.unchecked_prompts.update(s for s in spans if isinstance(s, str))
-    batch = collate_items(task, items).tensors
-    positions, targets, padding, prompt = batch_coverage(task, items, batch, spans)
+    positions, targets, padding, prompt = [], [], [], []
+    floats: list[Item] = []  # those of batches with floats, which reach the model
+    for start in range(0, len(items), COLLATE):
+        part = items[start:start + COLLATE]
+        batch = collate_items(task, part).tensors
+        for whole, got in zip((positions, targets, padding, prompt), batch_coverage(
+                task, part, batch, None if spans is None else spans[start:start + COLLATE]),
+                              strict=True):
+            whole += got
+        if any(t.is_floating_point() for t in batch.values()):
+            floats += part
     result.targets_hist[name].update(targets)
     result.positions += sum(positions)
     result.targets += sum(targets)
@@ -155,26 +171,26 @@ def count(result: Scan, name: str, items: list[Item]) -> None:
                 if amount:
                     finding.add(it.id, 1 if finding is result.zero else amount)
     # floats reach the model in the batch (an int tensor holds no NaN): then each example's own
-    if any(t.is_floating_point() for t in batch.values()):
-        for it in items:
-            if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
-                   for t in it.tensors.values()):
-                result.nonfinite.add(it.id)
+    for it in floats:
+        if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+               for t in it.tensors.values()):
+            result.nonfinite.add(it.id)
     columns: dict[str, tuple[torch.Tensor, list[int]]] = {}
     result.queued.append((BITS[name], [it.id for it in items], _digest(task, items, columns)))
     result.queued_examples += len(items)
     flat, sizes = columns.get("labels") or _labels(items)
-    if kind.float_targets:
-        values = flat.float()
-        values = values[contributes(values)]
-        result.moments[name].add(values)
-        if name == "train":
-            result.train_square.add(values**2)
+    if kind.float_targets:  # moments a batch at a time, added as they always were
+        for values in flat.split([sum(sizes[i:i + COLLATE])
+                                  for i in range(0, len(sizes), COLLATE)]):
+            values = values.float()
+            values = values[contributes(values)]
+            result.moments[name].add(values)
+            if name == "train":
+                result.train_square.add(values**2)
         return
     if not result.probed:  # held until the model's output size is known
-        for it, (low, high) in zip(items, _label_ranges(flat, sizes), strict=True):
-            if low is not None:
-                result.hold_range(it.id, low, high)
+        which, low, high = _label_ranges(flat, sizes)
+        result.hold_ranges([items[i].id for i in which.tolist()], low, high)
     elif result.outputs is not None and flat.numel():
         ids = flat.long()
         low, high = torch.aminmax(ids)  # every id in range: one look at the chunk
@@ -215,7 +231,7 @@ def merge(result: Scan, part: Scan) -> None:
         getattr(result, finding).merge(getattr(part, finding))
     result.first_mismatch = result.first_mismatch or part.first_mismatch
     for held in part.label_range:
-        result.hold_range(*held)
+        result.hold_ranges(*held)
 
 
 def input_keys(result: Scan) -> tuple[np.ndarray, np.ndarray, list]:
@@ -260,9 +276,10 @@ def _labels(items: list[Item]) -> tuple[torch.Tensor, list[int]]:
     return _flat(labels)[0], [t.numel() for t in labels]
 
 
-def _label_ranges(flat: torch.Tensor, sizes: list[int]) -> list[tuple[int | None, int | None]]:
-    """The lowest and highest label id of each example other than -100 (None: it has none),
-    for a chunk at once."""
+def _label_ranges(flat: torch.Tensor, sizes: list[int]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which examples of a chunk have a label id other than -100, and the lowest and highest
+    of each, for the chunk at once."""
     flat = flat.long()
     owner = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     real = flat != IGNORE_INDEX
@@ -271,8 +288,8 @@ def _label_ranges(flat: torch.Tensor, sizes: list[int]) -> list[tuple[int | None
     big = torch.iinfo(torch.long).max
     low = torch.full((len(sizes),), big).scatter_reduce(0, owner, flat, "amin")
     high = torch.full((len(sizes),), -big).scatter_reduce(0, owner, flat, "amax")
-    return [(lo, hi) if c else (None, None)
-            for lo, hi, c in zip(low.tolist(), high.tolist(), count.tolist(), strict=True)]
+    has = count > 0
+    return np.flatnonzero(has.numpy()), low[has].numpy(), high[has].numpy()
 
 
 def _digest(task: Task, items: list[Item],
@@ -294,7 +311,7 @@ def _digest(task: Task, items: list[Item],
             flat, one_dim = _flat(group)
             shapes = None if one_dim else [t.numel() if t.dim() == 1 else hash(t.shape)
                                            for t in group]
-            sizes = [t.numel() for t in group]
+            sizes = list(map(torch.Tensor.numel, group))
             if where is None:
                 columns[name] = (flat, sizes)
             parts.append((slot, dtype, flat.detach().cpu(), sizes, where, shapes))

@@ -11,6 +11,7 @@ import pickle
 import random
 import time
 from collections import deque
+from itertools import islice
 from typing import Any, Callable
 
 import pandas as pd
@@ -30,13 +31,14 @@ WAITING = 65_536  # label ranges held for the probe at most (then it runs on wha
 # a source without a length is scanned this far at most when no scan_limit is given: an endless
 # stream stops here, and the page says so
 UNSIZED_MOST = 10_000_000
-BLOCK = 16 * CHUNK  # examples read before they are counted, here or by a worker
+BLOCK = 4 * CHUNK  # examples read before they are counted, here or by a worker
 # workers are forked once this many examples are read (at once when the source says it has
 # more), so a small task scans in one process
 FORK_FROM = 2 * BLOCK
 MOST_WORKERS = 7
 GC_EVERY = 100_000  # allocations between the collector's youngest runs during the pass
 IN_FLIGHT = 2  # blocks out per worker; past that, this process counts the next one itself
+_END = object()
 __all__ = ["BITS", "KEEP", "Scan", "coverage_table", "scan", "scan_workers"]
 
 
@@ -112,7 +114,7 @@ class _Blocks:
             # the probe, once the kept train examples are in - or earlier, with those there
             # are, before the label ids waiting for it pile up (train late in the stream)
             if not self.probed and kept["train"] and (
-                    len(kept["train"]) >= self.keep or len(result.label_range) > WAITING):
+                    len(kept["train"]) >= self.keep or result.held > WAITING):
                 result.note_outputs(self.probe(kept))
                 self.probed = True
 
@@ -150,42 +152,46 @@ def scan(task: Task, limit: int = 0, sample: float = 0.0, seed: int = 0,
     draw = random.Random(seed)
     bar = progress_bar(total=min(limit, total) if limit and total else limit or total,
                        desc="scanned", unit="examples", disable=not progress)
-    seen, shown = 0, 0
+    seen = 0
     cap = limit or (UNSIZED_MOST if total is None else 0)
     sizes = [n for n in (limit, total) if n]
     fork_at = 0 if not workers else 1 if sizes and min(sizes) > FORK_FROM else FORK_FROM
-    examples: list = []
+    examples: list = []  # drawn, not yet sent
     positions: list[int] = []
     thresholds = gc.get_threshold()
     # the pass makes and drops a few objects per example, none in a cycle: the collector's
     # frequent runs over everything alive (the model, the kernel's history) cost a tenth of it
     gc.set_threshold(max(thresholds[0], GC_EVERY), *thresholds[1:])
     try:
-        for position, example in enumerate(source):
-            if cap and position >= cap:
-                if not limit:
+        while True:  # read a block of rows at a time, sent on in blocks of those drawn
+            want = min(BLOCK, cap - seen) if cap else BLOCK
+            if not want:
+                if not limit and next(source, _END) is not _END:  # no length, not ended
                     result.scanned = (f"the first {cap:,} examples (the source has no length "
                                       "and had not ended there: scan_limit scans more or "
                                       "fewer)")
                 break
-            seen += 1
-            if not seen & 1023:
-                bar.update(seen - shown)
-                shown = seen
-            if sample and draw.random() >= sample:
-                continue
-            examples.append(example)
-            positions.append(position)
-            if len(examples) == BLOCK:
+            rows = list(islice(source, want))
+            start, seen = seen, seen + len(rows)
+            bar.update(len(rows))
+            if sample:
+                drawn = [i for i in range(len(rows)) if draw.random() < sample]
+                examples += [rows[i] for i in drawn]
+                positions += [start + i for i in drawn]
+            else:
+                examples += rows
+                positions += range(start, seen)
+            while len(examples) >= BLOCK:
                 if blocks.pool is None and 0 < fork_at <= seen:
                     blocks.fork(workers)
-                blocks.send(examples, positions)
-                examples, positions = [], []
+                blocks.send(examples[:BLOCK], positions[:BLOCK])
+                examples, positions = examples[BLOCK:], positions[BLOCK:]
+            if len(rows) < want:
+                break
         blocks.send(examples, positions)
         blocks.finish()
     finally:
         gc.set_threshold(*thresholds)
-        bar.update(seen - shown)
         bar.close()
         if blocks.pool is not None:
             blocks.pool.close(abort=True)  # nothing when finished; on an error, at once
