@@ -60,7 +60,8 @@ def _build_run(run: Path) -> Path:
     result = gates.run(p, run / GATES)
     plots.gate_memory(result.report.table(), save=run / GATES / "gates.png")  # as 03's cell
     gates.save(result, run / GATES)
-    p = of(STUDY, small=True, task=CLASSIFICATION, lrs=[1e-3, 50.0], updates=10, eval_every=5)
+    p = of(STUDY, small=True, task=CLASSIFICATION, lrs=[1e-2, 50.0], updates=10, eval_every=5,
+           extra_trials=0)
     s = study.run(p, run / STUDY)
     study.save(s, run / STUDY)
     s.ledger.close()
@@ -168,7 +169,7 @@ def test_mlflow_holds_the_pilot_its_notebooks_trials_gates_and_artifacts(run, st
     assert nb06["metrics.trials"] == summary["figures"]["trials"] == 2
     assert nb06["metrics.statuses.diverged"] == 1
     assert nb06["metrics.best_metric"] == pytest.approx(summary["figures"]["best_metric"])
-    assert nb06["params.updates"] == "10" and nb06["params.lrs"] == "[0.001, 50.0]"
+    assert nb06["params.updates"] == "10" and nb06["params.lrs"] == "[0.01, 50.0]"
     assert nb06.start_time == pd.Timestamp(STARTED) and nb06.end_time == pd.Timestamp(ENDED)
     assert nb06["tags.mlflow.note.content"].startswith("**06_lr_study** - verdict: pass - 2 "
                                                        "trials (1 diverged, 1 finished)")
@@ -515,7 +516,7 @@ def test_a_run_the_pilot_made_is_exported_with_its_notebooks_parameters(tmp_path
     shutil.copy(empty_store, tmp_path / "mlflow.db")  # the default store, its schema made
 
     run, index = run_pilot(CLASSIFICATION, out=str(tmp_path / "run"), smoke=True, only="06",
-                           progress=False, params={"lrs": [1e-3, 50.0]})
+                           progress=False, params={"lrs": [1e-2, 50.0], "extra_trials": 0})
     assert index.verdict.tolist() == ["pass"], index.error.tolist()
     assert main(["export", str(run), "--mlflow", "--tensorboard", str(tmp_path / "tb")]) == 0
     assert "exported the pilot, 1 notebooks and 2 trials of 06 (4 runs)" in \
