@@ -7,9 +7,11 @@ that must raise nothing, every other one a planted bug that must be named) are r
 counted. The blind count is the figure that predicts what users see; each blind file's first
 run against the unchanged workbook is kept in tests/blind/FIRST_RUN*.md.
 
-    python benchmarks/planted_cases.py [--blind-only]
+    python benchmarks/planted_cases.py [--blind-only | --trainers-only]
 
-Last lines: `project_named: N/M  project_false_alarms: K`, `blind_named: N/M
+First lines: `grpo_named`, `reward_named`, `accelerate_named: N/M  ..._false_alarms: K` (the
+planted tests and clean twins of tests/contract/test_<trainer>.py, named in the notebook a user
+reads first); last lines: `project_named: N/M  project_false_alarms: K`, `blind_named: N/M
 blind_false_alarms: K`.
 """
 
@@ -43,25 +45,40 @@ def suite(name: str) -> tuple[int, int, int]:
     return named, planted, alarms
 
 
-def blind(marker: str) -> tuple[int, int]:
-    """(passed, run) of the blind tests selected by `marker`."""
+# the trainers of issue 54, each with its planted bugs (`planted`) and clean twins (`twin`)
+TRAINERS = {"grpo": "tests/contract/test_grpo.py", "reward": "tests/contract/test_reward.py",
+            "accelerate": "tests/contract/test_accelerate.py"}
+
+
+def blind(marker: str, where: str = "tests/blind") -> tuple[int, int]:
+    """(passed, run) of the tests under `where` selected by `marker`."""
     out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
-               "-m", marker, "tests/blind", "-o", "addopts="])
+               "-m", marker, where, "-o", "addopts="])
     counts = dict((word, int(n)) for n, word in re.findall(
         r"(\d+) (passed|failed|xfailed|xpassed|error|errors)", out.splitlines()[-1]
         if out.strip() else ""))
     passed = counts.get("passed", 0) + counts.get("xpassed", 0)
     total = passed + counts.get("failed", 0) + counts.get("xfailed", 0) + \
         counts.get("error", 0) + counts.get("errors", 0)
-    print(f"  blind ({marker}): {out.strip().splitlines()[-1] if out.strip() else 'no output'}")
+    print(f"  {where} ({marker}): "
+          f"{out.strip().splitlines()[-1] if out.strip() else 'no output'}")
     return passed, total
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--blind-only", action="store_true", help="skip the project's suites")
+    parser.add_argument("--trainers-only", action="store_true",
+                        help="only the GRPO, reward-model and Accelerate planted cases")
     args = parser.parse_args()
     named = planted = alarms = 0
+    for trainer, path in TRAINERS.items():
+        n, p = blind("planted", path)
+        silent, twins = blind("twin", path)
+        print(f"{trainer}_named: {n}/{p}  {trainer}_false_alarms: {twins - silent} "
+              f"(of {twins} clean twins)", flush=True)
+    if args.trainers_only:
+        return
     if not args.blind_only:
         for name in SUITES:
             n, p, a = suite(name)
