@@ -123,3 +123,18 @@ def test_an_edge_extends_the_grid_within_its_budget_and_says_when_it_ran_out():
     assert noise["no_rate_learns"] and next_trials(_table(rows), plan, noise) == []
     assert Chance(1.0, "").learned(0.94) and not Chance(1.0, "").learned(0.96)
     assert Chance(None, "not measured").learned(5.0)
+
+
+def test_the_tasks_own_rate_is_the_control_when_the_suggestion_is_far_from_it(tmp_path):
+    """A short sweep can read a batch memorised at a large rate as the steepest fall (a reward
+    model under LoRA fell to 0.13 at lr 3.8 in one update, then nothing learned at 0.42-3.8):
+    the rate the user's script declares stays the control the suggested rates must beat."""
+    settings = range_test.RangeSettings(updates=40)
+    test = range_test.RangeTest(settings, pd.DataFrame(), "", 3.8, "suggested 3.8",
+                                [1.3, 0.42, 3.8])
+    range_test.with_own_rate(test, 1e-4)
+    assert test.grid == [1e-4, 1.3, 3.8] and "own lr 0.0001 is none of them" in test.said
+    near = range_test.RangeTest(settings, pd.DataFrame(), "", 3.8, "", [1.3, 0.42, 3.8])
+    range_test.with_own_rate(near, 1.0)  # within 1.5x of 1.3: the grid already holds it
+    range_test.with_own_rate(near, None)
+    assert near.grid == [1.3, 0.42, 3.8]

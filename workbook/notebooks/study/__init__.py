@@ -250,6 +250,8 @@ class Study:
                 rates, said = range_test.fallback_grid(self.task)
                 self.range_test.grid = rates
                 self.range_test.said += f"; the study tries {said}"
+            else:
+                range_test.with_own_rate(self.range_test, self.task.lr)
             self.range_test.save(self.folder)
         return list(self.range_test.grid)
 

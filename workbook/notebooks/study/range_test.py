@@ -191,7 +191,24 @@ def load(folder: Path) -> RangeTest | None:
     if test.suggestion != data.get("suggestion"):
         raise WorkbookError(f"{path} does not match its curve {table.name} (suggestion "
                             f"{data.get('suggestion')} vs {test.suggestion})", fix)
+    grid = data.get("grid")  # as the study placed it: the task's own rate, or the fallback
+    if not (isinstance(grid, list) and grid and all(
+            isinstance(r, (int, float)) and r > 0 for r in grid)):
+        raise WorkbookError(f"{path} holds no grid of positive rates ({grid!r})", fix)
+    test.grid, test.said = [float(r) for r in grid], str(data.get("said") or test.said)
     return test
+
+
+def with_own_rate(test: RangeTest, own: float | None) -> None:
+    """The rate the task's script declares (`Task.lr`) is the control of the study when the
+    suggestion's grid holds nothing within 1.5x of it: the user's own rate stays the baseline
+    every suggested rate must beat (a short sweep can read a batch memorised at a large rate
+    as the steepest fall); it takes the place of the grid's lowest multiple."""
+    if not own or any(max(own, r) / min(own, r) < 1.5 for r in test.grid):
+        return
+    test.grid = [own, test.grid[0], test.grid[2]]
+    test.said += (f"; the task's own lr {own:g} is none of them: it is the control, with "
+                  f"{test.grid[1]:g} and {test.grid[2]:g} beside")
 
 
 def fallback_grid(task: Task) -> tuple[list[float], str]:
