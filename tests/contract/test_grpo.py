@@ -167,14 +167,14 @@ def test_the_clean_grpo_example_passes_the_nine_notebooks(tmp_path):
 def test_a_trainer_not_mapped_yet_is_said_so_with_its_own_fix():
     """The refusal names what is mapped and gives a fix the user has not already done; through
     load_task its fix stands (no `\\n` printed literally)."""
-    import transformers
+    import trl
 
     from workbook.contract.adapters import from_trainer
 
-    class RewardTrainer(transformers.Trainer):  # a Trainer subclass the pilot does not map
+    class KTOTrainer(trl.KTOTrainer):  # a TRL trainer the pilot does not map, as a user's
         def __init__(self):
             pass
     with pytest.raises(WorkbookError) as err:
-        from_trainer(RewardTrainer, name="reward")
-    assert "RewardTrainer: the pilot maps the transformers Trainer" in err.value.problem
+        from_trainer(KTOTrainer, name="kto")
+    assert "KTOTrainer: the pilot maps the transformers Trainer" in err.value.problem
     assert "GRPOTrainer" in err.value.problem and "before" not in err.value.fix

@@ -210,7 +210,7 @@ def test_the_task_pickles_without_its_memmap_and_the_gpt_takes_the_targets(token
     examples = list(task.load_examples())
     task.encode(examples[0])  # the memmap is open in this process now
     copy = pickle.loads(pickle.dumps(task))
-    assert len(pickle.dumps(task)) < 2000  # the file's ids do not travel with it
+    assert len(pickle.dumps(task)) < 4000  # the file's ids (MBs) do not travel with it
     assert copy.encode(examples[5])["labels"].tolist() == \
         task.encode(examples[5])["labels"].tolist()
     model = task.build_model().eval()

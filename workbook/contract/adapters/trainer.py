@@ -37,8 +37,14 @@ MAPPED = (*READERS, "RewardTrainer", "SFTTrainer", "Trainer")
 
 
 def _mapped(trainer: Any) -> str | None:
-    """The mapped class `trainer` is (or derives from), or None."""
-    names = [k.__name__ for k in type(trainer).__mro__]
+    """The mapped class `trainer` is (or derives from), or None - also for a TRL trainer the
+    pilot does not map (KTOTrainer, RLOOTrainer, ...: Trainer subclasses whose batches and loss
+    are their own), whatever class of the user's derives from it."""
+    mro = type(trainer).__mro__
+    own_trl = next((k.__name__ for k in mro if k.__module__.split(".")[0] == "trl"), None)
+    if own_trl is not None and own_trl not in MAPPED:
+        return None
+    names = [k.__name__ for k in mro]
     return next((n for n in names if n in MAPPED), None)
 
 
