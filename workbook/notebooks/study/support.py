@@ -46,14 +46,18 @@ def beyond(lrs: list[float], direction: str) -> float:
 
 
 def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
-             best_loss: float | None = None) -> dict[str, Any]:
+             best_loss: float | None = None,
+             first_loss: dict[int, float] | None = None) -> dict[str, Any]:
     """What the study supports, from its trial table (`Study.trial_table`): the best learning
     rate, how many seeds stand behind it, and the warnings that make it provisional - the best
     at the edge of the rates tried ("extend the range upward" or "downward", and whether the
     study's budget of extra trials ran out), the best trial still improving at its last update
     (the budget is too short to call a winner), a single learning rate. With `chance` and the
     study's `best_loss` (its best validation loss), a best that does not clear chance by
-    `MARGIN` is "no rate learns": no rate is supported. Keys: best_lr, best_metric, best_trial,
+    `MARGIN` is "no rate learns": no rate is supported - unless the best trial, still improving
+    at its last update, fell from its first evaluation (`first_loss`, per trial) by more than
+    it still lacks: too short a budget to tell, said as a warning. Keys: best_lr, best_metric,
+    best_trial,
     control_lr, control_remains_best, seeds, lrs (tried), extended (rates the study added),
     extra_trials (its budget), best_at_edge ("upward", "downward" or ""), still_improving
     (trial ids), warnings, no_rate_learns, chance_loss, conclusive (no warning), supported_lr
@@ -80,7 +84,24 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
         return out
     row = done.sort_values("best_metric", ascending=design.mode == "min", kind="stable").iloc[0]
     best_lr, best_id = float(row.lr), int(row.id)
-    if chance is not None and best_loss is not None and not chance.learned(best_loss):
+    # still improving: a finished trial whose best evaluation is its last one, after an
+    # earlier evaluation (a single evaluation shows no trend)
+    finished = done[done.status == "finished"]
+    improving = finished[(finished.best_step == finished.stop_step) &
+                         (finished.stop_step > design.eval_every)]
+    out["still_improving"] = [int(i) for i in improving.id]
+    near_chance = chance is not None and best_loss is not None and \
+        not chance.learned(best_loss)
+    start = (first_loss or {}).get(best_id)
+    heading = near_chance and best_id in out["still_improving"] and start is not None and \
+        start - best_loss > best_loss - chance.loss * (1 - MARGIN)
+    if heading:  # too short a budget to tell
+        out["warnings"].append(
+            f"the best validation loss, {best_loss:.4g}, is not yet {MARGIN:.0%} below chance "
+            f"({chance.loss:.4g}, {chance.how}), but the best trial was still improving at "
+            f"its last update ({int(row.stop_step)} of {design.updates}): lengthen the budget "
+            "before reading it as 'no rate learns'")
+    elif near_chance:
         out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
                    conclusive=False, supported_lr=None, control_remains_best=False,
                    no_rate_learns=True, finding=(
@@ -103,12 +124,6 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
                         f"better - extend the range {out['best_at_edge']}" +
                         (f"; the study's budget of {design.extra_trials} extra trials ran out"
                          if design.extra_trials else ""))
-    # still improving: a finished trial whose best evaluation is its last one, after an
-    # earlier evaluation (a single evaluation shows no trend)
-    finished = done[done.status == "finished"]
-    improving = finished[(finished.best_step == finished.stop_step) &
-                         (finished.stop_step > design.eval_every)]
-    out["still_improving"] = [int(i) for i in improving.id]
     if best_id in out["still_improving"]:
         who = (f"every trial ({len(improving)} of {len(trials)})" if len(improving) ==
                len(trials) else f"the best trial ({best_id})")
