@@ -453,9 +453,7 @@ class Study:
         evals = self.evals()
         evals = evals[evals.scope != "full-best"]  # the examples chance is measured on
         best_loss = float(evals.loss.min()) if len(evals) else None
-        first = evals.sort_values("step", kind="stable").groupby("trial").loss.first()
-        return findings(self.trial_table(), self.design, self.chance(), best_loss,
-                        {int(k): float(v) for k, v in first.items()})
+        return findings(self.trial_table(), self.design, self.chance(), best_loss)
 
     def lr_summary(self) -> pd.DataFrame:
         """Per learning rate: every seed's best metric, and their mean; the spread (std, min,

@@ -25,6 +25,7 @@ class Chance:
 
     loss: float | None
     how: str
+    untrained: float | None = None  # the same examples' loss under the untrained model
 
     def learned(self, best_loss: float) -> bool:
         """Whether a validation loss clears chance by more than `MARGIN` of it."""
@@ -51,16 +52,18 @@ def chance_loss(task: Task, items: list[Item], eval_batch: int,
         value = constant(task, items).to(device)
         torch.manual_seed(0)
         model = task.build_model().to(device)
-        summed = count = 0.0
+        summed = count = untrained = 0.0
         with eval_mode(model):
             for batch in evaluation_batches(task, items, eval_batch, device):
                 logits = task.forward(model, batch.tensors).float()
                 fixed = task.target_kind.constant_prediction(value, logits)
                 loss, n = task.loss(fixed, batch.tensors)
                 summed, count = summed + float(loss), count + float(n)
+                untrained += float(task.loss(logits, batch.tensors)[0])
     except Exception as exc:  # a kind this reading does not fit (preference pairs)
         return Chance(None, f"not measured: {reason(exc, 120)}")
     if not count:
         return Chance(None, "not measured: no validation targets")
     what = "the mean of the targets" if not value.dim() else "the targets' own frequencies"
-    return Chance(summed / count, f"the validation loss of a constant prediction ({what})")
+    return Chance(summed / count, f"the validation loss of a constant prediction ({what})",
+                  untrained / count)

@@ -46,8 +46,7 @@ def beyond(lrs: list[float], direction: str) -> float:
 
 
 def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
-             best_loss: float | None = None,
-             first_loss: dict[int, float] | None = None) -> dict[str, Any]:
+             best_loss: float | None = None) -> dict[str, Any]:
     """What the study supports, from its trial table (`Study.trial_table`): the best learning
     rate, how many seeds stand behind it, and the warnings that make it provisional - the best
     at the edge of the rates tried ("extend the range upward" or "downward", and whether the
@@ -55,7 +54,7 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
     (the budget is too short to call a winner), a single learning rate. With `chance` and the
     study's `best_loss` (its best validation loss), a best that does not clear chance by
     `MARGIN` is "no rate learns": no rate is supported - unless the best trial, still improving
-    at its last update, fell from its first evaluation (`first_loss`, per trial) by more than
+    at its last update, fell from the untrained model's loss (`chance.untrained`) by more than
     it still lacks: too short a budget to tell, said as a warning. Keys: best_lr, best_metric,
     best_trial,
     control_lr, control_remains_best, seeds, lrs (tried), extended (rates the study added),
@@ -92,7 +91,7 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
     out["still_improving"] = [int(i) for i in improving.id]
     near_chance = chance is not None and best_loss is not None and \
         not chance.learned(best_loss)
-    start = (first_loss or {}).get(best_id)
+    start = chance.untrained if chance is not None else None
     heading = near_chance and best_id in out["still_improving"] and start is not None and \
         start - best_loss > best_loss - chance.loss * (1 - MARGIN)
     if heading:  # too short a budget to tell
