@@ -13,6 +13,7 @@ from workbook.base.frontend import readable
 from workbook.commands import params
 from workbook.contract.data import prepare
 from workbook.notebooks import rental
+from workbook.notebooks.registry import GATES
 from workbook.notebooks.rental import sheet as rental_sheet
 from workbook.notebooks.rental.candidates import Candidate, candidates_from, sharded_default
 from workbook.notebooks.rental.conclusions import conclusion, plan_lines, study_result
@@ -25,6 +26,7 @@ from workbook.notebooks.rental.plans import (
     priced_gpus,
 )
 from workbook.notebooks.rental.sheet import Assumptions, check_gpus, gpu, selection_sheet
+from workbook.notebooks.rental.speeds import generation_scale
 from workbook.notebooks.rental.stack import stack_check
 from workbook.training import predict as predict_module
 from workbook.training.loop import UpdateShape
@@ -574,3 +576,37 @@ def test_measured_speed_of_a_small_model_on_a_large_gpu_is_not_zero():
     assert why == "" and speed.mfu > 0 and abs(speed.mfu - 8.09e-6) < 1e-7
     none, why = measured_speed(gates, pipeline, "H200", 0.0, 989.0, True)
     assert none is None and "not calibrated" in why
+
+
+def _gates_summary(run_dir: Path, **figures) -> Path:
+    folder = run_dir / GATES.stem
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"verdict": "pass", "figures": figures}))
+    return run_dir
+
+
+def test_generation_share_measured_by_03_scales_every_time_per_update(tmp_path, gen_task,
+                                                                       gen_items):
+    scale, words = generation_scale(_gates_summary(tmp_path / "grpo", generation_share=0.8))
+    assert scale == pytest.approx(5.0) and "80% (03, on the CPU)" in words and "x 5" in words
+    assert generation_scale(_gates_summary(tmp_path / "sft", peak_phase="backward")) == (1.0, "")
+    assert generation_scale(tmp_path / "no-03") == (1.0, "")
+    held, why = generation_scale(_gates_summary(tmp_path / "all", generation_share=1.0))
+    assert held == pytest.approx(20.0) and "03 measured 100%, held at 95%" in why
+    with pytest.raises(WorkbookError, match="generation_share -0.2 .* is not a share"):
+        generation_scale(_gates_summary(tmp_path / "bad", generation_share=-0.2))
+    cand = Candidate("c", Plan(UpdateShape(4, 3, precision="fp32"), length=64))
+
+    def sheet(**step):
+        a = Assumptions(utilisation=0.5, eval_every=1000, export_minutes=0.0,
+                        min_update_s=0.0, prices={"toy": 1e6}, **step)
+        return selection_sheet(gen_task, gen_items["train"][:20], gen_items["validation"][:4],
+                               [cand], {"toy": 80}, {"toy": 2.0}, updates=100, headroom=0.25,
+                               a=a)
+    plain, scaled = sheet(), sheet(step_scale=scale, step_words=words)
+    assert scaled.time_per_update_s[0] == pytest.approx(5 * plain.time_per_update_s[0])
+    assert scaled.cost[0] / plain.cost[0] == pytest.approx(
+        scaled.budget_hours[0] / plain.budget_hours[0], rel=1e-2)
+    assert scaled.cost[0] > 4 * plain.cost[0]
+    assert words in scaled.attrs["sources"]["time_per_update_s"]
+    assert "generation" not in plain.attrs["sources"]["time_per_update_s"]

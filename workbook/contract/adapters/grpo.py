@@ -204,9 +204,16 @@ class GRPOPolicy(BesideReference):
         yield
         if cuda:
             torch.cuda.synchronize()
-        self.phases.append((phase, time.perf_counter() - start,
-                            torch.cuda.memory_allocated() if cuda else None,
+        seconds = time.perf_counter() - start
+        self.phases.append((phase, seconds, torch.cuda.memory_allocated() if cuda else None,
                             torch.cuda.memory_reserved() if cuda else None))
+        spent = self.__dict__.setdefault("spent", {})
+        spent[phase] = spent.get(phase, 0.0) + seconds
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Seconds spent in each phase over every forward so far: 03 takes generation's share
+        of an update from the readings before and after it."""
+        return dict(self.__dict__.get("spent", {}))
 
     def phases_said(self) -> str | None:
         """The phases of the last forward in words: generation with its tokens per second,

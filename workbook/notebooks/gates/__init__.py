@@ -52,7 +52,7 @@ from .settings import (
     encode_seconds,
     input_bound,
 )
-from .update import BeforeUpdate, update_check
+from .update import BeforeUpdate, later_update_check, timed_update, update_check
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,7 @@ class GateRun:
         self.checkpoint = self.out_dir / "gate-checkpoint"
         self.rng_at_save: dict | None = None
         self.finite_loss = False  # set by the forward gate
+        self.generation: tuple[float, float] | None = None  # seconds in the later update
 
     def row(self, phase: str, **kw: Any) -> GateRow:
         seq = self.task.main_input(self.batch.tensors).shape[-1]
@@ -445,7 +446,7 @@ GATES = (
          blocked=_no_finite_loss),
     Gate("update (first)", lambda run, _: run.work.update_first(), partial(update_check, 1),
          prepare=lambda run: BeforeUpdate.of(run.work.stepper), blocked=_no_finite_loss),
-    Gate("update (later)", lambda run, _: run.work.update_later(), partial(update_check, 2),
+    Gate("update (later)", timed_update, later_update_check,
          prepare=lambda run: BeforeUpdate.of(run.work.stepper), blocked=_no_finite_loss),
     Gate("validation", lambda run, _: run.work.validation(), _validation_check, prepare=_modes,
          finish=lambda run: run.work.state.pop("eval_logits", None), blocked=_no_model),
@@ -472,6 +473,10 @@ def run_gates(task: Task, settings: GateSettings, out_dir: str | Path,
                       .tolist(), "warned": table.phase[table.verdict == "warn"].tolist(),
                       "peak_allocated_bytes": int(table.peak_allocated_bytes.max()),
                       "peak_phase": table.phase[table.peak_allocated_bytes.idxmax()]}
+    if run.generation:  # generation's measured share of a step: 08 prices the campaign with it
+        spent, whole = run.generation
+        report.figures.update(generation_s=round(spent, 4), update_s=round(whole, 4),
+                              generation_share=round(min(spent / whole, 1.0), 4))
     return report
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,3 +298,25 @@ def update_check(expected_step: int, run: Any, before: BeforeUpdate, _) -> tuple
     detail = f"{detail}; {decayed}" if decayed else detail  # a note, never a finding
     detail = f"{detail}; {run.task.clipping()}"
     return (verdict, detail) if verdict == "pass" else (verdict, detail, remedy)
+
+
+def timed_update(run: Any, _) -> None:
+    """The later update of the gates' `run`, with the seconds spent generating in it where the
+    model reports its phases' seconds (`phase_seconds`, GRPO's policy): `run.generation` is
+    (generation seconds, update seconds), measured here."""
+    seconds = getattr(run.work.stepper.model, "phase_seconds", None)
+    before = seconds().get("generation", 0.0) if callable(seconds) else None
+    start = time.perf_counter()
+    run.work.update_later()
+    if before is not None and seconds().get("generation", 0.0) > before:
+        run.generation = (seconds()["generation"] - before, time.perf_counter() - start)
+
+
+def later_update_check(run: Any, before: BeforeUpdate, result: Any) -> tuple[str, ...]:
+    """`update_check` of the second update, with generation's share of it where measured."""
+    verdict, detail, *remedy = update_check(2, run, before, result)
+    if run.generation:
+        spent, whole = run.generation
+        detail += (f"; generation {spent:.3g} s of the update's {whole:.3g} s: "
+                   f"{spent / whole:.0%} of a step (08 prices the campaign with it)")
+    return (verdict, detail, *remedy)

@@ -35,7 +35,7 @@ from .plans import (
 )
 from .prices import Catalog, Spot, read_catalog
 from .sheet import GIB, Assumptions, flops, gpu, selection_sheet
-from .speeds import SpeedBook, calibrate, read_speeds
+from .speeds import SpeedBook, calibrate, generation_scale, read_speeds
 from .stack import sharded_row, stack_check, task_imports
 
 
@@ -77,6 +77,7 @@ def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult
                           params.allocator_cache_share, False)
     catalog = read_catalog(params.price_catalog, params.gpus, params.currency)
     speeds, calibration = speed_book(params, task, data, out_dir.parent)
+    step_scale, step_words = generation_scale(out_dir.parent)
     assumptions = Assumptions(params.utilisation, params.eval_every, 0,
                               params.export_minutes, overheads,
                               prices=params.gpu_price_per_hour, currency=params.currency,
@@ -84,7 +85,8 @@ def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult
                               spot=Spot(params.spot_interruptions_per_day,
                                         params.spot_restart_minutes,
                                         resume_seconds(out_dir.parent)),
-                              parameters=models.models(task).sized_parameters)
+                              parameters=models.models(task).sized_parameters,
+                              step_scale=step_scale, step_words=step_words)
     sheet = selection_sheet(task, data.train, data.validation, candidates, params.gpus,
                             params.gpu_tflops, params.updates, params.headroom,
                             assumptions)
@@ -124,7 +126,7 @@ def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult
     basis = {"catalog": catalog.described(), "typed": sorted(params.gpu_price_per_hour),
              "speeds": speeds.described() if speeds else
              f"an assumed utilisation of {params.utilisation:g}",
-             "calibration": calibration}
+             "calibration": calibration, "generation": step_words}
     shared = {"task": params["task"], "task_options": params["task_options"],
               "updates": params["updates"], "eval_every": params["eval_every"],
               # a checkpoint at each evaluation, as the sheet's spot costs assume

@@ -75,9 +75,10 @@ def resting_on(basis: dict | None) -> str:
                 "fake-tensor prediction plus stated overheads.")
     typed = f"; typed prices for {', '.join(basis['typed'])} win over it" \
         if basis.get("typed") else ""
-    return (f"Times rest on {basis['speeds']} ({basis.get('calibration') or 'not calibrated'}); "
-            f"costs on the {basis['catalog']}{typed}; memory on a fake-tensor prediction plus "
-            "stated overheads.")
+    generation = f"; {basis['generation']}" if basis.get("generation") else ""
+    return (f"Times rest on {basis['speeds']} ({basis.get('calibration') or 'not calibrated'})"
+            f"{generation}; costs on the {basis['catalog']}{typed}; memory on a fake-tensor "
+            "prediction plus stated overheads.")
 
 
 def hours(value: float | None) -> str:

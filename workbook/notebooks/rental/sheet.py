@@ -105,6 +105,8 @@ class Assumptions:
     parameters: int = 0  # of the model the rental trains, for the speed references
     speeds: Any = None  # ...a SpeedBook (speeds) gives it per GPU, size and strategy
     min_update_s: float = 0.005  # no update is faster: kernel launches of even a tiny model
+    step_scale: float = 1.0  # an update's time over its training part: 1 / (1 - generation's
+    step_words: str = ""  # share) where 03 measured one (speeds.generation_scale), and why
 
 
 def selection_sheet(task: Task, train: list, val: list, candidates: list[Candidate],
@@ -157,7 +159,9 @@ def selection_sheet(task: Task, train: list, val: list, candidates: list[Candida
                               f"assumed: vendor peak TFLOP/s x {a.utilisation:.0%} utilisation")
                              + f" x vendor peak TFLOP/s, never below {a.min_update_s * 1000:.0f}"
                              " ms (launch overhead; `time_floored` marks the rows held at "
-                             "that floor)",
+                             "that floor)" + (f"; {a.step_words} (not the rows measured on "
+                                              "their GPU: 03's update holds it)"
+                                              if a.step_words else ""),
         "cost": price_words(a),
         "budget_hours_low": "the budget's hours at the references' highest MFU, "
                             "`budget_hours_high` at their lowest (`cost_low`, `cost_high`)",
@@ -278,10 +282,13 @@ def time_columns(counted: dict[str, int] | None, cand: Candidate, tflops: float,
     else:
         update_flops = counted["train_micro_batch"] * (accumulation or
                                                        cand.plan.shape.accumulation)
+        # generation's measured share of a step on top, unless 03 timed the whole step there
+        scale = 1.0 if speed and speed.basis == "measured" else a.step_scale
 
         def budget(share: float) -> tuple[float, float]:
             rate = tflops * 1e12 * share
-            each = max(update_flops / rate, a.min_update_s)  # every GPU works in parallel
+            # every GPU works in parallel; generation's share on top of the floored training
+            each = max(update_flops / rate, a.min_update_s) * scale
             eval_s = counted["eval_example"] * eval_examples / rate / count
             return each, (updates * each + math.ceil(updates / a.eval_every) * eval_s +
                           a.export_minutes * 60) / 3600
@@ -289,7 +296,7 @@ def time_columns(counted: dict[str, int] | None, cand: Candidate, tflops: float,
         update_s, mid = budget(mfu)
         hours = (round(mid, 4), round(budget(high)[1], 4), round(budget(low)[1], 4))
         out.update(flops_per_update=update_flops, time_per_update_s=update_s,
-                   time_floored=update_s == a.min_update_s, budget_hours=hours[0],
+                   time_floored=update_s == a.min_update_s * scale, budget_hours=hours[0],
                    budget_hours_low=hours[1], budget_hours_high=hours[2],
                    gpu_hours=round(mid * count, 4))
     interval = (update_s or 0) * a.eval_every  # a checkpoint at each evaluation

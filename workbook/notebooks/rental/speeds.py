@@ -4,6 +4,7 @@ campaign's model, or from notebook 03's step time where it ran on that GPU."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -231,3 +232,39 @@ def calibrate(book: SpeedBook, run_dir: Path, count_flops, gpus: dict, tflops: d
         return why + "; speeds from the references"
     book.measured[gpu] = speed
     return speed.words
+
+
+MAX_GENERATION_SHARE = 0.95  # a larger share of a step measured is held here (x 20)
+
+
+def generation_scale(run_dir: Path) -> tuple[float, str]:
+    """1 / (1 - share), `share` generation's measured part of an update (notebook 03's
+    `generation_share`, for a model that reports its phases: GRPO's policy), held at
+    `MAX_GENERATION_SHARE`, with words; (1.0, "") where 03 measured none in this run folder."""
+    folder = Path(run_dir) / GATES.stem
+    try:
+        figures = json.loads((folder / "summary.json").read_text()).get("figures", {})
+    except (OSError, ValueError, AttributeError):
+        return 1.0, ""
+    if "generation_share" not in figures:
+        return 1.0, ""
+    share = finite_number(figures["generation_share"])
+    if share is None or share < 0:
+        raise WorkbookError(f"notebook 03's generation_share {figures['generation_share']!r} "
+                            f"in {folder / 'summary.json'} is not a share of a step",
+                            "run notebook 03 again in this run folder")
+    held = ""
+    if share > MAX_GENERATION_SHARE:
+        held = (f" (03 measured {share:.0%}, held at {MAX_GENERATION_SHARE:.0%}: generation "
+                "cannot be the whole step)")
+        share = MAX_GENERATION_SHARE
+    device = "the CPU"
+    if (folder / "gates.csv").is_file():
+        gates = pd.read_csv(folder / "gates.csv")
+        if len(gates) and "device" in gates and str(gates.device.iloc[0]).startswith("cuda"):
+            device = "a GPU"
+    scale = 1 / (1 - share)
+    return scale, (f"generation's measured share of a step here: {share:.0%}{held} (03, on "
+                   f"{device}) - every time per update x {scale:.2g}; on a GPU generation is "
+                   "memory-bound and its share is usually as large or larger: measure it with "
+                   "03 on the rental")
