@@ -75,6 +75,21 @@ def test_compared_outputs_hold_nothing_that_depends_on_the_machine(stem):
                        "# NBVAL_IGNORE_OUTPUT")
 
 
+ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:work|home|root|tmp|Users)/[^\s\"'<>]*")
+
+
+@pytest.mark.parametrize("stem", stems())
+def test_no_stored_output_shows_a_path_of_the_machine_that_ran_it(stem):
+    """Every output a user opens - compared by nbval or not (# NBVAL_IGNORE_OUTPUT) - shows
+    paths relative to the notebooks folder (`../runs/...`, `../.venv/...`), never the absolute
+    path of the machine that executed it (a notebook executed from another checkout did)."""
+    nb = json.loads((NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
+    found = [(i, m.group(0)) for i, out in _outputs(nb)
+             for text in [json.dumps(out.get("text") or out.get("data") or "")]
+             for m in [ABSOLUTE_PATH.search(text)] if m]
+    assert not found, f"{stem}: outputs show machine paths {found[:3]}: execute it from notebooks/"
+
+
 def _outputs_with_threads(stem: str, tmp_path: Path, threads: int) -> list[tuple[int, str]]:
     """Execute a committed notebook with its defaults in a kernel limited to `threads`."""
     before = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
