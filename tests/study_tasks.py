@@ -1,7 +1,8 @@
 """Tiny tasks for notebook 06's range test and study: labels a linear rule gives the inputs
 (learnable), the same inputs with labels drawn at random (nothing to learn: the planted
-flat-loss task), and the learnable one under plain SGD, whose good rate is near 1 - far above
-the usual 1e-3 (and 1e-4, the study's old default control)."""
+flat-loss task), the learnable one under plain SGD, whose good rate is near 1 - far above
+the usual 1e-3 (and 1e-4, the study's old default control) - and under an optimizer that sets
+its own step whatever the rate (a normalised step, as Adafactor's relative_step does)."""
 
 import torch
 from torch import nn
@@ -41,6 +42,25 @@ def _sgd(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=lr)
 
 
+class OwnStep(torch.optim.Optimizer):
+    """Steps every weight by 0.01 x its gradient's sign: the rate it is given is ignored."""
+
+    def __init__(self, params, lr=None):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-0.01)
+
+
+def _own_step(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    return OwnStep(model.parameters())
+
+
 separable = make()
 shuffled = make(random_labels=True)
 sgd = make(optimizer=_sgd)
+own_step = make(optimizer=_own_step)

@@ -3,9 +3,11 @@ extends it at an edge within its budget, and a task whose loss cannot fall gets 
 learns" (tests/study_tasks.py: a linear rule, random labels, the rule under plain SGD)."""
 
 import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 
 from workbook.base.errors import WorkbookError
 from workbook.notebooks.study import Study, StudyDesign, range_test, save
@@ -154,3 +156,66 @@ def test_a_loss_still_falling_toward_chance_is_too_short_a_budget_not_no_rate_le
         falling["warnings"]) and not falling["conclusive"]
     flat = findings(table, d, Chance(3.115, "a constant prediction", untrained=3.25), 3.22)
     assert flat["no_rate_learns"] and flat["supported_lr"] is None
+
+
+@pytest.mark.planted
+def test_an_optimizer_that_sets_its_own_step_leaves_no_rate_to_choose(tmp_path):
+    """One update from the same start at lr 1e-5 and 0.1 moves the weights alike: the study
+    runs one trial (learning is still read against chance) and supports no rate."""
+    study = Study(tmp_path / "s", design("own_step"), sweep=SWEEP)
+    assert study.range_test.rate_ignored.startswith("the task's optimizer sets its own step")
+    assert study.design.lrs == [1e-3] and "(1.00x for a 10,000x rate)" in study.range_test.said
+    study.run_all()
+    found = study.supported()
+    assert found["rate_ignored"] and found["supported_lr"] is None and not found["conclusive"]
+    assert found["finding"].startswith("no rate to choose: the task's optimizer sets its own")
+    assert range_test.load(tmp_path / "s").rate_ignored == study.range_test.rate_ignored
+
+
+@pytest.mark.twin
+def test_a_flat_sweep_under_a_slow_starting_optimizer_spans_decades_around_its_default(
+        tmp_path):
+    """Adadelta (pytorch/examples' mnist) shows no fall in a short sweep; the study then tries
+    five rates a decade apart around Adadelta's own default, 1, and brackets the one that
+    learns - the sweep's flat curve was its shortness, which the finding says."""
+    adadelta = range_test.RangeTest(SWEEP, pd.DataFrame({"lr": [1e-3] * 3}), "", None, "flat",
+                                    optimizer="Adadelta", optimizer_lr=1.0)
+    grid, said = range_test.fallback_grid(SimpleNamespace(lr=None), adadelta)
+    assert grid == [1.0, 0.01, 0.1, 10.0, 100.0] and "Adadelta's default lr (1)" in said
+    assert range_test.class_default(torch.optim.Adam([torch.zeros(1, requires_grad=True)])) \
+        == 1e-3
+    rows = [(1.0, 2.2), (0.01, 2.3), (0.1, 2.3), (10.0, 1.5), (100.0, 2.4)]
+    found = findings(_table(rows), design("separable", lrs=grid), swept=adadelta)
+    assert found["best_lr"] == 10.0 and found["best_at_edge"] == ""
+    assert "the range test saw no fall over its 3 updates, yet lr 10 learned" in \
+        found["finding"]
+
+
+def _curves(values: dict[float, list[float]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A trial table and validation curves (evaluations every 50 of 200 updates)."""
+    table = pd.DataFrame([{"id": i + 1, "lr": lr, "seed": 0, "status": "finished",
+                           "stop_step": 200, "best_step": 200, "best_metric": min(v)}
+                          for i, (lr, v) in enumerate(values.items())])
+    curves = pd.DataFrame([{"trial": i + 1, "step": 50 * (k + 1), "value": value}
+                           for i, v in enumerate(values.values()) for k, value in enumerate(v)])
+    return table, curves
+
+
+@pytest.mark.planted
+def test_a_smaller_rate_closing_on_the_best_keeps_the_study_provisional():
+    """Short-horizon bias: the larger rate leads, but the smaller one's loss went from 2x to
+    1.2x the best's in the last 50 updates - at that pace it passes near update 218."""
+    plan = design("separable", lrs=[0.01, 0.003, 0.03], updates=200, eval_every=50)
+    table, curves = _curves({0.01: [2.0, 1.0, 0.5, 0.25], 0.003: [2.8, 2.0, 1.0, 0.3],
+                             0.03: [2.1, 1.5, 1.4, 1.4]})
+    found = findings(table, plan, curves=curves)
+    assert found["closing"] == [0.003] and not found["conclusive"], found["finding"]
+    assert "lr 0.003 closes on the best (lr 0.01): its validation loss went from 2.00x the " \
+        "best's to 1.20x over the last 50 updates; at that pace it passes the best near " \
+        "update 218 - lengthen the budget past it to tell" in found["finding"]
+    shifted = {0.01: [2.0, 1.0, 0.5, 0.25], 0.003: [2.8, 2.0, 1.0, 0.5],
+               0.03: [2.1, 1.5, 1.4, 1.4]}  # the twin: the smaller rate trails at 2x, steady
+    held = findings(*_curves(shifted)[:1], plan, curves=_curves(shifted)[1])
+    assert held["conclusive"] and held["closing"] == [] and "the ranking held" in \
+        held["finding"], held["finding"]
+    assert not findings(table, plan)["conclusive"], "without curves: still improving warns"

@@ -271,6 +271,7 @@ STUDY = NotebookEntry(
         "best_metrics": "best trial's validation metrics",
         "control_lr": "control learning rate", "control_remains_best": "control still best",
         "best_at_edge": "best at the grid's edge", "still_improving": "trials still improving",
+        "closing": "rates closing on the best", "rate_ignored": "optimizer ignores the rate",
         "suggested_lr": "range test's suggestion", "extended": "rates the study added",
         "no_rate_learns": "no rate learns", "chance_loss": "chance (validation loss)",
         "trials": "trials", "statuses": "trial statuses", "seeds": "seeds", "lrs": "rates tried",

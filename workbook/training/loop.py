@@ -404,6 +404,9 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None,
         scheduler = task.build_scheduler(optimizer) if task.build_scheduler else None
     finally:
         run_context.done(token)
+    for group in optimizer.param_groups:  # lr=None (Adafactor's relative_step): the run's
+        if group.get("lr") is None:  # rate, to schedule and record; such an optimizer ignores it
+            group["lr"] = cfg.lr
     warmup = max(cfg.warmup_updates, 0)
     scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)

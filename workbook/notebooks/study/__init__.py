@@ -242,12 +242,17 @@ class Study:
 
     def _rates(self, settings: range_test.RangeSettings) -> list[float]:
         """The grid around the range test's suggestion (the test run now, or the one this
-        folder holds); the task's own lr (else 1e-4), half and double when it suggests none."""
+        folder holds); five rates a decade apart (`range_test.fallback_grid`) when it suggests
+        none."""
         if self.range_test is None:
             self.range_test = range_test.sweep(self.task, self.train_items, self.design.shape,
                                                settings)
-            if self.range_test.suggestion is None:
-                rates, said = range_test.fallback_grid(self.task)
+            if self.range_test.rate_ignored:  # one trial: what it learns, against chance
+                self.range_test.grid = [self.task.lr or self.range_test.optimizer_lr or 1e-3]
+                self.range_test.said += f"; the study runs one trial, at lr " \
+                    f"{self.range_test.grid[0]:g}, to see what it learns"
+            elif self.range_test.suggestion is None:
+                rates, said = range_test.fallback_grid(self.task, self.range_test)
                 self.range_test.grid = rates
                 self.range_test.said += f"; the study tries {said}"
             else:
@@ -449,11 +454,18 @@ class Study:
         return self._chance
 
     def supported(self) -> dict[str, Any]:
-        """`support.findings` for this study, its best validation loss against chance."""
+        """`support.findings` for this study: its best validation loss against chance, its
+        validation curves (the planned metric per trial and evaluation) for the ranking."""
         evals = self.evals()
         evals = evals[evals.scope != "full-best"]  # the examples chance is measured on
         best_loss = float(evals.loss.min()) if len(evals) else None
-        return findings(self.trial_table(), self.design, self.chance(), best_loss)
+        metric = self.design.metric
+        value = evals.loss if metric == "loss" else evals.metrics.map(
+            lambda text: json.loads(text).get(metric, math.nan))
+        curves = pd.DataFrame({"trial": evals.trial, "step": evals.step,
+                               "value": value.astype(float)}).dropna()
+        return findings(self.trial_table(), self.design, self.chance(), best_loss, curves,
+                        self.range_test)
 
     def lr_summary(self) -> pd.DataFrame:
         """Per learning rate: every seed's best metric, and their mean; the spread (std, min,
@@ -573,7 +585,8 @@ def save(study: Study, out_dir: Path) -> str:
                "suggested_lr": tested and tested.suggestion,
                "range_test": tested and tested.said,
                **{k: found[k] for k in ("seeds", "lrs", "extended", "extra_trials",
-                                        "best_at_edge", "still_improving", "warnings",
+                                        "best_at_edge", "still_improving", "closing",
+                                        "rate_ignored", "warnings",
                                         "conclusive", "no_rate_learns", "chance_loss",
                                         "supported_lr", "finding")}}
     all_diverged = bool(len(trials)) and bool((trials.status == "diverged").all())

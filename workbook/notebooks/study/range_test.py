@@ -11,12 +11,15 @@ updates; a tiny linear task, 0.23 and 0.077 under AdamW, 1.5 and 0.5 under SGD).
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ...base.errors import WorkbookError
 from ...contract.data import Item
@@ -76,13 +79,16 @@ class RangeTest:
     suggestion: float | None
     said: str
     grid: list[float] = field(default_factory=list)  # the study's rates, control first
+    optimizer: str = ""  # the task's optimizer class, and the rate it defaults to
+    optimizer_lr: float | None = None
+    rate_ignored: str = ""  # `ignores_rate`'s sentence when the optimizer sets its own step
 
     def save(self, folder: Path) -> None:
         """`range_test.csv` (the curve) and `range_test.json` (settings, suggestion, grid)."""
         write_text(folder / CURVE, self.curve.to_csv(index=False))
         write_json(folder / RESULT, {"settings": asdict(self.settings), "stopped": self.stopped,
                                      "suggestion": self.suggestion, "said": self.said,
-                                     "grid": self.grid})
+                                     "grid": self.grid, "rate_ignored": self.rate_ignored})
 
 
 def smoothed(losses: list[float], beta: float) -> list[float]:
@@ -109,22 +115,64 @@ def steepest(lrs: list[float], values: list[float], skip_begin: int,
     return idx[best] if slope[best] < 0 else None
 
 
+def rate_setter(stepper: Stepper, base: float) -> Callable[[float], None]:
+    """Sets every parameter group's rate to its share of a rate (its own rate over `base`, the
+    one the optimizer was built with; 1 for a group that holds none, lr=None)."""
+    groups = stepper.optimizer.param_groups
+    shares = [(g.get("initial_lr") or g["lr"] or base) / base for g in groups]
+
+    def set_rate(lr: float) -> None:
+        for group, share in zip(groups, shares, strict=True):
+            group["lr"] = share * lr
+    return set_rate
+
+
+PROBE = (1e-5, 1e-1)  # one update at each, from the same start
+IGNORED = 10.0  # a step that grows less than this for a 10,000x rate ignores the rate
+
+
+def step_at(task: Task, items: list[Item], shape: UpdateShape, settings: RangeSettings,
+            lr: float) -> float:
+    """How far one update at `lr` moves the trainable weights (their change's norm), from the
+    start the seed gives."""
+    cfg = TrainConfig(shape, updates=1, lr=lr, seed=settings.seed, device=settings.device)
+    stepper = build_stepper(task, cfg, examples=len(items))
+    rate_setter(stepper, lr)(lr)
+    weights = [p for p in stepper.model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in weights]
+    train(task, items, cfg, stepper=stepper)
+    return float(sum(((p.detach() - b) ** 2).sum() for p, b in zip(weights, before,
+                                                                    strict=True)) ** 0.5)
+
+
+def ignores_rate(task: Task, items: list[Item], shape: UpdateShape,
+                 settings: RangeSettings) -> str:
+    """The experiment that shows an optimizer setting its own step (Adafactor with
+    relative_step=True): one update from the same start at two rates 10,000x apart; a step
+    that grows less than `IGNORED` x is said in a sentence ("" when the rate matters)."""
+    low, high = (step_at(task, items, shape, settings, lr) for lr in PROBE)
+    if not (low > 0 and high < IGNORED * low):
+        return ""
+    return (f"the task's optimizer sets its own step: one update from the same start moved "
+            f"the weights by {low:.3g} at lr {PROBE[0]:g} and by {high:.3g} at lr "
+            f"{PROBE[1]:g} ({high / low:.2f}x for a {PROBE[1] / PROBE[0]:,.0f}x rate), so "
+            "a study of rates would compare one step (Adafactor with relative_step=True "
+            "does this) - give the optimizer a rate it uses (e.g. relative_step=False, "
+            "lr=1e-3) to choose one")
+
+
 def sweep(task: Task, items: list[Item], shape: UpdateShape,
           settings: RangeSettings) -> RangeTest:
     """Run the range test on `items` with the task's own optimizer and update (`loop.train`):
     every parameter group's rate is set to its share of the swept rate before each update (the
-    task's schedule is overridden for the sweep); the model is thrown away."""
+    task's schedule is overridden for the sweep); the model is thrown away. An optimizer that
+    ignores the rate (`ignores_rate`, tried after the sweep) gets no suggestion, and says so."""
     settings.check()
     rates = settings.rates()
     cfg = TrainConfig(shape, updates=settings.updates, lr=settings.min_lr, seed=settings.seed,
                       device=settings.device)  # no bar: the loop's names a trial
     stepper = build_stepper(task, cfg, examples=len(items))
-    groups = stepper.optimizer.param_groups
-    shares = [g.get("initial_lr", g["lr"]) / settings.min_lr for g in groups]
-
-    def set_rate(lr: float) -> None:
-        for group, share in zip(groups, shares, strict=True):
-            group["lr"] = share * lr
+    set_rate = rate_setter(stepper, settings.min_lr)
 
     losses: list[float] = []
     best = [math.inf]
@@ -146,7 +194,13 @@ def sweep(task: Task, items: list[Item], shape: UpdateShape,
     result = train(task, items, cfg, stepper=stepper, on_update=on_update)
     curve = pd.DataFrame({"update": range(1, len(losses) + 1), "lr": rates[:len(losses)],
                           "loss": losses, "smoothed": smoothed(losses, settings.beta)})
-    return read_curve(settings, curve, result.stop_reason)
+    known = {"optimizer": type(stepper.optimizer).__name__,
+             "optimizer_lr": class_default(stepper.optimizer)}
+    ignored = ignores_rate(task, items, shape, settings)  # after: the sweep is as it was
+    if ignored:
+        return RangeTest(settings, curve, result.stop_reason, None, ignored, **known,
+                         rate_ignored=ignored)
+    return replace(read_curve(settings, curve, result.stop_reason), **known)
 
 
 def read_curve(settings: RangeSettings, curve: pd.DataFrame, stopped: str) -> RangeTest:
@@ -188,6 +242,9 @@ def load(folder: Path) -> RangeTest | None:
         test = read_curve(settings, curve, str(data.get("stopped") or ""))
     except (TypeError, ValueError, OSError, KeyError) as exc:
         raise WorkbookError(f"{path} cannot be read as a range test ({exc})", fix) from None
+    test.rate_ignored = str(data.get("rate_ignored") or "")
+    if test.rate_ignored:  # the curve was swept, but the rate it swept did not matter
+        test.suggestion = None
     if test.suggestion != data.get("suggestion"):
         raise WorkbookError(f"{path} does not match its curve {table.name} (suggestion "
                             f"{data.get('suggestion')} vs {test.suggestion})", fix)
@@ -211,10 +268,28 @@ def with_own_rate(test: RangeTest, own: float | None) -> None:
                   f"{test.grid[1]:g} and {test.grid[2]:g} beside")
 
 
-def fallback_grid(task: Task) -> tuple[list[float], str]:
-    """The grid when the range test suggests no rate: the task's own lr (else 1e-4) as the
-    control, half and double it."""
-    control = task.lr or 1e-4
-    who = "the task's own lr" if task.lr else "1e-4"
-    return [control, control / 2, control * 2], f"{who} ({control:g}), half and double it"
+DECADES = (1.0, 1e-2, 1e-1, 1e1, 1e2)  # the grid without a suggestion, control first
+
+
+def class_default(optimizer: torch.optim.Optimizer) -> float | None:
+    """The learning rate the optimizer's class defaults to (Adadelta 1.0, Adam 1e-3, ...), or
+    None when it has none."""
+    given = inspect.signature(type(optimizer).__init__).parameters.get("lr")
+    default = None if given is None else given.default
+    return float(default) if isinstance(default, (int, float)) and default > 0 else None
+
+
+def fallback_grid(task: Task, test: RangeTest) -> tuple[list[float], str]:
+    """The grid when the range test suggests no rate: five rates a decade apart around the
+    task's own lr, else its optimizer class's default (`class_default`), else 1e-3 - the sweep
+    having shown nothing, the study spans the decades its trials can tell apart."""
+    control = task.lr or test.optimizer_lr or 1e-3
+    who = ("the task's own lr" if task.lr else f"{test.optimizer}'s default lr"
+           if test.optimizer_lr else "1e-3")
+    grid = [float(f"{control * f:.2g}") for f in DECADES]
+    return grid, f"five rates a decade apart around {who} ({control:g}): {grid_said(grid)}"
+
+
+def grid_said(rates: list[float]) -> str:
+    return ", ".join(f"{r:g}" for r in sorted(rates))
 

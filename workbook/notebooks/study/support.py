@@ -5,6 +5,7 @@ validation loss does not clear the chance loss, `chance.py`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
@@ -45,22 +46,69 @@ def beyond(lrs: list[float], direction: str) -> float:
     return float(f"{lrs[0] / ratio:.2g}")
 
 
+def closing(curves: pd.DataFrame | None, trials: pd.DataFrame, best_lr: float,
+            design: Any) -> tuple[list[dict], bool]:
+    """Whether the ranking could change with a longer budget, read from the validation curves
+    (`curves`: trial, step, value): each other finished rate's gap to the best rate (seeds
+    averaged; as a ratio for a positive metric to minimise, else a difference) at its last two
+    evaluations. A rate closes when, at the pace of that last interval, it would pass the best
+    within another budget of the study's length (or already has). Returns the closing rates
+    (lr, gap, was, over: updates between the two evaluations, passes: the update it would pass
+    at), nearest first, and whether every other rate could be read (two evaluations each)."""
+    if curves is None or curves.empty:
+        return [], False
+    ran = trials[trials.status == "finished"][["id", "lr"]]
+    mean = curves.merge(ran, left_on="trial", right_on="id").groupby(
+        ["lr", "step"]).value.mean().unstack("step")
+    if best_lr not in mean.index or len(mean) < 2:
+        return [], False
+    ratio = design.mode == "min" and bool((mean.stack() > 0).all())
+    gap = (mean.map(math.log) - mean.loc[best_lr].map(math.log)) if ratio else \
+        (mean - mean.loc[best_lr]) * (1 if design.mode == "min" else -1)
+    out, read = [], True
+    for lr, row in gap.drop(index=best_lr).iterrows():
+        row = row.dropna()
+        if len(row) < 2:
+            read = False
+            continue
+        (s0, was), (s1, now) = list(row.items())[-2:]
+        pace = (was - now) / (s1 - s0)  # per update; positive while it closes
+        passes = s1 if now <= 0 else s1 + now / pace if pace > 0 else math.inf
+        if passes <= s1 + design.updates:
+            out.append({"lr": float(lr), "over": int(s1 - s0), "passes": round(passes),
+                        "gap": math.exp(now) if ratio else now,
+                        "was": math.exp(was) if ratio else was, "ratio": ratio})
+    return sorted(out, key=lambda c: c["passes"]), read
+
+
+def gap_said(c: dict, metric: str) -> str:
+    if c["ratio"]:
+        return (f"its validation {metric} went from {c['was']:.2f}x the best's to "
+                f"{c['gap']:.2f}x over the last {c['over']} updates")
+    return (f"its validation {metric} went from {c['was']:.4g} to {c['gap']:.4g} behind the "
+            f"best's over the last {c['over']} updates")
+
+
 def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
-             best_loss: float | None = None) -> dict[str, Any]:
+             best_loss: float | None = None, curves: pd.DataFrame | None = None,
+             swept: Any = None) -> dict[str, Any]:
     """What the study supports, from its trial table (`Study.trial_table`): the best learning
     rate, how many seeds stand behind it, and the warnings that make it provisional - the best
     at the edge of the rates tried ("extend the range upward" or "downward", and whether the
     study's budget of extra trials ran out), the best trial still improving at its last update
-    (the budget is too short to call a winner), a single learning rate. With `chance` and the
+    (too short a budget to call a winner) unless the validation `curves` show the ranking
+    held (`closing`: no other rate closing on the best fast enough to pass it within another
+    budget; then it is said, not warned), a single learning rate. With `chance` and the
     study's `best_loss` (its best validation loss), a best that does not clear chance by
     `MARGIN` is "no rate learns": no rate is supported - unless the best trial, still improving
     at its last update, fell from the untrained model's loss (`chance.untrained`) by more than
-    it still lacks: too short a budget to tell, said as a warning. Keys: best_lr, best_metric,
-    best_trial,
-    control_lr, control_remains_best, seeds, lrs (tried), extended (rates the study added),
-    extra_trials (its budget), best_at_edge ("upward", "downward" or ""), still_improving
-    (trial ids), warnings, no_rate_learns, chance_loss, conclusive (no warning), supported_lr
-    (the rate to plan on; None when none can be chosen) and finding (in one sentence)."""
+    it still lacks: too short a budget to tell, said as a warning. A range test (`swept`) that
+    found the optimizer setting its own step leaves no rate to choose. Keys: best_lr,
+    best_metric, best_trial, control_lr, control_remains_best, seeds, closing (rates closing on
+    the best), rate_ignored, lrs (tried), extended (rates the study added), extra_trials (its
+    budget), best_at_edge ("upward", "downward" or ""), still_improving (trial ids), warnings,
+    no_rate_learns, chance_loss, conclusive (no warning), supported_lr (the rate to plan on;
+    None when none can be chosen) and finding (in one sentence)."""
     control = design.lrs[0]
     lrs = tried(trials, design)
     extra = extension_trials(trials, design)
@@ -69,7 +117,8 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
     done = trials.dropna(subset=["best_metric"])
     out: dict[str, Any] = {"control_lr": control, "lrs": lrs, "seeds": seeds,
                            "extended": extended, "extra_trials": design.extra_trials,
-                           "best_at_edge": "", "still_improving": [], "warnings": [],
+                           "best_at_edge": "", "still_improving": [], "closing": [],
+                           "warnings": [], "rate_ignored": False,
                            "no_rate_learns": False,
                            "chance_loss": None if chance is None else chance.loss}
     if done.empty:
@@ -111,6 +160,14 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
                        "(notebook 01) and that the model can fit a few examples (notebook "
                        "02)."))
         return out
+    ignored = getattr(swept, "rate_ignored", "")
+    out["rate_ignored"] = bool(ignored)
+    if ignored:
+        out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
+                   conclusive=False, supported_lr=None, control_remains_best=False,
+                   finding=f"no rate to choose: {ignored}; its one trial, at lr {best_lr:g}, "
+                   f"reached a validation {design.metric} of {float(row.best_metric):.4g}.")
+        return out
     warnings = out["warnings"]
     if len(lrs) == 1:
         warnings.append(f"one learning rate tried ({best_lr:g}): nothing was compared - add "
@@ -123,12 +180,25 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
                         f"better - extend the range {out['best_at_edge']}" +
                         (f"; the study's budget of {design.extra_trials} extra trials ran out"
                          if design.extra_trials else ""))
-    if best_id in out["still_improving"]:
+    closers, read = closing(curves, trials, best_lr, design)
+    out["closing"] = [c["lr"] for c in closers]
+    held = ""
+    if closers:
+        c = closers[0]
+        warnings.append(f"lr {c['lr']:g} closes on the best (lr {best_lr:g}): "
+                        f"{gap_said(c, design.metric)}; at that pace it passes the best near "
+                        f"update {c['passes']} - lengthen the budget past it to tell")
+    elif best_id in out["still_improving"]:
         who = (f"every trial ({len(improving)} of {len(trials)})" if len(improving) ==
                len(trials) else f"the best trial ({best_id})")
-        warnings.append(f"{who} was still improving at its last update "
-                        f"({int(row.stop_step)} of {design.updates}): the budget is too short "
-                        "to call a winner - lengthen it")
+        if read:
+            held = (f"; {who} was still improving at its last update, but the ranking held: "
+                    f"no other rate closed on lr {best_lr:g} fast enough to pass it within "
+                    f"another {design.updates} updates - the winner stands at this budget")
+        else:
+            warnings.append(f"{who} was still improving at its last update "
+                            f"({int(row.stop_step)} of {design.updates}): the budget is too "
+                            "short to call a winner - lengthen it")
     beat = best_lr != control
     verdict = (f"lr {best_lr:g} beat the control (lr {control:g})" if beat else
                f"the control (lr {control:g}) remains the best choice")
@@ -140,6 +210,11 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
         finding += (f"; the study extended its grid by itself to {grid(extended)} "
                     f"({len(extra)} of its {design.extra_trials} extra trials), its best "
                     "having sat at the edge")
+    finding += held
+    if swept is not None and swept.suggestion is None and len(swept.curve):
+        finding += (f"; the range test saw no fall over its {len(swept.curve)} updates, yet "
+                    f"lr {best_lr:g} learned over the study's {design.updates}: the sweep was "
+                    "too short to show this task's fall")
     if warnings:
         finding += "; provisional - " + "; ".join(warnings)
     out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
