@@ -127,48 +127,10 @@ def human(frame, words: bool = True):
     return shown.rename(columns=header)
 
 
-PAGE_CHARACTERS = 150  # characters of 13 px table text across ~1150 px, less cell padding
-WRAPPED = 30  # a text longer than this may wrap in its cell
-
-
-def characters(frame, name) -> int:
-    """About how many characters wide a column is laid out: its longest word (header or value)
-    and its longest value up to WRAPPED, plus two for the cell's padding."""
-    values = frame[name].astype(str)
-    words = [w for text in [str(name), *values] for w in text.split()]
-    return max(max(map(len, words), default=1),
-               min(values.str.len().max() if len(values) else 0, WRAPPED)) + 2
-
-
-def key_columns(frame) -> int:
-    """How many leading columns name a row: the fewest (up to 3) whose values are unique."""
-    for n in range(1, min(3, len(frame.columns) - 1) + 1):
-        if not frame.iloc[:, :n].astype(str).duplicated().any():
-            return n
-    return 1
-
-
-def parts(shown, width: int = PAGE_CHARACTERS) -> list:
-    """A table wider than `width` characters split into parts that each repeat the columns that
-    name a row (`key_columns`); one part when it fits."""
-    widths = {c: characters(shown, c) for c in shown.columns}
-    if sum(widths.values()) <= width or len(shown.columns) < 3:
-        return [shown]
-    keys = list(shown.columns[:key_columns(shown)])
-    room = width - sum(widths[c] for c in keys)
-    groups: list[list] = [[]]
-    for name in shown.columns[len(keys):]:
-        if groups[-1] and sum(widths[c] for c in groups[-1]) + widths[name] > room:
-            groups.append([])
-        groups[-1].append(name)
-    return [shown[keys + group] for group in groups]
-
-
 def table(frame, index: bool = False):
-    """A frame as a notebook shows it: `human` words and units, and - wider than a notebook
-    (~1150 px) - split into parts that each repeat the row's name, displayed one after the
-    other (then None is returned, so nothing shows twice). `index` keeps the frame's index
-    (a transposed table's row names). None stays None."""
+    """A frame as a notebook shows it: `human` words and units, one table however wide (the
+    notebook scrolls it sideways; never cut into parts). `index` keeps the frame's index (a
+    transposed table's row names). None stays None."""
     import pandas as pd
 
     if frame is None:  # a table a notebook's settings left out (demonstrate_faults=False)
@@ -182,15 +144,7 @@ def table(frame, index: bool = False):
         shown.index = [header(i) for i in shown.index]
     else:
         shown = shown.reset_index(drop=True)
-    pieces = parts(shown)
-    if len(pieces) == 1:
-        return pieces[0]
-    from IPython.display import Markdown, display
-
-    for n, piece in enumerate(pieces, 1):
-        display(Markdown(f"*part {n} of {len(pieces)}*"))
-        display(piece)
-    return None
+    return shown
 
 
 def show_full_text() -> None:
@@ -248,7 +202,7 @@ def figure_table(figures: dict, labels: Mapping[str, str] | None = None):
 
 
 def show(frame, index: bool = False) -> None:
-    """Display `table(frame)` (in parts when wide); for use inside a cell's code."""
+    """Display `table(frame)`; for use inside a cell's code."""
     from IPython.display import display
 
     shown = table(frame, index=index)
