@@ -152,8 +152,6 @@ def bracketed(figures: dict) -> None:
     assert not re.search(r"extend the range", json.dumps(figures.get("warnings"))), figures
 
 
-@pytest.mark.xfail(strict=False, reason="first run: best lr 0.0002, the largest of (5e-05, "
-                                        "0.0001, 0.0002): 'extend the range upward'")
 def test_study_brackets_adadelta_rate_far_above_default(tmp_path):
     verdict, figures, said = study(tmp_path, kind="mnist_adadelta")
     bracketed(figures)
@@ -161,8 +159,6 @@ def test_study_brackets_adadelta_rate_far_above_default(tmp_path):
     assert not NO_RATE.search(said), figures.get("finding")  # it learns: the twin of 5a
 
 
-@pytest.mark.xfail(strict=False, reason="first run: the task's lr 1.0 gave (0.5, 1, 2), best "
-                                        "lr 2 at the edge: 'extend the range upward'")
 def test_study_brackets_adadelta_with_the_scripts_lr(tmp_path):
     verdict, figures, _ = study(tmp_path, kind="mnist_adadelta", script_lr=True)
     bracketed(figures)
