@@ -4,9 +4,10 @@ public paper, script or docs page it comes from, as a `wb.Task`:
 - `horizon` (`noise=1.0`, planted; `noise=0.0`, twin): the noisy quadratic of Wu et al. 2018,
   "Understanding Short-Horizon Bias in Stochastic Meta-Optimization" (https://arxiv.org/abs/
   1803.02021): linear regression trained from zero by constant-lr `torch.optim.SGD`. With label
-  noise (planted) each rate settles at a noise floor that grows with the rate: the larger rate
-  leads early, the smaller one falls fast at the budget's end and overtakes soon after (the
-  tuning playbook's warning against comparing at too short a budget: https://github.com/
+  noise (planted) each rate settles at a noise floor that grows with the rate, so which rate is
+  best depends on the horizon: the larger rate leads early, the smaller one still falls at the
+  budget's end and overtakes soon after (the tuning playbook's "Deciding how long to train when
+  training is compute-bound", on tuning runs shorter than the final one: https://github.com/
   google-research/tuning_playbook). Without noise (twin: curvatures spread over two decades,
   so the curves are power-law-like time-stretched copies) the smaller rate trails at a steady,
   growing ratio and never overtakes, though every curve still falls at its last update.
