@@ -59,9 +59,6 @@ CLEAN = {"kind": "horizon", "noise": 0.0}
 
 
 @pytest.mark.planted
-@pytest.mark.xfail(strict=False, reason="first run: conclusive, no warning: 'lr 0.02 beat "
-                                        "the control (lr 0.01): best validation loss 1.148 "
-                                        "(trial 2), on one seed, so no spread.'")
 def test_short_horizon_winner_is_not_conclusive(tmp_path):
     figures, said = study(tmp_path, NOISY, lrs=[0.01, 0.02, 0.04], updates=80, **QUADRATIC)
     assert figures.get("best_lr") == 0.02, figures  # the case as written: the middle rate leads
@@ -78,9 +75,6 @@ def test_short_horizon_runner_up_wins_a_longer_study(tmp_path):
 
 
 @pytest.mark.twin
-@pytest.mark.xfail(strict=False, reason="first run: provisional: 'the best trial (2) was "
-                                        "still improving at its last update (80 of 80): the budget "
-                                        "is too short to call a winner - lengthen it'")
 def test_steady_trailing_runner_up_reads_conclusive(tmp_path):
     figures, said = study(tmp_path, CLEAN, lrs=[0.1, 0.3, 0.9], updates=80, **QUADRATIC)
     assert figures.get("best_lr") == 0.3, figures  # 0.9 diverges, 0.1 trails 5x and more
@@ -98,9 +92,6 @@ def test_steady_trailing_runner_up_stays_behind_in_a_longer_study(tmp_path):
 #     when it does not clip": docs/own-task.md): 06's trials of the workbook's own update must
 #     run the paper's SGD step, the same curve as the task's own unclipped train_step
 
-@pytest.mark.xfail(strict=False, reason="first run: the workbook's update gave best validation "
-                                        "loss 1.638 at lr 0.04 (the task's own step 1.148 at "
-                                        "0.02): every curve is the paper's step clipped at 1.0")
 def test_task_that_does_not_clip_is_not_clipped(tmp_path):
     own, _ = study(tmp_path / "own", NOISY, lrs=[0.01, 0.02, 0.04], updates=60, **QUADRATIC)
     workbooks, said = study(tmp_path / "workbook", {**NOISY, "own_step": False},
@@ -119,8 +110,6 @@ WARMUP = re.compile(r"warm-?\s?up", re.IGNORECASE)
 
 
 @pytest.mark.planted
-@pytest.mark.xfail(strict=False, reason="first run: 'no rate learns ... check that the "
-                                        "labels belong to their inputs (notebook 01)'")
 def test_long_task_warmup_is_not_read_as_nothing_learns(tmp_path):
     figures, said = study(tmp_path, LONG_WARMUP, **GLUE)
     assert not NO_RATE.search(said), figures.get("finding")
@@ -149,8 +138,6 @@ OWN_STEP = re.compile(r"ignor\w*[^.]{0,60}(rate|lr)|(rate|lr)[^.]{0,60}ignor|set
 
 
 @pytest.mark.planted
-@pytest.mark.xfail(strict=False, reason="first run: the range test raised TypeError: "
-                                        "unsupported operand type(s) for *: 'NoneType' and 'float'")
 def test_rate_ignoring_optimizer_gets_no_rate_recommended(tmp_path):
     figures, said = study(tmp_path, RELATIVE, **GLUE)
     assert not re.search(r"beat the control", str(figures.get("finding"))), figures
@@ -161,7 +148,12 @@ def test_rate_ignoring_optimizer_gets_no_rate_recommended(tmp_path):
 def test_adafactor_with_a_given_rate_supports_one(tmp_path):
     figures, said = study(tmp_path, ABSOLUTE, **GLUE)
     assert figures.get("supported_lr") is not None, figures
-    assert not OWN_STEP.search(said), figures.get("finding")
+    # judged on what the study says, its sentences: after the fix, summary.json carries a
+    # figure named `rate_ignored` (false here), which the pattern read as a claim
+    sentences = " ".join([str(figures.get("finding")), *map(str, figures.get("warnings", [])),
+                          str(figures.get("range_test"))])
+    assert not OWN_STEP.search(sentences), figures.get("finding")
+    assert figures.get("rate_ignored") is False, figures
 
 
 # the cases themselves, in a plain PyTorch loop (the task's pieces, no workbook loop)
