@@ -212,10 +212,27 @@ def test_a_smaller_rate_closing_on_the_best_keeps_the_study_provisional():
     assert found["closing"] == [0.003] and not found["conclusive"], found["finding"]
     assert "lr 0.003 closes on the best (lr 0.01): its validation loss went from 2.00x the " \
         "best's to 1.20x over the last 50 updates; at that pace it passes the best near " \
-        "update 218 - lengthen the budget past it to tell" in found["finding"]
+        "update 218 - lengthen the budget to tell" in found["finding"]
     shifted = {0.01: [2.0, 1.0, 0.5, 0.25], 0.003: [2.8, 2.0, 1.0, 0.5],
                0.03: [2.1, 1.5, 1.4, 1.4]}  # the twin: the smaller rate trails at 2x, steady
     held = findings(*_curves(shifted)[:1], plan, curves=_curves(shifted)[1])
     assert held["conclusive"] and held["closing"] == [] and "the ranking held" in \
         held["finding"], held["finding"]
     assert not findings(table, plan)["conclusive"], "without curves: still improving warns"
+
+
+@pytest.mark.planted
+def test_a_warmup_longer_than_the_study_is_named_not_read_as_a_rate_or_as_no_learning(
+        tmp_path):
+    """The task's own schedule warms up over 5,000 updates; 06's trials run 40: every trial ran
+    at under 1% of its rate (read from the optimizer at every update), so no rate is supported,
+    the grid is not extended toward ever larger rates, and the labels are not blamed."""
+    study = Study(tmp_path / "s", design("long_warmup"), sweep=SWEEP)
+    study.run_all()
+    found = study.supported()
+    assert found["schedule_reached"] < 0.01 and found["supported_lr"] is None, found["finding"]
+    assert found["finding"].startswith("the rates were not reached: the task's own schedule")
+    assert not found["no_rate_learns"] and found["extended"] == []
+    twin = findings(_table([(1e-3, 2.0), (5e-4, 2.5), (2e-3, 2.2)]),
+                    design("separable", lrs=[1e-3, 5e-4, 2e-3]), reached={1: 1.0})
+    assert twin["supported_lr"] == 1e-3 and twin["schedule_reached"] == 1.0

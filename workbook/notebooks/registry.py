@@ -272,6 +272,7 @@ STUDY = NotebookEntry(
         "control_lr": "control learning rate", "control_remains_best": "control still best",
         "best_at_edge": "best at the grid's edge", "still_improving": "trials still improving",
         "closing": "rates closing on the best", "rate_ignored": "optimizer ignores the rate",
+        "schedule_reached": "share of its rate the schedule let a trial reach",
         "suggested_lr": "range test's suggestion", "extended": "rates the study added",
         "no_rate_learns": "no rate learns", "chance_loss": "chance (validation loss)",
         "trials": "trials", "statuses": "trial statuses", "seeds": "seeds", "lrs": "rates tried",

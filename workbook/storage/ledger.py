@@ -63,7 +63,10 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 # Added to ledgers of earlier versions on open (nothing else in them changes): `process`, who runs
 # a trial (host, boot and the process's start time), so a pid reused by another process, or this
 # process's own pid, is not taken for the trial's.
-ADDED = ("ALTER TABLE trials ADD COLUMN process TEXT",)
+# `scheduled`, the task's schedule's factor at each update (its rate over the rate the trial was
+# given), so a study can tell the rate it asked for from the one its trials ran at.
+ADDED = ("ALTER TABLE trials ADD COLUMN process TEXT",
+         "ALTER TABLE steps ADD COLUMN scheduled REAL")
 # What ANALYZE or `PRAGMA optimize` (run by SQLite tools) adds: planner statistics, data only.
 STATISTICS = {"sqlite_stat1": "CREATE TABLE sqlite_stat1(tbl,idx,stat)",
               "sqlite_stat4": "CREATE TABLE sqlite_stat4(tbl,idx,neq,nlt,ndlt,sample)"}
@@ -271,7 +274,8 @@ class Ledger:
         _, columns = _schema()
         have = [c[1] for c in self.db.execute(f'PRAGMA table_info("{table}")')]
         want = columns[table]
-        missing = [c for c in want if c not in have and not (table, c) == ("trials", "process")]
+        added = {(a.split()[2], a.split()[-2]) for a in ADDED}
+        missing = [c for c in want if c not in have and (table, c) not in added]
         extra = [c for c in have if c not in want]
         fix = "use an intact copy of the ledger this study wrote, or start a new study folder"
         if missing:
@@ -296,9 +300,9 @@ class Ledger:
         with self._transaction():
             for statement in filter(str.strip, SCHEMA.split(";")):
                 self.db.execute(statement)
-            have = {c[1] for c in self.db.execute("PRAGMA table_info(trials)")}
             for statement in ADDED:
-                if statement.split()[-2] not in have:
+                table, column = statement.split()[2], statement.split()[-2]
+                if column not in {c[1] for c in self.db.execute(f"PRAGMA table_info({table})")}:
                     self.db.execute(statement)
         if self._objects() != _schema()[0]:  # changed while it was opened
             raise WorkbookError(f"{shown(self.path)} changed its schema while it was opened",
@@ -438,9 +442,9 @@ class Ledger:
     def add_steps(self, trial: int, steps: list[dict]) -> None:
         with self._transaction():
             self.db.executemany(
-                "INSERT INTO steps (trial, step, loss, lr, examples, targets, time_s) "
-                "VALUES (:trial, :step, :loss, :lr, :examples, :targets, :time_s)",
-                [{**s, "trial": trial} for s in steps])
+                "INSERT INTO steps (trial, step, loss, lr, examples, targets, time_s, "
+                "scheduled) VALUES (:trial, :step, :loss, :lr, :examples, :targets, :time_s, "
+                ":scheduled)", [{"scheduled": None, **s, "trial": trial} for s in steps])
 
     def add_eval(self, trial: int, step: int, scope: str, loss: float, metrics: dict,
                  per_class: dict | None = None) -> None:

@@ -51,7 +51,8 @@ class TrainConfig:
     eval_every: Index = 0  # evaluate every N updates (0: never); steps, never seconds
     eval_batch: Count = 32
     drop_partial: StrictBool = False  # leave out the examples that do not fill a whole update
-    grad_clip: NonNegative = 1.0  # max gradient norm (0: no clipping, norm still recorded)
+    grad_clip: NonNegative | None = None  # max gradient norm (0: no clipping, the norm still
+    # recorded; None: the task's own grad_clip)
     workers: Index = 0  # DataLoader worker processes
     encode_each_pass: StrictBool = True  # encode the raw examples in the loader on every pass
     progress: StrictBool = False  # show a tqdm bar
@@ -411,7 +412,8 @@ def build_stepper(task: Task, cfg: TrainConfig, model: nn.Module | None = None,
     scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     scaler = torch.amp.GradScaler(device.type) if cfg.shape.precision == "fp16" else None
-    return Stepper(task, model, optimizer, scheduler, device, cfg.shape.precision, cfg.grad_clip,
+    clip = task.grad_clip if cfg.grad_clip is None else cfg.grad_clip
+    return Stepper(task, model, optimizer, scheduler, device, cfg.shape.precision, clip or 0.0,
                    scaler, carry=Carry(task.state) if task.state is not None else None)
 
 

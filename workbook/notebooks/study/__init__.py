@@ -322,9 +322,11 @@ class Study:
         kept: list[tuple[float, int, Path]] = []  # (metric, step, path) of checkpoints on disk
         best: list = [None, None, None]  # metric, step, path
 
-        def on_update(record: StepRecord, *_) -> str | None:
-            pending.append({k: getattr(record, k) for k in
-                            ("step", "loss", "lr", "examples", "targets", "time_s")})
+        def on_update(record: StepRecord, stepper: Stepper, *_) -> str | None:
+            given = stepper.optimizer.param_groups[0].get("initial_lr") or record.lr
+            pending.append({**{k: getattr(record, k) for k in
+                               ("step", "loss", "lr", "examples", "targets", "time_s")},
+                            "scheduled": record.lr / given if given else None})
             losses.append(record.loss)
             if not math.isfinite(record.loss):
                 return f"non-finite loss ({record.loss}) at update {record.step}"
@@ -464,8 +466,10 @@ class Study:
             lambda text: json.loads(text).get(metric, math.nan))
         curves = pd.DataFrame({"trial": evals.trial, "step": evals.step,
                                "value": value.astype(float)}).dropna()
+        steps = self.curves()  # the schedule's factor at each update: the rate it ran at
+        reached = steps.dropna(subset=["scheduled"]).groupby("trial").scheduled.max()
         return findings(self.trial_table(), self.design, self.chance(), best_loss, curves,
-                        self.range_test)
+                        self.range_test, reached.to_dict())
 
     def lr_summary(self) -> pd.DataFrame:
         """Per learning rate: every seed's best metric, and their mean; the spread (std, min,
@@ -586,7 +590,7 @@ def save(study: Study, out_dir: Path) -> str:
                "range_test": tested and tested.said,
                **{k: found[k] for k in ("seeds", "lrs", "extended", "extra_trials",
                                         "best_at_edge", "still_improving", "closing",
-                                        "rate_ignored", "warnings",
+                                        "rate_ignored", "schedule_reached", "warnings",
                                         "conclusive", "no_rate_learns", "chance_loss",
                                         "supported_lr", "finding")}}
     all_diverged = bool(len(trials)) and bool((trials.status == "diverged").all())

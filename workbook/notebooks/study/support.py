@@ -34,6 +34,7 @@ def extension_trials(trials: pd.DataFrame, design: Any) -> list[dict]:
 
 
 MAX_STEP = 10.0  # an extension never steps further than this ratio past the edge
+REACHED = 0.5  # trials whose schedule never let them run at half their rate did not try it
 
 
 def beyond(lrs: list[float], direction: str) -> float:
@@ -82,6 +83,9 @@ def closing(curves: pd.DataFrame | None, trials: pd.DataFrame, best_lr: float,
 
 
 def gap_said(c: dict, metric: str) -> str:
+    if (c["gap"] <= 1) if c["ratio"] else (c["gap"] <= 0):
+        return (f"its validation {metric} ended at or below the best's, whose lowest came "
+                "earlier")
     if c["ratio"]:
         return (f"its validation {metric} went from {c['was']:.2f}x the best's to "
                 f"{c['gap']:.2f}x over the last {c['over']} updates")
@@ -91,7 +95,7 @@ def gap_said(c: dict, metric: str) -> str:
 
 def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
              best_loss: float | None = None, curves: pd.DataFrame | None = None,
-             swept: Any = None) -> dict[str, Any]:
+             swept: Any = None, reached: dict[int, float] | None = None) -> dict[str, Any]:
     """What the study supports, from its trial table (`Study.trial_table`): the best learning
     rate, how many seeds stand behind it, and the warnings that make it provisional - the best
     at the edge of the rates tried ("extend the range upward" or "downward", and whether the
@@ -103,7 +107,9 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
     `MARGIN` is "no rate learns": no rate is supported - unless the best trial, still improving
     at its last update, fell from the untrained model's loss (`chance.untrained`) by more than
     it still lacks: too short a budget to tell, said as a warning. A range test (`swept`) that
-    found the optimizer setting its own step leaves no rate to choose. Keys: best_lr,
+    found the optimizer setting its own step leaves no rate to choose; trials whose schedule
+    never let them reach `REACHED` of their rates (`reached`: the schedule's largest factor per
+    trial) tried none of them. Keys: best_lr,
     best_metric, best_trial, control_lr, control_remains_best, seeds, closing (rates closing on
     the best), rate_ignored, lrs (tried), extended (rates the study added), extra_trials (its
     budget), best_at_edge ("upward", "downward" or ""), still_improving (trial ids), warnings,
@@ -118,7 +124,7 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
     out: dict[str, Any] = {"control_lr": control, "lrs": lrs, "seeds": seeds,
                            "extended": extended, "extra_trials": design.extra_trials,
                            "best_at_edge": "", "still_improving": [], "closing": [],
-                           "warnings": [], "rate_ignored": False,
+                           "warnings": [], "rate_ignored": False, "schedule_reached": None,
                            "no_rate_learns": False,
                            "chance_loss": None if chance is None else chance.loss}
     if done.empty:
@@ -138,6 +144,20 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
     improving = finished[(finished.best_step == finished.stop_step) &
                          (finished.stop_step > design.eval_every)]
     out["still_improving"] = [int(i) for i in improving.id]
+    peak = (reached or {}).get(best_id)
+    out["schedule_reached"] = peak
+    if peak is not None and peak < REACHED:  # before "no rate learns": it explains it too
+        out.update(best_lr=best_lr, best_metric=float(row.best_metric), best_trial=best_id,
+                   conclusive=False, supported_lr=None, control_remains_best=False,
+                   finding=(
+                       "the rates were not reached: the task's own schedule held the trials at "
+                       f"most {peak * 100:.2g}% of their rates over the study's "
+                       f"{design.updates} updates (lr {best_lr:g} ran at "
+                       f"{best_lr * peak:.3g} at most, read from the optimizer at every "
+                       "update) - its warm-up outlasts the study, which compared the warm-up's "
+                       "first steps, not the rates: give 06 more updates than the warm-up, or "
+                       "a warm-up sized to the run (a share of it, as warmup_ratio does)."))
+        return out
     near_chance = chance is not None and best_loss is not None and \
         not chance.learned(best_loss)
     start = chance.untrained if chance is not None else None
@@ -186,8 +206,10 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
     if closers:
         c = closers[0]
         warnings.append(f"lr {c['lr']:g} closes on the best (lr {best_lr:g}): "
-                        f"{gap_said(c, design.metric)}; at that pace it passes the best near "
-                        f"update {c['passes']} - lengthen the budget past it to tell")
+                        f"{gap_said(c, design.metric)}" + (
+                            f"; at that pace it passes the best near update {c['passes']}"
+                            if c["passes"] > design.updates else "") +
+                        " - lengthen the budget to tell")
     elif best_id in out["still_improving"]:
         who = (f"every trial ({len(improving)} of {len(trials)})" if len(improving) ==
                len(trials) else f"the best trial ({best_id})")
