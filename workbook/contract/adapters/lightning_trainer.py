@@ -132,9 +132,16 @@ class PilotFit:
 
     @contextlib.contextmanager
     def hooks(self, module: nn.Module, run: LightningRun, stage: str) -> Iterator[dict]:
-        """The module with the pilot's Trainer attached and its logging recorded."""
-        with attached(module, PilotTrainer(self, run, module, stage)), logged(module) as seen:
-            yield seen
+        """The module with the pilot's Trainer attached as Lightning attaches its own (the
+        setter reaches child LightningModules too) and its logging recorded; both as they were
+        after."""
+        before = module._trainer
+        module.trainer = PilotTrainer(self, run, module, stage)
+        try:
+            with logged(module) as seen:
+                yield seen
+        finally:
+            module.trainer = before
 
 
 class PilotTrainer:
@@ -244,18 +251,6 @@ class PilotTrainer:
 
 PROVIDED = sorted(n for n in {*vars(PilotTrainer), *PilotTrainer.__annotations__}
                   if not n.startswith("_"))
-
-
-@contextlib.contextmanager
-def attached(module: nn.Module, trainer: PilotTrainer) -> Iterator[None]:
-    """`module.trainer = trainer` as Lightning attaches its own (the setter reaches child
-    LightningModules too), put back as it was after."""
-    before = module._trainer
-    module.trainer = trainer
-    try:
-        yield
-    finally:
-        module.trainer = before
 
 
 def logged_value(value: Any) -> tuple[float, bool]:
