@@ -84,17 +84,23 @@ class TrainerAttributeMissing(WorkbookError):
     """The module read a Trainer attribute the pilot's stand-in does not provide."""
 
 
-def campaign(differs: str) -> Callable[[Callable], property]:
-    """A Trainer property whose pilot value differs from the campaign Trainer's (`differs`
-    says how): each read notes the value in the fit's `differs` (the latest read wins: the
-    run's, after the probe at load)."""
-    def declare(read: Callable) -> property:
-        def get(self: PilotTrainer) -> Any:
-            value = read(self)
-            self._fit.differs[read.__name__] = f"{value!r} here: {differs}"
-            return value
-        return property(get, doc=differs)
-    return declare
+class Campaign:
+    """A Trainer attribute whose pilot value differs from the campaign Trainer's (`differs` says
+    how): each read notes it in the fit's `differs` (the latest read wins: the run's, after
+    the probe at load)."""
+
+    def __init__(self, read: Callable[[PilotTrainer], Any], differs: str):
+        self.read, self.differs, self.__doc__ = read, differs, differs
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: PilotTrainer | None, owner: type | None = None) -> Any:
+        if trainer is None:
+            return self
+        value = self.read(trainer)
+        trainer._fit.differs[self.name] = f"{value!r} here: {self.differs}"
+        return value
 
 
 class PilotFit:
@@ -174,66 +180,34 @@ class PilotTrainer:
         self._fit, self._run = fit, run
 
     # where the run stands
-    @property
-    def global_step(self) -> int:
-        """Updates made."""
-        return self._run.global_step
-
-    @property
-    def current_epoch(self) -> int:
-        """Passes over the train set completed."""
-        return self._run.current_epoch
-
+    global_step = property(lambda self: self._run.global_step, doc="Updates made.")
+    current_epoch = property(lambda self: self._run.current_epoch,
+                             doc="Passes over the train set completed.")
     # the run's configuration: the pilot's, not the campaign's
-    @campaign("the updates of the pilot's run; the campaign's Trainer counts its own "
-              "max_epochs/max_steps over the whole data")
-    def estimated_stepping_batches(self) -> int:
-        return self._run.updates
-
-    @campaign("the updates of the pilot's run")
-    def max_steps(self) -> int:
-        return self._run.updates
-
-    @campaign("the passes the pilot's run makes")
-    def max_epochs(self) -> int:
-        return self._run.max_epochs
-
-    @campaign("micro-batches per pass over the pilot's training examples")
-    def num_training_batches(self) -> int:
-        return self._run.batches_per_pass
-
-    @campaign("the datamodule's validation loader here (the pilot evaluates in its own "
-              "batches)")
-    def num_val_batches(self) -> list[float]:  # inf: an unsized (streaming) loader, as Lightning
-        return [self._fit.val_batches]
-
-    @campaign("the pilot's update shape (05 and 08 choose the campaign's)")
-    def accumulate_grad_batches(self) -> int:
-        return self._run.accumulation
-
-    @campaign("the pilot's precision (the campaign's plan may choose another)")
-    def precision(self) -> str:
-        return LIGHTNING_PRECISION.get(self._run.precision, self._run.precision)
-
-    @campaign("one process here; the campaign runs on its own devices")
-    def num_devices(self) -> int:
-        return 1
-
-    @campaign("one process here; the campaign runs on its own devices")
-    def world_size(self) -> int:
-        return self._run.replicas
-
-    @campaign("a scratch folder of the pilot")
-    def log_dir(self) -> str:
-        return self._fit.scratch()
-
-    @campaign("no logger in the pilot")
-    def logger(self) -> None:
-        return None
-
-    @campaign("no logger in the pilot")
-    def loggers(self) -> list:
-        return []
+    estimated_stepping_batches = Campaign(
+        lambda self: self._run.updates, "the updates of the pilot's run; the campaign's "
+        "Trainer counts its own max_epochs/max_steps over the whole data")
+    max_steps = Campaign(lambda self: self._run.updates, "the updates of the pilot's run")
+    max_epochs = Campaign(lambda self: self._run.max_epochs, "the passes the pilot's run makes")
+    num_training_batches = Campaign(lambda self: self._run.batches_per_pass, "micro-batches "
+                                    "per pass over the pilot's training examples")
+    num_val_batches = Campaign(  # inf: an unsized (streaming) loader, as Lightning
+        lambda self: [self._fit.val_batches], "the datamodule's validation loader here (the "
+        "pilot evaluates in its own batches)")
+    accumulate_grad_batches = Campaign(lambda self: self._run.accumulation, "the pilot's "
+                                       "update shape (05 and 08 choose the campaign's)")
+    precision = Campaign(
+        lambda self: LIGHTNING_PRECISION.get(self._run.precision, self._run.precision),
+        "the pilot's precision (the campaign's plan may choose another)")
+    # the processes: one here
+    num_devices = Campaign(lambda self: 1, "one process here; the campaign runs on its own "
+                           "devices")
+    world_size = Campaign(lambda self: self._run.replicas, "one process here; the campaign "
+                          "runs on its own devices")
+    # files and loggers
+    log_dir = Campaign(lambda self: self._fit.scratch(), "a scratch folder of the pilot")
+    logger = Campaign(lambda self: None, "no logger in the pilot")
+    loggers = Campaign(lambda self: [], "no logger in the pilot")
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name.startswith(("_repr", "_ipython")):
