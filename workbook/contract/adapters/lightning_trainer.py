@@ -17,7 +17,8 @@ from torch import nn
 from ...base.errors import WorkbookError
 from ...storage.files import scratch_folder
 from ..metric_reduction import GATHERED, MAX, MEAN, MIN, OWN, ROWS, SUM
-from ..run import DEFAULT_UPDATES, current_run
+from ..run import DEFAULT_UPDATES, RunLength, current_run
+from ..shape import UpdateShape
 from ..sources import length
 
 # the pilot's precision as Lightning names it (`trainer.precision`)
@@ -26,17 +27,10 @@ LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixe
 
 @dataclasses.dataclass
 class LightningRun:
-    """The pilot's run as a Trainer would describe it: the configuration (from the loop's
-    `loop.TrainConfig` when found, else defaults) and the counters the train step advances."""
+    """The pilot's run as a Trainer would describe it: the run being built (`length`, its
+    `examples` those of one pass) and the counters the train step advances."""
 
-    updates: int
-    micro_batch: int
-    accumulation: int
-    examples: int  # training examples of one pass
-    precision: str = "fp32"
-    replicas: int = 1
-    drop_partial: bool = False
-    source: str = "defaults"
+    length: RunLength
     global_step: int = 0  # updates made
     examples_seen: int = 0
     batch_idx: int = 0  # micro-batches into the current pass
@@ -44,32 +38,37 @@ class LightningRun:
 
     @classmethod
     def current(cls, default_examples: int, micro_batch: int) -> LightningRun:
-        """The run whose optimizer is being built (`run.current_run()`, set by `build_stepper`).
-        Outside one (the module read at load, a step with no optimizer built), DEFAULT_UPDATES
-        updates of the train loader's batch over the whole train set."""
-        run = current_run()
-        if run is None:
-            return cls(DEFAULT_UPDATES, max(micro_batch, 1), 1, default_examples)
-        shape = run.shape
-        return cls(run.updates, shape.micro_batch, shape.accumulation,
-                   run.examples if run.examples is not None else default_examples,
-                   shape.precision, shape.replicas, run.drop_partial,
-                   "the run's configuration" + ("" if run.examples is not None else
-                                                " (examples: the whole train set)"))
+        """The run whose optimizer is being built (`run.current_run()`, set by `build_stepper`;
+        its examples the whole train set when it does not say). Outside one (the module read
+        at load, a step with no optimizer built), DEFAULT_UPDATES updates of the train
+        loader's batch over the whole train set."""
+        run = current_run() or RunLength(DEFAULT_UPDATES, UpdateShape(micro_batch=micro_batch))
+        return cls(run if run.examples is not None else
+                   dataclasses.replace(run, examples=default_examples))
+
+    @property
+    def updates(self) -> int:
+        return self.length.updates
+
+    @property
+    def shape(self) -> UpdateShape:
+        return self.length.shape
 
     @property
     def pass_examples(self) -> int:
-        per_update = self.micro_batch * self.accumulation
-        n = self.examples // per_update * per_update if self.drop_partial else self.examples
-        return max(n, 1)
+        per_update = self.shape.micro_batch * self.shape.accumulation
+        examples = self.length.examples
+        return max(examples // per_update * per_update if self.length.drop_partial
+                   else examples, 1)
 
     @property
     def updates_per_pass(self) -> int:
-        return max(math.ceil(self.pass_examples / (self.micro_batch * self.accumulation)), 1)
+        return max(math.ceil(self.pass_examples / (self.shape.micro_batch *
+                                                   self.shape.accumulation)), 1)
 
     @property
     def batches_per_pass(self) -> int:
-        return math.ceil(self.pass_examples / self.micro_batch)
+        return math.ceil(self.pass_examples / self.shape.micro_batch)
 
     @property
     def max_epochs(self) -> int:
@@ -194,15 +193,16 @@ class PilotTrainer:
     num_val_batches = Campaign(  # inf: an unsized (streaming) loader, as Lightning
         lambda self: [self._fit.val_batches], "the datamodule's validation loader here (the "
         "pilot evaluates in its own batches)")
-    accumulate_grad_batches = Campaign(lambda self: self._run.accumulation, "the pilot's "
+    accumulate_grad_batches = Campaign(lambda self: self._run.shape.accumulation, "the pilot's "
                                        "update shape (05 and 08 choose the campaign's)")
     precision = Campaign(
-        lambda self: LIGHTNING_PRECISION.get(self._run.precision, self._run.precision),
+        lambda self: LIGHTNING_PRECISION.get(self._run.shape.precision,
+                                             self._run.shape.precision),
         "the pilot's precision (the campaign's plan may choose another)")
     # the processes: one here
     num_devices = Campaign(lambda self: 1, "one process here; the campaign runs on its own "
                            "devices")
-    world_size = Campaign(lambda self: self._run.replicas, "one process here; the campaign "
+    world_size = Campaign(lambda self: self._run.shape.replicas, "one process here; the campaign "
                           "runs on its own devices")
     # files and loggers
     log_dir = Campaign(lambda self: self._fit.scratch(), "a scratch folder of the pilot")
