@@ -207,14 +207,14 @@ class LightningAdapter(Adapter):
             opt, sched = optimizer_and_schedule(call_piece("configure_optimizers",
                                                            module.configure_optimizers))
         self.fit.runs[opt] = run
-        wrong = stepped_per_pass_but_sized_per_update(sched, run.updates, run.max_epochs)
+        wrong = stepped_per_pass_but_sized_per_update(sched, run.length.updates, run.max_epochs)
         if wrong is not None:
             raise wrong
         if lr != self.own_lr:
             rescale(opt, sched, lr / self.own_lr)
         if sched is not None:
             sched.examples_per_pass = max(self.train_length or run.pass_examples, 1)
-            sched.estimated = run.updates
+            sched.estimated = run.length.updates
             self.schedules[opt] = sched
         return opt
 

@@ -47,32 +47,20 @@ class LightningRun:
                    dataclasses.replace(run, examples=default_examples))
 
     @property
-    def updates(self) -> int:
-        return self.length.updates
-
-    @property
-    def shape(self) -> UpdateShape:
-        return self.length.shape
-
-    @property
     def pass_examples(self) -> int:
-        per_update = self.shape.micro_batch * self.shape.accumulation
-        examples = self.length.examples
+        shape, examples = self.length.shape, self.length.examples
+        per_update = shape.micro_batch * shape.accumulation
         return max(examples // per_update * per_update if self.length.drop_partial
                    else examples, 1)
 
     @property
-    def updates_per_pass(self) -> int:
-        return max(math.ceil(self.pass_examples / (self.shape.micro_batch *
-                                                   self.shape.accumulation)), 1)
-
-    @property
     def batches_per_pass(self) -> int:
-        return math.ceil(self.pass_examples / self.shape.micro_batch)
+        return math.ceil(self.pass_examples / self.length.shape.micro_batch)
 
     @property
     def max_epochs(self) -> int:
-        return math.ceil(self.updates / self.updates_per_pass)
+        per_pass = max(math.ceil(self.batches_per_pass / self.length.shape.accumulation), 1)
+        return math.ceil(self.length.updates / per_pass)
 
     @property
     def current_epoch(self) -> int:
@@ -184,26 +172,27 @@ class PilotTrainer:
                              doc="Passes over the train set completed.")
     # the run's configuration: the pilot's, not the campaign's
     estimated_stepping_batches = Campaign(
-        lambda self: self._run.updates, "the updates of the pilot's run; the campaign's "
+        lambda self: self._run.length.updates, "the updates of the pilot's run; the campaign's "
         "Trainer counts its own max_epochs/max_steps over the whole data")
-    max_steps = Campaign(lambda self: self._run.updates, "the updates of the pilot's run")
+    max_steps = Campaign(lambda self: self._run.length.updates, "the updates of the pilot's run")
     max_epochs = Campaign(lambda self: self._run.max_epochs, "the passes the pilot's run makes")
     num_training_batches = Campaign(lambda self: self._run.batches_per_pass, "micro-batches "
                                     "per pass over the pilot's training examples")
     num_val_batches = Campaign(  # inf: an unsized (streaming) loader, as Lightning
         lambda self: [self._fit.val_batches], "the datamodule's validation loader here (the "
         "pilot evaluates in its own batches)")
-    accumulate_grad_batches = Campaign(lambda self: self._run.shape.accumulation, "the pilot's "
-                                       "update shape (05 and 08 choose the campaign's)")
+    accumulate_grad_batches = Campaign(lambda self: self._run.length.shape.accumulation,
+                                       "the pilot's update shape (05 and 08 choose the "
+                                       "campaign's)")
     precision = Campaign(
-        lambda self: LIGHTNING_PRECISION.get(self._run.shape.precision,
-                                             self._run.shape.precision),
+        lambda self: LIGHTNING_PRECISION.get(self._run.length.shape.precision,
+                                             self._run.length.shape.precision),
         "the pilot's precision (the campaign's plan may choose another)")
     # the processes: one here
     num_devices = Campaign(lambda self: 1, "one process here; the campaign runs on its own "
                            "devices")
-    world_size = Campaign(lambda self: self._run.shape.replicas, "one process here; the campaign "
-                          "runs on its own devices")
+    world_size = Campaign(lambda self: self._run.length.shape.replicas, "one process here; "
+                          "the campaign runs on its own devices")
     # files and loggers
     log_dir = Campaign(lambda self: self._fit.scratch(), "a scratch folder of the pilot")
     logger = Campaign(lambda self: None, "no logger in the pilot")
