@@ -162,7 +162,7 @@ def test_lightning_optimizer_scales_the_modules_rates_and_steps_with_its_hooks()
     loss = adapter.train_step(module, opt, [_batch(adapter), _batch(adapter)])
     assert loss > 0 and not torch.equal(before, module.layer.weight)
     assert [h[:2] for h in module.hooks] == [("train", 0), ("train", 1)]
-    assert adapter.run_of(module, opt).global_step == 1
+    assert adapter.fit.run_of(module, opt).global_step == 1
 
 
 def test_lightning_validation_reports_logged_sums_weighted_by_batch_size():
@@ -185,7 +185,7 @@ def test_lightning_checkpoint_round_trips_through_the_modules_hooks(tmp_path):
     other_opt = adapter.build_optimizer(other, 0.1)
     adapter.restore_state(tmp_path, {"model": other, "optimizer": other_opt})
     assert other.extra == 7 and torch.equal(other.layer.weight, module.layer.weight)
-    assert adapter.run_of(other, other_opt).global_step == 1
+    assert adapter.fit.run_of(other, other_opt).global_step == 1
     saved = torch.load(tmp_path / "lightning.ckpt", weights_only=True)
     saved["optimizer_states"] = []
     torch.save(saved, tmp_path / "lightning.ckpt")

@@ -328,8 +328,11 @@ class _Recorder(pl.LightningModule):
         self.seen.append(("configure", {name: getattr(t, name) for name in (
             "estimated_stepping_batches", "max_steps", "max_epochs", "accumulate_grad_batches",
             "num_training_batches", "num_devices", "world_size", "is_global_zero",
-            "global_rank", "local_rank", "logger", "precision", "sanity_checking", *self.reads)}
-            | {"datamodule": t.datamodule, "module": t.lightning_module, "dir": t.log_dir}))
+            "global_rank", "local_rank", "logger", "loggers", "precision", "sanity_checking",
+            "testing", "predicting", "training", "validating", "num_val_batches",
+            "gradient_clip_val", *self.reads)}
+            | {"datamodule": t.datamodule, "module": t.lightning_module, "dir": t.log_dir,
+               "model": t.model}))
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
@@ -381,6 +384,10 @@ def test_batches_reach_the_steps_as_the_loader_made_them_and_the_trainer_is_the_
     assert configured["logger"] is None and configured["precision"] == "32-true"
     assert configured["datamodule"] is data and configured["module"] is model
     assert not configured["sanity_checking"] and Path(configured["dir"]).is_dir()
+    assert configured["training"] and not any(configured[flag] for flag in (
+        "validating", "testing", "predicting"))
+    assert configured["loggers"] == [] and configured["num_val_batches"] == [5]
+    assert configured["model"] is model and configured["gradient_clip_val"] is None
     steps = [s for s in model.seen if s[0] == "train"]
     assert [s[2] for s in steps] == [r.step - 1 for r in result.steps  # global_step
                                      for _ in range(r.micro_batches)]

@@ -16,54 +16,35 @@ values (`campaign_differs_in` on the Task says which differ from the campaign's)
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import math
+import weakref
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ...base.errors import WorkbookError, reason
-from ...storage.files import scratch_folder
 from .. import kinds
 from ..run import DEFAULT_UPDATES, EXAMPLE_WEIGHT
-from ..sources import length
 from ..task import Task
 from .base import Adapter
 from .lightning_batches import flat_items, model_inputs_of, shape_of
-from .lightning_hooks import call_piece, fire
+from .lightning_hooks import call_piece, fire, lightning
 from .lightning_optimizers import (
-    SCHEDULES,
     Schedule,
     optimizer_and_schedule,
     own_lr,
     rescale,
     stepped_per_pass_but_sized_per_update,
 )
-from .lightning_trainer import RUNS, LightningRun, PilotTrainer, attached, logged, run_of_build
+from .lightning_trainer import PilotFit
 from .lightning_validation import Validation
 from .torch import LABELS, Stream, from_torch, probe_on_meta, streams
 
 CHECKPOINT = "lightning.ckpt"
-
-
-def lightning() -> Any:
-    """`lightning.pytorch` (or the older `pytorch_lightning`), or the error that says how to
-    install it."""
-    try:
-        import lightning.pytorch as pl
-    except ImportError:
-        try:
-            import pytorch_lightning as pl
-        except ImportError as exc:
-            raise WorkbookError("from_lightning needs Lightning, which is not installed",
-                                "pip install -e '.[lightning]' (or pip install lightning)"
-                                ) from exc
-    return pl
 
 
 def loss_of(returned: Any) -> torch.Tensor:
@@ -119,13 +100,13 @@ class LightningAdapter(Adapter):
         self.pl = lightning()
         self.module_factory, self.datamodule, self.name = module_factory, datamodule, name
         self.criterion, self.kind, self.group_of = criterion, kind, group_of
-        self.gradient_clip_val, self.callbacks = gradient_clip_val, list(callbacks)
+        self.callbacks = list(callbacks)
         self.task_fields = dict(task_fields)
-        # which Trainer values the module read differ from what the campaign's Trainer will
-        # have ({attribute: the pilot's value and why}), filled as the module reads them
-        self.differs: dict[str, str] = {}
-        self._scratch: str | None = None
+        self.schedules: weakref.WeakKeyDictionary[torch.optim.Optimizer, Schedule] = \
+            weakref.WeakKeyDictionary()
         self.read_datasets()
+        self.fit = PilotFit(datamodule, self.loaders["validation"], gradient_clip_val,
+                            self.pass_items, self.loader_batch)
         self.probe = self.read_module()
         self.read_batches(fields, model_inputs)
         ends_epoch = type(self.probe).on_validation_epoch_end is not \
@@ -146,8 +127,6 @@ class LightningAdapter(Adapter):
         self.streamed = isinstance(train_set, Stream)
         if not self.streamed and not len(train_set):
             raise WorkbookError("the train dataset has no items", "pass the data you train on")
-        val_batches = length(self.loaders["validation"])
-        self.val_batches = math.inf if val_batches is None else val_batches  # Lightning's
         self.loader_batch = self.loaders["train"].batch_size or 1
         self.train_length = train_set.length() if self.streamed else len(train_set)
         # a pass when no run says: the train set, or a stream without a length: the default
@@ -169,8 +148,7 @@ class LightningAdapter(Adapter):
                                 "optimization steps its optimizers inside training_step)",
                                 "write a workbook.Task with a train_step that does what it "
                                 "does")
-        run = LightningRun(DEFAULT_UPDATES, self.loader_batch, 1, self.pass_items)
-        with self.hooks(probe, run, "train"):
+        with self.fit.hooks(probe, self.fit.run_of(probe), "train"):
             optimizer, schedule = optimizer_and_schedule(
                 call_piece("configure_optimizers", probe.configure_optimizers))
         self.own_lr = own_lr(optimizer, schedule)
@@ -216,30 +194,6 @@ class LightningAdapter(Adapter):
                 and len(v) == len(keep) else v for k, v in batch.items() if k != EXAMPLE_WEIGHT}
         return self.batch_shape.build(rows)
 
-    # -- the Trainer around the module ---------------------------------------------------------
-
-    def scratch(self) -> str:
-        """The Trainer's log_dir / default_root_dir: a folder removed at exit."""
-        if self._scratch is None:
-            self._scratch = scratch_folder("workbook-lightning-")
-        return self._scratch
-
-    def run_of(self, module: nn.Module, optimizer: Any = None) -> LightningRun:
-        run = RUNS.get(optimizer) if optimizer is not None else None
-        run = run or RUNS.get(module)
-        if run is None:
-            run = RUNS[module] = LightningRun(DEFAULT_UPDATES, self.loader_batch, 1,
-                                              self.pass_items)
-        return run
-
-    @contextlib.contextmanager
-    def hooks(self, module: nn.Module, run: LightningRun, stage: str) -> Iterator[dict]:
-        """The module with the pilot's Trainer attached and its logging recorded."""
-        trainer = PilotTrainer(run, module, self.datamodule, stage, self.differs, self.scratch,
-                               self.val_batches, self.gradient_clip_val)
-        with attached(module, trainer), logged(module) as seen:
-            yield seen
-
     # -- the optimizer and schedule ------------------------------------------------------------
 
     def build_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -247,26 +201,25 @@ class LightningAdapter(Adapter):
         rates scaled to `lr`."""
         module = self.unwrap(model)
         # a validation left open ends before a new run
-        self.validation.close(module, self.run_of(module))
-        run = RUNS[module] = run_of_build(self.pass_items, self.loader_batch)
-        with self.hooks(module, run, "train"):
+        self.validation.close(module, self.fit.run_of(module))
+        run = self.fit.new_run(module)
+        with self.fit.hooks(module, run, "train"):
             opt, sched = optimizer_and_schedule(call_piece("configure_optimizers",
                                                            module.configure_optimizers))
-        RUNS[opt] = run
-        wrong = stepped_per_pass_but_sized_per_update(sched, run.updates, run.max_epochs)
+        self.fit.runs[opt] = run
+        wrong = stepped_per_pass_but_sized_per_update(sched, run.length.updates, run.max_epochs)
         if wrong is not None:
             raise wrong
         if lr != self.own_lr:
             rescale(opt, sched, lr / self.own_lr)
         if sched is not None:
             sched.examples_per_pass = max(self.train_length or run.pass_examples, 1)
-            sched.estimated = run.updates
-            SCHEDULES[opt] = sched
+            sched.estimated = run.length.updates
+            self.schedules[opt] = sched
         return opt
 
-    @staticmethod
-    def build_scheduler(optimizer: torch.optim.Optimizer) -> Schedule | None:
-        return SCHEDULES.get(optimizer)
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> Schedule | None:
+        return self.schedules.get(optimizer)
 
     # -- training ------------------------------------------------------------------------------
 
@@ -276,11 +229,11 @@ class LightningAdapter(Adapter):
         divided by their number (accumulate_grad_batches), the train hooks around it, the
         Trainer's gradient clipping, the optimizer step."""
         module, callbacks = self.unwrap(model), self.callbacks
-        run = self.run_of(module, opt)
+        run = self.fit.run_of(module, opt)
         self.validation.close(module, run)  # Lightning ends a validation before training on
         total, count = 0.0, len(micro_batches)
         rows = sum(len(b[LABELS]) for b in micro_batches)
-        with self.hooks(module, run, "train"):
+        with self.fit.hooks(module, run, "train"):
             if not run.started:
                 run.started = True
                 fire("on_fit_start", module, callbacks)
@@ -301,8 +254,8 @@ class LightningAdapter(Adapter):
                 if i < count - 1:
                     fire("on_train_batch_end", module, callbacks, returned, given, index)
             fire("on_before_optimizer_step", module, callbacks, opt)
-            if self.gradient_clip_val:
-                nn.utils.clip_grad_norm_(model.parameters(), self.gradient_clip_val)
+            if self.fit.gradient_clip_val:
+                nn.utils.clip_grad_norm_(model.parameters(), self.fit.gradient_clip_val)
             opt.step()
             fire("on_before_zero_grad", module, callbacks, opt)
             opt.zero_grad(set_to_none=True)
@@ -313,7 +266,7 @@ class LightningAdapter(Adapter):
             if run.current_epoch > passes:
                 fire("on_train_epoch_end", module, callbacks)
                 run.batch_idx = 0
-        sched = SCHEDULES.get(opt)
+        sched = self.schedules.get(opt)
         if sched is not None:
             sched.pending = rows
         return total / count
@@ -342,14 +295,14 @@ class LightningAdapter(Adapter):
     def save_state(self, folder: Any, objects: dict) -> None:
         """A Lightning-shaped checkpoint through on_save_checkpoint."""
         model, opt, sched = objects["model"], objects["optimizer"], objects.get("scheduler")
-        run = self.run_of(self.unwrap(model), opt)
+        run = self.fit.run_of(self.unwrap(model), opt)
         checkpoint = {"epoch": run.current_epoch, "global_step": run.global_step,
                       "loops": {"pilot": {"examples_seen": run.examples_seen,
                                           "batch_idx": run.batch_idx}},
                       "state_dict": model.state_dict(),
                       "optimizer_states": [opt.state_dict()] if opt is not None else [],
                       "lr_schedulers": [sched.state_dict()] if sched is not None else []}
-        with self.hooks(self.unwrap(model), run, "train"):
+        with self.fit.hooks(self.unwrap(model), run, "train"):
             call_piece("on_save_checkpoint", model.on_save_checkpoint, checkpoint)
         torch.save(checkpoint, Path(folder) / CHECKPOINT)
 
@@ -364,8 +317,8 @@ class LightningAdapter(Adapter):
             raise WorkbookError(f"{CHECKPOINT} does not load with weights_only=True: "
                                 f"{reason(exc)}", "keep what on_save_checkpoint adds to "
                                 "tensors, numbers, strings, lists and dicts") from exc
-        run = self.run_of(module, opt)
-        with self.hooks(module, run, "train"):
+        run = self.fit.run_of(module, opt)
+        with self.fit.hooks(module, run, "train"):
             call_piece("on_load_checkpoint", model.on_load_checkpoint, checkpoint)
         model.load_state_dict(checkpoint["state_dict"])
         self.validation.forget(module)
@@ -407,8 +360,8 @@ class LightningAdapter(Adapter):
             save_state=self.save_state, restore_state=self.restore_state,
             make_sampler=self.make_sampler if self.own_order else None,
             lr=fields.get("lr", self.own_lr),
-            grad_clip=fields.get("grad_clip", self.gradient_clip_val or None))
-        task.framework.campaign_differs_in = self.differs
+            grad_clip=fields.get("grad_clip", self.fit.gradient_clip_val or None))
+        task.framework.campaign_differs_in = self.fit.differs
         return task
 
 

@@ -53,7 +53,7 @@ def fire(name: str, module: nn.Module, callbacks: list, *args: Any,
     the module's (*args), whose return is returned. A training hook that leaves a layer in eval
     mode is named; a validation hook that puts one in training mode (`evaluating`: the modes
     after on_validation_model_eval) too."""
-    base = _lightning_callback()
+    base = lightning().Callback
     calls = [(f"callback {type(cb).__name__}.{name}", getattr(cb, name),
               (module.trainer, module, *args)) for cb in callbacks
              if getattr(type(cb), name, None) is not getattr(base, name, None)]
@@ -72,12 +72,19 @@ def fire(name: str, module: nn.Module, callbacks: list, *args: Any,
     return returned
 
 
-def _lightning_callback() -> type:
+def lightning() -> Any:
+    """`lightning.pytorch` (or the older `pytorch_lightning`), or the error that says how to
+    install it."""
     try:
-        from lightning.pytorch import Callback
+        import lightning.pytorch as pl
     except ImportError:
-        from pytorch_lightning import Callback
-    return Callback
+        try:
+            import pytorch_lightning as pl
+        except ImportError as exc:
+            raise WorkbookError("from_lightning needs Lightning, which is not installed",
+                                "pip install -e '.[lightning]' (or pip install lightning)"
+                                ) from exc
+    return pl
 
 
 def mode_dependent(module: nn.Module) -> dict[str, nn.Module]:

@@ -4,7 +4,6 @@ scheduler stepped as Lightning steps it (`Schedule`), and the rates rescaled to 
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Any
 
 import torch
@@ -60,9 +59,6 @@ class Schedule:
     def load_state_dict(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.examples_seen, self.updates = state["examples_seen"], state["updates"]
-
-
-SCHEDULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> Schedule
 
 
 def optimizer_and_schedule(configured: Any) -> tuple[torch.optim.Optimizer, Schedule | None]:

@@ -1,6 +1,7 @@
 """The Trainer side of `from_lightning`: the pilot's run as a Trainer would describe it
-(`LightningRun`), the `PilotTrainer` a module reads as `self.trainer` while the pilot calls its
-hooks, and what the module logs with `self.log` meanwhile."""
+(`LightningRun`), the fit every run shares (`PilotFit`), the one declaration of what a module
+reads as `self.trainer` while the pilot calls its hooks (`PilotTrainer`), and what it logs with
+`self.log` meanwhile (`logged`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError
+from ...storage.files import scratch_folder
 from ..metric_reduction import GATHERED, MAX, MEAN, MIN, OWN, ROWS, SUM
-from ..run import DEFAULT_UPDATES, current_run
+from ..run import DEFAULT_UPDATES, RunLength, current_run
+from ..shape import UpdateShape
+from ..sources import length
 
 # the pilot's precision as Lightning names it (`trainer.precision`)
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -23,104 +27,176 @@ LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixe
 
 @dataclasses.dataclass
 class LightningRun:
-    """The pilot's run as a Trainer would describe it: the configuration (from the loop's
-    `loop.TrainConfig` when found, else defaults) and the counters the train step advances."""
+    """The pilot's run as a Trainer would describe it: the run being built (`length`, its
+    `examples` those of one pass) and the counters the train step advances."""
 
-    updates: int
-    micro_batch: int
-    accumulation: int
-    examples: int  # training examples of one pass
-    precision: str = "fp32"
-    replicas: int = 1
-    drop_partial: bool = False
-    source: str = "defaults"
+    length: RunLength
     global_step: int = 0  # updates made
     examples_seen: int = 0
     batch_idx: int = 0  # micro-batches into the current pass
     started: bool = False  # on_fit_start / on_train_start called
 
-    @property
-    def pass_examples(self) -> int:
-        per_update = self.micro_batch * self.accumulation
-        n = self.examples // per_update * per_update if self.drop_partial else self.examples
-        return max(n, 1)
+    @classmethod
+    def current(cls, default_examples: int, micro_batch: int) -> LightningRun:
+        """The run whose optimizer is being built (`run.current_run()`, set by `build_stepper`;
+        its examples the whole train set when it does not say). Outside one (the module read
+        at load, a step with no optimizer built), DEFAULT_UPDATES updates of the train
+        loader's batch over the whole train set."""
+        run = current_run() or RunLength(DEFAULT_UPDATES, UpdateShape(micro_batch=micro_batch))
+        return cls(run if run.examples is not None else
+                   dataclasses.replace(run, examples=default_examples))
 
     @property
-    def updates_per_pass(self) -> int:
-        return max(math.ceil(self.pass_examples / (self.micro_batch * self.accumulation)), 1)
+    def pass_examples(self) -> int:
+        shape, examples = self.length.shape, self.length.examples
+        per_update = shape.micro_batch * shape.accumulation
+        return max(examples // per_update * per_update if self.length.drop_partial
+                   else examples, 1)
 
     @property
     def batches_per_pass(self) -> int:
-        return math.ceil(self.pass_examples / self.micro_batch)
+        return math.ceil(self.pass_examples / self.length.shape.micro_batch)
 
     @property
     def max_epochs(self) -> int:
-        return math.ceil(self.updates / self.updates_per_pass)
+        per_pass = max(math.ceil(self.batches_per_pass / self.length.shape.accumulation), 1)
+        return math.ceil(self.length.updates / per_pass)
 
     @property
     def current_epoch(self) -> int:
         return self.examples_seen // self.pass_examples
 
 
-def run_of_build(default_examples: int, micro_batch: int) -> LightningRun:
-    """The run whose optimizer is being built (`loop.current_run()`, set by `build_stepper`).
-    Outside one (a direct call), DEFAULT_UPDATES updates of the train loader's batch over the
-    whole train set."""
-    run = current_run()
-    if run is None:
-        return LightningRun(DEFAULT_UPDATES, max(micro_batch, 1), 1, default_examples)
-    shape = run.shape
-    return LightningRun(run.updates, shape.micro_batch, shape.accumulation,
-                run.examples if run.examples is not None else default_examples,
-                shape.precision, shape.replicas, run.drop_partial,
-                "the run's configuration" + ("" if run.examples is not None else
-                                             " (examples: the whole train set)"))
-
-
-RUNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module or optimizer -> LightningRun
-
-
 class TrainerAttributeMissing(WorkbookError):
     """The module read a Trainer attribute the pilot's stand-in does not provide."""
 
 
-# what differs from the campaign's Trainer, per attribute (the pilot's value is added on read)
-DIFFERS = {
-    "estimated_stepping_batches": "the updates of the pilot's run; the campaign's Trainer "
-                                  "counts its own max_epochs/max_steps over the whole data",
-    "max_steps": "the updates of the pilot's run",
-    "max_epochs": "the passes the pilot's run makes",
-    "num_training_batches": "micro-batches per pass over the pilot's training examples",
-    "num_val_batches": "the datamodule's validation loader here (the pilot evaluates in its "
-                       "own batches)",
-    "accumulate_grad_batches": "the pilot's update shape (05 and 08 choose the campaign's)",
-    "precision": "the pilot's precision (the campaign's plan may choose another)",
-    "num_devices": "one process here; the campaign runs on its own devices",
-    "world_size": "one process here; the campaign runs on its own devices",
-    "num_nodes": "one machine here",
-    "log_dir": "a scratch folder of the pilot",
-    "default_root_dir": "a scratch folder of the pilot",
-    "logger": "no logger in the pilot",
-    "loggers": "no logger in the pilot",
-}
+class Campaign:
+    """A Trainer attribute whose pilot value differs from the campaign Trainer's (`differs` says
+    how): each read notes it in the fit's `differs` (the latest read wins: the run's, after
+    the probe at load)."""
+
+    def __init__(self, read: Callable[[PilotTrainer], Any], differs: str):
+        self.read, self.differs, self.__doc__ = read, differs, differs
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: PilotTrainer | None, owner: type | None = None) -> Any:
+        if trainer is None:
+            return self
+        value = self.read(trainer)
+        trainer._fit.differs[self.name] = f"{value!r} here: {self.differs}"
+        return value
+
+
+class PilotFit:
+    """The `Trainer.fit` a LightningModule runs under in the pilot, built once per
+    `from_lightning`: what every run shares (the datamodule, the Trainer's clipping, the
+    validation loader's length, a scratch log_dir), the run each module and optimizer is in,
+    and which Trainer values the module read differ from the campaign Trainer's (`differs`,
+    {attribute: the pilot's value and why}, filled as the module reads them)."""
+
+    def __init__(self, datamodule: Any, val_loader: Any, gradient_clip_val: float | None,
+                 default_examples: int, micro_batch: int):
+        self.datamodule, self.gradient_clip_val = datamodule, gradient_clip_val
+        batches = length(val_loader)
+        self.val_batches = math.inf if batches is None else batches  # Lightning's for a stream
+        self.default_examples, self.micro_batch = default_examples, micro_batch
+        self.differs: dict[str, str] = {}
+        self.runs: weakref.WeakKeyDictionary[Any, LightningRun] = weakref.WeakKeyDictionary()
+        self._scratch: str | None = None
+
+    def scratch(self) -> str:
+        """The Trainer's log_dir: a folder removed at exit."""
+        if self._scratch is None:
+            self._scratch = scratch_folder("workbook-lightning-")
+        return self._scratch
+
+    def new_run(self, module: nn.Module) -> LightningRun:
+        """The module's run from now on: the one being built, else the default one."""
+        self.runs[module] = run = LightningRun.current(self.default_examples, self.micro_batch)
+        return run
+
+    def run_of(self, module: nn.Module, optimizer: Any = None) -> LightningRun:
+        """The run of the optimizer, else of the module, else a new one for the module."""
+        run = self.runs.get(optimizer) if optimizer is not None else None
+        return run or self.runs.get(module) or self.new_run(module)
+
+    @contextlib.contextmanager
+    def hooks(self, module: nn.Module, run: LightningRun, stage: str) -> Iterator[dict]:
+        """The module with the pilot's Trainer attached as Lightning attaches its own (the
+        setter reaches child LightningModules too) and its logging recorded; both as they were
+        after."""
+        before = module._trainer
+        module.trainer = PilotTrainer(self, run, module, stage)
+        try:
+            with logged(module) as seen:
+                yield seen
+        finally:
+            module.trainer = before
 
 
 class PilotTrainer:
-    """What a LightningModule reads from `self.trainer`, with the pilot's own values, while
-    the pilot calls its hooks: not a `lightning.Trainer`. Attributes it does not provide raise
-    `TrainerAttributeMissing` naming them (never a silent None)."""
+    """What a LightningModule reads of `self.trainer`, with the pilot's own values, while the
+    pilot calls its hooks - the one place it is declared; not a `lightning.Trainer`. It holds
+    the Trainer properties Lightning documents that the pilot can answer, what
+    LightningModule's own properties and default hooks read of it (`self.global_step`,
+    `self.current_epoch`, `self.global_rank`, `self.local_rank`, `self.logger`,
+    `self.loggers`, `self.print`, `trainer.model.eval()`) and the Trainer settings a module
+    sizes itself by; any other attribute raises `TrainerAttributeMissing` naming it, never a
+    silent None."""
 
-    def __init__(self, run: LightningRun, module: nn.Module, datamodule: Any, stage: str,
-                 differs: dict[str, str], scratch: Callable[[], str], val_batches: float,
-                 gradient_clip_val: float | None):
-        self._run, self._module, self._datamodule, self._stage = run, module, datamodule, stage
-        self._differs, self._scratch, self._val_batches = differs, scratch, val_batches
-        self._clip = gradient_clip_val
+    # the stage flags: which loop runs the hook
+    training: bool
+    validating: bool
+    testing = predicting = sanity_checking = False
+    # the objects
+    lightning_module: nn.Module
+    model: nn.Module  # the module itself (Lightning's is the strategy's wrapped module)
+    datamodule: Any  # the one from_lightning was given
+    gradient_clip_val: float | None  # from_lightning's, as the Trainer's
+    # the processes, as one rank sees them
+    global_rank = local_rank = 0
+    is_global_zero = True
 
-    def _note(self, name: str, value: Any) -> Any:
-        if name in DIFFERS:  # the latest value read: the run's, after the build-time probe
-            self._differs[name] = f"{value!r} here: {DIFFERS[name]}"
-        return value
+    def __init__(self, fit: PilotFit, run: LightningRun, module: nn.Module, stage: str):
+        self.training, self.validating = stage == "train", stage == "validate"
+        self.lightning_module = self.model = module
+        self.datamodule, self.gradient_clip_val = fit.datamodule, fit.gradient_clip_val
+        self._fit, self._run = fit, run
+
+    # where the run stands
+    global_step = property(lambda self: self._run.global_step, doc="Updates made.")
+    current_epoch = property(lambda self: self._run.current_epoch,
+                             doc="Passes over the train set completed.")
+    # the run's configuration: the pilot's, not the campaign's
+    estimated_stepping_batches = Campaign(
+        lambda self: self._run.length.updates, "the updates of the pilot's run; the campaign's "
+        "Trainer counts its own max_epochs/max_steps over the whole data")
+    max_steps = Campaign(lambda self: self._run.length.updates, "the updates of the pilot's run")
+    max_epochs = Campaign(lambda self: self._run.max_epochs, "the passes the pilot's run makes")
+    num_training_batches = Campaign(lambda self: self._run.batches_per_pass, "micro-batches "
+                                    "per pass over the pilot's training examples")
+    num_val_batches = Campaign(  # inf: an unsized (streaming) loader, as Lightning
+        lambda self: [self._fit.val_batches], "the datamodule's validation loader here (the "
+        "pilot evaluates in its own batches)")
+    accumulate_grad_batches = Campaign(lambda self: self._run.length.shape.accumulation,
+                                       "the pilot's update shape (05 and 08 choose the "
+                                       "campaign's)")
+    precision = Campaign(
+        lambda self: LIGHTNING_PRECISION.get(self._run.length.shape.precision,
+                                             self._run.length.shape.precision),
+        "the pilot's precision (the campaign's plan may choose another)")
+    # the processes: one here
+    num_devices = Campaign(lambda self: 1, "one process here; the campaign runs on its own "
+                           "devices")
+    world_size = Campaign(lambda self: self._run.length.shape.replicas, "one process here; "
+                          "the campaign runs on its own devices")
+    # files and loggers
+    log_dir = Campaign(lambda self: self._fit.scratch(), "a scratch folder of the pilot")
+    logger = Campaign(lambda self: None, "no logger in the pilot")
+    loggers = Campaign(lambda self: [], "no logger in the pilot")
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name.startswith(("_repr", "_ipython")):
@@ -133,148 +209,11 @@ class PilotTrainer:
             "workbook.contract.adapters.lightning_trainer.PilotTrainer")
 
     def __repr__(self) -> str:
-        return f"PilotTrainer(stage={self._stage!r}, global_step={self._run.global_step})"
-
-    # the run
-    @property
-    def estimated_stepping_batches(self) -> int:
-        return self._note("estimated_stepping_batches", self._run.updates)
-
-    @property
-    def max_steps(self) -> int:
-        return self._note("max_steps", self._run.updates)
-
-    @property
-    def max_epochs(self) -> int:
-        return self._note("max_epochs", self._run.max_epochs)
-
-    @property
-    def num_training_batches(self) -> int:
-        return self._note("num_training_batches", self._run.batches_per_pass)
-
-    @property
-    def num_val_batches(self) -> list[float]:  # inf: an unsized (streaming) loader, as Lightning
-        return self._note("num_val_batches", [self._val_batches])
-
-    @property
-    def accumulate_grad_batches(self) -> int:
-        return self._note("accumulate_grad_batches", self._run.accumulation)
-
-    @property
-    def precision(self) -> str:
-        return self._note("precision", LIGHTNING_PRECISION.get(self._run.precision,
-                                                                self._run.precision))
-
-    @property
-    def gradient_clip_val(self) -> float | None:
-        return self._clip
-
-    # where it stands
-    @property
-    def global_step(self) -> int:
-        return self._run.global_step
-
-    @property
-    def current_epoch(self) -> int:
-        return self._run.current_epoch
-
-    @property
-    def training(self) -> bool:
-        return self._stage == "train"
-
-    @property
-    def validating(self) -> bool:
-        return self._stage == "validate"
-
-    @property
-    def testing(self) -> bool:
-        return False
-
-    @property
-    def predicting(self) -> bool:
-        return False
-
-    @property
-    def sanity_checking(self) -> bool:
-        return False
-
-    @property
-    def fast_dev_run(self) -> bool:
-        return False
-
-    # the processes
-    @property
-    def num_devices(self) -> int:
-        return self._note("num_devices", 1)
-
-    @property
-    def world_size(self) -> int:
-        return self._note("world_size", self._run.replicas)
-
-    @property
-    def num_nodes(self) -> int:
-        return self._note("num_nodes", 1)
-
-    @property
-    def global_rank(self) -> int:
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        return 0
-
-    @property
-    def node_rank(self) -> int:
-        return 0
-
-    @property
-    def is_global_zero(self) -> bool:
-        return True
-
-    # files and loggers
-    @property
-    def log_dir(self) -> str:
-        return self._note("log_dir", self._scratch())
-
-    @property
-    def default_root_dir(self) -> str:
-        return self._note("default_root_dir", self._scratch())
-
-    @property
-    def logger(self) -> None:
-        return self._note("logger", None)
-
-    @property
-    def loggers(self) -> list:
-        return self._note("loggers", [])
-
-    # the objects
-    @property
-    def datamodule(self) -> Any:
-        return self._datamodule
-
-    @property
-    def lightning_module(self) -> nn.Module:
-        return self._module
-
-    @property
-    def model(self) -> nn.Module:
-        return self._module
+        return f"PilotTrainer(training={self.training}, global_step={self.global_step})"
 
 
-PROVIDED = sorted(n for n, v in vars(PilotTrainer).items() if isinstance(v, property))
-
-
-@contextlib.contextmanager
-def attached(module: nn.Module, trainer: PilotTrainer) -> Iterator[None]:
-    """`module.trainer = trainer` as Lightning attaches its own (the setter reaches child
-    LightningModules too), put back as it was after."""
-    before = module._trainer
-    module.trainer = trainer
-    try:
-        yield
-    finally:
-        module.trainer = before
+PROVIDED = sorted(n for n in {*vars(PilotTrainer), *PilotTrainer.__annotations__}
+                  if not n.startswith("_"))
 
 
 def logged_value(value: Any) -> tuple[float, bool]:

@@ -93,7 +93,7 @@ class Validation:
             return {}
         callbacks, found = self.adapter.callbacks, modes(module)
         try:
-            with self.adapter.hooks(module, run, "validate") as seen, torch.no_grad():
+            with self.adapter.fit.hooks(module, run, "validate") as seen, torch.no_grad():
                 set_modes(module, epoch.modes)
                 fire("on_validation_epoch_end", module, callbacks)
                 ended = dict(seen)
@@ -109,14 +109,14 @@ class Validation:
     def epoch_so_far(self, module: nn.Module, run: LightningRun) -> dict:
         """What on_validation_epoch_end would log now, run on a shadow of the module."""
         copied = shadow(module)
-        with self.adapter.hooks(copied, run, "validate") as seen, torch.no_grad():
+        with self.adapter.fit.hooks(copied, run, "validate") as seen, torch.no_grad():
             call_piece("on_validation_epoch_end", copied.on_validation_epoch_end)
         return dict(seen)
 
     def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
         adapter = self.adapter
         module = adapter.unwrap(model)
-        run = adapter.run_of(module)
+        run = adapter.fit.run_of(module)
         callbacks = adapter.callbacks
         weight = batch.get(EXAMPLE_WEIGHT)
         keep = weight > 0 if weight is not None else None  # Lightning's last batch is short
@@ -130,7 +130,7 @@ class Validation:
         found = modes(module)  # Lightning's validation loop: eval mode, no grad, then back
         given = adapter.users(batch, keep)
         try:
-            with adapter.hooks(module, run, "validate") as seen, torch.no_grad():
+            with adapter.fit.hooks(module, run, "validate") as seen, torch.no_grad():
                 if epoch is None:
                     fire("on_validation_model_eval", module, callbacks)
                     fire("on_validation_start", module, callbacks)
