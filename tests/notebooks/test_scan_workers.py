@@ -1,13 +1,12 @@
 """Notebook 01's pass on several processes (notebooks/inspection/scanning.py's workers,
 base/forked.py): with workers the figures, flags and kept examples are exactly those of one
-process, planted trouble far into the stream included; a worker that raises, dies or sticks is
-named, and no process is left behind."""
+process, planted trouble far into the stream included; a worker that raises or dies is named, and
+no process is left behind (the pool itself: tests/base/test_forked.py)."""
 
 import math
 import multiprocessing
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import torch
 import workbook as wb
 from tests.notebooks.test_scan import NAMES, Counted, row, task_over
 from workbook.base import forked
-from workbook.base.forked import ForkedWorkers, WorkerTraceback
+from workbook.base.forked import WorkerTraceback
 from workbook.notebooks.inspection import inspect_task, scanning
 
 pytestmark = pytest.mark.skipif(not forked.fork_available(), reason="workers are forked (Linux)")
@@ -146,58 +145,6 @@ def test_a_count_of_workers_that_cannot_be_is_refused(asked, said):
         scanning.scan_workers(asked)
 
 
-# --- the pool itself ------------------------------------------------------------------------
-def slow_square(x: int) -> int:
-    time.sleep(0.02 * (x % 3))
-    return x * x
-
-
-def test_answers_come_back_in_the_order_put():
-    with ForkedWorkers(slow_square, 3, what="a test", fix="-") as pool:
-        for x in range(12):
-            pool.put(x, meta=x)
-        assert list(pool.drain()) == [(x, x * x) for x in range(12)]
-
-
-class Unpicklable(Exception):
-    def __init__(self, what, handle):
-        super().__init__(what)
-        self.handle = handle
-
-    def __reduce__(self):
-        raise TypeError("not this one")
-
-
-def raising(kind: str):
-    if kind == "value":
-        raise ValueError("bad value 3")
-    raise Unpicklable("odd", lambda: None)
-
-
-def test_an_exception_in_a_worker_is_raised_here_with_its_traceback():
-    with ForkedWorkers(raising, 1, what="a test", fix="-") as pool:
-        pool.put("value")
-        with pytest.raises(ValueError, match="bad value 3") as raised:
-            pool.take()
-        assert "in raising" in str(raised.value.__cause__)
-        pool.put("odd")  # the worker is still there; an exception that does not pickle
-        with pytest.raises(RuntimeError, match="Unpicklable: odd"):
-            pool.take()
-
-
-def test_a_stuck_worker_is_named_and_stopped():
-    start = time.monotonic()
-    pool = ForkedWorkers(time.sleep, 1, what="a test", fix="do less", wait_s=1.5)
-    try:
-        pool.put(600)
-        with pytest.raises(wb.WorkbookError, match="gave no answer in 1.5 s"):
-            pool.take()
-    finally:
-        pool.close(abort=True)
-    assert time.monotonic() - start < 10
-    assert multiprocessing.active_children() == []
-
-
 def test_kept_tensors_packed_for_the_trip_come_back_as_they_were():
     import pickle
 
@@ -222,31 +169,3 @@ def test_kept_tensors_packed_for_the_trip_come_back_as_they_were():
                 else:
                     assert came[key] == value
 
-
-def test_workers_end_with_a_parent_that_is_killed():
-    """A kernel killed by the pilot (SIGKILL: no atexit, no finally) leaves no worker."""
-    import subprocess
-    import sys
-
-    code = ("import sys, time\nfrom workbook.base.forked import ForkedWorkers\n"
-            "pool = ForkedWorkers(time.sleep, 2, 'a test', '-')\n"
-            "print(' '.join(str(w[0].pid) for w in pool._workers), flush=True)\n"
-            "time.sleep(60)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        pids = [int(pid) for pid in parent.stdout.readline().split()]
-    finally:
-        parent.kill()
-        parent.wait(10)
-    assert len(pids) == 2
-
-    def alive(pid: int) -> bool:
-        try:
-            return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
-        except OSError:
-            return False
-
-    deadline = time.monotonic() + 5
-    while any(map(alive, pids)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(map(alive, pids))
