@@ -141,7 +141,7 @@ class ForkedWorkers:
             except (futures.BrokenExecutor, futures.TimeoutError):
                 # a worker's death breaks the executor - or leaves it waiting, when the worker
                 # died halfway through an answer
-                if any(process.exitcode is not None for process in self._workers.values()):
+                if any(p.exitcode is not None for p in list(self._workers.values())):
                     raise self._died() from None
                 if time.monotonic() > deadline:
                     self.close(abort=True)
