@@ -11,6 +11,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from workbook.base.errors import WorkbookError
 from workbook.base.forked import ForkedWorkers, fork_available
@@ -45,6 +46,13 @@ def test_answers_come_back_in_the_order_put(no_worker_left):
         with pytest.raises(AttributeError):  # a message that cannot travel fails its put
             pool.put(lambda: None)
         assert pool.in_flight == 0
+
+
+def test_a_tensor_comes_back_as_its_bytes_not_through_shared_memory(no_worker_left):
+    with ForkedWorkers(torch.arange, 1, what="a test", fix="-") as pool:
+        pool.put(5)
+        back = pool.take()[1]
+    assert torch.equal(back, torch.arange(5)) and not back.is_shared()
 
 
 class Unpicklable(Exception):

@@ -4,7 +4,8 @@ spawned: the function may be a closure over the user's task (a lambda from a not
 which spawning would have to pickle; a fork inherits it, and each worker's initializer holds it.
 Built on `concurrent.futures.ProcessPoolExecutor`: a worker that dies breaks it at once, where a
 `multiprocessing.Pool` replaces the worker and the answer it owed never comes. A message is
-pickled at `put`, so one that cannot travel is named there. Nothing waits without a limit, a
+pickled at `put`, so one that cannot travel is named there, and both ways travel as plain pickles
+(a tensor as its bytes, not through shared memory). Nothing waits without a limit, a
 worker that dies or sticks is named, and every worker is gone when the pool closes."""
 
 from __future__ import annotations
@@ -67,17 +68,18 @@ def _start(work: Callable[[Any], Any], parent: int) -> None:
     _work = work
 
 
-def _run(message: bytes) -> tuple[bool, Any]:
-    """In a worker: (True, the answer), or (False, (the exception, its traceback's text))."""
+def _run(message: bytes) -> bytes:
+    """In a worker: (True, the answer) or (False, (the exception, its traceback's text)), as a
+    plain pickle (the executor's own pickler would send a tensor through shared memory)."""
     try:
-        return True, _work(pickle.loads(message))
+        return pickle.dumps((True, _work(pickle.loads(message))), pickle.HIGHEST_PROTOCOL)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to be raised
         text = f"in the worker of pid {os.getpid()}:\n" + "".join(traceback.format_exception(exc))
         try:
             pickle.loads(pickle.dumps(exc))
         except Exception:  # noqa: BLE001 - an exception that does not pickle goes as words
             exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-        return False, (exc, text)
+        return pickle.dumps((False, (exc, text)), pickle.HIGHEST_PROTOCOL)
 
 
 class ForkedWorkers:
@@ -136,7 +138,7 @@ class ForkedWorkers:
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
-                ok, answer = future.result(timeout=min(1.0, self.wait_s))
+                ok, answer = pickle.loads(future.result(timeout=min(1.0, self.wait_s)))
                 break
             except (futures.BrokenExecutor, futures.TimeoutError):
                 # a worker's death breaks the executor - or leaves it waiting, when the worker
