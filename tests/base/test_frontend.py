@@ -121,3 +121,12 @@ def test_the_last_line_says_why_a_notebook_passed_or_failed(tmp_path):
     assert line.endswith("per-rank memory up to 21.5% off the prediction")
     for line in [verdict_line(tmp_path / "nothing")]:
         assert line.startswith("verdict: unknown")
+
+
+def test_full_text_shows_every_column_of_a_wide_table():
+    frame = pd.DataFrame({f"column_{i}": [i] for i in range(44)})  # 08's sheet has 44
+    with pd.option_context("display.max_columns", 20, "display.max_colwidth", 50):
+        frontend.show_full_text()
+        html = frame.to_html() if pd.get_option("display.max_columns") is None else ""
+        assert pd.get_option("display.max_colwidth") is None
+        assert "column_43" in html and "..." not in frame._repr_html_()

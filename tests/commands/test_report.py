@@ -340,3 +340,30 @@ def test_the_chart_without_prices_plots_gpu_hours_and_an_old_folder_still_report
     assert "Rent 8 x H100 (FSDP2 full sharding x8) for candidate control: one run in 10.0 " \
         "(8.0-13.0) h, USD 250.00 (200.00-325.00) on demand, USD 83.33 on spot." in html
     assert 'class="sheet plans"' not in html
+
+
+def test_a_study_that_passed_unsettled_is_a_provisional_chip_and_floored_times_are_bars(
+        tmp_path):
+    """06 passed but its study is provisional: its chip says so in amber, not a plain green
+    pass. Every GPU held at the launch floor: the chart shows cost per GPU as bars (a scatter
+    of one x says nothing) and the line says there is no speed range."""
+    from workbook.notebooks.rental import glance
+
+    index = _rental(tmp_path)
+    (tmp_path / "06_lr_study").mkdir()
+    (tmp_path / "06_lr_study" / "summary.json").write_text(json.dumps(
+        {"verdict": "pass", "figures": {"conclusive": False}}))
+    index = pd.concat([index, pd.DataFrame([{"notebook": "06_lr_study", "verdict": "pass",
+                                             "seconds": 1.0, "executed": "06_lr_study.ipynb",
+                                             "error": ""}])])
+    html = write_report(tmp_path, index, "t:task").read_text()
+    assert "06 pass, provisional</a>" in html and "03 pass</a>" in html
+    sheet = pd.read_csv(tmp_path / "08_rental_plan" / "selection.csv")
+    flat = sheet.assign(budget_hours=0.09, budget_hours_low=0.09, budget_hours_high=0.09,
+                        time_floored=True)
+    points = glance.chart_points(flat, {"chosen": "control", "recommended_gpu": "H100"})
+    png = glance.chart(points)
+    height = int.from_bytes(png[20:24], "big")  # the PNG header's height: bars are short
+    assert png.startswith(b"\x89PNG") and height < 200, height
+    assert "no speed range and the GPUs differ only in price" in glance.floored(flat)
+    assert glance.floored(sheet) == ""

@@ -148,10 +148,12 @@ def table(frame, index: bool = False):
 
 
 def show_full_text() -> None:
-    """Tables in this notebook show whole cells (repro commands, reasons), never cut with '...'."""
+    """Tables in this notebook show whole cells (repro commands, reasons) and every column,
+    never cut with '...' (a wide one scrolls sideways)."""
     import pandas as pd
 
     pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.max_columns", None)
 
 
 def key_figures(figures: dict, labels: Mapping[str, str] | None = None) -> list[tuple[str, str]]:

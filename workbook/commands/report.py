@@ -24,7 +24,8 @@ from ..notebooks.rental import glance
 from ..storage import schemas
 from ..storage.files import write_text
 
-COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700"}
+COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700",
+           "provisional": "#9a6700"}
 TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("workbook.commands", "templates"),
                                autoescape=True, undefined=jinja2.StrictUndefined,
                                trim_blocks=False)
@@ -209,8 +210,13 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
                           "figures": _key_figures(stem, summaries[stem]),
                           "images": _images(folder) if folder.exists() else [],
                           "parts": _tables(run, stem)})
+    # a notebook that passed but says its result is not settled (06's study, 02's budget)
+    provisional = {stem for stem, s in summaries.items() if s and s.get("verdict") == "pass"
+                   and (s.get("figures") or {}).get("conclusive") is False}
     page = TEMPLATES.get_template("report.html.j2").render(
         task=task, run_name=run.name, rows=rows, overall=overall, colours=COLOURS,
+        provisional=provisional, exported={nb["stem"]: nb["links"][0][1] for nb in notebooks
+                                           if nb["links"] and nb["links"][0][1].endswith(".html")},
         # a task name is one long word: it may break after a dot, colon, slash or underscore
         title_parts=re.split(r"(?<=[.:/_])", task),
         style=Markup((Path(__file__).parent / "templates" / "report.css").read_text()),

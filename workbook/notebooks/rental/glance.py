@@ -101,6 +101,20 @@ def decision_line(figures: dict, sheet: pd.DataFrame, plans: pd.DataFrame) -> st
     if not chosen or not gpu:
         return ("Do not rent: no candidate fits the GPU planned on or any GPU of the list "
                 "(notebook 08 says why).")
+    return _decision(figures, sheet, plans, chosen, gpu) + floored(sheet)
+
+
+def floored(sheet: pd.DataFrame) -> str:
+    """What a sheet whose every fitting row is held at the launch floor cannot say."""
+    fit = sheet[sheet.fits.astype(bool)] if len(sheet) and "fits" in sheet else sheet
+    if len(fit) and "time_floored" in fit and fit.time_floored.fillna(False).astype(bool).all():
+        return (" Every GPU's time per update is at the launch floor for this model, so there "
+                "is no speed range and the GPUs differ only in price.")
+    return ""
+
+
+def _decision(figures: dict, sheet: pd.DataFrame, plans: pd.DataFrame, chosen: str,
+              gpu: str) -> str:
     count = figures.get("recommended_gpus") or 1
     what = f"Rent {count} x {gpu} ({figures.get('recommended_strategy')}) for candidate " \
         f"{chosen}"
@@ -181,7 +195,9 @@ def chart_points(sheet: pd.DataFrame, figures: dict) -> pd.DataFrame:
 
 def chart(points: pd.DataFrame) -> bytes | None:
     """A PNG: cost (or, without prices, hours) against hours of one run per GPU and strategy,
-    the speed references' range as bars, spot as hollow marks, the recommendation ringed."""
+    the speed references' range as bars, spot as hollow marks, the recommendation ringed -
+    or, every run taking the same hours (times at the launch floor), cost per GPU and strategy
+    as bars (`_bars`)."""
     if points.empty:
         return None
     import matplotlib
@@ -190,6 +206,9 @@ def chart(points: pd.DataFrame) -> bytes | None:
     import matplotlib.pyplot as plt
 
     priced = points.cost.notna().all()
+    hours = points.budget_hours
+    if len(points) > 1 and hours.max() - hours.min() <= 0.02 * hours.max():
+        return _bars(points, priced, plt)
     fig, ax = plt.subplots(figsize=(5.6, 3.0), dpi=100)
     labelled: list[tuple[float, float]] = []
     every = points.cost if priced else points.gpu_hours
@@ -223,6 +242,33 @@ def chart(points: pd.DataFrame) -> bytes | None:
     ax.set_title("One run per GPU and strategy (bars: the speeds' range)", fontsize=9)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
+    return _png(fig, plt)
+
+
+def _bars(points: pd.DataFrame, priced: bool, plt) -> bytes:
+    """Cost (or GPU-hours) of one run per GPU and strategy as bars, cheapest on top, spot as
+    hollow marks, the recommendation in bold: the hours are the same for every row."""
+    points = points.sort_values("cost" if priced else "gpu_hours", ascending=False)
+    value = points.cost if priced else points.gpu_hours
+    names = [f"{r.gpu}" + (f" x{int(r.gpus)}" if r.gpus and r.gpus > 1 else "") + f", {r.kind}"
+             for r in points.itertuples()]
+    fig, ax = plt.subplots(figsize=(5.6, 0.8 + 0.28 * len(points)), dpi=100)
+    ax.barh(names, value, color=["black" if r else "C0" for r in points.recommended])
+    if priced and points.spot_cost.notna().any():
+        ax.scatter(points.spot_cost, names, facecolors="none", edgecolors="C1", s=30,
+                   label="spot", zorder=3)
+        ax.legend(fontsize=7, loc="lower right")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlabel(f"cost ({_currency(points)})" if priced else "GPU-hours")
+    why = " (every time per update at the launch floor)" if "time_floored" in points and \
+        points.time_floored.fillna(False).astype(bool).all() else ""
+    ax.set_title(f"One run: {points.budget_hours.iloc[0]:.2g} h on every GPU{why}; "
+                 "black: recommended", fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    return _png(fig, plt)
+
+
+def _png(fig, plt) -> bytes:
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
