@@ -55,7 +55,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
-# Unit tests, planted bugs, papermill regression and nbval: within 10 minutes on 2 cores (the
+# Unit tests, planted bugs, papermill regression and nbval: within 6 minutes on 2 cores (the
 # 25 slowest are listed at the end, to see which to make cheaper when a feature adds tests).
 test: lint docs $(LAUNCH_STAMP)
 	$(PYTEST) -m "not slow" --durations=25

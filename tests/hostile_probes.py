@@ -1132,7 +1132,9 @@ def full_disk_during_07(tmp: Path) -> Outcome:
     import subprocess
     import sys
 
-    with _full_disk(tmp, "4250k") as disk:
+    # 54 kB beside the pilot's 4 MiB reserve: full within 07's first cells (with 154 kB its
+    # whole run cell fitted first, 10 s more)
+    with _full_disk(tmp, "4150k") as disk:
         if disk is None:
             return Outcome(False, skipped="tmpfs cannot be mounted here (not root?)")
         out = disk / "run"
@@ -1313,7 +1315,7 @@ def child_of_a_timeout_and_its_own_child(tmp: Path) -> Outcome:
     pid_file = tmp / "child.pid"
     _, args = _stuck_archive(tmp, grandchild=True)
     try:
-        fresh_process(args, 15)
+        fresh_process(args, 8)  # the child writes its pids within ~2 s of its start
     except WorkbookError as exc:
         pids = [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []
         time.sleep(0.5)

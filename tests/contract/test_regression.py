@@ -142,22 +142,10 @@ def test_an_old_style_build_optimizer_gets_a_clear_error():
         build_stepper(task, TrainConfig(UpdateShape(2, 1)))
 
 
-def test_the_tasks_own_checkpoint_code_resumes_exactly_in_a_new_process(tmp_path):
-    """save_state/restore_state are the task's: 03's resume gate and 07's resume in a new
-    process run them; a checkpoint without the optimizer state is named by both."""
-    from workbook.notebooks import resume
-    from workbook.training.loop import TrainConfig
-
-    assert gates(tmp_path / "clean")["resume"].verdict == "pass"
-    spec = resume.recipe(TASK, {}, TrainConfig(UpdateShape(4, 2), updates=6), 64)
-    reference, ref_weights = resume.run_recipe(spec, 6, tmp_path / "ref", checkpoint_at=(3,))
-    assert sorted(p.name for p in (tmp_path / "ref" / "ckpt-000003").iterdir()) == [
-        "manifest.json", "meta.json", "state.pt", "training_state.pt"]
-    resumed, weights = resume.resume_in_new_process(tmp_path / "ref" / "ckpt-000003", 6,
-                                                    tmp_path / "resumed", spec)
-    table, verdict = resume.compare(reference, resumed, ref_weights, weights)
-    assert verdict["exact"], table
-
+def test_a_checkpoint_without_the_optimizer_state_is_named_by_03s_resume_gate(tmp_path):
+    """save_state/restore_state are the task's: 03's resume gate runs them (its clean pass is
+    test_gates_pass_on_float_targets; 07's exact resume in a new process is the sampler test's,
+    its naming of the same planted bug test_notebook_07_fails_a_lost_optimizer_state...)."""
     broken = gates(tmp_path / "broken", ckpt_without_optimizer=True)["resume"]
     assert broken.verdict == "fail"
     assert "restore_state did not bring back the optimizer state" in broken.detail
@@ -166,7 +154,6 @@ def test_the_tasks_own_checkpoint_code_resumes_exactly_in_a_new_process(tmp_path
 def test_a_slow_getitem_makes_the_data_gate_warn_with_its_cost(tmp_path):
     """The training loader encodes every raw example again on every pass, as a campaign's
     Dataset does: the data gate's measured wait includes it, and names its share."""
-    assert gates(tmp_path / "clean")["data"].verdict == "pass"
     slow = gates(tmp_path / "slow", slow_getitem=True)["data"]
     assert slow.verdict == "warn" and "input-bound" in slow.detail
     assert "ms per example, paid on every pass" in slow.detail
@@ -198,8 +185,9 @@ def test_the_training_loader_encodes_on_every_pass(each_pass):
 @pytest.mark.parametrize("reseeded", [False, True])
 def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path):
     """make_sampler is the task's data order; a sampler whose state travels in the checkpoint
-    resumes exactly at an epoch boundary in a new process, one without state restarts its
-    order - the comparison names the first update whose examples differ."""
+    (written and read by the task's own save_state/restore_state) resumes exactly in a new
+    process, one without state restarts its order - the comparison names the first update
+    whose examples differ."""
     from workbook.notebooks import resume
     from workbook.training.loop import TrainConfig
 
@@ -208,6 +196,8 @@ def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path)
                          40)  # 5 updates per pass: the resume after 7 is inside pass 2
     reference, ref_weights = resume.run_recipe(spec, 12, tmp_path / "ref", checkpoint_at=(7,))
     assert reference[5]["ids"] != reference[0]["ids"]  # the order changes every pass
+    assert sorted(p.name for p in (tmp_path / "ref" / "ckpt-000007").iterdir()) == [
+        "manifest.json", "meta.json", "state.pt", "training_state.pt"]
     resumed, weights = resume.resume_in_new_process(tmp_path / "ref" / "ckpt-000007", 12,
                                                     tmp_path / "resumed", spec)
     table, verdict = resume.compare(reference, resumed, ref_weights, weights)

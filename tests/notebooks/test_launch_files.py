@@ -32,28 +32,33 @@ def _passed(run_dir, stem, figures=None):
 LAUNCH_PYTHON = Path(__file__).resolve().parents[2] / ".venv-launch" / "bin" / "python"
 SKY_READ = """import json, sys
 import sky
-task = sky.Task.from_yaml(sys.argv[1])
-accelerators = [r.accelerators for r in task.resources]
-print(json.dumps({"num_nodes": task.num_nodes, "envs": dict(task.envs),
-                  "accelerators": accelerators, "use_spot": [r.use_spot for r in task.resources]}))
+for path in sys.argv[1:]:
+    task = sky.Task.from_yaml(path)
+    print(json.dumps({"num_nodes": task.num_nodes, "envs": dict(task.envs),
+                      "accelerators": [r.accelerators for r in task.resources],
+                      "use_spot": [r.use_spot for r in task.resources]}))
 """
 
 
-def _sky_task(path):
-    """The task SkyPilot's own parser reads from `path` (`sky.Task.from_yaml`, offline), in the
-    venv `make install` gives it (.venv-launch: skypilot pins a click the hf extra refuses)."""
+def _sky_tasks(*paths):
+    """The tasks SkyPilot's own parser reads from `paths` (`sky.Task.from_yaml`, offline), in
+    the venv `make install` gives it (.venv-launch: skypilot pins a click the hf extra
+    refuses); one process for all (importing sky takes seconds)."""
     if not LAUNCH_PYTHON.exists():
         pytest.skip("no .venv-launch with skypilot: `make install` creates it")
-    done = subprocess.run([str(LAUNCH_PYTHON), "-c", SKY_READ, str(path)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, f"SkyPilot refused {path}:\n{done.stderr[-2000:]}"
-    return SimpleNamespace(**json.loads(done.stdout.strip().splitlines()[-1]))
+    done = subprocess.run([str(LAUNCH_PYTHON), "-c", SKY_READ, *map(str, paths)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"SkyPilot refused one of {paths}:\n{done.stderr[-2000:]}"
+    read = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(read) == len(paths), done.stdout[-2000:]
+    return [SimpleNamespace(**json.loads(line)) for line in read]
 
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
     """08 on the built-in sample, after a study and a resume that passed; its folder and
-    result."""
+    result. Without the sample's campaign model: its FSDP sizing (test_rental.py's) would
+    take most of this test's time and adds no launch file here."""
     run = tmp_path_factory.mktemp("run")
     out = run / "08_rental_plan"
     out.mkdir()
@@ -61,6 +66,7 @@ def sample(tmp_path_factory):
     _passed(run, "06_lr_study", {"supported_lr": 3e-4, "best_lr": 3e-4, "control_lr": 1e-4,
                                  "conclusive": True, "seeds": 1, "trials": 3})
     p = params.of("08_rental_plan", small=True, train_limit=20,
+                  task_options={"campaign_layers": 0},
                   gpus={"L4": 24, "A100-80GB": 80}, gpu_tflops={"L4": 121, "A100-80GB": 312},
                   candidates=[{"name": "control", "micro_batch": 16, "accumulation": 2}],
                   variants=[{"name": "control", "priority": 1, "candidate": "control",
@@ -107,8 +113,8 @@ def test_the_sample_plan_loads_with_skypilots_parser(sample):
     out, _ = sample
     paths = sorted((out / "launch").glob("*/sky*.yaml"))
     assert len(paths) >= 4
-    for path in paths:
-        task = _sky_task(path)  # SkyPilot's parser; nothing contacts a cloud
+    # SkyPilot's parser; nothing contacts a cloud
+    for path, task in zip(paths, _sky_tasks(*paths), strict=True):
         assert task.num_nodes == 1 and task.envs["PRECISION"] == "bf16", path
 
 
@@ -145,7 +151,7 @@ def test_a_multi_node_fsdp_plan_asks_for_whole_nodes_and_no_spot_without_a_resum
         "src/train.py"
     script = (tmp_path / first["files"]["torchrun"]).read_text()
     assert "--nnodes=2 --nproc_per_node=8" in script and "placeholder" not in script
-    sky_task = _sky_task(tmp_path / first["files"]["sky"])
+    sky_task, = _sky_tasks(tmp_path / first["files"]["sky"])
     assert sky_task.num_nodes == 2
 
 

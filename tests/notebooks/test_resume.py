@@ -32,10 +32,10 @@ def spec_for(task, **options):
     return recipe(task, options, cfg, train_limit=48)  # 3 updates per pass
 
 
-@pytest.mark.parametrize("task, options", [(GENERATION, {"dropout": 0.1}), (CLASSIFICATION, {})])
-def test_bit_exact_resume_in_a_new_process_mid_pass_and_at_the_boundary(task, options,
-                                                                        tmp_path):
-    cases, details = check_cases(spec_for(task, **options), 7, 4, 3, tmp_path)
+def test_bit_exact_resume_in_a_new_process_mid_pass_and_at_the_boundary(tmp_path):
+    # the classification sample's dropout makes the random states matter; the generation
+    # sample's resumes in new processes are 07's own, under nbval
+    cases, details = check_cases(spec_for(CLASSIFICATION), 7, 4, 3, tmp_path)
     assert cases.exact.all() and cases.continued_to_the_end.all(), cases
     assert (cases.max_param_diff == 0).all() and (cases.max_loss_diff == 0).all()
     boundary = details["epoch boundary"]

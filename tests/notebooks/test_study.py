@@ -174,7 +174,7 @@ def test_periodicity_detector():
 
 
 def test_killing_a_trial_leaves_finished_rows_and_marks_it_interrupted(tmp_path):
-    study = Study(tmp_path / "s", plan(task=GENERATION, metric="loss", updates=300,
+    study = Study(tmp_path / "s", plan(task=GENERATION, metric="loss", updates=120,
                                        eval_every=5, eval_sample=8, shape=UpdateShape(2, 1),
                                        prediction_examples=1))
     finished = study.run_trial(1e-3, 0)
@@ -204,7 +204,7 @@ def test_killing_a_trial_leaves_finished_rows_and_marks_it_interrupted(tmp_path)
     from workbook.training.checkpoint import verify
 
     verify(tmp_path / "s" / best)  # the best recorded checkpoint is complete
-    assert len(reopened.curves().query(f"trial == {finished}")) == 300
+    assert len(reopened.curves().query(f"trial == {finished}")) == 120
 
 
 # --- what the study supports: warnings and spreads, on planted trial tables ----------------
