@@ -264,3 +264,40 @@ def test_input_keys_tell_inputs_apart_as_their_bytes_do_in_any_chunk():
     same = {(raw(item(*p)), raw(item(*q))): whole[a] == whole[b]
             for a, p in enumerate(pairs) for b, q in enumerate(pairs)}
     assert all(equal == (x == y) for (x, y), equal in same.items())
+
+
+@pytest.mark.parametrize("fixed", [True, False])  # padded to one width, or widths that differ
+def test_a_chunks_batches_counted_at_once_count_as_batch_by_batch(fixed, monkeypatch):
+    """Coverage counted over a chunk's batches joined (one width) equals it counted batch by
+    batch, a planted bug included: labels left on padding and on the prompt."""
+    from workbook.samples import generation
+
+    def careless(items):  # labels on padding (256), prompt targets kept
+        items = [{**it, "labels": torch.where(it["prompt_mask"], 65, it["labels"])}
+                 for it in items]
+        batch = generation.collate(items)
+        calls.append(1)
+        width = 96 if fixed else batch["labels"].shape[1] + len(calls) % 2
+        batch = {k: torch.nn.functional.pad(v, (0, width - v.shape[1])) for k, v in batch.items()}
+        batch["labels"] = torch.where(batch["attention_mask"] == 1, batch["labels"], 256)
+        return batch
+
+    calls = []
+    task = wb.load_task("workbook.samples.generation:task")
+    task.collate = careless
+
+    def counted():
+        calls.clear()
+        found = scanning.scan(task, limit=1500, probe=lambda kept: None, workers=0)
+        return (dict(found.targets_hist), found.positions, found.targets,
+                [(f.examples, f.amount, f.ids) for f in (found.zero, found.on_padding,
+                                                         found.on_prompt)])
+
+    join, at_once = scan_tally._joined, []
+    monkeypatch.setattr(scan_tally, "_joined", lambda batches, rows: at_once.append(
+        join(batches, rows) is not None) or join(batches, rows))
+    joined = counted()
+    assert all(at_once) == fixed and len(at_once) > 6  # joined, or some batch by batch
+    monkeypatch.setattr(scan_tally, "_joined", lambda batches, rows: None)
+    assert counted() == joined
+    assert joined[3][1][1] > 0 and joined[3][2][1] > 0  # the planted bug is counted
