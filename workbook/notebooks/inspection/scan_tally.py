@@ -149,24 +149,17 @@ def count(result: Scan, name: str, items: list[Item]) -> None:
     if spans is not None:
         result.prompt_examples += len(spans)
         result.unchecked_prompts.update(s for s in spans if isinstance(s, str))
+    positions, targets, padding, prompt = [], [], [], []
     floats: list[Item] = []  # those of batches with floats, which reach the model
-    batches = []
     for start in range(0, len(items), COLLATE):
         part = items[start:start + COLLATE]
         batch = collate_items(task, part).tensors
-        batches.append(batch)
+        for whole, got in zip((positions, targets, padding, prompt), batch_coverage(
+                task, part, batch, None if spans is None else spans[start:start + COLLATE]),
+                              strict=True):
+            whole += got
         if any(t.is_floating_point() for t in batch.values()):
             floats += part
-    joined = _joined(batches, [len(items[i:i + COLLATE]) for i in range(0, len(items), COLLATE)])
-    if joined is not None:  # the chunk's batches as one: their coverage counted at once
-        positions, targets, padding, prompt = batch_coverage(task, items, joined, spans)
-    else:
-        positions, targets, padding, prompt = [], [], [], []
-        for start, batch in zip(range(0, len(items), COLLATE), batches, strict=True):
-            for whole, got in zip((positions, targets, padding, prompt), batch_coverage(
-                    task, items[start:start + COLLATE], batch,
-                    None if spans is None else spans[start:start + COLLATE]), strict=True):
-                whole += got
     result.targets_hist[name].update(targets)
     result.positions += sum(positions)
     result.targets += sum(targets)
@@ -218,25 +211,6 @@ def count(result: Scan, name: str, items: list[Item]) -> None:
                     result.first_mismatch = next(
                         ((r, n) for r, n in zip(raw, names, strict=False) if r != n),
                         (" ".join(raw), " ".join(names)))
-
-
-def _joined(batches: list[dict], rows: list[int]) -> dict | None:
-    """The tensors coverage reads of a chunk's batches, concatenated - when every batch has a
-    row per example and all agree in dtype and in the shape of a row (else None: counted
-    batch by batch). Row i of the result is then example i of the chunk, as in its batch."""
-    if len(batches) == 1:
-        return batches[0]
-    joined = {}
-    for key in ("labels", "attention_mask", "prompt_mask"):
-        tensors = [b.get(key) for b in batches]
-        if all(t is None for t in tensors):
-            continue
-        if any(t is None or t.dim() == 0 or len(t) != n for t, n in zip(tensors, rows,
-                                                                         strict=True)) or \
-                len({(t.dtype, t.shape[1:]) for t in tensors}) != 1:
-            return None
-        joined[key] = torch.cat(tensors)
-    return joined
 
 
 def merge(result: Scan, part: Scan) -> None:
