@@ -52,13 +52,9 @@ def batch_coverage(task: Task, items: list[Item], batch: dict,
     targets = counted.sum(1).tolist()
     if labels.dim() == 1 or task.target_kind.float_targets:  # per example, not position
         return [1] * n, targets, [0] * n, [0] * n
-    mask = batch.get("attention_mask")  # none (or none masked): every position is real
-    if mask is None or bool(mask.all()):
-        width = (counted if mask is None else mask.reshape(n, -1)).shape[1]
-        positions, padding = [width] * n, [0] * n
-    else:
-        mask = mask.bool().reshape(n, -1)
-        positions, padding = mask.sum(1).tolist(), (counted & ~mask).sum(1).tolist()
+    mask = batch.get("attention_mask")  # none: every position is real
+    mask = torch.ones_like(counted) if mask is None else mask.bool().reshape(n, -1)
+    positions, padding = mask.sum(1).tolist(), (counted & ~mask).sum(1).tolist()
     if task.prompt_in_loss:
         prompt = [0] * n
     elif "prompt_mask" in batch:

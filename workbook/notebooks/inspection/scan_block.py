@@ -68,7 +68,7 @@ class Tally:
         counts.probed, counts.outputs = block.probed, block.outputs
         checks = Checks(task)
         group_key, id_key, encode = task.group_key, task.id_key, task.encode
-        counted = dict.fromkeys(SPLITS, 0)  # examples of each split counted in full chunks
+        examples = dict.fromkeys(SPLITS, 0)
         pending: dict[str, list[Item]] = {n: [] for n in SPLITS}
         kept: dict[str, list[tuple[int, dict]]] = {n: [] for n in SPLITS}
         room = dict(block.want)
@@ -87,6 +87,7 @@ class Tally:
                     if len(split_by) >= SPLITS_KEPT:
                         split_by.clear()
                     split_by[group] = name
+            examples[name] += 1
             if group != last_group or name != last_name:
                 last_group, last_name = group, name
                 groups.append(group)
@@ -100,28 +101,24 @@ class Tally:
                 kept[name].append((i, tensors))
             chunk = pending[name]
             chunk.append(Item(example[id_key], tensors, example))
-            size = len(chunk)
-            if size == COLLATE and name not in first:  # its first batch's worth
-                first.append(name)
-            elif size == CHUNK:
-                count(counts, name, chunk)
-                counted[name] += CHUNK
-                pending[name] = []
-        examples = Counter()
+            if not len(chunk) % COLLATE:  # a batch's worth
+                if name not in first:
+                    first.append(name)
+                if len(chunk) == CHUNK:
+                    count(counts, name, chunk)
+                    pending[name] = []
         for name in SPLITS:
             count(counts, name, pending[name])
-            if counted[name] + len(pending[name]):
-                examples[name] = counted[name] + len(pending[name])
         first += [n for n in SPLITS if n not in first]
         for table in ("targets_hist", "classes"):  # splits in the order batches came to them
-            tallied = getattr(counts, table)
-            setattr(counts, table, defaultdict(Counter, {n: tallied[n] for n in first
-                                                         if n in tallied}))
+            counted = getattr(counts, table)
+            setattr(counts, table, defaultdict(Counter, {n: counted[n] for n in first
+                                                         if n in counted}))
         ids = checks.take_ids()
         keys, input_bits, input_ids = input_keys(counts)
         counts.task = None  # the reader's scan has it
         kept = {n: k for n, k in kept.items() if k}
-        return Part(counts, checks.found(), examples,
+        return Part(counts, checks.found(), Counter({n: c for n, c in examples.items() if c}),
                     ids, keys_of(ids), groups, keys_of(groups), np.array(bits, np.uint8), keys,
                     input_bits, input_ids, Packed(kept) if self.portable and kept else kept)
 

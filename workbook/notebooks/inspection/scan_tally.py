@@ -301,15 +301,12 @@ def _digest(task: Task, items: list[Item],
     parts = []
     for slot, name in enumerate(task.model_inputs, start=1):
         tensors = [it.tensors.get(name) for it in items]
-        try:
-            kinds = {t.dtype for t in tensors}
-        except AttributeError:  # an example without this input
-            kinds = set()
-        dtypes = list(map(_dtype, tensors)) if len(kinds) != 1 else None
-        for dtype in kinds if dtypes is None else dict.fromkeys(dtypes):
+        dtypes = [None if t is None else t.dtype for t in tensors]
+        kinds = set(dtypes)
+        for dtype in kinds if len(kinds) == 1 else dict.fromkeys(dtypes):
             if dtype is None:
                 continue
-            where = None if dtypes is None else [i for i, d in enumerate(dtypes) if d == dtype]
+            where = None if len(kinds) == 1 else [i for i, d in enumerate(dtypes) if d == dtype]
             group = tensors if where is None else [tensors[i] for i in where]
             flat, one_dim = _flat(group)
             shapes = None if one_dim else [t.numel() if t.dim() == 1 else hash(t.shape)
@@ -319,10 +316,6 @@ def _digest(task: Task, items: list[Item],
                 columns[name] = (flat, sizes)
             parts.append((slot, dtype, flat.detach().cpu(), sizes, where, shapes))
     return parts
-
-
-def _dtype(tensor: torch.Tensor | None) -> torch.dtype | None:
-    return None if tensor is None else tensor.dtype
 
 
 def _input_keys(digests: list[list[tuple]], sizes: list[int]) -> np.ndarray:
