@@ -25,11 +25,13 @@ For each size and pipeline, each in a fresh subprocess (OMP_NUM_THREADS=1, a tim
          PATH})` - notebook 01's work without papermill (`--save` adds `inspection.save`, the
          notebook's last cell).
 
-Seconds are the child's own clock around the work (imports before it); 01 forks its scan
-workers (`scan_workers`, one per other core) inside that clock, and they are part of its
-memory. Peak resident memory is the child's VmHWM from /proc/self/status (its high-water mark
-since exec; getrusage's ru_maxrss also counts the parent's pages when the child is started with
-vfork), read at the end of the work, falling back to getrusage(RUSAGE_SELF) where /proc is
+Seconds are the child's own clock around the work (imports before it), and beside them its CPU
+seconds (user + system, its ended workers' included: what a machine shared with other work
+still measures); 01 forks its scan workers (`scan_workers`, one per other core) inside that
+clock, and they are part of its memory. Peak resident memory is the child's VmHWM from
+/proc/self/status (its high-water mark since exec; getrusage's ru_maxrss also counts the
+parent's pages when the child is started with vfork), read at the end of the work, falling
+back to getrusage(RUSAGE_SELF) where /proc is
 missing, plus for 01 each worker at the largest one's peak (RUSAGE_CHILDREN: an upper bound,
 what a worker shares with the child since the fork counted twice). A run that fails or passes
 `--timeout` is a row with its error. A thread of the child also samples the anonymous memory
@@ -192,7 +194,7 @@ class Collated:
     clock of its own (kept off the pass's seconds: `plain_collate_s`)."""
 
     def __init__(self, task):
-        self.task, self.chunk, self.seconds = task, [], 0.0
+        self.task, self.chunk, self.seconds, self.cpu = task, [], 0.0, 0.0
 
     def add(self, tensors: dict) -> None:
         self.chunk.append(tensors)
@@ -200,11 +202,12 @@ class Collated:
             self.flush()
 
     def flush(self) -> None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if self.chunk:
             self.task.collate(self.chunk)
         self.chunk = []
         self.seconds += time.perf_counter() - start
+        self.cpu += time.process_time() - cpu
 
 
 def plain_jsonl(task, path: Path, collated: Collated) -> int:
@@ -253,6 +256,13 @@ def _status_kib(field: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def _cpu() -> float:
+    """CPU seconds (user and system) of this process and of its children that have ended (01's
+    scan workers, ended by the end of the work)."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def _children() -> list[str]:
@@ -321,16 +331,16 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
     anon = AnonPeak()
     anon.start()
     if mode == "plain":
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), _cpu()
         rss_before = _status_kib("VmRSS")
         task = wb.load_task(pipe.task, data_file=str(path))
         collated = Collated(task)
         result = {"rows": pipe.plain(task, path, collated)}
         collated.flush()
-        result["collate_seconds"] = collated.seconds
+        result["collate_seconds"], result["collate_cpu"] = collated.seconds, collated.cpu
     else:
         wb.inspection, wb.params  # noqa: B018 - imports before the clock
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), _cpu()
         rss_before = _status_kib("VmRSS")
         params = wb.params.of(NOTEBOOK, task=pipe.task, task_options={"data_file": str(path)},
                               **o1_params)
@@ -342,6 +352,7 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
         result = {"rows": int(ins.figures["examples"]), "verdict": ins.verdict,
                   "flags": [f.check for f in ins.flags], "workers": ins.figures["scan_workers"]}
     seconds = time.perf_counter() - start - result.get("collate_seconds", 0.0)
+    result["cpu_seconds"] = _cpu() - cpu_start - result.pop("collate_cpu", 0.0)
     result["anon_peak_bytes"] = anon.stop()
     hwm = _status_kib("VmHWM")
     rss_source = "VmHWM" if hwm is not None else "ru_maxrss"
@@ -439,6 +450,7 @@ def main():
                 for mode, r in runs.items():
                     if "seconds" in r:
                         row[f"{mode}_s"] = r["seconds"]
+                        row[f"{mode}_cpu_s"] = r["cpu_seconds"]
                         if "collate_seconds" in r:
                             row["plain_collate_s"] = r["collate_seconds"]
                         row[f"{mode}_peak_rss_mib"] = r["peak_rss_bytes"] / MIB
@@ -458,17 +470,21 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     columns = ["size", "pipeline", "plain_s", "o1_s", "ratio", "plain_collate_s",
-               "ratio_collated", "o1_workers", "plain_peak_rss_mib", "o1_peak_rss_mib",
-               "o1_anon_peak_mib",
+               "ratio_collated", "plain_cpu_s", "o1_cpu_s", "cpu_ratio", "o1_workers",
+               "plain_peak_rss_mib", "o1_peak_rss_mib", "o1_anon_peak_mib",
                "plain_start_rss_mib", "o1_start_rss_mib", "file_mib", "write_s", "note"]
     frame = pd.DataFrame(table).reindex(columns=[*columns, "rss_source"])
     frame["ratio"] = frame["o1_s"] / frame["plain_s"]
     frame["ratio_collated"] = frame["o1_s"] / (frame["plain_s"] + frame["plain_collate_s"])
+    frame["cpu_ratio"] = frame["o1_cpu_s"] / frame["plain_cpu_s"]
     sources = sorted(set(frame["rss_source"].dropna()))
     print(frame[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("seconds: the child's clock around the work (imports before it); plain_collate_s: "
           "the task's collate over the plain pass's encodings 64 at a time, timed apart and not "
           "in plain_s (01 collates as much); ratio_collated: 01 against plain + collate; "
+          "*_cpu_s: CPU seconds (user + system) of the child and its ended workers on the same "
+          "clock (plain without its collate's), cpu_ratio 01's over plain's - the ratio a "
+          "machine shared with other work still measures; "
           "o1_workers: the processes 01 forked to count beside the reading one; "
           "*_start_rss_mib: its resident size when the clock started; peak: "
           + (", ".join(sources) or "none measured") + " of the child process, plus for 01 each "
