@@ -156,6 +156,12 @@ def test_a_loss_still_falling_toward_chance_is_too_short_a_budget_not_no_rate_le
         falling["warnings"]) and not falling["conclusive"]
     flat = findings(table, d, Chance(3.115, "a constant prediction", untrained=3.25), 3.22)
     assert flat["no_rate_learns"] and flat["supported_lr"] is None
+    # examples/hf_trainer.py in a 20-update smoke study: 6.0 -> 5.24, chance 3.04, the best
+    # trial no longer improving: not yet at a constant prediction's loss, so too short to tell
+    done = table.assign(best_step=10, best_metric=5.24)
+    short = findings(done, d, Chance(3.04, "a constant prediction", untrained=6.0), 5.24)
+    assert not short["no_rate_learns"] and "no trial reached even a constant prediction's " \
+        "loss - lengthen the budget" in " ".join(short["warnings"]), short["finding"]
 
 
 @pytest.mark.planted

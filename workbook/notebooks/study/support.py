@@ -161,9 +161,19 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
     near_chance = chance is not None and best_loss is not None and \
         not chance.learned(best_loss)
     start = chance.untrained if chance is not None else None
+    # short of even a constant prediction, having moved from the untrained model's loss: the
+    # trials had not yet learned the targets' frequencies, so nothing can be told of the rest
+    climbing = near_chance and start is not None and best_loss > chance.loss and \
+        start - best_loss > MARGIN * abs(start)
     heading = near_chance and best_id in out["still_improving"] and start is not None and \
         start - best_loss > best_loss - chance.loss * (1 - MARGIN)
-    if heading:  # too short a budget to tell
+    if climbing:
+        out["warnings"].append(
+            f"the best validation loss, {best_loss:.4g}, is still above chance "
+            f"({chance.loss:.4g}, {chance.how}) after falling from the untrained model's "
+            f"{start:.4g}: in {design.updates} updates no trial reached even a constant "
+            "prediction's loss - lengthen the budget before reading it as 'no rate learns'")
+    elif heading:  # too short a budget to tell
         out["warnings"].append(
             f"the best validation loss, {best_loss:.4g}, is not yet {MARGIN:.0%} below chance "
             f"({chance.loss:.4g}, {chance.how}), but the best trial was still improving at "
@@ -233,7 +243,7 @@ def findings(trials: pd.DataFrame, design: Any, chance: Chance | None = None,
                     f"({len(extra)} of its {design.extra_trials} extra trials), its best "
                     "having sat at the edge")
     finding += held
-    if swept is not None and swept.suggestion is None and len(swept.curve):
+    if swept is not None and swept.suggestion is None and len(swept.curve) and not near_chance:
         finding += (f"; the range test saw no fall over its {len(swept.curve)} updates, yet "
                     f"lr {best_lr:g} learned over the study's {design.updates}: the sweep was "
                     "too short to show this task's fall")
