@@ -303,3 +303,18 @@ def test_one_seed_has_no_spread_and_two_seeds_have_one():
     assert "mean +/- std" not in labels and "each seed" in labels and "one seed" in title
     labels, title = legend(two, [0, 1])
     assert "mean +/- std" in labels and "one seed" not in title
+
+
+def test_the_design_carries_every_parameter_of_06_that_it_declares():
+    """A parameter of the notebook that the design also declares reaches it (extra_trials did
+    not: the study never extended its grid from the notebook or the pilot)."""
+    from dataclasses import fields
+
+    from workbook.commands import params
+    from workbook.notebooks.study import design_from_params
+
+    given = params.of("06_lr_study", extra_trials=3, eval_sample=7, top_n=3, seeds=[1, 2])
+    design = design_from_params(given)
+    shared = {f.name for f in fields(StudyDesign)} & set(given.names()) - {"task"}
+    assert {"extra_trials", "eval_sample", "top_n", "seeds"} <= shared
+    assert {n: getattr(design, n) for n in shared} == {n: getattr(given, n) for n in shared}

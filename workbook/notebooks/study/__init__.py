@@ -533,7 +533,8 @@ def design_from_params(params: StudyParams) -> StudyDesign:
     """A study design from notebook 06's parameters."""
     p = params
     return StudyDesign(name=p.study_name, task=p.task, task_options=p.task_options,
-                       lrs=list(p.lrs), seeds=list(p.seeds), updates=p.updates, shape=p.shape(),
+                       lrs=list(p.lrs), seeds=list(p.seeds), extra_trials=p.extra_trials,
+                       updates=p.updates, shape=p.shape(),
                        eval_every=p.eval_every, eval_batch=p.eval_batch,
                        eval_sample=p.eval_sample, metric=p.metric, top_n=p.top_n,
                        divergence_multiple=p.divergence_multiple,
