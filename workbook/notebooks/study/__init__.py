@@ -14,7 +14,7 @@ import shlex
 import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -466,8 +466,8 @@ class Study:
             lambda text: json.loads(text).get(metric, math.nan))
         curves = pd.DataFrame({"trial": evals.trial, "step": evals.step,
                                "value": value.astype(float)}).dropna()
-        steps = self.curves()  # the schedule's factor at each update: the rate it ran at
-        reached = steps.dropna(subset=["scheduled"]).groupby("trial").scheduled.max()
+        # the schedule's largest factor per trial: the share of its rate it ever ran at
+        reached = self.curves().dropna(subset=["scheduled"]).groupby("trial").scheduled.max()
         return findings(self.trial_table(), self.design, self.chance(), best_loss, curves,
                         self.range_test, reached.to_dict())
 
@@ -530,16 +530,12 @@ def lr_figure(study: Study, save: Path | None = None):
 
 
 def design_from_params(params: StudyParams) -> StudyDesign:
-    """A study design from notebook 06's parameters."""
+    """A study design from notebook 06's parameters: every one the design declares."""
     p = params
-    return StudyDesign(name=p.study_name, task=p.task, task_options=p.task_options,
-                       lrs=list(p.lrs), seeds=list(p.seeds), extra_trials=p.extra_trials,
-                       updates=p.updates, shape=p.shape(),
-                       eval_every=p.eval_every, eval_batch=p.eval_batch,
-                       eval_sample=p.eval_sample, metric=p.metric, top_n=p.top_n,
-                       divergence_multiple=p.divergence_multiple,
-                       prediction_examples=p.prediction_examples, device=p.device,
-                       notes=p.notes)
+    return StudyDesign(**{f.name: getattr(p, f.name) for f in fields(StudyDesign)
+                          if f.name in p.names() and f.name not in ("lrs", "seeds", "shape")},
+                       lrs=list(p.lrs), seeds=list(p.seeds), shape=p.shape(),
+                       name=p.study_name)
 
 
 def run(params: StudyParams | Mapping[str, Any], out_dir: Path, progress: bool = False) -> Study:
