@@ -5,7 +5,6 @@ the final parameters (bit-identical on the CPU)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -14,19 +13,19 @@ from typing import Any
 
 import pandas as pd
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ...base.errors import WorkbookError, child_error, shorten
 from ...contract.data import Item, epoch_updates, prepare
 from ...contract.pipeline import DataPosition, open_pipeline
 from ...contract.task import Task, load_task
 from ...storage import schemas
-from ...storage.artifacts import copy_folder, reseal, write_file
-from ...storage.files import write_text
+from ...storage.artifacts import copy_folder, reseal
 from ...storage.processes import fresh_process, task_args, workbook_command
 from ...storage.records import StepRecord
 from ...storage.schemas import Index, Name, Options
 from ...training import checkpoint as ckpt
+from ...training.deviation import difference_by_name
 from ...training.loop import (
     Position,
     Stepper,
@@ -275,15 +274,6 @@ def read_records(path: Path) -> list[dict]:
     return data
 
 
-def write_result(records: list[dict], weights: dict, out: Path) -> None:
-    """What the resumed process hands back: its final weights and its records (the records
-    last, each file written under a temporary name and renamed)."""
-    write_file(out.with_suffix(".safetensors"),
-               lambda tmp: save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp)),
-               "resumed weights")
-    write_text(out.with_suffix(".json"), json.dumps(records))
-
-
 def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weights: dict,
             tolerance: float = 0.0) -> tuple[pd.DataFrame, dict]:
     """Per update after the resume point: loss, learning rate and example ids against the
@@ -294,8 +284,7 @@ def compare(reference: list[dict], resumed: list[dict], ref_weights: dict, weigh
              "same_lr": r["lr"] == ref[r["step"]]["lr"],
              "same_examples": r["ids"] == ref[r["step"]]["ids"]} for r in resumed]
     table = pd.DataFrame(rows)
-    diffs = {k: float((ref_weights[k].float().cpu() - weights[k].float().cpu()).abs().max())
-             for k in ref_weights}
+    diffs = difference_by_name(weights, ref_weights)
     diff = max(diffs.values())
     steps_ok = bool(len(table)) and table.same_lr.all() and table.same_examples.all()
     differs = table.step[~table.same_examples] if len(table) else table.step
@@ -388,12 +377,13 @@ def check_cases(spec: dict, updates: int, mid_step: int, boundary_step: int, fol
                      "skipped": first_record.get("skipped"),
                      "skip_s": first_record.get("skip_s"), "data": data, "error": ""})
 
-    found: dict[int, str] = {}
+    found: dict[str, str] = {}
 
     def carried(config: TrainConfig) -> str:  # measured once per configuration
-        if id(config) not in found:
-            found[id(config)] = undeclared_state(task, items, config, spec["train_limit"])
-        return found[id(config)]
+        key = repr(config)
+        if key not in found:
+            found[key] = undeclared_state(task, items, config, spec["train_limit"])
+        return found[key]
 
     mid, twice = folder / checkpoint_name(mid_step), folder / "resumed-mid-epoch.ckpt"
     case("mid-epoch", mid, mid_step, "resumed-mid-epoch", reference, weights,
@@ -426,7 +416,7 @@ def planted_faults(spec: dict, updates: int, step: int, folder: Path, reference:
                    ref_weights: dict, tolerance: float = 0.0) -> pd.DataFrame:
     """Resume with each classic bug planted and say whether the comparison catches it."""
     rows = []
-    state = ckpt.load_state(folder / f"ckpt-{step:06d}")
+    state = ckpt.load_state(folder / checkpoint_name(step))
     for fault in [f for f in FAULTS if f not in ("carried", "averaged_model") or
                   state.get(f) is not None]:
         name = {"optimizer": "checkpoint without optimizer state",
@@ -435,7 +425,7 @@ def planted_faults(spec: dict, updates: int, step: int, folder: Path, reference:
                 "carried": "carried state (Task.state) not restored",
                 "averaged_model": "averaged model (Task.averaged_model) not restored"}[fault]
         try:
-            resumed, w = run_recipe(spec, updates, start_from=folder / f"ckpt-{step:06d}",
+            resumed, w = run_recipe(spec, updates, start_from=folder / checkpoint_name(step),
                                     faults=(fault,))
         except WorkbookError as exc:  # the restore refused: caught, loudly
             rows.append({"planted bug": name, "caught": True, "max_loss_diff": None,
@@ -529,7 +519,7 @@ def run(params: ResumeParams | Mapping[str, Any], out_dir: Path) -> ResumeResult
     faults = (planted_faults(spec, updates, mid, out_dir, details["reference"],
                              details["weights"], tolerance)
               if params.demonstrate_faults else None)
-    tamper = tamper_checks(out_dir / f"ckpt-{mid:06d}", out_dir)
+    tamper = tamper_checks(out_dir / checkpoint_name(mid), out_dir)
     model = task.build_model()
     model.load_state_dict({k: v for k, v in details["weights"].items()
                            if not k.startswith(AVERAGED)})  # the model is what is archived

@@ -65,8 +65,12 @@ def stated_length(task: Task, cfg: TrainConfig) -> int | None:
 def pipeline_length(task: Task, seed: int, rank: int = 0, world: int = 1, workers: int = 0,
                     micro_batch: int = 1) -> int | None:
     """len() of the pipeline `rank` opens, None when it has none."""
-    source = open_pipeline(task, seed, rank, world, workers=workers,
-                           micro_batch=micro_batch).source
+    return length_of(open_pipeline(task, seed, rank, world, workers=workers,
+                                   micro_batch=micro_batch).source)
+
+
+def length_of(source) -> int | None:
+    """len() of a pipeline's source, None for a stream without a usable one."""
     try:
         return int(len(source))
     except Exception:  # no __len__, or one that raises (a stream without a length)

@@ -15,7 +15,7 @@ from ...base.errors import WorkbookError
 from ...contract.pipeline import OWN_STATE, DataPosition, open_pipeline
 from ...contract.task import Task
 from ...training.loop import TrainConfig
-from .position import find_start, pipeline_order
+from .position import find_start, length_of, pipeline_order
 
 K1, K2, AHEAD = 3, 7, 3  # the points of a pass whose state is loaded; examples read after each
 FIRST_PASS_MOST = 10_000  # examples of the first pass read at most (a pass beyond: no probes)
@@ -160,13 +160,6 @@ def restored_at(probe: Probe, passes: dict, marks: dict, loop_order: bool) -> st
     return measured + ": " + fitting_cause(points, len(passes[0]), probe, loop_order)
 
 
-def stated(source) -> int | None:
-    try:
-        return int(len(source))
-    except Exception:  # no __len__, or one that raises (a stream without a length)
-        return None
-
-
 def fitting_cause(points: list[tuple], first_pass: int, probe: Probe, loop_order: bool) -> str:
     """The cause every point fits (pass, example, examples read in all, where it started)."""
     later = [p for p in points if p[0]]
@@ -189,7 +182,7 @@ def fitting_cause(points: list[tuple], first_pass: int, probe: Probe, loop_order
     counts = [t for _, _, t, _, _ in points]
     for length in range(2, max(counts) + 2):
         if all(f == t % length for _, _, t, _, f in points):
-            own = stated(probe.open().source)
+            own = length_of(probe.open().source)
             read = ", ".join(map(str, counts))
             said = (f"the examples read in all ({read}) from a pass's start (" + (
                 f"their count modulo the pipeline's len() of {own}, above it" if own else
