@@ -10,17 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from safetensors.torch import load_file
 
 from ...base.errors import WorkbookError
 from ...contract.data import prepare
-from ...contract.task import Task
-from ...training.deviation import max_difference
+from ...contract.task import Task, load_task
 from ...training.ranks import backend
-from ...training.replica import WEIGHTS, ReplicaSpec
+from ...training.replica import ReplicaSpec
 from .faults import NOT_DEMONSTRABLE
 from .launches import LAUNCH_TIMEOUT, launch
-from .rank_rules import resumed_updates
+from .rank_rules import outcome, resumed_against, rule_row
 
 FSDP_REMEDIATION = {
     "every rank writes its shard of the checkpoint":
@@ -49,8 +47,7 @@ FSDP_CAUGHT_BY = {"rank0_checkpoint": "every rank writes its shard of the checkp
 
 
 def _fsdp_row(rule: str, verdict: str, measured: str) -> dict[str, str]:
-    return {"rule": rule, "verdict": verdict, "measured": measured,
-            "remediation": FSDP_REMEDIATION[rule] if verdict == "fail" else ""}
+    return rule_row(rule, verdict, measured, FSDP_REMEDIATION)
 
 
 FSDP_CHECKPOINT_AT = 2  # the FSDP run checkpoints after update 2 at the latest ...
@@ -157,25 +154,18 @@ def sharded_resume_rule(launched: dict[str, Any], resumed: dict[str, Any], folde
     state (digests), every later update (loss, learning rate, each rank's examples), the final
     parameters."""
     rule = FSDP_RULES[3]
-    table = resumed_updates(launched["records"], resumed["records"])
-    a, b = load_file(str(folder / WEIGHTS)), load_file(str(resumed_folder / WEIGHTS))
-    diff = max_difference(a, b)
+    table, exact, said = resumed_against(launched["records"], resumed["records"], folder,
+                                         resumed_folder, launched["spec"]["updates"], tolerance)
     point, got = launched["checkpoint"], resumed["restored"]
     same_model = got["model_digest"] == point["model_digest"]
     same_optim = got["optim_digest"] == point["optim_digest"]
-    exact = bool(same_model and same_optim and len(table) and table.same_lr.all()
-                 and table.same_examples_on_every_rank.all()
-                 and table.loss_diff.max() <= tolerance and diff <= tolerance
-                 and table.step.iloc[-1] == launched["spec"]["updates"])
     restored = ("weights and optimizer state restored bit-identical" if same_model and
                 same_optim else f"restored {'weights' if not same_model else ''}"
                 f"{' and ' if not (same_model or same_optim) else ''}"
                 f"{'optimizer state' if not same_optim else ''} differ from the saved ones")
-    return _fsdp_row(rule, "pass" if exact else "fail",
+    return _fsdp_row(rule, "pass" if exact and same_model and same_optim else "fail",
                      f"resumed after update {resumed['first_step'] - 1} in {resumed['world']} "
-                     f"new processes: {restored}; {len(table)} updates compared, max loss "
-                     f"difference {table.loss_diff.max():.1e}, max parameter difference "
-                     f"{diff:.1e} (tolerance {tolerance:g})"), table
+                     f"new processes: {restored}; {said}"), table
 
 
 def sharded_faults(launched: dict[str, Any], resumed: dict[str, Any],
@@ -362,19 +352,10 @@ def measure_fsdp(task: str, task_options: dict, plan, world: int, *, folder: Pat
                        plan_eval_length=plan.eval_length or 0, train=False)
     with tempfile.TemporaryDirectory() as tmp:
         launched = launch(spec, Path(folder or tmp) / f"fsdp-memory-x{world}", timeout=timeout)
-    return memory_table(task_from_spec(task, task_options), spec, launched["memory"],
+    return memory_table(load_task(task, **task_options), spec, launched["memory"],
                         measured_note=launched.get("memory_note", ""))
-
-
-def task_from_spec(task: str, options: dict) -> Task:
-    from ...contract.task import load_task
-
-    return load_task(task, **options)
 
 
 def sharded_verdict(check: ShardedCheck | None) -> str:
     """"fail" on a failing FSDP rule or a planted FSDP bug its rule missed."""
-    if check is None:
-        return "pass"
-    missed = any(c is False for c in check.faults.caught.tolist())
-    return "fail" if missed or (check.rules.verdict == "fail").any() else "pass"
+    return "pass" if check is None else outcome(check.rules, check.faults)

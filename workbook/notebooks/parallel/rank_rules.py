@@ -58,9 +58,10 @@ RULES = tuple(REMEDIATION)
 
 
 # --- the rules ------------------------------------------------------------------------------
-def _row(rule: str, verdict: str, measured: str) -> dict[str, str]:
+def rule_row(rule: str, verdict: str, measured: str,
+         remediation: dict[str, str] = REMEDIATION) -> dict[str, str]:
     return {"rule": rule, "verdict": verdict, "measured": measured,
-            "remediation": REMEDIATION[rule] if verdict == "fail" else ""}
+            "remediation": remediation[rule] if verdict == "fail" else ""}
 
 
 def merged_steps(result: dict[str, Any]) -> list[StepRecord]:
@@ -100,7 +101,7 @@ def rules(result: dict[str, Any], items: list[Item], tolerance: float = 1e-4,
     world, ranks = result["world"], result["ranks"]
     rows = []
     others = {r: files for r, files in enumerate(result["writes"]) if r and files}
-    rows.append(_row("only rank 0 writes", "fail" if others else "pass",
+    rows.append(rule_row("only rank 0 writes", "fail" if others else "pass",
                      "; ".join(f"rank {r} wrote {final_names(f)}" for r, f in others.items())
                      or f"rank 0 wrote {final_names(result['writes'][0]) or 'nothing'}; the "
                      f"other {world - 1} rank(s) nothing"))
@@ -108,13 +109,13 @@ def rules(result: dict[str, Any], items: list[Item], tolerance: float = 1e-4,
                       ("replicas identical after training", "final")):
         digests = result["init_digest"] if key == "init" else [r["final_digest"] for r in ranks]
         differ = [r for r, d in enumerate(digests) if d != digests[0]]
-        rows.append(_row(rule, "fail" if differ else "pass",
+        rows.append(rule_row(rule, "fail" if differ else "pass",
                          f"ranks {differ} differ from rank 0" if differ else
                          f"one parameter digest on all {world} ranks"))
     rows += _shard_rows(result)
     recon = accounting(result, items, task)
     wrong = recon[~recon.match]
-    rows.append(_row("examples per update = micro-batch x accumulation x replicas",
+    rows.append(rule_row("examples per update = micro-batch x accumulation x replicas",
                      "fail" if len(wrong) else "pass",
                      "; ".join(f"{r.counter}: loop {r.loop}, expected {r.expected}"
                                for r in wrong.itertuples()) or
@@ -135,26 +136,26 @@ def _shard_rows(result: dict[str, Any]) -> list[dict[str, str]]:
     if result["spec"]["drop_partial"]:
         missing = set()  # a dropped partial update leaves examples out by design
     if not complete and overlap:  # disjointness shows before the pass ends, coverage not
-        shards = _row("disjoint shards covering the split", "fail",
+        shards = rule_row("disjoint shards covering the split", "fail",
                       f"{len(overlap)} examples on more than one rank in the updates of the "
                       "first pass (the run did not finish it: coverage not checked)")
     elif not complete:
-        shards = _row("disjoint shards covering the split", "not applicable",
+        shards = rule_row("disjoint shards covering the split", "not applicable",
                       "the run did not finish a pass (raise updates)")
     else:
         bad = bool(overlap or missing)
-        shards = _row("disjoint shards covering the split", "fail" if bad else "pass",
+        shards = rule_row("disjoint shards covering the split", "fail" if bad else "pass",
                       f"{len(overlap)} examples on more than one rank, {len(missing)} on none"
                       if bad else f"{len(result['train_ids'])} examples, each on exactly one of "
                       f"{len(ranks)} ranks in the first pass")
     second = [[i for rec in recs if rec["epoch"] == 1 for i in rec["ids"]] for recs in ranks]
     if not all(second):
-        order = _row("a new order every pass", "not applicable",
+        order = rule_row("a new order every pass", "not applicable",
                      "the run did not reach a second pass")
     else:
         same = [r for r, (a, b) in enumerate(zip(seen, second, strict=True))
                 if a[:len(b)] == b[:len(a)]]
-        order = _row("a new order every pass", "fail" if same else "pass",
+        order = rule_row("a new order every pass", "fail" if same else "pass",
                      f"ranks {same} read pass 2 in the order of pass 1" if same else
                      "every rank reads its examples in a new order in pass 2")
     return [shards, order]
@@ -170,7 +171,7 @@ def _gradient_rows(result: dict[str, Any], tolerance: float) -> list[dict[str, s
     if not checks:
         return []
     one, two = checks["equal"], checks["accumulation"]
-    rows = [_row("gradient all-reduce on the last micro-step only",
+    rows = [rule_row("gradient all-reduce on the last micro-step only",
                  "pass" if two["all_reduces"] == one["all_reduces"] else "fail",
                  f"{one['all_reduces']} all-reduce call(s) per update without accumulation, "
                  f"{two['all_reduces']} with 2 micro-steps")]
@@ -182,7 +183,7 @@ def _gradient_rows(result: dict[str, Any], tolerance: float) -> list[dict[str, s
         if differ and not ok:
             rows.append(_data_row(rule, check, differ))
             continue
-        rows.append(_row(rule, "pass" if ok else "fail",
+        rows.append(rule_row(rule, "pass" if ok else "fail",
                          f"{check['split']} on {len(check['targets_per_rank'])} ranks against "
                          f"1 x {check['examples']} in one process: max relative deviation "
                          f"{dev:.1e} (tolerance {tolerance:.0e}); targets per rank "
@@ -225,7 +226,7 @@ def _bn_row(result: dict[str, Any]) -> dict[str, str]:
     checks = [c for c in ((result.get("checkpoint") or {}).get("batch_norm"),
                           result["batch_norm_final"]) if c]
     if not checks or not checks[0].get("layers"):
-        return _row(rule, "not applicable", "the model has no batch-norm layer")
+        return rule_row(rule, "not applicable", "the model has no batch-norm layer")
     problems = []
     for where, c in zip(("checkpoint", "final evaluation"), checks, strict=False):
         if not c["identical_after_sync"]:
@@ -235,7 +236,7 @@ def _bn_row(result: dict[str, Any]) -> dict[str, str]:
             problems.append(f"the {where} holds statistics {c['saved_vs_rank_mean']:.2g} away "
                             "from the mean over ranks (one rank's only)")
     c = checks[0]
-    return _row(rule, "fail" if problems else "pass", "; ".join(problems) or
+    return rule_row(rule, "fail" if problems else "pass", "; ".join(problems) or
                 f"{c['layers']} layer(s); the ranks differed by {c['ranks_differed_by']:.2g} "
                 "before the sync; the checkpoint holds their mean")
 
@@ -288,7 +289,7 @@ def _eval_row(result: dict[str, Any], tolerance: float) -> dict[str, str]:
     gathered = sorted(k for k, v in how.items() if v == GATHERED)
     if gathered:
         measured += (f"; {', '.join(gathered)}: {WORDS[GATHERED]}, as in one process")
-    return _row(rule, "fail" if off else "pass", measured)
+    return rule_row(rule, "fail" if off else "pass", measured)
 
 
 def _metric_note(name: str, how: str, value: float, single: float,
@@ -380,6 +381,24 @@ def resumed_updates(uninterrupted: list[list[dict]], resumed: list[list[dict]]) 
                          a["ids"] == b["ids"] for a, b in zip(mine, theirs, strict=True))})
     return pd.DataFrame(rows)
 
+
+def resumed_against(reference: list[list[dict]], resumed: list[list[dict]],
+                    reference_folder: Path, folder: Path, last_update: int,
+                    tolerance: float) -> tuple[pd.DataFrame, bool, str]:
+    """`resumed_updates` and the final parameters (`WEIGHTS` of both folders): the table,
+    whether every update to `last_update` and the parameters agree within `tolerance`, and
+    the comparison in words."""
+    table = resumed_updates(reference, resumed)
+    diff = max_difference(load_file(str(reference_folder / WEIGHTS)),
+                          load_file(str(folder / WEIGHTS)))
+    exact = bool(len(table) and table.same_lr.all() and table.same_examples_on_every_rank.all()
+                 and table.loss_diff.max() <= tolerance and diff <= tolerance
+                 and table.step.iloc[-1] == last_update)
+    return table, exact, (f"{len(table)} updates compared, max loss difference "
+                          f"{table.loss_diff.max():.1e}, max parameter difference {diff:.1e} "
+                          f"(tolerance {tolerance:g})")
+
+
 def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder: Path,
                  folder: Path, tolerance: float = 0.0) -> tuple[dict[str, str], pd.DataFrame]:
     """Continue the reference launch's checkpoint in N new processes and compare update by
@@ -389,18 +408,12 @@ def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder:
                             "give checkpoint_at, an update before the last")
     resumed = launch(spec, folder,
                      resume_from=reference_folder / reference["checkpoint"]["path"])
-    table = resumed_updates([r["records"] for r in reference["ranks"]],
-                            [r["records"] for r in resumed["ranks"]])
-    a, b = load_file(str(reference_folder / WEIGHTS)), load_file(str(folder / WEIGHTS))
-    diff = max_difference(a, b)
-    exact = bool(len(table) and table.same_lr.all() and table.same_examples_on_every_rank.all()
-                 and table.loss_diff.max() <= tolerance and diff <= tolerance
-                 and table.step.iloc[-1] == spec.updates)
-    return _row("resume in new processes is exact", "pass" if exact else "fail",
+    table, exact, said = resumed_against([r["records"] for r in reference["ranks"]],
+                                         [r["records"] for r in resumed["ranks"]],
+                                         reference_folder, folder, spec.updates, tolerance)
+    return rule_row("resume in new processes is exact", "pass" if exact else "fail",
                 f"resumed after update {resumed['first_step'] - 1} in {resumed['world']} new "
-                f"processes: {len(table)} updates compared, max loss difference "
-                f"{table.loss_diff.max():.1e}, max parameter difference {diff:.1e} "
-                f"(tolerance {tolerance:g})"), table
+                f"processes: {said}"), table
 
 
 def with_row(table: pd.DataFrame, row: dict[str, str]) -> pd.DataFrame:
