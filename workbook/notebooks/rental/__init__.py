@@ -127,19 +127,19 @@ def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult
              "speeds": speeds.described() if speeds else
              f"an assumed utilisation of {params.utilisation:g}",
              "calibration": calibration, "generation": step_words}
-    shared = {"task": params["task"], "task_options": params["task_options"],
-              "updates": params["updates"], "eval_every": params["eval_every"],
+    shared = {"task": params.task, "task_options": params.task_options,
+              "updates": params.updates, "eval_every": params.eval_every,
               # a checkpoint at each evaluation, as the sheet's spot costs assume
-              "checkpoint_every": params["eval_every"], "seed": params["seed"],
+              "checkpoint_every": params.eval_every, "seed": params.seed,
               "task_lr": task.lr, "parameters": assumptions.parameters}
     launches, not_launched = launch_files.launches(
         sheet, plans, chosen, options, study, shared,
-        launch_files.packages_of(task_imports(params["task"].split(":")[0])), out_dir.parent)
+        launch_files.packages_of(task_imports(params.task.split(":")[0])), out_dir.parent)
     return RentalResult(task, rental_gpu, candidates, sheet, stack, plans, options, chosen,
                         conclusion(out_dir.parent, chosen, rental_gpu, plans, stack, options,
                                    not_sized(sheet), sheet.attrs.get("models"), study, basis),
                         study, catalog, speeds, calibration, offers, launches, not_launched,
-                        params["entry_point"])
+                        params.entry_point)
 
 
 def speed_book(params: RentalParams, task: Task, data, run_dir: Path

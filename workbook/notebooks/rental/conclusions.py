@@ -122,17 +122,13 @@ def study_result(run_dir, task_lr: float | None = None) -> dict[str, Any]:
     to plan on (None without one), `control_lr` 06's control, `short` the state in a few
     words, `said` the decision's sentence on the learning rate and `study` the study's line
     (None when 06 gave no figures)."""
-    path = Path(run_dir) / STUDY.stem / "summary.json"
     out: dict[str, Any] = {"state": "not run", "lr": None, "control_lr": None,
                            "control_best": False, "conclusive": False, "warnings": [],
                            "seeds": None, "study": None, "short": "06 did not run"}
     own = f" (the task's own lr is {task_lr:g}, untested against others)" if task_lr else ""
-    try:
-        summary = json.loads(path.read_text()) if path.exists() else None
-        if summary is not None and not isinstance(summary, dict):
-            raise ValueError("not an object")
-    except (ValueError, OSError):
-        summary = {"verdict": "error", "error": f"{STUDY.stem}/summary.json cannot be read"}
+    summary = summary_of(run_dir, STUDY.stem)
+    if summary is not None and not isinstance(summary, dict):
+        summary = {"error": f"{STUDY.stem}/summary.json cannot be read"}
     if summary is None:
         out["said"] = ("**Learning rate: not chosen by a study** - notebook 06 did not run in "
                        f"this run folder{own}: run it before the campaign.")

@@ -200,11 +200,8 @@ def predicted_phases(task: Task, train: list, val: list,
     None when a training phase has no prediction (the candidate cannot be sized)."""
     try:
         predicted = predict(task, train, val, cand.plan, campaign=True)
-    except WorkbookError as exc:  # a refused configuration, or an op fake tensors cannot run
-        word = "not predicted" if exc.problem.startswith("predicting") else "not applicable"
-        return None, f"{word}: {exc.problem}"
     except Exception as exc:  # never a crash of the notebook: the row says what happened
-        return None, f"not predicted: the prediction raised {type(exc).__name__}: {reason(exc)}"
+        return None, not_sized_because(exc, "the prediction")
     missing = predicted[predicted.predicted_peak_bytes.isna()]
     if missing.phase.isin(DECIDING).any():
         return None, "not predicted " + unpredicted(missing)
@@ -215,6 +212,15 @@ def predicted_phases(task: Task, train: list, val: list,
                 f"not predicted {unpredicted(missing)}; the fit rests on the training phases"
                 + (f"; {said}" if said else ""))
     return predicted, said
+
+
+def not_sized_because(exc: Exception, what: str) -> str:
+    """Why `what` sized nothing, for a row's note: "not applicable" for a configuration it
+    refused, "not predicted" for an operation fake tensors cannot run or any other failure."""
+    if not isinstance(exc, WorkbookError):
+        return f"not predicted: {what} raised {type(exc).__name__}: {reason(exc)}"
+    word = "not predicted" if exc.problem.startswith("predicting") else "not applicable"
+    return f"{word}: {exc.problem}"
 
 
 def unpredicted(missing: pd.DataFrame) -> str:
@@ -332,12 +338,8 @@ def sharded_rows(task: Task, train: list, val: list, cand: Candidate, gpus: dict
             run = sharding.sharded_run(task, train, val, plan, min(group),
                                        offload_optimizer=cand.offload_optimizer, campaign=True)
             note = ""
-        except WorkbookError as exc:
-            run, note = None, (f"not predicted: {exc.problem}" if exc.problem.startswith(
-                "predicting") else f"not applicable: {exc.problem}")
         except Exception as exc:
-            run, note = None, (f"not predicted: the sharded prediction raised "
-                               f"{type(exc).__name__}: {reason(exc)}")
+            run, note = None, not_sized_because(exc, "the sharded prediction")
         sized_here = run is not None and not any(p in run.limits for p in DECIDING)
         flop_count, flops_note = counted_flops(task, train, val, replace(cand, plan=plan)) \
             if sized_here else (None, "")
