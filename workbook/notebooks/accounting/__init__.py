@@ -36,6 +36,7 @@ from .own_code_checks import (
 )
 
 HOLD = ("updates", "examples", "epochs")
+OWN_STEP = "the task's train_step"  # the normalisation check's rows of the task's own step
 
 
 @dataclass(frozen=True)
@@ -198,10 +199,10 @@ def normalisation_check(task: Task, items: list[Item], splits: Iterable[int] = (
             "per micro-batch mean (wrong)": partial(update_gradients, task, model,
                                                     mean_per_micro_batch=True, whole=whole)}
     if task.train_step is not None:
-        ways["the task's train_step"] = partial(own_step_gradients, task, model, whole=whole)
+        ways[OWN_STEP] = partial(own_step_gradients, task, model, whole=whole)
     rows, reference = [], None
     for way, gradients in ways.items():
-        own = way.startswith("the task's")
+        own = way == OWN_STEP
         if own:
             reference = None  # the task's step may normalise its own way: compared with itself
         for micro in splits:
@@ -239,8 +240,7 @@ def own_split_cause(task: Task, items: list[Item], check: pd.DataFrame,
     `explain_split(model, micro_batches)`, e.g. from_trainer's reading of compute_loss), when
     the equal split found one; None otherwise."""
     explain = getattr(task.train_step, "explain_split", None)
-    own = check[(check.normalisation == "the task's train_step") &
-                (check.case == "equal split")]
+    own = own_rows(check, "equal split")
     if explain is None or not len(own) or own.within_tolerance.all():
         return None
     torch.manual_seed(seed)
@@ -311,6 +311,13 @@ def reconcile_size(task: Task, shape: UpdateShape, examples: int) -> int:
     return examples - 1 if has_norm else examples
 
 
+def own_rows(check: pd.DataFrame, case: str = "") -> pd.DataFrame:
+    """The normalisation check's rows of the task's own train_step (of one `case`: "equal
+    split", "partial group")."""
+    rows = check[check.normalisation == OWN_STEP]
+    return rows[rows.case == case] if case and "case" in rows else rows
+
+
 def k_times_too_large(rows: pd.DataFrame, tolerance: float = 1e-3) -> str:
     """'2 x 4: 4 times, ...' when every split's gradient is exactly k times the reference for
     its k micro-batches (the deviation on the whole update's scale is then k - 1); '' else."""
@@ -374,7 +381,7 @@ class AccountingResult:
                          f"difference {row.relative_difference:.3g}) - e.g. it drops the "
                          "attention mask, adds a term or reads other inputs: make both compute "
                          "the objective the campaign trains")
-        own = self.own_rows("equal split")
+        own = own_rows(self.check, "equal split")
         off = own[~own.within_tolerance]
         if len(off):
             worst = off.iloc[int(off.max_relative_deviation.to_numpy().argmax())]
@@ -398,16 +405,11 @@ class AccountingResult:
                          f"batch norm held fixed - {cause}")
         return found + evaluation_findings(self.evaluation)
 
-    def own_rows(self, case: str) -> pd.DataFrame:
-        """The task's own train_step's rows of one case ("equal split", "partial group")."""
-        rows = self.check[self.check.normalisation == "the task's train_step"]
-        return rows[rows.case == case] if "case" in rows else rows
-
     @property
     def partial_only(self) -> pd.DataFrame | None:
         """The task's step's rows off on the partial group when it is exact on equal
         micro-batches (None otherwise, and for a step that draws per call)."""
-        partial, equal = self.own_rows("partial group"), self.own_rows("equal split")
+        partial, equal = own_rows(self.check, "partial group"), own_rows(self.check, "equal split")
         off = partial[~partial.within_tolerance]
         if not len(off) or not equal.within_tolerance.all() or self.step_draws:
             return None
@@ -495,12 +497,11 @@ def save(result: AccountingResult, out_dir: Path) -> str:
                                           result.check)
     right = check[~check.normalisation.str.contains("wrong")]
     if result.step_draws:  # a step drawing per call is not comparable across splits
-        right = right[right.normalisation != "the task's train_step"]
+        right = right[right.normalisation != OWN_STEP]
     elif result.partial_only is not None:  # off on the partial group only: warned, not failed
-        right = right[~((right.normalisation == "the task's train_step") &
-                        (right.case == "partial group"))]
+        right = right[~((right.normalisation == OWN_STEP) & (right.case == "partial group"))]
     wrong = check[check.normalisation.str.contains("wrong")]
-    own = check[check.normalisation == "the task's train_step"]
+    own = own_rows(check)
     loop_ok, norm_ok = bool(reconciled.match.all()), bool(right.within_tolerance.all())
     findings = result.findings
     for table, name in ((account.table(), "account"), (budget, "budget"),
@@ -515,7 +516,7 @@ def save(result: AccountingResult, out_dir: Path) -> str:
         "worked_example_updates": result.worked.budget("epochs", 1)["updates"],
         "reconciled": loop_ok, "normalisation_ok": norm_ok,
         "wrong_normalisation_caught": bool(not wrong.iloc[1:].within_tolerance.all()),
-        "own_train_step_ok": bool(result.own_rows("equal split").within_tolerance.all())
+        "own_train_step_ok": bool(own_rows(result.check, "equal split").within_tolerance.all())
         if len(own) and not result.step_draws else None,
         "max_deviation": float(right.max_relative_deviation.max()),
         "own_step_loss_agrees": None if result.step_loss is None or result.step_draws else
