@@ -21,6 +21,7 @@ from ...contract.task import Task
 from ...storage.records import to_frame
 from ...training import campaign
 from ...training import checkpoint as ckpt
+from ...training.deviation import max_difference
 from ...training.devices import resolve_device
 from ...training.evaluation import eval_mode, evaluate
 from ...training.loop import HeldBehaviour, build_stepper, train
@@ -256,17 +257,16 @@ def _forward_check(run: GateRun, _, __) -> tuple[str, str]:
     phases = getattr(model, "phases_said", None)  # a forward made of phases (GRPO's)
     if callable(phases) and phases():
         detail += f"; {phases()}"
+    sample = run.train_items[:INIT_EXAMPLES]
     if count < INIT_TARGETS:
         # a few targets' mean loss is noise (a regression MLP with batch norm on 2 rows missed
         # the 50% band 41% of the time): judge the untrained model over more examples
-        sample = run.train_items[:INIT_EXAMPLES]
         with HeldBehaviour(model):  # every mode flag as it was after: the gates after judge them
             record = evaluate(run.task, model, sample, run.settings.eval_batch, run.device)
         labels = torch.cat([it.tensors["labels"].reshape(-1) for it in sample]) \
             if run.task.target_kind.float_targets else labels
         loss, count = record.loss, record.targets
         detail += f"; {loss:.4f} over {count} targets of {len(sample)} examples (eval mode)"
-    sample = run.train_items[:INIT_EXAMPLES]
 
     def measured() -> float:
         with HeldBehaviour(model):
@@ -424,8 +424,8 @@ def _resume_check(run: GateRun, _, result) -> tuple[str, str]:
         ckpt.set_rng_state(run.rng_at_save)
         each.accumulate(run.work.group)
         each.step()
-    diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in
-               zip(stepper.model.parameters(), fresh.model.parameters(), strict=True))
+    diff = max_difference(dict(stepper.model.named_parameters()),
+                          dict(fresh.model.named_parameters()))
     if diff > run.settings.resume_tolerance:
         problems.append(f"the next update differs from the uninterrupted run by {diff:.3g} "
                         f"(allowed {run.settings.resume_tolerance:g})")
