@@ -153,17 +153,21 @@ def resume_overlay(details: dict, save: Path | None = None):
 
 def lr_summary(summary: pd.DataFrame, trials: pd.DataFrame, metric: str,
                save: Path | None = None):
-    """Per learning rate: every seed's best value as a dot, the mean with the spread as a bar."""
+    """Per learning rate: every seed's best value as a dot, the mean with the spread as a bar
+    (only from two or more seeds: a `summary` without `best_std` has one seed each)."""
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     done = trials.dropna(subset=["best_metric"])
-    ok = summary.dropna(subset=["best_mean"])
-    ax.errorbar(ok.lr, ok.best_mean, yerr=ok.best_std.fillna(0), fmt="_", ms=18,
-                color="tab:blue", capsize=4, label="mean +/- std", zorder=1)
+    spread = "best_std" in summary
+    if spread:
+        ok = summary.dropna(subset=["best_mean"])
+        ax.errorbar(ok.lr, ok.best_mean, yerr=ok.best_std.fillna(0), fmt="_", ms=18,
+                    color="tab:blue", capsize=4, label="mean +/- std", zorder=1)
     ax.scatter(done.lr, done.best_metric, color="black", s=16, label="each seed", zorder=2)
     diverged = trials[trials.status == "diverged"]
     for n, t in enumerate(diverged.itertuples()):
         ax.axvline(t.lr, color="red", ls=":", lw=1, label="diverged trial" if n == 0 else None)
-    ax.set(xlabel="learning rate (log scale)", ylabel=f"best {metric}", title="per learning rate")
+    ax.set(xlabel="learning rate (log scale)", ylabel=f"best {metric}",
+           title="per learning rate" if spread else "per learning rate (one seed: no spread)")
     if len(done) or len(diverged):
         ax.set_xscale("log")
         ax.legend(fontsize="small")

@@ -516,17 +516,8 @@ def lr_figure(study: Study, save: Path | None = None):
     one seed each, the dots alone, and the title says so."""
     from .. import plots
 
-    summary, trials = study.lr_summary(), study.trial_table()
-    if "best_std" in summary:
-        return plots.lr_summary(summary, trials, study.design.metric, save=save)
-    fig = plots.lr_summary(summary.assign(best_std=float("nan")), trials, study.design.metric)
-    ax = fig.axes[0]
-    for container in list(ax.containers):  # the "mean +/- std" of one value: no bar
-        container.remove()
-    ax.set_title("per learning rate (one seed: no spread)")
-    if ax.get_legend() is not None:
-        ax.legend(fontsize="small")
-    return plots._done(fig, save)
+    return plots.lr_summary(study.lr_summary(), study.trial_table(), study.design.metric,
+                            save=save)
 
 
 def design_from_params(params: StudyParams) -> StudyDesign:
