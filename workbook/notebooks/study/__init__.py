@@ -14,110 +14,34 @@ import shlex
 import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import pandas as pd
 import torch
-from pydantic import Field
 
 from ...base.errors import WorkbookError
 from ...contract.data import Item, collate_items, prepare
 from ...contract.targets import contributes
 from ...contract.task import Task, load_recorded_task, load_task
 from ...storage import schemas
-from ...storage.artifacts import read_json, replace_file, verify_file
+from ...storage.artifacts import replace_file
 from ...storage.files import write_json
 from ...storage.ledger import Ledger
 from ...storage.processes import task_args
 from ...storage.records import EvalRecord, StepRecord
 from ...storage.runs import seal_file, shown
-from ...storage.schemas import (
-    Count,
-    Index,
-    Multiple,
-    Name,
-    Options,
-    Positive,
-    Seed,
-    StrictStr,
-)
 from ...training import checkpoint as ckpt
 from ...training.devices import resolve_device
 from ...training.evaluation import eval_mode, evaluate
-from ...training.loop import Stepper, TrainConfig, UpdateShape, loss_rise, train
+from ...training.loop import Stepper, TrainConfig, loss_rise, train
 from ..parameters import StudyParams
 from ..registry import STUDY
 from . import range_test
 from .chance import Chance, chance_loss
+from .design import DESIGN, StudyDesign, design_from_params, read_design
 from .support import extension_trials, findings, next_trials
-
-DESIGN = "design.json"
-
-
-@dataclass
-class StudyDesign:
-    """Everything fixed before the first trial: the trials, the budget, evaluation, stopping."""
-
-    name: Name
-    task: Name
-    task_options: Options = field(default_factory=dict)
-    # control first; empty: a range test chooses them (written here before the first trial)
-    lrs: list[Positive] = field(default_factory=lambda: [1e-4, 5e-5, 2e-4])
-    seeds: Annotated[list[Seed], Field(min_length=1)] = field(default_factory=lambda: [0])
-    updates: Count = 200
-    shape: UpdateShape = UpdateShape(micro_batch=2, accumulation=8)
-    eval_every: Count = 50  # updates, never seconds
-    eval_batch: Count = 32  # at least the micro-batch
-    eval_sample: Index = 0  # validation examples evaluated periodically (0: all)
-    metric: Name = "loss"  # "loss" or a metric of the task, e.g. "accuracy"
-    top_n: Count = 2  # best checkpoints kept per trial, plus the last
-    divergence_multiple: Multiple = 3.0  # stop when the median loss of the last 5 updates
-    # exceeds this x the median of the first 5 (loop.loss_rise)
-    prediction_examples: Index = 4  # validation examples whose predictions are kept
-    extra_trials: Index = 0  # trials the study may add past the grid's edge (`support`)
-    device: StrictStr = "cpu"
-    notes: StrictStr = ""
-
-    @property
-    def mode(self) -> str:
-        """"min" for the loss and error-like metrics (mae, rmse, perplexity...), else "max"."""
-        lower = ("loss", "error", "mae", "mse", "perplexity")
-        return "min" if any(w in self.metric.lower() for w in lower) else "max"
-
-    def validate(self, task: Task, val: list[Item]) -> "StudyDesign":
-        self.shape.validate()
-        problems = []
-        if any(not isinstance(lr, (int, float)) or not lr > 0 for lr in self.lrs):
-            problems.append(f"every learning rate must be positive, got {self.lrs}")
-        if not self.seeds:
-            problems.append("the seed list is empty")
-        if not 0 < self.eval_every <= self.updates:
-            problems.append(f"eval_every {self.eval_every} must be between 1 and the budget "
-                            f"of {self.updates} updates")
-        if self.eval_batch < self.shape.micro_batch:
-            problems.append(f"eval_batch {self.eval_batch} is below the micro-batch "
-                            f"{self.shape.micro_batch} (evaluation keeps no activations: it can be "
-                            "larger)")
-        if self.top_n < 1:
-            problems.append("top_n must be at least 1")
-        if self.metric != "loss":
-            produced = evaluate(task, task.build_model(), val[:2], 2, torch.device("cpu"))
-            if self.metric not in produced.metrics:
-                problems.append(f"metric {self.metric!r} is not produced by the task (it gives "
-                                f"{['loss', *produced.metrics]})")
-        if problems:
-            raise WorkbookError("study design: " + "; ".join(problems),
-                                "fix the study parameters before the first trial")
-        return self
-
-    def trials(self) -> list[dict]:
-        """The planned trials: every (lr, seed) of the grid."""
-        return [{"lr": lr, "seed": seed} for lr in self.lrs for seed in self.seeds]
-
-    def better(self, a: float, b: float | None) -> bool:
-        return b is None or (a < b if self.mode == "min" else a > b)
 
 
 def eval_sample(task: Task, val: list[Item], raw: list[dict], size: int, seed: int = 0
@@ -160,26 +84,6 @@ def periodicity(steps: list[int], values: list[float], period_updates: int,
     corr = float(diffs.autocorr(lag))
     return {"tested": True, "lag_evaluations": lag, "autocorrelation": round(corr, 3),
             "periodic": bool(corr > threshold)}
-
-
-def read_design(path: Path) -> StudyDesign:
-    """design.json back as a StudyDesign, or a clear error for a damaged or edited file: it is
-    verified against its manifest, parsed bounded and checked against its schema
-    (every field present and of its type, learning rates positive and finite, seeds in NumPy's
-    range, a divergence multiple above 1, counts of 1 or more; the schema derived from
-    StudyDesign's fields, every one required) before any value is used."""
-    verify_file(path, "study design")
-    data = UpdateShape.nested(read_json(path, "study design"))
-    if isinstance(data, dict):
-        data.setdefault("extra_trials", 0)  # a design written before studies extended
-    fix = "use an intact study folder, or start a new study (a new out_dir)"
-    schemas.check(schemas.derived(StudyDesign, every_field=True), data, path, "study design",
-                  fix)
-    try:
-        return StudyDesign(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
-    except (TypeError, ValueError, WorkbookError) as exc:
-        raise WorkbookError(f"{path} cannot be read as a study design ({exc})",
-                            "use an intact study folder") from None
 
 
 def trial_params(text: Any, where: Any) -> dict:
@@ -518,15 +422,6 @@ def lr_figure(study: Study, save: Path | None = None):
 
     return plots.lr_summary(study.lr_summary(), study.trial_table(), study.design.metric,
                             save=save)
-
-
-def design_from_params(params: StudyParams) -> StudyDesign:
-    """A study design from notebook 06's parameters: every one the design declares."""
-    p = params
-    return StudyDesign(**{f.name: getattr(p, f.name) for f in fields(StudyDesign)
-                          if f.name in p.names() and f.name not in ("lrs", "seeds", "shape")},
-                       lrs=list(p.lrs), seeds=list(p.seeds), shape=p.shape(),
-                       name=p.study_name)
 
 
 def run(params: StudyParams | Mapping[str, Any], out_dir: Path, progress: bool = False) -> Study:
