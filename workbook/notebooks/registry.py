@@ -10,6 +10,7 @@ entry names its notebook's parameter model (`parameters.py`); `entry.check(given
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -442,6 +443,16 @@ def explain(stem: str, summary: dict) -> str:
     if summary.get("verdict") == "error":  # it stopped: the error is the why, not its figures
         return shorten(str(summary.get("error") or "the notebook stopped with an error"), 300)
     return found.why(summary.get("verdict") == "pass", summary.get("figures") or {}, summary)
+
+
+def summary_of(run_dir: str | Path, stem: str) -> dict | None:
+    """The summary.json the notebook `stem` wrote in the run folder `run_dir` (None when it
+    wrote none; a verdict "unreadable" when it does not parse)."""
+    path = Path(run_dir) / stem / "summary.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except (ValueError, OSError):
+        return {"verdict": "unreadable", "error": f"{stem}/summary.json cannot be read"}
 
 
 def verdict_line(out_dir: str | Path) -> str:

@@ -17,6 +17,7 @@ from ..registry import (
     RESUME,
     STUDY,
     VARIANTS,
+    summary_of,
     verdict_line,
 )
 from .plans import BOTH, PLANNED, RECOMMENDED
@@ -273,14 +274,6 @@ def plan_lines(plans: pd.DataFrame, rental_gpu: str, currency: str) -> list[str]
 EARLIER_NOTEBOOKS = ((INSPECTION, "inspection"), (OVERFIT, "overfit"), (GATES, "phase gates"),
                      (ACCOUNTING, "batch accounting"), (VARIANTS, "memory variants"),
                      (RESUME, "resume and reload"))
-
-
-def summary_of(run_dir, stem: str) -> dict | None:
-    path = Path(run_dir) / stem / "summary.json"
-    try:
-        return json.loads(path.read_text()) if path.exists() else None
-    except (ValueError, OSError):
-        return {"verdict": "unreadable", "error": f"{stem}/summary.json cannot be read"}
 
 
 def first_failure(run_dir) -> str | None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..registry import RENTAL, STUDY, entry, verdict_line
-from .conclusions import study_result, summary_of
+from ..registry import RENTAL, STUDY, entry, summary_of, verdict_line
+from .conclusions import study_result
 from .launch_files import FOLDER, PLACEHOLDER
 from .stack import unverified
 

@@ -19,8 +19,8 @@ import torch
 import yaml
 
 from ...storage.files import write_json, write_text
-from ..registry import RESUME
-from .conclusions import first_failure, summary_of
+from ..registry import RESUME, summary_of
+from .conclusions import first_failure
 from .plans import plain_count
 from .prices import ALIASES
 

@@ -4,7 +4,6 @@ campaign's model, or from notebook 03's step time where it ran on that GPU."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...base.errors import WorkbookError
-from ..registry import GATES
+from ..registry import GATES, summary_of
 from .prices import KNOWN_ACCELERATORS, comment_header, finite_number
 
 SHIPPED = Path(__file__).with_name("rental_data") / "speeds.csv"
@@ -242,11 +241,9 @@ def generation_scale(run_dir: Path) -> tuple[float, str]:
     `generation_share`, for a model that reports its phases: GRPO's policy), held at
     `MAX_GENERATION_SHARE`, with words; (1.0, "") where 03 measured none in this run folder."""
     folder = Path(run_dir) / GATES.stem
-    try:
-        figures = json.loads((folder / "summary.json").read_text()).get("figures", {})
-    except (OSError, ValueError, AttributeError):
-        return 1.0, ""
-    if "generation_share" not in figures:
+    summary = summary_of(run_dir, GATES.stem)
+    figures = summary.get("figures") if isinstance(summary, dict) else None
+    if not isinstance(figures, dict) or "generation_share" not in figures:
         return 1.0, ""
     share = finite_number(figures["generation_share"])
     if share is None or share < 0:
