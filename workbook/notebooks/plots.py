@@ -98,9 +98,8 @@ def gate_memory(table: pd.DataFrame, save: Path | None = None):
 
 def variant_tradeoff(table: pd.DataFrame, save: Path | None = None):
     """Peak memory against time per update for each measured variant, the control marked."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    fig, ax = plt.subplots(figsize=(9, 3.8))
     rows = table[table.status == "measured"].reset_index(drop=True)
-    fig.set_size_inches(9, 3.8)
     for n, r in enumerate(rows.itertuples(), start=1):  # numbered points, names in the legend
         point = ax.scatter(r.time_per_update_s, r.peak_bytes / 2**20, s=60 if n > 1 else 140,
                            marker="o" if n > 1 else "*", label=f"{n}: {r.id}")

@@ -165,8 +165,8 @@ def save(result: ParallelResult, out_dir: Path) -> str:
     return verdict_
 
 
-# notebook 09's public names (`wb.parallel.NAME`: the tests, the benchmarks); most live in the
-# parallel_* modules
+# notebook 09's public names (`wb.parallel.NAME`: the tests, the benchmarks); most live in its
+# parts
 __all__ = ["CAUGHT_BY", "FAULTS", "NOT_DEMONSTRABLE", "RULES", "Demonstration",
            "ParallelResult", "ReplicaSpec", "accounting", "command", "demonstration",
            "evaluation_table", "launch", "outcome", "phase_table", "planted_faults",
