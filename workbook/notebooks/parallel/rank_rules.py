@@ -4,6 +4,7 @@ the tables of accounting, evaluation and phase times over ranks."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -354,14 +355,10 @@ def phase_table(result: dict[str, Any]) -> pd.DataFrame:
                                                          "allocated_bytes",
                                                          "peak_reserved_bytes",
                                                          "reserved_bytes", "rss_peak_bytes")},
-                         "finite": bool(frame.loss.map(_finite).all())})
+                         "finite": bool(frame.loss.map(math.isfinite).all())})
         for phase, seconds in (("evaluation", r["eval_s"]), ("checkpoint", r["checkpoint_s"])):
             rows.append({"rank": rank, "phase": phase, "median_s": seconds})
     return pd.DataFrame(rows)
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")
 
 
 # --- resume in new processes -------------------------------------------------------------------
