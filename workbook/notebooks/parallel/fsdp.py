@@ -249,7 +249,7 @@ def memory_table(task: Task, spec, measured: list[dict[str, int]],
     for rank, peaks in enumerate(measured):
         for phase, bytes_ in peaks.items():
             guess = by_phase.get(phase)
-            ok = guess is not None and guess == guess
+            ok = pd.notna(guess)
             rows.append({"rank": rank, "phase": phase, "measured_peak_bytes": int(bytes_),
                          "predicted_peak_bytes": int(guess) if ok else None,
                          "error_pct": 100 * (guess - bytes_) / bytes_ if ok and bytes_ else None,
