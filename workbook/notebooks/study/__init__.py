@@ -191,14 +191,9 @@ class Study:
     def _run_missing(self, planned: list[dict], progress: bool) -> list[int]:
         """Run the `planned` trials not yet run. An interrupted trial is not done: it runs again
         as a new trial that repeats it (the interrupted row and its checkpoints stay)."""
-        trials = self.ledger.frame("trials")
-        done, interrupted = set(), {}
-        for tid, text, status in zip(trials.id, trials.params, trials.status, strict=True):
-            p = trial_params(text, f"trial {tid} in {self.ledger.path}")
-            if status == "interrupted":
-                interrupted[(p["lr"], p["seed"])] = int(tid)
-            else:
-                done.add((p["lr"], p["seed"]))
+        trials = list(self.trial_table().itertuples())
+        done = {(t.lr, t.seed) for t in trials if t.status != "interrupted"}
+        interrupted = {(t.lr, t.seed): int(t.id) for t in trials if t.status == "interrupted"}
         return [self.run_trial(t["lr"], t["seed"], interrupted.get((t["lr"], t["seed"])),
                                progress=progress)
                 for t in planned if (t["lr"], t["seed"]) not in done]
