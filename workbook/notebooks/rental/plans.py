@@ -31,15 +31,13 @@ def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
         repeats = v.get("repeats", 1)
         hours = 0.0 if pd.isna(row.budget_hours) else row.budget_hours * repeats
         fits = bool(row.fits) and clock + hours <= usable
-        cost = row.get("cost")
         lr = v.get("lr")
         rows.append({"days": days, "priced_on": priced_on, "priority": v["priority"],
                      "variant": v["name"], "candidate": v["candidate"], "gpu": gpu_name,
                      "gpus": plain_count(row.get("gpus")), "strategy": row.get("strategy"),
                      "lr": float(lr) if isinstance(lr, (int, float)) else None,
                      "lr_from": v.get("lr_from", ""), "repeats": repeats,
-                     "hours": round(hours, 3), "cost": None if pd.isna(cost) else
-                     round(float(cost) * repeats, 2),
+                     "hours": round(hours, 3), "cost": _times(row.get("cost"), repeats, 2),
                      **{f"{k}_{end}": _times(row.get(f"{c}_{end}"), repeats, digits)
                         for k, c, digits in (("hours", "budget_hours", 3), ("cost", "cost", 2))
                         for end in ("low", "high")},
@@ -202,6 +200,12 @@ def _spend(row: pd.Series) -> float:
             not pd.isna(row.get("budget_hours")) else row.gpu_hours) * price
 
 
+# the cheapest GPU's figures (its sheet row's, `hours` its budget_hours) as cheapest_<name>
+CHEAPEST = ("gpu", "gpus", "strategy", "micro_batch", "accumulation", "required_gib",
+            "gpu_hours", "cost", "hours", "offer", "price_from", "cost_low", "cost_high",
+            "spot_cost", "spot_offer", "speed_from")
+
+
 def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
     """Per candidate: the cheapest GPU that fits with headroom (by the budget's cost, or its
     hours when no prices are given), beside the GPU asked for, and why they differ."""
@@ -231,19 +235,9 @@ def cheapest(sheet: pd.DataFrame, rental_gpu: str) -> pd.DataFrame:
                       f"{ratio:.1f}x less than {rental_gpu} for this budget")
         if best is not None and not pd.isna(best[key]):
             reason += floored_words(fitting, key)
-        rows.append({"candidate": name, "cheapest_gpu": None if best is None else best.gpu,
-                     "cheapest_gpus": None if best is None else best.get("gpus"),
-                     "cheapest_strategy": None if best is None else best.get("strategy"),
-                     "cheapest_micro_batch": None if best is None else best.get("micro_batch"),
-                     "cheapest_accumulation": None if best is None else
-                     best.get("accumulation"),
-                     "cheapest_required_gib": None if best is None else best.required_gib,
-                     "cheapest_gpu_hours": None if best is None else best.gpu_hours,
-                     "cheapest_cost": None if best is None else best.cost,
-                     "cheapest_hours": None if best is None else best.budget_hours,
-                     **{f"cheapest_{k}": None if best is None else best.get(k) for k in (
-                         "offer", "price_from", "cost_low", "cost_high", "spot_cost",
-                         "spot_offer", "speed_from")},
+        rows.append({"candidate": name,
+                     **{f"cheapest_{k}": None if best is None else
+                        best.get("budget_hours" if k == "hours" else k) for k in CHEAPEST},
                      "asked_gpu": rental_gpu, "asked_fits": bool(asked.fits),
                      "asked_cost": asked.cost, "currency": asked.currency, "why": reason})
     return pd.DataFrame(rows)
