@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,19 +90,18 @@ def read_catalog(path: str | Path | None, gpus: dict, currency: str = "USD",
                             f"is {currency}", f"set currency = {stated!r}, or give a catalog in "
                             f"{currency}")
     provider = _provider(path)
-    rows, left_out, problems = [], {}, []
+    rows, left_out, problems = [], Counter(), []
     for i, r in table.iterrows():
         line = head + 2 + int(i)
         why = _left_out(r)
         if why:
-            left_out[why] = left_out.get(why, 0) + 1
+            left_out[why] += 1
             continue
         offer, problem = _offer(r, line, gpus)
         if problem:
             problems.append(problem)
         elif offer is None:
-            left_out["a GPU the plan does not consider"] = \
-                left_out.get("a GPU the plan does not consider", 0) + 1
+            left_out["a GPU the plan does not consider"] += 1
         else:
             rows.append({**offer, "provider": r.get("Provider") or provider})
     if problems:
@@ -113,7 +113,7 @@ def read_catalog(path: str | Path | None, gpus: dict, currency: str = "USD",
     offers = pd.DataFrame(rows, columns=OFFER_COLUMNS)
     sources = {k.removeprefix("source ").strip(): v for k, v in meta.items()
                if k.startswith("source ")}
-    return Catalog(offers, date, dated_by, _shown(path), stated, sources, left_out)
+    return Catalog(offers, date, dated_by, _shown(path), stated, sources, dict(left_out))
 
 
 OFFER_COLUMNS = ["provider", "instance", "gpu", "count", "price", "spot_price", "region",
