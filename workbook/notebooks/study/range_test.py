@@ -28,6 +28,7 @@ from ...storage.artifacts import read_json
 from ...storage.files import write_json, write_text
 from ...storage.schemas import Count, Multiple, Positive, Seed, StrictStr
 from ...training.loop import Stepper, TrainConfig, UpdateShape, build_stepper, train
+from . import support
 
 CURVE, RESULT = "range_test.csv", "range_test.json"
 GRID = (1 / 3, 1 / 9, 1.0)  # the study's rates as multiples of the suggestion, control first
@@ -287,9 +288,5 @@ def fallback_grid(task: Task, test: RangeTest) -> tuple[list[float], str]:
     who = ("the task's own lr" if task.lr else f"{test.optimizer}'s default lr"
            if test.optimizer_lr else "1e-3")
     grid = [float(f"{control * f:.2g}") for f in DECADES]
-    return grid, f"five rates a decade apart around {who} ({control:g}): {grid_said(grid)}"
-
-
-def grid_said(rates: list[float]) -> str:
-    return ", ".join(f"{r:g}" for r in sorted(rates))
+    return grid, f"five rates a decade apart around {who} ({control:g}): {support.grid(grid)}"
 
