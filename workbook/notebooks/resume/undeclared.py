@@ -14,6 +14,7 @@ from ...contract.data import Item, encode_example, micro_batches
 from ...contract.outputs import forward_owner
 from ...contract.pipeline import open_pipeline
 from ...contract.task import Task
+from ...training.deviation import max_difference
 from ...training.loop import Stepper, TrainConfig, build_stepper, runs_own_step, seed_everything
 
 STATE_NAMES = ("hx", "h0", "state", "memory", "mems", "carry")  # besides "...hidden..."
@@ -98,7 +99,7 @@ def undeclared_state(task: Task, items: list[Item], cfg: TrainConfig, limit: int
                 f"confirmed: running one update twice failed, {type(exc).__name__}) - test it: "
                 f"run {who} twice from the same model, optimizer and random state on the same "
                 "batch; if the two losses differ, " + DECLARE)
-    moved = max((float((a[k] - b[k]).abs().max()) for k in a if a[k].numel()), default=0.0)
+    moved = max_difference(a, b)
     scale = max(max((float(v.abs().max()) for v in a.values() if v.numel()), default=0.0), 1.0)
     same_loss = abs(first - second) <= TOLERANCE * max(abs(first), 1.0)
     if same_loss and moved <= TOLERANCE * scale:
