@@ -60,7 +60,7 @@ RULES = tuple(REMEDIATION)
 
 # --- the rules ------------------------------------------------------------------------------
 def rule_row(rule: str, verdict: str, measured: str,
-         remediation: dict[str, str] = REMEDIATION) -> dict[str, str]:
+             remediation: dict[str, str] = REMEDIATION) -> dict[str, str]:
     return {"rule": rule, "verdict": verdict, "measured": measured,
             "remediation": remediation[rule] if verdict == "fail" else ""}
 
@@ -103,24 +103,24 @@ def rules(result: dict[str, Any], items: list[Item], tolerance: float = 1e-4,
     rows = []
     others = {r: files for r, files in enumerate(result["writes"]) if r and files}
     rows.append(rule_row("only rank 0 writes", "fail" if others else "pass",
-                     "; ".join(f"rank {r} wrote {final_names(f)}" for r, f in others.items())
-                     or f"rank 0 wrote {final_names(result['writes'][0]) or 'nothing'}; the "
-                     f"other {world - 1} rank(s) nothing"))
+                         "; ".join(f"rank {r} wrote {final_names(f)}" for r, f in others.items())
+                         or f"rank 0 wrote {final_names(result['writes'][0]) or 'nothing'}; the "
+                         f"other {world - 1} rank(s) nothing"))
     for rule, key in (("identical initial parameters", "init"),
                       ("replicas identical after training", "final")):
         digests = result["init_digest"] if key == "init" else [r["final_digest"] for r in ranks]
         differ = [r for r, d in enumerate(digests) if d != digests[0]]
         rows.append(rule_row(rule, "fail" if differ else "pass",
-                         f"ranks {differ} differ from rank 0" if differ else
-                         f"one parameter digest on all {world} ranks"))
+                             f"ranks {differ} differ from rank 0" if differ else
+                             f"one parameter digest on all {world} ranks"))
     rows += _shard_rows(result)
     recon = accounting(result, items, task)
     wrong = recon[~recon.match]
     rows.append(rule_row("examples per update = micro-batch x accumulation x replicas",
-                     "fail" if len(wrong) else "pass",
-                     "; ".join(f"{r.counter}: loop {r.loop}, expected {r.expected}"
-                               for r in wrong.itertuples()) or
-                     f"{len(recon)} counters of {world} ranks match the calculator"))
+                         "fail" if len(wrong) else "pass",
+                         "; ".join(f"{r.counter}: loop {r.loop}, expected {r.expected}"
+                                   for r in wrong.itertuples()) or
+                         f"{len(recon)} counters of {world} ranks match the calculator"))
     rows += _gradient_rows(result, tolerance)
     rows.append(_bn_row(result))
     rows.append(_eval_row(result, eval_tolerance))
@@ -138,27 +138,27 @@ def _shard_rows(result: dict[str, Any]) -> list[dict[str, str]]:
         missing = set()  # a dropped partial update leaves examples out by design
     if not complete and overlap:  # disjointness shows before the pass ends, coverage not
         shards = rule_row("disjoint shards covering the split", "fail",
-                      f"{len(overlap)} examples on more than one rank in the updates of the "
-                      "first pass (the run did not finish it: coverage not checked)")
+                          f"{len(overlap)} examples on more than one rank in the updates of the "
+                          "first pass (the run did not finish it: coverage not checked)")
     elif not complete:
         shards = rule_row("disjoint shards covering the split", "not applicable",
-                      "the run did not finish a pass (raise updates)")
+                          "the run did not finish a pass (raise updates)")
     else:
         bad = bool(overlap or missing)
         shards = rule_row("disjoint shards covering the split", "fail" if bad else "pass",
-                      f"{len(overlap)} examples on more than one rank, {len(missing)} on none"
-                      if bad else f"{len(result['train_ids'])} examples, each on exactly one of "
-                      f"{len(ranks)} ranks in the first pass")
+                          f"{len(overlap)} examples on more than one rank, {len(missing)} on "
+                          "none" if bad else f"{len(result['train_ids'])} examples, each on "
+                          f"exactly one of {len(ranks)} ranks in the first pass")
     second = [[i for rec in recs if rec["epoch"] == 1 for i in rec["ids"]] for recs in ranks]
     if not all(second):
         order = rule_row("a new order every pass", "not applicable",
-                     "the run did not reach a second pass")
+                         "the run did not reach a second pass")
     else:
         same = [r for r, (a, b) in enumerate(zip(seen, second, strict=True))
                 if a[:len(b)] == b[:len(a)]]
         order = rule_row("a new order every pass", "fail" if same else "pass",
-                     f"ranks {same} read pass 2 in the order of pass 1" if same else
-                     "every rank reads its examples in a new order in pass 2")
+                         f"ranks {same} read pass 2 in the order of pass 1" if same else
+                         "every rank reads its examples in a new order in pass 2")
     return [shards, order]
 
 
@@ -173,9 +173,9 @@ def _gradient_rows(result: dict[str, Any], tolerance: float) -> list[dict[str, s
         return []
     one, two = checks["equal"], checks["accumulation"]
     rows = [rule_row("gradient all-reduce on the last micro-step only",
-                 "pass" if two["all_reduces"] == one["all_reduces"] else "fail",
-                 f"{one['all_reduces']} all-reduce call(s) per update without accumulation, "
-                 f"{two['all_reduces']} with 2 micro-steps")]
+                     "pass" if two["all_reduces"] == one["all_reduces"] else "fail",
+                     f"{one['all_reduces']} all-reduce call(s) per update without accumulation, "
+                     f"{two['all_reduces']} with 2 micro-steps")]
     for case, rule in GRADIENT_RULES.items():
         check = checks[case]
         dev = check["max_relative_deviation"]
@@ -185,11 +185,11 @@ def _gradient_rows(result: dict[str, Any], tolerance: float) -> list[dict[str, s
             rows.append(_data_row(rule, check, differ))
             continue
         rows.append(rule_row(rule, "pass" if ok else "fail",
-                         f"{check['split']} on {len(check['targets_per_rank'])} ranks against "
-                         f"1 x {check['examples']} in one process: max relative deviation "
-                         f"{dev:.1e} (tolerance {tolerance:.0e}); targets per rank "
-                         f"{[int(t) for t in check['targets_per_rank']]}"
-                         + _rank_mean_note(check, tolerance)))
+                             f"{check['split']} on {len(check['targets_per_rank'])} ranks against "
+                             f"1 x {check['examples']} in one process: max relative deviation "
+                             f"{dev:.1e} (tolerance {tolerance:.0e}); targets per rank "
+                             f"{[int(t) for t in check['targets_per_rank']]}"
+                             + _rank_mean_note(check, tolerance)))
     return rows
 
 
@@ -238,8 +238,8 @@ def _bn_row(result: dict[str, Any]) -> dict[str, str]:
                             "from the mean over ranks (one rank's only)")
     c = checks[0]
     return rule_row(rule, "fail" if problems else "pass", "; ".join(problems) or
-                f"{c['layers']} layer(s); the ranks differed by {c['ranks_differed_by']:.2g} "
-                "before the sync; the checkpoint holds their mean")
+                    f"{c['layers']} layer(s); the ranks differed by {c['ranks_differed_by']:.2g} "
+                    "before the sync; the checkpoint holds their mean")
 
 
 def reduce_sums(sums: list[dict[str, list[float]]]) -> dict[str, list[float]]:
@@ -409,8 +409,8 @@ def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder:
                                          [r["records"] for r in resumed["ranks"]],
                                          reference_folder, folder, spec.updates, tolerance)
     return rule_row("resume in new processes is exact", "pass" if exact else "fail",
-                f"resumed after update {resumed['first_step'] - 1} in {resumed['world']} new "
-                f"processes: {said}"), table
+                    f"resumed after update {resumed['first_step'] - 1} in {resumed['world']} new "
+                    f"processes: {said}"), table
 
 
 def with_row(table: pd.DataFrame, row: dict[str, str]) -> pd.DataFrame:
