@@ -18,7 +18,6 @@ from ..base.errors import WorkbookError, reason
 from .sources import split_of
 from .task import Task, own_code
 
-ARGUMENTS = ("seed", "rank", "world", "workers", "micro_batch")
 OWN_STATE, COUNT_AND_SKIP = "its own state_dict", "count-and-skip"
 
 

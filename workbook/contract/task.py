@@ -457,16 +457,21 @@ def validate_task(task: Any, path: str = "task") -> Task:
     return task
 
 
-def own_code(piece: str, fn: Callable, *args: Any, receives: str) -> Any:
-    """Run one of the task's own loop pieces (train_step, save_state, restore_state); its
-    failure becomes an error that names the piece and what it receives."""
+def own_code(piece: str, fn: Callable, *args: Any, receives: str | None = None,
+             whose: str = "the task's", fix: Callable[[str], str] | None = None,
+             **kwargs: Any) -> Any:
+    """Run one piece of the user's own code (the task's train_step, a script's loop body, a
+    LightningModule's hook); its failure becomes an error that names `whose` piece failed and
+    the fix: `fix(the failure's text)`, else what the piece receives."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except WorkbookError:
         raise
     except Exception as exc:
-        raise WorkbookError(f"the task's {piece} failed: {reason(exc, 300)}",
-                            f"fix {piece}: it receives {receives}") from exc
+        text = reason(exc, 300)
+        raise WorkbookError(f"{whose} {piece} failed: {text}", fix(text) if fix else
+                            f"fix {piece}" + (f": it receives {receives}" if receives else
+                                              "")) from exc
 
 
 def load_task(path: str, **options: Any) -> Task:

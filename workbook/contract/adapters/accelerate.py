@@ -22,14 +22,15 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ...base.errors import WorkbookError, reason
+from ...base.errors import WorkbookError
 from .. import kinds
 from ..metric_reduction import ROWS
 from ..run import EXAMPLE_WEIGHT, current_run
-from ..task import Task
+from ..task import Task, own_code
 from .base import Adapter
 from .torch import LABELS, from_torch, probe_on_meta
 
+SCRIPT = "the script's"  # whose code the pieces are, in errors
 EVAL_LOSS = "eval_loss"  # the metric eval_step's values make, as run_clm_no_trainer logs it
 
 
@@ -43,17 +44,6 @@ def accelerate() -> Any:
         raise WorkbookError("from_accelerate needs Accelerate, which is not installed",
                             "pip install accelerate") from exc
     return acc
-
-
-def call_piece(piece: str, fn: Callable, *args: Any, receives: str, **kwargs: Any) -> Any:
-    """One of the script's pieces called; its failure names the piece and what it receives."""
-    try:
-        return fn(*args, **kwargs)
-    except WorkbookError:
-        raise
-    except Exception as exc:
-        raise WorkbookError(f"the script's {piece} failed: {type(exc).__name__}: "
-                            f"{reason(exc, 300)}", f"fix {piece}: it receives {receives}") from exc
 
 
 class Unscheduled:
@@ -152,10 +142,10 @@ class AccelerateStep:
             model.train()  # the script's `model.train()` at each epoch's start
         with self.shaped(len(micro_batches)):
             for batch in micro_batches:
-                returned.append(call_piece(
+                returned.append(own_code(
                     "training_step", adapter.training_step, acc, model, opt,
-                    lr_scheduler, adapter.given(batch), receives="(accelerator, model, "
-                    "optimizer, lr_scheduler, batch) and returns the loss"))
+                    lr_scheduler, adapter.given(batch), whose=SCRIPT, receives="(accelerator, "
+                    "model, optimizer, lr_scheduler, batch) and returns the loss"))
             entered = acc.step  # accelerator.accumulate counts the micro-batches it wraps
         if entered == 0 and len(micro_batches) > 1:
             raise WorkbookError(
@@ -291,9 +281,9 @@ class AccelerateEval:
         was = model.training
         model.eval()  # the script's `model.eval()` before its evaluation loop
         try:
-            value = call_piece("eval_step", self.eval_step, acc, model, given,
-                               receives="(accelerator, model, batch) and returns the loss "
-                               "tensor it gathers")
+            value = own_code("eval_step", self.eval_step, acc, model, given, whose=SCRIPT,
+                             receives="(accelerator, model, batch) and returns the loss "
+                             "tensor it gathers")
         finally:
             del acc.gather_for_metrics
             model.train(was)
@@ -349,8 +339,8 @@ class AccelerateAdapter(Adapter):
     def optimizer_of(self, model: nn.Module) -> torch.optim.Optimizer:
         """The script's optimizer over `model`'s parameters, unwrapped when it comes
         prepared."""
-        opt = call_piece("make_optimizer", self.make_optimizer, model,
-                         receives="the model and returns the optimizer over its parameters")
+        opt = own_code("make_optimizer", self.make_optimizer, model, whose=SCRIPT,
+                       receives="the model and returns the optimizer over its parameters")
         inner = getattr(opt, "optimizer", opt)
         if not isinstance(inner, torch.optim.Optimizer):
             raise WorkbookError(f"make_optimizer returned a {type(opt).__name__}, not a torch "
@@ -386,8 +376,8 @@ class AccelerateAdapter(Adapter):
             takes = {}
         sized = {"num_training_steps": run.updates} if run is not None and \
             "num_training_steps" in takes else {}
-        made = call_piece("make_scheduler", self.make_scheduler, inner, **sized,
-                          receives="the optimizer and returns its scheduler")
+        made = own_code("make_scheduler", self.make_scheduler, inner, **sized, whose=SCRIPT,
+                        receives="the optimizer and returns its scheduler")
         if not isinstance(made, AcceleratedScheduler):
             acc = self.accelerator
             made = AcceleratedScheduler(made, optimizer,
