@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from ...base.errors import WorkbookError
 from ..task import Task
 
 
@@ -31,6 +32,43 @@ class Adapter:
     def unwrap(model: nn.Module) -> Any:
         """The user's module inside a DistributedDataParallel wrapper (09 passes one)."""
         return getattr(model, "module", model)
+
+
+class SplitRows(Adapter):
+    """An adapter whose examples are the rows of a trainer's prepared datasets, one per split
+    (`data`, train first), each row's group read from `group_column` (TRL keeps a dataset's
+    columns)."""
+
+    data: dict[str, Any]
+    group_column: str | None
+
+    def check_columns(self, trainer: str, needed: tuple[str, ...], fix: str) -> None:
+        """Refuse rows of `data` that lack a `needed` column (`fix` says how to give them) or
+        the group column."""
+        group = self.group_column
+        for split, rows in self.data.items():
+            columns = getattr(rows, "column_names", None) or []
+            missing = [c for c in needed if c not in columns]
+            if missing:
+                raise WorkbookError(f"the {trainer}'s prepared {split} rows lack {missing} "
+                                    f"(columns {columns})", fix)
+            if group is not None and group not in columns:
+                raise WorkbookError(f"the {trainer}'s prepared {split} rows have no {group!r} "
+                                    f"column (columns {columns})",
+                                    f"keep {group!r} in the dataset you give the trainer")
+
+    def examples(self, **fields: Any) -> list[dict]:
+        """Every row of every split as an example carrying `fields`; the group column read
+        once per split, not row by row."""
+        return [{"id": f"{split}-{i}", "split": split, "index": i, **fields,
+                 "group": str(groups[i]) if groups is not None else f"{split}-{i}"}
+                for split, rows in self.data.items()
+                for groups in [rows[self.group_column] if self.group_column else None]
+                for i in range(len(rows))]
+
+    @staticmethod
+    def split_of(ex: dict) -> str:
+        return ex["split"]
 
 
 class BesideReference(nn.Module):
