@@ -106,14 +106,6 @@ class AccelerateStep:
         self.adapter = adapter
         self.described = "the gradient of an update through your training_step"  # findings
 
-    def prepared(self, optimizer: Any) -> Any:
-        from accelerate.optimizer import AcceleratedOptimizer
-
-        if isinstance(optimizer, AcceleratedOptimizer):
-            return optimizer
-        return AcceleratedOptimizer(optimizer, device_placement=False,
-                                    scaler=self.adapter.accelerator.scaler)
-
     @contextlib.contextmanager
     def shaped(self, micro_batches: int) -> Iterator[None]:
         """The accelerator set for one update of `micro_batches`: its accumulation steps and
@@ -133,7 +125,7 @@ class AccelerateStep:
         """The body once per micro-batch (in training mode unless `train` is off); what each
         returned."""
         adapter = self.adapter
-        opt = self.prepared(optimizer)
+        opt = adapter.prepared(optimizer)
         schedule = adapter.schedules.get(optimizer)
         lr_scheduler = schedule.accelerated if schedule is not None else Unscheduled(opt)
         before = schedule_position(lr_scheduler)
@@ -352,16 +344,23 @@ class AccelerateAdapter(Adapter):
 
     def build_optimizer(self, model: nn.Module, lr: float) -> Any:
         """The script's optimizer at the run's learning rate (its groups' rates scaled
-        together), wrapped as `accelerator.prepare` wraps it (not registered with the
-        accelerator: the pilot builds many)."""
-        from accelerate.optimizer import AcceleratedOptimizer
-
+        together), `prepared`."""
         opt = self.optimizer_of(self.unwrap(model))
         for group in opt.param_groups:
             group["lr"] = group["lr"] * lr / self.own_lr
             if "initial_lr" in group:
                 group["initial_lr"] = group["initial_lr"] * lr / self.own_lr
-        return AcceleratedOptimizer(opt, device_placement=False, scaler=self.accelerator.scaler)
+        return self.prepared(opt)
+
+    def prepared(self, optimizer: Any) -> Any:
+        """`optimizer` wrapped as `accelerator.prepare` wraps one (not registered with the
+        accelerator: the pilot builds many; 04's recorder too)."""
+        from accelerate.optimizer import AcceleratedOptimizer
+
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        return AcceleratedOptimizer(optimizer, device_placement=False,
+                                    scaler=self.accelerator.scaler)
 
     def build_scheduler(self, optimizer: Any) -> ScriptSchedule:
         """The script's scheduler over the optimizer, wrapped as `accelerator.prepare` wraps
