@@ -23,12 +23,13 @@ from ...base.errors import WorkbookError, reason
 from .. import class_maps, kinds
 from ..framework_facts import FrameworkFacts
 from ..outputs import accepted_inputs
+from ..sources import numbered
 from ..targets import IGNORE_INDEX
 from ..task import Task
 from .base import Adapter
 from .hf_metrics import ROW, ROW_OFFSET, SplitMetrics, probe_padding
 from .hf_no_targets import no_targets, rendered
-from .hf_rows import Stream, first_row, padding_row, split_rows, train_rows, unflattened
+from .hf_rows import RowStream, first_row, padding_row, split_rows, train_rows, unflattened
 from .hf_trainer import argument_fields
 from .hf_truncation import truncation_cause
 from .torch import loading_weights, probe_on_meta
@@ -126,7 +127,7 @@ class HFAdapter(Adapter):
         self.label_names = [str(id2label.get(i, i)) for i in range(
             self.probe.config.num_labels)] if self.target.named_classes else None
         self.first_row = first_row(self.data["train"])
-        self.streamed = [s for s, d in self.data.items() if isinstance(d, Stream)]
+        self.streamed = [s for s, d in self.data.items() if isinstance(d, RowStream)]
         if label_column is None:
             label_column = next((c for c in LABEL_COLUMNS if c in self.first_row), "labels")
         self.label_column = label_column
@@ -194,21 +195,15 @@ class HFAdapter(Adapter):
 
     def indexed(self, split: str, dataset: Any) -> Iterator[tuple[int, Any]]:
         """(index, row) of an indexed split, a failing row named."""
-        for i in range(len(dataset)):
-            try:
-                row = dataset[i]
-            except WorkbookError:
-                raise
-            except Exception as exc:
-                raise self.failed(split, i, "rows", exc) from exc
-            yield i, row
+        return numbered((dataset[i] for i in range(len(dataset))),
+                        lambda i, exc: self.failed(split, i, "rows", exc))
 
     def read(self, split: str, dataset: Any, seen: dict) -> Iterator[dict]:
         """The examples of one split in order, read lazily; padding rows (label -100) are
         counted in `seen`, with the eval labels the padding probe needs (a stream's: the
         first LABELS_KEPT of each sort)."""
-        stream, named = isinstance(dataset, Stream), self.target.named_classes
-        for i, row in dataset.rows() if stream else self.indexed(split, dataset):
+        stream, named = isinstance(dataset, RowStream), self.target.named_classes
+        for i, row in dataset.items() if stream else self.indexed(split, dataset):
             seen["rows"][split] = seen["rows"].get(split, 0) + 1
             try:
                 label = row.get(self.label_column)
@@ -388,7 +383,7 @@ class HFAdapter(Adapter):
                 tokenizer, "added_tokens_decoder", None) or {}).items()
                 if isinstance(own, int) and i >= own},
             duplicates_cause=truncation_cause(
-                {s: d for s, d in self.data.items() if not isinstance(d, Stream)}, tokenizer))
+                {s: d for s, d in self.data.items() if not isinstance(d, RowStream)}, tokenizer))
         task = Task(name=self.name, kind=self.kind, framework=facts,
                     load_examples=self.load_stream if self.streamed else self.load_examples,
                     encode=self.encode, collate=self.collate, build_model=self.model_factory,
