@@ -27,7 +27,7 @@ from .. import kinds
 from ..metric_reduction import ROWS
 from ..run import EXAMPLE_WEIGHT, current_run
 from ..task import Task, own_code
-from .base import Adapter
+from .base import Adapter, rescale
 from .torch import LABELS, from_torch, probe_on_meta
 
 SCRIPT = "the script's"  # whose code the pieces are, in errors
@@ -346,10 +346,7 @@ class AccelerateAdapter(Adapter):
         """The script's optimizer at the run's learning rate (its groups' rates scaled
         together), `prepared`."""
         opt = self.optimizer_of(self.unwrap(model))
-        for group in opt.param_groups:
-            group["lr"] = group["lr"] * lr / self.own_lr
-            if "initial_lr" in group:
-                group["initial_lr"] = group["initial_lr"] * lr / self.own_lr
+        rescale(opt, None, lr / self.own_lr)
         return self.prepared(opt)
 
     def prepared(self, optimizer: Any) -> Any:

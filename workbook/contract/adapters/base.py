@@ -16,10 +16,25 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from ...base.errors import WorkbookError
 from ..task import Task
+
+RATES = ("lr", "initial_lr", "max_lr", "min_lr")  # group keys a scheduler reads its rate from
+
+
+def rescale(optimizer: torch.optim.Optimizer, scheduler: Any, ratio: float) -> None:
+    """Every rate the user's code configured times `ratio` (the study's lr over their own):
+    the groups keep their ratios and the schedule (None: none yet) its shape."""
+    for group in optimizer.param_groups:
+        for key in RATES:
+            if isinstance(group.get(key), (int, float, torch.Tensor)):
+                group[key] = group[key] * ratio
+    for name in ("base_lrs", "_last_lr"):
+        if isinstance(getattr(scheduler, name, None), list):
+            setattr(scheduler, name, [v * ratio for v in getattr(scheduler, name)])
 
 
 class Adapter:
