@@ -23,7 +23,7 @@ from ...base.errors import WorkbookError, reason
 from .. import class_maps, kinds
 from ..framework_facts import FrameworkFacts
 from ..outputs import accepted_inputs
-from ..sources import numbered
+from ..sources import SPLITS, numbered
 from ..targets import IGNORE_INDEX
 from ..task import Task
 from .base import Adapter
@@ -34,7 +34,6 @@ from .hf_trainer import argument_fields
 from .hf_truncation import truncation_cause
 from .torch import loading_weights, probe_on_meta
 
-SPLITS = ("train", "validation", "test")
 INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
 PROMPT = "prompt_mask"  # True on a row's prompt tokens (labels aligned with input_ids)
 LABEL_COLUMNS = ("labels", "label", "label_ids")  # the Trainer keeps these for the collator

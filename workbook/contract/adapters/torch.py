@@ -16,13 +16,12 @@ from torch.utils.data import IterableDataset, default_collate
 
 from ...base.errors import WorkbookError, reason
 from .. import class_maps, kinds
-from ..sources import length, numbered
+from ..sources import SPLITS, length, numbered
 from ..targets import contributes
 from ..task import Task
 from .base import Adapter
 
 LABELS = "labels"
-SPLITS = ("train", "validation", "test")
 
 
 @contextlib.contextmanager
