@@ -14,7 +14,7 @@ workbook's default (the field stays None)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -103,6 +103,13 @@ class BesideReference(nn.Module):
         if name in type(self).SHARED:
             return getattr(self._modules["policy"], name)
         return super().__getattr__(name)
+
+    def on_reference(self, run: Callable[[nn.Module], Any]) -> Any:
+        """`run(reference)`: its frozen copy, or the policy with its adapters off."""
+        if self.reference is not None:
+            return run(self.reference)
+        with self.policy.disable_adapter():
+            return run(self.policy)
 
     def train(self, mode: bool = True) -> "BesideReference":
         super().train(mode)

@@ -292,13 +292,9 @@ class GRPOPolicy(BesideReference):
 
     def reference_logps(self, ids: torch.Tensor, mask: torch.Tensor,
                         width: int) -> torch.Tensor:
-        """The reference's log-probs of the completions: its frozen copy's, or the policy's
-        with the adapters off."""
-        temperature = self.settings["temperature"]
-        if self.reference is not None:
-            return token_logps(self.reference, ids, mask, width, temperature)
-        with self.policy.disable_adapter():
-            return token_logps(self.policy, ids, mask, width, temperature)
+        """The reference's log-probs of the completions (`on_reference`)."""
+        return self.on_reference(lambda m: token_logps(m, ids, mask, width,
+                                                       self.settings["temperature"]))
 
     def sized(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The micro-step on fake tensors (03/05/08's prediction): no values to sample or

@@ -48,11 +48,7 @@ class PreferencePair(BesideReference):
         completion = torch.cat([chosen_completion_mask, rejected_completion_mask])
         policy = _answer_logps(self.policy, ids, attention, completion)
         with torch.no_grad():
-            if self.reference is not None:
-                reference = _answer_logps(self.reference, ids, attention, completion)
-            else:
-                with self.policy.disable_adapter():
-                    reference = _answer_logps(self.policy, ids, attention, completion)
+            reference = self.on_reference(lambda m: _answer_logps(m, ids, attention, completion))
         chosen, rejected = (self.beta * (policy - reference)).chunk(2)
         return torch.stack([chosen, rejected], dim=-1)
 
