@@ -22,6 +22,7 @@ from ...base.errors import WorkbookError
 from ...storage.records import Flag
 from ..targets import token_cross_entropy
 from ..task import Task
+from .base import BesideReference
 from .preference import ANSWERS, PreferenceAdapter
 
 SEQUENCES = ("input_ids", "attention_mask")  # per answer
@@ -44,7 +45,7 @@ class RewardPair(nn.Module):
         self.scorer = scorer
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("peft_config", "disable_adapter"):  # the scorer's adapters, if any
+        if name in BesideReference.SHARED:  # the scorer's adapters, if any
             return getattr(self._modules["scorer"], name)
         return super().__getattr__(name)
 
