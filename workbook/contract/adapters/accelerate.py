@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -25,6 +24,7 @@ from torch import nn
 from ...base.errors import WorkbookError
 from .. import kinds
 from ..metric_reduction import ROWS
+from ..outputs import accepted
 from ..run import EXAMPLE_WEIGHT, current_run
 from ..task import Task, own_code
 from .base import Adapter, rescale
@@ -366,12 +366,8 @@ class AccelerateAdapter(Adapter):
 
         inner = getattr(optimizer, "optimizer", optimizer)
         run = current_run()
-        try:
-            takes = inspect.signature(self.make_scheduler).parameters
-        except (TypeError, ValueError):  # a builtin or C callable: called as (optimizer)
-            takes = {}
         sized = {"num_training_steps": run.updates} if run is not None and \
-            "num_training_steps" in takes else {}
+            "num_training_steps" in accepted(self.make_scheduler) else {}
         made = own_code("make_scheduler", self.make_scheduler, inner, **sized, whose=SCRIPT,
                         receives="the optimizer and returns its scheduler")
         if not isinstance(made, AcceleratedScheduler):

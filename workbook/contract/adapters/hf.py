@@ -22,7 +22,7 @@ from torch import nn
 from ...base.errors import WorkbookError, reason
 from .. import class_maps, kinds
 from ..framework_facts import FrameworkFacts
-from ..outputs import accepted_inputs
+from ..outputs import accepted
 from ..sources import SPLITS, numbered
 from ..targets import IGNORE_INDEX
 from ..task import Task
@@ -137,7 +137,7 @@ class HFAdapter(Adapter):
                                 "id) column, or name yours with label_column=")
         self.prompt_of = _prompts(tokenizer, response_template, self.first_row) \
             if self.target.prompts else None
-        forward_takes = accepted_inputs(type(self.probe))
+        forward_takes = accepted(type(self.probe).forward)
         self.keep_all = "**" in forward_takes or \
             getattr(args, "remove_unused_columns", True) is False
         self.kept = set(forward_takes) | set(LABEL_COLUMNS) | set(
