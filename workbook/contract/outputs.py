@@ -7,7 +7,7 @@ import functools
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch import Tensor, nn
 
@@ -165,9 +165,13 @@ def forward_owner(model: nn.Module) -> nn.Module:
 
 
 @functools.lru_cache(maxsize=64)
-def accepted_inputs(model_type: type) -> tuple[str, ...]:
-    """The argument names of a model class's forward ("**" when it takes any keyword)."""
-    params = inspect.signature(model_type.forward).parameters.values()
+def accepted(fn: Callable) -> tuple[str, ...]:
+    """The argument names `fn` takes - a model class's forward, a task factory, a pipeline -
+    ("**" when it takes any keyword, or its signature cannot be read)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable
+        return ("**",)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return ("**",)
     return tuple(p.name for p in params if p.name != "self" and

@@ -15,10 +15,10 @@ from typing import Any, Iterator
 import torch
 
 from ..base.errors import WorkbookError, reason
+from .outputs import accepted
 from .sources import split_of
 from .task import Task, own_code
 
-ARGUMENTS = ("seed", "rank", "world", "workers", "micro_batch")
 OWN_STATE, COUNT_AND_SKIP = "its own state_dict", "count-and-skip"
 
 
@@ -43,11 +43,8 @@ class Skipped:
 def arguments(task: Task, **given: Any) -> dict[str, Any]:
     """The arguments of `given` that the task's train_pipeline accepts (all of them when it
     takes **kwargs); it must take `seed`."""
-    try:
-        params = inspect.signature(task.train_pipeline).parameters
-    except (TypeError, ValueError):
-        return dict(given)
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    params = accepted(task.train_pipeline)
+    if "**" in params:
         return dict(given)
     if "seed" not in params:
         raise WorkbookError(f"the task's train_pipeline takes {list(params)}, not `seed`",

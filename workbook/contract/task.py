@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -23,7 +22,7 @@ from .kinds import KINDS, Kind
 from .model_factory import ModelFactory
 from .outputs import (
     ModelOutputs,
-    accepted_inputs,
+    accepted,
     batch_major,
     forward_owner,
     model_outputs,
@@ -329,27 +328,27 @@ class Task:
         if len(inputs) == 1 and not self.forward_names:
             return list(inputs.values()), {}
         owner = type(forward_owner(model))
-        accepted = accepted_inputs(owner)
+        takes = accepted(owner.forward)
         names = {k: self.forward_names.get(k, k) for k in inputs}
         args: list[Tensor] = []
-        if "**" not in accepted and inputs:
+        if "**" not in takes and inputs:
             main = next(iter(inputs))
             first = positional_parameters(owner)[:1]
-            if main not in self.forward_names and names[main] not in accepted and first and \
+            if main not in self.forward_names and names[main] not in takes and first and \
                     first[0] not in names.values():
                 args.append(inputs.pop(main))
                 names.pop(main)
             if "labels" in names and "labels" not in self.forward_names and \
-                    "labels" not in accepted:
-                names["labels"] = next((alt for alt in ("targets", "target") if alt in accepted
+                    "labels" not in takes:
+                names["labels"] = next((alt for alt in ("targets", "target") if alt in takes
                                         and alt not in names.values()), "labels")
-        refused = [] if "**" in accepted else [k for k in inputs if names[k] not in accepted]
+        refused = [] if "**" in takes else [k for k in inputs if names[k] not in takes]
         if refused:
             shown = ", ".join(names[k] if names[k] == k else f"{names[k]} (from {k})"
                               for k in refused)
             raise WorkbookError(
                 f"the model of {self.name!r} takes no argument {shown} "
-                f"(its forward accepts {', '.join(accepted)}), but the task's model_inputs "
+                f"(its forward accepts {', '.join(takes)}), but the task's model_inputs "
                 f"pass {', '.join(self.model_inputs)}",
                 "set model_inputs to the batch keys the forward takes, e.g. "
                 f"model_inputs={tuple(k for k in self.model_inputs if k not in refused)!r}, or "
@@ -457,16 +456,21 @@ def validate_task(task: Any, path: str = "task") -> Task:
     return task
 
 
-def own_code(piece: str, fn: Callable, *args: Any, receives: str) -> Any:
-    """Run one of the task's own loop pieces (train_step, save_state, restore_state); its
-    failure becomes an error that names the piece and what it receives."""
+def own_code(piece: str, fn: Callable, *args: Any, receives: str | None = None,
+             whose: str = "the task's", fix: Callable[[str], str] | None = None,
+             **kwargs: Any) -> Any:
+    """Run one piece of the user's own code (the task's train_step, a script's loop body, a
+    LightningModule's hook); its failure becomes an error that names `whose` piece failed and
+    the fix: `fix(the failure's text)`, else what the piece receives."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except WorkbookError:
         raise
     except Exception as exc:
-        raise WorkbookError(f"the task's {piece} failed: {reason(exc, 300)}",
-                            f"fix {piece}: it receives {receives}") from exc
+        text = reason(exc, 300)
+        raise WorkbookError(f"{whose} {piece} failed: {text}", fix(text) if fix else
+                            f"fix {piece}" + (f": it receives {receives}" if receives else
+                                              "")) from exc
 
 
 def load_task(path: str, **options: Any) -> Task:
@@ -503,16 +507,12 @@ def load_task(path: str, **options: Any) -> Task:
         )
     obj = getattr(module, attr)
     if not isinstance(obj, Task) and callable(obj):
-        given = inspect.signature(obj).parameters
-        takes = {n: p.kind for n, p in given.items()}  # a **options parameter takes any
-        accepted = {n for n, how in takes.items()
-                    if how not in (inspect.Parameter.VAR_KEYWORD,
-                                   inspect.Parameter.VAR_POSITIONAL)}
-        unknown = sorted(set(options) - accepted)
-        if unknown and inspect.Parameter.VAR_KEYWORD not in takes.values():
+        takes = accepted(obj)  # a **options parameter takes any
+        unknown = sorted(set(options) - set(takes))
+        if unknown and "**" not in takes:
             raise WorkbookError(
                 f"task options {unknown} are not accepted by {path}",
-                f"use only {sorted(accepted)}",
+                f"use only {sorted(takes)}",
             )
         try:
             obj = obj(**options)

@@ -15,21 +15,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import weakref
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
-from ...base.errors import WorkbookError, reason
+from ...base.errors import WorkbookError
 from .. import kinds
 from ..metric_reduction import ROWS
+from ..outputs import accepted
 from ..run import EXAMPLE_WEIGHT, current_run
-from ..task import Task
-from .base import Adapter
+from ..task import Task, own_code
+from .base import Adapter, rescale
 from .torch import LABELS, from_torch, probe_on_meta
 
+SCRIPT = "the script's"  # whose code the pieces are, in errors
 EVAL_LOSS = "eval_loss"  # the metric eval_step's values make, as run_clm_no_trainer logs it
 
 
@@ -43,17 +44,6 @@ def accelerate() -> Any:
         raise WorkbookError("from_accelerate needs Accelerate, which is not installed",
                             "pip install accelerate") from exc
     return acc
-
-
-def call_piece(piece: str, fn: Callable, *args: Any, receives: str, **kwargs: Any) -> Any:
-    """One of the script's pieces called; its failure names the piece and what it receives."""
-    try:
-        return fn(*args, **kwargs)
-    except WorkbookError:
-        raise
-    except Exception as exc:
-        raise WorkbookError(f"the script's {piece} failed: {type(exc).__name__}: "
-                            f"{reason(exc, 300)}", f"fix {piece}: it receives {receives}") from exc
 
 
 class Unscheduled:
@@ -116,14 +106,6 @@ class AccelerateStep:
         self.adapter = adapter
         self.described = "the gradient of an update through your training_step"  # findings
 
-    def prepared(self, optimizer: Any) -> Any:
-        from accelerate.optimizer import AcceleratedOptimizer
-
-        if isinstance(optimizer, AcceleratedOptimizer):
-            return optimizer
-        return AcceleratedOptimizer(optimizer, device_placement=False,
-                                    scaler=self.adapter.accelerator.scaler)
-
     @contextlib.contextmanager
     def shaped(self, micro_batches: int) -> Iterator[None]:
         """The accelerator set for one update of `micro_batches`: its accumulation steps and
@@ -143,7 +125,7 @@ class AccelerateStep:
         """The body once per micro-batch (in training mode unless `train` is off); what each
         returned."""
         adapter = self.adapter
-        opt = self.prepared(optimizer)
+        opt = adapter.prepared(optimizer)
         schedule = adapter.schedules.get(optimizer)
         lr_scheduler = schedule.accelerated if schedule is not None else Unscheduled(opt)
         before = schedule_position(lr_scheduler)
@@ -152,10 +134,10 @@ class AccelerateStep:
             model.train()  # the script's `model.train()` at each epoch's start
         with self.shaped(len(micro_batches)):
             for batch in micro_batches:
-                returned.append(call_piece(
+                returned.append(own_code(
                     "training_step", adapter.training_step, acc, model, opt,
-                    lr_scheduler, adapter.given(batch), receives="(accelerator, model, "
-                    "optimizer, lr_scheduler, batch) and returns the loss"))
+                    lr_scheduler, adapter.given(batch), whose=SCRIPT, receives="(accelerator, "
+                    "model, optimizer, lr_scheduler, batch) and returns the loss"))
             entered = acc.step  # accelerator.accumulate counts the micro-batches it wraps
         if entered == 0 and len(micro_batches) > 1:
             raise WorkbookError(
@@ -291,9 +273,9 @@ class AccelerateEval:
         was = model.training
         model.eval()  # the script's `model.eval()` before its evaluation loop
         try:
-            value = call_piece("eval_step", self.eval_step, acc, model, given,
-                               receives="(accelerator, model, batch) and returns the loss "
-                               "tensor it gathers")
+            value = own_code("eval_step", self.eval_step, acc, model, given, whose=SCRIPT,
+                             receives="(accelerator, model, batch) and returns the loss "
+                             "tensor it gathers")
         finally:
             del acc.gather_for_metrics
             model.train(was)
@@ -349,8 +331,8 @@ class AccelerateAdapter(Adapter):
     def optimizer_of(self, model: nn.Module) -> torch.optim.Optimizer:
         """The script's optimizer over `model`'s parameters, unwrapped when it comes
         prepared."""
-        opt = call_piece("make_optimizer", self.make_optimizer, model,
-                         receives="the model and returns the optimizer over its parameters")
+        opt = own_code("make_optimizer", self.make_optimizer, model, whose=SCRIPT,
+                       receives="the model and returns the optimizer over its parameters")
         inner = getattr(opt, "optimizer", opt)
         if not isinstance(inner, torch.optim.Optimizer):
             raise WorkbookError(f"make_optimizer returned a {type(opt).__name__}, not a torch "
@@ -362,16 +344,20 @@ class AccelerateAdapter(Adapter):
 
     def build_optimizer(self, model: nn.Module, lr: float) -> Any:
         """The script's optimizer at the run's learning rate (its groups' rates scaled
-        together), wrapped as `accelerator.prepare` wraps it (not registered with the
-        accelerator: the pilot builds many)."""
+        together), `prepared`."""
+        opt = self.optimizer_of(self.unwrap(model))
+        rescale(opt, None, lr / self.own_lr)
+        return self.prepared(opt)
+
+    def prepared(self, optimizer: Any) -> Any:
+        """`optimizer` wrapped as `accelerator.prepare` wraps one (not registered with the
+        accelerator: the pilot builds many; 04's recorder too)."""
         from accelerate.optimizer import AcceleratedOptimizer
 
-        opt = self.optimizer_of(self.unwrap(model))
-        for group in opt.param_groups:
-            group["lr"] = group["lr"] * lr / self.own_lr
-            if "initial_lr" in group:
-                group["initial_lr"] = group["initial_lr"] * lr / self.own_lr
-        return AcceleratedOptimizer(opt, device_placement=False, scaler=self.accelerator.scaler)
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        return AcceleratedOptimizer(optimizer, device_placement=False,
+                                    scaler=self.accelerator.scaler)
 
     def build_scheduler(self, optimizer: Any) -> ScriptSchedule:
         """The script's scheduler over the optimizer, wrapped as `accelerator.prepare` wraps
@@ -380,14 +366,10 @@ class AccelerateAdapter(Adapter):
 
         inner = getattr(optimizer, "optimizer", optimizer)
         run = current_run()
-        try:
-            takes = inspect.signature(self.make_scheduler).parameters
-        except (TypeError, ValueError):  # a builtin or C callable: called as (optimizer)
-            takes = {}
         sized = {"num_training_steps": run.updates} if run is not None and \
-            "num_training_steps" in takes else {}
-        made = call_piece("make_scheduler", self.make_scheduler, inner, **sized,
-                          receives="the optimizer and returns its scheduler")
+            "num_training_steps" in accepted(self.make_scheduler) else {}
+        made = own_code("make_scheduler", self.make_scheduler, inner, **sized, whose=SCRIPT,
+                        receives="the optimizer and returns its scheduler")
         if not isinstance(made, AcceleratedScheduler):
             acc = self.accelerator
             made = AcceleratedScheduler(made, optimizer,

@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import is_fake
 from ...base.errors import WorkbookError, reason
 from ...storage.records import Flag
 from ..task import Task
-from .base import Adapter, BesideReference
+from .base import BesideReference, SplitRows
 from .hf_trainer import argument_fields
 
 # what the workbook reads per completion from the forward: the loss numerator (with the
@@ -292,13 +292,9 @@ class GRPOPolicy(BesideReference):
 
     def reference_logps(self, ids: torch.Tensor, mask: torch.Tensor,
                         width: int) -> torch.Tensor:
-        """The reference's log-probs of the completions: its frozen copy's, or the policy's
-        with the adapters off."""
-        temperature = self.settings["temperature"]
-        if self.reference is not None:
-            return token_logps(self.reference, ids, mask, width, temperature)
-        with self.policy.disable_adapter():
-            return token_logps(self.policy, ids, mask, width, temperature)
+        """The reference's log-probs of the completions (`on_reference`)."""
+        return self.on_reference(lambda m: token_logps(m, ids, mask, width,
+                                                       self.settings["temperature"]))
 
     def sized(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The micro-step on fake tensors (03/05/08's prediction): no values to sample or
@@ -430,7 +426,7 @@ def _checked(trainer: Any) -> list[str]:
     return notes
 
 
-class GRPOAdapter(Adapter):
+class GRPOAdapter(SplitRows):
     """A GRPOTrainer as built, as a Task of the "policy" kind: `__init__` reads its prompts,
     reward functions, tokenizer and GRPOConfig; each prompt is encoded as the policy sees it
     (the chat template with the generation prompt, TRL's own `_tokenize_prompts`), collated
@@ -450,17 +446,10 @@ class GRPOAdapter(Adapter):
             self.notes.append("from_trainer: the GRPOTrainer has no eval_dataset: the pilot "
                               "evaluates the reward on prompts of train_dataset held out by "
                               "group (Task.split_fractions)")
-        for split, rows in self.data.items():
-            names = getattr(rows, "column_names", None) or []
-            if "prompt" not in names:
-                raise WorkbookError(f"the GRPOTrainer's {split} rows have no 'prompt' column "
-                                    f"(columns {names})", "give the trainer rows with a "
-                                    "'prompt' (text or a list of messages)")
-            if group_column is not None and group_column not in names:
-                raise WorkbookError(f"the GRPOTrainer's {split} rows have no {group_column!r} "
-                                    f"column (columns {names})", f"keep {group_column!r} in "
-                                    "the dataset you give the trainer")
-        self.trainer, self.fresh, self.name, self.group_column = trainer, fresh, name, group_column
+        self.group_column = group_column
+        self.check_columns("GRPOTrainer", ("prompt",), "give the trainer rows with a 'prompt' "
+                           "(text or a list of messages)")
+        self.trainer, self.fresh, self.name = trainer, fresh, name
         self.tokenizer, self.args = trainer.processing_class, trainer.args
         self.offset = len(self.data["train"])  # a row's global index: train rows first
         self.rewards = Rewards(trainer, self.row)
@@ -480,12 +469,8 @@ class GRPOAdapter(Adapter):
         return self.data[split][index - (0 if split == "train" else self.offset)]
 
     def load_examples(self) -> list[dict]:
-        """Every prompt of both splits; the group column read once per split."""
-        return [{"id": f"{split}-{i}", "split": split, "index": i, "target": "reward",
-                 "group": str(groups[i]) if groups is not None else f"{split}-{i}"}
-                for split, rows in self.data.items()
-                for groups in [rows[self.group_column] if self.group_column else None]
-                for i in range(len(rows))]
+        """Every prompt of both splits."""
+        return self.examples(target="reward")
 
     def encode(self, ex: dict) -> dict[str, torch.Tensor]:
         """The prompt's tokens as the policy sees them (TRL's own tokenisation: the chat
@@ -512,10 +497,6 @@ class GRPOAdapter(Adapter):
     def build_model(self) -> nn.Module:
         """The policy beside its reference, of a trainer built anew."""
         return self.fresh(lambda t: self.around(t.model, t.ref_model))
-
-    @staticmethod
-    def split_of(ex: dict) -> str:
-        return ex["split"]
 
     @staticmethod
     def decode(ids: Any) -> str:

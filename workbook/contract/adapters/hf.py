@@ -22,18 +22,18 @@ from torch import nn
 from ...base.errors import WorkbookError, reason
 from .. import class_maps, kinds
 from ..framework_facts import FrameworkFacts
-from ..outputs import accepted_inputs
+from ..outputs import accepted
+from ..sources import SPLITS, numbered
 from ..targets import IGNORE_INDEX
 from ..task import Task
 from .base import Adapter
 from .hf_metrics import ROW, ROW_OFFSET, SplitMetrics, probe_padding
 from .hf_no_targets import no_targets, rendered
-from .hf_rows import Stream, first_row, padding_row, split_rows, train_rows, unflattened
+from .hf_rows import RowStream, first_row, padding_row, split_rows, train_rows, unflattened
 from .hf_trainer import argument_fields
 from .hf_truncation import truncation_cause
 from .torch import loading_weights, probe_on_meta
 
-SPLITS = ("train", "validation", "test")
 INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
 PROMPT = "prompt_mask"  # True on a row's prompt tokens (labels aligned with input_ids)
 LABEL_COLUMNS = ("labels", "label", "label_ids")  # the Trainer keeps these for the collator
@@ -126,7 +126,7 @@ class HFAdapter(Adapter):
         self.label_names = [str(id2label.get(i, i)) for i in range(
             self.probe.config.num_labels)] if self.target.named_classes else None
         self.first_row = first_row(self.data["train"])
-        self.streamed = [s for s, d in self.data.items() if isinstance(d, Stream)]
+        self.streamed = [s for s, d in self.data.items() if isinstance(d, RowStream)]
         if label_column is None:
             label_column = next((c for c in LABEL_COLUMNS if c in self.first_row), "labels")
         self.label_column = label_column
@@ -137,7 +137,7 @@ class HFAdapter(Adapter):
                                 "id) column, or name yours with label_column=")
         self.prompt_of = _prompts(tokenizer, response_template, self.first_row) \
             if self.target.prompts else None
-        forward_takes = accepted_inputs(type(self.probe))
+        forward_takes = accepted(type(self.probe).forward)
         self.keep_all = "**" in forward_takes or \
             getattr(args, "remove_unused_columns", True) is False
         self.kept = set(forward_takes) | set(LABEL_COLUMNS) | set(
@@ -194,21 +194,15 @@ class HFAdapter(Adapter):
 
     def indexed(self, split: str, dataset: Any) -> Iterator[tuple[int, Any]]:
         """(index, row) of an indexed split, a failing row named."""
-        for i in range(len(dataset)):
-            try:
-                row = dataset[i]
-            except WorkbookError:
-                raise
-            except Exception as exc:
-                raise self.failed(split, i, "rows", exc) from exc
-            yield i, row
+        return numbered((dataset[i] for i in range(len(dataset))),
+                        lambda i, exc: self.failed(split, i, "rows", exc))
 
     def read(self, split: str, dataset: Any, seen: dict) -> Iterator[dict]:
         """The examples of one split in order, read lazily; padding rows (label -100) are
         counted in `seen`, with the eval labels the padding probe needs (a stream's: the
         first LABELS_KEPT of each sort)."""
-        stream, named = isinstance(dataset, Stream), self.target.named_classes
-        for i, row in dataset.rows() if stream else self.indexed(split, dataset):
+        stream, named = isinstance(dataset, RowStream), self.target.named_classes
+        for i, row in dataset.items() if stream else self.indexed(split, dataset):
             seen["rows"][split] = seen["rows"].get(split, 0) + 1
             try:
                 label = row.get(self.label_column)
@@ -388,7 +382,7 @@ class HFAdapter(Adapter):
                 tokenizer, "added_tokens_decoder", None) or {}).items()
                 if isinstance(own, int) and i >= own},
             duplicates_cause=truncation_cause(
-                {s: d for s, d in self.data.items() if not isinstance(d, Stream)}, tokenizer))
+                {s: d for s, d in self.data.items() if not isinstance(d, RowStream)}, tokenizer))
         task = Task(name=self.name, kind=self.kind, framework=facts,
                     load_examples=self.load_stream if self.streamed else self.load_examples,
                     encode=self.encode, collate=self.collate, build_model=self.model_factory,

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from ...base.errors import WorkbookError, reason
+from .torch import Stream
 
 GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")  # the block that marks assistant tokens
 ROWS_TRIED = 2_000  # conversations tokenized again per split, at most
@@ -31,9 +32,9 @@ def rendered(tokenizer: Any, messages: list, **how: Any) -> dict:
 
 def _rows(dataset: Any) -> list[dict]:
     """The first ROWS_TRIED rows of a split, indexed or read as a stream."""
-    if hasattr(dataset, "rows"):  # hf_rows.Stream
+    if isinstance(dataset, Stream):
         out = []
-        for _, row in dataset.rows():
+        for _, row in dataset.items():
             if len(out) == ROWS_TRIED:
                 break
             out.append(row)

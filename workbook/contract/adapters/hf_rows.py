@@ -1,5 +1,5 @@
 """The rows of `from_hf`'s datasets as the Trainer holds them: a split checked to be tokenized
-rows (`split_rows`), a split read by iterating (`Stream`, never indexed nor held), a row that is
+rows (`split_rows`), a split read by iterating (`RowStream`, never indexed nor held), a row that is
 evaluation's padding (`padding_row`), and the batch a padding-free collator flattens, laid out
 one row per example again (`unflattened`)."""
 
@@ -11,19 +11,18 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import IterableDataset
 
-from ...base.errors import WorkbookError, reason
-from ..sources import numbered
+from ...base.errors import WorkbookError
 from ..targets import IGNORE_INDEX
+from .torch import Stream, streams
 
 
 def split_rows(dataset: Any, split: str) -> Any:
-    """A split's rows: none, a `Stream`, or the indexed dataset with its first row checked."""
+    """A split's rows: none, a `RowStream`, or the indexed dataset with its first row checked."""
     if dataset is None:
         return []
     if streams(dataset):
-        return Stream(dataset, split)
+        return RowStream(dataset, split)
     if len(dataset) and not isinstance(dataset[0], dict):
         raise WorkbookError(f"rows of the {split} dataset are {type(dataset[0]).__name__}, not "
                             "dicts of token ids", "tokenize it first (dataset.map(tokenize))")
@@ -52,61 +51,39 @@ def no_input_ids(name: str, row: Mapping) -> WorkbookError:
                          "tokenize it first (dataset.map(tokenize))")
 
 
-def streams(dataset: Any) -> bool:
-    """Whether a dataset is read by iterating: a torch IterableDataset (its inherited
-    __getitem__ raises), or anything without both __len__ and __getitem__ - a streaming
-    `datasets.IterableDataset`, a generator."""
-    return isinstance(dataset, IterableDataset) or not (
-        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"))
+class RowStream(Stream):
+    """A split of `from_hf` read by iterating (`torch.Stream`): each row checked to be a dict
+    of columns, the first to have input_ids; a split may have none (from_hf refuses a train or
+    eval split without rows)."""
 
-
-class Stream:
-    """A split read by iterating, never indexed nor held: its first row is read once here,
-    to check it and to read the columns from; every other row when a pass reaches it."""
+    unit, may_be_empty = "row", True
+    wants = ("a dataset (a datasets.Dataset, an IterableDataset or a list of dicts)",
+             "the dataset your Trainer gets")
+    again = ("a datasets.IterableDataset (load_dataset(..., streaming=True)), a torch "
+             "IterableDataset or a class whose __iter__ opens the data anew")
 
     def __init__(self, dataset: Any, split: str):
-        name = "eval" if split == "validation" else split
-        if not hasattr(dataset, "__iter__"):
-            raise WorkbookError(f"the {name} dataset is a {type(dataset).__name__}, not a "
-                                "dataset (a datasets.Dataset, an IterableDataset or a list "
-                                "of dicts)", "pass the dataset your Trainer gets")
-        if iter(dataset) is dataset:
-            raise WorkbookError(
-                f"the {name} dataset is a {type(dataset).__name__} that can be read once "
-                "only, and the pilot reads it once per notebook (and the campaign once per "
-                "epoch)", "pass something that starts again on every iter(): a "
-                "datasets.IterableDataset (load_dataset(..., streaming=True)), a torch "
-                "IterableDataset or a class whose __iter__ opens the data anew")
-        self.dataset, self.split, self.name = dataset, split, name
-        self.first = next(self.rows(), (0, None))[1]
+        super().__init__(dataset, split)
         if self.first is not None and "input_ids" not in self.first:
-            raise no_input_ids(name, self.first)
+            raise no_input_ids("eval" if split == "validation" else split, self.first)
 
-    def rows(self) -> Iterator[tuple[int, dict]]:
-        """(position, row) of every row in order, each checked to be a dict of columns; a
-        failure while reading names the dataset and the row it had reached."""
-        for i, row in numbered(self.dataset, lambda i, exc: WorkbookError(
-                f"from_hf: reading the {self.name} dataset failed at row {i}: "
-                f"{type(exc).__name__}: {reason(exc, 200)}", f"fix the {self.name} dataset's "
-                "source at that row (the file or shard it reads there)")):
+    @staticmethod
+    def named(split: str | None) -> str:
+        return f"the {'eval' if split == 'validation' else split} dataset"
+
+    def items(self) -> Iterator[tuple[int, dict]]:
+        for i, row in super().items():
             if not isinstance(row, Mapping):
-                raise WorkbookError(f"rows of the {self.name} dataset are "
-                                    f"{type(row).__name__}, not dicts of token ids (row {i})",
+                raise WorkbookError(f"rows of {self.name} are {type(row).__name__}, not dicts "
+                                    f"of token ids (row {i})",
                                     "tokenize it first (dataset.map(tokenize))")
             yield i, dict(row)
-
-    def length(self) -> int | None:
-        """The rows a stream says it has (a torch IterableDataset with __len__), else None."""
-        try:
-            return len(self.dataset) if hasattr(self.dataset, "__len__") else None
-        except TypeError:
-            return None
 
 
 def train_rows(dataset: Any, args: Any) -> int:
     """The train rows the Trainer's own count of updates reads: a stream without a length
     needs `max_steps`, as the Trainer itself refuses one without it."""
-    rows = dataset.length() if isinstance(dataset, Stream) else len(dataset)
+    rows = dataset.length() if isinstance(dataset, RowStream) else len(dataset)
     if rows is None and not (getattr(args, "max_steps", -1) or -1) > 0:
         raise WorkbookError("from_hf: the train dataset is a stream without a length and the "
                             "TrainingArguments set no max_steps, which the Trainer refuses "
@@ -118,7 +95,7 @@ def train_rows(dataset: Any, args: Any) -> int:
 
 def first_row(dataset: Any) -> dict | None:
     """A split's first row (None: it has none)."""
-    if isinstance(dataset, Stream):
+    if isinstance(dataset, RowStream):
         return dataset.first
     return dataset[0] if len(dataset) else None
 

@@ -21,13 +21,6 @@ from ..task import adamw
 MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> model
 
 
-def _run_updates() -> int | None:
-    """The number of updates of the run whose stepper `loop.build_stepper` is building
-    (`loop.current_run()`); None outside one."""
-    run = current_run()
-    return int(run.updates) if run is not None else None
-
-
 def _trainer_updates(args: Any, train_rows: int) -> int:
     """The number of updates the Trainer itself would make: max_steps, else epochs x updates
     per epoch (one process)."""
@@ -168,9 +161,11 @@ def _scheduler_factory(args: Any, train_rows: int, hooks: _Callbacks | None,
                             "schedule's shape, not its trigger, is what the pilot checks)")
 
     def build_scheduler(optimizer: torch.optim.Optimizer) -> _Schedule:
-        # the Trainer's own count, stretched to a pilot run that makes more updates (a
-        # schedule that ends before the run would train its last updates at lr 0)
-        total = max(_trainer_updates(args, train_rows), _run_updates() or 0, 2)
+        # the Trainer's own count, stretched to the pilot run being built (`current_run`) when
+        # it makes more updates (a schedule that ends before the run would train its last
+        # updates at lr 0)
+        run = current_run()
+        total = max(_trainer_updates(args, train_rows), run.updates if run else 0, 2)
         warmup = _warmup(args, total)
         try:
             hf = get_scheduler(name, optimizer, num_warmup_steps=warmup,

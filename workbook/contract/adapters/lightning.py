@@ -30,14 +30,13 @@ from ...base.errors import WorkbookError, reason
 from .. import kinds
 from ..run import DEFAULT_UPDATES, EXAMPLE_WEIGHT
 from ..task import Task
-from .base import Adapter
+from .base import Adapter, rescale
 from .lightning_batches import flat_items, model_inputs_of, shape_of
 from .lightning_hooks import call_piece, fire, lightning
 from .lightning_optimizers import (
     Schedule,
     optimizer_and_schedule,
     own_lr,
-    rescale,
     stepped_per_pass_but_sized_per_update,
 )
 from .lightning_trainer import PilotFit
@@ -211,7 +210,7 @@ class LightningAdapter(Adapter):
         if wrong is not None:
             raise wrong
         if lr != self.own_lr:
-            rescale(opt, sched, lr / self.own_lr)
+            rescale(opt, sched.scheduler if sched is not None else None, lr / self.own_lr)
         if sched is not None:
             sched.examples_per_pass = max(self.train_length or run.pass_examples, 1)
             sched.estimated = run.length.updates

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ...base.errors import WorkbookError
-from ..outputs import accepted_inputs
+from ..outputs import accepted
 from .torch import LABELS, Stream
 
 
@@ -141,8 +141,8 @@ def model_inputs_of(probe: nn.Module, names: list[str], dict_batch: bool) -> tup
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params) or not candidates:
         return tuple(candidates)
     if dict_batch:
-        accepted = accepted_inputs(type(probe))
-        taken = [n for n in candidates if "**" in accepted or n in accepted]
+        takes = accepted(type(probe).forward)
+        taken = [n for n in candidates if "**" in takes or n in takes]
         return tuple(taken or candidates[:1])
     positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
                                                   inspect.Parameter.POSITIONAL_OR_KEYWORD)]

@@ -14,7 +14,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
-from ...base.errors import WorkbookError, reason
+from ...base.errors import WorkbookError
+from ..task import own_code
 
 FIX_VALIDATION = ("remove the train() call from validation: Lightning puts the module in eval "
                   "mode before validation (on_validation_model_eval) and restores the mode "
@@ -27,18 +28,11 @@ FIX_TRAINING = ("set the mode back (pl_module.train()) or freeze only what you m
 
 
 def call_piece(piece: str, fn: Callable, *args: Any) -> Any:
-    """One of the module's own methods; a failure names it."""
-    try:
-        return fn(*args)
-    except WorkbookError:
-        raise
-    except Exception as exc:
-        text = reason(exc, 300)
-        fix = ("a LightningModule the pilot does not build reached for its trainer (one "
-               "created inside the module, not a child of it): read what it needs from the "
-               "module's own attributes (hparams)" if "attached to a `Trainer`" in text
-               else f"fix {piece}")
-        raise WorkbookError(f"the module's {piece} failed: {text}", fix) from exc
+    """One of the module's own methods (`own_code`); a failure names it."""
+    return own_code(piece, fn, *args, whose="the module's", fix=lambda text: (
+        "a LightningModule the pilot does not build reached for its trainer (one created "
+        "inside the module, not a child of it): read what it needs from the module's own "
+        "attributes (hparams)" if "attached to a `Trainer`" in text else f"fix {piece}"))
 
 
 # the hooks run before training_step, where an eval() lasts for the updates

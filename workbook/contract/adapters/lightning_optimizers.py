@@ -1,5 +1,5 @@
 """What `configure_optimizers` returns, as `from_lightning` runs it: one optimizer, its
-scheduler stepped as Lightning steps it (`Schedule`), and the rates rescaled to a study's lr."""
+scheduler stepped as Lightning steps it (`Schedule`), and the rate the module configured."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from typing import Any
 import torch
 
 from ...base.errors import WorkbookError
-
-SCALED = ("lr", "initial_lr", "max_lr", "min_lr")  # group keys a scheduler reads its rate from
 
 
 @dataclasses.dataclass
@@ -121,20 +119,6 @@ def stepped_per_pass_but_sized_per_update(schedule: Schedule | None, updates: in
         + (" and never reaches max_lr" if hasattr(inner, "total_steps") else ""),
         '"interval": "step" in the lr_scheduler dict (Lightning then steps it after every '
         "update), or size it in epochs (trainer.max_epochs)")
-
-
-def rescale(optimizer: torch.optim.Optimizer, schedule: Schedule | None, ratio: float) -> None:
-    """Every rate the module configured times `ratio` (the study's lr over the module's own):
-    the groups keep their ratios and the schedule its shape."""
-    for group in optimizer.param_groups:
-        for key in SCALED:
-            if isinstance(group.get(key), (int, float)):
-                group[key] *= ratio
-    if schedule is not None:
-        sched = schedule.scheduler
-        for name in ("base_lrs", "_last_lr"):
-            if isinstance(getattr(sched, name, None), list):
-                setattr(sched, name, [v * ratio for v in getattr(sched, name)])
 
 
 def own_lr(optimizer: torch.optim.Optimizer, schedule: Schedule | None) -> float:

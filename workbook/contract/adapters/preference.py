@@ -12,7 +12,7 @@ from torch import nn
 
 from ...base.errors import WorkbookError
 from ..task import Task
-from .base import Adapter, BesideReference
+from .base import BesideReference, SplitRows
 from .hf_trainer import argument_fields
 
 ANSWERS = ("chosen", "rejected")
@@ -48,11 +48,7 @@ class PreferencePair(BesideReference):
         completion = torch.cat([chosen_completion_mask, rejected_completion_mask])
         policy = _answer_logps(self.policy, ids, attention, completion)
         with torch.no_grad():
-            if self.reference is not None:
-                reference = _answer_logps(self.reference, ids, attention, completion)
-            else:
-                with self.policy.disable_adapter():
-                    reference = _answer_logps(self.policy, ids, attention, completion)
+            reference = self.on_reference(lambda m: _answer_logps(m, ids, attention, completion))
         chosen, rejected = (self.beta * (policy - reference)).chunk(2)
         return torch.stack([chosen, rejected], dim=-1)
 
@@ -77,40 +73,29 @@ def _checked(trainer: Any) -> list[str]:
     return notes
 
 
-class PreferenceAdapter(Adapter):
+class PreferenceAdapter(SplitRows):
     """A DPOTrainer as built, as a Task of the "preference" kind: `__init__` reads its prepared
     pairs (checked), collator, tokenizer and DPOConfig; the pairs are read by `load_examples`
     and `encode`, batched by `collate` (the trainer's collator on each `pair`), and the model
     is `build_model`'s `PreferencePair`; `task()` assembles them."""
 
+    sequences = SEQUENCES  # what the collator lays out per answer
+
     def __init__(self, trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module], *,
                  name: str, group_column: str | None, **task_fields: Any):
         self.notes = _checked(trainer)
         self.data = {"train": trainer.train_dataset, "validation": trainer.eval_dataset}
-        for split, rows in self.data.items():
-            missing = [c for c in PAIR if c not in (getattr(rows, "column_names", None) or [])]
-            if missing:
-                raise WorkbookError(f"the DPOTrainer's prepared {split} rows lack {missing}",
-                                    "build the trainer from prompt / chosen / rejected rows "
-                                    "(TRL tokenizes them): the pilot reads its prepared "
-                                    "datasets")
-            if group_column is not None and group_column not in rows.column_names:
-                raise WorkbookError(f"the DPOTrainer's prepared {split} rows have no "
-                                    f"{group_column!r} column (columns {rows.column_names})",
-                                    f"keep {group_column!r} in the dataset you give the "
-                                    "trainer")
-        self.trainer, self.fresh, self.name, self.group_column = trainer, fresh, name, group_column
+        self.group_column = group_column
+        self.check_columns("DPOTrainer", PAIR, "build the trainer from prompt / chosen / "
+                           "rejected rows (TRL tokenizes them): the pilot reads its prepared "
+                           "datasets")
+        self.trainer, self.fresh, self.name = trainer, fresh, name
         self.collator, self.tokenizer = trainer.data_collator, trainer.processing_class
         self.args, self.beta, self.task_fields = trainer.args, float(trainer.beta), task_fields
 
     def load_examples(self) -> list[dict]:
-        """Every pair of both splits, the chosen answer preferred; the group column read once
-        per split, not row by row."""
-        return [{"id": f"{split}-{i}", "split": split, "index": i, "preferred": "chosen",
-                 "group": str(groups[i]) if groups is not None else f"{split}-{i}"}
-                for split, rows in self.data.items()
-                for groups in [rows[self.group_column] if self.group_column else None]
-                for i in range(len(rows))]
+        """Every pair of both splits, the chosen answer preferred."""
+        return self.examples(preferred="chosen")
 
     def encode(self, ex: dict) -> dict[str, torch.Tensor]:
         """Each answer's whole sequence, as the collator will lay it out (before truncation)."""
@@ -132,19 +117,16 @@ class PreferenceAdapter(Adapter):
                 **{f"{a}_ids": r[f"{a}_input_ids"][cut:].tolist() for a in ANSWERS}}
 
     def collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        """The trainer's collator on the pairs, its chosen and rejected halves apart."""
+        """The trainer's collator on the pairs (chosen rows first, then rejected, padded
+        together), its two halves apart."""
         batch = self.collator([self.pair(r) for r in rows])
-        out = {f"{a}_{k}": half for k in SEQUENCES
+        out = {f"{a}_{k}": half for k in self.sequences
                for a, half in zip(ANSWERS, batch[k].chunk(2), strict=True)}
         return {**out, "labels": torch.stack([r["labels"] for r in rows])}
 
     def build_model(self) -> nn.Module:
         """The policy beside its reference, a copy of the trainer's as built (`fresh`)."""
         return self.fresh(lambda t: PreferencePair(t.model, t.ref_model, float(t.beta)))
-
-    @staticmethod
-    def split_of(ex: dict) -> str:
-        return ex["split"]
 
     @staticmethod
     def decode(ids: Any) -> str:

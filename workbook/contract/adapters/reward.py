@@ -22,6 +22,7 @@ from ...base.errors import WorkbookError
 from ...storage.records import Flag
 from ..targets import token_cross_entropy
 from ..task import Task
+from .base import BesideReference
 from .preference import ANSWERS, PreferenceAdapter
 
 SEQUENCES = ("input_ids", "attention_mask")  # per answer
@@ -44,7 +45,7 @@ class RewardPair(nn.Module):
         self.scorer = scorer
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("peft_config", "disable_adapter"):  # the scorer's adapters, if any
+        if name in BesideReference.SHARED:  # the scorer's adapters, if any
             return getattr(self._modules["scorer"], name)
         return super().__getattr__(name)
 
@@ -77,34 +78,27 @@ def _sequence(scores_of: Callable, tokens: torch.Tensor) -> torch.Tensor:
 
 class RewardAdapter(PreferenceAdapter):
     """A RewardTrainer as built, as a Task of the "ranking" kind: `__init__` reads its prepared
-    pairs (checked), collator, tokenizer and RewardConfig; `encode` and `collate` lay out each
-    answer's tokens as the collator does, `build_model` is the `RewardPair` over a copy of the
-    trainer's scorer, `untruncated_pair` and `pair_checks` back 01's findings; `task()`
-    assembles them."""
+    pairs (checked), collator, tokenizer and RewardConfig; `encode` and `collate` (its
+    `sequences`) lay out each answer's tokens as the collator does, `build_model` is the
+    `RewardPair` over a copy of the trainer's scorer, `untruncated_pair` and `pair_checks` back
+    01's findings; `task()` assembles them."""
+
+    sequences = SEQUENCES
 
     def __init__(self, trainer: Any, fresh: Callable[[Callable[[Any], nn.Module]], nn.Module],
                  evaluation: Any, *, name: str, group_column: str | None, **task_fields: Any):
         self.data = {"train": trainer.train_dataset, "validation": evaluation}
         for split, rows in self.data.items():
-            columns = getattr(rows, "column_names", None) or []
-            if "margin" in columns:
+            if "margin" in (getattr(rows, "column_names", None) or []):
                 raise WorkbookError(f"the RewardTrainer's {split} pairs carry a 'margin' column: "
                                     "the pilot computes the loss without a margin",
                                     "pilot without the margin column (dataset."
                                     "remove_columns('margin')), or write a workbook.Task with "
                                     "your loss")
-            missing = [c for c in PAIR if c not in columns]
-            if missing:
-                raise WorkbookError(f"the RewardTrainer's prepared {split} rows lack {missing} "
-                                    f"(columns {columns})", "build the trainer from chosen / "
-                                    "rejected rows (TRL tokenizes them) or from chosen_ids / "
-                                    "rejected_ids")
-            if group_column is not None and group_column not in columns:
-                raise WorkbookError(f"the RewardTrainer's prepared {split} rows have no "
-                                    f"{group_column!r} column (columns {columns})",
-                                    f"keep {group_column!r} in the dataset you give the "
-                                    "trainer")
-        self.trainer, self.fresh, self.name, self.group_column = trainer, fresh, name, group_column
+        self.group_column = group_column
+        self.check_columns("RewardTrainer", PAIR, "build the trainer from chosen / rejected "
+                           "rows (TRL tokenizes them) or from chosen_ids / rejected_ids")
+        self.trainer, self.fresh, self.name = trainer, fresh, name
         self.collator, self.tokenizer = trainer.data_collator, trainer.processing_class
         self.args, self.task_fields = trainer.args, task_fields
         self.centre = getattr(self.args, "center_rewards_coefficient", None)
@@ -124,14 +118,6 @@ class RewardAdapter(PreferenceAdapter):
         """An encoded example as the prepared row again, for the collator."""
         return {f"{a}_ids": r[f"{a}_input_ids"][r[f"{a}_attention_mask"].bool()].tolist()
                 for a in ANSWERS}
-
-    def collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        """The trainer's collator on the pairs (chosen rows first, then rejected, padded
-        together), its two halves apart."""
-        batch = self.collator([self.pair(r) for r in rows])
-        out = {f"{a}_{k}": half for k in SEQUENCES
-               for a, half in zip(ANSWERS, batch[k].chunk(2), strict=True)}
-        return {**out, "labels": torch.stack([r["labels"] for r in rows])}
 
     def build_model(self) -> nn.Module:
         """The trainer's scorer as built (a copy: `fresh`), scoring both answers of a pair."""

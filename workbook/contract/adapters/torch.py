@@ -16,13 +16,12 @@ from torch.utils.data import IterableDataset, default_collate
 
 from ...base.errors import WorkbookError, reason
 from .. import class_maps, kinds
-from ..sources import length, numbered
+from ..sources import SPLITS, length, numbered
 from ..targets import contributes
 from ..task import Task
 from .base import Adapter
 
 LABELS = "labels"
-SPLITS = ("train", "validation", "test")
 
 
 @contextlib.contextmanager
@@ -91,38 +90,48 @@ def streams(data: Any) -> bool:
 class Stream:
     """A dataset read by iterating, never indexed nor held: its first item is read here, to
     check it and read the structure from; every other one when a pass reaches it. Refused:
-    what cannot be iterated, an iterator that is read once only, no items."""
+    what cannot be iterated, an iterator that is read once only, no items (unless `may_be_empty`).
+    A framework's own kind of stream (`hf_rows.RowStream`) says its own `unit`, what it
+    `wants` in its place and which iterables start `again`."""
+
+    unit = "item"  # what one element is called in the refusals
+    may_be_empty = False
+    wants = ("a map-style Dataset (__len__ and __getitem__) nor an iterable one",
+             "a map-style Dataset, a torch IterableDataset or a list")  # (in words, as given)
+    again = ("a torch IterableDataset or a class whose __iter__ opens the data anew (a list, if "
+             "it fits in memory)")
 
     def __init__(self, data: Any, split: str | None):
-        self.data, self.name = data, f"the {split} dataset" if split else "the dataset"
+        self.data, self.name = data, self.named(split)
         kind = type(data).__name__
         if not hasattr(data, "__iter__"):
-            raise WorkbookError(f"{self.name} is a {kind}, not a map-style Dataset (__len__ "
-                                "and __getitem__) nor an iterable one",
-                                "pass a map-style Dataset, a torch IterableDataset or a list")
+            raise WorkbookError(f"{self.name} is a {kind}, not {self.wants[0]}",
+                                f"pass {self.wants[1]}")
         if iter(data) is data:
-            raise WorkbookError(f"{self.name} is a {kind} that can be read once only, not a "
-                                "map-style Dataset (__len__ and __getitem__) nor an iterable "
-                                "that starts again: the pilot reads it once per notebook",
-                                "pass something that starts again on every iter(): a torch "
-                                "IterableDataset or a class whose __iter__ opens the data "
-                                "anew (a list, if it fits in memory)")
+            raise WorkbookError(f"{self.name} is a {kind} that can be read once only, not "
+                                f"{self.wants[0]} that starts again: the pilot reads it once "
+                                "per notebook (and the campaign once per pass)", "pass "
+                                f"something that starts again on every iter(): {self.again}")
         items = self.items()
         found = next(items, None)
         items.close()
-        if found is None:
+        if found is None and not self.may_be_empty:
             raise WorkbookError(f"{self.name} ({kind}) has no items: its first iter() ended "
                                 "at once", "check what its __iter__ reads (an empty folder or "
                                 "shard list, a worker split that leaves nothing)")
-        self.first = found[1]
+        self.first = found[1] if found is not None else None
+
+    @staticmethod
+    def named(split: str | None) -> str:
+        return f"the {split} dataset" if split else "the dataset"
 
     def items(self) -> Iterator[tuple[int, Any]]:
         """(position, item) in order; a failure while reading names the item it had
         reached."""
         return numbered(self.data, lambda i, exc: WorkbookError(
-            f"reading {self.name} failed at item {i}: {type(exc).__name__}: "
-            f"{reason(exc, 200)}", f"fix {self.name}'s source at that item (the file or shard "
-            "it reads there)"))
+            f"reading {self.name} failed at {self.unit} {i}: {type(exc).__name__}: "
+            f"{reason(exc, 200)}", f"fix {self.name}'s source at that {self.unit} (the file or "
+            "shard it reads there)"))
 
     def length(self) -> int | None:
         """The items the stream says it has (an IterableDataset with __len__), else None."""

@@ -274,16 +274,12 @@ class TrainerAdapter(Adapter):
         return TrainerStep(self.trainer, task.model_inputs, task.label_shift)
 
     def task(self) -> Task:
-        trainer = self.trainer
-        reader = READERS.get(_mapped(trainer))
-        if reader is not None:
-            task = reader(trainer, self.fresh, name=self.name, group_column=self.group_column,
-                          **self.task_fields)
-            task.framework.rows_dropped = self.dropped
-            return task
-        if _mapped(trainer) == "RewardTrainer":
-            task = from_reward(trainer, self.fresh, self.evaluation(), name=self.name,
-                               group_column=self.group_column, **self.task_fields)
+        trainer, mapped = self.trainer, _mapped(self.trainer)
+        if mapped in READERS or mapped == "RewardTrainer":  # its one eval set, checked
+            given = () if mapped in READERS else (self.evaluation(),)
+            task = READERS.get(mapped, from_reward)(trainer, self.fresh, *given, name=self.name,
+                                                    group_column=self.group_column,
+                                                    **self.task_fields)
             task.framework.rows_dropped = self.dropped
             return task
         evaluation = self.evaluation()

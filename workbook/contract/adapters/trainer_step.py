@@ -2,7 +2,12 @@
 defines, or the `compute_loss_func` they pass. `Trainer.training_step` is copied in what
 decides the gradient - the update's target count as `num_items_in_batch`, the division by the
 accumulation steps only for a loss not taken as normalised already, clipping at
-`max_grad_norm` - so notebook 04 judges the loss code the campaign runs."""
+`max_grad_norm` - so notebook 04 judges the loss code the campaign runs. A copy, not a call
+of `trainer.training_step`: that call makes the same update bit for bit on the CPU, but it
+moves the batch to `args.device` (04 steps a CPU copy of the model, also on a GPU machine) and
+back-propagates through the trainer's accelerator (under `fp16` its GradScaler scales the loss
+and only the trainer's own prepared optimizer unscales it), neither of which the pilot's model
+and optimizer share."""
 
 from __future__ import annotations
 
