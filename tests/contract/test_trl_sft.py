@@ -241,6 +241,7 @@ def test_building_the_model_again_says_nothing_new(clean, capfd):
 
     import datasets
 
+    datasets.enable_progress_bars()  # examples/accelerate_no_trainer.py turns them off for good
     capfd.readouterr()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
