@@ -18,8 +18,9 @@ For each size and pipeline, each in a fresh subprocess (OMP_NUM_THREADS=1, a tim
          by line with `json`, `arrow` reads it as `arrow_task` does, `bin` walks the token
          stream task's own examples (window starts). The task's `collate` also runs over
          these encodings 64 at a time, as 01 collates, on a clock of its own: it is left out
-         of the pass's seconds and shown as `plain_collate_s` (what of 01's time is the task's
-         own collate, which a plain pass does not need)
+         of the pass's seconds and shown as `plain_collate_s`, its CPU seconds as
+         `plain_collate_cpu_s` (what of 01's time is the task's own collate, which a plain pass
+         does not need; `cpu_ratio_collated`: 01's CPU seconds against plain's + these)
   01     `workbook.inspection.run(params, out)` with
          `params = workbook.params.of("01_inspect_examples", task=..., task_options={"data_file":
          PATH})` - notebook 01's work without papermill (`--save` adds `inspection.save`, the
@@ -352,7 +353,7 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
         result = {"rows": int(ins.figures["examples"]), "verdict": ins.verdict,
                   "flags": [f.check for f in ins.flags], "workers": ins.figures["scan_workers"]}
     seconds = time.perf_counter() - start - result.get("collate_seconds", 0.0)
-    result["cpu_seconds"] = _cpu() - cpu_start - result.pop("collate_cpu", 0.0)
+    result["cpu_seconds"] = _cpu() - cpu_start - result.get("collate_cpu", 0.0)
     result["anon_peak_bytes"] = anon.stop()
     hwm = _status_kib("VmHWM")
     rss_source = "VmHWM" if hwm is not None else "ru_maxrss"
@@ -453,6 +454,7 @@ def main():
                         row[f"{mode}_cpu_s"] = r["cpu_seconds"]
                         if "collate_seconds" in r:
                             row["plain_collate_s"] = r["collate_seconds"]
+                            row["plain_collate_cpu_s"] = r["collate_cpu"]
                         row[f"{mode}_peak_rss_mib"] = r["peak_rss_bytes"] / MIB
                         row[f"{mode}_start_rss_mib"] = r["rss_before_bytes"] / MIB
                         row[f"{mode}_anon_peak_mib"] = r["anon_peak_bytes"] / MIB
@@ -470,13 +472,16 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     columns = ["size", "pipeline", "plain_s", "o1_s", "ratio", "plain_collate_s",
-               "ratio_collated", "plain_cpu_s", "o1_cpu_s", "cpu_ratio", "o1_workers",
+               "ratio_collated", "plain_cpu_s", "o1_cpu_s", "cpu_ratio", "plain_collate_cpu_s",
+               "cpu_ratio_collated", "o1_workers",
                "plain_peak_rss_mib", "o1_peak_rss_mib", "o1_anon_peak_mib",
                "plain_start_rss_mib", "o1_start_rss_mib", "file_mib", "write_s", "note"]
     frame = pd.DataFrame(table).reindex(columns=[*columns, "rss_source"])
     frame["ratio"] = frame["o1_s"] / frame["plain_s"]
     frame["ratio_collated"] = frame["o1_s"] / (frame["plain_s"] + frame["plain_collate_s"])
     frame["cpu_ratio"] = frame["o1_cpu_s"] / frame["plain_cpu_s"]
+    frame["cpu_ratio_collated"] = frame["o1_cpu_s"] / (frame["plain_cpu_s"]
+                                                       + frame["plain_collate_cpu_s"])
     sources = sorted(set(frame["rss_source"].dropna()))
     print(frame[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("seconds: the child's clock around the work (imports before it); plain_collate_s: "
@@ -484,7 +489,8 @@ def main():
           "in plain_s (01 collates as much); ratio_collated: 01 against plain + collate; "
           "*_cpu_s: CPU seconds (user + system) of the child and its ended workers on the same "
           "clock (plain without its collate's), cpu_ratio 01's over plain's - the ratio a "
-          "machine shared with other work still measures; "
+          "machine shared with other work still measures; plain_collate_cpu_s: the CPU "
+          "seconds of that collate, cpu_ratio_collated: 01's CPU against plain's + its; "
           "o1_workers: the processes 01 forked to count beside the reading one; "
           "*_start_rss_mib: its resident size when the clock started; peak: "
           + (", ".join(sources) or "none measured") + " of the child process, plus for 01 each "
@@ -499,7 +505,8 @@ def main():
                  if sizes[0] in s.index and sizes[-1] in s.index]
         return max((g for g in grown if not math.isnan(g)), default=math.nan)
 
-    print(f"without the task's collate: ratio_collated {frame['ratio_collated'].max():.3f}; "
+    print(f"without the task's collate: ratio_collated {frame['ratio_collated'].max():.3f}, "
+          f"cpu_ratio_collated {frame['cpu_ratio_collated'].max():.3f}; "
           f"with the pages of mapped files (peak, VmHWM): growth "
           f"{growth('o1_peak_rss_mib'):.3f}; anonymous memory peak "
           f"{frame['o1_anon_peak_mib'].max() / 1024:.3f} GiB")
