@@ -8,6 +8,7 @@ import datetime
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,21 @@ def bn_check(sync: dict[str, Any], saved: dict[str, torch.Tensor] | None) -> dic
             "saved_vs_rank_mean": off}
 
 
+def now(device: torch.device) -> float:
+    """The time once the device's queued work is done (a CUDA device is synchronised first)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 # --- the process group -----------------------------------------------------------------------
+def check_world(path: Path, written: int, world: int) -> None:
+    """Refuse a checkpoint written by another number of processes than this launch has."""
+    if written != world:
+        raise WorkbookError(f"checkpoint {path} was written by {written} processes, this "
+                            f"launch has {world}", f"resume with --nproc_per_node={written}")
+
+
 def backend(device: str, world: int) -> str:
     """NCCL when every process has a GPU of its own, else gloo (the CPU, or processes sharing
     GPUs: NCCL refuses two ranks on one device)."""
