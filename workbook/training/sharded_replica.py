@@ -36,7 +36,7 @@ from ..storage.schemas import Count, Index, StrictBool, StrictStr
 from . import checkpoint as ckpt
 from .deviation import max_difference, relative_deviation
 from .launch_spec import LaunchBase
-from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
+from .loop import HeldBehaviour, Position, Stepper, build_stepper, seed_everything
 from .memory import measure, rebased
 from .ranks import WriteAudit, check_world, digest, gather, join_launch, now, sync_batch_norm
 from .replica import RESULT, WEIGHTS, replica_updates
@@ -53,7 +53,7 @@ from .sharded_model import (
     tied_groups,
     untie,
 )
-from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
+from .workload import TRAINING_PHASES, Plan, Workload, sized_batches, targets_of
 
 STRATEGY = "fsdp"
 CHECKPOINT_SAVE = "checkpoint save"  # the phase after the training phases: a DCP save
@@ -302,19 +302,6 @@ def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
     return peaks, note
 
 
-def plan_batches(task: Task, train: list[Item], val: list[Item], shape: UpdateShape,
-                 length: int = 0, eval_batch: int = 0,
-                 eval_length: int = 0) -> tuple[Batch, list[Batch], Batch]:
-    """The batches of the measured workload, those the prediction sizes for the same plan
-    (`predict.sized_batches` of `Plan(shape, length, eval_batch)`, without importing the
-    prediction's tracker into every process)."""
-    micro, length_ = shape.micro_batch, length or None
-    batch = shaped_batch(task, train, micro, length_)
-    group = [shaped_batch(task, train[i:] + train[:i], micro, length_)
-             for i in range(shape.accumulation)]
-    return batch, group, shaped_batch(task, val, eval_batch or micro, eval_length or length_)
-
-
 # --- the launches -----------------------------------------------------------------------------
 def run_sharded(spec: ShardedSpec, out: Path, resume_from: Path | None = None) -> None:
     """The body of one process of an FSDP launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
@@ -353,8 +340,9 @@ def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, r
     times: dict[str, float] = {}
     if spec.memory:
         t = now(device)
-        batches = plan_batches(task, items, val, spec.shape, spec.plan_length, spec.eval_batch,
-                               spec.plan_eval_length)
+        batches = sized_batches(task, items, val, Plan(spec.shape, spec.plan_length or None,
+                                                       spec.eval_batch,
+                                                       spec.plan_eval_length or None))
         peaks, result["memory_note"] = measured_phases(task, cfg, batches, device,
                                                        out / ".memory-probe")
         result["memory"] = gather(peaks)
