@@ -53,11 +53,17 @@ from .sharded_model import (
     tied_groups,
     untie,
 )
-from .workload import TRAINING_PHASES, Plan, Workload, sized_batches, targets_of
+from .workload import (
+    CHECKPOINT_SAVE,
+    TRAINING_PHASES,
+    Plan,
+    Workload,
+    multi_tensor_step,
+    sized_batches,
+    targets_of,
+)
 
 STRATEGY = "fsdp"
-CHECKPOINT_SAVE = "checkpoint save"  # the phase after the training phases: a DCP save
-PHASES = (*TRAINING_PHASES, CHECKPOINT_SAVE)
 PLANTED_PREFIX = "rank0-only-"  # the planted checkpoint's folder: rank0-only-ckpt-000005
 SHARDED_FAULTS = {
     "rank0_checkpoint": "checkpoint saved by rank 0 only under FSDP",
@@ -268,9 +274,7 @@ def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
     model = shard_model(task, task.build_model().to(device), cfg.shape.precision)
     note = "" if device.type != "cpu" or _measure_without_gloo_temporaries(model) else GLOO_NOTE
     stepper = build_stepper(task, cfg, model)
-    for options in stepper.optimizer.param_groups:  # as the prediction: the multi-tensor step
-        if "foreach" in options and options["foreach"] is None:  # (PyTorch's default on CUDA)
-            options["foreach"] = True
+    multi_tensor_step(stepper.optimizer)  # as the prediction
     batch, group, eval_batch = batches
     group = group[:2]  # as the prediction: from the second on, micro-batches repeat the state
     work = Workload(stepper, batch.to(device), [b.to(device) for b in group],

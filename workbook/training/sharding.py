@@ -49,10 +49,15 @@ from .sharded_tracker import (
     traced_breakdown,
     tracker_class,
 )
-from .workload import TRAINING_PHASES, Workload, targets_of
+from .workload import (
+    CHECKPOINT_SAVE,
+    SHARDED_PHASES,
+    TRAINING_PHASES,
+    Workload,
+    multi_tensor_step,
+    targets_of,
+)
 
-CHECKPOINT_SAVE = "checkpoint save"
-SHARDED_PHASES = (*TRAINING_PHASES, CHECKPOINT_SAVE)
 WORLDS = (2, 4, 8, 16, 32, 64)  # the GPU counts a candidate without one is sized at
 MIN_WORLD, MAX_WORLD = 2, 64
 
@@ -314,11 +319,7 @@ class _FakeRun:
             if layers is not None and stack is None:
                 return None
             stepper = build_stepper(task, plain, model)
-            for settings in stepper.optimizer.param_groups:
-                # PyTorch's default on CUDA (foreach=None picks the multi-tensor step there, the
-                # per-tensor one on the CPU): the rental's step and its temporaries
-                if "foreach" in settings and settings["foreach"] is None:
-                    settings["foreach"] = True
+            multi_tensor_step(stepper.optimizer)
 
             def to_fake(b: Batch) -> Batch:
                 return fake_batch(fake, b, torch.device("cpu"))

@@ -17,6 +17,8 @@ from .loop import Stepper, TrainConfig, UpdateShape, build_stepper
 from .memory import measure, rebased, state_tensors, storage_bytes
 
 TRAINING_PHASES = ("forward + loss", "backward", "update (first)", "update (later)", "validation")
+CHECKPOINT_SAVE = "checkpoint save"  # under FSDP, the phase after the training phases: a DCP save
+SHARDED_PHASES = (*TRAINING_PHASES, CHECKPOINT_SAVE)
 
 
 @dataclass
@@ -32,6 +34,15 @@ class Plan:
         shape = self.shape
         return (f"mb{shape.micro_batch} x acc{shape.accumulation} len{self.length or 'data'} "
                 f"{shape.precision}{' +ckpt' if shape.activation_checkpointing else ''}")
+
+
+def multi_tensor_step(optimizer: torch.optim.Optimizer) -> None:
+    """The multi-tensor step where the optimizer leaves the choice to PyTorch (foreach=None:
+    multi-tensor on CUDA, per tensor on the CPU): the rental's step and its temporaries, sized
+    and measured alike."""
+    for group in optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None:
+            group["foreach"] = True
 
 
 def targets_of(task: Task, batch: Batch) -> int:
