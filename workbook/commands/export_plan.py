@@ -45,6 +45,7 @@ ARCHIVE = (registry.RESUME.stem, "archive")
 TABLES = (".csv", ".json", ".md", ".png")  # a notebook folder's files sent as artifacts
 MAX_TAG = 5000  # characters of a parameter or tag (MLflow keeps 6,000 and 8,000; files all)
 MAX_NOTE = 8000  # characters of a run's description (an MLflow tag)
+INSTALL = "pip install 'workbook[export]' (or make install, which adds it)"  # both writers
 STATUS = {"pass": "FINISHED", "fail": "FAILED", "error": "FAILED", "interrupted": "KILLED"}
 TRIAL_STATUS = {"finished": "FINISHED", "diverged": "FINISHED", "failed": "FAILED",
                 "interrupted": "KILLED", "running": "RUNNING"}
@@ -164,6 +165,12 @@ def _iso_ms(text: Any) -> int | None:
     except ValueError:
         return None
     return _ms(when.timestamp()) if when.tzinfo is not None else None
+
+
+def inside(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder` or lies in it (links resolved): where an export never writes."""
+    path, folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return path == folder or path.is_relative_to(folder)
 
 
 def _plain_file(path: Path) -> bool:
