@@ -36,7 +36,7 @@ from ..storage.artifacts import verify
 from ..storage.files import open_plain, read_plain, sha256
 from ..storage.ledger import Ledger
 from ..storage.processes import process_alive
-from ..storage.runs import CLAIM
+from ..storage.runs import CLAIM, overall_verdict
 from .params import stems
 
 FORMAT = 1  # raised when what an export holds changes: an older export is then replaced
@@ -476,8 +476,7 @@ def read_pilot(run: str | Path) -> Pilot:
 
 def _pilot_entry(run: Path, index: Index, notebooks: list[Entry], missing: list[str]) -> Entry:
     verdicts = [n.tags["verdict"] for n in notebooks]
-    overall = "pass" if verdicts and all(v == "pass" for v in verdicts) else \
-        ("fail" if all(v in ("pass", "fail") for v in verdicts) else "error")
+    overall = overall_verdict(verdicts)
     starts = [n.start_ms for n in notebooks if n.start_ms]
     ends = [n.end_ms for n in notebooks if n.end_ms]
     entry = Entry(key="pilot", name=run.name, role="pilot", status=STATUS[overall],

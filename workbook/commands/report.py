@@ -23,6 +23,7 @@ from ..notebooks.registry import GATES, RENTAL
 from ..notebooks.rental import glance
 from ..storage import schemas
 from ..storage.files import write_text
+from ..storage.runs import overall_verdict
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700",
            "provisional": "#9a6700"}
@@ -193,8 +194,7 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
     import mistune
 
     rows = index.to_dict(orient="records")
-    overall = "pass" if rows and all(r["verdict"] == "pass" for r in rows) else \
-        ("fail" if all(r["verdict"] in ("pass", "fail") for r in rows) else "error")
+    overall = overall_verdict([r["verdict"] for r in rows])
     summaries = {r["notebook"]: _summary(run / r["notebook"]) for r in rows}
     notebooks = []
     for r in rows:
