@@ -50,7 +50,6 @@ from .sharded_model import (
     local_tensor,
     shard_model,
     tie,
-    tied_groups,
     untie,
 )
 from .workload import (
@@ -355,7 +354,7 @@ def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, r
         return {**result, "times": gather(times)}
     seed_everything(spec.seed)
     base = task.build_model().to(device)
-    groups = tied_groups(base)
+    groups = ckpt.tied_groups(base)
     result.update({"init_digest": gather(digest(base.state_dict())), "tied_groups": groups,
                    "blocks": len(blocks(task, base))})
     # the first updates against one process, and the planted tie, on the same examples

@@ -41,7 +41,7 @@ from . import campaign as models
 from .fake_phases import fake_batch, fake_model
 from .loop import TrainConfig, build_stepper
 from .predict import Plan, calibration_limits, check_length, path_limits, sized_batches
-from .sharded_model import blocks
+from .sharded_model import blocks, shard_model
 from .sharded_tracker import (
     carried_sharded,
     fixed_and_sharded,
@@ -284,7 +284,6 @@ class _FakeRun:
         operator's memory by kind (`sharded_tracker.TRACE_KINDS`) with its layer, as `trace`
         (None when the sharded model has no one stack of `layers` blocks of one type)."""
         from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         from .loop import apply_activation_checkpointing
 
@@ -292,13 +291,6 @@ class _FakeRun:
         cfg = TrainConfig(plan.shape, lr=self.lr, seed=self.seed, device="cpu")
         plain = TrainConfig(replace(plan.shape, activation_checkpointing=False),
                             lr=self.lr, seed=self.seed, device="cpu")
-        bf16 = plan.shape.precision == "bf16"
-        options: dict[str, Any] = {}
-        if bf16:
-            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                        reduce_dtype=torch.bfloat16)
-        if self.offload:
-            options["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
         phases: dict[str, dict] = {}
         with fake_world(self.world) as mesh, \
                 FakeTensorMode(allow_non_fake_inputs=False) as fake, warnings.catch_warnings():
@@ -308,12 +300,9 @@ class _FakeRun:
             model = fake_model(task, cfg, fake, campaign)
             if plan.shape.activation_checkpointing:
                 apply_activation_checkpointing(task, model)
-            found = blocks(task, model)
-            if not found:
+            if not blocks(task, model):
                 raise no_blocks(task, model, campaign)
-            for block in found:
-                fully_shard(block, mesh=mesh, **options)
-            fully_shard(model, mesh=mesh, **options)
+            shard_model(task, model, plan.shape.precision, mesh, self.offload)
             # named as the tracker names modules, after sharding changed the classes
             stack = models.layer_list(model, layers) if layers is not None else None
             if layers is not None and stack is None:
