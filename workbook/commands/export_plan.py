@@ -37,7 +37,6 @@ from ..storage.files import open_plain, read_plain, sha256
 from ..storage.ledger import Ledger
 from ..storage.processes import process_alive
 from ..storage.runs import CLAIM, overall_verdict
-from .params import stems
 
 FORMAT = 1  # raised when what an export holds changes: an older export is then replaced
 STUDY, GATES = registry.STUDY.stem, registry.GATES.stem
@@ -461,7 +460,7 @@ def read_pilot(run: str | Path) -> Pilot:
     if len(set(ran)) != len(ran):
         raise WorkbookError(f"{run / 'index.json'} lists a notebook twice",
                             "the run folder is damaged: export an intact copy")
-    not_run = [s for s in stems() if s not in ran]
+    not_run = [s for s in registry.stems() if s not in ran]
     if not_run:
         missing.append(f"not run in this pilot: {', '.join(not_run)}"
                        + (" (the pilot is still running: export again when it ends)"
