@@ -68,36 +68,21 @@ def tracker_class():
                 fixed += snap.get("Total", 0) - s
             return fixed, shard
 
-        def on_gpu(self) -> int:
-            fixed, shard = self._split()
-            return fixed if self.offload else fixed + shard
-
         def begin(self) -> None:
-            self.points = [self._split()]
-            self.phase_peak = self.on_gpu()
-            self.phase_snapshot = self._merged()
-            self.trace = []
-            self._record(outside=True, op="begin")
+            """A phase starts: its peak, breakdown, points and trace from what lives now."""
+            self.points, self.phase_peak, self.trace = [], -1, []
+            self._update_peak_stats(None, op="begin")
 
-        def _merged(self) -> dict[str, int]:
-            out = {}
-            for name, keys in groups.items():
-                out[name] = sum(int(snap.get(k, 0)) for snap in self._curr_mem_snap.values()
-                                for k in keys)
-            if self.offload:
-                out["sharded_state_in_host_memory"] = out.pop("sharded_state")
-            return out
-
-        def _update_peak_stats(self, peak_state) -> None:
+        def _update_peak_stats(self, peak_state, op: str | None = None) -> None:
             # the stock tracker scans every module's statistics per operator (a weak dict of
             # modules: most of a 7 B step's time); only the phase peaks are read here
             point = self._split()
             self.points.append(point)
-            self._record()
+            self._record(outside=op == "begin", op=op)
             on_gpu = point[0] if self.offload else point[0] + point[1]
             if on_gpu > self.phase_peak:
                 self.phase_peak = on_gpu
-                self.phase_snapshot = self._merged()
+                self.phase_snapshot = traced_breakdown(self._kinds(), self.offload)
 
         def __enter__(self):
             # DTensor's sharding propagation runs each optimizer-step op once more on fake
