@@ -3,7 +3,6 @@ breakdown by category, for the task's model or (carried from shallow runs) its c
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import torch
@@ -32,10 +31,11 @@ class PhaseTracker(MemTracker):
     layers: str | None = None  # fqn of the model's layer list: record every operator (trace)
 
     def begin(self) -> None:
+        """A phase starts: its peak, breakdown and trace from what lives now."""
         self.phase_peak = self._total()
-        self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+        self.phase_categories = self._categories()  # at the phase's peak
         self.trace: list[tuple[int | None, tuple[int, ...]]] = \
-            [(None, self._categories())] if self.layers is not None else []
+            [(None, self.phase_categories)] if self.layers is not None else []
 
     def _categories(self) -> tuple[int, ...]:
         return tuple(sum(int(snap.get(k, 0)) for snap in self._curr_mem_snap.values())
@@ -54,7 +54,7 @@ class PhaseTracker(MemTracker):
             self.trace.append((layer, self._categories()))
         if total > self.phase_peak:
             self.phase_peak = total
-            self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+            self.phase_categories = self._categories()
 
     def _pre_fw_hook(self, module, inputs) -> None:
         # a second forward of the root module is the next micro-batch or step: start its
@@ -66,11 +66,7 @@ class PhaseTracker(MemTracker):
         super()._pre_fw_hook(module, inputs)
 
     def breakdown(self) -> dict[str, int]:
-        out = dict.fromkeys(CATEGORIES, 0)
-        for snap in self.phase_snapshot.values():
-            for key in CATEGORIES:
-                out[key] += int(snap.get(key, 0))
-        return out
+        return dict(zip(CATEGORIES, self.phase_categories, strict=True))
 
 
 def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode,
