@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import campaign as models
+from . import traces
 
 BREAKDOWN = ("sharded_state", "unsharded_params", "unsharded_grads", "activations", "temporaries",
              "collective_buffers", "buffers_and_inputs")
@@ -44,7 +44,7 @@ def tracker_class():
             self.layers, self.trace, self.op = layers, [], "begin"
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            models.frozen_without_hooks(self, module)  # a frozen base takes no gradient hook
+            traces.frozen_without_hooks(self, module)  # a frozen base takes no gradient hook
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _kinds(self) -> tuple[int, ...]:
@@ -56,7 +56,7 @@ def tracker_class():
 
         def _record(self, outside: bool = False, op: str | None = None) -> None:
             if self.layers is not None:
-                layer = None if outside else models.layer_of(
+                layer = None if outside else traces.layer_of(
                     self._mod_tracker.parents, self.layers, self._mod_tracker.is_bw)
                 self.trace.append((layer, _Op(self._kinds(), op or self.op)))
 
@@ -207,6 +207,7 @@ def _paired(x: list, y: list) -> list[tuple] | None:
     return list(zip(a, b, strict=True))
 
 
-def carried_sharded(traces: tuple, key) -> list[list[int]] | None:
-    """`campaign.carried` of a sharded phase, loops outside the stack paired (`_paired`)."""
-    return models.carried(*traces, key=key, stretch=_paired)
+def carried_sharded(pair: tuple, key) -> list[list[int]] | None:
+    """`traces.carried` of a sharded phase's (shallow, deeper, depth), loops outside the stack
+    paired (`_paired`)."""
+    return traces.carried(*pair, key=key, stretch=_paired)
