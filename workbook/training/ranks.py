@@ -10,13 +10,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..base.errors import WorkbookError
+from ..storage.files import write_json
 from .devices import resolve_device
 
 
@@ -166,3 +167,22 @@ def join_launch(device_name: str, timeout_s: float) -> tuple[int, int, torch.dev
     dist.init_process_group(backend(device_name, world),
                             timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world, device
+
+
+def in_launch(spec: Any, result: Path,
+              body: Callable[[int, int, torch.device, WriteAudit], dict[str, Any]],
+              written: Callable[[str], str] = str) -> None:
+    """One process of a launch, DDP or FSDP alike (torchrun set RANK, WORLD_SIZE, LOCAL_RANK):
+    the process group joined, `body(rank, world, device, audit)` run, the paths every rank
+    wrote under the result's folder (each as `written` names it) gathered, and rank 0's result
+    with them written to `result`; the group is left however it ends."""
+    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
+    try:
+        audit = WriteAudit(result.parent)
+        out = body(rank, world, device, audit)
+        writers = gather(sorted({written(path) for path in audit.paths}))
+        if rank == 0:
+            write_json(result, {**out, "writes": writers})
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import os
 import re
@@ -31,7 +32,6 @@ from ..contract.data import Batch, Item, epoch_order, loader, micro_batches
 from ..contract.task import Task, load_recorded_task, load_task
 from ..storage import schemas
 from ..storage.artifacts import write_file
-from ..storage.files import write_json
 from ..storage.schemas import Count, StrictStr
 from . import checkpoint as ckpt
 from .deviation import relative_deviation
@@ -46,7 +46,7 @@ from .ranks import (
     check_world,
     digest,
     gather,
-    join_launch,
+    in_launch,
     now,
     sync_batch_norm,
 )
@@ -363,18 +363,10 @@ def rank_mean_gradient(task: Task, model: nn.Module, items: list[Item], world: i
 
 def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
                 task: Task | None = None) -> None:
-    """The body of one process of a launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
-    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
-    try:
-        audit = WriteAudit(out)
-        result = _launch(spec, out, resume_from, task, rank, world, device, audit)
-        writers = gather(sorted({_artifact(path) for path in audit.paths}))
-        if rank == 0:
-            result["writes"] = writers
-            write_json(out / RESULT, result)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    """The body of one process of a launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK); what
+    it wrote is named by artifact."""
+    in_launch(spec, out / RESULT, functools.partial(_launch, spec, out, resume_from, task),
+              _artifact)
 
 
 def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task | None,

@@ -31,14 +31,21 @@ from ..base.errors import WorkbookError
 from ..contract.data import Batch, Item
 from ..contract.task import Task, load_task
 from ..storage.artifacts import write_file
-from ..storage.files import write_json
 from ..storage.schemas import Count, Index, StrictBool, StrictStr
 from . import checkpoint as ckpt
 from .deviation import max_difference, relative_deviation
 from .launch_spec import LaunchBase
 from .loop import HeldBehaviour, Position, Stepper, build_stepper, seed_everything
 from .memory import measure, rebased
-from .ranks import WriteAudit, check_world, digest, gather, join_launch, now, sync_batch_norm
+from .ranks import (
+    WriteAudit,
+    check_world,
+    digest,
+    gather,
+    in_launch,
+    now,
+    sync_batch_norm,
+)
 from .replica import RESULT, WEIGHTS, replica_updates
 from .sharded_checkpoint import coverage, load_sharded, save_sharded
 from .sharded_model import (
@@ -308,20 +315,13 @@ def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
 # --- the launches -----------------------------------------------------------------------------
 def run_sharded(spec: ShardedSpec, out: Path, resume_from: Path | None = None) -> None:
     """The body of one process of an FSDP launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
-    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
-    try:
-        audit = WriteAudit(out)
+    def body(rank: int, world: int, device: torch.device, audit: WriteAudit) -> dict[str, Any]:
         task = load_task(spec.task, **spec.task_options)
         work = _resume if resume_from is not None else _train
-        result = work(spec, task, out, resume_from, rank, world, device, audit)
-        writers = gather(sorted(audit.paths))
-        if rank == 0:
-            result.update({"spec": asdict(spec), "world": world, "writes": writers,
-                           "backend": dist.get_backend()})
-            write_json(out / RESULT, result)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        return {**work(spec, task, out, resume_from, rank, world, device, audit),
+                "spec": asdict(spec), "world": world, "backend": dist.get_backend()}
+
+    in_launch(spec, out / RESULT, body)
 
 
 def _first_updates(task: Task, items: list[Item], spec: ShardedSpec, world: int,
