@@ -119,11 +119,7 @@ def name_of(text: str) -> str:
 
 def _number(value: Any) -> float | None:
     """A value as a metric: numbers and booleans (1/0); None for anything else."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    return None
+    return float(value) if isinstance(value, (int, float)) else None  # a bool is an int
 
 
 def _text(value: Any, limit: int = MAX_TAG) -> str:
