@@ -9,6 +9,7 @@ from workbook import load_task
 from workbook.notebooks import parallel
 from workbook.notebooks.parallel import fsdp as parallel_fsdp
 from workbook.training import sharding
+from workbook.training.checkpoint import tied_groups
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import ReplicaSpec
 from workbook.training.sharded_replica import (
@@ -17,7 +18,6 @@ from workbook.training.sharded_replica import (
     ShardedSpec,
     blocks,
     tie,
-    tied_groups,
     untie,
 )
 
@@ -41,7 +41,7 @@ def test_tied_groups_untie_and_tie_again():
     task = load_task(GENERATION, **TIED)
     model = task.build_model()
     groups = tied_groups(model)
-    assert groups == [["embed.weight", "head.weight"]]
+    assert groups == [("embed.weight", "head.weight")]
     untie(model, groups)
     assert tied_groups(model) == [] and torch.equal(model.head.weight, model.embed.weight)
     tie(model, groups)

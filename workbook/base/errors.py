@@ -15,7 +15,8 @@ class WorkbookError(Exception):
         return type(self), (self.problem, self.fix)
 
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colours some libraries put in errors
+# terminal codes (colours, cursor moves) some libraries put in errors and cells
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 
 
 def shorten(text: str, limit: int = 200) -> str:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
+
+from .errors import ANSI
 
 
 def readable(frame):
@@ -25,7 +26,6 @@ def readable(frame):
     return frame.__class__(columns)
 
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 SIGNIFICANT = 4
 
 

@@ -58,13 +58,17 @@ def lines(done: dict[str, Any]) -> list[str]:
     notebooks = sum(e.role == "notebook" for e in plan.entries)
     what = f"the pilot, {notebooks} notebooks and {trials} trials of 06"
     out = []
+
+    def head(tracker: str, action: str) -> str:
+        return {"exported": f"{tracker}: exported {what}",
+                "replaced": f"{tracker}: exported {what}, replacing the earlier export of this "
+                            "run (its content changed)",
+                "unchanged": f"{tracker}: already exported with the same content - nothing "
+                             "added"}[action]
+
     if "mlflow" in done:
         m = done["mlflow"]
-        head = {"exported": f"MLflow: exported {what}",
-                "replaced": f"MLflow: exported {what}, replacing the earlier export of this "
-                            "run (its content changed)",
-                "unchanged": "MLflow: already exported with the same content - nothing added"}
-        out += [f"{head[m['action']]} ({m['runs']} runs)",
+        out += [f"{head('MLflow', m['action'])} ({m['runs']} runs)",
                 f"  store {m['uri']}, experiment {m['experiment']!r}, pilot run {m['run_id']}"]
         if m["view"]:  # a database written by a newer MLflow is refused by an older one
             out.append(f"  open: {m['view']}" + (
@@ -72,13 +76,8 @@ def lines(done: dict[str, Any]) -> list[str]:
                 if m["uri"].startswith("sqlite") else ""))
     if "tensorboard" in done:
         t = done["tensorboard"]
-        head = {"exported": f"TensorBoard: exported {what}",
-                "replaced": f"TensorBoard: exported {what}, replacing the earlier export of "
-                            "this run (its content changed)",
-                "unchanged": "TensorBoard: already exported with the same content - nothing "
-                             "added"}
-        out += [f"{head[t['action']]} ({t['runs']} runs)", f"  folder {t['folder']}",
-                f"  open: {t['view']}"]
+        out += [f"{head('TensorBoard', t['action'])} ({t['runs']} runs)",
+                f"  folder {t['folder']}", f"  open: {t['view']}"]
     if plan.missing:
         out += ["not exported (the run folder does not have it):"]
         out += [f"  - {m}" for m in plan.missing]

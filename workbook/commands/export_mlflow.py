@@ -24,13 +24,12 @@ from typing import Any, Iterator
 from urllib.parse import unquote, urlparse
 
 from ..base.errors import WorkbookError, reason
-from .export_plan import Entry, Pilot, name_of
+from .export_plan import INSTALL, Entry, Pilot, inside, name_of
 
 EXPERIMENT = "workbook pilot"
 ROLE, PILOT_ID, DIGEST, COMPLETE, KEY = ("workbook.role", "workbook.pilot_id",
                                          "workbook.digest", "workbook.complete", "workbook.key")
 NOTE = "mlflow.note.content"  # the run's description in MLflow's UI
-INSTALL = "pip install 'workbook[export]' (or make install, which adds it)"
 MAX_KEY = 250  # MLflow's longest metric, parameter or tag name
 PROBE_TIMEOUT_S = "10"  # the first request to a tracking server: refused quickly, not retried
 
@@ -54,11 +53,6 @@ def store_uri(given: str | None, run: Path) -> str:
     return given
 
 
-def _inside(path: Path, run: Path) -> bool:
-    path, run = Path(os.path.realpath(path)), Path(os.path.realpath(run))
-    return path == run or path.is_relative_to(run)
-
-
 def _sqlite_path(uri: str) -> Path | None:
     """The file of a sqlite:/// URI (None for another scheme)."""
     if not uri.startswith("sqlite:"):
@@ -79,12 +73,12 @@ def check_destination(uri: str, run: Path) -> None:
         scheme = urlparse(uri).scheme
         if scheme in ("", "file"):
             path = Path(os.path.abspath(unquote(urlparse(uri).path) if scheme else uri))
-            if _inside(path, run):
+            if inside(path, run):
                 raise WorkbookError(f"--mlflow {uri} lies inside the run folder {run}, which an "
                                     "export never changes", "give a store outside it (the "
                                     "default is sqlite:///<parent>/mlflow.db beside it)")
         return
-    if _inside(path, run):
+    if inside(path, run):
         raise WorkbookError(f"--mlflow {uri} lies inside the run folder {run}, which an export "
                             "never changes", "leave --mlflow without a URI (the store then goes "
                             f"beside the run folder: {default_uri(run)}) or give another path")
@@ -228,7 +222,7 @@ def _in_run(location: str, run: Path) -> bool:
     parsed = urlparse(location)
     if parsed.scheme not in ("", "file"):
         return False
-    return _inside(Path(os.path.abspath(unquote(parsed.path) if parsed.scheme else location)),
+    return inside(Path(os.path.abspath(unquote(parsed.path) if parsed.scheme else location)),
                    run)
 
 

@@ -36,8 +36,7 @@ from ..storage.artifacts import verify
 from ..storage.files import open_plain, read_plain, sha256
 from ..storage.ledger import Ledger
 from ..storage.processes import process_alive
-from ..storage.runs import CLAIM
-from .params import stems
+from ..storage.runs import CLAIM, overall_verdict
 
 FORMAT = 1  # raised when what an export holds changes: an older export is then replaced
 STUDY, GATES = registry.STUDY.stem, registry.GATES.stem
@@ -45,6 +44,7 @@ ARCHIVE = (registry.RESUME.stem, "archive")
 TABLES = (".csv", ".json", ".md", ".png")  # a notebook folder's files sent as artifacts
 MAX_TAG = 5000  # characters of a parameter or tag (MLflow keeps 6,000 and 8,000; files all)
 MAX_NOTE = 8000  # characters of a run's description (an MLflow tag)
+INSTALL = "pip install 'workbook[export]' (or make install, which adds it)"  # both writers
 STATUS = {"pass": "FINISHED", "fail": "FAILED", "error": "FAILED", "interrupted": "KILLED"}
 TRIAL_STATUS = {"finished": "FINISHED", "diverged": "FINISHED", "failed": "FAILED",
                 "interrupted": "KILLED", "running": "RUNNING"}
@@ -119,11 +119,7 @@ def name_of(text: str) -> str:
 
 def _number(value: Any) -> float | None:
     """A value as a metric: numbers and booleans (1/0); None for anything else."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    return None
+    return float(value) if isinstance(value, (int, float)) else None  # a bool is an int
 
 
 def _text(value: Any, limit: int = MAX_TAG) -> str:
@@ -164,6 +160,12 @@ def _iso_ms(text: Any) -> int | None:
     except ValueError:
         return None
     return _ms(when.timestamp()) if when.tzinfo is not None else None
+
+
+def inside(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder` or lies in it (links resolved): where an export never writes."""
+    path, folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return path == folder or path.is_relative_to(folder)
 
 
 def _plain_file(path: Path) -> bool:
@@ -454,7 +456,7 @@ def read_pilot(run: str | Path) -> Pilot:
     if len(set(ran)) != len(ran):
         raise WorkbookError(f"{run / 'index.json'} lists a notebook twice",
                             "the run folder is damaged: export an intact copy")
-    not_run = [s for s in stems() if s not in ran]
+    not_run = [s for s in registry.stems() if s not in ran]
     if not_run:
         missing.append(f"not run in this pilot: {', '.join(not_run)}"
                        + (" (the pilot is still running: export again when it ends)"
@@ -469,8 +471,7 @@ def read_pilot(run: str | Path) -> Pilot:
 
 def _pilot_entry(run: Path, index: Index, notebooks: list[Entry], missing: list[str]) -> Entry:
     verdicts = [n.tags["verdict"] for n in notebooks]
-    overall = "pass" if verdicts and all(v == "pass" for v in verdicts) else \
-        ("fail" if all(v in ("pass", "fail") for v in verdicts) else "error")
+    overall = overall_verdict(verdicts)
     starts = [n.start_ms for n in notebooks if n.start_ms]
     ends = [n.end_ms for n in notebooks if n.end_ms]
     entry = Entry(key="pilot", name=run.name, role="pilot", status=STATUS[overall],

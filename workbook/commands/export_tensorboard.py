@@ -23,10 +23,9 @@ from typing import Any
 from ..base.errors import WorkbookError, reason
 from ..storage import schemas
 from ..storage.files import read_plain, umask
-from .export_plan import Entry, Pilot
+from .export_plan import INSTALL, Entry, Pilot, inside
 
 MARKER = "workbook-export.json"
-INSTALL = "pip install 'workbook[export]' (or make install, which adds it)"
 PNG = b"\x89PNG\r\n\x1a\n"
 COLOURS = {0: 1, 2: 3, 4: 2, 6: 4, 3: 3}  # PNG colour type -> channels TensorBoard names
 HPARAM_METRICS = ("best_metric", "best_step", "stop_step")  # the same list for every trial
@@ -42,17 +41,12 @@ def import_tensorboard() -> Any:
     return SummaryWriter
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    path, folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
-    return path == folder or path.is_relative_to(folder)
-
-
 def destination(logdir: str | Path, plan: Pilot) -> Path:
     """`DIR/<run name>`, checked before anything is written: outside the run folder, not the
     run folder itself, and either new or an earlier export of this same pilot."""
     logdir = Path(os.path.abspath(logdir))
     target = logdir / plan.name
-    if _inside(logdir, plan.run) or _inside(target, plan.run):
+    if inside(logdir, plan.run) or inside(target, plan.run):
         raise WorkbookError(f"--tensorboard {logdir} would write into the run folder "
                             f"{plan.run}, which an export never changes",
                             "give a folder outside it, e.g. --tensorboard "

@@ -17,7 +17,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+from unittest import mock
 
 import pandas as pd
 
@@ -130,7 +131,9 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     # folders removed), the kernel shut down, the index and report written, then exit 130.
     interrupted = threading.Event()
     try:
-        with _headless_kernels(), signals_as_interrupt(interrupted):
+        # kernels started inside inherit WORKBOOK_HEADLESS=1: no live widgets (they can hang)
+        with mock.patch.dict(os.environ, {HEADLESS_ENV: "1"}), \
+                signals_as_interrupt(interrupted):
             try:
                 for stem in selected:
                     rows.append(execute(stem, run, parameters[stem], kernel, limit, progress,
@@ -376,20 +379,6 @@ def _cell_name(current: dict[str, Any]) -> str:
         return "(before the first cell)"
     lines = [ln for ln in cell.source.splitlines() if ln.strip() and not ln.startswith("#")]
     return f"{cell.get('execution_count') or ''} `{(lines or [''])[0][:80]}`".strip()
-
-
-@contextlib.contextmanager
-def _headless_kernels() -> Iterator[None]:
-    """Kernels started inside inherit WORKBOOK_HEADLESS=1: no live widgets (they can hang)."""
-    before = os.environ.get(HEADLESS_ENV)
-    os.environ[HEADLESS_ENV] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(HEADLESS_ENV, None)
-        else:
-            os.environ[HEADLESS_ENV] = before
 
 
 def _ended_kernel_task(record: logging.LogRecord) -> bool:

@@ -23,6 +23,7 @@ from ..notebooks.registry import GATES, RENTAL
 from ..notebooks.rental import glance
 from ..storage import schemas
 from ..storage.files import write_text
+from ..storage.runs import overall_verdict
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "interrupted": "#9a6700",
            "provisional": "#9a6700"}
@@ -74,14 +75,6 @@ NOT_GIVEN = {"plan_fits": "not judged: no device memory given (device_memory_gib
                           "not predicted (plan_unpredicted)"}
 
 
-def _shown(name: str, value) -> str:
-    """A key figure as words (`frontend.figure_word`): yes/no, '-' (or why) for none, bytes
-    in MiB or GiB, floats to 4 significant digits, lists and dicts joined whole (never cut)."""
-    if value is None:
-        return NOT_GIVEN.get(name, "-")
-    return frontend.figure_word(name, value)
-
-
 def run_and_predicted(summaries: dict) -> list[str]:
     """What ran here and what was only predicted, from 03's summary: the gates' shape on this
     machine against the rented shape sized on fake tensors, and - unless 08's conclusion says
@@ -99,22 +92,16 @@ def run_and_predicted(summaries: dict) -> list[str]:
 
 def _key_figures(stem: str, summary: dict | None) -> list[tuple[str, str]]:
     """A notebook's key figures in a fixed order of importance (its registry entry's), with
-    human labels and units, yes/no, never a Python literal: (label, value)."""
+    human labels and units, yes/no, never a Python literal (`registry.key_figures`); a figure
+    of none says why where `NOT_GIVEN` knows: (label, value)."""
     if not summary:
         return []
-    figures = summary.get("figures", {})
-    labels = registry.labels(stem)
-    rows = [(labels.get(name) or frontend.header(name.removesuffix("_bytes")),
-             _shown(name, figures[name])) for name in _ordered(stem, figures)]
+    figures = {name: NOT_GIVEN.get(name) if value is None else value
+               for name, value in summary.get("figures", {}).items()}
+    rows = registry.key_figures(stem, figures)
     if summary.get("flags"):
         rows.append(("flagged checks", ", ".join(map(str, summary["flags"]))))
     return rows
-
-
-def _ordered(stem: str, figures: dict) -> list[str]:
-    """The figure names in `frontend.key_figures`' order."""
-    labels = registry.labels(stem)
-    return [n for n in labels if n in figures] + [n for n in figures if n not in labels]
 
 
 def _summary(folder: Path) -> dict | None:
@@ -193,8 +180,7 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
     import mistune
 
     rows = index.to_dict(orient="records")
-    overall = "pass" if rows and all(r["verdict"] == "pass" for r in rows) else \
-        ("fail" if all(r["verdict"] in ("pass", "fail") for r in rows) else "error")
+    overall = overall_verdict([r["verdict"] for r in rows])
     summaries = {r["notebook"]: _summary(run / r["notebook"]) for r in rows}
     notebooks = []
     for r in rows:

@@ -17,7 +17,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..base.errors import WorkbookError
 from . import schemas
@@ -98,12 +98,7 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "fo
     """Create the artifact folder `path` (never over an existing one): `fill(tmp)` writes the
     files into a temporary folder, which gets its manifest and is renamed into place."""
     path = Path(path)
-    if os.path.lexists(path):
-        raise _exists(path, what)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _temporary(path)
+    with _new_folder(path, what, parents=True) as tmp:
         fill(tmp)
         if os.path.lexists(tmp / MANIFEST):
             raise WorkbookError(f"the {what} being written holds its own {MANIFEST}",
@@ -117,9 +112,25 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "fo
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp / MANIFEST, file_mode())
+    return path
+
+
+@contextlib.contextmanager
+def _new_folder(path: Path, what: str, parents: bool = False) -> Iterator[Path]:
+    """A private temporary folder beside `path` to fill, fsynced and renamed to `path` when the
+    block ends (onto a free name: an empty folder made meanwhile is all it replaces); on any
+    failure it is removed, and a failure to write named with `path`."""
+    if os.path.lexists(path):
+        raise _exists(path, what)
+    tmp = None
+    try:
+        if parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temporary(path)
+        yield tmp
         os.chmod(tmp, 0o777 & ~umask())
         _fsync_folder(tmp)
-        os.rename(tmp, path)  # onto a free name: an empty folder made meanwhile is all it replaces
+        os.rename(tmp, path)
         _fsync_folder(path.parent)
     except BaseException as exc:
         if tmp is not None:
@@ -128,7 +139,6 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "fo
                 write_failure(exc):
             raise write_error(what, path, exc, "; nothing was left behind") from exc
         raise
-    return path
 
 
 def write_file(path: Path, write: Callable[[Path], None], what: str = "file") -> Path:
@@ -224,11 +234,7 @@ def copy_folder(source: str | Path, path: str | Path, changes: dict[str, bytes] 
     replaced by their bytes: filled in a private temporary folder and renamed, so a full disk
     leaves no 0-byte or truncated file under a final name (and no temporary one)."""
     source, path = Path(source), Path(path)
-    if os.path.lexists(path):
-        raise _exists(path, what)
-    tmp = None
-    try:
-        tmp = _temporary(path)
+    with _new_folder(path, what) as tmp:
         for entry in sorted(os.scandir(source), key=lambda e: e.name):
             if not entry.is_file(follow_symlinks=False):
                 raise not_plain("folder", source, entry.name,
@@ -238,17 +244,6 @@ def copy_folder(source: str | Path, path: str | Path, changes: dict[str, bytes] 
             (tmp / name).write_bytes(data)
         for name in os.listdir(tmp):
             _seal_entry(tmp, name, what)
-        os.chmod(tmp, 0o777 & ~umask())
-        _fsync_folder(tmp)
-        os.rename(tmp, path)
-        _fsync_folder(path.parent)
-    except BaseException as exc:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, Exception) and not isinstance(exc, WorkbookError) and \
-                write_failure(exc):
-            raise write_error(what, path, exc, "; nothing was left behind") from exc
-        raise
     return path
 
 

@@ -224,13 +224,11 @@ def write_text(path: str | Path, text: str, overwrite: bool = True) -> Path:
             os.fsync(handle.fileno())
         public_mode(tmp)  # a temporary file is private; the result is not
         publish(tmp, path, overwrite)
-    except OSError as exc:
+    except BaseException as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        raise write_error("file", path, exc) from exc
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise write_error("file", path, exc) from exc
         raise
     return path
 

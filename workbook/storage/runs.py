@@ -162,6 +162,15 @@ def write_summary(out_dir: Path, verdict: str, figures: dict[str, Any], **extra:
                                                        **extra})
 
 
+def overall_verdict(verdicts: list[str]) -> str:
+    """A pilot's verdict from its notebooks': "pass" when every one passed, "fail" when each
+    passed or failed (none ran: nothing passed), else "error" (one errored or was
+    interrupted)."""
+    if verdicts and all(v == "pass" for v in verdicts):
+        return "pass"
+    return "fail" if all(v in ("pass", "fail") for v in verdicts) else "error"
+
+
 def save_table(frame: pd.DataFrame, out_dir: Path, name: str) -> Path:
     """Store a table as CSV (for people) and JSON records (for programs)."""
     write_text(Path(out_dir) / f"{name}.csv", frame.to_csv(index=False))

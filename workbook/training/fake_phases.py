@@ -3,7 +3,6 @@ breakdown by category, for the task's model or (carried from shallow runs) its c
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import torch
@@ -14,6 +13,7 @@ from ..base.errors import WorkbookError, reason
 from ..contract.data import Batch
 from ..contract.task import Task
 from . import campaign as models
+from . import traces
 from .devices import resolve_device
 from .loop import TrainConfig, build_stepper, seed_everything
 from .memory import cublas_workspace_bytes
@@ -26,16 +26,17 @@ class PhaseTracker(MemTracker):
     """MemTracker whose peak can be restarted at each phase (the stock peak only grows)."""
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-        models.frozen_without_hooks(self, module)
+        traces.frozen_without_hooks(self, module)
         return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     layers: str | None = None  # fqn of the model's layer list: record every operator (trace)
 
     def begin(self) -> None:
+        """A phase starts: its peak, breakdown and trace from what lives now."""
         self.phase_peak = self._total()
-        self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+        self.phase_categories = self._categories()  # at the phase's peak
         self.trace: list[tuple[int | None, tuple[int, ...]]] = \
-            [(None, self._categories())] if self.layers is not None else []
+            [(None, self.phase_categories)] if self.layers is not None else []
 
     def _categories(self) -> tuple[int, ...]:
         return tuple(sum(int(snap.get(k, 0)) for snap in self._curr_mem_snap.values())
@@ -49,12 +50,12 @@ class PhaseTracker(MemTracker):
         # of every module's statistics per operator (minutes for a 7 B model's step)
         total = self._total()
         if self.layers is not None:
-            layer = models.layer_of(self._mod_tracker.parents, self.layers,
+            layer = traces.layer_of(self._mod_tracker.parents, self.layers,
                                     self._mod_tracker.is_bw)
             self.trace.append((layer, self._categories()))
         if total > self.phase_peak:
             self.phase_peak = total
-            self.phase_snapshot = copy.deepcopy(self._curr_mem_snap)
+            self.phase_categories = self._categories()
 
     def _pre_fw_hook(self, module, inputs) -> None:
         # a second forward of the root module is the next micro-batch or step: start its
@@ -66,11 +67,7 @@ class PhaseTracker(MemTracker):
         super()._pre_fw_hook(module, inputs)
 
     def breakdown(self) -> dict[str, int]:
-        out = dict.fromkeys(CATEGORIES, 0)
-        for snap in self.phase_snapshot.values():
-            for key in CATEGORIES:
-                out[key] += int(snap.get(key, 0))
-        return out
+        return dict(zip(CATEGORIES, self.phase_categories, strict=True))
 
 
 def fake_model(task: Task, cfg: TrainConfig, fake: FakeTensorMode,
@@ -193,19 +190,19 @@ def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batc
                     eval_batch: Batch, label: str) -> tuple[list[dict], str]:
     """`fake_phases` of the campaign model, and how it was sized. A deep one (a
     `campaign.Deep` factory) runs at 3 and 4 layers with every operator's memory recorded, and
-    each operator's memory is carried to the full depth (`campaign.extrapolate`); the full depth
+    each operator's memory is carried to the full depth (`traces.extrapolate`); the full depth
     is run when the two traces do not line up layer for layer."""
     deep = models.depth_of(task)
     shallow = {n: replace(task, campaign_model=deep.with_layers(n))
-               for n in models.TRACE_DEPTHS} if deep else {}
-    lists = {n: models.layer_list(models.held_on_meta(t.campaign_model), n)
+               for n in traces.TRACE_DEPTHS} if deep else {}
+    lists = {n: traces.layer_list(models.held_on_meta(t.campaign_model), n)
              for n, t in shallow.items()}
     if deep and all(lists.values()):
         runs = {n: fake_phases(t, cfg, batch, group, eval_batch, label, campaign=True,
                                layers=lists[n]) for n, t in shallow.items()}
         rows = []
         for i, phase in enumerate(TRAINING_PHASES):
-            categories = models.extrapolate(*(runs[n][i]["trace"] for n in models.TRACE_DEPTHS),
+            categories = traces.extrapolate(*(runs[n][i]["trace"] for n in traces.TRACE_DEPTHS),
                                             deep.layers)
             if categories is None:
                 break
@@ -215,7 +212,7 @@ def campaign_phases(task: Task, cfg: TrainConfig, batch: Batch, group: list[Batc
         else:
             return with_workspaces(rows, resolve_device(cfg.device)), (
                 f"each operator's memory carried from fake runs at "
-                f"{' and '.join(map(str, models.TRACE_DEPTHS))} layers to {deep.layers}")
+                f"{' and '.join(map(str, traces.TRACE_DEPTHS))} layers to {deep.layers}")
     how = "run at its full depth" + (
         " (the shallow runs did not line up layer for layer)" if deep else "")
     return fake_phases(task, cfg, batch, group, eval_batch, label, campaign=True), how

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from ..base.errors import WorkbookError
+from ..contract.data import Prepared, prepare
 from ..contract.shape import UpdateShape
 from ..storage import schemas
 from ..storage.schemas import (
@@ -22,7 +23,7 @@ from ..storage.schemas import (
     StrictBool,
     StrictStr,
 )
-from .loop import TrainConfig
+from .loop import TrainConfig, seed_everything
 
 S = TypeVar("S", bound="LaunchBase")
 
@@ -71,3 +72,11 @@ class LaunchBase:
         return TrainConfig(
             self.shape, updates=self.updates, lr=self.lr, seed=self.seed, device=self.device,
             drop_partial=self.drop_partial, eval_batch=self.eval_batch)
+
+    def prepared(self, task: Any) -> tuple[Prepared, TrainConfig]:
+        """The task's data as every rank encodes it (seeded alike: the same tensors, a random
+        augmentation too) and the loop's configuration, checked against its training split."""
+        seed_everything(self.seed)
+        data = prepare(task, limits={"train": self.train_limit,
+                                     "validation": self.validation_limit})
+        return data, self.train_config().validate(len(data.train))

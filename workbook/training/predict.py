@@ -21,24 +21,9 @@ from . import campaign as models
 from .devices import resolve_device
 from .evaluation import eval_mode
 from .fake_phases import campaign_phases, fake_phases
-from .loop import TrainConfig, UpdateShape
+from .loop import TrainConfig
 from .memory import cuda_overheads
-from .workload import TRAINING_PHASES, measured_peaks, shaped_batch
-
-
-@dataclass
-class Plan:
-    """A configuration to size: the shape of an update and of evaluation."""
-
-    shape: UpdateShape
-    length: int | None = None  # positions per sequence (None: the data's longest)
-    eval_batch: int | None = None  # default: the micro-batch
-    eval_length: int | None = None  # default: `length`
-
-    def label(self) -> str:
-        shape = self.shape
-        return (f"mb{shape.micro_batch} x acc{shape.accumulation} len{self.length or 'data'} "
-                f"{shape.precision}{' +ckpt' if shape.activation_checkpointing else ''}")
+from .workload import TRAINING_PHASES, Plan, measured_peaks, shaped_batch, sized_batches
 
 
 def max_positions(task: Task, campaign: bool = False) -> tuple[int, str] | None:
@@ -103,18 +88,6 @@ def check_length(task: Task, plan: Plan, campaign: bool = False) -> None:
         raise PlanRefused(f"planned length {longest} exceeds the {limit[0]} positions the "
                           f"model of {task.name!r} accepts ({limit[1]})",
                           _lengthen_fix(task, limit[0], longest))
-
-
-def sized_batches(task: Task, train: list[Item], val: list[Item],
-                 plan: Plan) -> tuple[Batch, list[Batch], Batch]:
-    """Real batches of the planned shapes: the phase batch, one update's group, an eval batch."""
-    micro = plan.shape.micro_batch
-    batch = shaped_batch(task, train, micro, plan.length)
-    group = [shaped_batch(task, train[i:] + train[:i], micro, plan.length)
-             for i in range(plan.shape.accumulation)]
-    eval_batch = shaped_batch(task, val, plan.eval_batch or micro,
-                              plan.eval_length or plan.length)
-    return batch, group, eval_batch
 
 
 def accepts_length(task: Task, batch: Batch) -> None:

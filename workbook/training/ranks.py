@@ -8,14 +8,16 @@ import datetime
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..base.errors import WorkbookError
+from ..storage.files import write_json
 from .devices import resolve_device
 
 
@@ -122,7 +124,21 @@ def bn_check(sync: dict[str, Any], saved: dict[str, torch.Tensor] | None) -> dic
             "saved_vs_rank_mean": off}
 
 
+def now(device: torch.device) -> float:
+    """The time once the device's queued work is done (a CUDA device is synchronised first)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 # --- the process group -----------------------------------------------------------------------
+def check_world(path: Path, written: int, world: int) -> None:
+    """Refuse a checkpoint written by another number of processes than this launch has."""
+    if written != world:
+        raise WorkbookError(f"checkpoint {path} was written by {written} processes, this "
+                            f"launch has {world}", f"resume with --nproc_per_node={written}")
+
+
 def backend(device: str, world: int) -> str:
     """NCCL when every process has a GPU of its own, else gloo (the CPU, or processes sharing
     GPUs: NCCL refuses two ranks on one device)."""
@@ -151,3 +167,22 @@ def join_launch(device_name: str, timeout_s: float) -> tuple[int, int, torch.dev
     dist.init_process_group(backend(device_name, world),
                             timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world, device
+
+
+def in_launch(spec: Any, result: Path,
+              body: Callable[[int, int, torch.device, WriteAudit], dict[str, Any]],
+              written: Callable[[str], str] = str) -> None:
+    """One process of a launch, DDP or FSDP alike (torchrun set RANK, WORLD_SIZE, LOCAL_RANK):
+    the process group joined, `body(rank, world, device, audit)` run, the paths every rank
+    wrote under the result's folder (each as `written` names it) gathered, and rank 0's result
+    with them written to `result`; the group is left however it ends."""
+    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
+    try:
+        audit = WriteAudit(result.parent)
+        out = body(rank, world, device, audit)
+        writers = gather(sorted({written(path) for path in audit.paths}))
+        if rank == 0:
+            write_json(result, {**out, "writes": writers})
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import os
 import re
@@ -27,11 +28,10 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ..base.errors import WorkbookError
-from ..contract.data import Batch, Item, epoch_order, loader, micro_batches, prepare
+from ..contract.data import Batch, Item, epoch_order, loader, micro_batches
 from ..contract.task import Task, load_recorded_task, load_task
 from ..storage import schemas
 from ..storage.artifacts import write_file
-from ..storage.files import write_json
 from ..storage.schemas import Count, StrictStr
 from . import checkpoint as ckpt
 from .deviation import relative_deviation
@@ -43,9 +43,11 @@ from .ranks import (
     WriteAudit,
     bn_buffers,
     bn_check,
+    check_world,
     digest,
     gather,
-    join_launch,
+    in_launch,
+    now,
     sync_batch_norm,
 )
 
@@ -166,12 +168,6 @@ def wrap(model: nn.Module, device: torch.device) -> tuple[DistributedDataParalle
     return ddp, clock
 
 
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def replica_update(stepper: Stepper, clock: AllReduceClock, batches: list[Batch],
                    weights: list[float], world: int, fault: str = "",
                    readings: dict | None = None, step: bool = True) -> dict[str, float]:
@@ -187,7 +183,7 @@ def replica_update(stepper: Stepper, clock: AllReduceClock, batches: list[Batch]
     for i, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
         last = i == len(batches) - 1
         with contextlib.nullcontext() if last else ddp.no_sync():
-            t0 = _now(device)
+            t0 = now(device)
             with _measured(readings, "forward + loss", stepper, i == 0):
                 _, summed, count = stepper.forward_loss(batch.to(device))
             if weight:
@@ -195,10 +191,10 @@ def replica_update(stepper: Stepper, clock: AllReduceClock, batches: list[Batch]
                 local += count
             if last and fault == "rank_mean_loss":  # the classic: each rank's own mean,
                 clock.pre_scale = 1.0 / max(float(local), 1.0)  # then DDP's average
-            t1 = _now(device)
+            t1 = now(device)
             with _measured(readings, "backward", stepper, last):
                 stepper.backward(summed * weight)
-            t2 = _now(device)
+            t2 = now(device)
         times["forward + loss"] += t1 - t0
         times["backward"] += t2 - t1
     clock.pre_scale = 1.0
@@ -208,10 +204,10 @@ def replica_update(stepper: Stepper, clock: AllReduceClock, batches: list[Batch]
     out = {"loss": float(totals[0] / totals[1].clamp(min=1)), "targets": float(totals[1]),
            "local_targets": float(local), **times}
     if step:
-        t3 = _now(device)
+        t3 = now(device)
         with _measured(readings, "update", stepper, True):
             out["grad_norm"] = float(stepper.step())
-        out["update"] = _now(device) - t3
+        out["update"] = now(device) - t3
     return out
 
 
@@ -367,18 +363,10 @@ def rank_mean_gradient(task: Task, model: nn.Module, items: list[Item], world: i
 
 def run_replica(spec: ReplicaSpec, out: Path, resume_from: Path | None = None,
                 task: Task | None = None) -> None:
-    """The body of one process of a launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
-    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
-    try:
-        audit = WriteAudit(out)
-        result = _launch(spec, out, resume_from, task, rank, world, device, audit)
-        writers = gather(sorted({_artifact(path) for path in audit.paths}))
-        if rank == 0:
-            result["writes"] = writers
-            write_json(out / RESULT, result)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    """The body of one process of a launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK); what
+    it wrote is named by artifact."""
+    in_launch(spec, out / RESULT, functools.partial(_launch, spec, out, resume_from, task),
+              _artifact)
 
 
 def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task | None,
@@ -386,10 +374,8 @@ def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task |
     seed_everything(spec.seed)  # a task that builds its model on loading (a TRL trainer, built
     # once: a fresh score head drawn before the trainer seeds) builds the same on every rank
     task = task if task is not None else load_task(spec.task, **spec.task_options)
-    seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
-    data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
+    data, cfg = spec.prepared(task)
     items, val = data.train, data.validation
-    cfg = spec.train_config().validate(len(items))
     seed_everything(spec.seed + (rank if spec.fault == "rank_seed" else 0))
     model = task.build_model().to(device)
     if dist.get_backend() == "nccl":  # SyncBatchNorm gathers over NCCL only
@@ -408,9 +394,9 @@ def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task |
     stream = replica_updates(task, items, spec, rank, world, position)
     records, readings, events = [], {}, {}
     for step in range(first, spec.updates + 1):
-        t0 = _now(device)
+        t0 = now(device)
         where, batches, weights = next(stream)
-        data_s = _now(device) - t0
+        data_s = now(device) - t0
         calls, seconds = clock.calls, clock.seconds
         lr = stepper.optimizer.param_groups[0]["lr"]
         row = replica_update(stepper, clock, batches, weights, world, spec.fault,
@@ -424,14 +410,14 @@ def _launch(spec: ReplicaSpec, out: Path, resume_from: Path | None, task: Task |
                         "all_reduce": clock.seconds - seconds,
                         "ids": [str(i) for b in real for i in b.ids]})
         if step == spec.checkpoint_at:
-            t = _now(device)
+            t = now(device)
             events["checkpoint"] = _checkpoint(out, step, Position(where.epoch, where.group + 1),
                                                stepper, spec, task, rank, world)
-            events["checkpoint"]["seconds"] = _now(device) - t
-    t = _now(device)
+            events["checkpoint"]["seconds"] = now(device) - t
+    t = now(device)
     sync = sync_batch_norm(model, world, spec.fault)
     evaluation = _eval_split(task, model, val, spec, rank, world, device)
-    eval_s = _now(device) - t
+    eval_s = now(device) - t
     ranks = gather({"records": records, "memory": readings, "eval_s": eval_s,
                     "final_digest": digest(model.state_dict()),
                     "collisions": events.get("checkpoint", {}).pop("collisions", []),
@@ -482,10 +468,7 @@ def _restore(path: Path, stepper: Stepper, rank: int, world: int) -> tuple[Posit
     c = info["counters"]
     schemas.check(schemas.ReplicaCounters, c, Path(path) / ckpt.STATE, "checkpoint state",
                   "resume from a checkpoint of notebook 09's launch", "counters")
-    if int(c.get("world", 1)) != world:
-        raise WorkbookError(f"checkpoint {path} was written by {c.get('world')} processes, this "
-                            f"launch has {world}",
-                            f"resume with --nproc_per_node={int(c.get('world', 1))}")
+    check_world(path, int(c.get("world", 1)), world)
     ckpt.set_rng_state(c["rank_rng"][rank])
     return Position(int(c["epoch"]), int(c["group"])), int(c["step"]) + 1
 

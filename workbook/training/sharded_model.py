@@ -44,27 +44,22 @@ def blocks(task: Task, model: nn.Module) -> list[nn.Module]:
 
 
 def shard_model(task: Task, model: nn.Module, precision: str = "fp32",
-                mesh: Any = None) -> nn.Module:
-    """FSDP2 full sharding in place: `fully_shard` on every block, then on the root; bf16
-    parameters and gradient reduction for a bf16 plan, as the prediction models it."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+                mesh: Any = None, offload: bool = False) -> nn.Module:
+    """FSDP2 full sharding in place, the same in the launches and the prediction: `fully_shard`
+    on every block, then on the root; bf16 parameters and gradient reduction for a bf16 plan;
+    with `offload`, FSDP2's `CPUOffloadPolicy` (the sharded state in host memory)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     options: dict[str, Any] = {}
     if precision == "bf16":
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                     reduce_dtype=torch.bfloat16)
+    if offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
     for block in blocks(task, model):
         fully_shard(block, mesh=mesh, **options)
     fully_shard(model, mesh=mesh, **options)
     return model
-
-
-def tied_groups(model: nn.Module) -> list[list[str]]:
-    """Names that share one parameter (tied weights: an output layer that is the embedding)."""
-    by_id: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(p), []).append(name)
-    return [names for names in by_id.values() if len(names) > 1]
 
 
 def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:

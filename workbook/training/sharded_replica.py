@@ -18,7 +18,6 @@ import copy
 import gc
 import math
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -29,17 +28,24 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..base.errors import WorkbookError
-from ..contract.data import Batch, Item, prepare
+from ..contract.data import Batch, Item
 from ..contract.task import Task, load_task
 from ..storage.artifacts import write_file
-from ..storage.files import write_json
 from ..storage.schemas import Count, Index, StrictBool, StrictStr
 from . import checkpoint as ckpt
 from .deviation import max_difference, relative_deviation
 from .launch_spec import LaunchBase
-from .loop import HeldBehaviour, Position, Stepper, UpdateShape, build_stepper, seed_everything
+from .loop import HeldBehaviour, Position, Stepper, build_stepper, seed_everything
 from .memory import measure, rebased
-from .ranks import WriteAudit, digest, gather, join_launch, sync_batch_norm
+from .ranks import (
+    WriteAudit,
+    check_world,
+    digest,
+    gather,
+    in_launch,
+    now,
+    sync_batch_norm,
+)
 from .replica import RESULT, WEIGHTS, replica_updates
 from .sharded_checkpoint import coverage, load_sharded, save_sharded
 from .sharded_model import (
@@ -51,14 +57,19 @@ from .sharded_model import (
     local_tensor,
     shard_model,
     tie,
-    tied_groups,
     untie,
 )
-from .workload import TRAINING_PHASES, Workload, shaped_batch, targets_of
+from .workload import (
+    CHECKPOINT_SAVE,
+    TRAINING_PHASES,
+    Plan,
+    Workload,
+    multi_tensor_step,
+    sized_batches,
+    targets_of,
+)
 
 STRATEGY = "fsdp"
-CHECKPOINT_SAVE = "checkpoint save"  # the phase after the training phases: a DCP save
-PHASES = (*TRAINING_PHASES, CHECKPOINT_SAVE)
 PLANTED_PREFIX = "rank0-only-"  # the planted checkpoint's folder: rank0-only-ckpt-000005
 SHARDED_FAULTS = {
     "rank0_checkpoint": "checkpoint saved by rank 0 only under FSDP",
@@ -91,12 +102,6 @@ class ShardedSpec(LaunchBase):
 
 
 # --- one update across ranks ------------------------------------------------------------------
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def sharded_update(stepper: Stepper, batches: list[Batch], weights: list[float],
                    world: int, before_step: Callable[[], None] | None = None
                    ) -> dict[str, float]:
@@ -275,9 +280,7 @@ def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
     model = shard_model(task, task.build_model().to(device), cfg.shape.precision)
     note = "" if device.type != "cpu" or _measure_without_gloo_temporaries(model) else GLOO_NOTE
     stepper = build_stepper(task, cfg, model)
-    for options in stepper.optimizer.param_groups:  # as the prediction: the multi-tensor step
-        if "foreach" in options and options["foreach"] is None:  # (PyTorch's default on CUDA)
-            options["foreach"] = True
+    multi_tensor_step(stepper.optimizer)  # as the prediction
     batch, group, eval_batch = batches
     group = group[:2]  # as the prediction: from the second on, micro-batches repeat the state
     work = Workload(stepper, batch.to(device), [b.to(device) for b in group],
@@ -309,36 +312,16 @@ def measured_phases(task: Task, cfg, batches: tuple[Batch, list[Batch], Batch],
     return peaks, note
 
 
-def plan_batches(task: Task, train: list[Item], val: list[Item], shape: UpdateShape,
-                 length: int = 0, eval_batch: int = 0,
-                 eval_length: int = 0) -> tuple[Batch, list[Batch], Batch]:
-    """The batches of the measured workload, those the prediction sizes for the same plan
-    (`predict.sized_batches` of `Plan(shape, length, eval_batch)`, without importing the
-    prediction's tracker into every process)."""
-    micro, length_ = shape.micro_batch, length or None
-    batch = shaped_batch(task, train, micro, length_)
-    group = [shaped_batch(task, train[i:] + train[:i], micro, length_)
-             for i in range(shape.accumulation)]
-    return batch, group, shaped_batch(task, val, eval_batch or micro, eval_length or length_)
-
-
 # --- the launches -----------------------------------------------------------------------------
 def run_sharded(spec: ShardedSpec, out: Path, resume_from: Path | None = None) -> None:
     """The body of one process of an FSDP launch (torchrun set RANK, WORLD_SIZE, LOCAL_RANK)."""
-    rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
-    try:
-        audit = WriteAudit(out)
+    def body(rank: int, world: int, device: torch.device, audit: WriteAudit) -> dict[str, Any]:
         task = load_task(spec.task, **spec.task_options)
         work = _resume if resume_from is not None else _train
-        result = work(spec, task, out, resume_from, rank, world, device, audit)
-        writers = gather(sorted(audit.paths))
-        if rank == 0:
-            result.update({"spec": asdict(spec), "world": world, "writes": writers,
-                           "backend": dist.get_backend()})
-            write_json(out / RESULT, result)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        return {**work(spec, task, out, resume_from, rank, world, device, audit),
+                "spec": asdict(spec), "world": world, "backend": dist.get_backend()}
+
+    in_launch(spec, out / RESULT, body)
 
 
 def _first_updates(task: Task, items: list[Item], spec: ShardedSpec, world: int,
@@ -354,29 +337,28 @@ def _first_updates(task: Task, items: list[Item], spec: ShardedSpec, world: int,
 
 def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, rank: int,
            world: int, device: torch.device, audit: WriteAudit) -> dict[str, Any]:
-    seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
-    data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
+    data, cfg = spec.prepared(task)
     items, val = data.train, data.validation or data.train
-    cfg = spec.train_config().validate(len(items))
     result: dict[str, Any] = {}
     times: dict[str, float] = {}
     if spec.memory:
-        t = _now(device)
-        batches = plan_batches(task, items, val, spec.shape, spec.plan_length, spec.eval_batch,
-                               spec.plan_eval_length)
+        t = now(device)
+        batches = sized_batches(task, items, val, Plan(spec.shape, spec.plan_length or None,
+                                                       spec.eval_batch,
+                                                       spec.plan_eval_length or None))
         peaks, result["memory_note"] = measured_phases(task, cfg, batches, device,
                                                        out / ".memory-probe")
         result["memory"] = gather(peaks)
-        times["memory"] = _now(device) - t
+        times["memory"] = now(device) - t
     if not spec.train:
         return {**result, "times": gather(times)}
     seed_everything(spec.seed)
     base = task.build_model().to(device)
-    groups = tied_groups(base)
+    groups = ckpt.tied_groups(base)
     result.update({"init_digest": gather(digest(base.state_dict())), "tied_groups": groups,
                    "blocks": len(blocks(task, base))})
     # the first updates against one process, and the planted tie, on the same examples
-    t = _now(device)
+    t = now(device)
     k = min(spec.compare_updates, spec.updates)
     shares = _first_updates(task, items, spec, world, k)
     compared = {"clean": compared_run(task, base, cfg, shares[rank], world, groups, False)}
@@ -401,7 +383,7 @@ def _train(spec: ShardedSpec, task: Task, out: Path, resume_from: Path | None, r
                             "saved_tie_difference": c["saved_tie_difference"]}
                      for name, c in compared.items()}}
     del compared
-    times["first updates"] = _now(device) - t
+    times["first updates"] = now(device) - t
     # the training run, with the sharded checkpoint
     seed_everything(spec.seed)
     model = shard_model(task, copy.deepcopy(base), cfg.shape.precision)
@@ -427,11 +409,11 @@ def _steps(spec: ShardedSpec, task: Task, items: list[Item], stepper: Stepper,
     for step in range(first, spec.updates + 1):
         where, batches, weights = next(stream)
         lr = stepper.optimizer.param_groups[0]["lr"]
-        t = _now(device)
+        t = now(device)
         row = sharded_update(stepper, batches, weights, world)
         real = [b for b, w in zip(batches, weights, strict=True) if w]
         records.append({"step": step, "epoch": where.epoch, "group": where.group, "lr": lr,
-                        **row, "seconds": _now(device) - t,
+                        **row, "seconds": now(device) - t,
                         "ids": [str(i) for b in real for i in b.ids]})
         if step == spec.checkpoint_at:
             checkpoint = _checkpoint(spec, stepper, step, Position(where.epoch, where.group + 1),
@@ -452,9 +434,9 @@ def _checkpoint(spec: ShardedSpec, stepper: Stepper, step: int, after: Position,
                "scheduler": stepper.scheduler.state_dict(), "rank_rng": rngs}
     name = f"ckpt-{step:06d}"
     written = {}
-    t = _now(device)
+    t = now(device)
     save_sharded(out / name, stepper, trainer)
-    seconds = _now(device) - t
+    seconds = now(device) - t
     written[name] = gather(audit.under(name))
     if spec.plant:
         planted = PLANTED_PREFIX + name
@@ -472,10 +454,8 @@ def _resume(spec: ShardedSpec, task: Task, out: Path, resume_from: Path, rank: i
             device: torch.device, audit: WriteAudit) -> dict[str, Any]:
     """New processes: load the planted checkpoint (when given) into a fresh sharded model and
     see what it restores, then the checkpoint itself, and continue to the last update."""
-    seed_everything(spec.seed)  # every rank encodes the same tensors (a random augmentation too)
-    data = prepare(task, limits={"train": spec.train_limit, "validation": spec.validation_limit})
+    data, cfg = spec.prepared(task)
     items = data.train
-    cfg = spec.train_config().validate(len(items))
 
     def fresh() -> Stepper:
         seed_everything(spec.seed)
@@ -484,10 +464,7 @@ def _resume(spec: ShardedSpec, task: Task, out: Path, resume_from: Path, rank: i
 
     stepper = fresh()
     trainer = load_sharded(resume_from, stepper)
-    if int(trainer["world"]) != world:
-        raise WorkbookError(f"checkpoint {resume_from} was written by {trainer['world']} "
-                            f"processes, this launch has {world}",
-                            f"resume with --nproc_per_node={trainer['world']}")
+    check_world(resume_from, int(trainer["world"]), world)
     params, optim = full_state(stepper.model, stepper.optimizer)
     result: dict[str, Any] = {}
     if rank == 0:

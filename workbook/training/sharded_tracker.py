@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import campaign as models
+from . import traces
 
 BREAKDOWN = ("sharded_state", "unsharded_params", "unsharded_grads", "activations", "temporaries",
              "collective_buffers", "buffers_and_inputs")
@@ -44,7 +44,7 @@ def tracker_class():
             self.layers, self.trace, self.op = layers, [], "begin"
 
         def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            models.frozen_without_hooks(self, module)  # a frozen base takes no gradient hook
+            traces.frozen_without_hooks(self, module)  # a frozen base takes no gradient hook
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _kinds(self) -> tuple[int, ...]:
@@ -56,7 +56,7 @@ def tracker_class():
 
         def _record(self, outside: bool = False, op: str | None = None) -> None:
             if self.layers is not None:
-                layer = None if outside else models.layer_of(
+                layer = None if outside else traces.layer_of(
                     self._mod_tracker.parents, self.layers, self._mod_tracker.is_bw)
                 self.trace.append((layer, _Op(self._kinds(), op or self.op)))
 
@@ -68,36 +68,21 @@ def tracker_class():
                 fixed += snap.get("Total", 0) - s
             return fixed, shard
 
-        def on_gpu(self) -> int:
-            fixed, shard = self._split()
-            return fixed if self.offload else fixed + shard
-
         def begin(self) -> None:
-            self.points = [self._split()]
-            self.phase_peak = self.on_gpu()
-            self.phase_snapshot = self._merged()
-            self.trace = []
-            self._record(outside=True, op="begin")
+            """A phase starts: its peak, breakdown, points and trace from what lives now."""
+            self.points, self.phase_peak, self.trace = [], -1, []
+            self._update_peak_stats(None, op="begin")
 
-        def _merged(self) -> dict[str, int]:
-            out = {}
-            for name, keys in groups.items():
-                out[name] = sum(int(snap.get(k, 0)) for snap in self._curr_mem_snap.values()
-                                for k in keys)
-            if self.offload:
-                out["sharded_state_in_host_memory"] = out.pop("sharded_state")
-            return out
-
-        def _update_peak_stats(self, peak_state) -> None:
+        def _update_peak_stats(self, peak_state, op: str | None = None) -> None:
             # the stock tracker scans every module's statistics per operator (a weak dict of
             # modules: most of a 7 B step's time); only the phase peaks are read here
             point = self._split()
             self.points.append(point)
-            self._record()
+            self._record(outside=op == "begin", op=op)
             on_gpu = point[0] if self.offload else point[0] + point[1]
             if on_gpu > self.phase_peak:
                 self.phase_peak = on_gpu
-                self.phase_snapshot = self._merged()
+                self.phase_snapshot = traced_breakdown(self._kinds(), self.offload)
 
         def __enter__(self):
             # DTensor's sharding propagation runs each optimizer-step op once more on fake
@@ -222,6 +207,7 @@ def _paired(x: list, y: list) -> list[tuple] | None:
     return list(zip(a, b, strict=True))
 
 
-def carried_sharded(traces: tuple, key) -> list[list[int]] | None:
-    """`campaign.carried` of a sharded phase, loops outside the stack paired (`_paired`)."""
-    return models.carried(*traces, key=key, stretch=_paired)
+def carried_sharded(pair: tuple, key) -> list[list[int]] | None:
+    """`traces.carried` of a sharded phase's (shallow, deeper, depth), loops outside the stack
+    paired (`_paired`)."""
+    return traces.carried(*pair, key=key, stretch=_paired)

@@ -8,7 +8,7 @@ phase. Nothing of the campaign model is ever allocated.
 A deep campaign model (`campaign.Deep`, or a `transformers` config) is not run at its depth: the
 sharded step runs at 3 and 4 layers with every operator's bytes recorded by kind and layer, and
 each operator is carried to the full depth as the single-device prediction carries it
-(`campaign.carried`); FSDP2's loops over the parameters outside the layer stack (the
+(`traces.carried`); FSDP2's loops over the parameters outside the layer stack (the
 optimizer's state, made parameter by parameter) are paired operator for operator
 (`sharded_tracker._paired`, beside the tracker and the rest of the trace arithmetic).
 Equal to the byte to the run at the full depth (tests/training/test_sharding.py, and
@@ -38,10 +38,11 @@ from ..base.errors import WorkbookError, reason
 from ..contract.data import Batch, Item
 from ..contract.task import Task
 from . import campaign as models
+from . import traces
 from .fake_phases import fake_batch, fake_model
 from .loop import TrainConfig, build_stepper
 from .predict import Plan, calibration_limits, check_length, path_limits, sized_batches
-from .sharded_model import blocks
+from .sharded_model import blocks, shard_model
 from .sharded_tracker import (
     carried_sharded,
     fixed_and_sharded,
@@ -49,10 +50,15 @@ from .sharded_tracker import (
     traced_breakdown,
     tracker_class,
 )
-from .workload import TRAINING_PHASES, Workload, targets_of
+from .workload import (
+    CHECKPOINT_SAVE,
+    SHARDED_PHASES,
+    TRAINING_PHASES,
+    Workload,
+    multi_tensor_step,
+    targets_of,
+)
 
-CHECKPOINT_SAVE = "checkpoint save"
-SHARDED_PHASES = (*TRAINING_PHASES, CHECKPOINT_SAVE)
 WORLDS = (2, 4, 8, 16, 32, 64)  # the GPU counts a candidate without one is sized at
 MIN_WORLD, MAX_WORLD = 2, 64
 
@@ -153,9 +159,9 @@ def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, worl
                 offload_optimizer: bool = False, campaign: bool = True, lr: float = 1e-3,
                 seed: int = 0) -> ShardedRun:
     """The fake run behind `predict_sharded` (see there). A deep campaign model
-    (`campaign.depth_of`) is run sharded at `campaign.TRACE_DEPTHS` layers with every
+    (`campaign.depth_of`) is run sharded at `traces.TRACE_DEPTHS` layers with every
     operator's memory recorded by kind and layer, and each phase's operators are carried to
-    the full depth (`campaign.carried`, as the single-device prediction does); a phase whose
+    the full depth (`traces.carried`, as the single-device prediction does); a phase whose
     two traces do not line up layer for layer is taken from a run at the full depth."""
     world = check_world(world)
     if plan.shape.replicas != 1:
@@ -198,14 +204,14 @@ def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, worl
     sized = "run at its full depth"
     if deep is not None:
         traced = {}
-        for n in models.TRACE_DEPTHS:
+        for n in traces.TRACE_DEPTHS:
             traced[n] = run.phases(replace(task, campaign_model=deep.with_layers(n)), layers=n)
             if traced[n] is None:  # no one layer stack of n blocks of one type
                 break
         else:
             phases, missing = _carry(traced, deep.layers, offload_optimizer)
             sized = (f"each operator's memory carried from sharded fake runs at "
-                     f"{' and '.join(map(str, models.TRACE_DEPTHS))} layers to {deep.layers}")
+                     f"{' and '.join(map(str, traces.TRACE_DEPTHS))} layers to {deep.layers}")
             if missing:
                 full = run.phases(task)
                 phases = {p: full[p] if p in missing else phases[p] for p in SHARDED_PHASES}
@@ -227,8 +233,8 @@ def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, worl
 
 
 def _carry(traced: dict[int, dict], depth: int, offload: bool) -> tuple[dict, list[str]]:
-    """Each phase at `depth` layers from its sharded traces at `campaign.TRACE_DEPTHS` layers: its
-    operators carried (`campaign.carried`), the peak the largest of them on one GPU, its
+    """Each phase at `depth` layers from its sharded traces at `traces.TRACE_DEPTHS` layers: its
+    operators carried (`traces.carried`), the peak the largest of them on one GPU, its
     breakdown that operator's. Every phase is carried, the root's all-gather, the optimizer step
     and the checkpoint save included: outside the layer stack each is an operator whose memory
     is linear in the depth (the root's parameters do not grow with it; the sharded state grows
@@ -239,20 +245,20 @@ def _carry(traced: dict[int, dict], depth: int, offload: bool) -> tuple[dict, li
     end at 3 and 4 layers and the optimizer's temporaries at 80, and the largest-operator carry
     was 6.7% low.
     Returns the phases and those whose traces do not line up (run at the full depth)."""
-    shallow, deeper = (traced[n] for n in models.TRACE_DEPTHS)
+    shallow, deeper = (traced[n] for n in traces.TRACE_DEPTHS)
     on_gpu = gpu_bytes(offload)
     phases, missing = {}, []
     for phase in SHARDED_PHASES:
-        traces = (models.attach_gaps(shallow[phase]["trace"]),
-                  models.attach_gaps(deeper[phase]["trace"]), depth)
-        candidates = carried_sharded(traces, on_gpu)
+        pair = (traces.attach_gaps(shallow[phase]["trace"]),
+                traces.attach_gaps(deeper[phase]["trace"]), depth)
+        candidates = carried_sharded(pair, on_gpu)
         if candidates is None:
             missing.append(phase)
             continue
         top = max(candidates, key=on_gpu)
         phases[phase] = {"peak": on_gpu(top), "breakdown": traced_breakdown(top, offload),
                          "points": [fixed_and_sharded(c) for c in candidates],
-                         "carry": traces}
+                         "carry": pair}
     return phases, missing
 
 
@@ -279,7 +285,6 @@ class _FakeRun:
         operator's memory by kind (`sharded_tracker.TRACE_KINDS`) with its layer, as `trace`
         (None when the sharded model has no one stack of `layers` blocks of one type)."""
         from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         from .loop import apply_activation_checkpointing
 
@@ -287,13 +292,6 @@ class _FakeRun:
         cfg = TrainConfig(plan.shape, lr=self.lr, seed=self.seed, device="cpu")
         plain = TrainConfig(replace(plan.shape, activation_checkpointing=False),
                             lr=self.lr, seed=self.seed, device="cpu")
-        bf16 = plan.shape.precision == "bf16"
-        options: dict[str, Any] = {}
-        if bf16:
-            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                        reduce_dtype=torch.bfloat16)
-        if self.offload:
-            options["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
         phases: dict[str, dict] = {}
         with fake_world(self.world) as mesh, \
                 FakeTensorMode(allow_non_fake_inputs=False) as fake, warnings.catch_warnings():
@@ -303,22 +301,15 @@ class _FakeRun:
             model = fake_model(task, cfg, fake, campaign)
             if plan.shape.activation_checkpointing:
                 apply_activation_checkpointing(task, model)
-            found = blocks(task, model)
-            if not found:
+            if not blocks(task, model):
                 raise no_blocks(task, model, campaign)
-            for block in found:
-                fully_shard(block, mesh=mesh, **options)
-            fully_shard(model, mesh=mesh, **options)
+            shard_model(task, model, plan.shape.precision, mesh, self.offload)
             # named as the tracker names modules, after sharding changed the classes
-            stack = models.layer_list(model, layers) if layers is not None else None
+            stack = traces.layer_list(model, layers) if layers is not None else None
             if layers is not None and stack is None:
                 return None
             stepper = build_stepper(task, plain, model)
-            for settings in stepper.optimizer.param_groups:
-                # PyTorch's default on CUDA (foreach=None picks the multi-tensor step there, the
-                # per-tensor one on the CPU): the rental's step and its temporaries
-                if "foreach" in settings and settings["foreach"] is None:
-                    settings["foreach"] = True
+            multi_tensor_step(stepper.optimizer)
 
             def to_fake(b: Batch) -> Batch:
                 return fake_batch(fake, b, torch.device("cpu"))

@@ -13,10 +13,36 @@ from ..contract.data import Batch, Item, collate_items
 from ..contract.task import Task
 from .devices import PRECISIONS, resolve_device
 from .evaluation import eval_mode
-from .loop import Stepper, TrainConfig, build_stepper
+from .loop import Stepper, TrainConfig, UpdateShape, build_stepper
 from .memory import measure, rebased, state_tensors, storage_bytes
 
 TRAINING_PHASES = ("forward + loss", "backward", "update (first)", "update (later)", "validation")
+CHECKPOINT_SAVE = "checkpoint save"  # under FSDP, the phase after the training phases: a DCP save
+SHARDED_PHASES = (*TRAINING_PHASES, CHECKPOINT_SAVE)
+
+
+@dataclass
+class Plan:
+    """A configuration to size: the shape of an update and of evaluation."""
+
+    shape: UpdateShape
+    length: int | None = None  # positions per sequence (None: the data's longest)
+    eval_batch: int | None = None  # default: the micro-batch
+    eval_length: int | None = None  # default: `length`
+
+    def label(self) -> str:
+        shape = self.shape
+        return (f"mb{shape.micro_batch} x acc{shape.accumulation} len{self.length or 'data'} "
+                f"{shape.precision}{' +ckpt' if shape.activation_checkpointing else ''}")
+
+
+def multi_tensor_step(optimizer: torch.optim.Optimizer) -> None:
+    """The multi-tensor step where the optimizer leaves the choice to PyTorch (foreach=None:
+    multi-tensor on CUDA, per tensor on the CPU): the rental's step and its temporaries, sized
+    and measured alike."""
+    for group in optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None:
+            group["foreach"] = True
 
 
 def targets_of(task: Task, batch: Batch) -> int:
@@ -54,6 +80,18 @@ def shaped_batch(task: Task, items: list[Item], micro_batch: int,
     rows = [stretch(task, it, length - (i == micro_batch - 1 and padded))
             for i, it in enumerate(chosen)]
     return collate_items(task, rows)
+
+
+def sized_batches(task: Task, train: list[Item], val: list[Item],
+                 plan: Plan) -> tuple[Batch, list[Batch], Batch]:
+    """Real batches of the planned shapes: the phase batch, one update's group, an eval batch."""
+    micro = plan.shape.micro_batch
+    batch = shaped_batch(task, train, micro, plan.length)
+    group = [shaped_batch(task, train[i:] + train[:i], micro, plan.length)
+             for i in range(plan.shape.accumulation)]
+    eval_batch = shaped_batch(task, val, plan.eval_batch or micro,
+                              plan.eval_length or plan.length)
+    return batch, group, eval_batch
 
 
 def stretch(task: Task, item: Item, length: int) -> Item:
