@@ -2,11 +2,13 @@
 says it was interrupted, exits 130 and leaves no process and no temporary folder (before, the
 kernel was ended before its cell's cleanup ran: the result folder stayed behind)."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,7 +19,8 @@ def test_ctrl_c_while_07s_child_runs_stops_the_pilot_and_leaves_nothing(tmp_path
     out, temp = tmp_path / "run", tmp_path / "tmp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": os.pathsep.join(
-        [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTHONFAULTHANDLER": "1"}  # a hang's stacks: see _hang_report
     proc = subprocess.Popen([sys.executable, "-m", "workbook", "pilot", "--only", "07",
                              "--smoke", "--out", str(out)], env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -31,7 +34,10 @@ def test_ctrl_c_while_07s_child_runs_stops_the_pilot_and_leaves_nothing(tmp_path
             time.sleep(0.1)
         assert tree, "07 never started its reload"
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the foreground group
-        stdout, stderr = proc.communicate(timeout=120)
+        try:
+            stdout, stderr = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the pilot ran on 120 s after Ctrl-C:\n{_hang_report(proc, out)}")
     finally:
         proc.kill()
     assert proc.returncode == 130, (stdout[-500:], stderr[-500:])
@@ -48,3 +54,29 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
+
+
+def _hang_report(proc: subprocess.Popen, out: Path) -> str:
+    """What a hang leaves to read (a flake under load was seen once): each process still there
+    with each thread's kernel wait, then the Python stacks faulthandler writes on SIGABRT (the
+    pilot's to its stderr, its kernel's and its forked workers' to kernels.log; a fresh
+    process's goes to the kernel's pipe, so only its thread waits are shown)."""
+    tree: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    lines = []
+    for p in tree:
+        with contextlib.suppress(psutil.Error, OSError):
+            waits = [Path(f"/proc/{p.pid}/task/{t}/wchan").read_text()
+                     for t in sorted(os.listdir(f"/proc/{p.pid}/task"))]
+            lines.append(f"pid {p.pid} parent {p.ppid()} {p.status()} {_cmdline(p)[:5]} "
+                         f"thread waits {waits}")
+    for p in reversed(tree):  # children first; no core file left behind
+        with contextlib.suppress(psutil.Error, OSError):
+            p.rlimit(psutil.RLIMIT_CORE, (0, 0))
+            p.send_signal(signal.SIGABRT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        lines.append("pilot's stderr:\n" + proc.communicate(timeout=20)[1][-6000:])
+    with contextlib.suppress(OSError):
+        lines.append("kernels.log:\n" + (out / "kernels.log").read_text(errors="replace")[-12000:])
+    return "\n".join(lines)
