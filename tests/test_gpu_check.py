@@ -24,8 +24,13 @@ def gpu_check():
 
 
 def test_cpu_half_runs_every_section(gpu_check, tmp_path, capsys, monkeypatch):
+    import pandas as pd
+
     monkeypatch.syspath_prepend(str(SCRIPT.parent))  # its sibling scripts, as when it is run
-    code = gpu_check.main(["--cpu-half", "--out", str(tmp_path)])
+    kept = [x for name in ("display.width", "display.max_colwidth")  # main() sets both
+            for x in (name, pd.get_option(name))]
+    with pd.option_context(*kept):
+        code = gpu_check.main(["--cpu-half", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     lines = out.splitlines()
