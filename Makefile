@@ -13,10 +13,13 @@ PILOT_ARGS ?=
 # Kernels started by the tests create no live widgets (they can hang under papermill/nbval).
 export WORKBOOK_HEADLESS := 1
 # Test processes side by side (pytest-xdist; TEST_JOBS=0 runs them in one). `loadfile` keeps each
-# notebook's cells, which share one kernel, on one worker. One OpenMP thread per process: two
-# workers, each with kernels and subprocesses, on 2 cores stall in OpenMP's spin-waits otherwise.
+# notebook's cells, which share one kernel, on one worker; files are handed out in the order
+# tests/conftest.py gives (the heaviest first, HEAVIEST_FIRST), not re-sorted by xdist. One
+# OpenMP thread per process: two workers, each with kernels and subprocesses, on 2 cores stall in
+# OpenMP's spin-waits otherwise.
 TEST_JOBS ?= 2
-PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile notebooks tests \
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile \
+	--no-loadscope-reorder notebooks tests \
 	--nbval --nbval-kernel-name workbook --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	--nbval-cell-timeout 300
 # JupyterLab refuses to start as root without this flag (containers, CI images).

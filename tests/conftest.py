@@ -15,6 +15,40 @@ os.environ.setdefault(HEADLESS_ENV, "1")  # kernels started by the tests (nbval)
 GENERATION = "workbook.samples.generation:task"
 CLASSIFICATION = "workbook.samples.classification:task"
 
+# The files that take longest (worker-seconds in `pytest --durations=0`, 2026-12-05), heaviest
+# first. `make test` hands files to its two workers in the order the items come (--dist loadfile
+# --no-loadscope-reorder): these first, then the others by their number of tests, most first
+# (xdist's own order), so that the run ends on small files, never on one long file while the
+# other worker waits. Only the order depends on this list: a file missing from it runs as well.
+HEAVIEST_FIRST = (
+    "notebooks/09_data_parallel.ipynb", "tests/blind/test_blind_cases_2.py",
+    "tests/blind/test_blind_cases.py", "notebooks/05_memory_variants.ipynb",
+    "tests/commands/test_pilot.py", "tests/training/test_sharding.py",
+    "notebooks/07_resume_reload.ipynb", "tests/commands/test_pilot_limits.py",
+    "tests/training/test_campaign.py", "tests/test_browser.py",
+    "tests/notebooks/test_resume_pipeline.py", "notebooks/06_lr_study.ipynb",
+    "tests/blind/test_blind_cases_4.py", "notebooks/08_rental_plan.ipynb",
+    "tests/commands/test_export.py", "tests/notebooks/test_parallel.py",
+    "tests/notebooks/test_resume_idioms.py", "tests/notebooks/test_resume.py",
+    "tests/test_hostile.py", "tests/notebooks/test_fsdp.py", "tests/blind/test_blind_cases_5.py",
+    "tests/contract/test_grpo.py", "tests/training/test_predict.py", "tests/test_gpu_check.py",
+    "tests/test_conventions.py", "tests/notebooks/test_variants.py",
+    "tests/notebooks/test_launch_files.py", "tests/training/test_predict_modules.py",
+    "tests/training/test_four_bit.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Each file's items together, in the order above (see HEAVIEST_FIRST)."""
+    def file_of(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[file_of(item)] = counts.get(file_of(item), 0) + 1
+    rank = {path: i for i, path in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(file_of(item), len(rank)), -counts[file_of(item)],
+                                 file_of(item)))
+
 
 @pytest.fixture(scope="session")
 def gen_task():

@@ -196,12 +196,19 @@ def _held_bytes(model) -> int:
                for p in {id(p): p for p in model.parameters()}.values())
 
 
+@pytest.fixture(scope="module")
+def through_config():
+    """The sizes of a campaign base built through ConfigModel(dtype=bf16), once for each of
+    with and without LoRA (the conversions without it share one)."""
+    return {}
+
+
 # each conversion once, and get_peft_model around one of them: the workbook never branches on
 # how a model was converted (the factory runs on the meta device for all), so the 3 x 2 grid
 # repeated one path
 @pytest.mark.parametrize("convert, lora", [("to", True), ("half", False), ("bfloat16", False)])
 def test_a_campaign_model_converted_as_users_write_it_is_sized_in_its_dtype(
-        gen_task, gen_items, convert, lora):
+        gen_task, gen_items, through_config, convert, lora):
     """`LlamaForCausalLM(cfg).to(torch.bfloat16)` (or `.half()`, `.bfloat16()`), maybe wrapped
     by get_peft_model: PyTorch refuses to convert fake parameters ("_apply(): Couldn't swap
     Embedding.weight"), so the factory runs on the meta device outside the fake mode. Its base
@@ -224,9 +231,12 @@ def test_a_campaign_model_converted_as_users_write_it_is_sized_in_its_dtype(
     assert {p.element_size() for p in base} == {2}  # bf16 or fp16, never fp32
     assert (sized.parameter_bytes == _held_bytes(meta)).all()
     assert sized.parameter_bytes.iloc[0] < 3 * campaign.parameter_count(meta)
-    through_config = dataclasses.replace(task, campaign_model=campaign.ConfigModel(
-        transformers.LlamaForCausalLM, _llama(), adapters, dtype=torch.bfloat16))
-    reference = predict(through_config, train, val, plan, campaign=True).set_index("phase")
+    if lora not in through_config:
+        config_task = dataclasses.replace(task, campaign_model=campaign.ConfigModel(
+            transformers.LlamaForCausalLM, _llama(), adapters, dtype=torch.bfloat16))
+        through_config[lora] = predict(config_task, train, val, plan,
+                                       campaign=True).set_index("phase")
+    reference = through_config[lora]
     assert sized.parameter_bytes.tolist() == reference.parameter_bytes.tolist()
     assert sized.gradient_bytes.tolist() == reference.gradient_bytes.tolist()
 
