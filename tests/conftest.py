@@ -1,6 +1,9 @@
 """Shared fixtures: the two sample tasks, their splits and encoded items (built once)."""
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +14,23 @@ from workbook.contract.data import SPLITS, prepare
 
 torch.set_num_threads(1)
 os.environ.setdefault(HEADLESS_ENV, "1")  # kernels started by the tests (nbval) show no widgets
+
+# Run folders: the committed notebooks nbval runs, and any pilot a test starts without --out,
+# write under a folder of this test process (removed when it ends), not the checkout's runs/,
+# which holds the user's own runs (before, every `make test` left nine folders there).
+_RUNS: list[str] = []
+
+
+def pytest_configure(config):
+    if "WORKBOOK_RUNS" not in os.environ:
+        _RUNS.append(tempfile.mkdtemp(prefix="pilot-tests-"))
+        os.environ["WORKBOOK_RUNS"] = str(Path(_RUNS[0]) / "runs")
+
+
+def pytest_unconfigure(config):
+    for folder in _RUNS:
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 GENERATION = "workbook.samples.generation:task"
 CLASSIFICATION = "workbook.samples.classification:task"
