@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogLocator, ScalarFormatter
@@ -175,10 +176,36 @@ def lr_summary(summary: pd.DataFrame, trials: pd.DataFrame, metric: str,
     return _done(fig, save)
 
 
+def _loss_scale(ax, x: pd.Series, loss: pd.Series, smoothed: pd.Series) -> None:
+    """A range test's y-limits from the curve before it diverged: the top 1.5x the smoothed
+    start (above its lowest point), the bottom its lowest point shown with a margin - never
+    below 0 unless a loss shown is (the task's own loss says whether it can be: minus a reward
+    is, a cross-entropy is not). The losses above the top or not finite (the diverged tail)
+    are red marks on the top edge, so the tail is shown without setting the scale."""
+    finite = smoothed[np.isfinite(smoothed)]
+    if finite.empty:
+        top = float(loss[np.isfinite(loss)].median()) if np.isfinite(loss).any() else 1.0
+    else:
+        start = float(finite.iloc[: max(1, len(smoothed) // 10)].max())
+        least = float(finite.min())
+        top = max(start + abs(start) / 2, least + abs(least) / 10)
+    shown = pd.concat([loss, smoothed])
+    shown = shown[np.isfinite(shown) & (shown <= top)]
+    low = float(shown.min()) if len(shown) else min(top, 0.0)
+    top = top if top > low else low + max(abs(low), 1.0)
+    bottom = low - (top - low) / 20
+    ax.set_ylim(max(bottom, 0.0) if low >= 0 else bottom, top)
+    off = ~np.isfinite(loss) | (loss > top)
+    if off.any():  # on the top edge: x in data, y in axes units
+        ax.plot(x[off], [1.0] * int(off.sum()), "^", color="tab:red", ms=6, clip_on=False,
+                transform=ax.get_xaxis_transform(),
+                label=f"loss off the scale (> {top:.3g} or not finite)")
+
+
 def range_test(curve: pd.DataFrame, suggestion: float | None, grid: list[float],
                save: Path | None = None):
     """A range test's loss per rate (each update's and the smoothed), the suggestion and the
-    rates the study then tries."""
+    rates the study then tries; the diverged tail marked, not setting the scale."""
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.plot(curve.lr, curve.loss, lw=0.8, color="tab:gray", alpha=0.6, label="loss per update")
     ax.plot(curve.lr, curve.smoothed, lw=1.6, color="tab:blue", label="smoothed")
@@ -186,9 +213,8 @@ def range_test(curve: pd.DataFrame, suggestion: float | None, grid: list[float],
         ax.axvline(suggestion, color="tab:green", lw=1.2, label=f"suggested {suggestion:g}")
     for n, lr in enumerate(lr for lr in grid if lr != suggestion):
         ax.axvline(lr, color="tab:green", ls=":", lw=1, label="also tried" if n == 0 else None)
-    top = curve.smoothed.iloc[: max(1, len(curve) // 10)].max() if len(curve) else None
-    if top is not None and top == top:  # keep the divergence from flattening the curve
-        ax.set_ylim(top=max(top * 1.5, float(curve.smoothed.min()) * 1.1))
+    if len(curve):
+        _loss_scale(ax, curve.lr, curve.loss.astype(float), curve.smoothed.astype(float))
     ax.set(xlabel="learning rate (log scale)", ylabel="training loss", xscale="log",
            title="learning-rate range test")
     ax.legend(fontsize="small")
