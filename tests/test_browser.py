@@ -4,7 +4,8 @@ JupyterLab and its slider, split and search agree with its status line; 03's gat
 page at 1280 px with the file browser open; report.html's first screen at 1280 px holds the
 decision line, the plan table and the chart, the page reads at 1280 and 390 px without
 horizontal scrolling (a wide table scrolls inside its own box, never cut) and every link on it
-resolves. Screenshots are written to the test's temporary folder for a person to look at
+resolves; the HTML export of each committed notebook fits 1280 px, 08's sheets scrolling in their
+own boxes. Screenshots are written to the test's temporary folder for a person to look at
 (their paths are printed)."""
 
 from __future__ import annotations
@@ -394,6 +395,59 @@ def test_report_fits_1280_and_390_px_and_every_link_resolves(chrome, scratch):
                             f"table or the chart: {layout['first_screen']}")
         if width < 600 and layout["h1_lines"] < 2:
             problems.append(f"the long title does not wrap on a phone: {layout}")
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------- exported notebooks
+
+# 08's sheets (23 to 45 columns, wider than any page) scroll in their own box; every other
+# notebook's tables fit a 1280 px page
+SCROLLS = {"08_rental_plan.html"}
+TABLES = """
+const scrolls = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+return {scroll: document.documentElement.scrollWidth, width: window.innerWidth,
+        tables: [...document.querySelectorAll('.jp-OutputArea-output table')].map(t => {
+  const box = t.closest('.jp-OutputArea-output'), r = t.getBoundingClientRect();
+  let own = t.parentElement;  // the nearest box that scrolls it sideways, inside the output
+  while (own !== box && !scrolls(own)) own = own.parentElement;
+  return {columns: t.querySelector('tr').children.length, right: Math.round(r.right),
+          box: Math.round(box.getBoundingClientRect().right), scrolls: scrolls(own),
+          tallest: Math.max(0, ...[...t.querySelectorAll('td')].map(
+            c => Math.round(c.getBoundingClientRect().height))),
+          headers: [...t.querySelectorAll('thead th')].map(h => h.textContent.trim())};
+})};
+"""
+
+
+def test_exported_notebooks_fit_1280_px_and_a_wider_table_scrolls_in_its_own_box(chrome,
+                                                                                  scratch):
+    """The HTML export of each committed notebook (`report.export_html`, the page the report
+    links) at 1280 px: the page never scrolls sideways; every table fits its output, no cell
+    over 150 px tall (05's numbers table did not while it repeated its words table's flags and
+    reasons: 17 columns, the reason column cut at the right, a flag wrapped a word to a line,
+    223 px); 08's sheets (SCROLLS) scroll inside their output's own box."""
+    from workbook.commands.report import export_html
+
+    folder = scratch / "exports"
+    folder.mkdir()
+    problems = []
+    viewport(chrome, 1280)
+    for notebook in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+        page = export_html(Path(shutil.copy(notebook, folder / notebook.name)))
+        assert page is not None, f"{notebook.name} did not export"
+        chrome.get(page.as_uri())
+        layout = chrome.execute_script(TABLES)
+        if layout["scroll"] > layout["width"]:
+            problems.append(f"{page.name} scrolls sideways at 1280 px: {layout['scroll']} px")
+        for t in layout["tables"]:
+            wide = t["right"] > t["box"] + 1
+            if wide and (page.name not in SCROLLS or not t["scrolls"]):
+                problems.append(f"{page.name}: a table of {t['columns']} columns is cut at "
+                                f"the right: {t}")
+            elif not wide and t["tallest"] >= 150:
+                problems.append(f"{page.name}: a cell {t['tallest']} px tall: {t}")
+        if notebook.name.startswith("05"):
+            shot(chrome, scratch, "export-05-1280px-full", full=True)
     assert not problems, "\n".join(problems)
 
 

@@ -212,10 +212,12 @@ class VariantStudy:
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Variants for people: MiB, ratios, flags."""
+    """Variants for people, in numbers: MiB, ratios, the plan's peak. Their words (flags, why
+    not applicable) are 05's next table: beside a dozen numbers they made this one wider than a
+    1280 px page, wrapped a word to a line."""
     cols = ["id", "micro_batch", "accumulation", "effective_batch", "max_length", "precision",
             "activation_checkpointing", "status", "memory_ratio", "time_ratio",
-            "val_loss_delta", "flags", "reason"]
+            "val_loss_delta"]
     out = table[[c for c in cols if c in table]].copy()
     out.insert(8, "peak_mib", (table.peak_bytes / 2**20).round(2))
     if "plan_peak_bytes" in table:
