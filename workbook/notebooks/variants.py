@@ -212,9 +212,8 @@ class VariantStudy:
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Variants for people, in numbers: MiB, ratios, the plan's peak. Their words (flags, why
-    not applicable) are 05's next table: beside a dozen numbers they made this one wider than a
-    1280 px page, wrapped a word to a line."""
+    """Variants for people, in numbers: MiB, ratios, the plan's peak. Their words are
+    `words_table`'s: beside a dozen numbers they made this table wider than a 1280 px page."""
     cols = ["id", "micro_batch", "accumulation", "effective_batch", "max_length", "precision",
             "activation_checkpointing", "status", "memory_ratio", "time_ratio",
             "val_loss_delta"]
@@ -222,9 +221,14 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     out.insert(8, "peak_mib", (table.peak_bytes / 2**20).round(2))
     if "plan_peak_bytes" in table:
         out["plan_peak_mib"] = (table.plan_peak_bytes / 2**20).round(1)
-        if "plan_model" in table:  # measured on the pilot's model, the plan of this one
-            out["plan_model"] = table.plan_model
     return out
+
+
+def words_table(table: pd.DataFrame) -> pd.DataFrame:
+    """What each variant is and what it changed, in words: the model its plan's peak is of
+    (measured on the pilot's model, planned on this one), its flags, why not applicable."""
+    cols = ["id", "effective_batch", "status", "plan_model", "flags", "reason"]
+    return table[[c for c in cols if c in table]]
 
 
 @dataclass
