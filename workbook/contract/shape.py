@@ -10,13 +10,17 @@ from typing import Any, Literal
 
 import torch
 
-from ..base.errors import WorkbookError
+from ..storage import schemas
 from ..storage.schemas import Count, StrictBool
 
 Precision = Literal["fp32", "bf16", "fp16"]  # PRECISIONS' names, as a file may hold them
 
 # the precisions an update can run in, with the autocast dtype of each (None: no autocast)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+MIN_WORLD, MAX_WORLD = 2, 64  # the GPUs an FSDP world (notebook 08's sizing) spreads over
+FIX = ("give micro_batch, accumulation and replicas of 1 or more, a precision of "
+       f"{', '.join(PRECISIONS)} and activation_checkpointing True or False")
+
 
 @dataclass(frozen=True)
 class UpdateShape:
@@ -36,15 +40,8 @@ class UpdateShape:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UpdateShape:
-        """A shape stored as a dict (a recipe, a design, a launch's settings) back."""
-        if not isinstance(data, dict):
-            raise WorkbookError(f"an update shape must be an object, got {str(data)[:80]!r}",
-                                'give it as {"micro_batch": 2, "accumulation": 8, ...}')
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise WorkbookError(f"unknown update-shape fields {unknown}",
-                                f"use {sorted(cls.__dataclass_fields__)}")
-        return cls(**data).validate()
+        """A shape stored as a dict (a recipe, a design, a launch's settings) back, checked."""
+        return schemas.built(cls, data, "update shape", FIX)
 
     @classmethod
     def nested(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -61,15 +58,5 @@ class UpdateShape:
         return self.micro_batch * self.accumulation * self.replicas
 
     def validate(self) -> UpdateShape:
-        for name in ("micro_batch", "accumulation", "replicas"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
-                                    f"set {name} to 1 or more")
-        if self.precision not in PRECISIONS:
-            raise WorkbookError(f"unknown precision {self.precision!r}",
-                                f"use one of {list(PRECISIONS)}")
-        if not isinstance(self.activation_checkpointing, bool):
-            raise WorkbookError("activation_checkpointing must be True or False, got "
-                                f"{self.activation_checkpointing!r}", "set it to True or False")
-        return self
+        """The shape, its fields checked by their types (a WorkbookError naming each problem)."""
+        return schemas.checked(self, "update shape", FIX)

@@ -12,7 +12,7 @@ import difflib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
@@ -30,10 +30,10 @@ from pydantic import (
     with_config,
 )
 from pydantic_core import PydanticCustomError
-from typing_extensions import TypedDict
+from typing_extensions import Required, TypedDict, get_args, is_typeddict
 
 from ..base.errors import WorkbookError
-from ..contract.shape import UpdateShape
+from ..contract.shape import MAX_WORLD, MIN_WORLD, Precision, UpdateShape
 from ..contract.task import Task, load_task
 from ..storage.schemas import SEED_MAX
 
@@ -204,10 +204,15 @@ def check(models: Sequence[type[NotebookParams]], given: Mapping[str, Any], wher
                     value = error["ctx"]["value"]
                     ranges.append(f"parameter {path!r} of {where} is {value!r}; it must be "
                                   f"{error['ctx']['need']}")
+                elif error["type"] in ("missing", "extra_forbidden"):
+                    named.append(f"parameter {path!r} " + (
+                        "is missing" if error["type"] == "missing" else "is not a key of "
+                        f"its record (keys: {', '.join(_keys(model, loc[0]))})"))
                 else:
                     value = error["input"]
-                    named.append(f"parameter {path!r} must be "
-                                 f"{TYPES.get(error['type'], error['type'])}, got "
+                    want = TYPES.get(error["type"]) or error["msg"].replace("Input should be ",
+                                                                           "")
+                    named.append(f"parameter {path!r} must be {want}, got "
                                  f"{type(value).__name__} {value!r}")
     named, ranges = list(dict.fromkeys(named)), list(dict.fromkeys(ranges))
     if named:
@@ -222,6 +227,17 @@ def check(models: Sequence[type[NotebookParams]], given: Mapping[str, Any], wher
                                                            "each a value")
                             + " in its range (the notebook's parameters cell explains each)")
     return checked
+
+
+def _keys(model: type[NotebookParams], name: str) -> list[str]:
+    """The keys of the records (a TypedDict) that parameter `name` of `model` holds."""
+    kinds = [model.model_fields[name].annotation]
+    while kinds:
+        kind = kinds.pop()
+        if is_typeddict(kind):
+            return list(kind.__annotations__)
+        kinds.extend(get_args(kind))
+    return []
 
 
 # --- the nine notebooks ---------------------------------------------------------------------
@@ -337,24 +353,48 @@ class ResumeParams(NotebookParams):
     controls: integer("control inputs kept in the archive", 1) = 8
 
 
-@with_config(ConfigDict(extra="allow"))
-class CandidateRecord(TypedDict, total=False):
-    """One of 08's `candidates` (the keys `rental.candidates.candidates_from` reads; the
-    ranged ones here)."""
+@with_config(ConfigDict(extra="forbid"))
+class CandidateSpec(TypedDict, total=False):
+    """One of 08's `candidates` (`rental.candidates.Candidate`): a name, the update shape's
+    fields (precision bf16 unless given), the sizes, the result expected, and how it spreads
+    over GPUs; whether the strategy and its settings agree is the candidate's rule
+    (`rental.candidates.check_strategy`)."""
 
+    name: Required[StrictStr]
     micro_batch: MicroBatch
     accumulation: Accumulation
+    precision: Precision
+    activation_checkpointing: StrictBool
     replicas: Replicas
-    eval_batch: EvalBatch
     length: Length
+    eval_batch: EvalBatch
+    expected: StrictStr
+    strategy: Literal["single", "ddp", "fsdp"]
+    world: integer("the GPUs FSDP full sharding is sized over; one GPU: strategy single",
+                   MIN_WORLD, hi=MAX_WORLD)
+    gpus_per_node: integer("GPUs per node", 1)
+    offload_optimizer: StrictBool
 
 
-@with_config(ConfigDict(extra="allow"))
-class VariantRecord(TypedDict, total=False):
-    """One of 08's `variants`: its `lr` a number, "control" or "study"."""
+def _rate(value: Any) -> Any:
+    if isinstance(value, str) and value in ("control", "study"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise _refused("a number of 0 or more (0: the task's own), 'control' (06's control) "
+                       "or 'study' (the rate 06's study supports)", value)
+    return finite(value)
 
+
+@with_config(ConfigDict(extra="forbid"))
+class VariantSpec(TypedDict, total=False):
+    """One of 08's `variants`: a candidate of the list (`RentalParams`' rule) run `repeats`
+    times at `lr`, packed into the plans by `priority`."""
+
+    name: Required[StrictStr]
+    priority: Required[number("the order the plans are packed in")]
+    candidate: Required[StrictStr]
     repeats: integer("runs of the variant", 1)
-    lr: Annotated[Any, AfterValidator(Range("0: the task's own learning rate", 0))]
+    lr: Annotated[Any, AfterValidator(_rate)]
 
 
 def _kept(value: Any, handler: Callable[[Any], Any]) -> Any:
@@ -362,8 +402,9 @@ def _kept(value: Any, handler: Callable[[Any], Any]) -> Any:
     return value
 
 
-def _records(kind: type) -> Any:
-    return list[Annotated[kind, WrapValidator(_kept), AfterValidator(finite)]]
+def _records(kind: type, nonempty: str = "") -> Any:
+    records = list[Annotated[kind, WrapValidator(_kept), AfterValidator(finite)]]
+    return Annotated[records, AfterValidator(_nonempty(nonempty))] if nonempty else records
 
 
 class RentalParams(NotebookParams):
@@ -380,7 +421,7 @@ class RentalParams(NotebookParams):
     utilisation: number("the share of peak FLOP/s the training reaches", 0, hi=1,
                         lo_open=True) = 0.35
     rental_gpu: StrictStr = "A100-80GB"
-    candidates: _records(CandidateRecord) = [
+    candidates: _records(CandidateSpec, "the configurations to rent for") = [
         {"name": "control", "micro_batch": 16, "accumulation": 2, "precision": "bf16",
          "expected": "the rate the study supports, at campaign scale"},
         {"name": "checkpointed", "micro_batch": 32, "accumulation": 1, "precision": "bf16",
@@ -394,7 +435,7 @@ class RentalParams(NotebookParams):
     headroom: Headroom = 0.2
     cuda_context_gib: CudaContext = 1.0
     allocator_cache_share: AllocatorCache = 0.1
-    variants: _records(VariantRecord) = [
+    variants: _records(VariantSpec) = [
         {"name": "control", "priority": 1, "candidate": "control", "repeats": 3,
          "lr": "control"},
         {"name": "best study lr", "priority": 2, "candidate": "control", "repeats": 3,
@@ -404,6 +445,15 @@ class RentalParams(NotebookParams):
     reserve_share: number("a share of the whole", 0, hi=1, hi_open=True) = 0.2
     entry_point: str = "train.py"  # the training script the launch files run under torchrun
     train_limit: Limit = 200
+
+    @model_validator(mode="after")  # a rule across fields: its own error, raised as it is
+    def _variants_name_candidates(self) -> RentalParams:
+        names = [c["name"] for c in self.candidates]
+        wrong = [f"variant {v['name']!r} names candidate {v['candidate']!r}, which is not in "
+                 "the candidates" for v in self.variants if v["candidate"] not in names]
+        if wrong:
+            raise WorkbookError("; ".join(wrong), f"name one of the candidates {names}")
+        return self
 
 
 class ParallelParams(NotebookParams):

@@ -22,7 +22,7 @@ import math
 import re
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Callable, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -58,6 +58,7 @@ Options = dict[StrictStr, Any]
 Multiple = Annotated[float, Strict(), Field(gt=1, allow_inf_nan=False)]  # a factor above 1
 
 M = TypeVar("M", bound=BaseModel)
+D = TypeVar("D")
 
 
 class Closed(BaseModel):
@@ -124,7 +125,7 @@ def _where(loc: tuple) -> str:
     text = ""
     for part in loc:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(the whole file)"
+    return text
 
 
 def _is_tensor(value: Any) -> bool:
@@ -140,18 +141,21 @@ def _got(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def problems(exc: ValidationError, limit: int = 3, prefix: tuple = ()) -> str:
-    """The first few failures of a validation, each as `field: what was expected (got ...)`."""
+def problems(exc: ValidationError, limit: int = 3, prefix: tuple = (),
+             whole: str = "this file") -> str:
+    """The first few failures of a validation, each as `field: what was expected (got ...)`
+    (`whole`: what the fields belong to)."""
     parts = []
     for error in exc.errors()[:limit]:
         expected = error["msg"].replace("Input should be", "should be")
         if error["type"] == "extra_forbidden":
-            expected = "is not a field of this file"
+            expected = f"is not a field of {whole}"
         elif error["type"] == "missing":
             expected = "is missing"
         got = "" if error["type"] in ("missing", "extra_forbidden") else \
             f" (got {_got(error.get('input'))})"
-        parts.append(f"field '{_where((*prefix, *error['loc']))}' {expected}{got}")
+        where = _where((*prefix, *error["loc"]))
+        parts.append(f"{f'field {where!r}' if where else whole} {expected}{got}")
     more = len(exc.errors()) - limit
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
@@ -200,6 +204,42 @@ def derived(cls: type, every_field: bool = False) -> type[BaseModel]:
             spec[f.name] = (kind, f.default)
     return create_model(cls.__name__, __base__=Closed, __doc__=f"{cls.__qualname__}, as stored",
                         **spec)
+
+
+def checked(value: D, what: str, fix: str,
+            conflicts: Callable[[], list[tuple[str, str]]] = list) -> D:
+    """A stored dataclass as it stands, checked: every field against its derived schema (each
+    type and range problem named, together; `fix`), then - they pass - the rules across its
+    fields (`conflicts()`: each problem with its fix, together); a WorkbookError `what: ...`."""
+    try:
+        derived(type(value)).model_validate(value, from_attributes=True)
+    except ValidationError as exc:
+        raise WorkbookError(f"{what}: {problems(exc, 8, whole=f'the {what}')}", fix) from None
+    found = conflicts()
+    if found:
+        raise WorkbookError(f"{what}: " + "; ".join(p for p, _ in found),
+                            "; ".join(dict.fromkeys(f for _, f in found)))
+    return value
+
+
+def built(cls: type[D], data: Any, what: str, fix: str) -> D:
+    """A stored dataclass from its record (a dict, as JSON gives it), checked against its
+    derived schema first (a WorkbookError `what: ...` naming every problem, the fields in
+    `fix`); values are kept as given."""
+    try:
+        derived(cls).model_validate(data)
+    except ValidationError as exc:
+        raise WorkbookError(f"{what}: {problems(exc, 8, whole=f'the {what}')}",
+                            f"{fix} (its fields: {', '.join(derived(cls).model_fields)})"
+                            ) from None
+    return build(cls, data)
+
+
+def build(cls: type[D], data: dict[str, Any]) -> D:
+    """A stored dataclass from a record already checked, its dataclass fields built too."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return cls(**{k: build(hints[k], v) if dataclasses.is_dataclass(hints[k]) else v
+                  for k, v in data.items()})
 
 
 # --- artifact folders --------------------------------------------------------------------

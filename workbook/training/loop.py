@@ -31,11 +31,15 @@ from ..contract.run import DEFAULT_UPDATES, EXAMPLE_WEIGHT, RunLength, current_r
 from ..contract.shape import UpdateShape
 from ..contract.state import Carry, carrying
 from ..contract.task import Task, own_code
+from ..storage import schemas
 from ..storage.records import EvalRecord, StepRecord
 from ..storage.schemas import Count, Index, NonNegative, Positive, Seed, StrictBool, StrictStr
 from .devices import PRECISIONS, check_precision, resolve_device
 from .evaluation import evaluate, target_count
 from .update_failure import update_failure
+
+FIX = ("give each field a value of its type and range (TrainConfig's annotations: counts of 1 "
+       "or more, lr above 0, a seed in 0..2**32-1)")
 
 
 @dataclass
@@ -62,34 +66,31 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
-        """A configuration stored as a dict (a checkpoint's recipe) back as a TrainConfig; a
-        recipe written before the shape was one field (flat micro_batch, ...) reads too."""
-        data = UpdateShape.nested(data)
-        return cls(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
+        """A configuration stored as a dict (a checkpoint's recipe) back as a TrainConfig,
+        checked; a recipe written before the shape was one field (flat micro_batch, ...) reads
+        too."""
+        return schemas.built(cls, UpdateShape.nested(data), "training configuration", FIX)
 
     def validate(self, n_train: int | None = None) -> "TrainConfig":
-        shape = self.shape.validate()
-        for name in ("updates", "eval_batch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise WorkbookError(f"{name} must be a positive integer, got {value!r}",
-                                    f"set {name} to 1 or more")
-        if not self.lr > 0:
-            raise WorkbookError(f"lr must be positive, got {self.lr!r}", "set lr above 0")
-        if self.eval_every < 0:
-            raise WorkbookError(f"eval_every must be 0 or positive, got {self.eval_every}",
-                                "use 0 to switch periodic evaluation off")
+        """The configuration, its fields checked by their types, then against the `n_train`
+        training examples and the device (a WorkbookError naming each problem)."""
+        schemas.checked(self, "training configuration", FIX, lambda: self._conflicts(n_train))
+        check_precision(self.shape.precision, resolve_device(self.device))
+        return self
+
+    def _conflicts(self, n_train: int | None) -> list[tuple[str, str]]:
+        """What the shape cannot do with `n_train` training examples, each with its fix."""
+        shape, found = self.shape, []
         if n_train is not None and shape.micro_batch > n_train:
-            raise WorkbookError(f"micro_batch {shape.micro_batch} is larger than the "
-                                f"{n_train} training examples",
-                                "lower micro_batch or give the task more examples")
+            found.append((f"micro_batch {shape.micro_batch} is larger than the {n_train} "
+                          "training examples", "lower micro_batch or give the task more "
+                          "examples"))
         per_process = shape.micro_batch * shape.accumulation
         if n_train is not None and self.drop_partial and n_train < per_process:
-            raise WorkbookError(f"with drop_partial, one update needs {per_process} examples "
-                                f"but there are {n_train}",
-                                "lower micro_batch x accumulation or keep partial")
-        check_precision(shape.precision, resolve_device(self.device))
-        return self
+            found.append((f"with drop_partial, one update needs {per_process} examples but "
+                          f"there are {n_train}", "lower micro_batch x accumulation or keep "
+                          "partial"))
+        return found
 
 
 @dataclass

@@ -36,6 +36,7 @@ from torch import nn
 
 from ..base.errors import WorkbookError, reason
 from ..contract.data import Batch, Item
+from ..contract.shape import MAX_WORLD, MIN_WORLD
 from ..contract.task import Task
 from . import campaign as models
 from . import traces
@@ -60,7 +61,6 @@ from .workload import (
 )
 
 WORLDS = (2, 4, 8, 16, 32, 64)  # the GPU counts a candidate without one is sized at
-MIN_WORLD, MAX_WORLD = 2, 64
 
 
 def check_world(world: Any) -> int:

@@ -25,7 +25,6 @@ from .conclusions import conclusion, study_result
 from .offers import offers_table, resume_seconds
 from .plans import (
     cheapest,
-    check_variants,
     choose,
     not_sized,
     pack,
@@ -70,7 +69,6 @@ def run(params: RentalParams | Mapping[str, Any], out_dir: Path) -> RentalResult
     task = params.load_task()
     data = prepare(task, limits={"train": params.train_limit})
     candidates = candidates_from(params.candidates)
-    check_variants(params.variants, candidates)
     rental_gpu = params.rental_gpu
     gpu(rental_gpu, params.gpus)
     overheads = Overheads(int(params.cuda_context_gib * GIB),

@@ -9,8 +9,7 @@ from ...base.errors import WorkbookError
 from ...training import sharding
 from ...training.loop import UpdateShape
 from ...training.predict import Plan
-
-STRATEGIES = ("single", "ddp", "fsdp")
+from ..parameters import CandidateSpec
 
 
 @dataclass
@@ -74,28 +73,14 @@ def same_update(a: Candidate, b: Candidate) -> bool:
         (sb.examples_per_update, sb.precision, b.plan.length)
 
 
-STRATEGY_KEYS = {"strategy", "world", "gpus_per_node", "offload_optimizer"}
-
-
-def candidates_from(specs: list[dict]) -> list[Candidate]:
-    """Candidates from the notebook's list of flat dicts (name, the update shape's fields,
-    length, eval_batch, expected; precision bf16 unless given; strategy "single", "ddp" or
-    "fsdp" with world, gpus_per_node and offload_optimizer); an unknown key is named."""
-    shape_keys = set(UpdateShape.__dataclass_fields__)
-    keys = {"name", "length", "eval_batch", "expected"} | shape_keys | STRATEGY_KEYS
-    if not isinstance(specs, list) or not specs:
-        raise WorkbookError(f"candidates must be a non-empty list, got {specs!r}",
-                            'give at least one, e.g. [{"name": "control", "micro_batch": 16, '
-                            '"accumulation": 2}]')
+def candidates_from(specs: list[CandidateSpec]) -> list[Candidate]:
+    """Candidates from the notebook's `candidates`, records its parameter model checked
+    (`parameters.CandidateSpec`: keys, types, ranges; precision bf16 unless given), each
+    checked by the rule across its fields (`check_strategy`)."""
     out = []
     for spec in specs:
-        unknown = set(spec) - keys
-        if unknown or "name" not in spec:
-            raise WorkbookError(f"candidate {spec.get('name', spec)!r}: unknown keys "
-                                f"{sorted(unknown)}" if unknown else f"candidate {spec} has "
-                                "no name", f"use the keys {sorted(keys)}")
-        shape = UpdateShape(**{"precision": "bf16",
-                               **{k: v for k, v in spec.items() if k in shape_keys}}).validate()
+        shape = UpdateShape(**{"precision": "bf16", **{k: v for k, v in spec.items()
+                                                       if k in UpdateShape.__dataclass_fields__}})
         cand = Candidate(spec["name"], Plan(shape, spec.get("length"), spec.get("eval_batch")),
                          spec.get("expected", ""), spec.get("strategy", ""), spec.get("world"),
                          spec.get("gpus_per_node", 8), spec.get("offload_optimizer", False))
@@ -106,32 +91,18 @@ def candidates_from(specs: list[dict]) -> list[Candidate]:
 
 def check_strategy(cand: Candidate) -> None:
     """A candidate's strategy and its settings agree, named when they do not."""
-    problems = []
     strategy, replicas = cand.parallelism, cand.plan.shape.replicas
-    if strategy not in STRATEGIES:
-        problems.append(f"strategy {strategy!r} is not one of {list(STRATEGIES)}")
-    elif strategy == "single" and replicas != 1:
-        problems.append(f"strategy single with replicas={replicas} (that is ddp)")
-    elif strategy == "ddp" and replicas < 2:
-        problems.append("strategy ddp needs replicas of 2 or more")
-    elif strategy == "fsdp":
-        if replicas != 1:
-            problems.append(f"strategy fsdp with replicas={replicas}: under FSDP every GPU of "
-                            "the world is a data-parallel rank; give the GPU count as world")
-        if cand.world is not None:
-            try:
-                sharding.check_world(cand.world)
-            except WorkbookError as exc:
-                problems.append(exc.problem)
-    if strategy != "fsdp" and (cand.world is not None or cand.offload_optimizer):
-        problems.append("world and offload_optimizer belong to strategy fsdp")
-    gpn = cand.gpus_per_node
-    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
-        problems.append(f"gpus_per_node {gpn!r} is not a positive integer")
-    if not isinstance(cand.offload_optimizer, bool):
-        problems.append(f"offload_optimizer {cand.offload_optimizer!r} is not True or False")
-    if problems:
-        raise WorkbookError(f"candidate {cand.name!r}: " + "; ".join(problems),
+    found = [problem for broken, problem in (
+        (strategy == "single" and replicas != 1,
+         f"strategy single with replicas={replicas} (that is ddp)"),
+        (strategy == "ddp" and replicas < 2, "strategy ddp needs replicas of 2 or more"),
+        (strategy == "fsdp" and replicas != 1,
+         f"strategy fsdp with replicas={replicas}: under FSDP every GPU of the world is a "
+         "data-parallel rank; give the GPU count as world"),
+        (strategy != "fsdp" and (cand.world is not None or cand.offload_optimizer),
+         "world and offload_optimizer belong to strategy fsdp")) if broken]
+    if found:
+        raise WorkbookError(f"candidate {cand.name!r}: " + "; ".join(found),
                             'e.g. {"name": "sharded", "strategy": "fsdp", "micro_batch": 2, '
                             '"accumulation": 16, "activation_checkpointing": True} (world '
                             "2..64, or none: the smallest that fits each GPU)")

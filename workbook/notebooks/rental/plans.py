@@ -3,12 +3,9 @@ rent, and the variants (with their learning rates) packed into 3/7/30 days."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from ...base.errors import WorkbookError
-from .candidates import Candidate
 
 
 def pack(variants: list[dict], sheet: pd.DataFrame, gpu_name: str, days: int,
@@ -144,49 +141,6 @@ def not_sized(sheet: pd.DataFrame) -> dict[str, str]:
         return {}
     rows = sheet[sheet.predicted_peak_gib.isna()]
     return dict(zip(rows.candidate, rows.note, strict=True))
-
-
-def check_variants(variants: Any, candidates: list[Candidate]) -> None:
-    """Every variant has a name, a numeric priority and a candidate of the list (repeats, when
-    given, a positive integer), before anything is sized."""
-    names = [c.name for c in candidates]
-    if not isinstance(variants, list):
-        raise WorkbookError(f"variants must be a list, got {variants!r}",
-                            'give e.g. [{"name": "control", "priority": 1, "candidate": '
-                            f'{names[0]!r}, "repeats": 3}}]')
-    keys = {"name", "priority", "candidate", "repeats", "lr"}
-    optional = {"repeats", "lr"}
-    problems = []
-    for v in variants:
-        if not isinstance(v, dict):
-            problems.append(f"{v!r} is not a dict")
-            continue
-        shown = v.get("name", v)
-        if set(v) - keys or keys - optional - set(v):
-            problems.append(f"variant {shown!r}: unknown keys {sorted(set(v) - keys)}, missing "
-                            f"{sorted(keys - optional - set(v))}")
-        elif isinstance(v["priority"], bool) or not isinstance(v["priority"], (int, float)):
-            problems.append(f"variant {shown!r}: priority {v['priority']!r} is not a number")
-        elif v["candidate"] not in names:
-            problems.append(f"variant {shown!r} names candidate {v['candidate']!r}, which is "
-                            "not in the candidates")
-        elif not (isinstance(r := v.get("repeats", 1), int) and not isinstance(r, bool)
-                  and r > 0):
-            problems.append(f"variant {shown!r}: repeats {r!r} is not a positive integer")
-        elif "lr" in v and v["lr"] not in VARIANT_LRS and (
-                isinstance(v["lr"], bool) or not isinstance(v["lr"], (int, float)) or
-                not v["lr"] >= 0):
-            problems.append(f"variant {shown!r}: lr {v['lr']!r} is not a number of 0 or more "
-                            "(0: the task's own), 'control' or 'study'")
-    if problems:
-        raise WorkbookError("variants: " + "; ".join(problems),
-                            f"give each variant name, priority (a number), candidate (one of "
-                            f"{names}) and optionally repeats (a positive integer) and lr (a "
-                            "number, 0 for the task's own, 'control': 06's control, or "
-                            "'study': the rate 06's study supports)")
-
-
-VARIANT_LRS = ("control", "study")
 
 
 def _spend(row: pd.Series) -> float:

@@ -10,7 +10,6 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
-from ...base.errors import WorkbookError
 from ...contract.data import Item
 from ...contract.task import Task
 from ...storage import schemas
@@ -30,6 +29,7 @@ from ...training.loop import UpdateShape
 from ..parameters import StudyParams
 
 DESIGN = "design.json"
+FIX = "fix the study parameters before the first trial"
 
 
 @dataclass
@@ -63,30 +63,26 @@ class StudyDesign:
         return "min" if any(w in self.metric.lower() for w in lower) else "max"
 
     def validate(self, task: Task, val: list[Item]) -> "StudyDesign":
-        self.shape.validate()
-        problems = []
-        if any(not isinstance(lr, (int, float)) or not lr > 0 for lr in self.lrs):
-            problems.append(f"every learning rate must be positive, got {self.lrs}")
-        if not self.seeds:
-            problems.append("the seed list is empty")
-        if not 0 < self.eval_every <= self.updates:
-            problems.append(f"eval_every {self.eval_every} must be between 1 and the budget "
-                            f"of {self.updates} updates")
+        """The design, its fields checked by their types, then its budget, evaluation batch
+        and metric against each other and the task (a WorkbookError naming each problem)."""
+        return schemas.checked(self, "study design", FIX, lambda: [
+            (problem, FIX) for problem in self._conflicts(task, val)])
+
+    def _conflicts(self, task: Task, val: list[Item]) -> list[str]:
+        found = []
+        if self.eval_every > self.updates:
+            found.append(f"eval_every {self.eval_every} must be between 1 and the budget of "
+                         f"{self.updates} updates")
         if self.eval_batch < self.shape.micro_batch:
-            problems.append(f"eval_batch {self.eval_batch} is below the micro-batch "
-                            f"{self.shape.micro_batch} (evaluation keeps no activations: it can be "
-                            "larger)")
-        if self.top_n < 1:
-            problems.append("top_n must be at least 1")
+            found.append(f"eval_batch {self.eval_batch} is below the micro-batch "
+                         f"{self.shape.micro_batch} (evaluation keeps no activations: it can "
+                         "be larger)")
         if self.metric != "loss":
             produced = evaluate(task, task.build_model(), val[:2], 2, torch.device("cpu"))
             if self.metric not in produced.metrics:
-                problems.append(f"metric {self.metric!r} is not produced by the task (it gives "
-                                f"{['loss', *produced.metrics]})")
-        if problems:
-            raise WorkbookError("study design: " + "; ".join(problems),
-                                "fix the study parameters before the first trial")
-        return self
+                found.append(f"metric {self.metric!r} is not produced by the task (it gives "
+                             f"{['loss', *produced.metrics]})")
+        return found
 
     def trials(self) -> list[dict]:
         """The planned trials: every (lr, seed) of the grid."""
@@ -109,11 +105,7 @@ def read_design(path: Path) -> StudyDesign:
     fix = "use an intact study folder, or start a new study (a new out_dir)"
     schemas.check(schemas.derived(StudyDesign, every_field=True), data, path, "study design",
                   fix)
-    try:
-        return StudyDesign(**{**data, "shape": UpdateShape.from_dict(data["shape"])})
-    except (TypeError, ValueError, WorkbookError) as exc:
-        raise WorkbookError(f"{path} cannot be read as a study design ({exc})",
-                            "use an intact study folder") from None
+    return schemas.build(StudyDesign, data)
 
 
 def design_from_params(params: StudyParams) -> StudyDesign:
