@@ -44,8 +44,8 @@ def test_budgets_holding_each_quantity():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"micro_batch": 0, "accumulation": 8}, "micro_batch must be a positive integer"),
-    ({"micro_batch": 2, "accumulation": -1}, "accumulation must be a positive integer"),
+    ({"micro_batch": 0, "accumulation": 8}, r"field 'micro_batch' .* equal to 1 \(got 0\)"),
+    ({"micro_batch": 2, "accumulation": -1}, r"field 'accumulation' .* equal to 1 \(got -1\)"),
 ])
 def test_bad_shapes_are_refused(kwargs, words):
     with pytest.raises(WorkbookError, match=words):

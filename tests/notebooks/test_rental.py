@@ -13,13 +13,12 @@ from workbook.base.frontend import readable
 from workbook.commands import params
 from workbook.contract.data import prepare
 from workbook.notebooks import rental
-from workbook.notebooks.registry import GATES
+from workbook.notebooks.registry import GATES, RENTAL
 from workbook.notebooks.rental import sheet as rental_sheet
 from workbook.notebooks.rental.candidates import Candidate, candidates_from, sharded_default
 from workbook.notebooks.rental.conclusions import conclusion, plan_lines, study_result
 from workbook.notebooks.rental.plans import (
     cheapest,
-    check_variants,
     choose,
     pack,
     planned_variants,
@@ -79,16 +78,36 @@ def test_bad_gpu_figures_are_named(gpus, tflops, words):
         check_gpus(gpus, tflops)
 
 
-def test_unknown_gpu_and_unknown_candidate_keys():
+def specs(**given):
+    """08's candidates and variants as its parameter model checks them, then as Candidates."""
+    return candidates_from(RENTAL.check(given).candidates)
+
+
+@pytest.mark.parametrize("given, words", [
+    ({"candidates": [{"name": "x", "micro": 4, "accumulation": 1}]},
+     r"'candidates\[0\].micro' is not a key of its record \(keys: name, micro_batch,"),
+    ({"candidates": [{"micro_batch": 4}]}, r"'candidates\[0\].name' is missing"),
+    ({"candidates": []}, "'candidates' of 08_rental_plan is \\[\\]; it must be a non-empty list"),
+    ({"candidates": [{"name": "x", "micro_batch": 0}]},
+     r"'candidates\[0\].micro_batch' of 08_rental_plan is 0; it must be >= 1"),
+    ({"candidates": [{"name": "x", "micro_batch": "4", "precision": "fp8"}]},
+     r"'candidates\[0\].micro_batch' must be int, got str '4'; parameter "
+     r"'candidates\[0\].precision' must be 'fp32', 'bf16' or 'fp16', got str 'fp8'"),
+    ({"candidates": [{"name": "x", "offload_optimizer": 1}]},
+     r"'candidates\[0\].offload_optimizer' must be bool, got int 1"),
+    ({"candidates": [{"name": "x", "gpus_per_node": 0}]},
+     r"'candidates\[0\].gpus_per_node' .* >= 1"),
+])
+def test_bad_candidates_are_named_by_the_parameter_model(given, words):
+    with pytest.raises(WorkbookError, match=words):
+        specs(**given)
+
+
+def test_unknown_gpu_and_a_clean_candidate():
     with pytest.raises(WorkbookError, match="unknown GPU 'A1000'"):
         gpu("A1000", {"A100": 80})
-    with pytest.raises(WorkbookError, match="unknown keys \\['micro'\\]"):
-        candidates_from([{"name": "x", "micro": 4, "accumulation": 1}])
-    with pytest.raises(WorkbookError, match="non-empty list"):
-        candidates_from([])
-    with pytest.raises(WorkbookError, match="micro_batch must be a positive integer"):
-        candidates_from([{"name": "x", "micro_batch": 0}])
-    (cand,) = candidates_from([{"name": "x", "micro_batch": 4, "length": 64}])
+    (cand,) = specs(candidates=[{"name": "x", "micro_batch": 4, "length": 64}],
+                    variants=[{"name": "v", "priority": 1, "candidate": "x"}])
     assert (cand.plan.shape, cand.plan.length) == (UpdateShape(4, 1, "bf16"), 64)
 
 
@@ -286,24 +305,41 @@ def test_the_cheapest_is_by_cost_even_when_another_candidate_has_none():
 
 
 @pytest.mark.parametrize("variants, words", [
-    ({"name": "x"}, "must be a list"),
-    ([{"name": "x", "candidate": "control"}], "missing \\['priority'\\]"),
+    ({"name": "x"}, "'variants' must be list, got dict"),
+    ([{"name": "x", "candidate": "control"}], r"'variants\[0\].priority' is missing"),
     ([{"name": "x", "priority": 1, "candidate": "control", "repeat": 2}],
-     "unknown keys \\['repeat'\\]"),
-    ([{"name": "x", "priority": 1, "candidate": "contrl"}], "names candidate 'contrl'"),
-    ([{"name": "x", "priority": 1, "candidate": "control", "repeats": 0}], "repeats 0"),
-    ([{"name": "x", "priority": "high", "candidate": "control"}], "priority 'high'"),
+     r"'variants\[0\].repeat' is not a key of its record \(keys: name, priority, candidate, "
+     r"repeats, lr\)"),
+    ([{"name": "x", "priority": 1, "candidate": "contrl"}],
+     "variant 'x' names candidate 'contrl', which is not in the candidates"),
+    ([{"name": "x", "priority": 1, "candidate": "control", "repeats": 0}],
+     r"'variants\[0\].repeats' of 08_rental_plan is 0; it must be >= 1"),
+    ([{"name": "x", "priority": "high", "candidate": "control"}],
+     r"'variants\[0\].priority' must be float, got str 'high'"),
+    ([{"name": "x", "priority": True, "candidate": "control"}],
+     r"'variants\[0\].priority' must be float, got bool True"),
+    ([{"name": "x", "priority": 1, "candidate": "control", "lr": "best"}],
+     r"'variants\[0\].lr' of 08_rental_plan is 'best'; it must be a number of 0 or more"),
+    ([{"name": "x", "priority": 1, "candidate": "control", "lr": -1e-3}],
+     r"'variants\[0\].lr' of 08_rental_plan is -0.001"),
 ])
 def test_bad_variants_are_named_before_anything_is_sized(variants, words):
     with pytest.raises(WorkbookError, match=words):
-        check_variants(variants, candidates_from([{"name": "control", "micro_batch": 2}]))
+        specs(candidates=[{"name": "control", "micro_batch": 2}], variants=variants)
+
+
+def test_whole_number_priorities_and_rates_are_numbers():
+    variants = [{"name": "a", "priority": 2, "candidate": "c", "lr": 1},
+                {"name": "b", "priority": 0.5, "candidate": "c", "repeats": 2, "lr": "study"}]
+    checked = RENTAL.check({"candidates": [{"name": "c"}], "variants": variants})
+    assert checked.variants == variants, "kept as given"
 
 
 def test_no_variants_leave_empty_plans_that_say_so():
     sheet = pd.DataFrame([{"candidate": "a", "gpu": "g", "fits": True, "budget_hours": 1.0}])
     plans = pd.concat([pack([], sheet, "g", d, 0.2) for d in (3, 7, 30)], ignore_index=True)
     assert plans.empty and "why_not" in plans
-    check_variants([], candidates_from([{"name": "a", "micro_batch": 2}]))
+    specs(candidates=[{"name": "a", "micro_batch": 2}], variants=[])
     options = pd.DataFrame([{"candidate": "a", "cheapest_gpu": "g", "currency": "USD",
                              "cheapest_cost": None, "why": "g is the cheapest GPU that fits"}])
     text = conclusion(Path("/nonexistent"), None, "g", plans,
@@ -357,20 +393,26 @@ def test_fsdp_is_picked_when_the_model_fits_no_single_gpu_and_single_when_it_fit
 
 
 @pytest.mark.parametrize("spec, words", [
-    ({"strategy": "fsdp", "world": 1}, "sized over 2 to 64 GPUs"),
-    ({"strategy": "fsdp", "world": 65}, "sized over 2 to 64 GPUs"),
+    ({"strategy": "fsdp", "world": 1}, r"world' of 08_rental_plan is 1; it must be in \[2, 64\]"),
+    ({"strategy": "fsdp", "world": 65}, r"world' of 08_rental_plan is 65; it must be in \[2, 64\]"),
     ({"strategy": "fsdp", "replicas": 2}, "every GPU of the world is a data-parallel rank"),
-    ({"strategy": "zero"}, "strategy 'zero' is not one of"),
+    ({"strategy": "zero"}, "strategy' must be 'single', 'ddp' or 'fsdp', got str 'zero'"),
     ({"offload_optimizer": True}, "belong to strategy fsdp"),
     ({"strategy": "ddp"}, "ddp needs replicas of 2 or more"),
+    ({"strategy": "single", "replicas": 2, "world": 2},
+     "strategy single with replicas=2 \\(that is ddp\\); world and offload_optimizer belong"),
 ])
 def test_bad_strategies_are_named(spec, words):
     with pytest.raises(WorkbookError, match=words):
-        candidates_from([{"name": "c", **spec}])
+        specs(candidates=[{"name": "c", **spec}], variants=[])
+    for clean in ({"strategy": "fsdp", "world": 2, "offload_optimizer": True},
+                  {"strategy": "ddp", "replicas": 2}, {"replicas": 2}, {}):
+        specs(candidates=[{"name": "c", **clean}], variants=[])
 
 
 def test_the_sharded_default_keeps_the_first_candidates_update():
-    first = candidates_from([{"name": "control", "micro_batch": 16, "accumulation": 2}])[0]
+    first = specs(candidates=[{"name": "control", "micro_batch": 16, "accumulation": 2}],
+                  variants=[])[0]
     extra = sharded_default(first)
     shape = extra.plan.shape
     assert extra.parallelism == "fsdp" and extra.world is None and shape.activation_checkpointing

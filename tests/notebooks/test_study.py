@@ -111,7 +111,12 @@ def test_a_design_written_before_the_shape_was_one_field_reopens(tmp_path):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"lrs": [1e-3, -1.0]}, "must be positive"),
+    ({"lrs": [1e-3, -1.0]}, r"study design: field 'lrs\[1\]' should be greater than 0 "
+     r"\(got -1.0\)"),
+    ({"seeds": [], "top_n": 0}, r"field 'seeds' should have at least 1 item .*; field 'top_n' "
+     r"should be greater than or equal to 1 \(got 0\)"),
+    ({"eval_every": 50, "eval_batch": 1}, "eval_every 50 must be between 1 and the budget of "
+     "20 updates; eval_batch 1 is below the micro-batch"),
     ({"eval_every": 50}, "eval_every 50 must be between 1 and the budget of 20"),
     ({"metric": "f1"}, "metric 'f1' is not produced by the task"),
     ({"eval_batch": 1}, "below the micro-batch"),

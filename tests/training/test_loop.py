@@ -73,9 +73,13 @@ def test_evaluation_does_not_depend_on_eval_batch(gen_task, gen_items):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"shape": UpdateShape(0)}, "micro_batch must be a positive integer"),
-    ({"shape": UpdateShape(2, -1)}, "accumulation must be a positive integer"),
-    ({"lr": 0.0}, "lr must be positive"),
+    ({"shape": UpdateShape(0)},
+     r"field 'shape.micro_batch' should be greater than or equal to 1 \(got 0\)"),
+    ({"shape": UpdateShape(2, -1)}, r"field 'shape.accumulation' .* \(got -1\)"),
+    ({"lr": 0.0}, r"field 'lr' should be greater than 0 \(got 0.0\)"),
+    ({"lr": "1e-3", "seed": -1}, r"field 'lr' should be a valid number \(got '1e-3'\); field "
+     r"'seed' should be greater than or equal to 0"),
+    ({"updates": True}, r"field 'updates' should be a valid integer \(got True\)"),
     ({"shape": UpdateShape(10_000)}, "larger than the"),
     ({"device": "tpu"}, "unknown device"),
 ])
@@ -133,10 +137,28 @@ def test_an_update_shape_makes_the_loop_configuration():
     flat = {**{k: v for k, v in dataclasses.asdict(cfg).items() if k != "shape"},
             **dataclasses.asdict(shape)}
     assert TrainConfig.from_dict(flat) == cfg
-    with pytest.raises(WorkbookError, match="unknown update-shape fields"):
+    with pytest.raises(WorkbookError, match="field 'microbatch' is not a field of the update "
+                       "shape") as caught:
         UpdateShape.from_dict({"micro_batch": 2, "microbatch": 4})
-    with pytest.raises(WorkbookError, match="replicas must be a positive integer"):
+    assert "its fields: micro_batch, accumulation" in caught.value.fix
+    with pytest.raises(WorkbookError, match=r"field 'replicas' should be greater than or equal "
+                       r"to 1 \(got 0\)"):
         UpdateShape(2, replicas=0).validate()
+    with pytest.raises(WorkbookError, match=r"update shape: field 'micro_batch' should be a "
+                       r"valid integer \(got '2'\); field 'precision' should be 'fp32', 'bf16' "
+                       r"or 'fp16' \(got 'fp8'\)"):
+        UpdateShape.from_dict({"micro_batch": "2", "precision": "fp8"})
+    with pytest.raises(WorkbookError, match="update shape should be a valid dictionary"):
+        UpdateShape.from_dict([2])
+    with pytest.raises(WorkbookError, match="field 'x' is not a field of the training "
+                       "configuration"):
+        TrainConfig.from_dict({**dataclasses.asdict(cfg), "x": 1})
+    assert TrainConfig.from_dict({**dataclasses.asdict(cfg), "lr": 1}).lr == 1  # kept an int
+    with pytest.raises(WorkbookError, match=r"micro_batch 4 is larger than the 3 training "
+                       r"examples; with drop_partial, one update needs 12 examples but there "
+                       r"are 3") as caught:
+        dataclasses.replace(cfg, drop_partial=True, device="cpu").validate(3)
+    assert caught.value.fix.startswith("lower micro_batch or give the task more examples; ")
     with pytest.raises(WorkbookError, match="train runs one process"):
         train(None, [], TrainConfig(UpdateShape(1, replicas=2), updates=1, device="cpu"))
 

@@ -147,7 +147,7 @@ def problems(exc: ValidationError, limit: int = 3, prefix: tuple = (),
     (`whole`: what the fields belong to)."""
     parts = []
     for error in exc.errors()[:limit]:
-        expected = error["msg"].replace("Input should be", "should be")
+        expected = re.sub(r"^(Input|List|String|Dictionary) should", "should", error["msg"])
         if error["type"] == "extra_forbidden":
             expected = f"is not a field of {whole}"
         elif error["type"] == "missing":
