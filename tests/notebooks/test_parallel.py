@@ -136,13 +136,16 @@ def test_bad_settings_are_refused_with_the_fix():
         check_devices("cpu", 1)
     with pytest.raises(WorkbookError, match="'cpu' \\(gloo\\) or 'cuda'"):
         check_devices("tpu", 2)
-    with pytest.raises(WorkbookError, match="unknown replica settings"):
+    with pytest.raises(WorkbookError, match="field 'replica' is not a field of the replica "
+                       "settings"):
         ReplicaSpec.from_dict({"task": GENERATION, "replica": 2})
+    with pytest.raises(WorkbookError, match="field 'task' is missing"):
+        ReplicaSpec.from_dict({"updates": 2})
     with pytest.raises(WorkbookError, match="unknown planted fault"):
         ReplicaSpec.from_dict({"task": GENERATION, "fault": "nope"})
-    with pytest.raises(WorkbookError, match=r"unknown replica settings \['micro_batch'\]"):
+    with pytest.raises(WorkbookError, match="field 'micro_batch' is not a field of the replica"):
         ReplicaSpec.from_dict({"task": GENERATION, "micro_batch": 2})  # the shape is one field
-    with pytest.raises(WorkbookError, match="field 'world' is not a field of the update shape"):
+    with pytest.raises(WorkbookError, match="field 'shape.world' is not a field of the replica"):
         ReplicaSpec.from_dict({"task": GENERATION, "shape": {"micro_batch": 2, "world": 2}})
     spec = ReplicaSpec(GENERATION, shape=UpdateShape(4, 1, replicas=3))
     assert ReplicaSpec.from_dict(dataclasses.asdict(spec)) == spec

@@ -396,7 +396,7 @@ def test_fsdp_is_picked_when_the_model_fits_no_single_gpu_and_single_when_it_fit
     ({"strategy": "fsdp", "world": 1}, r"world' of 08_rental_plan is 1; it must be in \[2, 64\]"),
     ({"strategy": "fsdp", "world": 65}, r"world' of 08_rental_plan is 65; it must be in \[2, 64\]"),
     ({"strategy": "fsdp", "replicas": 2}, "every GPU of the world is a data-parallel rank"),
-    ({"strategy": "zero"}, "strategy' must be 'single', 'ddp' or 'fsdp', got str 'zero'"),
+    ({"strategy": "zero"}, "strategy' must be '', 'single', 'ddp' or 'fsdp', got str 'zero'"),
     ({"offload_optimizer": True}, "belong to strategy fsdp"),
     ({"strategy": "ddp"}, "ddp needs replicas of 2 or more"),
     ({"strategy": "single", "replicas": 2, "world": 2},

@@ -369,9 +369,9 @@ class CandidateSpec(TypedDict, total=False):
     length: Length
     eval_batch: EvalBatch
     expected: StrictStr
-    strategy: Literal["single", "ddp", "fsdp"]
-    world: integer("the GPUs FSDP full sharding is sized over; one GPU: strategy single",
-                   MIN_WORLD, hi=MAX_WORLD)
+    strategy: Literal["", "single", "ddp", "fsdp"]  # "": single or ddp by the replicas
+    world: Union[integer("the GPUs FSDP full sharding is sized over; one GPU: strategy "
+                         "single", MIN_WORLD, hi=MAX_WORLD), None]  # None: the smallest fitting
     gpus_per_node: integer("GPUs per node", 1)
     offload_optimizer: StrictBool
 

@@ -6,10 +6,9 @@ folder) and checked against the schema derived from the class's own fields
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..base.errors import WorkbookError
 from ..contract.data import Prepared, prepare
 from ..contract.shape import UpdateShape
 from ..storage import schemas
@@ -52,20 +51,9 @@ class LaunchBase:
 
     @classmethod
     def from_dict(cls: type[S], data: Any) -> S:
-        """A spec given as JSON back: unknown settings and shape fields are named, then every
-        value is checked against the class's schema."""
-        known = {f.name for f in fields(cls)}
-        if not isinstance(data, dict) or not isinstance(data.get("task"), str):
-            raise WorkbookError(f"the {cls.what} must be an object with a 'task' path, got "
-                                f"{str(data)[:80]!r}", 'give --spec \'{"task": "pkg.mod:attr", '
-                                '...}\'')
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise WorkbookError(f"unknown {cls.what} {unknown}", f"use {sorted(known)}")
-        shape = UpdateShape.from_dict(data.get("shape", {}))  # names unknown shape fields
-        schemas.check(schemas.derived(cls), data, "--spec", "launch spec",
-                      "give --spec with values of the right types")
-        return cls(**{**data, "shape": shape})
+        """A spec given as JSON back, checked against the class's schema (unknown settings and
+        shape fields named, every value of its type and range)."""
+        return schemas.built(cls, data, cls.what, "give --spec with values of the right types")
 
     def train_config(self) -> TrainConfig:
         """The loop's configuration each process trains with."""
