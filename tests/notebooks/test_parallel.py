@@ -154,7 +154,8 @@ def test_bad_settings_are_refused_with_the_fix():
 
     with pytest.raises(WorkbookError, match="--spec is not JSON"):
         read_spec("{task: x}")
-    for bad, message in (("[1, 2]", "an object with"), ('{"updates": 3}', "with a 'task' path")):
+    for bad, message in (("[1, 2]", "replica settings should be a valid dictionary"),
+                         ('{"updates": 3}', "field 'task' is missing")):
         with pytest.raises(WorkbookError, match=message):
             replica_main(read_spec(bad), "unused", None)
 
