@@ -38,8 +38,7 @@ from .devices import PRECISIONS, check_precision, resolve_device
 from .evaluation import evaluate, target_count
 from .update_failure import update_failure
 
-FIX = ("give each field a value of its type and range (TrainConfig's annotations: counts of 1 "
-       "or more, lr above 0, a seed in 0..2**32-1)")
+FIX = "give each field a value of the type and range TrainConfig's annotation of it declares"
 
 
 @dataclass
@@ -66,9 +65,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
-        """A configuration stored as a dict (a checkpoint's recipe) back as a TrainConfig,
-        checked; a recipe written before the shape was one field (flat micro_batch, ...) reads
-        too."""
+        """A configuration stored as a dict (a checkpoint's recipe) back, checked; a recipe
+        written before the shape was one field (flat micro_batch, ...) reads too."""
         return schemas.built(cls, UpdateShape.nested(data), "training configuration", FIX)
 
     def validate(self, n_train: int | None = None) -> "TrainConfig":
