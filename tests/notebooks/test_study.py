@@ -115,6 +115,8 @@ def test_a_design_written_before_the_shape_was_one_field_reopens(tmp_path):
      r"\(got -1.0\)"),
     ({"seeds": [], "top_n": 0}, r"field 'seeds' should have at least 1 item .*; field 'top_n' "
      r"should be greater than or equal to 1 \(got 0\)"),
+    ({"metric": 3, "notes": None}, r"field 'metric' should be a valid string \(got 3\); field "
+     r"'notes' should be a valid string \(got None\)"),
     ({"eval_every": 50, "eval_batch": 1}, "eval_every 50 must be between 1 and the budget of "
      "20 updates; eval_batch 1 is below the micro-batch"),
     ({"eval_every": 50}, "eval_every 50 must be between 1 and the budget of 20"),

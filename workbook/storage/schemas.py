@@ -11,7 +11,9 @@ that fails names the file, the field and what was expected.
 The configurations stored (`UpdateShape`, `TrainConfig`, the launch specs, `StudyDesign`) are
 dataclasses of the layers above, declared once: their fields are annotated with this module's
 constrained types (`Count`, `Positive`, `Seed` ...) and `derived(cls)` makes each one's schema
-from its own fields, names, types and defaults - no schema here repeats them."""
+from its own fields, names, types and defaults - no schema here repeats them. The same schema
+checks an instance as it stands (`checked`, then the rules across its fields, kept beside the
+type) and a record read back (`built`): no configuration re-checks its types by hand."""
 
 from __future__ import annotations
 
