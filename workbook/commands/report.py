@@ -21,7 +21,7 @@ from ..base.errors import WorkbookError
 from ..notebooks import registry
 from ..notebooks.registry import GATES, RENTAL
 from ..notebooks.rental import glance
-from ..storage import schemas
+from ..storage import runs
 from ..storage.files import write_text
 from ..storage.runs import overall_verdict
 
@@ -105,11 +105,9 @@ def _key_figures(stem: str, summary: dict | None) -> list[tuple[str, str]]:
 
 
 def _summary(folder: Path) -> dict | None:
-    """A notebook's summary.json (None when it wrote none, or one that does not parse)."""
-    path = folder / "summary.json"
+    """A notebook's summary.json (None when it wrote none, or one that cannot be read)."""
     try:
-        return schemas.read(path, schemas.Summary, "notebook summary").model_dump() \
-            if path.exists() else None
+        return runs.read_summary(folder)
     except WorkbookError:
         return None
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..base.errors import WorkbookError
+from . import schemas
 from .artifacts import FORMAT
 from .files import sha256, write_json, write_text
 from .processes import process_alive
@@ -162,6 +163,17 @@ def write_summary(out_dir: Path, verdict: str, figures: dict[str, Any], **extra:
                                                        **extra})
 
 
+def read_summary(folder: str | Path) -> dict | None:
+    """The `summary.json` a notebook wrote in `folder`, checked (`schemas.Summary`) - the one
+    reader of it; None when there is none; a WorkbookError naming the file when it cannot be
+    read (a link, not JSON, a verdict no notebook writes): each caller says what that means."""
+    path = Path(folder) / "summary.json"
+    if not os.path.lexists(path):
+        return None
+    return schemas.read(path, schemas.Summary, "notebook summary",
+                        "run the notebook again").model_dump()
+
+
 def overall_verdict(verdicts: list[str]) -> str:
     """A pilot's verdict from its notebooks': "pass" when every one passed, "fail" when each
     passed or failed (none ran: nothing passed), else "error" (one errored or was
@@ -191,8 +203,10 @@ def verdict_line(out_dir: str | Path, explain: Callable[[str, dict], str] | None
     (the notebooks' `registry.explain`: storage knows no notebook) gives the reason; its errors
     are raised."""
     try:
-        summary = json.loads((Path(out_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = read_summary(out_dir)
+    except WorkbookError:
+        summary = None
+    if summary is None:
         return "verdict: unknown - no summary.json was written"
     why = explain(notebook_of(out_dir), summary) if explain else ""
     return f"verdict: {summary.get('verdict', 'unknown')}" + (f" - {why}" if why else "")
