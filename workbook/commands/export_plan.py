@@ -465,6 +465,8 @@ def read_pilot(run: str | Path) -> Pilot:
     trials = _trials(run, missing) if STUDY in ran else []
     pilot = _pilot_entry(run, index, notebooks, missing)
     entries = [pilot, *notebooks, *trials]
+    for entry in entries:  # what people read: the run's paths relative to it, as its report
+        entry.note = runs.shown_in(entry.note, run)
     return Pilot(run=run, name=run.name, pilot_id=pilot_id, digest=_digest(entries),
                  entries=entries, missing=missing, still_running=running)
 

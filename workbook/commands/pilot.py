@@ -131,8 +131,9 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     # folders removed), the kernel shut down, the index and report written, then exit 130.
     interrupted = threading.Event()
     try:
-        # kernels started inside inherit WORKBOOK_HEADLESS=1: no live widgets (they can hang)
-        with mock.patch.dict(os.environ, {HEADLESS_ENV: "1"}), \
+        # kernels started inside inherit WORKBOOK_HEADLESS=1: no live widgets (they can hang);
+        # and the run folder, which the paths they show are relative to (`runs.shown`)
+        with mock.patch.dict(os.environ, {HEADLESS_ENV: "1", runs.RUN_ENV: str(run.resolve())}), \
                 signals_as_interrupt(interrupted):
             try:
                 for stem in selected:

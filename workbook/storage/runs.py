@@ -4,6 +4,7 @@ tables, summary and verdict line. (The processes a run starts: `processes`.)"""
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import re
@@ -29,13 +30,47 @@ CLAIM = ".workbook-claim"
 LAUNCH_CLAIM = ".workbook-launch"
 
 
+# The pilot's run folder, set for the processes it starts (its kernels and theirs): `shown`
+RUN_ENV = "WORKBOOK_RUN"
+
+
 def shown(path: str | Path) -> str:
-    """A path as people should see it: relative to the working folder when it lies there or in
-    this checkout (committed notebook outputs must not carry one machine's checkout path)."""
+    """A path as people should see it, never one machine's folders: relative to the working
+    folder when it lies there or in this checkout (committed notebook outputs), else to the
+    pilot's run folder (`RUN_ENV`) when it lies there - what a reader of the run's report can
+    open - else with the home folder as `~`."""
     full = Path(os.path.abspath(path))  # not resolve(): a venv's python is a symlink to keep
     if full.is_relative_to(os.getcwd()) or full.is_relative_to(CHECKOUT):
         return os.path.relpath(full)
+    run = os.environ.get(RUN_ENV)
+    if run and full.is_relative_to(run):
+        return os.path.relpath(full, run)
+    home = _home()
+    if home is not None and full.is_relative_to(home):
+        return str("~" / full.relative_to(home))
     return str(path)
+
+
+def _home() -> Path | None:
+    """This user's home folder (None without one, or when it is the root)."""
+    try:
+        home = Path.home()
+    except RuntimeError:
+        return None
+    return home if home != Path(home.anchor) else None
+
+
+def shown_in(text: str, run: str | Path) -> str:
+    """`text` (a page exported from what the workbook did not write: a papermill parameter, a
+    task's own print) with the paths in the run folder `run` made relative to it and the home
+    folder as `~`, as `shown` makes one path."""
+    home = _home()
+    prefixes = [(folder + os.sep, "") for folder in (os.path.abspath(run), os.path.realpath(run))]
+    prefixes += [(str(home) + os.sep, "~" + os.sep)] if home else []
+    for prefix, replacement in prefixes:  # the run folder first: it may lie in the home folder
+        for form in {prefix, html.escape(prefix)}:
+            text = text.replace(form, replacement)
+    return text
 
 
 PARTIAL = re.compile(r"^\..+\.partial-(\d+)-")  # artifacts' temporary: .NAME.partial-PID-*
