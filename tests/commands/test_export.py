@@ -361,6 +361,15 @@ def test_a_notebook_folder_named_in_the_index_never_leads_outside_the_run(run, t
         export_run(str(run), tensorboard=str(tmp_path / "tb"))
 
 
+def test_what_people_read_names_the_runs_files_relative_to_it(built):
+    """The run folder lies outside the repository (under /tmp): the notes an export writes
+    (markdown) name its files as a reader of the run folder opens them."""
+    notes = {e.key: e.note for e in read_pilot(built).entries}
+    assert not [key for key, note in notes.items() if f"{built}/" in note]
+    trial = next(note for key, note in notes.items() if note.startswith("**trial "))
+    assert f"--study {STUDY}/study " in trial, trial
+
+
 def test_unreachable_and_invalid_mlflow_stores_are_refused_before_anything_is_written(
         run, store, tmp_path):
     with socket.socket() as s:  # a port nobody listens on

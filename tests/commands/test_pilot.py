@@ -5,6 +5,7 @@ Each notebook's verdicts are tests/notebooks' (its module's `run`/`save`); the c
 notebooks run under nbval; time limits and kills are test_pilot_limits.py's."""
 
 import json
+from pathlib import Path
 
 import papermill as pm
 import pytest
@@ -77,6 +78,14 @@ def test_the_readme_own_task_runs_through_the_pilot_with_the_report(tmp_path):
         == ["pass"] * 2
     text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", report)
     assert not re.search(r"\bnan\b", text, re.IGNORECASE), "no NaN anywhere on the page"
+    # --out outside the repository (under /tmp): what the run exports shows its paths relative
+    # to the run folder, as a reader of it can open them, never this machine's folders
+    for page in [*run.glob("*.html"), *run.rglob("*.md"), *run.rglob("*.csv")]:
+        shown = page.read_text()
+        assert f"{run}/" not in shown and f"{run.resolve()}/" not in shown, page
+        assert f"{Path.home()}/" not in shown, page
+    gates_page = (run / "03_phase_gates.html").read_text()
+    assert "writing to 03_phase_gates" in gates_page and '"03_phase_gates"' in gates_page
 
 
 @pytest.mark.slow  # nbval runs 04 and 05 on the generation sample; test_variants.py too

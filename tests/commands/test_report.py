@@ -92,6 +92,27 @@ def test_the_report_reads_in_order_with_figures_and_units(tmp_path):
         page.cells[i] + " " + page.cells[i + 1] for i in range(len(page.cells) - 1))
 
 
+def test_paths_into_the_run_folder_read_relative_to_it_on_the_page(tmp_path):
+    """A run folder outside the repository (under /tmp): an error naming one of its files, and
+    the executed notebook's out_dir parameter, read as a reader of the page opens them."""
+    import nbformat
+
+    run = tmp_path / "run"
+    run.mkdir()
+    index = _run(run)
+    index.loc[1, ["verdict", "error"]] = ["error", f"WorkbookError: {run}/08_rental_plan/"
+                                          "summary.json is not valid JSON"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        f'out_dir = "{run}/03_phase_gates"', outputs=[nbformat.v4.new_output(
+            "stream", text=f"writing to {run}/03_phase_gates\n")])])
+    nbformat.write(notebook, run / "03_phase_gates.ipynb")
+    report = write_report(run, index, "my.task:task").read_text()
+    assert "WorkbookError: 08_rental_plan/summary.json is not valid JSON" in report
+    executed = (run / "03_phase_gates.html").read_text()
+    assert "writing to 03_phase_gates" in executed and '"03_phase_gates"' in executed
+    assert f"{run}/" not in report + executed
+
+
 def test_human_units_never_show_nan():
     frame = human(pd.DataFrame({"x_bytes": [2**20, None], "why_not": [None, "too long"],
                                 "empty": [None, None]}))

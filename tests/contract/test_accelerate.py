@@ -171,6 +171,8 @@ def test_eval_step_counts_real_rows_whatever_the_eval_batch(clean, items):
     loss, count = evaluation_sums(clean, model, val, 5, torch.device("cpu"))[0]["(loss)"]
     assert sums[5][0] / len(val) == pytest.approx(loss / count, rel=1e-5)
     assert "gather_for_metrics" not in vars(clean.train_step.adapter.accelerator)
+    # every process's losses gathered: a mean over rows, declared on the task
+    assert clean.framework.metric_reductions == {"eval_loss": "rows"}
 
 
 # --- what is refused -----------------------------------------------------------------------

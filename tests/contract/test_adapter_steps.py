@@ -167,11 +167,14 @@ def test_lightning_optimizer_scales_the_modules_rates_and_steps_with_its_hooks()
 
 def test_lightning_validation_reports_logged_sums_weighted_by_batch_size():
     adapter = _lightning()
+    task = adapter.task()
     module = _Module()
-    out = adapter.validation(module, _batch(adapter))
+    assert task.framework.metric_reductions == {}  # filled as the validation runs
+    out = task.eval_step(module, _batch(adapter))
     total, count = out["val_loss"]
     assert count == 2 and total > 0
-    assert adapter.validation.metric_reductions == {"val_loss": "rows"}
+    assert task.framework.metric_reductions == {"val_loss": "rows"}
+    assert not hasattr(task.eval_step, "metric_reductions")  # the task declares it, once
     assert module.training  # the modes are back after the validation hooks
 
 

@@ -69,6 +69,46 @@ def test_an_update_samples_the_same_however_it_is_split(clean):
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
+def _trl_advantages(rewards: torch.Tensor, g: int, scale: str) -> torch.Tensor:
+    """TRL's own advantages of a generation batch (trl/trainer/grpo_trainer.py,
+    `_generate_and_score_completions`, multi_objective_aggregation="sum_then_normalize",
+    trl 1.16.0), line by line."""
+    from trl.trainer.utils import nanstd
+
+    mean_grouped_rewards = torch.nanmean(rewards.view(-1, g), dim=1).repeat_interleave(g, dim=0)
+    if scale in ["group", "none"]:
+        std_rewards = nanstd(rewards.view(-1, g), dim=1).repeat_interleave(g, dim=0)
+    else:
+        std_rewards = nanstd(rewards).expand_as(rewards)
+    advantages = rewards - mean_grouped_rewards
+    if scale != "none":
+        advantages = advantages / (std_rewards + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_the_advantages_are_trls_own_for_a_group_with_one_reward_and_unscorable_completions(
+        scale):
+    """A group with one scored completion (TRL's nanstd is NaN there, not 0), completions no
+    reward function scored (NaN), and ordinary groups: the pilot's advantages are TRL's."""
+    from workbook.contract.adapters.grpo import Rewards
+
+    nan = float("nan")
+    rewards = torch.tensor([1.0, nan, nan, nan,  # one scored: no advantage
+                            0.2, 0.7, nan, 0.9,  # one unscorable
+                            0.1, 0.4, 0.3, 0.8,  # ordinary
+                            nan, nan, nan, nan])  # none scored
+    mine = Rewards.__new__(Rewards)
+    mine.scale = scale
+    got = mine.advantages(rewards, 4)
+    assert not got.isnan().any()
+    assert torch.allclose(got, _trl_advantages(rewards, 4, scale), rtol=0, atol=1e-6)
+    # 01's groups with no advantage: the equal and the under-scored, as before
+    assert Rewards.flat(rewards, 4).tolist() == [True, False, False, True]
+    assert Rewards.flat(torch.tensor([0.5] * 4 + [0.1, 0.2, 0.1, 0.2]), 4).tolist() == \
+        [True, False]
+
+
 @pytest.mark.twin
 def test_the_clean_setup_raises_nothing_in_01(clean):
     assert _flags(clean) == {}

@@ -29,6 +29,7 @@ from workbook.notebooks.gates.settings import GateSettings  # noqa: E402
 from workbook.notebooks.parallel.rank_rules import _eval_row  # noqa: E402
 from workbook.training.evaluation import evaluation_sums  # noqa: E402
 from workbook.training.loop import TrainConfig, UpdateShape, train  # noqa: E402
+from workbook.training.replica import rank_evaluation  # noqa: E402
 
 LIGHTNING_DOCS = "examples.lightning_docs:task"
 HF_DOCS = "examples.hf_docs:task"
@@ -44,7 +45,7 @@ def test_each_reduction_combines_the_ranks_values_as_its_framework_does():
 
 def _launch_evaluation(spec: str, examples: int = 63, **options) -> tuple[dict, dict]:
     """09's evaluation without processes: each shard and the whole split evaluated as its
-    rank would, the adapter's declared reductions beside each rank's sums."""
+    rank would (`rank_evaluation`), the adapter's declared reductions beside each rank's sums."""
     task = load_task(spec, **options)
     items = prepare(task).validation[:examples]
     torch.manual_seed(0)
@@ -52,9 +53,7 @@ def _launch_evaluation(spec: str, examples: int = 63, **options) -> tuple[dict, 
     cpu = torch.device("cpu")
     ranks = []
     for rank in range(2):  # a fresh copy per process: one rank's epoch is not another's
-        sums, _ = evaluation_sums(task, copy.deepcopy(model), items[rank::2], 8, cpu)
-        ranks.append({"examples": len(items[rank::2]), "sums": sums,
-                      "reductions": dict(task.eval_step.metric_reductions)})
+        ranks.append(rank_evaluation(task, copy.deepcopy(model), items[rank::2], 8, cpu))
     single, _ = evaluation_sums(task, copy.deepcopy(model), items, 8, cpu)
     ev = {"ranks": ranks, "single": single}
     return _eval_row({"evaluation": ev}, 1e-5), ranks[0]["reductions"]

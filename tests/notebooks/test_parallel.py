@@ -34,6 +34,7 @@ from workbook.training.replica import (
     _artifact,
     check_items,
     example_targets,
+    rank_evaluation,
     shard,
     update_groups,
 )
@@ -129,6 +130,26 @@ def test_evaluation_sums_add_over_ranks():
     ranks = [{"(loss)": [10.0, 4.0], "accuracy": [3.0, 4.0]},
              {"(loss)": [2.0, 1.0], "accuracy": [0.0, 1.0]}]
     assert reduce_sums(ranks) == {"(loss)": [12.0, 5.0], "accuracy": [3.0, 5.0]}
+
+
+@pytest.mark.twin
+def test_a_hand_written_tasks_metrics_are_means_over_rows_whatever_its_step_carries(
+        gen_task, gen_items):
+    """How a metric is reduced over ranks is declared on the task (`Task.framework`, which the
+    adapters fill): a hand-written task declares none, so each of its metrics is a mean over
+    rows, and an attribute set on its eval_step declares nothing."""
+    def own_eval(model, batch):
+        weight = batch.get("example_weight")
+        rows = float(weight.sum()) if weight is not None else float(len(batch["labels"]))
+        return {"seen": (rows, rows)}  # 1 over rows; 2 if the two ranks' values were added
+
+    own_eval.metric_reductions = {"seen": "sum"}  # a fact passed on the side: never read
+    task = dataclasses.replace(gen_task, eval_step=own_eval)
+    model = task.build_model()
+    ranks = [rank_evaluation(task, model, gen_items["validation"][r::2], 4, torch.device("cpu"))
+             for r in range(2)]
+    assert [r["reductions"] for r in ranks] == [{}, {}]
+    assert parallel_rules.reduced_values({"ranks": ranks, "single": None})["seen"] == 1.0
 
 
 def test_bad_settings_are_refused_with_the_fix():

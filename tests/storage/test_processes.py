@@ -26,6 +26,9 @@ def test_a_suggested_command_is_quoted_so_pasting_it_runs_nothing(tmp_path):
     _pasted(" ".join(["python", "-m", "workbook", *words]))  # the twin, unquoted: it runs
     assert marker.exists(), "the check above would prove nothing"
     assert command_line(["a b", 3, "$HOME"]) == "'a b' 3 '$HOME'"
+    # a path shown from the home folder (`runs.shown`) still runs: its ~/ stays unquoted
+    assert command_line(["~/.venv/bin/python", "~/a b", "~"]) == \
+        "~/.venv/bin/python ~/'a b' '~'"
 
 
 def test_a_timed_out_command_names_itself_quoted(tmp_path):

@@ -1,3 +1,4 @@
+import html
 import json
 
 import pytest
@@ -201,3 +202,28 @@ def test_a_childs_error_is_said_without_its_progress_bars():
                     "-> fix: save with save_only_model=False")
     assert child_error("Traceback (most recent call last):\n  boom\nValueError: x\n") == \
         "Traceback (most recent call last):\nboom\nValueError: x"
+
+
+def test_a_path_is_shown_relative_to_the_pilots_run_folder_and_never_with_the_home_folder(
+        tmp_path, monkeypatch):
+    """Inside the working folder or the checkout a path is relative to the working folder (the
+    committed notebooks' outputs); a pilot run elsewhere (--out under /tmp) shows its paths
+    relative to its run folder, what a reader of its report can open; the home folder is `~`."""
+    from workbook.storage.runs import CHECKOUT, RUN_ENV, shown, shown_in
+
+    run, home = tmp_path / "run", tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv(RUN_ENV, raising=False)
+    study = run / "06_lr_study" / "study"
+    assert shown(study) == str(study)  # no pilot, no home: as given (a notebook run alone)
+    monkeypatch.setenv(RUN_ENV, str(run))
+    assert shown(study) == "06_lr_study/study" and shown(run) == "."
+    assert shown(tmp_path / "run2" / "x") == str(tmp_path / "run2" / "x")  # not in the run
+    assert shown(home / ".venv" / "bin" / "python") == "~/.venv/bin/python"
+    assert shown(CHECKOUT / "notebooks") == "notebooks"  # the working folder's rule first
+    page = (f'out_dir = "{run}/01_inspect_examples"; writing to {run}/01_inspect_examples; '
+            f"{home}/.venv/bin/python; {tmp_path}/run2/x")
+    assert shown_in(page, run) == ('out_dir = "01_inspect_examples"; writing to '
+                                   f"01_inspect_examples; ~/.venv/bin/python; {tmp_path}/run2/x")
+    odd = tmp_path / "a&b's run"  # as an HTML page holds it: escaped
+    assert shown_in(f"<td>{html.escape(str(odd))}/x.csv</td>", odd) == "<td>x.csv</td>"

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from ..base.errors import WorkbookError, reason
 from ..notebooks import registry
 from ..notebooks.registry import key_figures, verdict_line
-from ..storage import schemas
+from ..storage import runs, schemas
 from ..storage.artifacts import verify
 from ..storage.files import open_plain, read_plain, sha256
 from ..storage.ledger import Ledger
@@ -284,16 +284,16 @@ def _notebook(run: Path, row: IndexRow, missing: list[str]) -> Entry:
                   status=STATUS[row.verdict])
     summary = None
     path = run / stem / "summary.json"
-    if _plain_file(path):
+    if os.path.lexists(path) and not _plain_file(path):
+        missing.append(f"{stem}: its summary.json is not a plain file: not exported")
+    else:
         try:
-            summary = schemas.read(path, schemas.Summary, "notebook summary").model_dump()
+            summary = runs.read_summary(run / stem)
+            if summary is None and row.verdict not in ("error", "interrupted"):
+                missing.append(f"{stem}: no summary.json: no key figures")
         except WorkbookError as exc:
             missing.append(f"{stem}: its summary.json cannot be read ({exc.problem}): its key "
                            "figures are not exported")
-    elif os.path.lexists(path):
-        missing.append(f"{stem}: its summary.json is not a plain file: not exported")
-    elif row.verdict not in ("error", "interrupted"):
-        missing.append(f"{stem}: no summary.json: no key figures")
     if row.verdict in ("error", "interrupted"):
         missing.append(f"{stem} did not finish ({row.verdict}"
                        + (f": {row.error}" if row.error else "") + "): what it wrote is "
@@ -465,6 +465,8 @@ def read_pilot(run: str | Path) -> Pilot:
     trials = _trials(run, missing) if STUDY in ran else []
     pilot = _pilot_entry(run, index, notebooks, missing)
     entries = [pilot, *notebooks, *trials]
+    for entry in entries:  # what people read: the run's paths relative to it, as its report
+        entry.note = runs.shown_in(entry.note, run)
     return Pilot(run=run, name=run.name, pilot_id=pilot_id, digest=_digest(entries),
                  entries=entries, missing=missing, still_running=running)
 

@@ -27,7 +27,7 @@ from ..base.progress import HEADLESS_ENV
 from ..contract.task import load_task
 from ..notebooks import registry
 from ..notebooks.registry import RENTAL
-from ..storage import schemas
+from ..storage import runs
 from ..storage.files import write_json, write_text
 from ..storage.processes import signals_as_interrupt
 from ..storage.runs import RUNS_ROOT, claim_dir, new_run_dir, sweep_runs
@@ -131,8 +131,9 @@ def run_pilot(task: str, out: str | None = None, smoke: bool = False, only: str 
     # folders removed), the kernel shut down, the index and report written, then exit 130.
     interrupted = threading.Event()
     try:
-        # kernels started inside inherit WORKBOOK_HEADLESS=1: no live widgets (they can hang)
-        with mock.patch.dict(os.environ, {HEADLESS_ENV: "1"}), \
+        # kernels started inside inherit WORKBOOK_HEADLESS=1: no live widgets (they can hang);
+        # and the run folder, which the paths they show are relative to (`runs.shown`)
+        with mock.patch.dict(os.environ, {HEADLESS_ENV: "1", runs.RUN_ENV: str(run.resolve())}), \
                 signals_as_interrupt(interrupted):
             try:
                 for stem in selected:
@@ -258,8 +259,11 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
                             cwd=os.getcwd(), timeout_func=remaining,
                             start_timeout=int(min(120, limit)),
                             kernel_manager_class=_kernel_manager(run / KERNEL_LOG, interrupted))
-        row["verdict"] = schemas.read(run / stem / "summary.json", schemas.Summary,
-                                      "notebook summary", "run the notebook again").verdict
+        summary = runs.read_summary(run / stem)  # a WorkbookError when it cannot be read
+        if summary is None:
+            row["error"] = "no summary.json: the notebook finished without writing it"
+        else:
+            row["verdict"] = summary["verdict"]
     except pm.PapermillExecutionError as exc:  # recorded; the other notebooks still run
         row["error"] = f"{exc.ename}: {exc.evalue}"[:500]
     except CellTimeoutError:
@@ -269,8 +273,6 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
     except DeadKernelError:
         row["error"] = (f"the kernel died in cell {_cell_name(current)} (out of memory, or a "
                         "crash in native code: run the notebook in JupyterLab to see it)")
-    except FileNotFoundError as exc:
-        row["error"] = f"no summary.json: the notebook finished without writing it ({exc})"
     except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"[:500]
     finally:
@@ -349,16 +351,14 @@ def _kernel_manager(log: Path, interrupted: threading.Event | None = None) -> ty
 def _record_error(folder: Path, error: str) -> None:
     """A notebook that failed keeps what it found: its summary.json (written now when the
     notebook never got that far, with the files it did write) carries the error."""
-    path = folder / "summary.json"
     try:
-        summary = schemas.read(path, schemas.Summary, "notebook summary").model_dump() \
-            if path.exists() else {
-                "verdict": "error", "figures": {},
-                "found": sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []}
+        summary = runs.read_summary(folder) or {
+            "verdict": "error", "figures": {},
+            "found": sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []}
     except WorkbookError:
         summary = {"verdict": "error", "figures": {}}
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(path, {**summary, "error": error})
+    write_json(folder / "summary.json", {**summary, "error": error})
 
 
 def _keep_executed(partial: Path, final: Path) -> None:

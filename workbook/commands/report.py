@@ -21,7 +21,7 @@ from ..base.errors import WorkbookError
 from ..notebooks import registry
 from ..notebooks.registry import GATES, RENTAL
 from ..notebooks.rental import glance
-from ..storage import schemas
+from ..storage import runs
 from ..storage.files import write_text
 from ..storage.runs import overall_verdict
 
@@ -105,11 +105,9 @@ def _key_figures(stem: str, summary: dict | None) -> list[tuple[str, str]]:
 
 
 def _summary(folder: Path) -> dict | None:
-    """A notebook's summary.json (None when it wrote none, or one that does not parse)."""
-    path = folder / "summary.json"
+    """A notebook's summary.json (None when it wrote none, or one that cannot be read)."""
     try:
-        return schemas.read(path, schemas.Summary, "notebook summary").model_dump() \
-            if path.exists() else None
+        return runs.read_summary(folder)
     except WorkbookError:
         return None
 
@@ -159,13 +157,15 @@ def safe_links(page: str) -> str:
 
 def export_html(notebook: Path) -> Path | None:
     """The executed notebook as HTML beside it (opens in any browser), its links made safe
-    (`safe_links`: a parameter that holds a javascript: link shows as text, never runs); None
-    if it cannot."""
+    (`safe_links`: a parameter that holds a javascript: link shows as text, never runs) and its
+    paths relative to the run folder it lies in (`runs.shown_in`: its `out_dir` parameter too);
+    None if it cannot."""
     try:
         from nbconvert import HTMLExporter
 
         body, _ = HTMLExporter().from_filename(str(notebook))
-        return write_text(notebook.with_suffix(".html"), safe_links(body))
+        return write_text(notebook.with_suffix(".html"),
+                          safe_links(runs.shown_in(body, notebook.parent)))
     except Exception:  # a broken notebook keeps its .ipynb link
         return None
 
@@ -176,7 +176,8 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
     then 08's decision at a glance (`rental.glance`: one line, the priced plans, the chart of
     cost against hours, the open risks, the launch files), then 08's reasoning, folded. With
     `export` False (the disk is full: the report comes first) the executed notebooks are
-    linked as they are, not exported to HTML."""
+    linked as they are, not exported to HTML. Paths into the run folder show relative to it
+    (`runs.shown_in`), as a reader of the page opens them."""
     import mistune
 
     rows = index.to_dict(orient="records")
@@ -208,7 +209,7 @@ def write_report(run: Path, index: pd.DataFrame, task: str, export: bool = True)
         style=Markup((Path(__file__).parent / "templates" / "report.css").read_text()),
         decision=_decision(run, rows, summaries, mistune.create_markdown(escape=True)),
         notebooks=notebooks, on_page={r["notebook"] for r in rows})
-    return write_text(run / "report.html", safe_links(page))
+    return write_text(run / "report.html", safe_links(runs.shown_in(page, run)))
 
 
 def _decision(run: Path, rows: list[dict], summaries: dict, render) -> dict | None:

@@ -43,3 +43,7 @@ class FrameworkFacts:
     # 01's checks on a reward model's own scorer (where the score is read in a padded batch,
     # whether the score head trains, the first loss): encoded items -> Flags
     pair_checks: Callable[[list], list] | None = None
+    # how the framework combines each evaluation metric over data-parallel ranks, {metric:
+    # reduction} (contract/metric_reduction.py), filled by the adapter's eval_step as it
+    # evaluates; a metric not named is a mean over rows (09 judges each the way it is reduced)
+    metric_reductions: dict[str, str] = field(default_factory=dict)

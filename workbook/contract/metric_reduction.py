@@ -1,7 +1,7 @@
 """How a framework combines an evaluation metric over data-parallel ranks, as an adapter
-declares it beside its `eval_step` (`eval_step.metric_reductions`, {name: reduction}), and the
-value a reduction gives from each rank's (sum, count). Notebook 09 judges each metric the way
-its framework reduces it, against the same metric in one process."""
+declares it for its `eval_step` (`Task.framework.metric_reductions`, {name: reduction}), and
+the value a reduction gives from each rank's (sum, count). Notebook 09 judges each metric the
+way its framework reduces it, against the same metric in one process."""
 
 from __future__ import annotations
 

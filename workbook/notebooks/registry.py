@@ -10,7 +10,6 @@ entry names its notebook's parameter model (`parameters.py`); `entry.check(given
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -446,12 +445,12 @@ def explain(stem: str, summary: dict) -> str:
 
 
 def summary_of(run_dir: str | Path, stem: str) -> dict | None:
-    """The summary.json the notebook `stem` wrote in the run folder `run_dir` (None when it
-    wrote none; a verdict "unreadable" when it does not parse)."""
-    path = Path(run_dir) / stem / "summary.json"
+    """The summary.json the notebook `stem` wrote in the run folder `run_dir`
+    (`runs.read_summary`: None when it wrote none), a verdict "unreadable" when it cannot be
+    read (never taken for a pass)."""
     try:
-        return json.loads(path.read_text()) if path.exists() else None
-    except (ValueError, OSError):
+        return runs.read_summary(Path(run_dir) / stem)
+    except WorkbookError:
         return {"verdict": "unreadable", "error": f"{stem}/summary.json cannot be read"}
 
 

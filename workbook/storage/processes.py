@@ -28,8 +28,10 @@ RESULT_OPTION = "--result"
 
 def command_line(args: list[Any]) -> str:
     """A command as a line to paste into a shell: every word quoted (`shlex.quote`), so a task
-    name, path or option such as `x$(rm -rf ~):task` stays one inert word."""
-    return shlex.join(str(a) for a in args)
+    name, path or option such as `x$(rm -rf ~):task` stays one inert word; a path from the
+    home folder (`~/...`, as `runs.shown` writes it) keeps its `~/` outside the quotes."""
+    return " ".join("~/" + shlex.quote(w[2:]) if w.startswith("~/") and len(w) > 2 else
+                    shlex.quote(w) for w in map(str, args))
 
 
 def workbook_command(args: list[Any], launcher: tuple[str, ...] = ()) -> str:

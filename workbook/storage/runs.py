@@ -4,6 +4,7 @@ tables, summary and verdict line. (The processes a run starts: `processes`.)"""
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..base.errors import WorkbookError
+from . import schemas
 from .artifacts import FORMAT
 from .files import sha256, write_json, write_text
 from .processes import process_alive
@@ -28,13 +30,47 @@ CLAIM = ".workbook-claim"
 LAUNCH_CLAIM = ".workbook-launch"
 
 
+# The pilot's run folder, set for the processes it starts (its kernels and theirs): `shown`
+RUN_ENV = "WORKBOOK_RUN"
+
+
 def shown(path: str | Path) -> str:
-    """A path as people should see it: relative to the working folder when it lies there or in
-    this checkout (committed notebook outputs must not carry one machine's checkout path)."""
+    """A path as people should see it, never one machine's folders: relative to the working
+    folder when it lies there or in this checkout (committed notebook outputs), else to the
+    pilot's run folder (`RUN_ENV`) when it lies there - what a reader of the run's report can
+    open - else with the home folder as `~`."""
     full = Path(os.path.abspath(path))  # not resolve(): a venv's python is a symlink to keep
     if full.is_relative_to(os.getcwd()) or full.is_relative_to(CHECKOUT):
         return os.path.relpath(full)
+    run = os.environ.get(RUN_ENV)
+    if run and full.is_relative_to(run):
+        return os.path.relpath(full, run)
+    home = _home()
+    if home is not None and full.is_relative_to(home):
+        return str("~" / full.relative_to(home))
     return str(path)
+
+
+def _home() -> Path | None:
+    """This user's home folder (None without one, or when it is the root)."""
+    try:
+        home = Path.home()
+    except RuntimeError:
+        return None
+    return home if home != Path(home.anchor) else None
+
+
+def shown_in(text: str, run: str | Path) -> str:
+    """`text` (a page exported from what the workbook did not write: a papermill parameter, a
+    task's own print) with the paths in the run folder `run` made relative to it and the home
+    folder as `~`, as `shown` makes one path."""
+    home = _home()
+    prefixes = [(folder + os.sep, "") for folder in (os.path.abspath(run), os.path.realpath(run))]
+    prefixes += [(str(home) + os.sep, "~" + os.sep)] if home else []
+    for prefix, replacement in prefixes:  # the run folder first: it may lie in the home folder
+        for form in {prefix, html.escape(prefix)}:
+            text = text.replace(form, replacement)
+    return text
 
 
 PARTIAL = re.compile(r"^\..+\.partial-(\d+)-")  # artifacts' temporary: .NAME.partial-PID-*
@@ -162,6 +198,17 @@ def write_summary(out_dir: Path, verdict: str, figures: dict[str, Any], **extra:
                                                        **extra})
 
 
+def read_summary(folder: str | Path) -> dict | None:
+    """The `summary.json` a notebook wrote in `folder`, checked (`schemas.Summary`) - the one
+    reader of it; None when there is none; a WorkbookError naming the file when it cannot be
+    read (a link, not JSON, a verdict no notebook writes): each caller says what that means."""
+    path = Path(folder) / "summary.json"
+    if not os.path.lexists(path):
+        return None
+    return schemas.read(path, schemas.Summary, "notebook summary",
+                        "run the notebook again").model_dump()
+
+
 def overall_verdict(verdicts: list[str]) -> str:
     """A pilot's verdict from its notebooks': "pass" when every one passed, "fail" when each
     passed or failed (none ran: nothing passed), else "error" (one errored or was
@@ -191,8 +238,10 @@ def verdict_line(out_dir: str | Path, explain: Callable[[str, dict], str] | None
     (the notebooks' `registry.explain`: storage knows no notebook) gives the reason; its errors
     are raised."""
     try:
-        summary = json.loads((Path(out_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = read_summary(out_dir)
+    except WorkbookError:
+        summary = None
+    if summary is None:
         return "verdict: unknown - no summary.json was written"
     why = explain(notebook_of(out_dir), summary) if explain else ""
     return f"verdict: {summary.get('verdict', 'unknown')}" + (f" - {why}" if why else "")

@@ -223,17 +223,23 @@ def _measured(readings: dict | None, phase: str, stepper: Stepper, now: bool):
 
 
 # --- the launch -------------------------------------------------------------------------------
+def rank_evaluation(task: Task, model: nn.Module, items: list[Item], eval_batch: int,
+                    device: torch.device, precision: str = "fp32") -> dict[str, Any]:
+    """One rank's evaluation of its shard: its sums, beside how the task's framework reduces
+    each metric over ranks (`Task.framework.metric_reductions`, filled as it evaluates)."""
+    sums, _ = evaluation_sums(task, model, items, eval_batch, device, precision)
+    return {"examples": len(items), "sums": sums,
+            "reductions": dict(task.framework.metric_reductions)}
+
+
 def _eval_split(task: Task, model: nn.Module, items: list[Item], spec: ReplicaSpec,
                 rank: int, world: int, device: torch.device) -> dict[str, Any]:
     """Each rank evaluates its shard; the sums are added over ranks (each metric as its
     framework reduces it); rank 0 also evaluates everything alone, the reference the reduced
     result must equal."""
-    mine = items[rank::world]
     precision = spec.shape.precision
-    sums, _ = evaluation_sums(task, model, mine, spec.eval_batch, device, precision)
-    # how the task's framework reduces each metric over ranks (its adapter says, as it evaluates)
-    reductions = dict(getattr(task.eval_step, "metric_reductions", None) or {})
-    every = gather({"examples": len(mine), "sums": sums, "reductions": reductions})
+    every = gather(rank_evaluation(task, model, items[rank::world], spec.eval_batch, device,
+                                   precision))
     single = None
     if rank == 0:
         single, _ = evaluation_sums(task, model, items, spec.eval_batch, device, precision)

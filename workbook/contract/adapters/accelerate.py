@@ -255,8 +255,6 @@ class AccelerateEval:
     them); a value per row is summed, anything else (a batch's mean, repeated or not) weighs
     the batch's rows."""
 
-    metric_reductions = {EVAL_LOSS: ROWS}
-
     def __init__(self, adapter: "AccelerateAdapter", eval_step: Callable):
         self.adapter, self.eval_step = adapter, eval_step
 
@@ -409,6 +407,8 @@ class AccelerateAdapter(Adapter):
             build_scheduler=self.build_scheduler if self.make_scheduler is not None else
             base.build_scheduler,
             lr=fields.get("lr", self.own_lr), grad_clip=fields.get("grad_clip"))
+        if self.eval is not None:  # the gathered losses of every process: a mean over rows
+            task.framework.metric_reductions = {EVAL_LOSS: ROWS}
         return task
 
 

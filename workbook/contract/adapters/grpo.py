@@ -115,25 +115,30 @@ class Rewards:
                 for name, m in zip(self.names, moved.T, strict=True) if bool(m.any())]
 
     def advantages(self, rewards: torch.Tensor, generations: int) -> torch.Tensor:
-        """TRL's advantages (sum_then_normalize): each reward less its group's mean, divided by
-        the group's (or the batch's) standard deviation unless scale_rewards is 'none'."""
+        """TRL's advantages (sum_then_normalize), with TRL's own `nanstd`: each reward less its
+        group's mean, divided by the group's (or the batch's) standard deviation unless
+        scale_rewards is 'none'; NaN (an unscorable completion, a group or batch with fewer
+        than two rewards) becomes 0, no learning signal, as TRL makes it."""
+        from trl.trainer.utils import nanstd  # a GRPOTrainer was given: trl is installed
+
         grouped = rewards.view(-1, generations)
         mean = grouped.nanmean(1, keepdim=True)
         if self.scale == "batch":
-            std = _nanstd(rewards).expand_as(grouped)
+            std = nanstd(rewards).expand_as(grouped)
         else:
-            std = _nanstd(grouped, dim=1).unsqueeze(1).expand_as(grouped)
+            std = nanstd(grouped, dim=1).unsqueeze(1).expand_as(grouped)
         out = grouped - mean
         if self.scale != "none":
             out = out / (std + 1e-4)
-        return out.reshape(-1)
+        return out.reshape(-1).nan_to_num(0.0)
 
+    @staticmethod
+    def flat(rewards: torch.Tensor, generations: int) -> torch.Tensor:
+        """Per group, whether its rewards tell no completion apart (every advantage 0, no
+        gradient): all equal, or fewer than two scored (TRL's `nanstd` is NaN there)."""
+        from trl.trainer.utils import nanstd
 
-def _nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """TRL's nanstd: the unbiased standard deviation over the non-NaN values."""
-    mean = x.nanmean(dim=dim, keepdim=dim is not None)
-    var = ((x - mean) ** 2).nansum(dim=dim) / ((~x.isnan()).sum(dim=dim) - 1).clamp(min=1)
-    return var.sqrt()
+        return nanstd(rewards.view(-1, generations), dim=1).nan_to_num(0) < 1e-6
 
 
 def token_logps(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, keep: int,
@@ -265,11 +270,10 @@ class GRPOPolicy(BesideReference):
                     "for one it cannot parse)", shown))
         flags += self.rewards.batch_dependence(row.repeat_interleave(g).tolist(), completions,
                                                rewards, shown)
-        grouped = weighted.view(-1, g)
-        flat = _nanstd(grouped, dim=1).nan_to_num(0) < 1e-6
+        flat = self.rewards.flat(weighted, g)
         if flat.float().mean() >= FLAT_SHARE:
             constant = [name for name, values in zip(self.rewards.names, rewards.T, strict=True)
-                        if bool((_nanstd(values.view(-1, g), dim=1).nan_to_num(0) < 1e-6).all())]
+                        if bool(self.rewards.flat(values, g).all())]
             flags.append(Flag(
                 "groups with equal rewards", f"{int(flat.sum())} of {len(flat)} prompts' groups "
                 f"of {g} completions have rewards all equal (TRL's frac_reward_zero_std "

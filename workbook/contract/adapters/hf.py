@@ -12,7 +12,6 @@ examples, and each example carries its row."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -352,9 +351,9 @@ class HFAdapter(Adapter):
         args, tokenizer, notes = self.args, self.tokenizer, self.notes
         fields = argument_fields(args, lambda: train_rows(self.data["train"], args),
                                  self.callbacks, tokenizer, notes)
-        if self.split_metrics is not None:  # a step that carries the metrics' reductions (09)
-            fields["eval_step"] = functools.partial(self.eval_step)
-            fields["eval_step"].metric_reductions = self.split_metrics.metric_reductions
+        own_eval = self.split_metrics is not None and "eval_step" not in self.task_fields
+        if own_eval:
+            fields["eval_step"] = self.eval_step
         fields.update(self.task_fields)
         first = self.collate([self.encode({"split": "train", "index": 0, "row": self.first_row})])
         generation = {"label_shift": self.shift, "padding_side": tokenizer.padding_side,
@@ -382,7 +381,9 @@ class HFAdapter(Adapter):
                 tokenizer, "added_tokens_decoder", None) or {}).items()
                 if isinstance(own, int) and i >= own},
             duplicates_cause=truncation_cause(
-                {s: d for s, d in self.data.items() if not isinstance(d, RowStream)}, tokenizer))
+                {s: d for s, d in self.data.items() if not isinstance(d, RowStream)}, tokenizer),
+            # compute_metrics runs on every rank's outputs gathered: filled as it evaluates
+            metric_reductions=self.split_metrics.reductions if own_eval else {})
         task = Task(name=self.name, kind=self.kind, framework=facts,
                     load_examples=self.load_stream if self.streamed else self.load_examples,
                     encode=self.encode, collate=self.collate, build_model=self.model_factory,

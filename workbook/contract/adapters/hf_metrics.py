@@ -73,7 +73,7 @@ class SplitMetrics:
         self.rows, self.values = 0, {}
         # over data-parallel ranks the Trainer gathers every rank's predictions and labels
         # before calling compute_metrics once: each metric is the whole split's (09)
-        self.metric_reductions: dict[str, str] = {}
+        self.reductions: dict[str, str] = {}
 
     def __call__(self, task: Task, model: nn.Module, batch: dict) -> dict[str, tuple]:
         was_training = model.training
@@ -106,7 +106,7 @@ class SplitMetrics:
         self.labels.append(labels[real].cpu().numpy())
         values = _metric_values(self.compute_metrics, _concat(self.predictions),
                                 _concat(self.labels))
-        self.metric_reductions.update(dict.fromkeys(values, GATHERED))
+        self.reductions.update(dict.fromkeys(values, GATHERED))
         total = self.rows + n
         out = {name: (total * v - self.rows * self.values.get(name, 0.0), float(n))
                for name, v in values.items()}

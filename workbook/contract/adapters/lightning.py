@@ -361,6 +361,8 @@ class LightningAdapter(Adapter):
             lr=fields.get("lr", self.own_lr),
             grad_clip=fields.get("grad_clip", self.fit.gradient_clip_val or None))
         task.framework.campaign_differs_in = self.fit.differs
+        # how Lightning reduces each logged metric over ranks, filled as the validation runs
+        task.framework.metric_reductions = self.validation.reductions
         return task
 
 

@@ -70,13 +70,14 @@ def shadow(module: nn.Module) -> nn.Module:
 
 class Validation:
     """The Task's `eval_step(model, batch) -> {metric: (sum, count)}` for a LightningModule;
-    `metric_reductions` says how Lightning reduces each logged metric over data-parallel ranks
-    (09 reads it). It holds each module's open validation epoch."""
+    `reductions` says how Lightning reduces each logged metric over data-parallel ranks
+    (the task declares it: `Task.framework.metric_reductions`). It holds each module's open
+    validation epoch."""
 
     def __init__(self, adapter: LightningAdapter, ends_epoch: bool):
         self.adapter = adapter
         self.ends_epoch = ends_epoch  # the module overrides on_validation_epoch_end
-        self.metric_reductions: dict[str, str] = {}
+        self.reductions: dict[str, str] = {}
         self.open: weakref.WeakKeyDictionary[nn.Module, ValidationEpoch] = \
             weakref.WeakKeyDictionary()
 
@@ -162,8 +163,8 @@ class Validation:
         finally:
             set_modes(module, found)
         whole.update({n: got.value for n, got in ended.items()})
-        self.metric_reductions.update({n: got.reduction(n in ended) for n, got in
-                                       (*stepped.items(), *ended.items())})
+        self.reductions.update({n: got.reduction(n in ended) for n, got in
+                                (*stepped.items(), *ended.items())})
         if not stepped and not whole and isinstance(returned, torch.Tensor) and \
                 returned.dim() == 0:
             stepped["val_loss"] = Logged(float(returned), None, "mean", None)

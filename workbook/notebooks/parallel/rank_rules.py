@@ -249,7 +249,7 @@ def reduce_sums(sums: list[dict[str, list[float]]]) -> dict[str, list[float]]:
 
 def rank_reductions(ev: dict[str, Any]) -> dict[str, str]:
     """How the task's framework reduces each metric over ranks, as the ranks' adapters declared
-    it (`eval_step.metric_reductions`); a metric not named is a mean over rows."""
+    it (`Task.framework.metric_reductions`); a metric not named is a mean over rows."""
     return {k: v for r in ev["ranks"] for k, v in (r.get("reductions") or {}).items()}
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shlex
 import shutil
 import sys
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from ...storage import schemas
 from ...storage.artifacts import replace_file
 from ...storage.files import write_json
 from ...storage.ledger import Ledger
-from ...storage.processes import task_args
+from ...storage.processes import command_line, task_args
 from ...storage.records import EvalRecord, StepRecord
 from ...storage.runs import seal_file, shown
 from ...training import checkpoint as ckpt
@@ -176,7 +175,7 @@ class Study:
         cmd = [shown(sys.executable), "-m", "workbook", "trial", "--study", shown(self.folder),
                *task_args(self.design.task, self.design.task_options), "--lr", repr(lr),
                "--seed", str(seed)]
-        return shlex.join(cmd + (["--repeats", str(repeats)] if repeats else []))
+        return command_line(cmd + (["--repeats", str(repeats)] if repeats else []))
 
     def run_all(self, progress: bool = False) -> list[int]:
         """Run every planned trial not yet run, then, while the best rate sits at an edge of
