@@ -325,3 +325,22 @@ def test_the_design_carries_every_parameter_of_06_that_it_declares():
     shared = {f.name for f in fields(StudyDesign)} & set(given.names()) - {"task"}
     assert {"extra_trials", "eval_sample", "top_n", "seeds"} <= shared
     assert {n: getattr(design, n) for n in shared} == {n: getattr(given, n) for n in shared}
+
+
+def test_a_trials_command_holds_from_one_folder_in_a_pilot_outside_the_checkout(
+        tmp_path, monkeypatch):
+    """In a pilot run under /tmp (`RUN_ENV` set), report paths read relative to the run folder,
+    but a trial's repro command keeps its study folder whole: the interpreter's path and the
+    study's must hold from the one folder the command is pasted in."""
+    import shlex
+
+    from workbook.storage.runs import RUN_ENV
+
+    design = StudyDesign(name="s", task="tests.own_task:task", lrs=[1e-3], updates=4,
+                         shape=UpdateShape(4, 1), eval_every=2, eval_batch=8,
+                         prediction_examples=0)
+    study = Study(tmp_path / "06_lr_study" / "study", design)
+    study.ledger.close()
+    monkeypatch.setenv(RUN_ENV, str(tmp_path))
+    words = shlex.split(study.repro(1e-3, 0))
+    assert words[words.index("--study") + 1] == str(tmp_path / "06_lr_study" / "study")

@@ -218,6 +218,9 @@ def test_a_path_is_shown_relative_to_the_pilots_run_folder_and_never_with_the_ho
     assert shown(study) == str(study)  # no pilot, no home: as given (a notebook run alone)
     monkeypatch.setenv(RUN_ENV, str(run))
     assert shown(study) == "06_lr_study/study" and shown(run) == "."
+    # a command's paths all hold from the one working folder it is pasted in
+    assert shown(study, in_run=False) == str(study)
+    assert shown(home / "runs" / "x", in_run=False) == "~/runs/x"
     assert shown(tmp_path / "run2" / "x") == str(tmp_path / "run2" / "x")  # not in the run
     assert shown(home / ".venv" / "bin" / "python") == "~/.venv/bin/python"
     assert shown(CHECKOUT / "notebooks") == "notebooks"  # the working folder's rule first

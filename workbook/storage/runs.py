@@ -34,16 +34,17 @@ LAUNCH_CLAIM = ".workbook-launch"
 RUN_ENV = "WORKBOOK_RUN"
 
 
-def shown(path: str | Path) -> str:
+def shown(path: str | Path, in_run: bool = True) -> str:
     """A path as people should see it, never one machine's folders: relative to the working
     folder when it lies there or in this checkout (committed notebook outputs), else to the
     pilot's run folder (`RUN_ENV`) when it lies there - what a reader of the run's report can
-    open - else with the home folder as `~`."""
+    open; not with `in_run=False`, for a command whose paths must all hold from one working
+    folder - else with the home folder as `~`."""
     full = Path(os.path.abspath(path))  # not resolve(): a venv's python is a symlink to keep
     if full.is_relative_to(os.getcwd()) or full.is_relative_to(CHECKOUT):
         return os.path.relpath(full)
     run = os.environ.get(RUN_ENV)
-    if run and full.is_relative_to(run):
+    if in_run and run and full.is_relative_to(run):
         return os.path.relpath(full, run)
     home = _home()
     if home is not None and full.is_relative_to(home):

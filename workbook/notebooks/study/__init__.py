@@ -172,7 +172,8 @@ class Study:
                 shutil.rmtree(partial, ignore_errors=True)
 
     def repro(self, lr: float, seed: int, repeats: int | None = None) -> str:
-        cmd = [shown(sys.executable), "-m", "workbook", "trial", "--study", shown(self.folder),
+        cmd = [shown(sys.executable), "-m", "workbook", "trial", "--study",
+               shown(self.folder, in_run=False),
                *task_args(self.design.task, self.design.task_options), "--lr", repr(lr),
                "--seed", str(seed)]
         return command_line(cmd + (["--repeats", str(repeats)] if repeats else []))
