@@ -25,13 +25,12 @@ PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadf
 # JupyterLab refuses to start as root without this flag (containers, CI images).
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: install pilot test test-all lint docs lab bench samples clean-venv gpu-wheels gpu-check
+.PHONY: install prepare pilot test test-all lint docs lab bench samples clean-venv gpu-wheels gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[test,hf,llm,lightning,stream,export]"
+	$(BIN)/python -m pip install -q "$(TORCH)" -e ".[test,hf,llm,lightning,stream,export]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name workbook --display-name "Python (workbook)"
 	touch $(STAMP)
 
@@ -45,7 +44,12 @@ $(LAUNCH_STAMP):
 	$(LAUNCH_VENV)/bin/python -m pip install -q "skypilot==0.14.1"
 	touch $(LAUNCH_STAMP)
 
-install: $(STAMP) $(LAUNCH_STAMP)
+# The two venvs are independent, and each is mostly pip unpacking and byte-compiling wheels on
+# one core: built side by side (make's own -j, whatever -j you gave), the launch venv takes no
+# time of its own. Ctrl-C stops both pips (make's children); a venv left without its stamp is
+# completed by the next run.
+install:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(LAUNCH_STAMP)
 
 pilot: $(STAMP)
 	$(BIN)/python -m workbook pilot $(PILOT_ARGS)
@@ -60,11 +64,15 @@ docs: $(STAMP)
 
 # Unit tests, planted bugs, papermill regression and nbval: within 6 minutes on 2 cores (the
 # 25 slowest are listed at the end, to see which to make cheaper when a feature adds tests).
-test: lint docs $(LAUNCH_STAMP)
+# What the tests need, side by side: the two venvs, then lint and the docs site.
+prepare:
+	@$(MAKE) --no-print-directory -j3 lint docs $(LAUNCH_STAMP)
+
+test: prepare
 	$(PYTEST) -m "not slow" --durations=25
 
 # Everything, including the slow soak tests (kills at random points, both samples everywhere).
-test-all: lint docs $(LAUNCH_STAMP)
+test-all: prepare
 	$(PYTEST)
 
 lab: $(STAMP)
