@@ -48,10 +48,9 @@ $(LAUNCH_STAMP):
 	$(LAUNCH_VENV)/bin/python -m pip install -q "skypilot==0.14.1"
 	touch $(LAUNCH_STAMP)
 
-# The two venvs are independent, and each is mostly pip unpacking and byte-compiling wheels on
-# one core: built side by side (make's own -j, whatever -j you gave), the launch venv takes no
-# time of its own. Ctrl-C stops both pips (make's children); a venv left without its stamp is
-# completed by the next run.
+# The two venvs are independent, and pip unpacks wheels on one core: built side by side (a
+# sub-make with -j, whatever -j you gave), the launch venv takes no time of its own. Ctrl-C
+# stops both pips (make's children); a venv left without its stamp is completed by the next run.
 install:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(LAUNCH_STAMP)
 
@@ -66,12 +65,13 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
-# Unit tests, planted bugs, papermill regression and nbval: within 6 minutes on 2 cores (the
-# 25 slowest are listed at the end, to see which to make cheaper when a feature adds tests).
 # What the tests need, side by side: the two venvs, then lint and the docs site.
 prepare:
 	@$(MAKE) --no-print-directory -j3 lint docs $(LAUNCH_STAMP)
 
+# Unit tests, planted bugs, papermill regression and nbval: within 6 minutes on 2 cores with the
+# install (the 25 slowest are listed at the end, to see which to make cheaper when a feature
+# adds tests).
 test: prepare
 	$(PYTEST) -m "not slow" --durations=25
 
