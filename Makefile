@@ -25,13 +25,16 @@ PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadf
 # JupyterLab refuses to start as root without this flag (containers, CI images).
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: install pilot test test-all lint docs lab bench samples clean-venv gpu-wheels gpu-check
+.PHONY: install prepare pilot test test-all lint docs lab bench samples clean-venv gpu-wheels gpu-check
 
+# pip byte-compiles what it installs on one core; compileall -j0 does it on all of them (a file
+# only a newer Python compiles, such as torch's py312 test helpers, fails there as it does,
+# unsaid, under pip).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[test,hf,llm,lightning,stream,export]"
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" -e ".[test,hf,llm,lightning,stream,export]"
+	$(BIN)/python -m compileall -qq -j0 $(VENV)/lib || true
 	$(BIN)/python -m ipykernel install --sys-prefix --name workbook --display-name "Python (workbook)"
 	touch $(STAMP)
 
@@ -45,7 +48,11 @@ $(LAUNCH_STAMP):
 	$(LAUNCH_VENV)/bin/python -m pip install -q "skypilot==0.14.1"
 	touch $(LAUNCH_STAMP)
 
-install: $(STAMP) $(LAUNCH_STAMP)
+# The two venvs are independent, and pip unpacks wheels on one core: built side by side (a
+# sub-make with -j, whatever -j you gave), the launch venv takes no time of its own. Ctrl-C
+# stops both pips (make's children); a venv left without its stamp is completed by the next run.
+install:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(LAUNCH_STAMP)
 
 pilot: $(STAMP)
 	$(BIN)/python -m workbook pilot $(PILOT_ARGS)
@@ -58,13 +65,18 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
-# Unit tests, planted bugs, papermill regression and nbval: within 6 minutes on 2 cores (the
-# 25 slowest are listed at the end, to see which to make cheaper when a feature adds tests).
-test: lint docs $(LAUNCH_STAMP)
+# What the tests need, side by side: the two venvs, then lint and the docs site.
+prepare:
+	@$(MAKE) --no-print-directory -j3 lint docs $(LAUNCH_STAMP)
+
+# Unit tests, planted bugs, papermill regression and nbval: within 6 minutes on 2 cores with the
+# install (the 25 slowest are listed at the end, to see which to make cheaper when a feature
+# adds tests).
+test: prepare
 	$(PYTEST) -m "not slow" --durations=25
 
 # Everything, including the slow soak tests (kills at random points, both samples everywhere).
-test-all: lint docs $(LAUNCH_STAMP)
+test-all: prepare
 	$(PYTEST)
 
 lab: $(STAMP)

@@ -21,7 +21,7 @@ from workbook.notebooks.resume import (
     run_recipe,
     tamper_checks,
 )
-from workbook.notebooks.resume.archive import reload_archive, reload_in_new_process, write_archive
+from workbook.notebooks.resume.archive import reload_archive, write_archive
 from workbook.training.checkpoint import load_checkpoint, save_checkpoint, verify
 
 from ..conftest import CLASSIFICATION, GENERATION
@@ -130,7 +130,10 @@ def test_a_kill_at_random_points_during_saving_never_breaks_the_latest(tmp_path)
     assert step > 0
 
 
-def test_archive_round_trip_in_a_fresh_process(tmp_path):
+def test_archive_round_trip(tmp_path):
+    """Written, then reloaded identical - in this process: the reload in a new process
+    (`workbook reload`) is nbval's 07 on this sample and test_commands.py's
+    test_a_task_that_prints_while_loading_still_reloads_identical_in_a_new_process."""
     task = load_task(GENERATION)
     torch.manual_seed(0)
     model = task.build_model()
@@ -139,7 +142,7 @@ def test_archive_round_trip_in_a_fresh_process(tmp_path):
     for name in ("model.safetensors", "config.json", "revision.json", "environment.json",
                  "metrics.csv", "procedure.md", "control_outputs.safetensors", "manifest.json"):
         assert (path / name).exists(), name
-    reloaded = reload_in_new_process(path, GENERATION)
+    reloaded = reload_archive(path, GENERATION)
     assert reloaded["identical"] and reloaded["max_abs_diff"] == 0, reloaded
     with pytest.raises(WorkbookError, match="already exists"):
         write_archive(path, GENERATION, {}, model, {}, pd.DataFrame(), [])
