@@ -18,7 +18,7 @@ import pytest
 
 import workbook as wb
 
-from .test_blind_cases import RESUME_PARAMS, run_notebook
+from .test_blind_cases import PLANTED_RESUME_PARAMS, RESUME_PARAMS, run_notebook
 
 pytest.importorskip("transformers")
 
@@ -48,12 +48,15 @@ EVAL_PADDING_ADVICE = re.compile(r"pass the eval(uation)? dataset with its label
                                  re.IGNORECASE)
 
 
-def hear(module, stem: str, out: Path, task: str, **options) -> tuple[str, str]:
-    """A notebook on a task: its verdict and everything it said - or, where the task is
-    refused before the notebook runs, "refused" and the refusal's text."""
+def hear(module, stem: str, out: Path, task: str, *, sizes: dict | None = None,
+         **options) -> tuple[str, str]:
+    """A notebook on a task (at its smoke sizes, then `sizes`): its verdict and everything it
+    said - or, where the task is refused before the notebook runs, "refused" and the refusal's
+    text."""
     needs("trl", "peft", "datasets")
     try:
-        _, verdict, summary = run_notebook(module, stem, out, task=task, task_options=options)
+        _, verdict, summary = run_notebook(module, stem, out, task=task, task_options=options,
+                                           **(sizes or {}))
     except Exception as error:  # noqa: BLE001 - the refusal is what the user reads
         return "refused", f"{type(error).__name__}: {error}"
     return verdict, everything_said(out, summary)
@@ -247,7 +250,8 @@ def test_rebuilt_base_of_another_shape_is_named(tmp_path, own_checkpoint):
     _, verdict, summary = run_notebook(
         wb.resume, "07_resume_reload", tmp_path / "out", task=VOCAB,
         task_options={"pinned": False, "own_checkpoint": own_checkpoint,
-                      "vocab_cache": str(tmp_path / "token_to_ix.json")}, **RESUME_PARAMS)
+                      "vocab_cache": str(tmp_path / "token_to_ix.json")},
+        **PLANTED_RESUME_PARAMS)
     assert verdict == "fail"
     said = resume_errors(summary)
     assert "embedding.weight" in said, said
