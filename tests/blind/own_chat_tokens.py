@@ -97,14 +97,18 @@ def llama_config(vocab_size: int, pad_id: int, eos_id: int):
                        max_position_embeddings=256, pad_token_id=pad_id, eos_token_id=eos_id)
 
 
+_FOLDERS: list[tempfile.TemporaryDirectory] = []  # removed when the process ends
+
+
 @lru_cache(maxsize=None)
 def checkpoint(vocab_size: int, pad_id: int, eos_id: int) -> Path:
-    """The 'pretrained' weights, a state dict saved once to a local file."""
+    """The 'pretrained' weights, a state dict saved once (per process) to a local file."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(llama_config(vocab_size, pad_id, eos_id))
-    path = Path(tempfile.mkdtemp(prefix="blind-llama-")) / "pytorch_model.bin"
+    _FOLDERS.append(tempfile.TemporaryDirectory(prefix="blind-llama-"))
+    path = Path(_FOLDERS[-1].name) / "pytorch_model.bin"
     torch.save(model.state_dict(), path)
     return path
 
