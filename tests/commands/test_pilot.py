@@ -7,12 +7,11 @@ notebooks run under nbval; time limits and kills are test_pilot_limits.py's."""
 import json
 from pathlib import Path
 
-import papermill as pm
 import pytest
 
 from workbook import WorkbookError
 from workbook.commands.cli import main
-from workbook.commands.pilot import NOTEBOOK_DIR, ensure_kernel, run_pilot, select
+from workbook.commands.pilot import run_pilot, select
 
 from ..conftest import GENERATION
 
@@ -39,13 +38,6 @@ def test_bad_task_and_bad_selection_fail_before_anything_runs(tmp_path):
         run_pilot(GENERATION, out=str(tmp_path / "r3"), params={"device_memory_gb": 24})
     assert main(["pilot", "-p", "updates='many'", "--only", "02", "--out",
                  str(tmp_path / "r4")]) == 2
-
-
-def test_a_typo_in_a_papermill_parameter_stops_the_notebook(tmp_path):
-    with pytest.raises(pm.PapermillExecutionError, match="did you mean 'updates'"):
-        pm.execute_notebook(NOTEBOOK_DIR / "02_overfit.ipynb", tmp_path / "out.ipynb",
-                            parameters={"updatse": 3, "out_dir": str(tmp_path / "o")},
-                            kernel_name=ensure_kernel(), progress_bar=False)
 
 
 def test_the_readme_own_task_runs_through_the_pilot_with_the_report(tmp_path):
