@@ -43,8 +43,8 @@ def test_bad_task_and_bad_selection_fail_before_anything_runs(tmp_path):
 def test_the_readme_own_task_runs_through_the_pilot_with_the_report(tmp_path):
     """The README's own task (a plain Dataset) through 03 and 08: every verdict passes, 03's
     gates and prediction, 08's priced plan, and the report with its tables and figures, never a
-    NaN (its 01 passes in test_pilot_limits.py's killed pilot; 04's and 07's checks on plain
-    tasks are tests/notebooks' own)."""
+    NaN (its 01 passes in tests/notebooks/test_inspection.py's test_clean_samples_raise_no_flag;
+    04's and 07's checks on plain tasks are tests/notebooks' own)."""
     import re
 
     run, index = run_pilot("tests.own_task:task", out=str(tmp_path / "run"), smoke=True,
