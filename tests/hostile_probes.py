@@ -1329,6 +1329,7 @@ def child_of_a_timeout_and_its_own_child(tmp: Path) -> Outcome:
     """A timeout stops the child and the process it started in its own session (torchrun's
     workers)."""
     import os
+    import signal
     from unittest import mock
 
     from workbook.storage.processes import fresh_process
@@ -1345,6 +1346,8 @@ def child_of_a_timeout_and_its_own_child(tmp: Path) -> Outcome:
             if not pids and limit < 20:
                 continue
             alive = [] if _ended(pids, 5) else [p for p in pids if _alive(p)]
+            for pid in alive:  # not left running when the probe fails
+                os.kill(pid, signal.SIGKILL)
             return Outcome(len(pids) == 2 and not alive and "did not finish" in exc.problem,
                            f"{pids} alive {alive}: {exc.problem}")
         return Outcome(False, "no timeout")
