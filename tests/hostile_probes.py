@@ -1127,30 +1127,23 @@ full_disk_weights = _on_full_disk("256k", _weights_on, "cannot write resumed wei
 def full_disk_during_07(tmp: Path) -> Outcome:
     """The pilot's run folder on a disk that fills during 07: the row names the path and the
     fix, index.json and report.html are written, and no 0-byte or truncated file is left under
-    a final name."""
-    import os
-    import subprocess
-    import sys
-
+    a final name. The pilot runs in this process (`workbook pilot` as the command line calls
+    it; its kernel is a process of its own): a full disk needs no process of the pilot's own."""
     # 54 kB beside the pilot's 4 MiB reserve: full within 07's first cells (with 154 kB its
     # whole run cell fitted first, 10 s more)
     with _full_disk(tmp, "4150k") as disk:
         if disk is None:
             return Outcome(False, skipped="tmpfs cannot be mounted here (not root?)")
         out = disk / "run"
-        done = subprocess.run([sys.executable, "-m", "workbook", "pilot", "--task", OWN,
-                               "--smoke", "--only", "07", "--out", str(out)],
-                              env={**os.environ, "PYTHONPATH": os.getcwd()},
-                              capture_output=True, text=True, timeout=600)
+        rc, err = _cli(["pilot", "--task", OWN, "--smoke", "--only", "07", "--out", str(out)])
         index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() \
             else {"notebooks": [{}]}
         error = index["notebooks"][0].get("error", "")
         empty = [str(p.relative_to(disk)) for p in out.rglob("*") if p.is_file() and
                  not p.stat().st_size and p.name != ".workbook-claim"]
-        handled = done.returncode == 1 and "No space left" in error and \
+        handled = rc == 1 and "No space left" in error and \
             f"free space on {disk}" in error and (out / "report.html").exists() and not empty
-        outcome = Outcome(handled, f"rc {done.returncode}; {error[:300]}; empty {empty}; "
-                          f"{done.stderr[-300:]}")
+        outcome = Outcome(handled, f"rc {rc}; {error[:300]}; empty {empty}; {err[-300:]}")
         outcome.left = [str(p.relative_to(disk)) for p in disk.rglob("*")
                         if ".partial" in p.name or p.name.endswith(".tmp") or
                         p.name == ".workbook-reserve"]
@@ -1257,24 +1250,41 @@ def _stuck_archive(tmp: Path, **options) -> tuple[Path, list[str]]:
     return path, ["reload", "--archive", str(path), *task_args(STUCK, options)]
 
 
+# A child that only starts (no torch, no task): it writes its pid - and, with GRANDCHILD set,
+# the pid of a process it starts in a session of its own, as torchrun's workers are - to the
+# file its last argument names, then sleeps. For the probes whose claim is what the workbook
+# does to a child (`start_child`, `stop_tree`), not what a workbook command does when signalled
+# (that is `child_outlives_a_killed_parent`'s and `child_interrupted_cleans_up`'s, on
+# `workbook reload`): started as `fresh_process([pid_file], limit, launcher=LIGHT)`.
+LIGHT_CHILD = """
+import os, subprocess, sys, time
+pids = [os.getpid()]
+if os.environ.get("GRANDCHILD"):
+    pids.append(subprocess.Popen(["sleep", "3600"], start_new_session=True).pid)
+with open(sys.argv[-1] + ".tmp", "w") as handle:
+    handle.write(" ".join(map(str, pids)))
+os.rename(sys.argv[-1] + ".tmp", sys.argv[-1])
+time.sleep(3600)
+"""
+LIGHT = ("-c", LIGHT_CHILD)
+
 PARENT = """
 import sys
 from workbook.storage.processes import fresh_process
-fresh_process(sys.argv[1:], 600)
+fresh_process(sys.argv[2:], 600, launcher=("-c", sys.argv[1]) if sys.argv[1] else ())
 """
 
 
-def _stuck_child(tmp: Path, how: str) -> Outcome:
-    """A parent (as a kernel is) runs `workbook reload` with a task stuck while loading; the
-    parent ends by `how`. The child must not outlive it."""
+def _stuck_child(tmp: Path, how: str, light: bool = False) -> Outcome:
+    """A parent (as a kernel is) runs `workbook reload` with a task stuck while loading - or,
+    `light`, LIGHT_CHILD; the parent ends by `how`. The child must not outlive it."""
     import os
     import signal
     import subprocess
     import sys
-    import time
 
     pid_file = tmp / "child.pid"
-    _, args = _stuck_archive(tmp)
+    args = [LIGHT_CHILD, str(pid_file)] if light else ["", *_stuck_archive(tmp)[1]]
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, *args],
         env={**os.environ, "PYTHONPATH": os.getcwd()}, stdout=subprocess.DEVNULL,
@@ -1285,10 +1295,7 @@ def _stuck_child(tmp: Path, how: str) -> Outcome:
         child = int(pid_file.read_text())
         parent.send_signal({"kill": signal.SIGKILL, "term": signal.SIGTERM}[how])
         parent.wait(timeout=60)
-        deadline = time.time() + 20
-        while time.time() < deadline and _alive(child):
-            time.sleep(0.2)
-        left = _alive(child)
+        left = not _ended([child], 20)
         if left:
             os.kill(child, signal.SIGKILL)
         return Outcome(not left, f"child {child} {'still runs' if left else 'ended'} after "
@@ -1298,37 +1305,53 @@ def _stuck_child(tmp: Path, how: str) -> Outcome:
         parent.wait()
 
 
+def _ended(pids: list[int], seconds: float) -> bool:
+    """Whether every one of `pids` has ended, waiting at most `seconds`."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(map(_alive, pids))
+
+
 def child_outlives_a_killed_parent(tmp: Path) -> Outcome:
+    """The whole chain on `workbook reload`: the parent killed, the child asked to end
+    (PR_SET_PDEATHSIG's SIGTERM) and ending through its own handling of it."""
     return _stuck_child(tmp, "kill")
 
 
 def child_outlives_a_terminated_parent(tmp: Path) -> Outcome:
-    return _stuck_child(tmp, "term")
+    return _stuck_child(tmp, "term", light=True)
 
 
 def child_of_a_timeout_and_its_own_child(tmp: Path) -> Outcome:
-    """A timeout stops the child and the process it started (torchrun's workers)."""
-    import time
+    """A timeout stops the child and the process it started in its own session (torchrun's
+    workers)."""
+    import os
+    import signal
+    from unittest import mock
 
     from workbook.storage.processes import fresh_process
 
     pid_file = tmp / "child.pid"
-    _, args = _stuck_archive(tmp, grandchild=True)
-    # the child writes its pids within ~2 s of its start when the machine is idle; a busy one
-    # can take longer to import torch, so a limit that ended it before that is tried once longer
-    for limit in (8, 40):
+    # the light child writes its pids within a second of its start on a loaded machine; a
+    # limit that ended it before that is tried once longer
+    for limit in (1, 20):
         try:
-            fresh_process(args, limit)
+            with mock.patch.dict(os.environ, {"GRANDCHILD": "1"}):
+                fresh_process([str(pid_file)], limit, launcher=LIGHT)
         except WorkbookError as exc:
             pids = [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []
-            if not pids and limit < 40:
+            if not pids and limit < 20:
                 continue
-            time.sleep(0.5)
-            alive = [p for p in pids if _alive(p)]
+            alive = [] if _ended(pids, 5) else [p for p in pids if _alive(p)]
+            for pid in alive:  # not left running when the probe fails
+                os.kill(pid, signal.SIGKILL)
             return Outcome(len(pids) == 2 and not alive and "did not finish" in exc.problem,
                            f"{pids} alive {alive}: {exc.problem}")
         return Outcome(False, "no timeout")
-    return Outcome(False, "the child wrote no pids within 40 s")
+    return Outcome(False, "the child wrote no pids within 20 s")
 
 
 def child_interrupted_cleans_up(tmp: Path) -> Outcome:
@@ -1412,20 +1435,17 @@ def child_stopped_at_a_normal_exit(tmp: Path) -> Outcome:
     import os
     import subprocess
     import sys
-    import time
 
     pid_file = tmp / "child.pid"
-    _, args = _stuck_archive(tmp)
     script = ("import sys, time\nfrom pathlib import Path\nfrom workbook.storage.processes import "
               "start_child\nstart_child(sys.argv[2:])\nwhile not Path(sys.argv[1]).exists():\n"
-              "    time.sleep(0.1)\n")
+              "    time.sleep(0.05)\n")
     done = subprocess.run(
-        [sys.executable, "-c", script, str(pid_file), sys.executable, "-m", "workbook",
-         *args], env={**os.environ, "PYTHONPATH": os.getcwd()},
+        [sys.executable, "-c", script, str(pid_file), sys.executable, *LIGHT, str(pid_file)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
         capture_output=True, text=True, timeout=180)
     child = int(pid_file.read_text()) if pid_file.exists() else 0
-    time.sleep(0.5)
-    left = _alive(child)
+    left = not _ended([child], 2)
     return Outcome(done.returncode == 0 and child and not left,
                    f"child {child} left {left} {done.stderr[-200:]}")
 

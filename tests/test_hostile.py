@@ -5,12 +5,18 @@ import pytest
 
 from .hostile_probes import PROBES, SLOW, probe
 
+# Probes another test of `make test` proves with more, in a process of its own each: the test
+# that does. They run, as SLOW's do, in `make test-all` and `python benchmarks/hostile_inputs.py`.
+ELSEWHERE = {"task_prints_while_loading": "tests/commands/test_commands.py::test_a_task_that_"
+             "prints_while_loading_still_reloads_identical_in_a_new_process"}
+
 
 # The probes that take more than a few seconds (a pilot, a fresh process, a lock wait) run in
 # `make test-all` and `python benchmarks/hostile_inputs.py`; `make test` runs the rest, which
 # covers every class of the probes.
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(PROBES)])
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW or n in ELSEWHERE else n
+    for n in sorted(PROBES)])
 def test_hostile_input_is_handled(name, tmp_path):
     outcome = probe(name, tmp_path)
     if outcome.skipped:
@@ -45,3 +51,14 @@ def test_a_parameter_that_cannot_work_is_refused_before_any_work(notebook, modul
     if module != "gates":  # the precision is the update shape's to judge
         with pytest.raises(WorkbookError, match=message):
             params.of(notebook, small=True, **given)
+
+
+def test_each_probe_proved_elsewhere_names_a_test_of_make_test():
+    from pathlib import Path
+
+    for name, test in ELSEWHERE.items():
+        path, function = test.split("::")
+        source = (Path(__file__).parent.parent / path).read_text()
+        assert f"def {function}(" in source, name
+        head = source.split(f"def {function}(")[0].rstrip().splitlines()[-1]
+        assert "slow" not in head, f"{test} is itself left to make test-all"

@@ -21,6 +21,33 @@ def test_typo_gets_a_suggestion():
         checked({"updatse": 3}, "02_overfit")
 
 
+def test_a_typo_in_a_parameter_papermill_injects_stops_the_setup_cell(tmp_path):
+    """`papermill -p updatse 3` on the committed 02: papermill's own injected cell
+    (`parameterize_notebook`), then the notebook's code cells up to its setup cell, run in
+    order in one namespace as a kernel runs them (`In` their sources): the setup cell names the
+    typo before anything is written; its twin, `updates`, is read. That a raising cell stops a
+    notebook under papermill in a kernel is test_pilot_limits.py's (08's error row)."""
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    def setup_cell(given: dict) -> dict:
+        nb = parameterize_notebook(load_notebook_node(str(NOTEBOOK_DIR / "02_overfit.ipynb")),
+                                   given, kernel_name="workbook", language="python")
+        namespace = {"In": [""]}
+        for cell in [c for c in nb.cells if c.cell_type == "code"]:
+            namespace["In"].append(cell.source)
+            exec(cell.source, namespace)
+            if "wb.params.check(globals()" in cell.source:
+                return namespace
+        raise AssertionError("02 has no setup cell")
+
+    out = tmp_path / "o"
+    with pytest.raises(WorkbookError, match="no parameter 'updatse' .*did you mean 'updates'"):
+        setup_cell({"updatse": 3, "out_dir": str(out)})
+    assert not out.exists()
+    assert setup_cell({"updates": 3, "out_dir": str(out)})["p"]["updates"] == 3
+
+
 def test_wrong_type_is_named():
     with pytest.raises(WorkbookError, match="'examples' must be int, got str"):
         checked({"examples": "8"}, "02_overfit")

@@ -7,12 +7,11 @@ notebooks run under nbval; time limits and kills are test_pilot_limits.py's."""
 import json
 from pathlib import Path
 
-import papermill as pm
 import pytest
 
 from workbook import WorkbookError
 from workbook.commands.cli import main
-from workbook.commands.pilot import NOTEBOOK_DIR, ensure_kernel, run_pilot, select
+from workbook.commands.pilot import run_pilot, select
 
 from ..conftest import GENERATION
 
@@ -41,18 +40,11 @@ def test_bad_task_and_bad_selection_fail_before_anything_runs(tmp_path):
                  str(tmp_path / "r4")]) == 2
 
 
-def test_a_typo_in_a_papermill_parameter_stops_the_notebook(tmp_path):
-    with pytest.raises(pm.PapermillExecutionError, match="did you mean 'updates'"):
-        pm.execute_notebook(NOTEBOOK_DIR / "02_overfit.ipynb", tmp_path / "out.ipynb",
-                            parameters={"updatse": 3, "out_dir": str(tmp_path / "o")},
-                            kernel_name=ensure_kernel(), progress_bar=False)
-
-
 def test_the_readme_own_task_runs_through_the_pilot_with_the_report(tmp_path):
     """The README's own task (a plain Dataset) through 03 and 08: every verdict passes, 03's
     gates and prediction, 08's priced plan, and the report with its tables and figures, never a
-    NaN (its 01 passes in test_pilot_limits.py's killed pilot; 04's and 07's checks on plain
-    tasks are tests/notebooks' own)."""
+    NaN (its 01 passes in tests/notebooks/test_inspection.py's test_clean_samples_raise_no_flag;
+    04's and 07's checks on plain tasks are tests/notebooks' own)."""
     import re
 
     run, index = run_pilot("tests.own_task:task", out=str(tmp_path / "run"), smoke=True,

@@ -24,7 +24,13 @@ def checks(task):
     return {f.check for f in inspect_task(task).flags}
 
 
-@pytest.mark.parametrize("fixture", ["gen_task", "cls_task"])
+@pytest.fixture
+def readme_task():
+    """The README's own task (a plain Dataset), as the pilot's tests run it."""
+    return load_task("tests.own_task:task")
+
+
+@pytest.mark.parametrize("fixture", ["gen_task", "cls_task", "readme_task"])
 def test_clean_samples_raise_no_flag(fixture, request):
     ins = inspect_task(request.getfixturevalue(fixture))
     assert ins.verdict == "pass", ins.flag_table()
