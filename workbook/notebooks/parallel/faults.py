@@ -25,7 +25,7 @@ from ...training.replica import (
     shard,
     update_groups,
 )
-from .launches import launch
+from .launches import LAUNCH_TIMEOUT, launch_in_turn
 from .rank_rules import rules
 
 # The rule each planted fault must fail.
@@ -181,27 +181,34 @@ def _rank_mean_alike(check: dict[str, Any] | None, tolerance: float) -> str:
 def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path,
                    reference: dict[str, Any] | None, faults: tuple[str, ...] = tuple(FAULTS),
                    task: Task | None = None, tolerance: float = 1e-4) -> pd.DataFrame:
-    """Each classic multi-process bug planted in its own launch, on data that can show it
-    (`demonstration`): does the rule meant to name it fail? A bug the task's model cannot have
-    (batch norm without batch-norm layers) is listed, not launched; one no data of this task
-    can show is "not demonstrable", with the reason - neither fails the verdict."""
+    """Each classic multi-process bug planted in its own run, on data that can show it
+    (`demonstration`), the runs in turn in one launch: does the rule meant to name each fail? A
+    bug the task's model cannot have (batch norm without batch-norm layers) is listed, not
+    launched; one no data of this task can show is "not demonstrable", with the reason -
+    neither fails the verdict."""
+    bn = (reference or {}).get("batch_norm_final")
+    demos = {fault: demonstration(fault, spec, items, reference, task, tolerance)
+             for fault in faults
+             if not (fault == "bn_rank0" and bn is not None and not bn.get("layers"))}
+    shown = [fault for fault, demo in demos.items() if not demo.why]
+    results = dict(zip(shown, launch_in_turn(
+        [(demos[f].spec, folder / f"fault-{f}") for f in shown],
+        timeout=LAUNCH_TIMEOUT * len(shown)) if shown else [], strict=True))
     rows = []
     for fault in faults:
         expected = CAUGHT_BY[fault]
         row = {"planted bug": FAULTS[fault], "rule": expected}
-        bn = (reference or {}).get("batch_norm_final")
-        if fault == "bn_rank0" and bn is not None and not bn.get("layers"):
+        if fault not in demos:
             rows.append({**row, "verdict": "not applicable", "caught": None,
                          "other failing rules": "",
                          "measured": "not planted: the model has no batch-norm layer"})
             continue
-        demo = demonstration(fault, spec, items, reference, task, tolerance)
+        demo = demos[fault]
         if not demo.why:
-            result = launch(demo.spec, folder / f"fault-{fault}")
-            table = rules(result, demo.items, tolerance, task=task).set_index("rule")
+            table = rules(results[fault], demo.items, tolerance, task=task).set_index("rule")
             verdict = table.verdict[expected]
             if verdict != "fail" and fault == "rank_mean_loss":  # the launch's own measure
-                demo.why = _rank_mean_alike(_partial_check(result), tolerance)
+                demo.why = _rank_mean_alike(_partial_check(results[fault]), tolerance)
         if demo.why:
             rows.append({**row, "verdict": "not demonstrable", "caught": None,
                          "other failing rules": "", "measured": NOT_DEMONSTRABLE + demo.why})
