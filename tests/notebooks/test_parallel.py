@@ -208,15 +208,40 @@ def torchrun_temp_folders() -> set[Path]:
 
 
 def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
+    """A limit short of the launch (the hung rank never loads its data) stops torchrun and both
+    workers, seen alive during the launch: a worker's SIGTERM kills it wherever it is (no
+    handler), so the limit need only come after the workers start, not at their hang."""
+    import threading
+
+    import psutil
+
     spec = ReplicaSpec("tests.stuck_task:hung_rank", updates=2)
     before = torchrun_temp_folders()
+    workers, launched = {}, threading.Event()
+
+    def watch():  # the workers (`workbook ddp --out RUN`, not torchrun's) while it runs
+        while not launched.is_set():
+            for proc in psutil.process_iter(["cmdline"]):
+                line = proc.info["cmdline"] or []
+                if str(tmp_path / "run") in line and "torch.distributed.run" not in line:
+                    workers.setdefault(proc.pid, proc)
+            launched.wait(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     start = time.monotonic()
-    with pytest.raises(WorkbookError, match="did not finish within 10 s"):
-        launch(spec, tmp_path / "run", timeout=10)
-    assert time.monotonic() - start < 45
-    time.sleep(1)
+    try:
+        with pytest.raises(WorkbookError, match="did not finish within 8 s"):
+            launch(spec, tmp_path / "run", timeout=8)
+    finally:
+        launched.set()
+        watcher.join()
+    assert time.monotonic() - start < 40
+    assert len(workers) == 2, "the limit came before both workers started: raise it"
+    _, alive = psutil.wait_procs(list(workers.values()), timeout=5)
+    assert not alive, "a worker outlived the launch"
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
-    assert not left.stdout.strip(), "a worker outlived the launch"
+    assert not left.stdout.strip(), "a process of the launch outlived it"
     assert torchrun_temp_folders() <= before, "the killed launch left its log folder behind"
 
 
