@@ -25,7 +25,7 @@ from workbook.notebooks.parallel.faults import (
     demonstration,
     planted_faults,
 )
-from workbook.notebooks.parallel.launches import check_devices, launch
+from workbook.notebooks.parallel.launches import check_devices, launch, launch_in_turn
 from workbook.notebooks.parallel.rank_rules import RULES, reduce_sums
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import (
@@ -182,9 +182,14 @@ def test_bad_settings_are_refused_with_the_fix():
 
 
 def test_a_worker_error_comes_back_with_its_message(tmp_path):
+    """Runs in turn in one launch (09's resume, then its planted faults): the run that fails
+    keeps the log in its folder, the one before it its result."""
     spec = ReplicaSpec(GENERATION, check_examples=15, updates=2)
+    clean = dataclasses.replace(spec, check_examples=16, updates=1, validation_limit=8)
     with pytest.raises(WorkbookError, match="check_examples=15 must be a multiple of 2 x 2"):
-        launch(spec, tmp_path / "run")
+        launch_in_turn([(clean, tmp_path / "clean"), (spec, tmp_path / "run")])
+    assert (tmp_path / "clean" / "result.json").exists()
+    assert not (tmp_path / "clean" / "launch-error.log").exists()
     assert "check_examples=15" in (tmp_path / "run" / "launch-error.log").read_text()
     with pytest.raises(WorkbookError, match="already holds a run"):
         launch(spec, tmp_path / "run")  # the failed launch's folder is kept, not reused

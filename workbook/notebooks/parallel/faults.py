@@ -186,14 +186,35 @@ def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path,
     bug the task's model cannot have (batch norm without batch-norm layers) is listed, not
     launched; one no data of this task can show is "not demonstrable", with the reason -
     neither fails the verdict."""
+    demos = demonstrations(spec, items, reference, faults, task, tolerance)
+    runs = planted_runs(demos, folder)
+    launched = launch_in_turn(runs, timeout=LAUNCH_TIMEOUT * len(runs)) if runs else []
+    return fault_table(demos, launched, faults, task, tolerance)
+
+
+def demonstrations(spec: ReplicaSpec, items: list[Item], reference: dict[str, Any] | None,
+                   faults: tuple[str, ...] = tuple(FAULTS), task: Task | None = None,
+                   tolerance: float = 1e-4) -> dict[str, Demonstration]:
+    """`demonstration` of each fault the model can have (bn_rank0 needs batch-norm layers)."""
     bn = (reference or {}).get("batch_norm_final")
-    demos = {fault: demonstration(fault, spec, items, reference, task, tolerance)
-             for fault in faults
-             if not (fault == "bn_rank0" and bn is not None and not bn.get("layers"))}
-    shown = [fault for fault, demo in demos.items() if not demo.why]
-    results = dict(zip(shown, launch_in_turn(
-        [(demos[f].spec, folder / f"fault-{f}") for f in shown],
-        timeout=LAUNCH_TIMEOUT * len(shown)) if shown else [], strict=True))
+    return {fault: demonstration(fault, spec, items, reference, task, tolerance)
+            for fault in faults
+            if not (fault == "bn_rank0" and bn is not None and not bn.get("layers"))}
+
+
+def planted_runs(demos: dict[str, Demonstration], folder: Path) -> list[tuple[ReplicaSpec, Path]]:
+    """The runs to launch (`launch_in_turn`): each demonstration that can show its fault, in its
+    folder `fault-NAME`."""
+    return [(demo.spec, folder / f"fault-{fault}") for fault, demo in demos.items()
+            if not demo.why]
+
+
+def fault_table(demos: dict[str, Demonstration], launched: list[dict[str, Any]],
+                faults: tuple[str, ...] = tuple(FAULTS), task: Task | None = None,
+                tolerance: float = 1e-4) -> pd.DataFrame:
+    """One row per fault: its rule's verdict on what its run (`planted_runs`, in that order)
+    returned, or why it was not launched."""
+    results = iter(launched)
     rows = []
     for fault in faults:
         expected = CAUGHT_BY[fault]
@@ -205,10 +226,11 @@ def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path,
             continue
         demo = demos[fault]
         if not demo.why:
-            table = rules(results[fault], demo.items, tolerance, task=task).set_index("rule")
+            result = next(results)
+            table = rules(result, demo.items, tolerance, task=task).set_index("rule")
             verdict = table.verdict[expected]
             if verdict != "fail" and fault == "rank_mean_loss":  # the launch's own measure
-                demo.why = _rank_mean_alike(_partial_check(results[fault]), tolerance)
+                demo.why = _rank_mean_alike(_partial_check(result), tolerance)
         if demo.why:
             rows.append({**row, "verdict": "not demonstrable", "caught": None,
                          "other failing rules": "", "measured": NOT_DEMONSTRABLE + demo.why})
