@@ -182,17 +182,35 @@ def test_bad_settings_are_refused_with_the_fix():
 
 
 def test_a_worker_error_comes_back_with_its_message(tmp_path):
-    """Runs in turn in one launch (09's resume, then its planted faults): the run that fails
-    keeps the log in its folder, the one before it its result."""
     spec = ReplicaSpec(GENERATION, check_examples=15, updates=2)
-    clean = dataclasses.replace(spec, check_examples=16, updates=1, validation_limit=8)
     with pytest.raises(WorkbookError, match="check_examples=15 must be a multiple of 2 x 2"):
-        launch_in_turn([(clean, tmp_path / "clean"), (spec, tmp_path / "run")])
-    assert (tmp_path / "clean" / "result.json").exists()
-    assert not (tmp_path / "clean" / "launch-error.log").exists()
+        launch(spec, tmp_path / "run")
     assert "check_examples=15" in (tmp_path / "run" / "launch-error.log").read_text()
     with pytest.raises(WorkbookError, match="already holds a run"):
         launch(spec, tmp_path / "run")  # the failed launch's folder is kept, not reused
+
+
+def test_runs_in_turn_name_the_one_that_failed(tmp_path, monkeypatch):
+    """09's resume and planted faults run in turn in one launch (`--then`): the error's log goes
+    to the first run without a result, the runs before it keep theirs. A launch whose first
+    run fails is the test above; here torchrun is replaced by what it leaves."""
+    from workbook.notebooks.parallel import launches
+
+    runs = [(ReplicaSpec(GENERATION, fault=fault), tmp_path / name) for fault, name in (
+        ("", "resumed"), ("rank_seed", "fault-rank_seed"), ("same_order", "fault-same_order"))]
+
+    def torchrun(args, timeout, what, launcher):
+        assert args.count("--then") == 2 and args[args.index("--then") + 2] == str(runs[1][1])
+        (runs[0][1] / "result.json").write_text("{}")  # the first run finished
+        return subprocess.CompletedProcess(args, 1, "", "error: the second run failed")
+
+    monkeypatch.setattr(launches, "fresh_process", torchrun)
+    with pytest.raises(WorkbookError, match="launch failed \\(exit 1\\): the second run failed"):
+        launch_in_turn(runs)
+    assert [(folder / "launch-error.log").exists() for _, folder in runs] == [False, True, False]
+    with pytest.raises(WorkbookError, match="differ in replicas, device or collective timeout"):
+        launch_in_turn([runs[0], (ReplicaSpec(GENERATION, shape=UpdateShape(2, 2, replicas=3)),
+                                  tmp_path / "three")])
 
 
 def test_build_optimizer_gets_the_module_02_07_get_not_the_ddp_wrapper(tmp_path):
@@ -230,7 +248,7 @@ def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
                 line = proc.info["cmdline"] or []
                 if str(tmp_path / "run") in line and "torch.distributed.run" not in line:
                     workers.setdefault(proc.pid, proc)
-            launched.wait(0.2)
+            launched.wait(0.5)
 
     watcher = threading.Thread(target=watch)
     watcher.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,17 @@ def launch(spec: ReplicaSpec, folder: Path, resume_from: Path | None = None,
 def launch_in_turn(runs: list[tuple[ReplicaSpec, Path]], resume_from: Path | None = None,
                    timeout: float = LAUNCH_TIMEOUT) -> list[dict[str, Any]]:
     """`launch` of each (spec, new folder) in turn in the same processes of one torchrun launch
-    (the first resuming `resume_from`; each joins the process group anew): what rank 0
-    gathered for each. The processes start, import and meet once for all (most of a short
-    launch's time on the CPU). The specs share their replicas; `timeout` is the whole launch's."""
+    (the first resuming `resume_from`): what rank 0 gathered for each. The processes start,
+    import and join the process group once for all (most of a short launch's time on the CPU),
+    so the runs share their replicas, device and collective timeout; `timeout` is the whole
+    launch's."""
     replicas = runs[0][0].shape.replicas
     if not isinstance(replicas, int) or replicas < 2:
         raise WorkbookError(f"replicas must be 2 or more, got {replicas!r}",
                             "data parallelism needs at least two processes")
-    if any(spec.shape.replicas != replicas for spec, _ in runs):
-        raise WorkbookError("runs launched in turn differ in replicas",
-                            "launch runs of different replicas separately")
+    if len({(s.shape.replicas, s.device, s.collective_timeout_s) for s, _ in runs}) > 1:
+        raise WorkbookError("runs launched in turn differ in replicas, device or collective "
+                            "timeout", "launch such runs separately")
     for _, folder in runs:
         claim_dir(folder)  # a launch never writes over an earlier one
     (spec, folder), later = runs[0], runs[1:]
@@ -68,7 +70,7 @@ def launch_in_turn(runs: list[tuple[ReplicaSpec, Path]], resume_from: Path | Non
 
 
 def command(spec: ReplicaSpec, folder: Path, resume_from: Path | None = None,
-            later: list[tuple[ReplicaSpec, Path]] = ()) -> dict[str, list[str]]:
+            later: Sequence[tuple[ReplicaSpec, Path]] = ()) -> dict[str, list[str]]:
     """The torchrun command line of a launch: `python LAUNCHER -m workbook ARGS` (with
     `--then SPEC OUT` for each run after the first in the same processes)."""
     launcher = ["-m", "torch.distributed.run", "--standalone",
