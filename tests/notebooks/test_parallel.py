@@ -213,15 +213,32 @@ def test_runs_in_turn_name_the_one_that_failed(tmp_path, monkeypatch):
                                   tmp_path / "three")])
 
 
-def test_build_optimizer_gets_the_module_02_07_get_not_the_ddp_wrapper(tmp_path):
+@pytest.fixture(scope="module")
+def in_turn(tmp_path_factory):
+    """Two tests' runs in one launch, in turn as 09's planted faults run (one start of the
+    processes): a task whose optimizer reaches into the model by position, then the per-rank
+    mean planted on data whose default check examples hold equal targets."""
+    folder = tmp_path_factory.mktemp("in_turn")
+    data = equal_shares_data(folder / "equal.jsonl")
+    task, items = _task_and_items(data)
+    spec = ReplicaSpec(GENERATION, {"data_file": data}, updates=2)
+    demos = parallel_faults.demonstrations(spec, items, None, ("rank_mean_loss",), task)
+    careful = ReplicaSpec("tests.careful_task:task", {"head_lr_groups": True},
+                          UpdateShape(2, 2, replicas=2), updates=2, validation_limit=8)
+    before = torchrun_temp_folders()
+    careful_run, *planted = launch_in_turn(
+        [(careful, folder / "careful"), *parallel_faults.planted_runs(demos, folder)])
+    table = parallel_faults.fault_table(demos, planted, ("rank_mean_loss",), task)
+    return {"careful": careful_run, "logs_left": torchrun_temp_folders() - before,
+            "task": task, "items": items, "faults": table}
+
+
+def test_build_optimizer_gets_the_module_02_07_get_not_the_ddp_wrapper(in_turn):
     """A task whose optimizer reaches into the model by position (a head at its own rate):
     the DistributedDataParallel wrapper has no `[-1]`, so handing it over failed every rank."""
-    spec = ReplicaSpec("tests.careful_task:task", {"head_lr_groups": True},
-                       UpdateShape(2, 2, replicas=2), updates=2, validation_limit=8)
-    before = torchrun_temp_folders()
-    result = launch(spec, tmp_path / "run")
+    result = in_turn["careful"]
     assert [[r["step"] for r in rank["records"]] for rank in result["ranks"]] == [[1, 2]] * 2
-    assert torchrun_temp_folders() <= before, "torchrun left its log folder behind"
+    assert not in_turn["logs_left"], "torchrun left its log folder behind"
 
 
 def torchrun_temp_folders() -> set[Path]:
@@ -319,17 +336,15 @@ def _partial_shares(task, items, world=2):
     return [sum(example_targets(task, it) for it in items[r::world]) for r in range(world)]
 
 
-def test_a_per_rank_mean_is_caught_where_the_default_examples_hold_equal_targets(tmp_path):
+def test_a_per_rank_mean_is_caught_where_the_default_examples_hold_equal_targets(in_turn):
     """The user's case: the first 15 examples give each rank the same targets, so the check
     picks others (the same 16, two swapped across ranks) and the planted bug is caught."""
-    data = equal_shares_data(tmp_path / "equal.jsonl")
-    task, items = _task_and_items(data)
+    task, items = in_turn["task"], in_turn["items"]
     assert _partial_shares(task, items[:15]) == [56, 56], "the default would hide the bug"
     chosen = check_items(task, items, 16, 2)
     assert len(set(_partial_shares(task, chosen[:15]))) == 2
     assert {it.id for it in chosen} == {it.id for it in items[:16]}
-    spec = ReplicaSpec(GENERATION, {"data_file": data}, updates=2)
-    table = planted_faults(spec, items, tmp_path, None, ("rank_mean_loss",), task)
+    table = in_turn["faults"]
     assert table.caught.tolist() == [True] and table.verdict.tolist() == ["fail"], table.measured
     assert "targets per rank [56, 56]" not in table.measured[0]
 
