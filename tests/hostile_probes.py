@@ -891,7 +891,7 @@ def ddp_launch_folder_used_twice(tmp: Path) -> Outcome:
 
     from workbook.notebooks.parallel.process import claim_launch
 
-    args = argparse.Namespace(spec="{}", out=str(tmp / "launch"), resume_from=None)
+    args = argparse.Namespace(spec="{}", out=str(tmp / "launch"), resume_from=None, then=[])
     env = {"RANK": "0", "WORLD_SIZE": "1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

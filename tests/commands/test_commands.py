@@ -235,7 +235,7 @@ def test_ddp_outside_torchrun_says_how_to_start_it_and_the_command_is_quoted(
 
 
 def ddp_args(out) -> argparse.Namespace:
-    return argparse.Namespace(spec="{}", out=str(out), resume_from=None)
+    return argparse.Namespace(spec="{}", out=str(out), resume_from=None, then=[])
 
 
 def test_rank_0_claims_the_launch_folder_once(tmp_path, monkeypatch):

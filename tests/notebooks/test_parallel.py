@@ -25,7 +25,7 @@ from workbook.notebooks.parallel.faults import (
     demonstration,
     planted_faults,
 )
-from workbook.notebooks.parallel.launches import check_devices, launch
+from workbook.notebooks.parallel.launches import check_devices, launch, launch_in_turn
 from workbook.notebooks.parallel.rank_rules import RULES, reduce_sums
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import (
@@ -190,15 +190,55 @@ def test_a_worker_error_comes_back_with_its_message(tmp_path):
         launch(spec, tmp_path / "run")  # the failed launch's folder is kept, not reused
 
 
-def test_build_optimizer_gets_the_module_02_07_get_not_the_ddp_wrapper(tmp_path):
+def test_runs_in_turn_name_the_one_that_failed(tmp_path, monkeypatch):
+    """09's resume and planted faults run in turn in one launch (`--then`): the error's log goes
+    to the first run without a result, the runs before it keep theirs. A launch whose first
+    run fails is the test above; here torchrun is replaced by what it leaves."""
+    from workbook.notebooks.parallel import launches
+
+    runs = [(ReplicaSpec(GENERATION, fault=fault), tmp_path / name) for fault, name in (
+        ("", "resumed"), ("rank_seed", "fault-rank_seed"), ("same_order", "fault-same_order"))]
+
+    def torchrun(args, timeout, what, launcher):
+        assert args.count("--then") == 2 and args[args.index("--then") + 2] == str(runs[1][1])
+        (runs[0][1] / "result.json").write_text("{}")  # the first run finished
+        return subprocess.CompletedProcess(args, 1, "", "error: the second run failed")
+
+    monkeypatch.setattr(launches, "fresh_process", torchrun)
+    with pytest.raises(WorkbookError, match="launch failed \\(exit 1\\): the second run failed"):
+        launch_in_turn(runs)
+    assert [(folder / "launch-error.log").exists() for _, folder in runs] == [False, True, False]
+    with pytest.raises(WorkbookError, match="differ in replicas, device or collective timeout"):
+        launch_in_turn([runs[0], (ReplicaSpec(GENERATION, shape=UpdateShape(2, 2, replicas=3)),
+                                  tmp_path / "three")])
+
+
+@pytest.fixture(scope="module")
+def in_turn(tmp_path_factory):
+    """Two tests' runs in one launch, in turn as 09's planted faults run (one start of the
+    processes): a task whose optimizer reaches into the model by position, then the per-rank
+    mean planted on data whose default check examples hold equal targets."""
+    folder = tmp_path_factory.mktemp("in_turn")
+    data = equal_shares_data(folder / "equal.jsonl")
+    task, items = _task_and_items(data)
+    spec = ReplicaSpec(GENERATION, {"data_file": data}, updates=2)
+    demos = parallel_faults.demonstrations(spec, items, None, ("rank_mean_loss",), task)
+    careful = ReplicaSpec("tests.careful_task:task", {"head_lr_groups": True},
+                          UpdateShape(2, 2, replicas=2), updates=2, validation_limit=8)
+    before = torchrun_temp_folders()
+    careful_run, *planted = launch_in_turn(
+        [(careful, folder / "careful"), *parallel_faults.planted_runs(demos, folder)])
+    table = parallel_faults.fault_table(demos, planted, ("rank_mean_loss",), task)
+    return {"careful": careful_run, "logs_left": torchrun_temp_folders() - before,
+            "task": task, "items": items, "faults": table}
+
+
+def test_build_optimizer_gets_the_module_02_07_get_not_the_ddp_wrapper(in_turn):
     """A task whose optimizer reaches into the model by position (a head at its own rate):
     the DistributedDataParallel wrapper has no `[-1]`, so handing it over failed every rank."""
-    spec = ReplicaSpec("tests.careful_task:task", {"head_lr_groups": True},
-                       UpdateShape(2, 2, replicas=2), updates=2, validation_limit=8)
-    before = torchrun_temp_folders()
-    result = launch(spec, tmp_path / "run")
+    result = in_turn["careful"]
     assert [[r["step"] for r in rank["records"]] for rank in result["ranks"]] == [[1, 2]] * 2
-    assert torchrun_temp_folders() <= before, "torchrun left its log folder behind"
+    assert not in_turn["logs_left"], "torchrun left its log folder behind"
 
 
 def torchrun_temp_folders() -> set[Path]:
@@ -208,15 +248,40 @@ def torchrun_temp_folders() -> set[Path]:
 
 
 def test_a_stuck_launch_is_killed_with_every_worker(tmp_path):
+    """A limit short of the launch (the hung rank never loads its data) stops torchrun and both
+    workers, seen alive during the launch: a worker's SIGTERM kills it wherever it is (no
+    handler), so the limit need only come after the workers start, not at their hang."""
+    import threading
+
+    import psutil
+
     spec = ReplicaSpec("tests.stuck_task:hung_rank", updates=2)
     before = torchrun_temp_folders()
+    workers, launched = {}, threading.Event()
+
+    def watch():  # the workers (`workbook ddp --out RUN`, not torchrun's) while it runs
+        while not launched.is_set():
+            for proc in psutil.process_iter(["cmdline"]):
+                line = proc.info["cmdline"] or []
+                if str(tmp_path / "run") in line and "torch.distributed.run" not in line:
+                    workers.setdefault(proc.pid, proc)
+            launched.wait(0.5)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     start = time.monotonic()
-    with pytest.raises(WorkbookError, match="did not finish within 10 s"):
-        launch(spec, tmp_path / "run", timeout=10)
-    assert time.monotonic() - start < 45
-    time.sleep(1)
+    try:
+        with pytest.raises(WorkbookError, match="did not finish within 8 s"):
+            launch(spec, tmp_path / "run", timeout=8)
+    finally:
+        launched.set()
+        watcher.join()
+    assert time.monotonic() - start < 40
+    assert len(workers) == 2, "the limit came before both workers started: raise it"
+    _, alive = psutil.wait_procs(list(workers.values()), timeout=5)
+    assert not alive, "a worker outlived the launch"
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True)
-    assert not left.stdout.strip(), "a worker outlived the launch"
+    assert not left.stdout.strip(), "a process of the launch outlived it"
     assert torchrun_temp_folders() <= before, "the killed launch left its log folder behind"
 
 
@@ -271,17 +336,15 @@ def _partial_shares(task, items, world=2):
     return [sum(example_targets(task, it) for it in items[r::world]) for r in range(world)]
 
 
-def test_a_per_rank_mean_is_caught_where_the_default_examples_hold_equal_targets(tmp_path):
+def test_a_per_rank_mean_is_caught_where_the_default_examples_hold_equal_targets(in_turn):
     """The user's case: the first 15 examples give each rank the same targets, so the check
     picks others (the same 16, two swapped across ranks) and the planted bug is caught."""
-    data = equal_shares_data(tmp_path / "equal.jsonl")
-    task, items = _task_and_items(data)
+    task, items = in_turn["task"], in_turn["items"]
     assert _partial_shares(task, items[:15]) == [56, 56], "the default would hide the bug"
     chosen = check_items(task, items, 16, 2)
     assert len(set(_partial_shares(task, chosen[:15]))) == 2
     assert {it.id for it in chosen} == {it.id for it in items[:16]}
-    spec = ReplicaSpec(GENERATION, {"data_file": data}, updates=2)
-    table = planted_faults(spec, items, tmp_path, None, ("rank_mean_loss",), task)
+    table = in_turn["faults"]
     assert table.caught.tolist() == [True] and table.verdict.tolist() == ["fail"], table.measured
     assert "targets per rank [56, 56]" not in table.measured[0]
 

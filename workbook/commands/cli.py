@@ -140,6 +140,9 @@ def _ddp_arguments(ddp: argparse.ArgumentParser) -> None:
     ddp.add_argument("--out", required=True, help="the launch's folder: new or empty (rank 0 "
                      "writes there)")
     ddp.add_argument("--resume-from", help="a checkpoint of an earlier launch to continue")
+    ddp.add_argument("--then", nargs=2, action="append", default=[], metavar=("SPEC", "OUT"),
+                     help="another run in the same processes after the one before (repeatable;"
+                     " OUT new or empty)")
 
 
 # Each child process's body lives beside its notebook: 06's trial, 07's resume and reload.

@@ -172,17 +172,22 @@ def join_launch(device_name: str, timeout_s: float) -> tuple[int, int, torch.dev
 def in_launch(spec: Any, result: Path,
               body: Callable[[int, int, torch.device, WriteAudit], dict[str, Any]],
               written: Callable[[str], str] = str) -> None:
-    """One process of a launch, DDP or FSDP alike (torchrun set RANK, WORLD_SIZE, LOCAL_RANK):
-    the process group joined, `body(rank, world, device, audit)` run, the paths every rank
-    wrote under the result's folder (each as `written` names it) gathered, and rank 0's result
-    with them written to `result`; the group is left however it ends."""
+    """One run of a launch, DDP or FSDP alike (torchrun set RANK, WORLD_SIZE, LOCAL_RANK): the
+    process group joined (or kept from the run before it in this process), `body(rank, world,
+    device, audit)` run, the paths every rank wrote under the result's folder (each as
+    `written` names it) gathered, and rank 0's result with them written to `result`. The group
+    stays joined for the next run (`leave_launch`): joined anew, a fast rank could meet the
+    other's addresses of the group before."""
     rank, world, device = join_launch(spec.device, spec.collective_timeout_s)
-    try:
-        audit = WriteAudit(result.parent)
-        out = body(rank, world, device, audit)
-        writers = gather(sorted({written(path) for path in audit.paths}))
-        if rank == 0:
-            write_json(result, {**out, "writes": writers})
-        dist.barrier()
-    finally:
+    audit = WriteAudit(result.parent)
+    out = body(rank, world, device, audit)
+    writers = gather(sorted({written(path) for path in audit.paths}))
+    if rank == 0:
+        write_json(result, {**out, "writes": writers})
+    dist.barrier()
+
+
+def leave_launch() -> None:
+    """Leave the process group the runs of this process shared, however they ended."""
+    if dist.is_initialized():
         dist.destroy_process_group()

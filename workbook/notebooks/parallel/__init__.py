@@ -29,7 +29,10 @@ from .faults import (
     NOT_DEMONSTRABLE,
     Demonstration,
     demonstration,
+    demonstrations,
+    fault_table,
     planted_faults,
+    planted_runs,
 )
 from .fsdp import (
     FSDP_RULES,
@@ -43,7 +46,15 @@ from .fsdp import (
     sharded_verdict,
     unshardable,
 )
-from .launches import check_devices, command, launch, rented_spec, shell_command
+from .launches import (
+    LAUNCH_TIMEOUT,
+    check_devices,
+    command,
+    launch,
+    launch_in_turn,
+    rented_spec,
+    shell_command,
+)
 from .pipeline import PIPELINE_RULES, pipeline_rules
 from .rank_rules import (
     RULES,
@@ -52,6 +63,8 @@ from .rank_rules import (
     outcome,
     phase_table,
     resume_check,
+    resume_point,
+    resume_rule,
     rules,
     verdict,
     with_row,
@@ -94,10 +107,15 @@ def run(params: ParallelParams | Mapping[str, Any], out_dir: Path) -> ParallelRe
                        check_examples=params.check_examples,
                        checkpoint_at=params.checkpoint_at, device=params.device)
     result = launch(spec, out_dir / "run", timeout=params.launch_timeout)
-    resume_row, resumed = resume_check(spec, result, out_dir / "run", out_dir / "resumed",
-                                       params.resume_tolerance)
-    faults = (planted_faults(spec, items, out_dir, result, task=task,
-                             tolerance=params.tolerance)
+    # the resume's new processes then run the planted faults in turn: one start for both
+    demos = (demonstrations(spec, items, result, task=task, tolerance=params.tolerance)
+             if params.demonstrate_faults else {})
+    runs = [(spec, out_dir / "resumed"), *planted_runs(demos, out_dir)]
+    resumed_launch, *planted = launch_in_turn(runs, resume_point(result, out_dir / "run"),
+                                              LAUNCH_TIMEOUT * len(runs))
+    resume_row, resumed = resume_rule(spec, result, resumed_launch, out_dir / "run",
+                                      out_dir / "resumed", params.resume_tolerance)
+    faults = (fault_table(demos, planted, task=task, tolerance=params.tolerance)
               if params.demonstrate_faults else None)
     rented = rented_spec(spec)
     sharded, sharded_note = None, "not run (fsdp = False)"

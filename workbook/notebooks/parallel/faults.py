@@ -25,7 +25,7 @@ from ...training.replica import (
     shard,
     update_groups,
 )
-from .launches import launch
+from .launches import LAUNCH_TIMEOUT, launch_in_turn
 from .rank_rules import rules
 
 # The rule each planted fault must fail.
@@ -181,23 +181,52 @@ def _rank_mean_alike(check: dict[str, Any] | None, tolerance: float) -> str:
 def planted_faults(spec: ReplicaSpec, items: list[Item], folder: Path,
                    reference: dict[str, Any] | None, faults: tuple[str, ...] = tuple(FAULTS),
                    task: Task | None = None, tolerance: float = 1e-4) -> pd.DataFrame:
-    """Each classic multi-process bug planted in its own launch, on data that can show it
-    (`demonstration`): does the rule meant to name it fail? A bug the task's model cannot have
-    (batch norm without batch-norm layers) is listed, not launched; one no data of this task
-    can show is "not demonstrable", with the reason - neither fails the verdict."""
+    """Each classic multi-process bug planted in its own run, on data that can show it
+    (`demonstration`), the runs in turn in one launch: does the rule meant to name each fail? A
+    bug the task's model cannot have (batch norm without batch-norm layers) is listed, not
+    launched; one no data of this task can show is "not demonstrable", with the reason -
+    neither fails the verdict."""
+    demos = demonstrations(spec, items, reference, faults, task, tolerance)
+    runs = planted_runs(demos, folder)
+    launched = launch_in_turn(runs, timeout=LAUNCH_TIMEOUT * len(runs)) if runs else []
+    return fault_table(demos, launched, faults, task, tolerance)
+
+
+def demonstrations(spec: ReplicaSpec, items: list[Item], reference: dict[str, Any] | None,
+                   faults: tuple[str, ...] = tuple(FAULTS), task: Task | None = None,
+                   tolerance: float = 1e-4) -> dict[str, Demonstration]:
+    """`demonstration` of each fault the model can have (bn_rank0 needs batch-norm layers)."""
+    bn = (reference or {}).get("batch_norm_final")
+    return {fault: demonstration(fault, spec, items, reference, task, tolerance)
+            for fault in faults
+            if not (fault == "bn_rank0" and bn is not None and not bn.get("layers"))}
+
+
+def planted_runs(demos: dict[str, Demonstration], folder: Path) -> list[tuple[ReplicaSpec, Path]]:
+    """The runs to launch (`launch_in_turn`): each demonstration that can show its fault, in its
+    folder `fault-NAME`."""
+    return [(demo.spec, folder / f"fault-{fault}") for fault, demo in demos.items()
+            if not demo.why]
+
+
+def fault_table(demos: dict[str, Demonstration], launched: list[dict[str, Any]],
+                faults: tuple[str, ...] = tuple(FAULTS), task: Task | None = None,
+                tolerance: float = 1e-4) -> pd.DataFrame:
+    """One row per fault: its rule's verdict on what its run (`planted_runs`, in that order)
+    returned, or why it was not launched."""
+    results = iter(launched)
     rows = []
     for fault in faults:
         expected = CAUGHT_BY[fault]
         row = {"planted bug": FAULTS[fault], "rule": expected}
-        bn = (reference or {}).get("batch_norm_final")
-        if fault == "bn_rank0" and bn is not None and not bn.get("layers"):
+        if fault not in demos:
             rows.append({**row, "verdict": "not applicable", "caught": None,
                          "other failing rules": "",
                          "measured": "not planted: the model has no batch-norm layer"})
             continue
-        demo = demonstration(fault, spec, items, reference, task, tolerance)
+        demo = demos[fault]
         if not demo.why:
-            result = launch(demo.spec, folder / f"fault-{fault}")
+            result = next(results)
             table = rules(result, demo.items, tolerance, task=task).set_index("rule")
             verdict = table.verdict[expected]
             if verdict != "fail" and fault == "rank_mean_loss":  # the launch's own measure

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -30,36 +31,55 @@ def launch(spec: ReplicaSpec, folder: Path, resume_from: Path | None = None,
     """Run `spec` on its shape's replicas, one process each, with torchrun into the new
     `folder` and return what rank 0 gathered. A stuck launch is killed with every worker after
     `timeout` seconds."""
-    replicas = spec.shape.replicas
+    return launch_in_turn([(spec, folder)], resume_from, timeout)[0]
+
+
+def launch_in_turn(runs: list[tuple[ReplicaSpec, Path]], resume_from: Path | None = None,
+                   timeout: float = LAUNCH_TIMEOUT) -> list[dict[str, Any]]:
+    """`launch` of each (spec, new folder) in turn in the same processes of one torchrun launch
+    (the first resuming `resume_from`): what rank 0 gathered for each. The processes start,
+    import and join the process group once for all (most of a short launch's time on the CPU),
+    so the runs share their replicas, device and collective timeout; `timeout` is the whole
+    launch's."""
+    replicas = runs[0][0].shape.replicas
     if not isinstance(replicas, int) or replicas < 2:
         raise WorkbookError(f"replicas must be 2 or more, got {replicas!r}",
                             "data parallelism needs at least two processes")
-    claim_dir(folder)  # a launch never writes over an earlier one
-    cmd = command(spec, folder, resume_from)
+    if len({(s.shape.replicas, s.device, s.collective_timeout_s) for s, _ in runs}) > 1:
+        raise WorkbookError("runs launched in turn differ in replicas, device or collective "
+                            "timeout", "launch such runs separately")
+    for _, folder in runs:
+        claim_dir(folder)  # a launch never writes over an earlier one
+    (spec, folder), later = runs[0], runs[1:]
+    cmd = command(spec, folder, resume_from, later)
     # torchrun's own log folder: a fresh /tmp/torchelastic_* per launch, never removed, unless
     # named; the workers' output comes back through the pipes, so it holds nothing to keep
     with tempfile.TemporaryDirectory(prefix="workbook-torchrun-") as logs:
         done = fresh_process(cmd["args"], timeout, f"the {replicas}-process launch",
                              launcher=[*cmd["launcher"], f"--log-dir={logs}"])
-    if done.returncode:
-        log = write_text(folder / "launch-error.log", done.stdout + done.stderr)
+    if done.returncode:  # the log goes with the first run that wrote no result
+        failed = next((f for _, f in runs if not (f / RESULT).exists()), runs[-1][1])
+        log = write_text(failed / "launch-error.log", done.stdout + done.stderr)
         errors = re.findall(r"error: (.*(?:\n  -> fix: .*)?)", done.stderr)
         raised = re.findall(r"^\[rank\d+\]: \w*(?:Error|Exception)\b.*$", done.stderr, re.M)
         shown = errors[-1] if errors else "; ".join(dict.fromkeys(raised)) or \
             done.stderr.strip()[-800:]
         raise WorkbookError(f"the {replicas}-process launch failed (exit {done.returncode}): "
                             f"{shown}", f"every rank's output is in {shown_path(log)}")
-    return read_json(folder / RESULT, "the launch's result")
+    return [read_json(f / RESULT, "the launch's result") for _, f in runs]
 
 
-def command(spec: ReplicaSpec, folder: Path,
-            resume_from: Path | None = None) -> dict[str, list[str]]:
-    """The torchrun command line of a launch: `python LAUNCHER -m workbook ARGS`."""
+def command(spec: ReplicaSpec, folder: Path, resume_from: Path | None = None,
+            later: Sequence[tuple[ReplicaSpec, Path]] = ()) -> dict[str, list[str]]:
+    """The torchrun command line of a launch: `python LAUNCHER -m workbook ARGS` (with
+    `--then SPEC OUT` for each run after the first in the same processes)."""
     launcher = ["-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={spec.shape.replicas}", "--max_restarts=0"]
     args = ["ddp", "--spec", json.dumps(asdict(spec)), "--out", str(folder)]
     if resume_from is not None:
         args += ["--resume-from", str(resume_from)]
+    for then, out in later:
+        args += ["--then", json.dumps(asdict(then)), str(out)]
     return {"launcher": launcher, "args": args}
 
 

@@ -400,11 +400,22 @@ def resume_check(spec: ReplicaSpec, reference: dict[str, Any], reference_folder:
                  folder: Path, tolerance: float = 0.0) -> tuple[dict[str, str], pd.DataFrame]:
     """Continue the reference launch's checkpoint in N new processes and compare update by
     update (loss, learning rate, every rank's examples) and the final parameters."""
+    resumed = launch(spec, folder, resume_from=resume_point(reference, reference_folder))
+    return resume_rule(spec, reference, resumed, reference_folder, folder, tolerance)
+
+
+def resume_point(reference: dict[str, Any], reference_folder: Path) -> Path:
+    """The checkpoint of the reference launch a resume continues."""
     if not reference.get("checkpoint"):
         raise WorkbookError("the reference launch wrote no checkpoint",
                             "give checkpoint_at, an update before the last")
-    resumed = launch(spec, folder,
-                     resume_from=reference_folder / reference["checkpoint"]["path"])
+    return reference_folder / reference["checkpoint"]["path"]
+
+
+def resume_rule(spec: ReplicaSpec, reference: dict[str, Any], resumed: dict[str, Any],
+                reference_folder: Path, folder: Path, tolerance: float = 0.0
+                ) -> tuple[dict[str, str], pd.DataFrame]:
+    """`resume_check`'s judgement of a resume launched from `resume_point` into `folder`."""
     table, exact, said = resumed_against([r["records"] for r in reference["ranks"]],
                                          [r["records"] for r in resumed["ranks"]],
                                          reference_folder, folder, spec.updates, tolerance)
