@@ -187,7 +187,8 @@ def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path)
     """make_sampler is the task's data order; a sampler whose state travels in the checkpoint
     (written and read by the task's own save_state/restore_state) resumes exactly in a new
     process, one without state restarts its order - the comparison names the first update
-    whose examples differ."""
+    whose examples differ (resumed in this process: a reseeded sampler restarts the same in
+    any process, and the new process is the clean twin's to prove)."""
     from workbook.notebooks import resume
     from workbook.training.loop import TrainConfig
 
@@ -198,8 +199,9 @@ def test_the_tasks_own_sampler_resumes_its_order_or_is_named(reseeded, tmp_path)
     assert reference[5]["ids"] != reference[0]["ids"]  # the order changes every pass
     assert sorted(p.name for p in (tmp_path / "ref" / "ckpt-000007").iterdir()) == [
         "manifest.json", "meta.json", "state.pt", "training_state.pt"]
-    resumed, weights = resume.resume_in_new_process(tmp_path / "ref" / "ckpt-000007", 12,
-                                                    tmp_path / "resumed", spec)
+    checkpoint = tmp_path / "ref" / "ckpt-000007"
+    resumed, weights = (resume.run_recipe(spec, 12, start_from=checkpoint) if reseeded else
+                        resume.resume_in_new_process(checkpoint, 12, tmp_path / "resumed", spec))
     table, verdict = resume.compare(reference, resumed, ref_weights, weights)
     if reseeded:
         assert not verdict["exact"] and verdict["examples_differ_from"] == 8

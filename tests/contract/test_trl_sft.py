@@ -82,7 +82,8 @@ def test_a_full_fine_tune_of_a_pretrained_base_is_not_judged_against_ln_outputs(
     initial = res.checks.iloc[0]
     assert initial.passed and "pretrained base" in initial.detail
     report = GateRun(task, GateSettings(UpdateShape(2, 1), eval_batch=8, input_updates=1),
-                     clean_items["train"], clean_items["validation"], tmp_path).run()
+                     clean_items["train"], clean_items["validation"],
+                     tmp_path).run(training_only=True)  # the row read: a training phase
     row = {r.phase: r for r in report.rows}["forward + loss"]
     assert row.verdict == "pass" and "not judged" in row.detail
 
@@ -90,7 +91,8 @@ def test_a_full_fine_tune_of_a_pretrained_base_is_not_judged_against_ln_outputs(
 def test_adapters_that_change_the_base_before_training_are_named_by_03(clean_items, tmp_path):
     task = _task(init_adapters=False)
     report = GateRun(task, GateSettings(UpdateShape(2, 1), eval_batch=8, input_updates=1),
-                     clean_items["train"], clean_items["validation"], tmp_path).run()
+                     clean_items["train"], clean_items["validation"],
+                     tmp_path).run(training_only=True)  # the row read: a training phase
     row = {r.phase: r for r in report.rows}["forward + loss"]
     assert row.verdict == "fail" and "LoRA's B must start at zero" in row.detail, row.detail
 
@@ -115,7 +117,8 @@ def test_a_lora_a_that_never_moves_is_still_named(clean, clean_items, tmp_path):
         return model
     task = dataclasses.replace(clean, build_model=frozen_a)
     report = GateRun(task, GateSettings(UpdateShape(2, 1), eval_batch=8, input_updates=1),
-                     clean_items["train"], clean_items["validation"], tmp_path).run()
+                     clean_items["train"], clean_items["validation"],
+                     tmp_path).run(training_only=True)  # the row read: a training phase
     later = {r.phase: r for r in report.rows}["update (later)"]
     assert later.verdict == "fail" and "lora_A" in later.detail
 
@@ -184,11 +187,20 @@ def test_a_lora_model_is_sized_with_its_frozen_base(clean, clean_items):
         for p in full.parameters():
             p.requires_grad_(True)
         return full
+    import pandas as pd
+
+    from workbook.training.fake_phases import fake_phases
+    from workbook.training.workload import sized_batches
+
     plan = Plan(UpdateShape(2, 1), 64)
-    sized = {name: predict(task, clean_items["train"], clean_items["validation"], plan)
-             .set_index("phase").loc["update (first)"]
-             for name, task in (("lora", clean),
-                                ("whole", dataclasses.replace(clean, build_model=whole)))}
+    train, val = clean_items["train"], clean_items["validation"]
+    sized = {"lora": predict(clean, train, val, plan).set_index("phase").loc["update (first)"]}
+    # the whole fine-tune's bytes by category, from the fake run `predict` reads them from
+    # (its calibration against a real run, which only the LoRA model needs here, not made)
+    full = dataclasses.replace(clean, build_model=whole)
+    rows = fake_phases(full, TrainConfig(plan.shape, device="cpu"),
+                       *sized_batches(full, train, val, plan), plan.label())
+    sized["whole"] = pd.DataFrame(rows).set_index("phase").loc["update (first)"]
     lora = sized["lora"]
     assert lora.predicted_peak_bytes > 0  # predicted: the frozen base takes no hook
     assert lora.parameter_bytes == sized["whole"].parameter_bytes == everything

@@ -140,8 +140,14 @@ def _priced_sheet(gen_task, gen_items, prices):
                            Assumptions(prices=prices, currency="EUR", min_update_s=0.005))
 
 
-def test_costs_the_cheapest_fitting_gpu_and_the_time_floor(gen_task, gen_items):
-    sheet = _priced_sheet(gen_task, gen_items, {"toy": 0.1, "small": 1.0, "big": 3.0})
+@pytest.fixture(scope="module")
+def priced(gen_task, gen_items):
+    """The priced sheet the cost and conclusion tests read (each reads a copy)."""
+    return _priced_sheet(gen_task, gen_items, {"toy": 0.1, "small": 1.0, "big": 3.0})
+
+
+def test_costs_the_cheapest_fitting_gpu_and_the_time_floor(gen_task, gen_items, priced):
+    sheet = priced.copy()
     assert sheet.time_floored.all() and (sheet.time_per_update_s == 0.005).all(), \
         "a tiny model's update is never faster than the launch floor"
     row = sheet.set_index(["candidate", "gpu"]).loc[("wide", "big")]
@@ -155,11 +161,10 @@ def test_costs_the_cheapest_fitting_gpu_and_the_time_floor(gen_task, gen_items):
         _priced_sheet(gen_task, gen_items, {"toy": 0.1, "small": 1.0})
 
 
-def test_the_conclusion_names_the_cheapest_gpu_and_the_study_in_words(gen_task, gen_items,
-                                                                       tmp_path):
+def test_the_conclusion_names_the_cheapest_gpu_and_the_study_in_words(priced, tmp_path):
     import json
 
-    sheet = _priced_sheet(gen_task, gen_items, {"toy": 0.1, "small": 1.0, "big": 3.0})
+    sheet = priced.copy()
     (tmp_path / "06_lr_study").mkdir()
     (tmp_path / "06_lr_study" / "summary.json").write_text(json.dumps({
         "verdict": "pass", "figures": {"metric": "loss", "best_metric": 2.953021240234375,

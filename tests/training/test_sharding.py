@@ -23,10 +23,16 @@ def small(gen_items):
 
 
 @pytest.fixture(scope="module")
-def worlds(gen_task, small):
-    train, val = small
-    return {w: predict_sharded(gen_task, train, val, PLAN, w).set_index("phase")
-            for w in (2, 4)}
+def derived(gen_task, small):
+    """One fake run at 2 GPUs: exact there, world 4 derived from it."""
+    return sharding.predict_sharded_worlds(gen_task, *small, PLAN, (2, 4), at=2)
+
+
+@pytest.fixture(scope="module")
+def worlds(gen_task, small, derived):
+    """Each world's prediction from a run at that world: 2 the run `derived` made, 4 its own."""
+    return {2: derived[derived.world == 2].set_index("phase"),
+            4: predict_sharded(gen_task, *small, PLAN, 4).set_index("phase")}
 
 
 def test_sharded_state_shrinks_as_one_over_n_and_activations_do_not(gen_task, small, worlds):
@@ -52,8 +58,7 @@ def test_sharded_state_shrinks_as_one_over_n_and_activations_do_not(gen_task, sm
         single.loc["update (first)", "predicted_peak_bytes"]
 
 
-def test_a_world_derived_from_one_run_matches_the_direct_run(gen_task, small, worlds):
-    derived = sharding.predict_sharded_worlds(gen_task, *small, PLAN, (2, 4), at=2)
+def test_a_world_derived_from_one_run_matches_the_direct_run(derived, worlds):
     four = derived[derived.world == 4].set_index("phase")
     for phase in SHARDED_PHASES:
         assert four.loc[phase, "predicted_peak_bytes"] == pytest.approx(
@@ -150,18 +155,22 @@ def deep_llama():
     return task, data.train, data.validation
 
 
-@pytest.mark.parametrize("precision, checkpointing, world, other", [
-    ("bf16", True, 2, 8), ("fp32", False, 8, 2)])
 def test_a_deep_campaign_model_is_sized_sharded_from_two_shallow_traces_to_the_byte(
-        deep_llama, monkeypatch, precision, checkpointing, world, other):
+        deep_llama, monkeypatch):
     # every phase's per-GPU peak and breakdown carried from sharded runs at 3 and 4 layers
-    # equals the sharded fake run at the full depth (8), at the run's world and at a world
-    # derived from it
+    # equals the sharded fake run at the full depth (8), at the run's world (2) and at a world
+    # derived from it (8). One configuration, the one whose traces hold the most: bf16
+    # (MixedPrecisionPolicy) with checkpointing (each block's recompute in the backward), over
+    # 2 GPUs, where the later update's peak moves past the backward's end (a carry of the
+    # stretch by its largest operator is 4.6% low here, and 0% off in fp32 without
+    # checkpointing over 8, the case this test also ran: the carry's arithmetic is the same for
+    # every precision and world; the fp32 sharded run itself is the tests above, the fp32
+    # carry to the byte on one device test_campaign.py's)
     from workbook.training import campaign
 
+    world, other = 2, 8
     task, train, val = deep_llama
-    plan = Plan(UpdateShape(2, 2, precision=precision, activation_checkpointing=checkpointing),
-                32, 2)
+    plan = Plan(UpdateShape(2, 2, precision="bf16", activation_checkpointing=True), 32, 2)
     carried = sharding.sharded_run(task, train, val, plan, world)
     assert carried.sized == ("each operator's memory carried from sharded fake runs at 3 and 4 "
                              "layers to 8")
