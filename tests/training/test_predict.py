@@ -90,11 +90,12 @@ def test_the_planned_length_comes_from_the_model_and_is_never_exceeded(gen_task,
     assert max_positions(cls_task) is None and longest_accepted(cls_task) is None
     lm = load_task("examples.transformer_lm:task")
     assert longest_accepted(lm) == 128  # 03 plans at it when plan_length is 0
-    # refused before the plan's batches are built (one row of that length runs the model's
-    # forward for its own words: at 10 000 000 positions that forward took 3.8 s)
-    with pytest.raises(WorkbookError, match="length 100000 exceeds the 1024 positions"):
+    # refused before the plan's batches are built, in the model's own words at the shortest
+    # length refused (a row of the planned length took 6.4 s at 10 000 000 positions)
+    with pytest.raises(WorkbookError, match="length 100000 exceeds the 1024 positions") as no:
         predict(gen_task, gen_items["train"][:8], gen_items["validation"][:4],
                 Plan(UpdateShape(4, 2), length=100_000))
+    assert "; at 1025 positions its forward says IndexError" in str(no.value)
 
 
 def test_a_stretched_batch_is_padded_by_the_task_on_its_side(gen_task, gen_items):

@@ -133,10 +133,14 @@ def predict(task: Task, train: list[Item], val: list[Item], plan: Plan, lr: floa
     try:
         check_length(task, plan, campaign)
     except PlanRefused as exc:
-        words = "" if campaign else refused_in_own_words(task, shaped_batch(
-            task, train, 1, max(plan.length or 0, plan.eval_length or 0)))
-        raise PlanRefused(exc.problem + (f"; its forward says {words}" if words else ""),
-                          exc.fix) from None
+        if campaign:
+            raise
+        # the model's own words at the shortest length refused: a planned 10 M positions would
+        # cost its forward seconds (6.4 s) for the same words
+        first = max_positions(task)[0] + 1
+        words = refused_in_own_words(task, shaped_batch(task, train, 1, first))
+        raise PlanRefused(exc.problem + (f"; at {first} positions its forward says {words}"
+                                         if words else ""), exc.fix) from None
     batch, group, eval_batch = sized_batches(task, train, val, plan)
     longest = max(plan.length or 0, plan.eval_length or 0)
     twin_limit = max_positions(task) if campaign and longest else None
