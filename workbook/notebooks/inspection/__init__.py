@@ -13,6 +13,7 @@ import torch
 
 from ...contract import fine_tuning
 from ...contract.data import Item, collate_items
+from ...contract.outputs import ModelOutputs
 from ...contract.task import Task
 from ...storage.records import Flag
 from ..parameters import InspectionParams
@@ -76,20 +77,16 @@ class Inspection:
 
 
 def probe_outputs(task: Task, model: torch.nn.Module, probe: list[Item],
-                  data: list[Item]) -> tuple[int | None, list[Flag]]:
-    """The size of the model's output layer from a forward on the probe batch; when that
-    forward raises, None and a flag naming the cause."""
+                  data: list[Item]) -> tuple[ModelOutputs | None, list[Flag]]:
+    """The model's outputs on the probe batch (the output layer's size is their last
+    dimension; the loss probes read them again); when that forward raises, None and a flag
+    naming the cause."""
+    batch = collate_items(task, probe).tensors
     try:
-        return num_outputs_of(task, model, probe), []
+        with torch.no_grad():
+            return task.outputs(model, batch), []
     except Exception as exc:
-        return None, [model_failure(task, model, collate_items(task, probe).tensors, probe, exc,
-                                    data)]
-
-
-def num_outputs_of(task: Task, model: torch.nn.Module, items: list[Item]) -> int:
-    """Size of the model's output layer, read from one forward pass."""
-    with torch.no_grad():
-        return int(task.forward(model, collate_items(task, items).tensors).shape[-1])
+        return None, [model_failure(task, model, batch, probe, exc, data)]
 
 
 def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float = 0.0,
@@ -106,28 +103,29 @@ def inspect_task(task: Task, probe_size: int = 8, limit: int = 0, sample: float 
         by_length = sorted(kept["train"], key=lambda it: task.length(it.tensors))
         probe = by_length[: probe_size // 2] + by_length[-(probe_size - probe_size // 2):]
         every = [it for name in kept for it in kept[name]]
-        outputs, forward = probe_outputs(task, model, probe, every) if probe else (None, [])
+        out, forward = probe_outputs(task, model, probe, every) if probe else (None, [])
+        outputs = None if out is None else int(out.logits.shape[-1])
         layer = output_layer(model) if outputs is None else None
-        probed.update(probe=probe, outputs=outputs, forward=forward, layer=layer)
+        probed.update(probe=probe, out=out, outputs=outputs, forward=forward, layer=layer)
         return outputs if layer is None else layer[1]
 
     result = scan(task, limit, sample, seed, probe=probe_model, progress=progress,
                   workers=workers)
-    items, probe, outputs, layer = result.kept, probed["probe"], probed["outputs"], \
-        probed["layer"]
+    items, probe, out, outputs, layer = result.kept, probed["probe"], probed["out"], \
+        probed["outputs"], probed["layer"]
     split_table, split_flags = split_audit(result)
     classes, label_flags = label_audit(
         result, "" if layer is None else f"the outputs of its last linear layer `{layer[0]}`, "
         "read from the model since its forward failed")
     nonfinite = nonfinite_audit(result)
-    probed_flags = loss_probe(task, model, probe) if not nonfinite and outputs is not None \
+    probed_flags = loss_probe(task, model, probe, out) if not nonfinite and out is not None \
         else []
     examples = sum(result.examples.values())
     new_tokens, undated = new_token_audit(task, model, items["train"])
     flags = (probed["forward"] + coverage_flags(result.zero, result.on_padding,
                                                 result.on_prompt, examples)
              + nonfinite + probed_flags
-             + copy_audit(task, items["train"], model_shift=own_loss_shift(task, model, probe))
+             + copy_audit(task, items["train"], model_shift=own_loss_shift(task, probe, out))
              + end_token_audit(task, items["train"]) + adapter_target_audit(model)
              + dropped_rows_audit(task) + new_tokens
              + packing_audit(task, model, items["train"]) + packed_groups_audit(task)

@@ -204,18 +204,39 @@ def new_token_audit(task: Task, model: torch.nn.Module,
     model): under LoRA on the linear layers the embedding and head stay frozen, so such a
     token keeps the values the resize gave it. Tokens the tokenizer added (`added_tokens`)
     whose frozen rows nothing dates are a note, with the experiment that would."""
-    inputs: set[int] = set()
-    targets: set[int] = set()
-    for it in items:
-        inputs.update(task.main_input(it.tensors).reshape(-1).tolist())
-        labels = it.tensors.get("labels")
-        if task.target_kind.causal and labels is not None:
-            targets.update(labels[labels != IGNORE_INDEX].reshape(-1).tolist())
+    inputs = _distinct([task.main_input(it.tensors) for it in items])
+    labels = [t for it in items if (t := it.tensors.get("labels")) is not None] \
+        if task.target_kind.causal else []
+    targets = _distinct(labels) - {IGNORE_INDEX}
     rows = fine_tuning.untrained_rows(model, inputs, targets,
                                       set(task.framework.added_tokens))
     frozen = [f for f in rows if f.ids]
     return (_frozen_flag(task, items, targets, frozen) if frozen else [],
             _undated_note(task, [f for f in rows if f.unknown]))
+
+
+def _distinct(tensors: list[torch.Tensor]) -> set:
+    """The distinct values of tensors as Python numbers, each dtype's found at once (token
+    ids, non-negative and below 2^20: by counting, else by sorting)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t if t.dim() == 1 else t.reshape(-1))
+    found: set = set()
+    for dtype, flat in by_dtype.items():
+        values = torch.cat(flat)
+        if not values.numel():
+            continue
+        if not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool:
+            low, high = (int(v) for v in torch.aminmax(values))
+            if low >= 0 and high < 1 << 20:
+                found.update(torch.bincount(values.long()).nonzero().reshape(-1).tolist())
+                continue
+        try:
+            values = values.unique()
+        except (RuntimeError, NotImplementedError):  # a dtype unique lacks (complex)
+            pass
+        found.update(values.tolist())
+    return found
 
 
 def _undated_note(task: Task, rows: list) -> list[Note]:

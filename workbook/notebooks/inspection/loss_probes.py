@@ -9,18 +9,20 @@ import math
 import torch
 
 from ...contract.data import Item, collate_items
+from ...contract.outputs import ModelOutputs
 from ...contract.targets import IGNORE_INDEX, contributes, token_cross_entropy
 from ...contract.task import Task
 from ...storage.records import Flag
 from .forward_failure import model_failure
 
 
-def loss_probe(task: Task, model: torch.nn.Module, items: list[Item]) -> list[Flag]:
-    """Call the task's loss on real logits, then scramble the logits where nothing should count
-    (label -100 or padding): the loss and its target count must not change."""
+def loss_probe(task: Task, model: torch.nn.Module, items: list[Item],
+               outputs: ModelOutputs) -> list[Flag]:
+    """Call the task's loss on real logits (`outputs`: the model's on these items, collated),
+    then scramble the logits where nothing should count (label -100 or padding): the loss and
+    its target count must not change."""
     batch = collate_items(task, items).tensors
     with torch.no_grad():
-        outputs = task.outputs(model, batch)
         logits = outputs.logits.float()
         try:
             loss, count = task.loss(logits, batch)
@@ -131,20 +133,15 @@ def _misread(task: Task, logits: torch.Tensor, batch: dict, loss: torch.Tensor,
                 [it.id for it in items])
 
 
-def own_loss_shift(task: Task, model: torch.nn.Module, items: list[Item]) -> int | None:
+def own_loss_shift(task: Task, items: list[Item], out: ModelOutputs | None) -> int | None:
     """Generation whose model computes its own loss: the label shift that loss applies (0: it
     reads labels[t] at position t, as nanoGPT's; 1: it shifts them, as Hugging Face causal LMs
-    do), read by comparing it with the cross-entropy at each shift; None otherwise."""
-    if not task.target_kind.shifts_labels or task.loss_computed_by() is None or not items:
+    do), read by comparing it with the cross-entropy at each shift (`out`: the model's outputs
+    on these items, None when its forward failed); None otherwise."""
+    if not task.target_kind.shifts_labels or task.loss_computed_by() is None or not items or \
+            out is None or out.loss is None or out.loss.numel() != 1 or out.logits.dim() != 3:
         return None
     batch = collate_items(task, items).tensors
-    try:
-        with torch.no_grad():
-            out = task.outputs(model, batch)
-    except Exception:
-        return None  # the forward's failure is flagged by the probes
-    if out.loss is None or out.loss.numel() != 1 or out.logits.dim() != 3:
-        return None
     for shift in (0, 1):
         summed, count = token_cross_entropy(out.logits.float(), batch, shift)
         if float(count) and math.isclose(float(out.loss), float(summed) / float(count),

@@ -6,7 +6,6 @@ block's ids, groups and inputs for the pass's hash indexes, and the examples sti
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -143,38 +142,37 @@ def merge_part(result: Scan, checks: Checks, examples: list, part: Part, keep: i
 class Packed:
     """Kept examples' tensors for the trip back from a worker: those of one dtype as one numpy
     array (a tensor pickles by itself at about 50 us, an array of all of them at once in
-    microseconds), each tensor a view of it again on arrival (`unpack`)."""
+    microseconds), cut into views again on arrival (`unpack`: one `split` per dtype)."""
 
     def __init__(self, kept: dict[str, list[tuple[int, dict]]]):
         buckets: dict[torch.dtype, list[torch.Tensor]] = {}
-        sizes: dict[torch.dtype, int] = {}
-        self.index: dict[str, list[tuple[int, list]]] = {}  # split -> (i, [(key, where)])
+        # split -> (i, [(key, None, value) or (key, dtype, shape)]), in the order packed
+        self.index: dict[str, list[tuple[int, list]]] = {}
         for name, rows in kept.items():
             for i, tensors in rows:
                 entries = []
                 for key, t in tensors.items():
                     if not isinstance(t, torch.Tensor) or t.requires_grad or t.is_sparse:
-                        entries.append((key, t))  # pickled as it is
+                        entries.append((key, None, t))  # pickled as it is
                         continue
-                    start = sizes.get(t.dtype, 0)
                     buckets.setdefault(t.dtype, []).append(t.reshape(-1))
-                    sizes[t.dtype] = start + t.numel()
-                    entries.append((key, (t.dtype, start, tuple(t.shape))))
+                    entries.append((key, t.dtype, tuple(t.shape)))
                 self.index.setdefault(name, []).append((i, entries))
+        self.sizes = {dtype: [t.numel() for t in flat] for dtype, flat in buckets.items()}
         self.buckets = {dtype: _as_numpy(torch.cat(flat)) for dtype, flat in buckets.items()}
 
     def unpack(self) -> dict[str, list[tuple[int, dict]]]:
-        flat = {dtype: _from_numpy(array, dtype) for dtype, array in self.buckets.items()}
+        pieces = {dtype: iter(_from_numpy(array, dtype).split(self.sizes[dtype]))
+                  for dtype, array in self.buckets.items()}
         out: dict[str, list[tuple[int, dict]]] = {}
         for name, rows in self.index.items():
-            out[name] = [(i, {key: where if not isinstance(where, tuple) else
-                              _view(flat[where[0]], where[1], where[2])
-                              for key, where in entries}) for i, entries in rows]
+            out[name] = [(i, {key: value if dtype is None else _shaped(next(pieces[dtype]), value)
+                              for key, dtype, value in entries}) for i, entries in rows]
         return out
 
 
-def _view(flat: torch.Tensor, start: int, shape: tuple) -> torch.Tensor:
-    return flat[start:start + math.prod(shape)].view(shape)
+def _shaped(flat: torch.Tensor, shape: tuple) -> torch.Tensor:
+    return flat if flat.dim() == len(shape) == 1 else flat.view(shape)
 
 
 def _as_numpy(flat: torch.Tensor) -> np.ndarray:

@@ -24,6 +24,7 @@ COLLATE = 64  # examples collated at a time (a batch's padding is part of what i
 CHUNK = 4 * COLLATE  # examples counted at a time: their batches, digests and label ids at once
 FINDINGS = 5  # example ids kept per finding (its count covers every example)
 BITS = {name: 1 << i for i, name in enumerate(SPLITS)}
+COVERED = ("labels", "attention_mask", "prompt_mask")  # what batch_coverage reads of a batch
 
 
 @dataclass
@@ -149,17 +150,13 @@ def count(result: Scan, name: str, items: list[Item]) -> None:
     if spans is not None:
         result.prompt_examples += len(spans)
         result.unchecked_prompts.update(s for s in spans if isinstance(s, str))
-    positions, targets, padding, prompt = [], [], [], []
+    batches = []
     floats: list[Item] = []  # those of batches with floats, which reach the model
     for start in range(0, len(items), COLLATE):
-        part = items[start:start + COLLATE]
-        batch = collate_items(task, part).tensors
-        for whole, got in zip((positions, targets, padding, prompt), batch_coverage(
-                task, part, batch, None if spans is None else spans[start:start + COLLATE]),
-                              strict=True):
-            whole += got
-        if any(t.is_floating_point() for t in batch.values()):
-            floats += part
+        batches.append(collate_items(task, items[start:start + COLLATE]).tensors)
+        if any(t.is_floating_point() for t in batches[-1].values()):
+            floats += items[start:start + COLLATE]
+    positions, targets, padding, prompt = _coverage(task, items, batches, spans)
     result.targets_hist[name].update(targets)
     result.positions += sum(positions)
     result.targets += sum(targets)
@@ -211,6 +208,26 @@ def count(result: Scan, name: str, items: list[Item]) -> None:
                     result.first_mismatch = next(
                         ((r, n) for r, n in zip(raw, names, strict=False) if r != n),
                         (" ".join(raw), " ".join(names)))
+
+
+def _coverage(task: Task, items: list[Item], batches: list[dict],
+              spans: list | None) -> tuple[list[int], ...]:
+    """`batch_coverage` of a chunk's batches (COLLATE examples each): in one go when they
+    agree in what it reads (the same tensors of COVERED, each of one dtype and of one shape
+    past the first dimension - its figures are per row), else batch by batch."""
+    agree = {tuple((k, b[k].dtype, b[k].shape[1:], b[k].dim()) for k in COVERED if k in b)
+             for b in batches}
+    if len(batches) > 1 and len(agree) == 1 and all(dim for *_, dim in next(iter(agree))):
+        return batch_coverage(task, items, {k: torch.cat([b[k] for b in batches])
+                                            for k, *_ in agree.pop()}, spans)
+    out: tuple[list[int], ...] = ([], [], [], [])
+    for i, batch in enumerate(batches):
+        at = slice(i * COLLATE, (i + 1) * COLLATE)
+        for whole, got in zip(out, batch_coverage(task, items[at], batch,
+                                                  None if spans is None else spans[at]),
+                              strict=True):
+            whole += got
+    return out
 
 
 def merge(result: Scan, part: Scan) -> None:
