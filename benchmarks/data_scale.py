@@ -35,9 +35,11 @@ parent's pages when the child is started with vfork), read at the end of the wor
 back to getrusage(RUSAGE_SELF) where /proc is
 missing, plus for 01 each worker at the largest one's peak (RUSAGE_CHILDREN: an upper bound,
 what a worker shares with the child since the fork counted twice). A run that fails or passes
-`--timeout` is a row with its error. A thread of the child also samples the anonymous memory
-of the child and its workers together (RssAnon every 10 ms; while there are workers, the sum
-of each one's proportional share, Pss_Anon, every 100 ms): the memory the pass holds. VmHWM
+`--timeout` is a row with its error. A second run of each (`--sampled`) has a thread sample
+the anonymous memory of the child and its workers together (RssAnon every 10 ms; while there
+are workers, the sum of each one's proportional share, Pss_Anon, every 100 ms): the memory the
+pass holds. That run's clock is not used: a read of a worker's smaps_rollup costs 7-8 ms of
+CPU, which in the clock's run would be 01's alone (about 0.1 s at 200 k rows). VmHWM
 also counts the pages of a file the task memory-maps (the whole Arrow or token file by the end
 of a pass): the kernel's page cache, resident while there is room, which grows with the file
 and is dropped when memory is needed. Prints a table, a line with 01 against plain +
@@ -304,7 +306,7 @@ class AnonPeak(threading.Thread):
     (without the pages of files they map, which VmHWM counts - a memory-mapped Arrow or token
     file adds its whole size there, pages the kernel drops when it needs them), read every
     10 ms while the work runs (every 100 ms while there are workers: a read of smaps_rollup
-    takes about a millisecond)."""
+    costs 7-8 ms of CPU: the clock's run has no sampler)."""
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -322,15 +324,18 @@ class AnonPeak(threading.Thread):
         return max(self.peak, _anon_kib()[0]) * 1024
 
 
-def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> None:
-    """Run one measurement and print its result as the last line, in JSON."""
+def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool,
+          sampled: bool) -> None:
+    """Run one measurement and print its result as the last line, in JSON; `sampled`: with
+    the sampler of anonymous memory (AnonPeak) running beside the work."""
     import workbook as wb
 
     pipe = PIPELINES[pipeline]
     for module in (*pipe.needs, TASK.split(":")[0], pipe.task.split(":")[0]):
         importlib.import_module(module)  # imports before the clock
-    anon = AnonPeak()
-    anon.start()
+    anon = AnonPeak() if sampled else None
+    if anon:
+        anon.start()
     if mode == "plain":
         start, cpu_start = time.perf_counter(), _cpu()
         rss_before = _status_kib("VmRSS")
@@ -354,7 +359,8 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
                   "flags": [f.check for f in ins.flags], "workers": ins.figures["scan_workers"]}
     seconds = time.perf_counter() - start - result.get("collate_seconds", 0.0)
     result["cpu_seconds"] = _cpu() - cpu_start - result.get("collate_cpu", 0.0)
-    result["anon_peak_bytes"] = anon.stop()
+    if anon:
+        result["anon_peak_bytes"] = anon.stop()
     hwm = _status_kib("VmHWM")
     rss_source = "VmHWM" if hwm is not None else "ru_maxrss"
     peak = (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -366,9 +372,10 @@ def child(mode: str, pipeline: str, path: Path, o1_params: dict, save: bool) -> 
 
 
 # --- the parent -------------------------------------------------------------------------------
-def measure(mode: str, pipeline: str, path: Path, args) -> dict:
+def measure(mode: str, pipeline: str, path: Path, args, sampled: bool = False) -> dict:
     """One fresh subprocess; its result, or {"error": ...} on a failure or a timeout."""
     cmd = [sys.executable, __file__, "--child", mode, pipeline, str(path),
+           *(["--sampled"] if sampled else []),
            *sum((["--o1-param", p] for p in args.o1_param), []), *(["--save"] if args.save else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -407,11 +414,12 @@ def main():
     parser.add_argument("--o1-param", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "PIPELINE", "PATH"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--sampled", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     o1_params = dict(map(o1_param, args.o1_param))
     if args.child:
         mode, pipeline, path = args.child
-        return child(mode, pipeline, Path(path), o1_params, args.save)
+        return child(mode, pipeline, Path(path), o1_params, args.save, args.sampled)
 
     import pandas as pd
 
@@ -442,6 +450,10 @@ def main():
                 written = time.perf_counter() - start
                 runs = {"plain": measure("plain", name, path, args),
                         "o1": measure("o1", name, path, args)}
+                for mode, r in runs.items():  # the memory runs, apart from the clock's
+                    if "seconds" in r:
+                        r["anon_peak_bytes"] = measure(mode, name, path, args, True).get(
+                            "anon_peak_bytes", math.nan)
                 notes = [f"{m}: {r['error']}" for m, r in runs.items() if "error" in r]
                 o1 = runs.get("o1", {})
                 if "verdict" in o1:
