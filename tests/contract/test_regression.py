@@ -25,9 +25,9 @@ def flags(**options):
 
 def gates(tmp_path, **options):
     task = load_task(TASK, **options)
-    data = prepare(task)
+    data = prepare(task, limits={"train": 64, "validation": 20})  # the first of each split
     report = GateRun(task, GateSettings(UpdateShape(4, 2), eval_batch=16, input_updates=2),
-                     data.train[:64], data.validation[:20], tmp_path / "gates").run()
+                     data.train, data.validation, tmp_path / "gates").run()
     return {r.phase: r for r in report.rows}
 
 
@@ -223,15 +223,30 @@ def test_the_tasks_own_train_step_gives_one_gradient_for_any_split(planted):
     assert own.within_tolerance.all() != planted, own
 
 
-def test_notebook_07_fails_a_lost_optimizer_state_with_the_cause_in_its_cases(tmp_path):
+def test_notebook_07_fails_a_lost_optimizer_state_with_the_cause_in_its_cases(tmp_path,
+                                                                           monkeypatch):
+    """The resumed process's error comes back with its cause (one new process); 07's cases
+    turn it into their rows (the same resume in this process: a failed case is a row, not a
+    crash), and the planted faults are all caught."""
+    from workbook import WorkbookError
     from workbook.notebooks import resume
     from workbook.training.loop import TrainConfig
 
     spec = resume.recipe(TASK, {"ckpt_without_optimizer": True},
                          TrainConfig(UpdateShape(4, 2), updates=8), 40)
+    in_new_process = resume.resume_in_new_process
+
+    def in_this_process(checkpoint, to_step, out, spec, faults=(), save_at=0):
+        assert not faults and not save_at
+        return resume.run_recipe(spec, to_step, start_from=checkpoint)
+
+    monkeypatch.setattr(resume, "resume_in_new_process", in_this_process)
     cases, details = resume.check_cases(spec, 8, 7, 5, tmp_path)
-    assert not cases.exact.any()
+    assert list(cases.case) == ["mid-epoch", "epoch boundary"] and not cases.exact.any()
     assert cases.error.str.contains("did not bring back the optimizer state").all()
+    with pytest.raises(WorkbookError, match="the resumed process failed: .*did not bring back "
+                       "the optimizer state"):
+        in_new_process(tmp_path / "ckpt-000007", 8, tmp_path / "resumed", spec)
     faults = resume.planted_faults(spec, 8, 7, tmp_path, details["reference"],
                                    details["weights"])
     assert faults.caught.all()

@@ -27,9 +27,11 @@ from workbook.notebooks.parallel.faults import (
 )
 from workbook.notebooks.parallel.launches import check_devices, launch, launch_in_turn
 from workbook.notebooks.parallel.rank_rules import RULES, reduce_sums
+from workbook.storage.artifacts import read_json
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import (
     FAULTS,
+    RESULT,
     ReplicaSpec,
     _artifact,
     check_items,
@@ -181,19 +183,11 @@ def test_bad_settings_are_refused_with_the_fix():
             replica_main(read_spec(bad), "unused", None)
 
 
-def test_a_worker_error_comes_back_with_its_message(tmp_path):
-    spec = ReplicaSpec(GENERATION, check_examples=15, updates=2)
-    with pytest.raises(WorkbookError, match="check_examples=15 must be a multiple of 2 x 2"):
-        launch(spec, tmp_path / "run")
-    assert "check_examples=15" in (tmp_path / "run" / "launch-error.log").read_text()
-    with pytest.raises(WorkbookError, match="already holds a run"):
-        launch(spec, tmp_path / "run")  # the failed launch's folder is kept, not reused
-
-
 def test_runs_in_turn_name_the_one_that_failed(tmp_path, monkeypatch):
     """09's resume and planted faults run in turn in one launch (`--then`): the error's log goes
-    to the first run without a result, the runs before it keep theirs. A launch whose first
-    run fails is the test above; here torchrun is replaced by what it leaves."""
+    to the first run without a result, the runs before it keep theirs. A real launch whose
+    last run fails is `in_turn`'s (test_a_worker_error_comes_back_with_its_message); here, a
+    run between others, torchrun is replaced by what it leaves."""
     from workbook.notebooks.parallel import launches
 
     runs = [(ReplicaSpec(GENERATION, fault=fault), tmp_path / name) for fault, name in (
@@ -215,9 +209,10 @@ def test_runs_in_turn_name_the_one_that_failed(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def in_turn(tmp_path_factory):
-    """Two tests' runs in one launch, in turn as 09's planted faults run (one start of the
+    """Three tests' runs in one launch, in turn as 09's planted faults run (one start of the
     processes): a task whose optimizer reaches into the model by position, then the per-rank
-    mean planted on data whose default check examples hold equal targets."""
+    mean planted on data whose default check examples hold equal targets, then a run whose
+    workers raise (the launch fails; the runs before it keep their results)."""
     folder = tmp_path_factory.mktemp("in_turn")
     data = equal_shares_data(folder / "equal.jsonl")
     task, items = _task_and_items(data)
@@ -225,12 +220,28 @@ def in_turn(tmp_path_factory):
     demos = parallel_faults.demonstrations(spec, items, None, ("rank_mean_loss",), task)
     careful = ReplicaSpec("tests.careful_task:task", {"head_lr_groups": True},
                           UpdateShape(2, 2, replicas=2), updates=2, validation_limit=8)
+    failing = (ReplicaSpec(GENERATION, check_examples=15, updates=2), folder / "failing")
+    runs = [(careful, folder / "careful"), *parallel_faults.planted_runs(demos, folder), failing]
     before = torchrun_temp_folders()
-    careful_run, *planted = launch_in_turn(
-        [(careful, folder / "careful"), *parallel_faults.planted_runs(demos, folder)])
+    with pytest.raises(WorkbookError) as failed:
+        launch_in_turn(runs)
+    careful_run, *planted = [read_json(out / RESULT, "a result") for _, out in runs[:-1]]
     table = parallel_faults.fault_table(demos, planted, ("rank_mean_loss",), task)
     return {"careful": careful_run, "logs_left": torchrun_temp_folders() - before,
-            "task": task, "items": items, "faults": table}
+            "task": task, "items": items, "faults": table, "failed": failed.value,
+            "failing": failing}
+
+
+def test_a_worker_error_comes_back_with_its_message(in_turn):
+    """The last run of the launch raises in its workers: the error's message comes back, its
+    log goes to that run's folder (the runs before it keep theirs, read above), and the folder
+    is kept, not reused."""
+    spec, folder = in_turn["failing"]
+    assert "check_examples=15 must be a multiple of 2 x 2" in in_turn["failed"].problem
+    assert "check_examples=15" in (folder / "launch-error.log").read_text()
+    assert [p.name for p in folder.parent.glob("*/launch-error.log")] == ["launch-error.log"]
+    with pytest.raises(WorkbookError, match="already holds a run"):
+        launch(spec, folder)
 
 
 def test_build_optimizer_gets_the_module_02_07_get_not_the_ddp_wrapper(in_turn):

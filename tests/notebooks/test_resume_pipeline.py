@@ -31,22 +31,27 @@ def spec(data_file, bug="", workers=0):
     return resume.recipe(TASK, options, cfg, LIMIT)
 
 
-def resumes(tmp_path, recipe):
-    """The uninterrupted run, a resume at MID that checkpoints at SECOND, and a resume of that
-    (in this process: the new-process path is checked once, below)."""
+def resumes(tmp_path, recipe, twice=True):
+    """The uninterrupted run, a resume at MID that checkpoints at SECOND, and (`twice`) a
+    resume of that (in this process: the new-process path is checked once, below)."""
     reference, weights = resume.run_recipe(recipe, UPDATES, tmp_path, checkpoint_at=(MID,))
-    first, first_weights = resume.run_recipe(recipe, UPDATES, tmp_path, (SECOND,),
+    first, first_weights = resume.run_recipe(recipe, UPDATES, tmp_path,
+                                             (SECOND,) if twice else (),
                                              start_from=tmp_path / "ckpt-000005",
                                              name=lambda step: "again")
-    second, second_weights = resume.run_recipe(recipe, UPDATES, start_from=tmp_path / "again")
     task, items, cfg = resume.rebuild(recipe)
     order = pass_orders(task, items, cfg, LIMIT)
-    return {"reference": reference, "first": first, "second": second,
-            "exact": [resume.compare(reference, run, weights, w)[1]["exact"]
-                      for run, w in ((first, first_weights), (second, second_weights))],
-            "mid": where_from(reference, first, MID, order, 2),
-            "twice": where_from(reference, second, SECOND, order, 2,
-                                position_before(reference, MID + 1))}
+    got = {"reference": reference, "first": first,
+           "exact": [resume.compare(reference, first, weights, first_weights)[1]["exact"]],
+           "mid": where_from(reference, first, MID, order, 2)}
+    if twice:
+        second, second_weights = resume.run_recipe(recipe, UPDATES,
+                                                   start_from=tmp_path / "again")
+        got["exact"].append(resume.compare(reference, second, weights, second_weights)[1][
+            "exact"])
+        got["twice"] = where_from(reference, second, SECOND, order, 2,
+                                  position_before(reference, MID + 1))
+    return got
 
 
 def test_the_clean_pipeline_resumes_exactly_by_its_own_state(tmp_path, data_file):
@@ -66,7 +71,7 @@ def test_the_clean_pipeline_resumes_exactly_by_its_own_state(tmp_path, data_file
                               "advance after load_state_dict"),
 ])
 def test_each_planted_resume_bug_is_named(tmp_path, data_file, bug, case, words):
-    got = resumes(tmp_path, spec(data_file, bug))
+    got = resumes(tmp_path, spec(data_file, bug), twice=case == "twice")
     assert words in got[case]
     if bug == "state_frozen":  # the first resume is right: only the second shows it
         assert got["mid"] == "" and got["exact"] == [True, False]
@@ -126,9 +131,9 @@ def test_a_streaming_datasets_pipeline_resumes_by_its_state_and_its_shuffle_buff
     assert clean["exact"] == [True, True] and clean["mid"] == clean["twice"] == ""
     assert clean["first"][0]["resumed_by"] == "its own state_dict"
     buffered = resumes(tmp_path / "buffered", resume.recipe(
-        "examples.hf_stream:task", {**options, "shuffle_buffer": 64}, cfg, LIMIT))
+        "examples.hf_stream:task", {**options, "shuffle_buffer": 64}, cfg, LIMIT), twice=False)
     assert "a shuffle buffer whose content the state does not hold" in buffered["mid"]
     cfg.workers = 2  # each worker's shards, resumed from the StatefulDataLoader's state
     in_workers = resumes(tmp_path / "workers", resume.recipe(
-        "examples.hf_stream:task", {**options, "shuffle_buffer": 64}, cfg, LIMIT))
+        "examples.hf_stream:task", {**options, "shuffle_buffer": 64}, cfg, LIMIT), twice=False)
     assert "a shuffle buffer whose content the state does not hold" in in_workers["mid"]

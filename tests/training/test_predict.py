@@ -13,10 +13,10 @@ from workbook.training.predict import Plan, model_size_rule, predict, predicted_
 from workbook.training.workload import TRAINING_PHASES, shaped_batch
 
 
+# bf16 (mb2 x acc2, the generation sample's first 300) is test_03_judges_...'s: the same gates
 @pytest.mark.parametrize("fixture, settings", [
     ("gen", GateSettings(UpdateShape(4, 2))),
     ("gen", GateSettings(UpdateShape(4, 2, activation_checkpointing=True))),
-    ("gen", GateSettings(UpdateShape(2, 2, precision="bf16"))),
     ("cls", GateSettings(UpdateShape(8, 2))),
 ])
 def test_prediction_within_two_percent_of_measured_cpu_peaks(fixture, settings, request,
@@ -222,8 +222,11 @@ def test_03_judges_its_pilot_size_prediction_against_this_cpu_and_sizes_the_rent
     result = gates.run(p, tmp_path)
     assert [exact for _, exact in asked] == [False, True], asked
     assert asked[1][0].startswith("mb2 x acc2") and "bf16" in asked[1][0]
+    # the training phases predicted within 2% of this CPU's gates (bf16, the first 300
+    # examples: test_prediction_within_two_percent_of_measured_cpu_peaks at bf16); validation
+    # within 2% or says why
     for row in result.check.itertuples():
-        assert row.note or abs(row.error_pct) < 2, row  # within 2% of this CPU, or says why
+        assert (row.note and row.phase not in TRAINING_PHASES) or abs(row.error_pct) < 2, row
 
 
 def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_items,
