@@ -1,7 +1,10 @@
 """Blind planted-bug cases, each written in the idiom of the public report it comes from
 (tests/blind/*.py say which), run through the notebooks' public calls - `wb.params.of(stem,
 small=True, ...)`, then the notebook module's `run` and `save` - and judged on what a user reads:
-the verdict, `summary.json`, and the tables the notebook writes beside it.
+the verdict, `summary.json`, and the tables the notebook writes beside it. A planted case named
+by one part of a notebook runs that part alone, through the module function `run` calls for it
+(03's gates: `measure_gates`; 07's resume cases: `resume_cases`); its twin runs the whole
+notebook, which must pass.
 
 A test whose comment says "first run: not named" failed against the unchanged workbook
 (FIRST_RUN.md says what the workbook said then) and passes since its fix landed; a new blind
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -57,13 +61,13 @@ LR_ZERO = re.compile(r"\b(?:learning rate|lr)\b(?: of| is| was| at|=|:)?\s*"
 
 # first run: not named (FIRST_RUN.md); named since the fix landed
 def test_warmup_first_update_at_lr_zero_is_named_by_its_cause(tmp_path):
-    _, _, summary = run_notebook(wb.gates, "03_phase_gates", tmp_path, task=WARMUP,
-                                 task_options={"num_warmup_steps": 10})
-    first = gate_row(tmp_path, "update (first)")
-    said = row_text(first)
-    everything = said + json.dumps(summary)
-    assert LR_ZERO.search(everything), f"the learning rate 0 is not named: {said}"
-    assert re.search(r"warm", everything, re.IGNORECASE), f"the warm-up is not named: {said}"
+    # the update gate names it in its row: 03's gates alone, without the predictions after them
+    p = wb.params.of("03_phase_gates", small=True, task=WARMUP,
+                     task_options={"num_warmup_steps": 10})
+    _, _, report = wb.gates.measure_gates(p, tmp_path)
+    said = row_text(next(asdict(r) for r in report.rows if r.phase == "update (first)"))
+    assert LR_ZERO.search(said), f"the learning rate 0 is not named: {said}"
+    assert re.search(r"warm", said, re.IGNORECASE), f"the warm-up is not named: {said}"
     assert "check the optimizer (every trainable parameter" not in said, said
 
 
@@ -178,10 +182,6 @@ def test_overfit_applies_the_trainers_max_grad_norm(tmp_path):
 
 # 5. hidden state kept in the loop's closure - Lightning-AI/pytorch-lightning#655 ---------------
 
-def resume_text(out: Path, summary: dict) -> str:
-    return json.dumps(summary) + (out / "resume_cases.json").read_text()
-
-
 RESUME_PARAMS = {"micro_batch": 4, "accumulation": 1, "train_limit": 16,
                  "demonstrate_faults": False, "workers": 0}
 # A planted resume bug is named by the first processes that resume (mid-epoch, epoch boundary);
@@ -192,14 +192,21 @@ PLANTED_RESUME_PARAMS = {**RESUME_PARAMS,
                          "twice_step": wb.params.smoke("07_resume_reload")["updates"]}
 
 
+def planted_resume_cases(out: Path, **params) -> list[dict]:
+    """07's resume cases alone (`wb.resume.resume_cases`) at PLANTED_RESUME_PARAMS, one row
+    each as `resume_cases.json` holds it: a planted resume bug is named in its cases' rows, so
+    07's planted faults, tampered copies and archive reloaded in one more new process are not
+    run. A case not exact fails 07 (tests/notebooks/test_verdicts.py)."""
+    out.mkdir(parents=True, exist_ok=True)
+    p = wb.params.of("07_resume_reload", small=True, **PLANTED_RESUME_PARAMS, **params)
+    return wb.resume.resume_cases(p, out).cases.to_dict(orient="records")
+
+
 # first run: not named (FIRST_RUN.md); named since the fix landed
 def test_undeclared_carried_state_is_named_on_resume(tmp_path):
-    _, verdict, summary = run_notebook(wb.resume, "07_resume_reload", tmp_path, task=HIDDEN,
-                                       task_options={"declare": False},
-                                       **PLANTED_RESUME_PARAMS)
-    assert verdict == "fail"
-    assert not all(case["exact"] for case in summary["figures"]["cases"])
-    said = resume_text(tmp_path, summary)
+    cases = planted_resume_cases(tmp_path, task=HIDDEN, task_options={"declare": False})
+    assert not all(case["exact"] for case in cases)
+    said = json.dumps(cases, default=str)
     assert re.search(r"CarriedState|Task\.state|carried state", said), said
 
 

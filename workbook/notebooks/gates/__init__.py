@@ -506,17 +506,24 @@ def show_gates(report: GateReport) -> None:
         display(human(t[columns]).set_index("phase").rename_axis(None))
 
 
-def run(params: GatesParams | Mapping[str, Any], out_dir: Path) -> GatesResult:
-    """Notebook 03 from its parameters: the gates (their exports are written into `out_dir`),
-    the prediction at the same settings, and the rental plan's prediction and fit."""
-    params = registry.GATES.check(params)
-    task = params.load_task()
-    p = params
+def measure_gates(params: GatesParams | Mapping[str, Any], out_dir: Path
+                  ) -> tuple[Task, GateSettings, GateReport]:
+    """Notebook 03's gates from its parameters, before any prediction: the task, the settings
+    and the gate report (its exports are written into `out_dir`)."""
+    p = registry.GATES.check(params)
+    task = p.load_task()
     settings = GateSettings(p.shape(), eval_batch=p.eval_batch, length=p.length,
                             device=p.device, lr=p.lr, seed=p.seed,
                             device_memory_gib=p.device_memory_gib, headroom=p.headroom,
                             input_bound_threshold=p.input_bound_threshold)
-    report = run_gates(task, settings, out_dir, train_limit=params.train_limit or None)
+    return task, settings, run_gates(task, settings, out_dir, train_limit=p.train_limit or None)
+
+
+def run(params: GatesParams | Mapping[str, Any], out_dir: Path) -> GatesResult:
+    """Notebook 03 from its parameters: the gates (`measure_gates`), the prediction at the same
+    settings, and the rental plan's prediction and fit."""
+    params = registry.GATES.check(params)
+    task, settings, report = measure_gates(params, out_dir)
     device = resolve_device(params.device)
 
     def predicted(plan: Plan, judged_here: bool = False) -> pd.DataFrame:

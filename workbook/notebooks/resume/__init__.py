@@ -479,9 +479,9 @@ def _refused(what: str, path: Path) -> dict:
 
 
 @dataclass
-class ResumeResult:
-    """Everything notebook 07 shows: the recipe, the two resume cases in new processes, the
-    planted bugs, the tampered checkpoints and the archive reloaded in a new process."""
+class ResumeCases:
+    """Notebook 07's resume cases: the recipe, its uninterrupted run and each case resumed in a
+    new process, compared update by update."""
 
     task: Task
     spec: dict  # the recipe
@@ -491,15 +491,22 @@ class ResumeResult:
     boundary_step: int
     cases: pd.DataFrame
     details: dict  # per case: the update-by-update comparison; the reference run
+
+
+@dataclass
+class ResumeResult(ResumeCases):
+    """Everything notebook 07 shows: the resume cases, the planted bugs, the tampered
+    checkpoints and the archive reloaded in a new process."""
+
     faults: pd.DataFrame | None
     tamper: pd.DataFrame
     archive: Path
     reloaded: dict
 
 
-def run(params: ResumeParams | Mapping[str, Any], out_dir: Path) -> ResumeResult:
-    """Notebook 07 from its parameters: checkpoints, resumed runs, the tampered copies and the
-    archive are written into `out_dir`."""
+def resume_cases(params: ResumeParams | Mapping[str, Any], out_dir: Path) -> ResumeCases:
+    """Notebook 07's resume cases from its parameters (`check_cases`), before its planted
+    faults, tampered copies and archive; the checkpoints and resumed runs go into `out_dir`."""
     params = RESUME.check(params)
     shape = params.shape()
     cfg = TrainConfig(shape, lr=params.lr, seed=params.seed, device=params.device)
@@ -511,13 +518,21 @@ def run(params: ResumeParams | Mapping[str, Any], out_dir: Path) -> ResumeResult
         else len(items)
     per_pass = (examples // shape.examples_per_update if cfg.drop_partial else
                 math.ceil(examples / shape.examples_per_update))
-    mid, boundary = params.mid_step, params.boundary_step or per_pass
-    updates, tolerance = params.updates, params.tolerance
+    mid, boundary, updates = params.mid_step, params.boundary_step or per_pass, params.updates
     twice = params.twice_step or (mid + updates) // 2
-    cases, details = check_cases(spec, updates, mid, boundary, out_dir, tolerance,
+    cases, details = check_cases(spec, updates, mid, boundary, out_dir, params.tolerance,
                                  twice if mid < twice < updates else 0, params.workers, task)
-    faults = (planted_faults(spec, updates, mid, out_dir, details["reference"],
-                             details["weights"], tolerance)
+    return ResumeCases(task, spec, examples, per_pass, mid, boundary, cases, details)
+
+
+def run(params: ResumeParams | Mapping[str, Any], out_dir: Path) -> ResumeResult:
+    """Notebook 07 from its parameters: checkpoints, resumed runs, the tampered copies and the
+    archive are written into `out_dir`."""
+    params = RESUME.check(params)
+    found = resume_cases(params, out_dir)
+    task, spec, mid, details = found.task, found.spec, found.mid_step, found.details
+    faults = (planted_faults(spec, params.updates, mid, out_dir, details["reference"],
+                             details["weights"], params.tolerance)
               if params.demonstrate_faults else None)
     tamper = tamper_checks(out_dir / checkpoint_name(mid), out_dir)
     model = task.build_model()
@@ -531,8 +546,8 @@ def run(params: ResumeParams | Mapping[str, Any], out_dir: Path) -> ResumeResult
                                                "--only", "07"])],
                             params.controls)
     reloaded = reload_in_new_process(archive, params.task, params.task_options)
-    return ResumeResult(task, spec, examples, per_pass, mid, boundary, cases, details, faults,
-                        tamper, archive, reloaded)
+    return ResumeResult(**vars(found), faults=faults, tamper=tamper, archive=archive,
+                        reloaded=reloaded)
 
 
 def save(result: ResumeResult, out_dir: Path) -> str:
