@@ -54,8 +54,8 @@ def clipping_held_off(*own_code: Any) -> Iterator[None]:
     swapped: list[tuple[Any, Any, Any]] = []  # (namespace or cell, name, original)
     for module in list(sys.modules.values()):
         space = getattr(module, "__dict__", None)
-        if not isinstance(space, dict):
-            continue
+        if not isinstance(space, dict) or held.keys().isdisjoint(map(id, space.values())):
+            continue  # (the test at C speed: half the time of a scan of 4,000 modules' names)
         for name, value in list(space.items()):
             if id(value) in held:
                 swapped.append((space, name, value))
