@@ -16,7 +16,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 GIB = 1024**3
-MIB = 1024**2
 
 
 @dataclass
@@ -190,13 +189,3 @@ def cublas_workspace_bytes(device: torch.device) -> int:
     torch.cuda.synchronize(device)
     held = torch.cuda.memory_allocated(device) - before
     return max(held - storage_bytes([full, full.grad, half, bias, *outputs]), 0)
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    """Bytes for display (records keep integers)."""
-    if n is None or n != n:
-        return "-"
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
