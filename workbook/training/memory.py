@@ -77,11 +77,11 @@ def _rss_peak() -> int | None:
     return None
 
 
-def live_peak_from_profile(prof: profile, device_type: str = "cpu") -> tuple[int, int]:
-    """(peak, end) of live bytes relative to the start, from the profiler's allocation events
-    in time order: allocations positive, frees negative."""
+def live_peak_from_profile(prof: profile) -> tuple[int, int]:
+    """(peak, end) of live CPU bytes relative to the start, from the profiler's allocation
+    events in time order: allocations positive, frees negative."""
     events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type().name.lower() == device_type]
+              if e.name() == "[memory]" and e.device_type().name.lower() == "cpu"]
     events.sort(key=lambda e: e.start_ns())
     current = peak = 0
     for e in events:
