@@ -26,7 +26,7 @@ from workbook.notebooks.parallel.faults import (
     planted_faults,
 )
 from workbook.notebooks.parallel.launches import check_devices, launch, launch_in_turn
-from workbook.notebooks.parallel.rank_rules import RULES, reduce_sums
+from workbook.notebooks.parallel.rank_rules import RULES
 from workbook.storage.artifacts import read_json
 from workbook.training.loop import UpdateShape
 from workbook.training.replica import (
@@ -126,12 +126,6 @@ def test_the_write_audit_sees_what_this_process_wrote_under_its_folder_only(tmp_
     assert audit.paths == {"ckpt", "ckpt/a.distcp.tmp", "ckpt/a.distcp"}
     assert audit.under("ckpt") == ["a.distcp"]
     assert {_artifact(p) for p in audit.paths} == {"ckpt"}
-
-
-def test_evaluation_sums_add_over_ranks():
-    ranks = [{"(loss)": [10.0, 4.0], "accuracy": [3.0, 4.0]},
-             {"(loss)": [2.0, 1.0], "accuracy": [0.0, 1.0]}]
-    assert reduce_sums(ranks) == {"(loss)": [12.0, 5.0], "accuracy": [3.0, 5.0]}
 
 
 @pytest.mark.twin

@@ -104,7 +104,7 @@ def test_update_without_targets_is_an_error(gen_task, gen_items):
 
 
 def test_eval_mode_restores_the_mode_also_after_an_error():
-    from workbook.training.evaluation import eval_mode
+    from workbook.contract.outputs import eval_mode
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
     with pytest.raises(RuntimeError):

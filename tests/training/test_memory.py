@@ -2,7 +2,7 @@
 
 import torch
 
-from workbook.training.memory import fmt_bytes, measure, state_tensors, storage_bytes
+from workbook.training.memory import measure, state_tensors, storage_bytes
 
 CPU = torch.device("cpu")
 
@@ -48,11 +48,6 @@ def test_storage_bytes_counts_shared_storage_once():
     assert storage_bytes([t, t[:10], t.view(10, 10)]) == 400
     model = torch.nn.Linear(4, 2)
     assert storage_bytes(state_tensors(model)) == (8 + 2) * 4
-
-
-def test_fmt_bytes():
-    assert fmt_bytes(512) == "512 B" and fmt_bytes(3 * 2**20) == "3.00 MiB"
-    assert fmt_bytes(None) == "-"
 
 
 def test_cublas_workspaces_are_nothing_off_cuda():

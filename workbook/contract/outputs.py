@@ -3,12 +3,14 @@ where they are found (`model_outputs`), and how a model's forward takes the batc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+import torch
 from torch import Tensor, nn
 
 from ..base.errors import WorkbookError
@@ -25,6 +27,19 @@ class ModelOutputs:
 
     logits: Tensor
     loss: Tensor | None = None
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode without gradients inside the block; the model's previous mode comes back
+    after it, also when the block raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
 
 
 def describe(value: Any, depth: int = 0) -> str:

@@ -16,7 +16,7 @@ import torch
 
 from ..base.errors import WorkbookError, reason
 from .outputs import accepted
-from .sources import split_of
+from .sources import numbered, split_of
 from .task import Task, own_code
 
 OWN_STATE, COUNT_AND_SKIP = "its own state_dict", "count-and-skip"
@@ -155,19 +155,15 @@ class Pipeline:
         position, last = 0, None
         if self.resumes_by == COUNT_AND_SKIP:
             reseed_workers(self.source, self.seed, epoch)
+
+        def failed(_: int, exc: Exception) -> WorkbookError:  # where the reading stopped
+            return self._failed(exc, epoch, position, last)
+
         try:
             iterator = iter(self.source)
         except Exception as exc:
-            raise self._failed(exc, epoch, position, last) from exc
-        while True:
-            try:
-                got = next(iterator)
-            except StopIteration:
-                return
-            except WorkbookError:
-                raise
-            except Exception as exc:
-                raise self._failed(exc, epoch, position, last) from exc
+            raise failed(0, exc) from exc
+        for _, got in numbered(iterator, failed):
             for example in (got if isinstance(got, list) else [got]):
                 if not isinstance(example, dict) or key not in example or \
                         isinstance(example[key], (torch.Tensor, list, tuple)):

@@ -16,12 +16,13 @@ import torch
 from ..base.errors import WorkbookError
 from ..contract import fine_tuning
 from ..contract.data import Item, collate_items, encode_examples, prepare
+from ..contract.outputs import eval_mode
 from ..contract.state import whole_update
 from ..contract.targets import contributes
 from ..contract.task import Task
 from ..storage.records import StepRecord, to_frame
 from ..training.devices import resolve_device
-from ..training.evaluation import eval_mode, evaluate, outputs_of
+from ..training.evaluation import evaluate, outputs_of
 from ..training.loop import (
     TrainConfig,
     UpdateShape,

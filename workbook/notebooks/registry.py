@@ -17,6 +17,7 @@ from types import ModuleType
 
 from ..base import frontend
 from ..base.errors import WorkbookError, shorten
+from ..base.frontend import word
 from ..storage import runs
 from . import parameters as models
 from .parameters import NotebookParams
@@ -85,16 +86,11 @@ def _listed(items, empty="none") -> str:
     return ", ".join(map(str, items)) if items else empty
 
 
-def _n(value) -> str:
-    """A number in a sentence: at most 4 significant digits."""
-    return frontend.word(value)
-
-
 
 def _inspection_why(ok: bool, f: dict, summary: dict) -> str:
     flags = summary.get("flags") or []
     return (f"no flag on {f.get('examples', 0):,} examples ({f.get('num_outputs')} outputs, "
-            f"expected initial loss {_n(f.get('expected_initial_loss'))})" if ok else
+            f"expected initial loss {word(f.get('expected_initial_loss'))})" if ok else
             f"{len(flags)} flag{'s' * (len(flags) != 1)} raised: {_listed(flags)}")
 
 
@@ -114,17 +110,17 @@ INSPECTION = NotebookEntry(
 def _overfit_why(ok: bool, f: dict, summary: dict) -> str:
     if ok and f.get("conclusive") is False:
         return (f"not conclusive: give it more updates - the loss fell from "
-                f"{_n(f.get('initial_loss'))} to {_n(f.get('final_loss'))} in "
+                f"{word(f.get('initial_loss'))} to {word(f.get('final_loss'))} in "
                 f"{f.get('updates_run')} updates and is still falling (bar "
-                f"{_n(f.get('final_loss_bar'))}); {f.get('exact_examples')} of "
+                f"{word(f.get('final_loss_bar'))}); {f.get('exact_examples')} of "
                 f"{f.get('examples')} examples are reproduced exactly")
     if ok and f.get("final_reward") is not None:
-        return (f"the mean reward rose from {_n(f.get('initial_reward'))} to "
-                f"{_n(f.get('final_reward'))} in {f.get('updates_run')} updates on "
+        return (f"the mean reward rose from {word(f.get('initial_reward'))} to "
+                f"{word(f.get('final_reward'))} in {f.get('updates_run')} updates on "
                 f"{f.get('examples')} prompts: the policy learns its reward")
     if ok:
-        return (f"the loss fell from {_n(f.get('initial_loss'))} to "
-                f"{_n(f.get('final_loss'))} (below {_n(f.get('final_loss_bar'))}) in "
+        return (f"the loss fell from {word(f.get('initial_loss'))} to "
+                f"{word(f.get('final_loss'))} (below {word(f.get('final_loss_bar'))}) in "
                 f"{f.get('updates_run')} updates and "
                 f"{f.get('exact_examples')} of {f.get('examples')} examples are reproduced "
                 "exactly")

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from ..contract.data import JsonlRows
+from ..contract.outputs import eval_mode
 from ..contract.targets import IGNORE_INDEX
 from ..contract.task import Task, logits_of
 from ..training.campaign import Deep
@@ -45,21 +46,18 @@ def collate(items: list[dict[str, Tensor]]) -> dict[str, Tensor]:
             "labels": pad("labels", IGNORE_INDEX), "prompt_mask": pad("prompt_mask", 0)}
 
 
-@torch.no_grad()
 def generate(model: nn.Module, example: dict, max_new: int = 32) -> str:
     """Greedy decoding of the response to an example's instruction (any model whose output is
     the logits or has `.logits`; one example, so no padding)."""
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     ids = [tok.BOS, *tok.encode(example["instruction"] + "\n")]
     out: list[int] = []
-    for _ in range(max_new):
-        nxt = int(logits_of(model(torch.tensor([ids + out], device=device)))[0, -1].argmax())
-        if nxt == tok.EOS:
-            break
-        out.append(nxt)
-    model.train(was_training)
+    with eval_mode(model):
+        for _ in range(max_new):
+            nxt = int(logits_of(model(torch.tensor([ids + out], device=device)))[0, -1].argmax())
+            if nxt == tok.EOS:
+                break
+            out.append(nxt)
     return tok.decode(out)
 
 

@@ -104,15 +104,20 @@ def write_folder(path: str | Path, fill: Callable[[Path], None], what: str = "fo
             raise WorkbookError(f"the {what} being written holds its own {MANIFEST}",
                                 f"leave {MANIFEST} to the workbook: it lists the {what}'s files")
         files = {n: _seal_entry(tmp, n, what) for n in sorted(os.listdir(tmp))}
-        manifest = json.dumps({"format": FORMAT, "files": files}, indent=1).encode()
-        fd = os.open(tmp / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW,
-                     file_mode())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(manifest)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp / MANIFEST, file_mode())
+        _write_new(tmp / MANIFEST, json.dumps({"format": FORMAT, "files": files},
+                                              indent=1).encode())
     return path
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """`data` into the new file `path` (never over a file or through a link), synced, with
+    an ordinary file's mode."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, file_mode())
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(path, file_mode())
 
 
 @contextlib.contextmanager
@@ -253,12 +258,7 @@ def replace_file(path: str | Path, data: bytes, what: str = "file") -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, file_mode())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, file_mode())
+        _write_new(tmp, data)
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -3,7 +3,6 @@ batching or any split of the items (data-parallel ranks)."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Iterator
 
 import torch
@@ -11,6 +10,7 @@ from torch import nn
 
 from ..base.errors import WorkbookError
 from ..contract.data import Batch, Item, collate_items
+from ..contract.outputs import eval_mode
 from ..contract.run import EXAMPLE_WEIGHT
 from ..contract.state import Carry, carrying
 from ..contract.targets import IGNORE_INDEX
@@ -23,19 +23,6 @@ def target_count(value: float) -> int | float:
     """A target count as the loss reported it: an integer when it is whole, else the float (a
     task's loss may weigh its targets)."""
     return int(value) if float(value).is_integer() else float(value)
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Eval mode without gradients inside the block; the model's previous mode comes back
-    after it, also when the block raises."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield model
-    finally:
-        model.train(was_training)
 
 
 def _padded(items: list[Item], size: int) -> list[Item]:

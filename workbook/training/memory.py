@@ -16,7 +16,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 GIB = 1024**3
-MIB = 1024**2
 
 
 @dataclass
@@ -78,11 +77,11 @@ def _rss_peak() -> int | None:
     return None
 
 
-def live_peak_from_profile(prof: profile, device_type: str = "cpu") -> tuple[int, int]:
-    """(peak, end) of live bytes relative to the start, from the profiler's allocation events
-    in time order: allocations positive, frees negative."""
+def live_peak_from_profile(prof: profile) -> tuple[int, int]:
+    """(peak, end) of live CPU bytes relative to the start, from the profiler's allocation
+    events in time order: allocations positive, frees negative."""
     events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type().name.lower() == device_type]
+              if e.name() == "[memory]" and e.device_type().name.lower() == "cpu"]
     events.sort(key=lambda e: e.start_ns())
     current = peak = 0
     for e in events:
@@ -190,13 +189,3 @@ def cublas_workspace_bytes(device: torch.device) -> int:
     torch.cuda.synchronize(device)
     held = torch.cuda.memory_allocated(device) - before
     return max(held - storage_bytes([full, full.grad, half, bias, *outputs]), 0)
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    """Bytes for display (records keep integers)."""
-    if n is None or n != n:
-        return "-"
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"

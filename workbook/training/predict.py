@@ -16,10 +16,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..base.errors import WorkbookError, reason
 from ..contract.data import Batch, Item
+from ..contract.outputs import eval_mode
 from ..contract.task import Task
 from . import campaign as models
 from .devices import resolve_device
-from .evaluation import eval_mode
 from .fake_phases import campaign_phases, fake_phases
 from .loop import TrainConfig
 from .memory import cuda_overheads

@@ -172,8 +172,7 @@ class ShardedRun:
 
 
 def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, world: int, *,
-                offload_optimizer: bool = False, campaign: bool = True, lr: float = 1e-3,
-                seed: int = 0) -> ShardedRun:
+                offload_optimizer: bool = False, campaign: bool = True) -> ShardedRun:
     """The fake run behind `predict_sharded` (see there). A deep campaign model
     (`campaign.depth_of`) is run sharded at `traces.TRACE_DEPTHS` layers with every
     operator's memory recorded by kind and layer, and each phase's operators are carried to
@@ -213,8 +212,7 @@ def sharded_run(task: Task, train: list[Item], val: list[Item], plan: Plan, worl
     group = group[:2]
     label = plan.label() + f" fsdp x{world}" + (" +offload" if offload_optimizer else "")
     run = _FakeRun(plan, world, batch, group, eval_batch, targets_of(task, batch),
-                   sum(targets_of(task, b) for b in group), offload_optimizer, campaign, lr,
-                   seed, label)
+                   sum(targets_of(task, b) for b in group), offload_optimizer, campaign, label)
     deep = models.depth_of(task) if campaign else None
     phases: dict[str, dict] | None = None
     sized = "run at its full depth"
@@ -291,8 +289,6 @@ class _FakeRun:
     group_targets: int
     offload: bool
     campaign: bool
-    lr: float
-    seed: int
     label: str
 
     def phases(self, task: Task, layers: int | None = None) -> dict[str, dict] | None:
@@ -305,9 +301,8 @@ class _FakeRun:
         from .loop import apply_activation_checkpointing
 
         plan, campaign, label = self.plan, self.campaign, self.label
-        cfg = TrainConfig(plan.shape, lr=self.lr, seed=self.seed, device="cpu")
-        plain = TrainConfig(replace(plan.shape, activation_checkpointing=False),
-                            lr=self.lr, seed=self.seed, device="cpu")
+        cfg = TrainConfig(plan.shape, device="cpu")
+        plain = TrainConfig(replace(plan.shape, activation_checkpointing=False), device="cpu")
         phases: dict[str, dict] = {}
         with young_objects_only(), fake_world(self.world) as mesh, \
                 FakeTensorMode(allow_non_fake_inputs=False) as fake, warnings.catch_warnings():

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from ..contract.data import Batch, Item, collate_items
+from ..contract.outputs import eval_mode
 from ..contract.task import Task
 from .devices import PRECISIONS, resolve_device
-from .evaluation import eval_mode
 from .loop import Stepper, TrainConfig, UpdateShape, build_stepper
 from .memory import measure, rebased, state_tensors, storage_bytes
 

@@ -8,11 +8,11 @@ import weakref
 from typing import Any, Callable
 
 import numpy as np
-import torch
 from torch import nn
 
 from ...base.errors import WorkbookError, reason
 from ..metric_reduction import GATHERED
+from ..outputs import eval_mode
 from ..run import EXAMPLE_WEIGHT
 from ..targets import IGNORE_INDEX
 from ..task import Task
@@ -76,13 +76,8 @@ class SplitMetrics:
         self.reductions: dict[str, str] = {}
 
     def __call__(self, task: Task, model: nn.Module, batch: dict) -> dict[str, tuple]:
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                logits = task.forward(model, batch)
-        finally:
-            model.train(was_training)
+        with eval_mode(model):
+            logits = task.forward(model, batch)
         labels = batch["labels"]
         real = ~(labels == IGNORE_INDEX).reshape(len(labels), -1).all(1)
         if EXAMPLE_WEIGHT in batch:

@@ -17,13 +17,14 @@ import torch
 from ...base.errors import WorkbookError
 from ...contract import fine_tuning
 from ...contract.data import Item, collate_items, prepare
+from ...contract.outputs import eval_mode
 from ...contract.task import Task
 from ...storage.records import to_frame
 from ...training import campaign
 from ...training import checkpoint as ckpt
 from ...training.deviation import max_difference
 from ...training.devices import resolve_device
-from ...training.evaluation import eval_mode, evaluate
+from ...training.evaluation import evaluate
 from ...training.loop import HeldBehaviour, build_stepper, train
 from ...training.memory import GIB, MemoryReading, measure, rebased, state_tensors, storage_bytes
 from ...training.predict import (

@@ -331,10 +331,7 @@ def sharded_check(spec, task: Task, folder: Path, tolerance: float = 1e-4,
     return ShardedCheck(spec, launched, resumed, rules, faults, table, memory, seconds)
 
 
-def measure_fsdp(task: str, task_options: dict, plan, world: int, *, folder: Path | None = None,
-                 train_limit: int = 32, validation_limit: int = 8, seed: int = 0,
-                 lr: float = 1e-3, device: str = "cpu",
-                 timeout: float = LAUNCH_TIMEOUT) -> pd.DataFrame:
+def measure_fsdp(task: str, task_options: dict, plan, world: int) -> pd.DataFrame:
     """For the benchmark: FSDP2 on `world` processes (gloo on the CPU) of the task's model
     (`build_model`, the model 09 trains) for `plan` (`predict.Plan`, replicas=1: micro-batch
     and accumulation per rank). One launch measures every phase's per-rank peak (live tensors);
@@ -345,13 +342,12 @@ def measure_fsdp(task: str, task_options: dict, plan, world: int, *, folder: Pat
     from ...training.sharded_replica import ShardedSpec
 
     shape = replace(plan.shape, replicas=world)
-    spec = ShardedSpec(task, dict(task_options), shape, updates=1, lr=lr, seed=seed,
-                       train_limit=train_limit, validation_limit=validation_limit,
+    spec = ShardedSpec(task, dict(task_options), shape, updates=1,
                        eval_batch=plan.eval_batch or plan.shape.micro_batch, checkpoint_at=0,
-                       device=device, plant=False, plan_length=plan.length or 0,
+                       plant=False, plan_length=plan.length or 0,
                        plan_eval_length=plan.eval_length or 0, train=False)
     with tempfile.TemporaryDirectory() as tmp:
-        launched = launch(spec, Path(folder or tmp) / f"fsdp-memory-x{world}", timeout=timeout)
+        launched = launch(spec, Path(tmp) / f"fsdp-memory-x{world}")
     return memory_table(load_task(task, **task_options), spec, launched["memory"],
                         measured_note=launched.get("memory_note", ""))
 

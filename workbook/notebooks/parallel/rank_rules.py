@@ -242,11 +242,6 @@ def _bn_row(result: dict[str, Any]) -> dict[str, str]:
                     "before the sync; the checkpoint holds their mean")
 
 
-def reduce_sums(sums: list[dict[str, list[float]]]) -> dict[str, list[float]]:
-    """Numerators and denominators added over ranks."""
-    return {k: [sum(s[k][0] for s in sums), sum(s[k][1] for s in sums)] for k in sums[0]}
-
-
 def rank_reductions(ev: dict[str, Any]) -> dict[str, str]:
     """How the task's framework reduces each metric over ranks, as the ranks' adapters declared
     it (`Task.framework.metric_reductions`); a metric not named is a mean over rows."""

@@ -68,7 +68,7 @@ class Launch:
                 "run": "set -e\n" + torchrun(
                     '"$SKYPILOT_NUM_NODES"', '"$SKYPILOT_NUM_GPUS_PER_NODE"',
                     '"$SKYPILOT_NODE_RANK"',
-                    "\"$(echo \"$SKYPILOT_NODE_IPS\" | head -n1)\"", '"$ENTRY_POINT"') + "\n"}
+                    "\"$(echo \"$SKYPILOT_NODE_IPS\" | head -n1)\"") + "\n"}
 
     def envs(self) -> dict[str, str]:
         """The settings as environment variables (strings; '' for one not known)."""
@@ -84,12 +84,12 @@ class Launch:
                 "set -euo pipefail\n" + exports +
                 f"\nexport ENTRY_POINT={shlex.quote(entry_point)}\n" + torchrun(
                     str(self.nodes), str(self.per_node), '"${NODE_RANK:-0}"',
-                    '"${MASTER_ADDR:-127.0.0.1}"', '"$ENTRY_POINT"') + "\n")
+                    '"${MASTER_ADDR:-127.0.0.1}"') + "\n")
 
 
-def torchrun(nodes: str, per_node: str, rank: str, master: str, entry: str) -> str:
+def torchrun(nodes: str, per_node: str, rank: str, master: str) -> str:
     return (f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --node_rank={rank} "
-            f"--master_addr={master} --master_port=29500 {entry}")
+            f'--master_addr={master} --master_port=29500 "$ENTRY_POINT"')
 
 
 def placeholder_note(entry_point: str) -> str:

@@ -18,12 +18,11 @@ from ...training import campaign as models
 from ...training import sharding
 from ...training.fake_phases import fake_model
 from ...training.loop import TrainConfig, build_stepper
+from ...training.memory import GIB
 from ...training.predict import Overheads, fit_table, longest_accepted, predict, sized_batches
 from ...training.workload import TRAINING_PHASES
 from .candidates import Candidate
 from .prices import Catalog, Spot, price_columns
-
-GIB = 2**30
 
 
 def check_gpus(gpus: dict, tflops: dict, prices: dict | None = None,

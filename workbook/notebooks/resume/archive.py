@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file, save_model
 from ...base.errors import WorkbookError
 from ...contract import fine_tuning
 from ...contract.data import Item, collate_items, prepare
+from ...contract.outputs import eval_mode
 from ...contract.task import Task, load_recorded_task, load_task
 from ...storage import schemas
 from ...storage.artifacts import read_json, verify, write_folder
@@ -25,7 +26,6 @@ from ...storage.files import read_plain
 from ...storage.processes import fresh_result, outcome_error, task_args
 from ...training import checkpoint as ckpt
 from ...training.checkpoint import WEIGHTS, load_weights
-from ...training.evaluation import eval_mode
 from ...training.loop import seed_everything
 
 CONFIG = "config.json"

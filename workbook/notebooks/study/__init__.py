@@ -22,6 +22,7 @@ import torch
 
 from ...base.errors import WorkbookError
 from ...contract.data import Item, collate_items, prepare
+from ...contract.outputs import eval_mode
 from ...contract.targets import contributes
 from ...contract.task import Task, load_recorded_task, load_task
 from ...storage import schemas
@@ -33,7 +34,7 @@ from ...storage.records import EvalRecord, StepRecord
 from ...storage.runs import seal_file, shown
 from ...training import checkpoint as ckpt
 from ...training.devices import resolve_device
-from ...training.evaluation import eval_mode, evaluate
+from ...training.evaluation import evaluate
 from ...training.loop import Stepper, TrainConfig, loss_rise, train
 from ..parameters import StudyParams
 from ..registry import STUDY

@@ -12,9 +12,10 @@ import torch
 
 from ...base.errors import reason
 from ...contract.data import Item
+from ...contract.outputs import eval_mode
 from ...contract.targets import contributes
 from ...contract.task import Task
-from ...training.evaluation import eval_mode, evaluation_batches
+from ...training.evaluation import evaluation_batches
 
 MARGIN = 0.05  # a best validation loss within this share of chance is no learning
 
