@@ -1,7 +1,7 @@
 """The pilot's own runs (papermill, smoke sizes), kept to what no unit test shows: the report
 of a run and what `workbook export` reads of it, options refused before anything runs; its
-error rows (a dead kernel, a notebook that
-raises and keeps what it found) are test_pilot_limits.py's.
+error rows (a dead kernel, a notebook that raises and keeps what it found) are
+test_pilot_limits.py's.
 Each notebook's verdicts are tests/notebooks' (its module's `run`/`save`); the committed
 notebooks run under nbval; time limits and kills are test_pilot_limits.py's."""
 
