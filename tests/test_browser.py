@@ -192,12 +192,6 @@ def _png() -> bytes:
                 for out in cell.get("outputs", []) if "image/png" in out.get("data", {}))
 
 
-def _notebook(title: str) -> str:
-    """An executed notebook of one markdown cell (nbformat 4), for the report to export."""
-    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
-        {"cell_type": "markdown", "id": "title", "metadata": {}, "source": f"# {title}"}]})
-
-
 TASK = "acme_research.summarisation.instruction_tuned_long_context_v2:build_task_with_tokenizer"
 DETAIL = ("dtypes input_ids:int64, attention_mask:int64, labels:int64, prompt_mask:bool; longest "
           "input 1024 (train), 1024 (validation); data wait 2.04 ms per update, 6% of the "
@@ -211,7 +205,8 @@ CANDIDATES = ["control", "activation_checkpointed_long_context_variant"]
 
 def build_run(run: Path) -> pd.DataFrame:
     """A run folder as `make pilot` leaves it, from synthetic summaries and tables with long
-    names and the widest sheets the report shows; its index."""
+    names and the widest sheets the report shows, the committed notebooks as its executed ones
+    (the report exports them to HTML, as the pilot's does); its index."""
     stems = ["01_inspect_examples", "02_overfit", "03_phase_gates", "04_batch_accounting",
              "05_memory_variants", "06_lr_study", "07_resume_reload", "08_rental_plan",
              "09_data_parallel"]
@@ -230,7 +225,7 @@ def build_run(run: Path) -> pd.DataFrame:
             "peak_allocated_bytes": 3_959_094, "caught": ["checkpoint saved by rank 0 only "
                                                           "under FSDP", "unsynchronised "
                                                           "BatchNorm statistics"]}}))
-        (run / f"{stem}.ipynb").write_text(_notebook(stem))
+        shutil.copy(ROOT / "notebooks" / f"{stem}.ipynb", run / f"{stem}.ipynb")
     (run / "03_phase_gates" / "gates.png").write_bytes(figure)
     (run / "06_lr_study" / "lr_study.png").write_bytes(figure)
     phases = ["data", "forward + loss", "backward", "update (first)", "update (later)",
@@ -351,11 +346,18 @@ return {scroll: document.documentElement.scrollWidth, width: window.innerWidth,
 """
 
 
-def test_report_fits_1280_and_390_px_and_every_link_resolves(chrome, scratch):
+@pytest.fixture(scope="module")
+def report(scratch):
+    """report.html of `build_run`'s run folder, with the HTML export of every executed
+    notebook beside it (`report.write_report`, as the pilot writes them)."""
     from workbook.commands.report import write_report
 
     run = scratch / "run"
-    page = write_report(run, build_run(run), TASK)
+    return write_report(run, build_run(run), TASK)
+
+
+def test_report_fits_1280_and_390_px_and_every_link_resolves(chrome, scratch, report):
+    page, run = report, report.parent
     chrome.get(page.as_uri())
     ids = set(chrome.execute_script("return [...document.querySelectorAll('[id]')].map(e=>e.id)"))
     links = chrome.execute_script(
@@ -420,21 +422,19 @@ return {scroll: document.documentElement.scrollWidth, width: window.innerWidth,
 
 
 def test_exported_notebooks_fit_1280_px_and_a_wider_table_scrolls_in_its_own_box(chrome,
-                                                                                  scratch):
+                                                                                  scratch,
+                                                                                  report):
     """The HTML export of each committed notebook (`report.export_html`, the page the report
-    links) at 1280 px: the page never scrolls sideways; every table fits its output, no cell
-    over 150 px tall (05's numbers table did not while it repeated its words table's flags and
-    reasons: 17 columns, the reason column cut at the right, a flag wrapped a word to a line,
-    223 px); 08's sheets (SCROLLS) scroll inside their output's own box."""
-    from workbook.commands.report import export_html
-
-    folder = scratch / "exports"
-    folder.mkdir()
+    links, written beside it by `write_report`) at 1280 px: the page never scrolls sideways;
+    every table fits its output, no cell over 150 px tall (05's numbers table did not while it
+    repeated its words table's flags and reasons: 17 columns, the reason column cut at the
+    right, a flag wrapped a word to a line, 223 px); 08's sheets (SCROLLS) scroll inside their
+    output's own box."""
     problems = []
     viewport(chrome, 1280)
     for notebook in sorted((ROOT / "notebooks").glob("0*.ipynb")):
-        page = export_html(Path(shutil.copy(notebook, folder / notebook.name)))
-        assert page is not None, f"{notebook.name} did not export"
+        page = report.parent / f"{notebook.stem}.html"
+        assert page.is_file(), f"{notebook.name} did not export"
         chrome.get(page.as_uri())
         layout = chrome.execute_script(TABLES)
         if layout["scroll"] > layout["width"]:
@@ -455,9 +455,15 @@ def test_exported_notebooks_fit_1280_px_and_a_wider_table_scrolls_in_its_own_box
 
 def open_notebook(driver, url: str, token: str, name: str, kernel: bool = True) -> None:
     """`name` open in JupyterLab at 1280 x 900 px beside the file browser, with (`kernel`) its
-    kernel connected."""
+    kernel connected. JupyterLab's page loads once; a notebook opened after the first opens in
+    it (`docmanager:open`, a tab of the same page, as a person opens a second one)."""
     viewport(driver, 1280, 900)
-    driver.get(f"{url}/lab/tree/{name}?token={token}")
+    if driver.current_url.startswith(url) and driver.execute_script(
+            "return !!window.jupyterapp"):
+        driver.execute_script("window.jupyterapp.commands.execute('docmanager:open',"
+                              " {path: arguments[0]})", name)
+    else:
+        driver.get(f"{url}/lab/tree/{name}?token={token}")
     until(lambda: driver.execute_script(
         # the notebook's panel among the main area's widgets: JupyterLab 4.6 gives no
         # currentWidget to a page that never had the focus (headless)
@@ -465,7 +471,7 @@ def open_notebook(driver, url: str, token: str, name: str, kernel: bool = True) 
         "const w = a && Array.from(a.shell.widgets('main')).find("
         " x => x.context && x.context.path.endsWith(arguments[0]));"
         "return !!(w && w.context && w.context.path.endsWith(arguments[0])"
-        " && document.querySelector('.jp-Notebook .jp-Cell')"
+        " && w.isVisible && w.node.querySelector('.jp-Notebook .jp-Cell')"
         " && (!arguments[1] || (w.sessionContext && w.sessionContext.session"
         " && w.sessionContext.session.kernel"
         " && w.sessionContext.session.kernel.connectionStatus === 'connected')))",

@@ -1,6 +1,7 @@
 """The pilot's own runs (papermill, smoke sizes), kept to what no unit test shows: the report
-of a run, options refused before anything runs; its error rows (a dead kernel, a notebook that
-raises and keeps what it found) are test_pilot_limits.py's.
+of a run and what `workbook export` reads of it, options refused before anything runs; its
+error rows (a dead kernel, a notebook that raises and keeps what it found) are
+test_pilot_limits.py's.
 Each notebook's verdicts are tests/notebooks' (its module's `run`/`save`); the committed
 notebooks run under nbval; time limits and kills are test_pilot_limits.py's."""
 
@@ -11,6 +12,7 @@ import pytest
 
 from workbook import WorkbookError
 from workbook.commands.cli import main
+from workbook.commands.export_plan import read_pilot
 from workbook.commands.pilot import run_pilot, select
 
 from ..conftest import GENERATION
@@ -43,8 +45,9 @@ def test_bad_task_and_bad_selection_fail_before_anything_runs(tmp_path):
 def test_the_readme_own_task_runs_through_the_pilot_with_the_report(tmp_path):
     """The README's own task (a plain Dataset) through 03 and 08: every verdict passes, 03's
     gates and prediction, 08's priced plan, and the report with its tables and figures, never a
-    NaN (its 01 passes in tests/notebooks/test_inspection.py's test_clean_samples_raise_no_flag;
-    04's and 07's checks on plain tasks are tests/notebooks' own)."""
+    NaN; what `workbook export` reads of the run, papermill's record included (its 01 passes in
+    tests/notebooks/test_inspection.py's test_clean_samples_raise_no_flag; 04's and 07's checks
+    on plain tasks are tests/notebooks' own)."""
     import re
 
     run, index = run_pilot("tests.own_task:task", out=str(tmp_path / "run"), smoke=True,
@@ -78,6 +81,21 @@ def test_the_readme_own_task_runs_through_the_pilot_with_the_report(tmp_path):
         assert f"{Path.home()}/" not in shown, page
     gates_page = (run / "03_phase_gates.html").read_text()
     assert "writing to 03_phase_gates" in gates_page and '"03_phase_gates"' in gates_page
+    # what `workbook export` sends of it (MLflow and TensorBoard read the same plan; the
+    # writers are tests/commands/test_export.py's): each notebook's parameters, start and end
+    # from papermill's record, its executed notebook, HTML, tables and figures
+    pilot = read_pilot(run)
+    assert not pilot.still_running and pilot.missing == [
+        "not run in this pilot: 01_inspect_examples, 02_overfit, 04_batch_accounting, "
+        "05_memory_variants, 06_lr_study, 07_resume_reload, 09_data_parallel"], pilot.missing
+    entries = {e.key: e for e in pilot.entries}
+    for stem, files in (("03_phase_gates", {"gates.csv", "gates.png"}),
+                        ("08_rental_plan", {"selection.csv", "conclusion.md"})):
+        entry = entries[stem]
+        assert entry.params["task"] == "tests.own_task:task", entry.params
+        assert entry.start_ms < entry.end_ms, (entry.start_ms, entry.end_ms)
+        assert {f"{stem}.ipynb", f"{stem}.html", "summary.json", *files} <= set(entry.files)
+    assert entries["08_rental_plan"].params["train_limit"] == "50", "the smoke size ran"
 
 
 @pytest.mark.slow  # nbval runs 04 and 05 on the generation sample; test_variants.py too
