@@ -105,8 +105,9 @@ def test_03_fails_a_plan_longer_than_the_block_size_in_the_models_own_words(tmp_
     common = dict(small=True, task=TASK, train_limit=60)
     refused = run(params.of("03_phase_gates", plan_length=256, **common), tmp_path / "long")
     assert refused.verdict == "fail" and refused.report.verdict == "pass"
-    assert "Cannot forward sequence of length 256, block size is only 64" in \
-        refused.plan_refused
+    # the model's own words at the first length past its limit (the fine run below plans 64)
+    assert "at 65 positions its forward says AssertionError: Cannot forward sequence of length " \
+        "65, block size is only 64" in refused.plan_refused
     assert "plan_length=64" in refused.plan_refused and "position table" in \
         refused.plan_refused
     fine = run(params.of("03_phase_gates", **common), tmp_path / "fits")
