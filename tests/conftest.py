@@ -41,23 +41,23 @@ CLASSIFICATION = "workbook.samples.classification:task"
 # (xdist's own order), so that the run ends on small files, never on one long file while the
 # other worker waits. Only the order depends on this list: a file missing from it runs as well.
 HEAVIEST_FIRST = (
-    "tests/blind/test_blind_cases_2.py", "notebooks/09_data_parallel.ipynb",
-    "tests/blind/test_blind_cases.py", "tests/commands/test_pilot_limits.py",
-    "tests/test_browser.py", "notebooks/05_memory_variants.ipynb",
-    "notebooks/07_resume_reload.ipynb", "notebooks/06_lr_study.ipynb",
-    "notebooks/08_rental_plan.ipynb", "tests/notebooks/test_parallel.py",
-    "tests/training/test_predict.py", "tests/training/test_campaign.py",
-    "tests/notebooks/test_resume_pipeline.py", "tests/test_hostile.py",
-    "tests/contract/test_regression.py", "tests/notebooks/test_accounting.py",
-    "tests/commands/test_export.py", "tests/contract/test_trl_sft.py",
-    "tests/commands/test_pilot.py", "tests/blind/test_blind_cases_5.py",
-    "tests/training/test_sharding.py", "tests/notebooks/test_inspection.py",
-    "tests/notebooks/test_fsdp.py", "tests/notebooks/test_resume_causes.py",
-    "tests/notebooks/test_resume.py", "tests/blind/test_blind_cases_4.py",
-    "tests/notebooks/test_variants.py", "tests/notebooks/test_resume_idioms.py",
-    "tests/test_conventions.py", "tests/contract/test_trl_dpo.py",
-    "tests/notebooks/test_launch_files.py", "tests/training/test_predict_modules.py",
-    "tests/training/test_four_bit.py")
+    "notebooks/09_data_parallel.ipynb", "tests/blind/test_blind_cases_2.py",
+    "tests/blind/test_blind_cases.py", "notebooks/05_memory_variants.ipynb",
+    "tests/test_browser.py", "notebooks/08_rental_plan.ipynb",
+    "notebooks/07_resume_reload.ipynb", "tests/training/test_predict.py",
+    "tests/contract/test_trl_sft.py", "notebooks/06_lr_study.ipynb",
+    "tests/training/test_campaign.py", "tests/commands/test_pilot_limits.py",
+    "tests/notebooks/test_parallel.py", "tests/notebooks/test_accounting.py",
+    "tests/training/test_sharding.py", "tests/blind/test_blind_cases_5.py",
+    "tests/test_hostile.py", "tests/notebooks/test_fsdp.py",
+    "tests/notebooks/test_resume_causes.py", "tests/commands/test_pilot.py",
+    "tests/notebooks/test_rental.py", "tests/notebooks/test_inspection.py",
+    "tests/notebooks/test_resume_pipeline.py", "tests/notebooks/test_gates.py",
+    "tests/contract/test_own_code.py", "tests/contract/test_regression.py",
+    "notebooks/03_phase_gates.ipynb", "tests/notebooks/test_variants.py",
+    "tests/test_conventions.py", "tests/commands/test_export.py",
+    "tests/blind/test_blind_cases_4.py", "tests/notebooks/test_resume_idioms.py",
+    "tests/notebooks/test_study.py")
 
 
 def pytest_collection_modifyitems(items):
