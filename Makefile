@@ -27,18 +27,14 @@ LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: install prepare pilot test test-all lint docs lab bench samples clean-venv gpu-wheels gpu-check
 
-# Bytecode is written on first import, into the venv (PYTHONPYCACHEPREFIX), for every process
-# these commands start: only what runs is compiled, once - not all 20,000 files of the 2 GB venv
-# up front as pip does (compileall -j0 of them: 27 s on 2 cores) - and nothing is written beside
-# the sources, also where PYTHONDONTWRITEBYTECODE is set (bytecode then lives in the venv only,
-# as pip's would).
-export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
-unexport PYTHONDONTWRITEBYTECODE
-
+# pip byte-compiles what it installs on one core; compileall -j0 does it on all of them (a file
+# only a newer Python compiles, such as torch's py312 test helpers, fails there as it does,
+# unsaid, under pip).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" -e ".[test,hf,llm,lightning,stream,export]"
+	$(BIN)/python -m compileall -qq -j0 $(VENV)/lib || true
 	$(BIN)/python -m ipykernel install --sys-prefix --name workbook --display-name "Python (workbook)"
 	touch $(STAMP)
 
