@@ -29,13 +29,17 @@ LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 # pip byte-compiles what it installs on one core; compileall -j0 does it on all of them (a file
 # only a newer Python compiles, such as torch's py312 test helpers, fails there as it does,
-# unsaid, under pip).
+# unsaid, under pip). ipykernel stages the kernel spec in a folder of TMPDIR that it leaves behind
+# (empty): one of the venv's here, removed.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" -e ".[test,hf,llm,lightning,stream,export]"
 	$(BIN)/python -m compileall -qq -j0 $(VENV)/lib || true
-	$(BIN)/python -m ipykernel install --sys-prefix --name workbook --display-name "Python (workbook)"
+	mkdir -p $(VENV)/.kernelspec-tmp
+	TMPDIR=$(abspath $(VENV))/.kernelspec-tmp $(BIN)/python -m ipykernel install --sys-prefix \
+		--name workbook --display-name "Python (workbook)"
+	rm -rf $(VENV)/.kernelspec-tmp
 	touch $(STAMP)
 
 # SkyPilot's own parser for 08's launch files, in a venv of its own: skypilot 0.14 pins click<8.2,

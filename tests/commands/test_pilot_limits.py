@@ -43,14 +43,16 @@ def killed(tmp_path_factory):
     (a thread watches its index.json). Stopped, its kernels with it, whatever the tests did."""
     tmp = tmp_path_factory.mktemp("killed")
     options, flag = faulty(tmp, "die")
-    out, stderr = tmp / "run", tmp / "stderr.txt"
+    out, stderr, temp = tmp / "run", tmp / "stderr.txt", tmp / "temp"
+    temp.mkdir()  # the pilot's and its kernels' temporary files (TMPDIR)
     with stderr.open("w") as err:  # a file: a pipe nobody reads while 01 hangs could fill
         proc = subprocess.Popen([sys.executable, "-m", "workbook", "pilot", "--task",
                                  "tests.stuck_task:task",
                                  *[f"--option={k}={v!r}" for k, v in options.items()],
                                  "--smoke", "--only", "01,08,09", "-p", "rental_gpu='B300'",
                                  "--out", str(out)],
-                                env={**os.environ, "PYTHONPATH": os.getcwd()},
+                                env={**os.environ, "PYTHONPATH": os.getcwd(),
+                                     "TMPDIR": str(temp)},
                                 stdout=subprocess.DEVNULL, stderr=err)
 
     def terminate_once_two_are_indexed():
@@ -63,7 +65,8 @@ def killed(tmp_path_factory):
     watcher = threading.Thread(target=terminate_once_two_are_indexed, daemon=True)
     watcher.start()
     try:
-        yield SimpleNamespace(proc=proc, watcher=watcher, out=out, flag=flag, stderr=stderr)
+        yield SimpleNamespace(proc=proc, watcher=watcher, out=out, flag=flag, stderr=stderr,
+                              temp=temp)
     finally:
         if proc.poll() is None:
             proc.terminate()  # the pilot shuts its kernel down on SIGTERM
@@ -140,9 +143,9 @@ def test_a_dead_kernel_and_a_raising_notebook_are_error_rows_and_a_killed_pilot_
     mid-cell: an error row naming the cell, and the pilot goes on to 08, which stops with an
     error (an unknown rental GPU) - recorded, what it found kept, its summary carrying it. Then
     SIGTERM while 09 starts: exit 130, and index.json, index.csv and report.html of what
-    finished, the rest `interrupted`. (01's pass on the README's task is
-    tests/notebooks/test_inspection.py's test_clean_samples_raise_no_flag; a notebook's own
-    fail verdict is read as its pass is: 01's flags fail it in
+    finished, the rest `interrupted`, nothing left in the temporary folder. (01's pass on
+    the README's task is tests/notebooks/test_inspection.py's test_clean_samples_raise_no_flag;
+    a notebook's own fail verdict is read as its pass is: 01's flags fail it in
     tests/notebooks/test_inspection.py, the zero targets of a planted max_length in
     test_truncation_leaving_no_targets_is_flagged.)"""
     proc, out, flag = killed.proc, killed.out, killed.flag
@@ -169,3 +172,6 @@ def test_a_dead_kernel_and_a_raising_notebook_are_error_rows_and_a_killed_pilot_
     assert table.verdict.tolist() == ["error", "error", "interrupted"]
     assert (out / "report.html").exists()
     assert not list(out.glob("*.tmp"))
+    # nothing left in the temporary folder: 09's kernel, interrupted while it started, ended
+    # and its connection file (tmpXXXX.json) removed
+    assert not list(killed.temp.iterdir())

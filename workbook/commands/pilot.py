@@ -253,12 +253,14 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
 
     row = _row(stem)
     partial = run / f".{stem}.partial.ipynb"  # papermill saves as it goes; renamed when done
+    started: list = []  # the notebook's kernel managers
     try:
         pm.execute_notebook(NOTEBOOK_DIR / f"{stem}.ipynb", _atomic(partial),
                             parameters=parameters, kernel_name=kernel, progress_bar=progress,
                             cwd=os.getcwd(), timeout_func=remaining,
                             start_timeout=int(min(120, limit)),
-                            kernel_manager_class=_kernel_manager(run / KERNEL_LOG, interrupted))
+                            kernel_manager_class=_kernel_manager(run / KERNEL_LOG, interrupted,
+                                                                 started))
         summary = runs.read_summary(run / stem)  # a WorkbookError when it cannot be read
         if summary is None:
             row["error"] = "no summary.json: the notebook finished without writing it"
@@ -277,6 +279,8 @@ def execute(stem: str, run: Path, parameters: dict[str, Any], kernel: str, limit
         row["error"] = f"{type(exc).__name__}: {exc}"[:500]
     finally:
         _keep_executed(partial, run / f"{stem}.ipynb")
+        for manager in started:  # a kernel interrupted while it started, which nbclient
+            _end_starting(manager)  # leaves running (it cleans up on an Exception only)
     row["seconds"] = round(time.monotonic() - start, 1)
     return row
 
@@ -319,13 +323,28 @@ def _atomic(path: Path) -> str:
     return ATOMIC + str(Path(path).resolve())
 
 
-def _kernel_manager(log: Path, interrupted: threading.Event | None = None) -> type:
+def _end_starting(manager: Any) -> None:
+    """End a kernel still running after its notebook (Ctrl-C came while it started: it never
+    ran a cell) and remove its connection file, once the kernel cannot write it again."""
+    process = getattr(getattr(manager, "provisioner", None), "process", None)
+    if process is not None and process.poll() is None:
+        process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
+    manager.cleanup_connection_file()
+
+
+def _kernel_manager(log: Path, interrupted: threading.Event | None = None,
+                    started: list | None = None) -> type:
     """A kernel manager whose kernels write their own output (not the cells') to `log`; once
-    `interrupted` is set (the pilot was), its shutdown interrupts the running cell first."""
+    `interrupted` is set (the pilot was), its shutdown interrupts the running cell first. Each
+    one that starts a kernel is added to `started`."""
     from jupyter_client.manager import AsyncKernelManager
 
     class QuietKernelManager(AsyncKernelManager):
         async def start_kernel(self, **kw: Any) -> None:
+            if started is not None:
+                started.append(self)
             try:
                 handle = open(log, "ab")  # noqa: SIM115 - the kernel holds it while it runs
             except OSError:
