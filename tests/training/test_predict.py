@@ -1,8 +1,6 @@
 """Device-free prediction against the measured CPU live-tensor peaks of the gates."""
 
 import re
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -255,7 +253,8 @@ def test_a_batch_for_a_gpu_prediction_is_made_fake_without_a_gpu(gen_task, gen_i
     assert counted["train_micro_batch"] > 0
 
 
-def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items, monkeypatch):
+def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items, monkeypatch,
+                                                             tmp_path):
     # the CPU's bf16 kernels allocate float32 scratch memory fake tensors do not see, by shape
     # (0% off at the data's length, -4.1% at 128 positions in the backward with checkpointing on
     # one Xeon, -3.6% on one with AMX) - a smaller run cannot show it, so the check runs at the
@@ -268,7 +267,7 @@ def test_bf16_on_the_cpu_is_checked_at_the_plans_own_shapes(gen_task, gen_items,
     rows = predict(gen_task, train, val, plan, cpu_exact=True).set_index("phase")
     measured = GateRun(gen_task, GateSettings(UpdateShape(2, 2, "bf16", True), eval_batch=2,
                                               length=128),
-                       train, val, Path(tempfile.mkdtemp())).run(training_only=True) \
+                       train, val, tmp_path).run(training_only=True) \
         .table().set_index("phase")
     for phase, row in rows.iterrows():
         m = measured.loc[phase, "peak_allocated_bytes"]
