@@ -73,8 +73,8 @@ docs: $(STAMP)
 prepare:
 	@$(MAKE) --no-print-directory -j3 lint docs $(LAUNCH_STAMP)
 
-# Unit tests, planted bugs, papermill regression and nbval: 5:17 of pytest on an idle 2-core
-# machine, 6:21-6:29 with the install (the target is 6:00 in all; the 25 slowest are listed at
+# Unit tests, planted bugs, papermill regression and nbval: 5:16-5:29 of pytest on an idle 2-core
+# machine, 6:18-6:44 with the install (the target is 6:00 in all; the 25 slowest are listed at
 # the end, to see which to make cheaper when a feature adds tests).
 test: prepare
 	$(PYTEST) -m "not slow" --durations=25
